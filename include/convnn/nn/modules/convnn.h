@@ -1,0 +1,115 @@
+#pragma once
+// ConvNN layers as LibTorch modules: Options / Impl / TORCH_MODULE, built in reset().
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "convnn/nn/functional/convnn.h"
+#include "convnn/nn/options/convnn.h"
+
+namespace convnn::nn {
+
+/// Draws for random candidates: the module's own generator in training (or the default one), and
+/// a fixed or fresh draw in eval, as the options say.
+class CandidateDraw {
+ public:
+  CandidateDraw() = default;
+  CandidateDraw(c10::optional<uint64_t> seed, EvalCandidates eval, uint64_t eval_seed);
+  c10::optional<at::Generator> generator(bool training) const;
+
+ private:
+  c10::optional<at::Generator> train_generator_;
+  EvalCandidates eval_ = EvalCandidates::Fixed;
+  uint64_t eval_seed_ = 0;
+};
+
+/// Shared implementation of ConvNN1d and ConvNN2d.
+template <size_t D, typename Derived>
+class ConvNNNdImpl : public torch::nn::Cloneable<Derived> {
+ public:
+  explicit ConvNNNdImpl(ConvNNOptions<D> options);
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+  at::Tensor forward(const at::Tensor& input);
+
+  ConvNNOptions<D> options;
+  /// Aggregation kernel: [C'/H, C/H, K] (standard) or [C/H, K] (depthwise), with a leading H when
+  /// kernel_per_head. A parameter when learnable_kernel, else a buffer of ones.
+  at::Tensor kernel;
+  at::Tensor bias;
+  torch::nn::Linear query_projection{nullptr}, key_projection{nullptr}, value_projection{nullptr};
+
+ private:
+  functional::ConvNNFuncOptions func_options() const;
+  CandidateDraw draw_;
+};
+
+/// ConvNN on [B,C,L] -> [B,C',L].
+class ConvNN1dImpl : public ConvNNNdImpl<1, ConvNN1dImpl> {
+ public:
+  using ConvNNNdImpl<1, ConvNN1dImpl>::ConvNNNdImpl;
+  ConvNN1dImpl(int64_t in_channels, int64_t out_channels, int64_t k)
+      : ConvNN1dImpl(ConvNN1dOptions(in_channels, out_channels, k)) {}
+};
+TORCH_MODULE(ConvNN1d);
+
+/// ConvNN on [B,C,H,W] -> [B,C',H,W].
+class ConvNN2dImpl : public ConvNNNdImpl<2, ConvNN2dImpl> {
+ public:
+  using ConvNNNdImpl<2, ConvNN2dImpl>::ConvNNNdImpl;
+  ConvNN2dImpl(int64_t in_channels, int64_t out_channels, int64_t k)
+      : ConvNN2dImpl(ConvNN2dOptions(in_channels, out_channels, k)) {}
+};
+TORCH_MODULE(ConvNN2d);
+
+/// Multi-head ConvNN attention on [B,N,C] -> [B,N,C].
+class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl> {
+ public:
+  explicit ConvNNAttentionImpl(ConvNNAttentionOptions options);
+  ConvNNAttentionImpl(int64_t embed_dim, int64_t num_heads, int64_t k)
+      : ConvNNAttentionImpl(ConvNNAttentionOptions(embed_dim, num_heads, k)) {}
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+  at::Tensor forward(const at::Tensor& input);
+
+  ConvNNAttentionOptions options;
+  torch::nn::Linear query_projection{nullptr}, key_projection{nullptr},
+      value_projection{nullptr}, output_projection{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  /// [d, K] depthwise or [d, d, K] standard (d = embed_dim / num_heads), leading H when per head.
+  at::Tensor kernel;
+  at::Tensor bias;
+
+ private:
+  at::Tensor mask_for(int64_t n, const at::Device& device) const;
+  CandidateDraw draw_;
+};
+TORCH_MODULE(ConvNNAttention);
+
+/// The hybrid branching layer on [B,C,H,W] -> [B,C',H,W].
+class BranchingConv2dImpl : public torch::nn::Cloneable<BranchingConv2dImpl> {
+ public:
+  explicit BranchingConv2dImpl(BranchingConv2dOptions options);
+  BranchingConv2dImpl(int64_t in_channels, int64_t out_channels, int64_t k = 9)
+      : BranchingConv2dImpl(BranchingConv2dOptions(in_channels, out_channels, k)) {}
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+  at::Tensor forward(const at::Tensor& input);
+
+  /// Output channels of the ConvNN branch: round(lambda * out_channels).
+  int64_t convnn_channels() const;
+
+  BranchingConv2dOptions options;
+  ConvNN2d convnn_branch{nullptr};
+  torch::nn::Conv2d conv_branch{nullptr};
+  torch::nn::Conv2d mix{nullptr};
+};
+TORCH_MODULE(BranchingConv2d);
+
+}  // namespace convnn::nn

@@ -1,0 +1,49 @@
+#pragma once
+// The two core ConvNN operators, called through the PyTorch dispatcher (so CPU, CUDA and Autograd
+// implementations are picked by the inputs). Schemas, as registered in TORCH_LIBRARY(convnn, ...):
+//
+//   convnn::knn_select(Tensor queries, Tensor keys, int k, str similarity, Tensor? mask,
+//                      bool index_order) -> (Tensor scores, Tensor indices)
+//   convnn::knn_aggregate(Tensor values, Tensor weights, Tensor indices, Tensor kernel,
+//                         Tensor? bias) -> Tensor
+//
+// Semantics: docs/operator.md.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <string>
+#include <tuple>
+
+namespace convnn::ops {
+
+// queries [G,N,D], keys [G,M,D] -> scores [G,N,k] (differentiable w.r.t. queries and keys) and
+// indices [G,N,k] int64 in [0,M). Selection is by descending score with the lower candidate index
+// winning ties; masked candidates (mask false, or additive -inf) carry the score -inf and are only
+// chosen when a row has fewer than k valid candidates. index_order=true reorders each row's k
+// slots by ascending candidate index.
+std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
+                                              int64_t k, const std::string& similarity,
+                                              const c10::optional<at::Tensor>& mask,
+                                              bool index_order);
+
+// values [G,M,C], weights [G,N,K], indices [G,N,K] int64, kernel [C,K] (depthwise) or
+// [C',C,K] (standard), bias [C'] -> [G,N,C'] (C' = C for depthwise):
+//   y[g,i,:] = sum_k weights[g,i,k] * kernel[..,k] applied to values[g, indices[g,i,k], :] + bias.
+at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
+                         const at::Tensor& indices, const at::Tensor& kernel,
+                         const c10::optional<at::Tensor>& bias);
+
+// The backward ops the Autograd kernels call; exposed so fused kernels can be compared with them.
+// Returns (grad_queries, grad_keys).
+std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
+                                                       const at::Tensor& queries,
+                                                       const at::Tensor& keys,
+                                                       const at::Tensor& indices,
+                                                       const at::Tensor& scores,
+                                                       const std::string& similarity);
+// Returns (grad_values, grad_weights, grad_kernel, grad_bias); grad_bias is undefined without bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+    const at::Tensor& indices, const at::Tensor& kernel, bool has_bias);
+
+}  // namespace convnn::ops

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs everything convnn needs on a fresh Debian 12 machine, then configures and builds.
+# Idempotent: a second run reuses the apt packages, the cached venv and the build folder.
+#
+#   scripts/setup.sh            install + configure + build (Release, into build/)
+#   CONVNN_SKIP_BUILD=1 ...     install only
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$repo_root/scripts/versions.sh"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+install_apt_packages() {
+  local missing=()
+  for pkg in "${CONVNN_APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+# The torch wheel (with its CUDA libraries) is several GB, so the venv lives in a per-user cache
+# keyed by the pinned versions, and every clone links to it as .venv.
+install_venv() {
+  local cache="${XDG_CACHE_HOME:-$HOME/.cache}/convnn"
+  local venv="$cache/venv-torch-${CONVNN_TORCH_VERSION}-py$("$CONVNN_PYTHON" -c 'import sys;print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+  if [ ! -f "$venv/.complete" ]; then
+    log "creating venv $venv (first time: downloads torch ${CONVNN_TORCH_VERSION}, ~4 GB)"
+    rm -rf "$venv"
+    mkdir -p "$cache"
+    "$CONVNN_PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q "torch==${CONVNN_TORCH_VERSION}" "${CONVNN_PIP_PACKAGES[@]}"
+    touch "$venv/.complete"
+  fi
+  ln -sfn "$venv" "$repo_root/.venv"
+}
+
+build() {
+  local build_dir="$repo_root/build"
+  local torch_cmake
+  torch_cmake="$("$repo_root/.venv/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)')"
+  if [ ! -f "$build_dir/build.ninja" ]; then
+    log "configuring $build_dir"
+    cmake -S "$repo_root" -B "$build_dir" -G Ninja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$torch_cmake" \
+      -DPython3_EXECUTABLE="$repo_root/.venv/bin/python"
+  fi
+  log "building"
+  cmake --build "$build_dir" --parallel "$(nproc)"
+}
+
+install_apt_packages
+install_venv
+[ "${CONVNN_SKIP_BUILD:-0}" = 1 ] || build

@@ -1,0 +1,249 @@
+#include "convnn/nn/functional/convnn.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "convnn/ops/knn_ops.h"
+#include "nn/functional/spatial.h"
+#include "ops/checks.h"
+#include "ops/reference/indexing.h"
+
+namespace convnn::nn::functional {
+namespace {
+
+using checks::shape_string;
+
+// [B,N,H*d] -> [B*H,N,d]
+at::Tensor fold_heads(const at::Tensor& x, int64_t heads) {
+  const auto b = x.size(0), n = x.size(1), d = x.size(2) / heads;
+  return x.reshape({b, n, heads, d}).permute({0, 2, 1, 3}).reshape({b * heads, n, d});
+}
+
+// [B*H,N,d] -> [B,N,H*d]
+at::Tensor unfold_heads(const at::Tensor& x, int64_t heads) {
+  const auto b = x.size(0) / heads, n = x.size(1), d = x.size(2);
+  return x.reshape({b, heads, n, d}).permute({0, 2, 1, 3}).reshape({b, n, heads * d});
+}
+
+// Similarity features [sqrt(alpha) x, sqrt(1-alpha) p]; exactly x or p at the ends, so that
+// alpha = 0 is pure convolution and alpha = 1 pure attention.
+at::Tensor blend_coordinates(const at::Tensor& x, const at::Tensor& coordinates, double alpha) {
+  if (!coordinates.defined() || alpha == 1.0) return x;
+  const auto p = coordinates.to(x.scalar_type()).unsqueeze(0).expand(
+      {x.size(0), coordinates.size(0), coordinates.size(1)});
+  if (alpha == 0.0) return p.contiguous();
+  return at::cat({x * std::sqrt(alpha), p * std::sqrt(1.0 - alpha)}, -1);
+}
+
+void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
+                          const at::Tensor& values, const at::Tensor& kernel,
+                          const at::Tensor& bias, const ConvNNFuncOptions& o,
+                          const at::Tensor& coordinates) {
+  constexpr const char* op = "conv_nn";
+  TORCH_CHECK(queries.defined() && queries.dim() == 3, op,
+              ": queries must be 3-D [B,N,D], got ", queries.defined() ? shape_string(queries) : "undefined");
+  TORCH_CHECK(keys.defined() && keys.dim() == 3, op, ": keys must be 3-D [B,M,D], got ",
+              keys.defined() ? shape_string(keys) : "undefined");
+  TORCH_CHECK(values.defined() && values.dim() == 3, op, ": values must be 3-D [B,M,C], got ",
+              values.defined() ? shape_string(values) : "undefined");
+  TORCH_CHECK(keys.size(1) == values.size(1) && keys.size(0) == values.size(0), op,
+              ": keys ", shape_string(keys), " and values ", shape_string(values),
+              " must have the same B and M");
+  TORCH_CHECK(queries.size(0) == keys.size(0), op, ": queries ", shape_string(queries),
+              " and keys ", shape_string(keys), " must have the same batch size B");
+  const int64_t h = o.heads();
+  TORCH_CHECK(h >= 1, op, ": heads must be at least 1, got ", h);
+  TORCH_CHECK(queries.size(2) % h == 0 && values.size(2) % h == 0, op, ": heads = ", h,
+              " must divide the query channels (", queries.size(2), ") and value channels (",
+              values.size(2), ")");
+  TORCH_CHECK(o.padding() == 0, op, ": padding = ", o.padding(),
+              " applies to spatial inputs only (conv_nn1d / conv_nn2d); token inputs take 0");
+  TORCH_CHECK(o.alpha() >= 0.0 && o.alpha() <= 1.0, op, ": alpha must be in [0, 1], got ",
+              o.alpha());
+  TORCH_CHECK(o.temperature() > 0.0 && std::isfinite(o.temperature()), op,
+              ": temperature must be a positive finite number, got ", o.temperature());
+  const int64_t n = queries.size(1), m = keys.size(1);
+  TORCH_CHECK(o.num_candidates() >= 0 && o.num_candidates() <= m, op,
+              ": num_candidates (r) must be in [0, M] with M = ", m,
+              " candidates (0 = all), got r = ", o.num_candidates());
+  const int64_t candidates = o.num_candidates() == 0 ? m : o.num_candidates();
+  TORCH_CHECK(o.k() >= 1 && o.k() <= candidates, op, ": k must be in [1, ", candidates,
+              "] (the number of candidates", o.num_candidates() ? ", r" : ", M",
+              "), got k = ", o.k());
+  TORCH_CHECK(!o.include_self() || n == m, op,
+              ": include_self needs queries and keys from the same tokens (N == M), got N = ", n,
+              " and M = ", m);
+  if (coordinates.defined()) {
+    TORCH_CHECK(n == m && coordinates.dim() == 2 && coordinates.size(0) == n, op,
+                ": coordinates must be [N,P] with N = M = ", n, ", got ",
+                shape_string(coordinates), " (N = ", n, ", M = ", m, ")");
+  } else {
+    TORCH_CHECK(o.alpha() == 1.0, op, ": alpha = ", o.alpha(),
+                " blends feature and positional similarity, but no coordinates were given");
+  }
+  const int64_t kernel_rank =
+      (kernel.defined() ? kernel.dim() : 0) - (o.kernel_per_head() ? 1 : 0);
+  TORCH_CHECK(kernel.defined() && (kernel_rank == 2 || kernel_rank == 3), op,
+              ": kernel must be [dv,K] or [dv',dv,K]", o.kernel_per_head() ? " with a leading head dimension H" : "",
+              ", got ", kernel.defined() ? shape_string(kernel) : "undefined");
+  if (o.kernel_per_head()) {
+    TORCH_CHECK(kernel.size(0) == h, op, ": kernel_per_head needs kernel.size(0) == heads = ", h,
+                ", got kernel ", shape_string(kernel));
+  }
+  if (bias.defined()) {
+    TORCH_CHECK(bias.dim() == (o.kernel_per_head() ? 2 : 1), op, ": bias must be ",
+                o.kernel_per_head() ? "[H,dv']" : "[dv']", ", got ", shape_string(bias));
+  }
+}
+
+// Adds the query itself to its random candidates: top-k of (drawn U {i}) is the top-k of
+// (top-k of drawn U {i}). Its score comes from knn_select on the single pair (so it is exactly the
+// score the op would give, mask included); when i was drawn anyway, the extra copy is masked.
+std::pair<at::Tensor, at::Tensor> merge_self(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& scores, const at::Tensor& indices,
+                                             const at::Tensor& drawn, const at::Tensor& mask,
+                                             const ConvNNFuncOptions& o) {
+  const auto g = q.size(0), n = q.size(1), d = q.size(2);
+  at::Tensor self_mask;
+  if (mask.defined()) {
+    self_mask = mask.diagonal(0, -2, -1).expand({g, n}).reshape({g * n, 1, 1});
+  }
+  auto [self_scores, unused] = ops::knn_select(
+      q.reshape({g * n, 1, d}), k.reshape({g * n, 1, d}), 1, to_string(o.similarity()),
+      self_mask.defined() ? c10::optional<at::Tensor>(self_mask) : c10::nullopt, false);
+  auto self_index = at::arange(n, indices.options()).expand({g, n}).unsqueeze(-1);
+  const auto already_drawn = at::isin(at::arange(n, drawn.options()), drawn).view({1, n, 1});
+  const auto neg_inf = at::scalar_tensor(-std::numeric_limits<double>::infinity(), scores.options());
+  auto self_score = at::where(already_drawn, neg_inf, self_scores.view({g, n, 1}));
+
+  auto all_scores = at::cat({scores, self_score}, -1);
+  auto all_indices = at::cat({indices, self_index}, -1);
+  // Two stable sorts: by index, then by descending score, so equal scores keep the lower index.
+  auto by_index = std::get<1>(reference::stable_sort(all_indices, /*descending=*/false));
+  all_scores = all_scores.gather(-1, by_index);
+  all_indices = all_indices.gather(-1, by_index);
+  auto by_score = std::get<1>(reference::stable_sort(all_scores, /*descending=*/true))
+                      .narrow(-1, 0, o.k());
+  return {all_scores.gather(-1, by_score), all_indices.gather(-1, by_score)};
+}
+
+std::pair<at::Tensor, at::Tensor> sort_slots_by_index(const at::Tensor& scores,
+                                                      const at::Tensor& indices) {
+  auto [sorted, permutation] = reference::stable_sort(indices, /*descending=*/false);
+  return {scores.gather(-1, permutation), sorted};
+}
+
+at::Tensor aggregate(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+                     const at::Tensor& kernel, const at::Tensor& bias,
+                     const ConvNNFuncOptions& o) {
+  const auto optional_bias = [](const at::Tensor& b) {
+    return b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt;
+  };
+  if (!o.kernel_per_head()) {
+    return ops::knn_aggregate(values, weights, indices, kernel, optional_bias(bias));
+  }
+  // One call per head on that head's slices of the folded batch.
+  const int64_t h = o.heads(), b = values.size(0) / h;
+  std::vector<at::Tensor> outputs;
+  for (int64_t head = 0; head < h; ++head) {
+    const auto slice = [&](const at::Tensor& t) {
+      return t.view({b, h, t.size(1), t.size(2)}).select(1, head);
+    };
+    outputs.push_back(ops::knn_aggregate(slice(values), slice(weights), slice(indices),
+                                         kernel[head],
+                                         optional_bias(bias.defined() ? bias[head] : bias)));
+  }
+  const auto out = at::stack(outputs, 1);  // [B,H,N,dv']
+  return out.reshape({b * h, out.size(2), out.size(3)});
+}
+
+}  // namespace
+
+at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                   const at::Tensor& kernel, const at::Tensor& bias,
+                   const ConvNNFuncOptions& o, const at::Tensor& coordinates) {
+  check_conv_nn_inputs(queries, keys, values, kernel, bias, o, coordinates);
+  const int64_t h = o.heads(), m = keys.size(1);
+  const auto q = blend_coordinates(fold_heads(queries, h), coordinates, o.alpha());
+  const auto k = blend_coordinates(fold_heads(keys, h), coordinates, o.alpha());
+  const auto v = fold_heads(values, h);
+
+  const bool random = o.num_candidates() > 0 && o.num_candidates() < m;
+  const bool merge = random && o.include_self();
+  const bool index_order = o.slot_order() == SlotOrder::Index;
+  at::Tensor drawn, candidate_keys = k, candidate_mask = o.mask();
+  if (random) {
+    drawn = draw_candidates(m, o.num_candidates(), o.generator(), keys.device());
+    candidate_keys = k.index_select(1, drawn);
+    if (candidate_mask.defined()) candidate_mask = candidate_mask.index_select(-1, drawn);
+  }
+  auto [scores, indices] = ops::knn_select(
+      q, candidate_keys, o.k(), to_string(o.similarity()),
+      candidate_mask.defined() ? c10::optional<at::Tensor>(candidate_mask) : c10::nullopt,
+      index_order && !merge);
+  if (random) indices = drawn.index({indices});  // candidate slot -> token index (drawn is sorted)
+  if (merge) {
+    std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, o.mask(), o);
+    if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
+  }
+  const auto weights = rho_weights(scores, o.rho(), o.temperature());
+  return unfold_heads(aggregate(v, weights, indices, kernel, bias, o), h);
+}
+
+at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
+  const auto valid = ~at::isneginf(scores);
+  switch (rho) {
+    case Rho::Uniform: return valid.to(scores.scalar_type());
+    case Rho::Mean: {
+      const auto w = valid.to(scores.scalar_type());
+      return w / w.sum(-1, true).clamp_min(1.0);
+    }
+    case Rho::Softmax: {
+      // Masked slots are replaced before any arithmetic so that no inf or NaN reaches autograd.
+      const auto z = at::where(valid, scores, at::zeros_like(scores)) / temperature;
+      const auto shift = at::where(valid, z, at::full_like(z, -std::numeric_limits<double>::infinity()))
+                             .amax(-1, true)
+                             .detach();
+      const auto safe_shift = at::where(at::isfinite(shift), shift, at::zeros_like(shift));
+      const auto e = at::where(valid, (z - safe_shift).exp(), at::zeros_like(z));
+      const auto total = e.sum(-1, true);
+      return e / at::where(total > 0, total, at::ones_like(total));
+    }
+  }
+  TORCH_CHECK(false, "rho_weights: unknown rho");
+}
+
+at::Tensor grid_coordinates(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  TORCH_CHECK(!sizes.empty(), "grid_coordinates: sizes must not be empty");
+  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  const double step = longest > 1 ? 1.0 / static_cast<double>(longest - 1) : 0.0;
+  std::vector<at::Tensor> axes;
+  for (const auto s : sizes) {
+    TORCH_CHECK(s >= 1, "grid_coordinates: every size must be at least 1, got ", sizes);
+    axes.push_back(at::arange(s, options.dtype(at::kDouble)) * step);
+  }
+  std::vector<at::Tensor> columns;
+  for (const auto& axis : at::meshgrid(axes, "ij")) columns.push_back(axis.reshape({-1}));
+  return at::stack(columns, 1).to(options);
+}
+
+at::Tensor draw_candidates(int64_t m, int64_t r, c10::optional<at::Generator> generator,
+                           const at::Device& device) {
+  TORCH_CHECK(r >= 1 && r <= m, "draw_candidates: r must be in [1, m] with m = ", m, ", got r = ", r);
+  auto drawn = at::randperm(m, generator, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, r);
+  return std::get<0>(reference::stable_sort(drawn, /*descending=*/false)).to(device);
+}
+
+at::Tensor conv_nn1d(const at::Tensor& input, const at::Tensor& kernel, const at::Tensor& bias,
+                     const ConvNNFuncOptions& options) {
+  return detail::conv_nn_spatial(input, kernel, bias, options, 1, {});
+}
+
+at::Tensor conv_nn2d(const at::Tensor& input, const at::Tensor& kernel, const at::Tensor& bias,
+                     const ConvNNFuncOptions& options) {
+  return detail::conv_nn_spatial(input, kernel, bias, options, 2, {});
+}
+
+}  // namespace convnn::nn::functional

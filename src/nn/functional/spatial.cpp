@@ -1,0 +1,44 @@
+#include "nn/functional/spatial.h"
+
+#include <ATen/ATen.h>
+
+#include "convnn/nn/functional/convnn.h"
+#include "ops/checks.h"
+
+namespace convnn::nn::functional::detail {
+
+at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
+                           const at::Tensor& bias, const ConvNNFuncOptions& options,
+                           int64_t spatial_dims, const Projections& projections) {
+  const char* op = spatial_dims == 1 ? "conv_nn1d" : "conv_nn2d";
+  TORCH_CHECK(input.defined() && input.dim() == spatial_dims + 2, op, ": input must be ",
+              spatial_dims + 2, "-D ", spatial_dims == 1 ? "[B,C,L]" : "[B,C,H,W]", ", got ",
+              input.defined() ? checks::shape_string(input) : "undefined");
+  const int64_t pad = options.padding();
+  TORCH_CHECK(pad >= 0, op, ": padding must be non-negative, got ", pad);
+  TORCH_CHECK(options.alpha() == 1.0 || options.coordinates(), op, ": alpha = ", options.alpha(),
+              " blends in positional similarity, which needs coordinates(true)");
+
+  const auto padded = pad > 0 ? at::constant_pad_nd(input, std::vector<int64_t>(2 * spatial_dims, pad))
+                              : input;
+  const auto grid = padded.sizes().slice(2).vec();
+  const auto tokens = padded.flatten(2).transpose(1, 2);  // [B, prod(grid), C]
+  const auto apply = [&](const auto& f) { return f ? f(tokens) : tokens; };
+  const auto coordinates =
+      options.coordinates() ? grid_coordinates(grid, tokens.options()) : at::Tensor();
+
+  auto token_options = options;
+  token_options.padding(0);
+  const auto out = conv_nn(apply(projections.query), apply(projections.key),
+                           apply(projections.value), kernel, bias, token_options, coordinates);
+
+  std::vector<int64_t> shape{out.size(0), out.size(2)};
+  shape.insert(shape.end(), grid.begin(), grid.end());
+  auto y = out.transpose(1, 2).reshape(shape);
+  for (int64_t d = 0; d < spatial_dims && pad > 0; ++d) {
+    y = y.narrow(2 + d, pad, grid[d] - 2 * pad);
+  }
+  return y.contiguous();
+}
+
+}  // namespace convnn::nn::functional::detail

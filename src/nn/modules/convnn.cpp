@@ -1,0 +1,333 @@
+#include "convnn/nn/modules/convnn.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <limits>
+
+#include "nn/functional/spatial.h"
+
+namespace convnn::nn {
+namespace {
+
+// Conv1d's default initialisation (Kaiming-uniform with a = sqrt(5) is U(-1/sqrt(fan_in), ..)),
+// computed from the fan-in explicitly so that a leading head dimension does not count.
+void init_uniform_fan_in(at::Tensor& t, int64_t fan_in) {
+  const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+  torch::NoGradGuard no_grad;
+  t.uniform_(-bound, bound);
+}
+
+std::vector<int64_t> kernel_shape(Aggregation aggregation, int64_t heads, bool per_head,
+                                  int64_t in_per_head, int64_t out_per_head, int64_t k) {
+  std::vector<int64_t> shape;
+  if (per_head) shape.push_back(heads);
+  if (aggregation == Aggregation::Standard) shape.push_back(out_per_head);
+  shape.push_back(in_per_head);
+  shape.push_back(k);
+  return shape;
+}
+
+// Registers the aggregation kernel (parameter, or a buffer of ones when fixed) and the bias.
+template <typename Module>
+void register_kernel_and_bias(Module& module, at::Tensor& kernel, at::Tensor& bias,
+                              const std::vector<int64_t>& shape, bool learnable, bool with_bias,
+                              bool per_head, int64_t heads, int64_t out_per_head) {
+  if (learnable) {
+    kernel = module.register_parameter("kernel", torch::empty(shape));
+  } else {
+    kernel = module.register_buffer("kernel", torch::ones(shape));
+  }
+  if (with_bias) {
+    bias = module.register_parameter(
+        "bias", per_head ? torch::empty({heads, out_per_head}) : torch::empty({out_per_head}));
+  }
+}
+
+void init_kernel_and_bias(at::Tensor& kernel, at::Tensor& bias, KernelInit init, bool learnable,
+                          Aggregation aggregation, int64_t in_per_head, int64_t k) {
+  const int64_t fan_in = (aggregation == Aggregation::Standard ? in_per_head : 1) * k;
+  if (learnable) {
+    torch::NoGradGuard no_grad;
+    if (init == KernelInit::Ones) {
+      kernel.fill_(1.0);
+    } else {
+      init_uniform_fan_in(kernel, fan_in);
+    }
+  }
+  if (bias.defined()) init_uniform_fan_in(bias, fan_in);
+}
+
+const char* yes_no(bool b) { return b ? "true" : "false"; }
+
+}  // namespace
+
+CandidateDraw::CandidateDraw(c10::optional<uint64_t> seed, EvalCandidates eval, uint64_t eval_seed)
+    : eval_(eval), eval_seed_(eval_seed) {
+  if (seed.has_value()) train_generator_ = at::make_generator<at::CPUGeneratorImpl>(*seed);
+}
+
+c10::optional<at::Generator> CandidateDraw::generator(bool training) const {
+  if (training || eval_ == EvalCandidates::Fresh) return train_generator_;
+  return at::make_generator<at::CPUGeneratorImpl>(eval_seed_);
+}
+
+// ----------------------------------------------------------------------------- ConvNN1d / 2d
+
+template <size_t D, typename Derived>
+ConvNNNdImpl<D, Derived>::ConvNNNdImpl(ConvNNOptions<D> options_) : options(std::move(options_)) {
+  reset();
+}
+
+template <size_t D, typename Derived>
+void ConvNNNdImpl<D, Derived>::reset() {
+  const auto& o = options;
+  const char* name = D == 1 ? "ConvNN1d" : "ConvNN2d";
+  TORCH_CHECK(o.in_channels() >= 1, name, ": in_channels must be at least 1, got ", o.in_channels());
+  TORCH_CHECK(o.out_channels() >= 1, name, ": out_channels must be at least 1, got ", o.out_channels());
+  TORCH_CHECK(o.k() >= 1, name, ": k must be at least 1, got ", o.k());
+  TORCH_CHECK(o.heads() >= 1 && o.in_channels() % o.heads() == 0 &&
+                  o.out_channels() % o.heads() == 0,
+              name, ": heads = ", o.heads(), " must be at least 1 and divide in_channels (",
+              o.in_channels(), ") and out_channels (", o.out_channels(), ")");
+  TORCH_CHECK(o.aggregation() == Aggregation::Standard || o.in_channels() == o.out_channels(), name,
+              ": depthwise aggregation keeps the channel count, so out_channels (", o.out_channels(),
+              ") must equal in_channels (", o.in_channels(), ")");
+  TORCH_CHECK(o.padding() >= 0, name, ": padding must be non-negative, got ", o.padding());
+  TORCH_CHECK(o.alpha() >= 0.0 && o.alpha() <= 1.0, name, ": alpha must be in [0, 1], got ", o.alpha());
+  TORCH_CHECK(o.alpha() == 1.0 || o.coordinates(), name, ": alpha = ", o.alpha(),
+              " blends in positional similarity, which needs coordinates(true)");
+  TORCH_CHECK(o.num_candidates() >= 0, name, ": num_candidates must be non-negative (0 = all), got ",
+              o.num_candidates());
+  TORCH_CHECK(o.temperature() > 0.0, name, ": temperature must be positive, got ", o.temperature());
+  const int64_t qk = o.qk_channels() == 0 ? o.in_channels() : o.qk_channels();
+  TORCH_CHECK(qk >= 1 && qk % o.heads() == 0, name, ": qk_channels = ", o.qk_channels(),
+              " must be divisible by heads = ", o.heads());
+  TORCH_CHECK(o.projection() == Projection::Linear || o.qk_channels() == 0, name,
+              ": qk_channels needs projection = linear");
+
+  if (o.projection() == Projection::Linear) {
+    auto linear = [&](int64_t out) {
+      return torch::nn::Linear(torch::nn::LinearOptions(o.in_channels(), out).bias(o.projection_bias()));
+    };
+    query_projection = this->register_module("query_projection", linear(qk));
+    key_projection = this->register_module("key_projection", linear(qk));
+    value_projection = this->register_module("value_projection", linear(o.in_channels()));
+  }
+  const int64_t in_per_head = o.in_channels() / o.heads(), out_per_head = o.out_channels() / o.heads();
+  register_kernel_and_bias(*this, kernel, bias,
+                           kernel_shape(o.aggregation(), o.heads(), o.kernel_per_head(),
+                                        in_per_head, out_per_head, o.k()),
+                           o.learnable_kernel(), o.bias(), o.kernel_per_head(), o.heads(),
+                           out_per_head);
+  draw_ = CandidateDraw(o.seed(), o.eval_candidates(), o.eval_seed());
+  reset_parameters();
+}
+
+template <size_t D, typename Derived>
+void ConvNNNdImpl<D, Derived>::reset_parameters() {
+  init_kernel_and_bias(kernel, bias, options.kernel_init(), options.learnable_kernel(),
+                       options.aggregation(), options.in_channels() / options.heads(), options.k());
+}
+
+template <size_t D, typename Derived>
+functional::ConvNNFuncOptions ConvNNNdImpl<D, Derived>::func_options() const {
+  const auto& o = options;
+  return functional::ConvNNFuncOptions(o.k())
+      .similarity(o.similarity())
+      .heads(o.heads())
+      .alpha(o.alpha())
+      .coordinates(o.coordinates())
+      .padding(o.padding())
+      .num_candidates(o.num_candidates())
+      .include_self(o.include_self())
+      .slot_order(o.slot_order())
+      .rho(o.rho())
+      .temperature(o.temperature())
+      .kernel_per_head(o.kernel_per_head());
+}
+
+template <size_t D, typename Derived>
+at::Tensor ConvNNNdImpl<D, Derived>::forward(const at::Tensor& input) {
+  const char* name = D == 1 ? "ConvNN1d" : "ConvNN2d";
+  TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ",
+              D + 2, "-D ", D == 1 ? "[B,C,L]" : "[B,C,H,W]", ", got ", input.defined() ? input.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK(input.size(1) == options.in_channels(), name, ": input has ", input.size(1),
+              " channels (dim 1), but in_channels = ", options.in_channels());
+  functional::detail::Projections projections;
+  if (options.projection() == Projection::Linear) {
+    projections.query = [this](const at::Tensor& t) { return query_projection(t); };
+    projections.key = [this](const at::Tensor& t) { return key_projection(t); };
+    projections.value = [this](const at::Tensor& t) { return value_projection(t); };
+  }
+  auto o = func_options();
+  o.generator(draw_.generator(this->is_training()));
+  return functional::detail::conv_nn_spatial(input, kernel, bias, o, D, projections);
+}
+
+template <size_t D, typename Derived>
+void ConvNNNdImpl<D, Derived>::pretty_print(std::ostream& stream) const {
+  const auto& o = options;
+  stream << "convnn::ConvNN" << D << "d(" << o.in_channels() << ", " << o.out_channels()
+         << ", k=" << o.k() << ", similarity=" << to_string(o.similarity())
+         << ", padding=" << o.padding() << ", rho=" << to_string(o.rho())
+         << ", aggregation=" << to_string(o.aggregation())
+         << ", slot_order=" << to_string(o.slot_order());
+  if (o.heads() != 1) stream << ", heads=" << o.heads();
+  if (o.coordinates()) stream << ", coordinates=true, alpha=" << o.alpha();
+  if (o.num_candidates() > 0) {
+    stream << ", num_candidates=" << o.num_candidates()
+           << ", include_self=" << yes_no(o.include_self())
+           << ", eval_candidates=" << to_string(o.eval_candidates());
+  }
+  if (o.rho() == Rho::Softmax && o.temperature() != 1.0) stream << ", temperature=" << o.temperature();
+  if (!o.learnable_kernel()) stream << ", learnable_kernel=false";
+  if (o.kernel_per_head()) stream << ", kernel_per_head=true";
+  if (o.projection() == Projection::Linear) stream << ", projection=linear";
+  stream << ", bias=" << yes_no(o.bias()) << ")";
+}
+
+template class ConvNNNdImpl<1, ConvNN1dImpl>;
+template class ConvNNNdImpl<2, ConvNN2dImpl>;
+
+// ----------------------------------------------------------------------------- ConvNNAttention
+
+ConvNNAttentionImpl::ConvNNAttentionImpl(ConvNNAttentionOptions options_)
+    : options(std::move(options_)) {
+  reset();
+}
+
+void ConvNNAttentionImpl::reset() {
+  const auto& o = options;
+  TORCH_CHECK(o.embed_dim() >= 1, "ConvNNAttention: embed_dim must be at least 1, got ", o.embed_dim());
+  TORCH_CHECK(o.num_heads() >= 1 && o.embed_dim() % o.num_heads() == 0,
+              "ConvNNAttention: num_heads = ", o.num_heads(), " must be at least 1 and divide embed_dim = ",
+              o.embed_dim());
+  TORCH_CHECK(o.k() >= 1, "ConvNNAttention: k must be at least 1, got ", o.k());
+  TORCH_CHECK(o.dropout() >= 0.0 && o.dropout() < 1.0, "ConvNNAttention: dropout must be in [0, 1), got ",
+              o.dropout());
+  TORCH_CHECK(o.temperature() > 0.0, "ConvNNAttention: temperature must be positive, got ", o.temperature());
+  TORCH_CHECK(o.num_candidates() >= 0, "ConvNNAttention: num_candidates must be non-negative (0 = all), got ",
+              o.num_candidates());
+  auto linear = [&](bool with_bias) {
+    return torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), o.embed_dim()).bias(with_bias));
+  };
+  query_projection = register_module("query_projection", linear(o.qkv_bias()));
+  key_projection = register_module("key_projection", linear(o.qkv_bias()));
+  value_projection = register_module("value_projection", linear(o.qkv_bias()));
+  output_projection = register_module("output_projection", linear(o.out_bias()));
+  dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
+  const int64_t d = o.embed_dim() / o.num_heads();
+  register_kernel_and_bias(*this, kernel, bias,
+                           kernel_shape(o.aggregation(), o.num_heads(), o.kernel_per_head(), d, d, o.k()),
+                           o.learnable_kernel(), o.bias(), o.kernel_per_head(), o.num_heads(), d);
+  draw_ = CandidateDraw(o.seed(), o.eval_candidates(), o.eval_seed());
+  reset_parameters();
+}
+
+void ConvNNAttentionImpl::reset_parameters() {
+  init_kernel_and_bias(kernel, bias, options.kernel_init(), options.learnable_kernel(),
+                       options.aggregation(), options.embed_dim() / options.num_heads(), options.k());
+}
+
+at::Tensor ConvNNAttentionImpl::mask_for(int64_t n, const at::Device& device) const {
+  at::Tensor mask = options.mask();
+  if (mask.defined()) {
+    TORCH_CHECK(mask.dim() == 2 && mask.size(0) == n && mask.size(1) == n,
+                "ConvNNAttention: mask must be [N,N] = [", n, ", ", n, "] for this input, got ",
+                mask.sizes());
+    mask = mask.to(device);
+  }
+  if (!options.causal()) return mask;
+  const auto causal = functional::causal_mask(n, device);
+  if (!mask.defined()) return causal;
+  if (mask.scalar_type() == at::kBool) return mask & causal;
+  return mask.masked_fill(~causal, -std::numeric_limits<double>::infinity());
+}
+
+at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input) {
+  const auto& o = options;
+  TORCH_CHECK(input.defined() && input.dim() == 3 && input.size(2) == o.embed_dim(),
+              "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
+              input.defined() ? input.sizes() : c10::IntArrayRef{});
+  const auto func = functional::ConvNNFuncOptions(o.k())
+                        .similarity(o.similarity())
+                        .heads(o.num_heads())
+                        .mask(mask_for(input.size(1), input.device()))
+                        .num_candidates(o.num_candidates())
+                        .include_self(o.include_self())
+                        .generator(draw_.generator(is_training()))
+                        .slot_order(o.slot_order())
+                        .rho(o.rho())
+                        .temperature(o.temperature())
+                        .kernel_per_head(o.kernel_per_head());
+  const auto aggregated = functional::conv_nn(query_projection(input), key_projection(input),
+                                              value_projection(input), kernel, bias, func);
+  return output_projection(dropout(aggregated));
+}
+
+void ConvNNAttentionImpl::pretty_print(std::ostream& stream) const {
+  const auto& o = options;
+  stream << "convnn::ConvNNAttention(embed_dim=" << o.embed_dim() << ", num_heads=" << o.num_heads()
+         << ", k=" << o.k() << ", similarity=" << to_string(o.similarity())
+         << ", rho=" << to_string(o.rho()) << ", aggregation=" << to_string(o.aggregation())
+         << ", learnable_kernel=" << yes_no(o.learnable_kernel())
+         << ", kernel_per_head=" << yes_no(o.kernel_per_head()) << ", dropout=" << o.dropout();
+  if (o.causal()) stream << ", causal=true";
+  if (o.num_candidates() > 0) stream << ", num_candidates=" << o.num_candidates();
+  stream << ")";
+}
+
+// ----------------------------------------------------------------------------- BranchingConv2d
+
+BranchingConv2dImpl::BranchingConv2dImpl(BranchingConv2dOptions options_)
+    : options(std::move(options_)) {
+  reset();
+}
+
+int64_t BranchingConv2dImpl::convnn_channels() const {
+  return static_cast<int64_t>(std::llround(options.lambda() * static_cast<double>(options.out_channels())));
+}
+
+void BranchingConv2dImpl::reset() {
+  const auto& o = options;
+  TORCH_CHECK(o.in_channels() >= 1 && o.out_channels() >= 1,
+              "BranchingConv2d: in_channels and out_channels must be at least 1, got ", o.in_channels(),
+              " and ", o.out_channels());
+  TORCH_CHECK(o.lambda() >= 0.0 && o.lambda() <= 1.0, "BranchingConv2d: lambda must be in [0, 1], got ",
+              o.lambda());
+  TORCH_CHECK(o.kernel_size() >= 1 && o.kernel_size() % 2 == 1,
+              "BranchingConv2d: kernel_size must be odd and positive (same padding), got ", o.kernel_size());
+  const int64_t convnn_out = convnn_channels(), conv_out = o.out_channels() - convnn_out;
+  if (convnn_out > 0) {
+    auto branch = o.convnn();
+    branch.in_channels(o.in_channels()).out_channels(convnn_out);
+    convnn_branch = register_module("convnn_branch", ConvNN2d(branch));
+  }
+  if (conv_out > 0) {
+    conv_branch = register_module(
+        "conv_branch", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), conv_out, o.kernel_size())
+                                             .padding(o.kernel_size() / 2)
+                                             .bias(true)));
+  }
+  mix = register_module("mix", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.out_channels(), o.out_channels(), 1).bias(true)));
+}
+
+at::Tensor BranchingConv2dImpl::forward(const at::Tensor& input) {
+  TORCH_CHECK(input.defined() && input.dim() == 4 && input.size(1) == options.in_channels(),
+              "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
+              ", got ", input.defined() ? input.sizes() : c10::IntArrayRef{});
+  std::vector<at::Tensor> branches;
+  if (convnn_branch) branches.push_back(convnn_branch(input));
+  if (conv_branch) branches.push_back(conv_branch(input));
+  return mix(branches.size() == 1 ? branches[0] : at::cat(branches, 1));
+}
+
+void BranchingConv2dImpl::pretty_print(std::ostream& stream) const {
+  stream << "convnn::BranchingConv2d(" << options.in_channels() << ", " << options.out_channels()
+         << ", lambda=" << options.lambda() << ", convnn_channels=" << convnn_channels()
+         << ", kernel_size=" << options.kernel_size() << ")";
+}
+
+}  // namespace convnn::nn

@@ -1,0 +1,77 @@
+// Autograd kernels of the core ops: the forward redispatches below autograd, the backward calls the
+// matching *_backward op, so a device that adds a fused backward needs no change here.
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "convnn/ops/knn_ops.h"
+
+namespace convnn::autograd {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class KnnSelectFunction : public torch::autograd::Function<KnnSelectFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& queries,
+                               const at::Tensor& keys, int64_t k, const std::string& similarity,
+                               const c10::optional<at::Tensor>& mask, bool index_order) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [scores, indices] = ops::knn_select(queries, keys, k, similarity, mask, index_order);
+    ctx->save_for_backward({queries, keys, indices, scores});
+    ctx->saved_data["similarity"] = similarity;
+    ctx->mark_non_differentiable({indices});
+    return {scores, indices};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_queries, grad_keys] = ops::knn_select_backward(
+        grads[0].defined() ? grads[0] : at::zeros_like(saved[3]), saved[0], saved[1], saved[2],
+        saved[3], ctx->saved_data["similarity"].toStringRef());
+    return {grad_queries, grad_keys, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+class KnnAggregateFunction : public torch::autograd::Function<KnnAggregateFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& values,
+                               const at::Tensor& weights, const at::Tensor& indices,
+                               const at::Tensor& kernel, const c10::optional<at::Tensor>& bias) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto output = ops::knn_aggregate(values, weights, indices, kernel, bias);
+    ctx->save_for_backward({values, weights, indices, kernel});
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return {output};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_values, grad_weights, grad_kernel, grad_bias] = ops::knn_aggregate_backward(
+        grads[0], saved[0], saved[1], saved[2], saved[3], ctx->saved_data["has_bias"].toBool());
+    return {grad_values, grad_weights, at::Tensor(), grad_kernel, grad_bias};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
+                                              int64_t k, c10::string_view similarity,
+                                              const c10::optional<at::Tensor>& mask,
+                                              bool index_order) {
+  auto out = KnnSelectFunction::apply(queries, keys, k, std::string(similarity), mask, index_order);
+  return {out[0], out[1]};
+}
+
+at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
+                         const at::Tensor& indices, const at::Tensor& kernel,
+                         const c10::optional<at::Tensor>& bias) {
+  return KnnAggregateFunction::apply(values, weights, indices, kernel, bias)[0];
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(convnn, Autograd, m) {
+  m.impl("knn_select", &knn_select);
+  m.impl("knn_aggregate", &knn_aggregate);
+}
+
+}  // namespace convnn::autograd
