@@ -30,14 +30,19 @@ install_apt_packages() {
 install_venv() {
   local cache="${XDG_CACHE_HOME:-$HOME/.cache}/convnn"
   local venv="$cache/venv-torch-${CONVNN_TORCH_VERSION}-py$("$CONVNN_PYTHON" -c 'import sys;print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+  local wanted="torch==${CONVNN_TORCH_VERSION} ${CONVNN_PIP_PACKAGES[*]}"
   if [ ! -f "$venv/.complete" ]; then
     log "creating venv $venv (first time: downloads torch ${CONVNN_TORCH_VERSION}, ~4 GB)"
     rm -rf "$venv"
     mkdir -p "$cache"
     "$CONVNN_PYTHON" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q "torch==${CONVNN_TORCH_VERSION}" "${CONVNN_PIP_PACKAGES[@]}"
-    touch "$venv/.complete"
+  fi
+  # .complete records what was installed; a changed package list installs only what is new.
+  if [ "$(cat "$venv/.complete" 2>/dev/null)" != "$wanted" ]; then
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install -q $wanted
+    echo "$wanted" > "$venv/.complete"
   fi
   ln -sfn "$venv" "$repo_root/.venv"
 }

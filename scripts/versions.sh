@@ -2,9 +2,9 @@
 # CUDA 13.0, the major version of the installed nvcc, and is the GPU machine's version.
 CONVNN_TORCH_VERSION="2.11.0"
 CONVNN_PYTHON="/usr/bin/python3"
-CONVNN_PIP_PACKAGES=(numpy)
+CONVNN_PIP_PACKAGES=(numpy pytest)
 CONVNN_APT_PACKAGES=(
-  python3-venv cmake ninja-build ccache g++
+  python3-venv cmake ninja-build ccache g++ git
   googletest libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev
 )

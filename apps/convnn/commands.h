@@ -1,0 +1,18 @@
+#pragma once
+// Subcommands of the `convnn` program. Each add_*_command registers its options on a subcommand
+// of `app` and returns the function that runs it (after parsing and thread set-up) and returns
+// the process exit code.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace convnn::cli {
+
+struct Command {
+  CLI::App* subcommand = nullptr;
+  std::function<int()> run;
+};
+
+Command add_verify_command(CLI::App& app);
+
+}  // namespace convnn::cli

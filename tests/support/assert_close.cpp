@@ -1,0 +1,39 @@
+#include "support/assert_close.h"
+
+#include <limits>
+#include <sstream>
+
+namespace convnn::testing {
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0) return 0.0;
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+double epsilon_of(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: return std::numeric_limits<double>::epsilon();
+    case at::kFloat: return std::numeric_limits<float>::epsilon();
+    case at::kBFloat16: return 0.0078125;
+    case at::kHalf: return 0.0009765625;
+    default: return 0.0;
+  }
+}
+
+::testing::AssertionResult AllClose(const at::Tensor& actual, const at::Tensor& expected,
+                                    double atol, double rtol) {
+  if (actual.sizes() != expected.sizes()) {
+    return ::testing::AssertionFailure()
+           << "shape mismatch: " << actual.sizes() << " vs " << expected.sizes();
+  }
+  const double diff = max_abs_diff(actual, expected);
+  const double scale = expected.numel() ? expected.to(at::kDouble).abs().max().item<double>() : 0.0;
+  const double tolerance = atol + rtol * scale;
+  if (diff <= tolerance) return ::testing::AssertionSuccess();
+  std::ostringstream msg;
+  msg << "max abs diff " << diff << " > tolerance " << tolerance << " (atol " << atol << ", rtol "
+      << rtol << ", max|expected| " << scale << ")";
+  return ::testing::AssertionFailure() << msg.str();
+}
+
+}  // namespace convnn::testing

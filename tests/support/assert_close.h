@@ -1,0 +1,21 @@
+#pragma once
+// Tolerance helpers for the test suite. Tolerances come from a float64 reference: a result in
+// dtype T is compared with the float64 result, and allowed a small multiple of T's epsilon.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace convnn::testing {
+
+// Largest |a - b| over all elements (0 for empty tensors), computed in float64.
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b);
+
+// Machine epsilon of a floating dtype.
+double epsilon_of(at::ScalarType dtype);
+
+// EXPECT-style check: same shape, and max |actual - expected| <= atol + rtol * max|expected|.
+::testing::AssertionResult AllClose(const at::Tensor& actual, const at::Tensor& expected,
+                                    double atol, double rtol = 0.0);
+
+}  // namespace convnn::testing
