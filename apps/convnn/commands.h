@@ -14,5 +14,7 @@ struct Command {
 };
 
 Command add_verify_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
+Command add_info_command(CLI::App& app);
 
 }  // namespace convnn::cli

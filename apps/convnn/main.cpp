@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   const std::vector<convnn::cli::Command> commands{
       convnn::cli::add_verify_command(app),
+      convnn::cli::add_bench_command(app),
+      convnn::cli::add_info_command(app),
   };
   try {
     app.parse(argc, argv);

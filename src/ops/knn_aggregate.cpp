@@ -21,6 +21,11 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
                        .findSchemaOrThrow("convnn::knn_aggregate", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          const at::Tensor&, const c10::optional<at::Tensor>&)>();
+  // The dispatcher needs a device from every tensor; say which one is missing before it asks.
+  TORCH_CHECK(values.defined(), "knn_aggregate: values must be a defined tensor");
+  TORCH_CHECK(weights.defined(), "knn_aggregate: weights must be a defined tensor");
+  TORCH_CHECK(indices.defined(), "knn_aggregate: indices must be a defined tensor");
+  TORCH_CHECK(kernel.defined(), "knn_aggregate: kernel must be a defined tensor");
   return op.call(values, weights, indices, kernel, bias);
 }
 

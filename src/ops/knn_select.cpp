@@ -23,6 +23,9 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const a
                        .typed<std::tuple<at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, int64_t, c10::string_view,
                            const c10::optional<at::Tensor>&, bool)>();
+  // The dispatcher needs a device from every tensor; say which one is missing before it asks.
+  TORCH_CHECK(queries.defined(), "knn_select: queries must be a defined tensor");
+  TORCH_CHECK(keys.defined(), "knn_select: keys must be a defined tensor");
   return op.call(queries, keys, k, similarity, mask, index_order);
 }
 

@@ -8,13 +8,15 @@
 
 namespace convnn::testing {
 
-// Largest |a - b| over all elements (0 for empty tensors), computed in float64.
+// Largest |a - b| over all elements (0 for empty tensors), computed in float64; equal infinities
+// count as equal.
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b);
 
 // Machine epsilon of a floating dtype.
 double epsilon_of(at::ScalarType dtype);
 
-// EXPECT-style check: same shape, and max |actual - expected| <= atol + rtol * max|expected|.
+// EXPECT-style check: same shape, and max |actual - expected| <= atol + rtol * max|expected|
+// (the maximum over finite expected values).
 ::testing::AssertionResult AllClose(const at::Tensor& actual, const at::Tensor& expected,
                                     double atol, double rtol = 0.0);
 

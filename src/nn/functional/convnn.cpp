@@ -75,6 +75,15 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
   TORCH_CHECK(!o.include_self() || n == m, op,
               ": include_self needs queries and keys from the same tokens (N == M), got N = ", n,
               " and M = ", m);
+  if (o.mask().defined()) {
+    // Checked here, not only in knn_select: random candidates slice the mask before the op sees it.
+    const auto& mask = o.mask();
+    const int64_t g = queries.size(0) * h;
+    const bool shape_ok = (mask.dim() == 2 && mask.size(0) == n && mask.size(1) == m) ||
+                          (mask.dim() == 3 && mask.size(0) == g && mask.size(1) == n && mask.size(2) == m);
+    TORCH_CHECK(shape_ok, op, ": mask must be [N,M] = [", n, ", ", m, "] or [B*heads,N,M] = [", g,
+                ", ", n, ", ", m, "], got shape ", shape_string(mask));
+  }
   if (coordinates.defined()) {
     TORCH_CHECK(n == m && coordinates.dim() == 2 && coordinates.size(0) == n, op,
                 ": coordinates must be [N,P] with N = M = ", n, ", got ",
@@ -193,6 +202,11 @@ at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::
 }
 
 at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
+  TORCH_CHECK(scores.defined(), "rho_weights: scores must be a defined tensor");
+  TORCH_CHECK(at::isFloatingType(scores.scalar_type()),
+              "rho_weights: scores must be a floating-point tensor, got ", scores.scalar_type());
+  TORCH_CHECK(temperature > 0.0 && std::isfinite(temperature),
+              "rho_weights: temperature must be a positive finite number, got ", temperature);
   const auto valid = ~at::isneginf(scores);
   switch (rho) {
     case Rho::Uniform: return valid.to(scores.scalar_type());

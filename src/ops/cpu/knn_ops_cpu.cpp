@@ -1,9 +1,11 @@
-// CPU kernels of the core ops. Each validates its input with src/ops/checks.h and, until the fused
-// kernels land, runs the plain-ATen reference.
+// CPU kernels of the core ops. Each validates its input with src/ops/checks.h. knn_aggregate and
+// knn_aggregate_backward run the fused kernels of ops/cpu/knn_aggregate_kernel.h.
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include "ops/checks.h"
+#include "ops/cpu/knn_aggregate_kernel.h"
 #include "ops/reference/reference.h"
 
 namespace convnn::cpu {
@@ -32,23 +34,101 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
   return reference::knn_select_backward(grad_scores, queries, keys, indices, scores, sim);
 }
 
+// ---- knn_aggregate: glue between the dispatcher and the fused kernels ---------------------------
+
+// The kernels vectorise along the last dim: keep any layout whose last dim is unit-stride (slices
+// of a wider projection, say) and copy only otherwise.
+at::Tensor unit_stride_rows(const at::Tensor& t) {
+  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+AggregateSizes aggregate_sizes(const at::Tensor& values, const at::Tensor& weights,
+                               const at::Tensor& kernel) {
+  AggregateSizes s;
+  s.g = values.size(0);
+  s.m = values.size(1);
+  s.c = values.size(2);
+  s.n = weights.size(1);
+  s.k = weights.size(2);
+  s.depthwise = kernel.dim() == 2;
+  s.c_out = s.depthwise ? s.c : kernel.size(0);
+  return s;
+}
+
+template <typename T>
+RowsView<T> rows_view(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
+}
+
+template <typename T>
+SlotsView<T> slots_view(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1), t.stride(2)};
+}
+
 at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
                          const at::Tensor& indices, const at::Tensor& kernel,
                          const c10::optional<at::Tensor>& bias) {
   checks::check_aggregate_inputs(values, weights, indices, kernel, bias);
-  return reference::knn_aggregate(values, weights, indices, kernel, bias);
+  const AggregateSizes sizes = aggregate_sizes(values, weights, kernel);
+  auto out = at::empty({sizes.g, sizes.n, sizes.c_out}, values.options());
+  if (out.numel() == 0) return out;
+  const auto values_rows = unit_stride_rows(values);
+  const auto kernel_dense = kernel.contiguous();
+  const auto bias_dense = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, values.scalar_type(),
+                                  "knn_aggregate_cpu", [&] {
+    AggregateForwardParams<scalar_t> p;
+    p.sizes = sizes;
+    p.values = rows_view<const scalar_t>(values_rows);
+    p.weights = slots_view<const scalar_t>(weights);
+    p.indices = slots_view<const int64_t>(indices);
+    p.kernel = kernel_dense.const_data_ptr<scalar_t>();
+    p.bias = bias_dense.defined() ? bias_dense.const_data_ptr<scalar_t>() : nullptr;
+    p.out = rows_view<scalar_t>(out);
+    knn_aggregate_forward_kernel(p);
+  });
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, bool has_bias) {
   checks::check_aggregate_inputs(values, weights, indices, kernel, c10::nullopt);
-  const auto c_out = kernel.dim() == 2 ? values.size(2) : kernel.size(0);
-  TORCH_CHECK(grad_output.dim() == 3 && grad_output.size(0) == weights.size(0) &&
-                  grad_output.size(1) == weights.size(1) && grad_output.size(2) == c_out,
-              "knn_aggregate_backward: grad_output must have shape [G,N,C'] = [", weights.size(0),
-              ", ", weights.size(1), ", ", c_out, "], got ", checks::shape_string(grad_output));
-  return reference::knn_aggregate_backward(grad_output, values, weights, indices, kernel, has_bias);
+  const AggregateSizes sizes = aggregate_sizes(values, weights, kernel);
+  TORCH_CHECK(grad_output.dim() == 3 && grad_output.size(0) == sizes.g &&
+                  grad_output.size(1) == sizes.n && grad_output.size(2) == sizes.c_out,
+              "knn_aggregate_backward: grad_output must have shape [G,N,C'] = [", sizes.g, ", ",
+              sizes.n, ", ", sizes.c_out, "], got ", checks::shape_string(grad_output));
+  TORCH_CHECK(grad_output.scalar_type() == values.scalar_type(),
+              "knn_aggregate_backward: grad_output and values must have the same dtype, got ",
+              grad_output.scalar_type(), " and ", values.scalar_type());
+  TORCH_CHECK(grad_output.device() == values.device(),
+              "knn_aggregate_backward: grad_output and values must be on the same device, got ",
+              grad_output.device(), " and ", values.device());
+  const auto options = values.options();
+  auto grad_values = at::empty({sizes.g, sizes.m, sizes.c}, options);
+  auto grad_weights = at::empty({sizes.g, sizes.n, sizes.k}, options);
+  auto grad_kernel = at::empty(kernel.sizes(), options);
+  auto grad_bias = has_bias ? at::empty({sizes.c_out}, options) : at::Tensor();
+  const auto grad_output_rows = unit_stride_rows(grad_output);
+  const auto values_rows = unit_stride_rows(values);
+  const auto kernel_dense = kernel.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, values.scalar_type(),
+                                  "knn_aggregate_backward_cpu", [&] {
+    AggregateBackwardParams<scalar_t> p;
+    p.sizes = sizes;
+    p.grad_output = rows_view<const scalar_t>(grad_output_rows);
+    p.values = rows_view<const scalar_t>(values_rows);
+    p.weights = slots_view<const scalar_t>(weights);
+    p.indices = slots_view<const int64_t>(indices);
+    p.kernel = kernel_dense.const_data_ptr<scalar_t>();
+    p.grad_values = rows_view<scalar_t>(grad_values);
+    p.grad_weights = slots_view<scalar_t>(grad_weights);
+    p.grad_kernel = grad_kernel.mutable_data_ptr<scalar_t>();
+    p.grad_bias = has_bias ? grad_bias.mutable_data_ptr<scalar_t>() : nullptr;
+    knn_aggregate_backward_kernel(p);
+  });
+  return {grad_values, grad_weights, grad_kernel, grad_bias};
 }
 
 }  // namespace

@@ -46,9 +46,13 @@ at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Simil
     // compute_mode 2: exact pairwise differences, never the |q|^2+|k|^2-2qk expansion, so that
     // mirror-image neighbours tie exactly and the lower index wins.
     case Similarity::Gaussian: s = -at::cdist(queries, keys, 2.0, 2).square(); break;
-    case Similarity::Chebyshev:
+    case Similarity::Chebyshev: {
+      // cdist's infinity norm skips NaN coordinates; put the NaN back so check_rankable sees it.
+      const auto nan_pair = at::isnan(queries).any(-1).unsqueeze(2) | at::isnan(keys).any(-1).unsqueeze(1);
       s = -at::cdist(queries, keys, std::numeric_limits<double>::infinity());
+      s = s.masked_fill(nan_pair, std::numeric_limits<double>::quiet_NaN());
       break;
+    }
   }
   return apply_mask(s, mask);
 }

@@ -1,0 +1,99 @@
+#pragma once
+// The measurements behind `convnn bench`: the reference path (the paper's Algorithm 1 in plain
+// ATen) and the fused path (convnn's ops or ConvNNAttention) side by side, in one process, on the
+// same seeded inputs and weights; module level adds multi-head self-attention. Each phase
+// (forward, backward, forward+backward) is timed and its peak memory taken from
+// TrackingAllocator. Method and rules: docs/benchmarks.md.
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "convnn/bench/cost_model.h"
+#include "convnn/nn/options/convnn.h"
+#include "convnn/ops/similarity.h"
+
+namespace convnn::bench {
+
+/// op: knn_select + softmax rho + knn_aggregate on [G,N,d] (G = batch * heads).
+/// module: ConvNNAttention on [B,N,C], plus multi-head self-attention.
+enum class Level { Op, Module };
+Level parse_level(const std::string& name);
+const char* to_string(Level level);
+
+enum class Phase { Forward, Backward, ForwardBackward };
+const char* to_string(Phase phase);
+inline constexpr Phase kPhases[] = {Phase::Forward, Phase::Backward, Phase::ForwardBackward};
+
+struct BenchConfig {
+  Level level = Level::Module;
+  int64_t batch = 32;
+  int64_t tokens = 197;     // N
+  int64_t channels = 768;   // C; d = C / heads
+  int64_t heads = 12;
+  int64_t k = 8;
+  nn::Aggregation aggregation = nn::Aggregation::Depthwise;
+  Similarity similarity = Similarity::ScaledDot;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  int64_t iters = 10;
+  int64_t warmup = 2;
+  uint64_t seed = 0;
+  /// The reference path is skipped when its [G,N,N] score matrix would exceed this many bytes.
+  double reference_memory_cap = 8.0 * (1ull << 30);
+};
+
+/// Throws c10::Error, one line naming the field, when a size or count is out of range.
+void validate(const BenchConfig& config);
+
+/// Bytes of the reference path's [G,N,N] score matrix.
+double reference_score_bytes(const BenchConfig& config);
+
+/// Median and 10th / 90th percentiles (linear interpolation between order statistics).
+struct TimeStats {
+  double median_ms = 0.0, p10_ms = 0.0, p90_ms = 0.0;
+  std::vector<double> samples_ms;
+};
+TimeStats summarize(std::vector<double> samples_ms);
+
+/// Every iteration times a fresh forward (autograd recording) and the backward on its graph;
+/// forward+backward is that iteration whole: the sum of the two times, and the high-water mark of
+/// both above the bytes in use when the forward started.
+struct PhaseResult {
+  Phase phase = Phase::Forward;
+  TimeStats time;
+  /// Max bytes in use during the phase minus bytes in use at its start, max over iterations.
+  int64_t peak_bytes = 0;
+};
+
+struct PathResult {
+  std::string name;      // "reference", "fused" or "mhsa"
+  std::string workload;  // cost model it is charged with: "convnn" or "mhsa"
+  bool skipped = false;
+  std::string skip_reason;
+  std::vector<PhaseResult> phases;  // in kPhases order; empty when skipped
+};
+
+struct CaseResult {
+  BenchConfig config;
+  CostModel convnn_cost;
+  CostModel mhsa_cost;  // module level only
+  std::vector<PathResult> paths;
+  /// Forward outputs of the fused and the reference path on the same inputs, compared before any
+  /// timing: max |fused - reference| and max |reference| (NaN when the reference was skipped).
+  double max_abs_diff = 0.0;
+  double max_abs_reference = 0.0;
+};
+
+/// Runs every path of one configuration with the tracking allocator installed.
+CaseResult run_case(const BenchConfig& config);
+
+/// Measures the machine's ceilings once: the best of a few square at::mm of side 2048 in `dtype`,
+/// and the best of a few copies of a 256 MiB tensor (bandwidth counts read + write bytes).
+MachinePeaks measure_machine(c10::ScalarType dtype);
+
+/// "float32", "float64", "bfloat16".
+c10::ScalarType parse_dtype(const std::string& name);
+const char* dtype_name(c10::ScalarType dtype);
+
+}  // namespace convnn::bench

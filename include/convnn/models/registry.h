@@ -1,0 +1,101 @@
+#pragma once
+// Models built by name from one registry, so that training and `convnn info` build the same
+// thing from the same options.
+#include <nlohmann/json_fwd.hpp>
+#include <torch/nn/modules/container/any.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "convnn/models/cost.h"
+#include "convnn/models/resnet.h"
+#include "convnn/models/vit.h"
+
+namespace convnn::models {
+
+/// Every option of every model. The family-specific choices (layer, small_stem for ResNet;
+/// attention, paper, position_embedding for ViT) must keep their defaults on the other family.
+struct ModelConfig {
+  // Every model.
+  int64_t num_classes = 1000;
+  int64_t in_channels = 3;
+  /// Side of the square input images in pixels.
+  int64_t image_size = 224;
+
+  // ConvNN: the ResNet slots' layers and the ViT's kvt / convnn attention. Unset options take
+  // the paper's choice for the family.
+  int64_t k = 9;
+  /// 0: all candidates; r: r random candidates per forward (the paper's ResNet uses 32).
+  int64_t num_candidates = 0;
+  std::optional<Similarity> similarity;        // ResNet: cosine; ViT: scaled_dot
+  std::optional<nn::Rho> rho;                  // ResNet: uniform; ViT: softmax
+  std::optional<nn::Aggregation> aggregation;  // ResNet: standard; ViT: depthwise
+
+  // ResNet.
+  ResNetLayer layer = ResNetLayer::Conv;
+  double lambda = 0.5;
+  int64_t padding = 1;
+  bool small_stem = false;
+  int64_t width = 64;
+
+  // ViT.
+  int64_t patch_size = 16;
+  ViTAttention attention = ViTAttention::MHSA;
+  /// The paper authors' variant (VisionTransformerOptions::paper_variant).
+  bool paper = false;
+  std::optional<PositionEmbedding> position_embedding;  // learned; sinusoidal with paper
+  int64_t embed_dim = 0, depth = 0, num_heads = 0, mlp_dim = 0;  // 0: the preset's
+  double dropout = 0.0;
+  double attention_dropout = 0.0;
+  double drop_path = 0.0;
+};
+
+/// JSON with one key per field (enums by name, unset options as null). Reading accepts any
+/// subset of the keys and rejects unknown keys and ill-typed or unknown values.
+void to_json(nlohmann::json& json, const ModelConfig& config);
+void from_json(const nlohmann::json& json, ModelConfig& config);
+
+/// resnet18, resnet34, resnet50, vit_tiny, vit_small, vit_base.
+const std::vector<std::string>& model_names();
+/// Checks every option's value (c10::Error naming the option, its value and the rule).
+void validate(const std::string& name, const ModelConfig& config);
+/// The options build_model uses for a ResNet / ViT name.
+ResNetOptions resnet_options(const std::string& name, const ModelConfig& config);
+VisionTransformerOptions vit_options(const std::string& name, const ModelConfig& config);
+
+/// A model of the registry: its module behind forward(images), with its name, config and cost.
+class Model {
+ public:
+  Model(std::string name, ModelConfig config, torch::nn::AnyModule module,
+        std::function<CostReport(int64_t, int64_t)> cost);
+
+  /// images [B, in_channels, image_size, image_size] -> logits [B, num_classes].
+  at::Tensor forward(const at::Tensor& images) { return module_.forward(images); }
+  at::Tensor operator()(const at::Tensor& images) { return forward(images); }
+  /// The module itself: parameters(), train() / eval(), to(), torch::save / torch::load, printing.
+  std::shared_ptr<torch::nn::Module> module() const { return module_.ptr(); }
+  /// The typed module, e.g. model.get<ResNetImpl>(); throws when the type differs.
+  template <typename ModuleType>
+  std::shared_ptr<ModuleType> get() const {
+    return module_.ptr<ModuleType>();
+  }
+  /// Every operation for one image_size x image_size image.
+  CostReport cost() const { return cost_(config_.image_size, config_.image_size); }
+  int64_t parameter_count() const;
+  const std::string& name() const { return name_; }
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  std::string name_;
+  ModelConfig config_;
+  torch::nn::AnyModule module_;
+  std::function<CostReport(int64_t, int64_t)> cost_;
+};
+
+/// The model `name` (see model_names) with `config`; c10::Error for an unknown name or a bad
+/// option, including a K larger than the tokens some layer sees at this image size.
+Model build_model(const std::string& name, const ModelConfig& config = {});
+
+}  // namespace convnn::models

@@ -1,0 +1,176 @@
+#pragma once
+// Vision Transformer (the timm layout: pre-norm blocks, class token, fused qkv) whose attention is
+// multi-head self-attention, KVT or ConvNN attention, plus the paper authors' variant.
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <string_view>
+
+#include "convnn/models/cost.h"
+#include "convnn/nn/options/convnn.h"
+
+namespace convnn::models {
+
+/// mhsa: softmax(QK^T/sqrt(d))V through scaled_dot_product_attention. kvt: ConvNN attention with a
+/// fixed kernel of ones (softmax over the top-K scores). convnn: ConvNN attention with a learned
+/// depthwise kernel initialised to ones.
+enum class ViTAttention { MHSA, KVT, ConvNN };
+/// learned: a trained [N+1, D] table. sinusoidal: fixed 1-D sin/cos over the token index.
+enum class PositionEmbedding { Learned, Sinusoidal };
+ViTAttention parse_vit_attention(std::string_view name);
+PositionEmbedding parse_position_embedding(std::string_view name);
+const char* to_string(ViTAttention attention);
+const char* to_string(PositionEmbedding embedding);
+
+struct SelfAttentionOptions {
+  SelfAttentionOptions(int64_t embed_dim, int64_t num_heads) : embed_dim_(embed_dim), num_heads_(num_heads) {}
+  TORCH_ARG(int64_t, embed_dim);
+  TORCH_ARG(int64_t, num_heads);
+  /// Bias of the fused qkv projection and of the output projection.
+  TORCH_ARG(bool, bias) = true;
+  /// Dropout on the attention weights (training only).
+  TORCH_ARG(double, dropout) = 0.0;
+};
+
+/// Multi-head self-attention on [B,N,C] as timm builds it: a fused qkv Linear(C, 3C), then
+/// scaled_dot_product_attention, then proj Linear(C, C).
+class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
+ public:
+  explicit SelfAttentionImpl(SelfAttentionOptions options);
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+  at::Tensor forward(const at::Tensor& input);
+
+  SelfAttentionOptions options;
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+};
+TORCH_MODULE(SelfAttention);
+
+/// Stochastic depth: in training, zeroes a sample's residual branch with probability p and scales
+/// the kept ones by 1/(1-p); the identity in eval.
+class DropPathImpl : public torch::nn::Cloneable<DropPathImpl> {
+ public:
+  explicit DropPathImpl(double probability = 0.0);
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+  at::Tensor forward(const at::Tensor& input);
+
+  double probability;
+};
+TORCH_MODULE(DropPath);
+
+struct TransformerBlockOptions {
+  TransformerBlockOptions(int64_t embed_dim, int64_t num_heads) : embed_dim_(embed_dim), num_heads_(num_heads) {}
+  TORCH_ARG(int64_t, embed_dim);
+  TORCH_ARG(int64_t, num_heads);
+  TORCH_ARG(int64_t, mlp_dim) = 0;  // 0 = 4 * embed_dim
+  TORCH_ARG(ViTAttention, attention) = ViTAttention::MHSA;
+  /// KVT and ConvNN attention: K, similarity, rho, candidates, ...; embed_dim, num_heads, biases
+  /// and dropout are set from this block's options.
+  TORCH_ARG(nn::ConvNNAttentionOptions, convnn) = nn::ConvNNAttentionOptions(1, 1, 9);
+  /// Bias of the attention projections (q, k, v and output), for every kind of attention.
+  TORCH_ARG(bool, attention_bias) = true;
+  /// Dropout after the attention and in the MLP.
+  TORCH_ARG(double, dropout) = 0.0;
+  /// MHSA: dropout on the attention weights; KVT / ConvNN: on the aggregated output.
+  TORCH_ARG(double, attention_dropout) = 0.0;
+  TORCH_ARG(double, drop_path) = 0.0;
+};
+
+/// x + DropPath(Dropout(Attention(LayerNorm(x)))), then x + DropPath(MLP(LayerNorm(x))).
+class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
+ public:
+  explicit TransformerBlockImpl(TransformerBlockOptions options);
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+  at::Tensor forward(const at::Tensor& input);
+  void add_cost(CostReport& report, const std::string& stage, int64_t tokens) const;
+
+  TransformerBlockOptions options;
+  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  /// SelfAttention or nn::ConvNNAttention.
+  torch::nn::AnyModule attn;
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  DropPath drop_path{nullptr};
+};
+TORCH_MODULE(TransformerBlock);
+
+struct VisionTransformerOptions {
+  VisionTransformerOptions(int64_t embed_dim, int64_t depth, int64_t num_heads)
+      : embed_dim_(embed_dim), depth_(depth), num_heads_(num_heads) {}
+  /// 192 wide, 12 deep, 3 heads.
+  static VisionTransformerOptions tiny() { return {192, 12, 3}; }
+  /// 384 wide, 12 deep, 6 heads.
+  static VisionTransformerOptions small() { return {384, 12, 6}; }
+  /// ViT-B: 768 wide, 12 deep, 12 heads.
+  static VisionTransformerOptions base() { return {768, 12, 12}; }
+
+  TORCH_ARG(int64_t, embed_dim);
+  TORCH_ARG(int64_t, depth);
+  TORCH_ARG(int64_t, num_heads);
+  TORCH_ARG(int64_t, image_size) = 224;
+  TORCH_ARG(int64_t, patch_size) = 16;
+  TORCH_ARG(int64_t, in_channels) = 3;
+  TORCH_ARG(int64_t, num_classes) = 1000;
+  TORCH_ARG(int64_t, mlp_dim) = 0;  // 0 = 4 * embed_dim
+  TORCH_ARG(ViTAttention, attention) = ViTAttention::MHSA;
+  /// Options of KVT / ConvNN attention (the paper's by default, K = 9).
+  TORCH_ARG(nn::ConvNNAttentionOptions, convnn) = nn::ConvNNAttentionOptions(1, 1, 9);
+  TORCH_ARG(PositionEmbedding, position_embedding) = PositionEmbedding::Learned;
+  /// LayerNorm right after the patch embedding.
+  TORCH_ARG(bool, patch_norm) = false;
+  /// LayerNorm before the head.
+  TORCH_ARG(bool, final_norm) = true;
+  TORCH_ARG(bool, attention_bias) = true;
+  /// On the embedded tokens, after the attention and in the MLP.
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(double, attention_dropout) = 0.0;
+  /// Stochastic depth of the last block; it grows linearly from 0 in the first.
+  TORCH_ARG(double, drop_path) = 0.0;
+
+ public:
+  /// The paper authors' ViT: fixed sinusoidal position encoding, LayerNorm after the patch
+  /// embedding, no final LayerNorm, bias-free attention projections.
+  VisionTransformerOptions& paper_variant() {
+    return position_embedding(PositionEmbedding::Sinusoidal).patch_norm(true).final_norm(false).attention_bias(false);
+  }
+  /// Patches plus the class token.
+  int64_t tokens() const;
+};
+
+class VisionTransformerImpl : public torch::nn::Cloneable<VisionTransformerImpl> {
+ public:
+  explicit VisionTransformerImpl(VisionTransformerOptions options);
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+  /// [B, in_channels, image_size, image_size] -> logits [B, num_classes].
+  at::Tensor forward(const at::Tensor& input);
+  /// Every operation for one image of the configured size (height and width must match it), and
+  /// the parameters per stage (embed, blocks.i, head).
+  CostReport cost(int64_t height, int64_t width) const;
+
+  VisionTransformerOptions options;
+  torch::nn::Conv2d patch_embed{nullptr};
+  torch::nn::LayerNorm patch_norm{nullptr};
+  at::Tensor cls_token;
+  /// [1, N+1, D]: a parameter when learned, a buffer when sinusoidal.
+  at::Tensor pos_embed;
+  torch::nn::Dropout pos_drop{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(VisionTransformer);
+
+/// 1-D sin/cos position encoding [tokens, dim]: sin(p / 10000^(2i/dim)) in even channels, cos in
+/// odd ones (Vaswani et al.).
+at::Tensor sinusoidal_position_encoding(int64_t tokens, int64_t dim);
+
+}  // namespace convnn::models

@@ -1,0 +1,242 @@
+// The counting rules of docs/flops.md, once. Every number is for one image.
+#include "convnn/models/cost.h"
+
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/conv.h>
+
+#include <algorithm>
+
+#include "convnn/nn/modules/convnn.h"
+
+namespace convnn::models {
+
+Cost& Cost::operator+=(const Cost& other) {
+  macs += other.macs;
+  other_flops += other.other_flops;
+  comparisons += other.comparisons;
+  return *this;
+}
+
+Cost operator+(Cost a, const Cost& b) { return a += b; }
+
+void CostReport::add(const std::string& stage, const std::string& layer, const std::string& op,
+                     const Cost& cost) {
+  entries_.push_back({stage, layer, op, cost});
+}
+
+void CostReport::count_parameters(const torch::nn::Module& module,
+                                  const std::function<std::string(const std::string&)>& stage_of) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const auto stage = stage_of(item.key());
+    auto it = std::find_if(parameters_.begin(), parameters_.end(),
+                           [&](const auto& p) { return p.first == stage; });
+    if (it == parameters_.end()) it = parameters_.insert(parameters_.end(), {stage, 0});
+    it->second += item.value().numel();
+  }
+}
+
+std::vector<StageCost> CostReport::stages() const {
+  std::vector<StageCost> stages;
+  auto stage_named = [&](const std::string& name) -> StageCost& {
+    auto it = std::find_if(stages.begin(), stages.end(), [&](const auto& s) { return s.stage == name; });
+    if (it == stages.end()) it = stages.insert(stages.end(), StageCost{name, 0, {}});
+    return *it;
+  };
+  for (const auto& e : entries_) stage_named(e.stage).cost += e.cost;
+  for (const auto& [stage, count] : parameters_) stage_named(stage).parameters += count;
+  return stages;
+}
+
+Cost CostReport::total() const {
+  Cost total;
+  for (const auto& e : entries_) total += e.cost;
+  return total;
+}
+
+int64_t CostReport::parameters() const {
+  int64_t total = 0;
+  for (const auto& p : parameters_) total += p.second;
+  return total;
+}
+
+// ------------------------------------------------------------------ primitive operations
+
+int64_t conv_output_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding,
+                         int64_t dilation) {
+  return (input + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
+}
+
+Cost conv2d_cost(const torch::nn::detail::ConvNdOptions<2>& o, int64_t out_height, int64_t out_width) {
+  const int64_t outputs = out_height * out_width * o.out_channels();
+  const int64_t taps = (o.in_channels() / o.groups()) * o.kernel_size()->at(0) * o.kernel_size()->at(1);
+  return {outputs * taps, o.bias() ? outputs : 0, 0};
+}
+
+Cost linear_cost(int64_t rows, int64_t in_features, int64_t out_features, bool bias) {
+  return {rows * in_features * out_features, bias ? rows * out_features : 0, 0};
+}
+
+Cost batch_norm_cost(int64_t elements) { return {0, 2 * elements, 0}; }
+
+// Mean (1), centring (1), square and sum (2), scaling by the inverse deviation (1); the affine
+// scale and shift add 2.
+Cost layer_norm_cost(int64_t elements, bool affine) { return {0, (affine ? 7 : 5) * elements, 0}; }
+
+Cost relu_cost(int64_t elements) { return {0, 0, elements}; }
+
+// x/sqrt(2), erf, +1, times x, halved: 5, a transcendental counting as 1 like every other op.
+Cost gelu_cost(int64_t elements) { return {0, 5 * elements, 0}; }
+
+Cost addition_cost(int64_t elements) { return {0, elements, 0}; }
+
+// Subtract the max, exp, sum, divide: 4 FLOPs; finding the max: 1 comparison.
+Cost softmax_cost(int64_t elements) { return {0, 4 * elements, elements}; }
+
+Cost max_pool_cost(int64_t outputs, int64_t window) { return {0, 0, outputs * (window - 1)}; }
+
+// inputs - outputs additions and one division per mean.
+Cost mean_cost(int64_t inputs, int64_t outputs) { return {0, inputs, 0}; }
+
+int64_t topk_comparisons(int64_t rows, int64_t candidates, int64_t k) {
+  int64_t depth = 1;
+  while ((int64_t{1} << depth) < k) ++depth;
+  return rows * candidates * depth;
+}
+
+void add_convnn_op(CostReport& report, const std::string& stage, const std::string& layer,
+                   const ConvNNShape& s, const ConvNNOpSettings& o) {
+  const int64_t n = s.queries, m = s.candidates, h = s.heads, d = s.qk_features;
+  const int64_t scores = h * n * m, selected = h * n * o.k;
+
+  Cost similarity{n * m * d, 0, 0};  // one d/H-long product per (head, query, candidate)
+  switch (o.similarity) {
+    case Similarity::Dot:
+      break;
+    case Similarity::ScaledDot:
+      similarity.other_flops += scores;  // the 1/sqrt(d) scale, once per score
+      break;
+    case Similarity::Cosine:
+      // Normalise queries and candidates first: squared norms (MACs), a square root per vector
+      // and head, a division per feature; then plain dot products.
+      similarity.macs += (n + m) * d;
+      similarity.other_flops += (n + m) * (h + d);
+      break;
+    case Similarity::Gaussian:
+      // |q-k|^2 = |q|^2 + |k|^2 - 2 q.k: the squared norms, then 3 FLOPs per score; exp only
+      // for the K reported scores.
+      similarity.macs += (n + m) * d;
+      similarity.other_flops += 3 * scores + selected;
+      break;
+    case Similarity::Chebyshev:
+      // max |q-k|: a subtraction and a running-max comparison per feature pair, no products.
+      similarity.macs = 0;
+      similarity.other_flops += n * m * d + selected;
+      similarity.comparisons += n * m * d;
+      break;
+  }
+  report.add(stage, layer, "similarity", similarity);
+  report.add(stage, layer, "topk", {0, 0, h * topk_comparisons(n, m, o.k)});
+
+  Cost rho;
+  if (o.rho == nn::Rho::Mean) rho.other_flops = h * n;  // one reciprocal per row
+  if (o.rho == nn::Rho::Softmax) rho = softmax_cost(selected) + Cost{0, o.temperature != 1.0 ? selected : 0, 0};
+  if (o.rho != nn::Rho::Uniform) report.add(stage, layer, "rho", rho);
+
+  // Weighting (skipped when every weight is 1), then the Conv1d of kernel K and stride K.
+  Cost aggregation;
+  if (o.rho != nn::Rho::Uniform) aggregation.other_flops += n * o.k * s.channels;
+  aggregation.macs = o.aggregation == nn::Aggregation::Standard
+                         ? n * o.k * s.channels * s.out_channels / h
+                         : n * o.k * s.channels;
+  if (o.bias) aggregation.other_flops += n * s.out_channels;
+  report.add(stage, layer, "aggregation", aggregation);
+}
+
+// ------------------------------------------------------------------ layers
+
+namespace {
+
+int64_t explicit_padding(const torch::nn::detail::ConvNdOptions<2>& o, const std::string& layer) {
+  const auto* padding = std::get_if<torch::ExpandingArray<2>>(&o.padding());
+  TORCH_CHECK(padding != nullptr && (*padding)->at(0) == (*padding)->at(1), layer,
+              ": the cost counter needs a Conv2d with equal explicit padding on both axes");
+  return (*padding)->at(0);
+}
+
+void add_conv2d(CostReport& report, const std::string& stage, const std::string& layer,
+                const torch::nn::detail::ConvNdOptions<2>& o, int64_t& height, int64_t& width) {
+  const int64_t pad = explicit_padding(o, layer);
+  const auto& k = o.kernel_size();
+  const auto& stride = o.stride();
+  const auto& dilation = o.dilation();
+  height = conv_output_size(height, k->at(0), stride->at(0), pad, dilation->at(0));
+  width = conv_output_size(width, k->at(1), stride->at(1), pad, dilation->at(1));
+  report.add(stage, layer, "conv2d", conv2d_cost(o, height, width));
+}
+
+// ConvNN2d counts useful work: queries at the H x W output positions only (the layer also
+// searches for the padded positions and crops them away), candidates on the padded grid.
+void add_convnn2d(CostReport& report, const std::string& stage, const std::string& layer,
+                  const nn::ConvNN2dOptions& o, int64_t height, int64_t width) {
+  const int64_t n = height * width;
+  const int64_t grid = (height + 2 * o.padding()) * (width + 2 * o.padding());
+  const int64_t m = o.num_candidates() > 0 ? o.num_candidates() + (o.include_self() ? 1 : 0) : grid;
+  const int64_t available = o.num_candidates() > 0 ? o.num_candidates() : grid;
+  TORCH_CHECK(o.k() <= available, layer, ": k = ", o.k(), " exceeds the ", available,
+              o.num_candidates() > 0 ? " random candidates (num_candidates)"
+                                     : " candidates of its padded input",
+              " (a ", height, "x", width, " map with padding ", o.padding(),
+              "); use a larger image size or a smaller k");
+  const bool linear = o.projection() == nn::Projection::Linear;
+  const int64_t qk = linear && o.qk_channels() > 0 ? o.qk_channels() : o.in_channels();
+  if (linear) {
+    const bool b = o.projection_bias();
+    report.add(stage, layer + ".query_projection", "linear", linear_cost(n, o.in_channels(), qk, b));
+    report.add(stage, layer + ".key_projection", "linear", linear_cost(grid, o.in_channels(), qk, b));
+    report.add(stage, layer + ".value_projection", "linear",
+               linear_cost(grid, o.in_channels(), o.in_channels(), b));
+  }
+  const int64_t coordinates = o.coordinates() ? 2 * o.heads() : 0;
+  add_convnn_op(report, stage, layer,
+                {n, m, o.heads(), qk + coordinates, o.in_channels(), o.out_channels()},
+                {o.similarity(), o.k(), o.rho(), o.temperature(), o.aggregation(), o.bias()});
+}
+
+}  // namespace
+
+void add_spatial_layer(CostReport& report, const std::string& stage, const std::string& layer,
+                       const torch::nn::Module& module, int64_t& height, int64_t& width) {
+  if (const auto* conv = dynamic_cast<const torch::nn::Conv2dImpl*>(&module)) {
+    add_conv2d(report, stage, layer, conv->options, height, width);
+  } else if (const auto* convnn = dynamic_cast<const nn::ConvNN2dImpl*>(&module)) {
+    add_convnn2d(report, stage, layer, convnn->options, height, width);
+  } else if (const auto* branching = dynamic_cast<const nn::BranchingConv2dImpl*>(&module)) {
+    // Both branches see the whole input and keep its size; the concatenation is free.
+    if (!branching->convnn_branch.is_empty()) {
+      add_convnn2d(report, stage, layer + ".convnn_branch", branching->convnn_branch->options, height,
+                   width);
+    }
+    if (!branching->conv_branch.is_empty()) {
+      int64_t h = height, w = width;
+      add_conv2d(report, stage, layer + ".conv_branch", branching->conv_branch->options, h, w);
+    }
+    int64_t h = height, w = width;
+    add_conv2d(report, stage, layer + ".mix", branching->mix->options, h, w);
+  } else {
+    TORCH_CHECK(false, layer, ": the cost counter knows Conv2d, ConvNN2d and BranchingConv2d, got ",
+                module.name());
+  }
+}
+
+void add_convnn_attention(CostReport& report, const std::string& stage, const std::string& layer,
+                          const nn::ConvNNAttentionOptions& o, int64_t tokens) {
+  const int64_t c = o.embed_dim();
+  // Projections apply to every token: each token is a query, and candidates are drawn from all.
+  report.add(stage, layer + ".qkv_projections", "linear", linear_cost(3 * tokens, c, c, o.qkv_bias()));
+  const int64_t m = o.num_candidates() > 0 ? o.num_candidates() + (o.include_self() ? 1 : 0) : tokens;
+  add_convnn_op(report, stage, layer, {tokens, m, o.num_heads(), c, c, c},
+                {o.similarity(), o.k(), o.rho(), o.temperature(), o.aggregation(), o.bias()});
+  report.add(stage, layer + ".output_projection", "linear", linear_cost(tokens, c, c, o.out_bias()));
+}
+
+}  // namespace convnn::models

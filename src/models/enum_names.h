@@ -1,0 +1,34 @@
+#pragma once
+// Name tables of the model enums, for the command line, configs and pretty_print.
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace convnn::models::detail {
+
+template <typename Enum, size_t N>
+using NameTable = std::array<std::pair<const char*, Enum>, N>;
+
+/// The value named `text`; otherwise a c10::Error naming the option, the value and the choices.
+template <typename Enum, size_t N>
+Enum parse_name(const NameTable<Enum, N>& names, std::string_view text, const char* option) {
+  std::string allowed;
+  for (const auto& [name, value] : names) {
+    if (text == name) return value;
+    allowed += allowed.empty() ? name : std::string(", ") + name;
+  }
+  TORCH_CHECK(false, option, " must be one of ", allowed, "; got '", text, "'");
+}
+
+template <typename Enum, size_t N>
+const char* name_of(const NameTable<Enum, N>& names, Enum value) {
+  for (const auto& [name, v] : names) {
+    if (v == value) return name;
+  }
+  return "unknown";
+}
+
+}  // namespace convnn::models::detail

@@ -1,0 +1,104 @@
+#pragma once
+// Fused CPU kernels of convnn::knn_aggregate and convnn::knn_aggregate_backward.
+//
+// The op is split in three layers (docs: DESIGN.md §4): the dispatcher glue in knn_ops_cpu.cpp
+// validates the tensors and fills the plain structs below; the kernels see raw pointers, 64-bit
+// sizes and element strides only, never a torch type, so that a CUDA twin can share the structs
+// and the index math (the views are host/device-callable).
+//
+//   out[g,i,o] = bias[o] + sum_k weights[g,i,k] * (W_k applied to values[g, indices[g,i,k], :])[o]
+//
+// with W_k = diag(kernel[:,k]) (depthwise, kernel [C,K], C' = C) or kernel[:,:,k] (standard,
+// kernel [C',C,K]). Accumulation is in at::opmath_type<scalar_t>: float for float, bfloat16 and
+// half, double for double. The kernels are compiled once per instruction set (ops/cpu/isa.h);
+// the entry points at the end of this header pick one at run time.
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+#include "ops/cpu/isa.h"
+
+namespace convnn::cpu {
+
+// values [G,M,C], weights and indices [G,N,K], kernel [C,K] or [C',C,K], output [G,N,C'].
+struct AggregateSizes {
+  int64_t g = 0;
+  int64_t n = 0;
+  int64_t m = 0;
+  int64_t c = 0;
+  int64_t c_out = 0;
+  int64_t k = 0;
+  bool depthwise = true;
+};
+
+// A [G, rows, width] tensor whose rows are unit-stride vectors (the kernels vectorise along them);
+// the G and row strides are arbitrary, in elements.
+template <typename T>
+struct RowsView {
+  T* data = nullptr;
+  int64_t stride_g = 0;
+  int64_t stride_row = 0;
+  C10_HOST_DEVICE T* row(int64_t g, int64_t r) const {
+    return data + g * stride_g + r * stride_row;
+  }
+};
+
+// A [G,N,K] tensor of per-slot scalars with arbitrary strides, in elements.
+template <typename T>
+struct SlotsView {
+  T* data = nullptr;
+  int64_t stride_g = 0;
+  int64_t stride_n = 0;
+  int64_t stride_k = 0;
+  C10_HOST_DEVICE T& at(int64_t g, int64_t i, int64_t k) const {
+    return data[g * stride_g + i * stride_n + k * stride_k];
+  }
+};
+
+template <typename scalar_t>
+struct AggregateForwardParams {
+  AggregateSizes sizes;
+  RowsView<const scalar_t> values;    // [G,M,C]
+  SlotsView<const scalar_t> weights;  // [G,N,K]
+  SlotsView<const int64_t> indices;   // [G,N,K], every entry in [0,M)
+  const scalar_t* kernel = nullptr;   // contiguous [C,K] or [C',C,K]
+  const scalar_t* bias = nullptr;     // contiguous [C'], or nullptr
+  RowsView<scalar_t> out;             // [G,N,C']
+};
+
+template <typename scalar_t>
+struct AggregateBackwardParams {
+  AggregateSizes sizes;
+  RowsView<const scalar_t> grad_output;  // [G,N,C']
+  RowsView<const scalar_t> values;       // [G,M,C]
+  SlotsView<const scalar_t> weights;     // [G,N,K]
+  SlotsView<const int64_t> indices;      // [G,N,K], every entry in [0,M)
+  const scalar_t* kernel = nullptr;      // contiguous [C,K] or [C',C,K]
+  RowsView<scalar_t> grad_values;        // [G,M,C], every row written
+  SlotsView<scalar_t> grad_weights;      // [G,N,K], every slot written
+  scalar_t* grad_kernel = nullptr;       // contiguous, the kernel's shape
+  scalar_t* grad_bias = nullptr;         // contiguous [C'], or nullptr when there is no bias
+};
+
+// Both kernels are deterministic: the result does not depend on the number of threads (it may
+// differ between instruction sets). Instantiated for double, float, c10::BFloat16 and c10::Half.
+CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t> void knn_aggregate_forward_kernel(
+    const AggregateForwardParams<scalar_t>& p))
+CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t> void knn_aggregate_backward_kernel(
+    const AggregateBackwardParams<scalar_t>& p))
+
+template <typename scalar_t>
+void knn_aggregate_forward_kernel(const AggregateForwardParams<scalar_t>& p) {
+  runtime_isa() == Isa::Avx2 ? avx2::knn_aggregate_forward_kernel(p)
+                             : generic::knn_aggregate_forward_kernel(p);
+}
+
+template <typename scalar_t>
+void knn_aggregate_backward_kernel(const AggregateBackwardParams<scalar_t>& p) {
+  runtime_isa() == Isa::Avx2 ? avx2::knn_aggregate_backward_kernel(p)
+                             : generic::knn_aggregate_backward_kernel(p);
+}
+
+}  // namespace convnn::cpu

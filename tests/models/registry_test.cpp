@@ -1,0 +1,218 @@
+// Every registry model with every layer / attention choice, at small resolution: one training
+// step (forward, backward, optimiser), eval mode, torch::save / torch::load round trip and
+// pretty_print; plus the config's JSON form and the registry's errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "convnn/models/registry.h"
+#include "convnn/nn/modules/convnn.h"
+
+namespace {
+
+using namespace convnn::models;
+
+struct Case {
+  std::string label;
+  std::string name;
+  ModelConfig config;
+};
+
+// Small but complete: 32 px, 10 classes, every stage and block present. ResNets keep their real
+// block counts with narrower stages; ViTs keep their width and heads with 2 blocks of 8 px patches
+// (17 tokens). The real presets' sizes are asserted in resnet_test.cpp and vit_test.cpp.
+ModelConfig small_config(const std::string& name) {
+  ModelConfig config;
+  config.image_size = 32;
+  config.num_classes = 10;
+  if (name.rfind("resnet", 0) == 0) {
+    config.small_stem = true;
+    config.width = 16;
+  } else {
+    config.patch_size = 8;
+    config.depth = 2;
+  }
+  return config;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const auto& name : model_names()) {
+    const bool resnet = name.rfind("resnet", 0) == 0;
+    for (int choice = 0; choice < 3; ++choice) {
+      auto config = small_config(name);
+      std::string label = name + "_";
+      if (resnet) {
+        config.layer = static_cast<ResNetLayer>(choice);
+        label += to_string(config.layer);
+      } else {
+        config.attention = static_cast<ViTAttention>(choice);
+        label += to_string(config.attention);
+      }
+      cases.push_back({label, name, config});
+    }
+  }
+  // The paper's variants: random candidates in the ResNet, the authors' ViT.
+  auto random = small_config("resnet50");
+  random.layer = ResNetLayer::Branching;
+  random.num_candidates = 32;
+  cases.push_back({"resnet50_branching_random", "resnet50", random});
+  auto paper = small_config("vit_base");
+  paper.attention = ViTAttention::ConvNN;
+  paper.paper = true;
+  paper.dropout = 0.1;
+  paper.attention_dropout = 0.1;
+  paper.drop_path = 0.1;
+  cases.push_back({"vit_base_convnn_paper", "vit_base", paper});
+  return cases;
+}
+
+class RegistryModel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RegistryModel, TrainsOneStep) {
+  const auto& c = GetParam();
+  torch::manual_seed(0);
+  auto model = build_model(c.name, c.config);
+  auto module = model.module();
+  module->train();
+  const auto images = torch::randn({2, c.config.in_channels, 32, 32});
+  const auto labels = torch::tensor({1, 7});
+  const auto logits = model(images);
+  ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{2, 10}));
+  const auto loss = torch::nn::functional::cross_entropy(logits, labels);
+  ASSERT_TRUE(std::isfinite(loss.item<double>()));
+  loss.backward();
+  for (const auto& p : module->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    ASSERT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+  }
+  const auto before = module->parameters().front().detach().clone();
+  torch::optim::SGD(module->parameters(), torch::optim::SGDOptions(0.1)).step();
+  EXPECT_FALSE(torch::equal(before, module->parameters().front()));
+}
+
+TEST_P(RegistryModel, EvalIsDeterministicAndSaveLoadRoundTrips) {
+  const auto& c = GetParam();
+  auto model = build_model(c.name, c.config);
+  auto fresh = build_model(c.name, c.config);
+  std::stringstream buffer;
+  torch::save(model.module(), buffer);
+  auto target = fresh.module();  // torch::load takes the module pointer by reference
+  torch::load(target, buffer);
+  model.module()->eval();
+  fresh.module()->eval();
+  torch::NoGradGuard no_grad;
+  const auto images = torch::randn({2, c.config.in_channels, 32, 32});
+  const auto expected = model(images);
+  EXPECT_TRUE(torch::equal(model(images), expected));
+  EXPECT_TRUE(torch::equal(fresh(images), expected));
+}
+
+TEST_P(RegistryModel, PrettyPrintShowsTheModelAndItsLayers) {
+  const auto& c = GetParam();
+  std::ostringstream stream;
+  stream << *build_model(c.name, c.config).module();
+  const auto text = stream.str();
+  const bool resnet = c.name.rfind("resnet", 0) == 0;
+  EXPECT_NE(text.find(resnet ? "convnn::models::ResNet(depth=" : "convnn::models::VisionTransformer("),
+            std::string::npos)
+      << text;
+  const char* layer = resnet ? (c.config.layer == ResNetLayer::ConvNN      ? "convnn::ConvNN2d("
+                                : c.config.layer == ResNetLayer::Branching ? "convnn::BranchingConv2d("
+                                                                           : "torch::nn::Conv2d(")
+                             : (c.config.attention == ViTAttention::MHSA ? "convnn::models::SelfAttention("
+                                                                         : "convnn::ConvNNAttention(");
+  EXPECT_NE(text.find(layer), std::string::npos) << text;
+}
+
+TEST_P(RegistryModel, CostCountsEveryParameter) {
+  const auto& c = GetParam();
+  const auto model = build_model(c.name, c.config);
+  const auto report = model.cost();
+  EXPECT_EQ(report.parameters(), model.parameter_count());
+  int64_t staged = 0;
+  for (const auto& stage : report.stages()) staged += stage.parameters;
+  EXPECT_EQ(staged, model.parameter_count());
+  EXPECT_GT(report.total().macs, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModels, RegistryModel, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return info.param.label; });
+
+// A full-width ResNet-50 with ConvNN layers at 32 px, as the paper's ConvNN-only model.
+TEST(Registry, FullWidthResNet50WithConvNNTrainsOneStep) {
+  ModelConfig config;
+  config.layer = ResNetLayer::ConvNN;
+  config.small_stem = true;
+  config.image_size = 32;
+  config.num_classes = 10;
+  auto model = build_model("resnet50", config);
+  model.module()->train();
+  const auto loss =
+      torch::nn::functional::cross_entropy(model(torch::randn({2, 3, 32, 32})), torch::tensor({0, 3}));
+  loss.backward();
+  const auto* first = model.get<ResNetImpl>()->slot_layers().front()->as<convnn::nn::ConvNN2d>();
+  EXPECT_TRUE(first->kernel.grad().defined());
+  EXPECT_GT(first->kernel.grad().abs().sum().item<double>(), 0.0);
+}
+
+TEST(Registry, ConfigJsonRoundTrip) {
+  ModelConfig config;
+  config.num_classes = 100;
+  config.k = 16;
+  config.num_candidates = 32;
+  config.similarity = convnn::Similarity::Dot;
+  config.layer = ResNetLayer::Branching;
+  config.lambda = 0.25;
+  config.position_embedding = PositionEmbedding::Sinusoidal;
+  config.drop_path = 0.1;
+  const nlohmann::json json = config;
+  EXPECT_EQ(json.at("similarity"), "dot");
+  EXPECT_EQ(json.at("layer"), "branching");
+  EXPECT_TRUE(json.at("rho").is_null());
+  const auto back = json.get<ModelConfig>();
+  EXPECT_EQ(nlohmann::json(back), json);
+  EXPECT_FALSE(back.rho.has_value());
+  EXPECT_EQ(back.similarity, convnn::Similarity::Dot);
+  // A subset of the keys is a valid config: the rest keep their defaults.
+  const auto partial = nlohmann::json{{"layer", "convnn"}, {"k", 4}}.get<ModelConfig>();
+  EXPECT_EQ(partial.layer, ResNetLayer::ConvNN);
+  EXPECT_EQ(partial.k, 4);
+  EXPECT_EQ(partial.num_classes, 1000);
+}
+
+void expect_error_mentions(const std::function<void()>& f, const std::vector<std::string>& words) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a c10::Error";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    for (const auto& word : words) EXPECT_NE(message.find(word), std::string::npos) << message;
+  }
+}
+
+TEST(Registry, ErrorsNameTheOptionTheValueAndTheRule) {
+  expect_error_mentions([] { build_model("resnet99"); }, {"model", "resnet99", "resnet50", "vit_base"});
+  expect_error_mentions([] { nlohmann::json{{"kk", 3}}.get<ModelConfig>(); }, {"unknown option", "kk"});
+  expect_error_mentions([] { nlohmann::json{{"layer", "conv3"}}.get<ModelConfig>(); }, {"layer", "conv3", "branching"});
+  expect_error_mentions([] { nlohmann::json{{"k", "nine"}}.get<ModelConfig>(); }, {"k", "integer", "nine"});
+  ModelConfig config;
+  config.k = 0;
+  expect_error_mentions([&] { build_model("resnet18", config); }, {"k", "at least 1", "0"});
+  config = {};
+  config.num_candidates = 4;
+  expect_error_mentions([&] { build_model("resnet18", config); }, {"k = 9", "num_candidates = 4"});
+  config = {};
+  config.layer = ResNetLayer::ConvNN;
+  expect_error_mentions([&] { build_model("vit_tiny", config); }, {"layer = convnn", "ResNet"});
+  config = {};
+  config.attention = ViTAttention::KVT;
+  expect_error_mentions([&] { build_model("resnet18", config); }, {"attention = kvt", "ViT"});
+  config = {};
+  config.dropout = 1.0;
+  expect_error_mentions([&] { build_model("vit_tiny", config); }, {"dropout", "[0, 1)"});
+}
+
+}  // namespace

@@ -1,0 +1,160 @@
+// ResNet with ConvNN and branching layers: exact parameter counts of the paper's models, which
+// slots are replaced, the paper's layer defaults, the small stem and errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "convnn/models/registry.h"
+#include "convnn/models/resnet.h"
+#include "convnn/nn/modules/convnn.h"
+
+namespace {
+
+using namespace convnn::models;
+namespace cnn = convnn::nn;
+
+int64_t parameters_of(const std::string& name, const ModelConfig& config = {}) {
+  return build_model(name, config).parameter_count();
+}
+
+ModelConfig with_layer(ResNetLayer layer, int64_t k = 9) {
+  ModelConfig config;
+  config.layer = layer;
+  config.k = k;
+  return config;
+}
+
+TEST(ResNet, ParameterCountsMatchTorchvision) {
+  EXPECT_EQ(parameters_of("resnet18"), 11'689'512);
+  EXPECT_EQ(parameters_of("resnet34"), 21'797'672);
+  EXPECT_EQ(parameters_of("resnet50"), 25'557'032);
+}
+
+TEST(ResNet, ParameterCountsOfThePapersResNet50Variants) {
+  EXPECT_EQ(parameters_of("resnet50", with_layer(ResNetLayer::Branching, 9)), 26'474'760);
+  EXPECT_EQ(parameters_of("resnet50", with_layer(ResNetLayer::Branching, 16)), 29'671'688);
+  // A ConvNN layer [C', C, K=9] without bias has exactly the 3x3 convolution's parameters.
+  EXPECT_EQ(parameters_of("resnet50", with_layer(ResNetLayer::ConvNN, 9)), 25'557'032);
+  // Random candidates (r = 32) change the search, not the parameters.
+  auto random = with_layer(ResNetLayer::Branching, 9);
+  random.num_candidates = 32;
+  EXPECT_EQ(parameters_of("resnet50", random), 26'474'760);
+}
+
+TEST(ResNet, ReplacesExactlyTheStrideOne3x3Convolutions) {
+  for (const auto& [name, slots] : std::vector<std::pair<std::string, size_t>>{
+           {"resnet18", 13}, {"resnet34", 29}, {"resnet50", 13}}) {
+    const auto model = build_model(name, with_layer(ResNetLayer::ConvNN));
+    const auto layers = model.get<ResNetImpl>()->slot_layers();
+    EXPECT_EQ(layers.size(), slots) << name;
+    for (const auto& layer : layers) EXPECT_NE(dynamic_cast<cnn::ConvNN2dImpl*>(layer.get()), nullptr) << name;
+    size_t convnn = 0;
+    for (const auto& module : model.module()->modules()) convnn += module->as<cnn::ConvNN2d>() != nullptr;
+    EXPECT_EQ(convnn, slots) << name << ": the stem and the strided 3x3 convolutions stay Conv2d";
+  }
+  const auto net = build_model("resnet50", with_layer(ResNetLayer::Branching)).get<ResNetImpl>();
+  EXPECT_NE(net->conv1->as<torch::nn::Conv2d>(), nullptr);
+  // layer2.0's 3x3 convolution has stride 2: kept.
+  EXPECT_NE(net->stages[1]->at<ResidualBlockImpl>(0).convs[1].ptr()->as<torch::nn::Conv2d>(), nullptr);
+  EXPECT_NE(net->stages[1]->at<ResidualBlockImpl>(1).convs[1].ptr()->as<cnn::BranchingConv2d>(), nullptr);
+}
+
+TEST(ResNet, ConvNNLayersUseThePapersDefaults) {
+  const auto net = build_model("resnet50", with_layer(ResNetLayer::ConvNN)).get<ResNetImpl>();
+  const auto& o = net->slot_layers().front()->as<cnn::ConvNN2d>()->options;
+  EXPECT_EQ(o.k(), 9);
+  EXPECT_EQ(o.padding(), 1);
+  EXPECT_EQ(o.similarity(), convnn::Similarity::Cosine);
+  EXPECT_EQ(o.rho(), cnn::Rho::Uniform);
+  EXPECT_EQ(o.aggregation(), cnn::Aggregation::Standard);
+  EXPECT_EQ(o.projection(), cnn::Projection::Identity);
+  EXPECT_FALSE(o.bias());
+  EXPECT_EQ(o.num_candidates(), 0);
+  EXPECT_EQ(o.in_channels(), 64);
+  EXPECT_EQ(o.out_channels(), 64);
+}
+
+TEST(ResNet, BranchingLayerSplitsChannelsByLambda) {
+  auto config = with_layer(ResNetLayer::Branching);
+  config.lambda = 0.25;
+  config.num_candidates = 32;
+  const auto net = build_model("resnet50", config).get<ResNetImpl>();
+  const auto* layer = net->slot_layers().back()->as<cnn::BranchingConv2d>();
+  ASSERT_NE(layer, nullptr);
+  EXPECT_EQ(layer->convnn_channels(), 128);  // round(0.25 * 512)
+  EXPECT_EQ(layer->convnn_branch->options.num_candidates(), 32);
+  EXPECT_TRUE(layer->conv_branch->options.bias());
+}
+
+TEST(ResNet, SmallStemAndAnyInputChannelCount) {
+  ModelConfig config;
+  config.small_stem = true;
+  config.in_channels = 1;
+  config.num_classes = 10;
+  config.width = 8;
+  config.image_size = 28;
+  const auto model = build_model("resnet18", config);
+  const auto net = model.get<ResNetImpl>();
+  EXPECT_EQ(net->conv1->options.kernel_size()->at(0), 3);
+  EXPECT_EQ(net->conv1->options.stride()->at(0), 1);
+  EXPECT_TRUE(net->maxpool.is_empty());
+  net->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_EQ(net->forward(torch::randn({2, 1, 28, 28})).sizes(), (std::vector<int64_t>{2, 10}));
+}
+
+TEST(ResNet, TorchvisionInitialisation) {
+  const auto net = build_model("resnet50", with_layer(ResNetLayer::Branching)).get<ResNetImpl>();
+  EXPECT_TRUE(torch::equal(net->bn1->weight, torch::ones(64)));
+  EXPECT_TRUE(torch::equal(net->bn1->bias, torch::zeros(64)));
+  // Kaiming-normal, fan_out, ReLU gain: std = sqrt(2 / (C_out * 3 * 3)) for layer4's 3x3.
+  const auto* branch = net->slot_layers().back()->as<cnn::BranchingConv2d>();
+  const double expected = std::sqrt(2.0 / (256.0 * 9.0));
+  EXPECT_NEAR(branch->conv_branch->weight.std().item<double>(), expected, 0.05 * expected);
+}
+
+TEST(ResNet, ClearErrors) {
+  auto depthwise = with_layer(ResNetLayer::Branching);
+  depthwise.aggregation = convnn::nn::Aggregation::Depthwise;
+  EXPECT_THROW(
+      {
+        try {
+          build_model("resnet18", depthwise);
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("depthwise"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      c10::Error);
+  // At 32 px the ImageNet stem leaves layer4 a 1x1 map: 9 candidates after padding 1, fewer than K.
+  auto large_k = with_layer(ResNetLayer::ConvNN, 16);
+  large_k.image_size = 32;
+  try {
+    build_model("resnet50", large_k);
+    FAIL() << "expected a c10::Error";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("layer4"), std::string::npos) << message;
+    EXPECT_NE(message.find("k = 16"), std::string::npos) << message;
+  }
+  auto bad_lambda = with_layer(ResNetLayer::Branching);
+  bad_lambda.lambda = 1.5;
+  EXPECT_THROW(build_model("resnet50", bad_lambda), c10::Error);
+  EXPECT_THROW(ResNet(ResNetOptions(101)), c10::Error);
+}
+
+TEST(ResNet, DepthwiseConvNNKeepsChannels) {
+  auto config = with_layer(ResNetLayer::ConvNN);
+  config.aggregation = convnn::nn::Aggregation::Depthwise;
+  config.small_stem = true;
+  config.width = 8;
+  config.image_size = 16;
+  config.num_classes = 3;
+  auto model = build_model("resnet18", config);
+  const auto* layer = model.get<ResNetImpl>()->slot_layers().front()->as<cnn::ConvNN2d>();
+  EXPECT_EQ(layer->kernel.sizes(), (std::vector<int64_t>{8, 9}));
+  model.module()->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_EQ(model(torch::randn({1, 3, 16, 16})).sizes(), (std::vector<int64_t>{1, 3}));
+}
+
+}  // namespace

@@ -1,0 +1,156 @@
+// The layers follow the LibTorch frontend conventions: options, reset(), pretty_print, parameters,
+// serialisation, and agreement with the functional form.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "convnn/nn/modules/convnn.h"
+#include "support/assert_close.h"
+
+namespace {
+
+using namespace convnn::nn;
+using convnn::Similarity;
+using convnn::testing::AllClose;
+
+std::string printed(const torch::nn::Module& module) {
+  std::ostringstream stream;
+  module.pretty_print(stream);
+  return stream.str();
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+template <typename ModuleHolder>
+void expect_save_load_round_trip(ModuleHolder original, ModuleHolder fresh, const torch::Tensor& input) {
+  std::stringstream buffer;
+  torch::save(original, buffer);
+  torch::load(fresh, buffer);
+  original->eval();
+  fresh->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(AllClose(fresh(input), original(input), 0.0));
+}
+
+TEST(ConvNN2d, PaperDefaultsAreIdentityCosineUniformStandardWithoutBias) {
+  ConvNN2d layer(ConvNN2dOptions(8, 16, 9).padding(1));
+  EXPECT_EQ(layer->options.similarity(), Similarity::Cosine);
+  EXPECT_EQ(layer->options.rho(), Rho::Uniform);
+  EXPECT_EQ(layer->options.aggregation(), Aggregation::Standard);
+  EXPECT_FALSE(layer->options.bias());
+  EXPECT_EQ(layer->kernel.sizes(), (std::vector<int64_t>{16, 8, 9}));
+  EXPECT_FALSE(layer->bias.defined());
+  // Same parameter count as the 3x3 convolution it replaces in ResNet.
+  EXPECT_EQ(parameter_count(*layer), 16 * 8 * 9);
+}
+
+TEST(ConvNN2d, PrettyPrintNamesTheLayerAndItsOptions) {
+  ConvNN2d layer(ConvNN2dOptions(3, 8, 9).padding(1).num_candidates(16));
+  const auto text = printed(*layer);
+  EXPECT_NE(text.find("convnn::ConvNN2d(3, 8, k=9"), std::string::npos) << text;
+  EXPECT_NE(text.find("similarity=cosine"), std::string::npos) << text;
+  EXPECT_NE(text.find("num_candidates=16"), std::string::npos) << text;
+}
+
+TEST(ConvNN2d, ForwardKeepsSpatialSizeWithSamePadding) {
+  ConvNN2d layer(ConvNN2dOptions(3, 8, 9).padding(1));
+  EXPECT_EQ(layer(torch::randn({2, 3, 5, 7})).sizes(), (std::vector<int64_t>{2, 8, 5, 7}));
+}
+
+TEST(ConvNN2d, ModuleEqualsFunctionalForm) {
+  ConvNN2d layer(ConvNN2dOptions(4, 6, 5).padding(1).bias(true).similarity(Similarity::Dot));
+  const auto input = torch::randn({2, 4, 5, 6});
+  const auto expected = functional::conv_nn2d(
+      input, layer->kernel, layer->bias,
+      functional::ConvNNFuncOptions(5).padding(1).similarity(Similarity::Dot));
+  EXPECT_TRUE(AllClose(layer(input), expected, 0.0));
+}
+
+TEST(ConvNN2d, SaveLoadRoundTripGivesIdenticalOutputs) {
+  const auto options = ConvNN2dOptions(3, 4, 9).padding(1).bias(true).projection(Projection::Linear);
+  expect_save_load_round_trip(ConvNN2d(options), ConvNN2d(options), torch::randn({2, 3, 4, 4}));
+}
+
+TEST(ConvNN2d, FixedKernelIsABufferOfOnesNotAParameter) {
+  ConvNN2d layer(ConvNN2dOptions(4, 4, 9).aggregation(Aggregation::Depthwise).learnable_kernel(false));
+  EXPECT_EQ(parameter_count(*layer), 0);
+  EXPECT_TRUE(torch::equal(layer->kernel, torch::ones({4, 9})));
+  EXPECT_EQ(layer->buffers().size(), 1u);
+}
+
+TEST(ConvNN2d, CloneIsADeepCopy) {
+  ConvNN2d layer(ConvNN2dOptions(3, 4, 9).padding(1));
+  auto copy = std::dynamic_pointer_cast<ConvNN2dImpl>(layer->clone());
+  ASSERT_TRUE(copy);
+  {
+    torch::NoGradGuard no_grad;
+    copy->kernel.fill_(0.5);
+  }
+  EXPECT_FALSE(torch::equal(copy->kernel, layer->kernel));
+}
+
+TEST(ConvNN1d, ForwardShapeAndPerHeadKernel) {
+  ConvNN1d layer(ConvNN1dOptions(8, 8, 3).heads(2).kernel_per_head(true).bias(true).padding(1));
+  EXPECT_EQ(layer->kernel.sizes(), (std::vector<int64_t>{2, 4, 4, 3}));
+  EXPECT_EQ(layer->bias.sizes(), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(layer(torch::randn({3, 8, 10})).sizes(), (std::vector<int64_t>{3, 8, 10}));
+}
+
+TEST(ConvNNAttention, PaperDefaultsAreBiasFreeWithAKernelOfOnesSharedAcrossHeads) {
+  ConvNNAttention attention(ConvNNAttentionOptions(768, 12, 9));
+  EXPECT_EQ(attention->kernel.sizes(), (std::vector<int64_t>{64, 9}));
+  EXPECT_TRUE(torch::equal(attention->kernel, torch::ones({64, 9})));
+  // Four bias-free 768x768 projections plus the 64*K kernel: what ConvNN attention adds to ViT.
+  EXPECT_EQ(parameter_count(*attention), 4 * 768 * 768 + 64 * 9);
+}
+
+TEST(ConvNNAttention, ForwardShapeTrainAndEvalAndSaveLoad) {
+  const auto options = ConvNNAttentionOptions(16, 4, 5).dropout(0.1).qkv_bias(true);
+  ConvNNAttention attention(options);
+  const auto input = torch::randn({2, 7, 16});
+  attention->train();
+  EXPECT_EQ(attention(input).sizes(), input.sizes());
+  expect_save_load_round_trip(attention, ConvNNAttention(options), input);
+  EXPECT_NE(printed(*attention).find("convnn::ConvNNAttention(embed_dim=16, num_heads=4, k=5"),
+            std::string::npos);
+}
+
+TEST(BranchingConv2d, SplitsChannelsByLambdaWithTheConvNNBranchFirst) {
+  BranchingConv2d layer(BranchingConv2dOptions(8, 10, 9).lambda(0.3));
+  EXPECT_EQ(layer->convnn_channels(), 3);
+  EXPECT_EQ(layer->convnn_branch->options.out_channels(), 3);
+  EXPECT_EQ(layer->conv_branch->options.out_channels(), 7);
+  EXPECT_EQ(layer(torch::randn({2, 8, 6, 6})).sizes(), (std::vector<int64_t>{2, 10, 6, 6}));
+}
+
+TEST(BranchingConv2d, ParameterCountMatchesThePaperLayout) {
+  // ConvNN branch [C/2, C, K] without bias, 3x3 conv branch with bias, 1x1 mix with bias.
+  const int64_t c = 64;
+  BranchingConv2d layer(BranchingConv2dOptions(c, c, 9));
+  EXPECT_EQ(parameter_count(*layer), (c / 2) * c * 9 + (c / 2) * c * 9 + c / 2 + c * c + c);
+}
+
+TEST(BranchingConv2d, LambdaZeroAndOneBuildOneBranchAndKeepTheMix) {
+  BranchingConv2d conv_only(BranchingConv2dOptions(4, 6).lambda(0.0));
+  EXPECT_TRUE(conv_only->convnn_branch.is_empty());
+  EXPECT_FALSE(conv_only->conv_branch.is_empty());
+  BranchingConv2d convnn_only(BranchingConv2dOptions(4, 6).lambda(1.0));
+  EXPECT_FALSE(convnn_only->convnn_branch.is_empty());
+  EXPECT_TRUE(convnn_only->conv_branch.is_empty());
+  EXPECT_FALSE(convnn_only->mix.is_empty());
+  EXPECT_EQ(convnn_only(torch::randn({1, 4, 5, 5})).sizes(), (std::vector<int64_t>{1, 6, 5, 5}));
+}
+
+TEST(BranchingConv2d, SaveLoadRoundTripAndPrettyPrint) {
+  const auto options = BranchingConv2dOptions(4, 6, 9);
+  BranchingConv2d layer(options);
+  expect_save_load_round_trip(layer, BranchingConv2d(options), torch::randn({1, 4, 5, 5}));
+  EXPECT_NE(printed(*layer).find("convnn::BranchingConv2d(4, 6, lambda=0.5"), std::string::npos);
+}
+
+}  // namespace

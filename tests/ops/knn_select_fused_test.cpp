@@ -1,0 +1,147 @@
+// The fused CPU knn_select (src/ops/cpu) agrees with the plain-ATen reference: same indices, and
+// scores whose error against float64 is at most twice the reference's own.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <tuple>
+
+#include "ops/cpu/knn_select_cpu.h"
+#include "ops/reference/reference.h"
+#include "support/assert_close.h"
+
+namespace {
+
+using convnn::Similarity;
+using convnn::testing::AllClose;
+using convnn::testing::max_abs_diff;
+
+const std::vector<std::string> kSimilarities{"dot", "scaled_dot", "cosine", "gaussian", "chebyshev"};
+
+std::tuple<torch::Tensor, torch::Tensor> reference_select(const torch::Tensor& q, const torch::Tensor& k,
+                                                          int64_t top, const std::string& similarity,
+                                                          const c10::optional<torch::Tensor>& mask,
+                                                          bool index_order) {
+  return convnn::reference::knn_select(q, k, top, convnn::parse_similarity(similarity), mask, index_order);
+}
+
+void expect_same_selection(const torch::Tensor& q, const torch::Tensor& k, int64_t top,
+                           const std::string& similarity, const c10::optional<torch::Tensor>& mask,
+                           bool index_order) {
+  auto [fused_scores, fused_indices] = convnn::cpu::knn_select(q, k, top, similarity, mask, index_order);
+  auto [ref_scores, ref_indices] = reference_select(q, k, top, similarity, mask, index_order);
+  SCOPED_TRACE(similarity + " k=" + std::to_string(top) + (index_order ? " index order" : ""));
+  EXPECT_TRUE(torch::equal(fused_indices, ref_indices));
+  const double tolerance = 64 * convnn::testing::epsilon_of(q.scalar_type());
+  EXPECT_TRUE(AllClose(fused_scores, ref_scores, tolerance, tolerance));
+}
+
+// Sizes that cover several query and key blocks and ragged block ends.
+class FusedSelectShapes : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t>> {};
+
+TEST_P(FusedSelectShapes, EqualsReferenceForEverySimilarityAndSlotOrder) {
+  const auto [n, m, d] = GetParam();
+  torch::manual_seed(n * 1000 + m);
+  const auto q = torch::randn({3, n, d}, torch::kDouble), k = torch::randn({3, m, d}, torch::kDouble);
+  for (const auto& similarity : kSimilarities) {
+    for (int64_t top : {int64_t{1}, std::min<int64_t>(7, m), m}) {
+      for (bool index_order : {false, true}) expect_same_selection(q, k, top, similarity, c10::nullopt, index_order);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedSelectShapes,
+                         ::testing::Values(std::make_tuple(1, 1, 1), std::make_tuple(5, 9, 3),
+                                           std::make_tuple(70, 300, 17), std::make_tuple(130, 129, 64)));
+
+TEST(FusedSelect, EqualsReferenceWithBoolAdditiveAndPerSliceMasks) {
+  torch::manual_seed(3);
+  const int64_t g = 2, n = 40, m = 150;
+  const auto q = torch::randn({g, n, 8}, torch::kDouble), k = torch::randn({g, m, 8}, torch::kDouble);
+  const auto allowed = torch::rand({n, m}) > 0.7;
+  const auto per_slice = torch::rand({g, n, m}) > 0.95;  // many rows with fewer than k valid
+  const auto additive = torch::zeros({n, m}, torch::kDouble).masked_fill(~allowed, -INFINITY);
+  for (const auto& similarity : kSimilarities) {
+    expect_same_selection(q, k, 9, similarity, allowed, false);
+    expect_same_selection(q, k, 9, similarity, per_slice, true);
+    expect_same_selection(q, k, 9, similarity, additive, false);
+  }
+  const auto bias = torch::randn({g, n, m}, torch::kDouble);  // a finite additive mask (ALiBi-like)
+  expect_same_selection(q, k, 5, "dot", bias, false);
+}
+
+TEST(FusedSelect, LowerIndexWinsExactTies) {
+  // Integer features: many exactly equal scores.
+  const auto q = torch::randint(-2, 3, {2, 30, 3}, torch::kDouble);
+  const auto k = torch::randint(-2, 3, {2, 200, 3}, torch::kDouble);
+  for (const auto& similarity : kSimilarities) expect_same_selection(q, k, 10, similarity, c10::nullopt, false);
+}
+
+TEST(FusedSelect, Float32ScoresErrNoMoreThanTwiceTheReference) {
+  torch::manual_seed(4);
+  const auto q64 = torch::randn({4, 50, 32}, torch::kDouble), k64 = torch::randn({4, 180, 32}, torch::kDouble);
+  const auto q = q64.to(torch::kFloat), k = k64.to(torch::kFloat);
+  for (const auto& similarity : kSimilarities) {
+    auto [fused_scores, fused_indices] = convnn::cpu::knn_select(q, k, 8, similarity, c10::nullopt, false);
+    auto [ref_scores, ref_indices] = reference_select(q, k, 8, similarity, c10::nullopt, false);
+    auto [exact_scores, exact_indices] = reference_select(q64, k64, 8, similarity, c10::nullopt, false);
+    SCOPED_TRACE(similarity);
+    EXPECT_TRUE(torch::equal(fused_indices, exact_indices));
+    const double fused_error = max_abs_diff(fused_scores, exact_scores);
+    const double reference_error = max_abs_diff(ref_scores, exact_scores);
+    EXPECT_LE(fused_error, 2 * reference_error + 1e-6) << "fused " << fused_error << ", reference " << reference_error;
+  }
+}
+
+TEST(FusedSelect, HalfPrecisionSelectionIsATopKUpToRounding) {
+  torch::manual_seed(5);
+  const auto q64 = torch::randn({2, 33, 16}, torch::kDouble), k64 = torch::randn({2, 140, 16}, torch::kDouble);
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    const auto q = q64.to(dtype), k = k64.to(dtype);
+    auto [scores, indices] = convnn::cpu::knn_select(q, k, 6, "dot", c10::nullopt, false);
+    // Every selected candidate scores (in float64, on the rounded inputs) within rounding of the
+    // true 6th best, and the reported scores match the float64 scores of the chosen candidates.
+    const auto exact = torch::bmm(q.to(torch::kDouble), k.to(torch::kDouble).transpose(1, 2));
+    const auto sixth = std::get<0>(exact.topk(6, -1)).select(-1, 5).unsqueeze(-1);
+    const auto chosen = exact.gather(-1, indices);
+    const double slack = 8 * convnn::testing::epsilon_of(dtype) * exact.abs().max().item<double>();
+    EXPECT_TRUE((chosen >= sixth - slack).all().item<bool>()) << dtype;
+    EXPECT_TRUE(AllClose(scores, chosen, slack)) << dtype;
+  }
+}
+
+TEST(FusedSelect, NaNScoreIsRejectedWithItsPosition) {
+  auto q = torch::randn({1, 4, 3});
+  q[0][2][1] = NAN;
+  try {
+    convnn::cpu::knn_select(q, q, 2, "dot", c10::nullopt, false);
+    FAIL() << "expected c10::Error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("must not be NaN or +inf"), std::string::npos);
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("[g, i, j] = [0, 0, 2]"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
+TEST(FusedSelect, SameResultWithOneOrTwoThreads) {
+  torch::manual_seed(6);
+  const auto q = torch::randn({5, 90, 12}), k = torch::randn({5, 260, 12});
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto [scores_one, indices_one] = convnn::cpu::knn_select(q, k, 9, "cosine", c10::nullopt, false);
+  at::set_num_threads(2);
+  auto [scores_two, indices_two] = convnn::cpu::knn_select(q, k, 9, "cosine", c10::nullopt, false);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(indices_one, indices_two));
+  EXPECT_TRUE(torch::equal(scores_one, scores_two));
+}
+
+TEST(FusedSelect, NonContiguousInputsAndEmptyBatch) {
+  const auto q = torch::randn({3, 8, 20}, torch::kDouble).transpose(1, 2);  // [3,20,8] strided
+  const auto k = torch::randn({3, 8, 30}, torch::kDouble).transpose(1, 2);
+  expect_same_selection(q, k, 4, "dot", c10::nullopt, false);
+  auto [scores, indices] = convnn::cpu::knn_select(torch::randn({0, 5, 3}), torch::randn({0, 6, 3}), 2, "dot",
+                                                   c10::nullopt, false);
+  EXPECT_EQ(scores.sizes(), (std::vector<int64_t>{0, 5, 2}));
+}
+
+}  // namespace
