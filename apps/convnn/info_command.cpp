@@ -22,7 +22,8 @@ struct InfoArgs {
 // 25557032 -> "25,557,032"
 std::string grouped(int64_t value) {
   auto digits = std::to_string(value < 0 ? -value : value);
-  for (auto i = static_cast<int64_t>(digits.size()) - 3; i > 0; i -= 3) digits.insert(static_cast<size_t>(i), ",");
+  for (auto i = static_cast<int64_t>(digits.size()) - 3; i > 0; i -= 3)
+    digits.insert(static_cast<size_t>(i), ",");
   return value < 0 ? "-" + digits : digits;
 }
 
@@ -66,7 +67,9 @@ std::string describe(const std::string& name, const models::ModelConfig& c) {
 }
 
 nlohmann::json cost_json(const models::Cost& cost) {
-  return {{"macs", cost.macs}, {"flops", cost.flops()}, {"other_flops", cost.other_flops},
+  return {{"macs", cost.macs},
+          {"flops", cost.flops()},
+          {"other_flops", cost.other_flops},
           {"comparisons", cost.comparisons}};
 }
 
@@ -98,8 +101,8 @@ void print_table(const models::Model& model, const models::CostReport& report, b
   const auto& c = model.config();
   const auto total = report.total();
   std::cout << fmt::format("model        {}  {}\n", model.name(), describe(model.name(), c));
-  std::cout << fmt::format("input        {} x {} x {}, {} classes\n", c.in_channels, c.image_size, c.image_size,
-                           c.num_classes);
+  std::cout << fmt::format("input        {} x {} x {}, {} classes\n", c.in_channels, c.image_size,
+                           c.image_size, c.num_classes);
   std::cout << fmt::format("parameters   {}\n", grouped(model.parameter_count()));
   std::cout << fmt::format("MACs         {:<10} ({})\n", scaled(total.macs), grouped(total.macs));
   std::cout << fmt::format("FLOPs        {:<10} (2 x MACs + {} other FLOPs)\n", scaled(total.flops()),
@@ -107,8 +110,8 @@ void print_table(const models::Model& model, const models::CostReport& report, b
   std::cout << fmt::format("comparisons  {:<10} (top-k, max-pool, ReLU, softmax max; not FLOPs)\n\n",
                            scaled(total.comparisons));
 
-  const auto header = fmt::format("{:<12} {:>12} {:>11} {:>11} {:>11}", "stage", "parameters", "MACs", "FLOPs",
-                                  "comparisons");
+  const auto header = fmt::format("{:<12} {:>12} {:>11} {:>11} {:>11}", "stage", "parameters", "MACs",
+                                  "FLOPs", "comparisons");
   std::cout << header << "\n" << std::string(header.size(), '-') << "\n";
   for (const auto& s : report.stages()) {
     std::cout << fmt::format("{:<12} {:>12} {:>11} {:>11} {:>11}\n", s.stage, grouped(s.parameters),
@@ -121,12 +124,12 @@ void print_table(const models::Model& model, const models::CostReport& report, b
   std::cout << "\n";
   size_t width = 5;
   for (const auto& e : report.entries()) width = std::max(width, e.layer.size());
-  const auto layer_header = fmt::format("{:<{}} {:<12} {:>11} {:>11} {:>11}", "layer", width, "op", "MACs",
-                                        "FLOPs", "comparisons");
+  const auto layer_header =
+      fmt::format("{:<{}} {:<12} {:>11} {:>11} {:>11}", "layer", width, "op", "MACs", "FLOPs", "comparisons");
   std::cout << layer_header << "\n" << std::string(layer_header.size(), '-') << "\n";
   for (const auto& e : report.entries()) {
-    std::cout << fmt::format("{:<{}} {:<12} {:>11} {:>11} {:>11}\n", e.layer, width, e.op, scaled(e.cost.macs),
-                             scaled(e.cost.flops()), scaled(e.cost.comparisons));
+    std::cout << fmt::format("{:<{}} {:<12} {:>11} {:>11} {:>11}\n", e.layer, width, e.op,
+                             scaled(e.cost.macs), scaled(e.cost.flops()), scaled(e.cost.comparisons));
   }
 }
 
@@ -145,8 +148,9 @@ int run_info(const InfoArgs& args) {
 
 Command add_info_command(CLI::App& app) {
   auto args = std::make_shared<InfoArgs>();
-  auto* sub = app.add_subcommand("info", "Parameters, MACs, FLOPs and comparisons of a model, per stage "
-                                         "(counting rules: docs/flops.md)");
+  auto* sub = app.add_subcommand("info",
+                                 "Parameters, MACs, FLOPs and comparisons of a model, per stage "
+                                 "(counting rules: docs/flops.md)");
   add_model_options(sub, args->model, args->config);
   sub->add_flag("--json", args->json, "Print everything, per operation included, as JSON");
   sub->add_flag("--layers", args->layers, "Also list every operation of every layer");

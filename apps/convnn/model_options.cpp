@@ -10,8 +10,8 @@ namespace {
 template <typename Target, typename Parse>
 void add_enum_option(CLI::App* sub, const std::string& flag, Target& target, Parse parse,
                      std::vector<std::string> names, const std::string& help) {
-  sub->add_option_function<std::string>(flag, [&target, parse](const std::string& s) { target = parse(s); },
-                                        help)
+  sub->add_option_function<std::string>(
+         flag, [&target, parse](const std::string& s) { target = parse(s); }, help)
       ->check(CLI::IsMember(std::move(names)));
 }
 
@@ -24,9 +24,10 @@ void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c)
   sub->add_option("--image-size", c.image_size, "Side of the square input images in pixels (default 224)");
   sub->add_option("--k", c.k, "ConvNN neighbours K (default 9)");
   sub->add_option("--num-candidates", c.num_candidates, "Random candidates r; 0 = all (default 0)");
-  add_enum_option(sub, "--similarity", c.similarity, [](const std::string& s) { return parse_similarity(s); },
-                  {"dot", "scaled_dot", "cosine", "gaussian", "chebyshev"},
-                  "ConvNN similarity (default: cosine for ResNet, scaled_dot for ViT)");
+  add_enum_option(
+      sub, "--similarity", c.similarity, [](const std::string& s) { return parse_similarity(s); },
+      {"dot", "scaled_dot", "cosine", "gaussian", "chebyshev"},
+      "ConvNN similarity (default: cosine for ResNet, scaled_dot for ViT)");
   add_enum_option(sub, "--rho", c.rho, nn::parse_rho, {"uniform", "mean", "softmax"},
                   "ConvNN weights rho (default: uniform for ResNet, softmax for ViT)");
   add_enum_option(sub, "--aggregation", c.aggregation, nn::parse_aggregation, {"standard", "depthwise"},
@@ -44,7 +45,8 @@ void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c)
                 "ViT: the paper authors' variant (sinusoidal positions, patch LayerNorm, no final "
                 "LayerNorm, bias-free attention projections)");
   add_enum_option(sub, "--position-embedding", c.position_embedding, models::parse_position_embedding,
-                  {"learned", "sinusoidal"}, "ViT: position embedding (default learned; sinusoidal with --paper)");
+                  {"learned", "sinusoidal"},
+                  "ViT: position embedding (default learned; sinusoidal with --paper)");
   sub->add_option("--embed-dim", c.embed_dim, "ViT: width (default: the preset's)");
   sub->add_option("--depth", c.depth, "ViT: blocks (default: the preset's)");
   sub->add_option("--num-heads", c.num_heads, "ViT: heads (default: the preset's)");

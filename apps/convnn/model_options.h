@@ -2,7 +2,6 @@
 // The model options of the `convnn` subcommands that build a model from the registry (info, and
 // the training command), declared once so that every subcommand spells them alike.
 #include <CLI/CLI.hpp>
-
 #include <string>
 
 #include "convnn/models/registry.h"

@@ -236,7 +236,8 @@ CaseResult run_case(const BenchConfig& config) {
                         config.heads,
                         config.k,
                         config.aggregation == nn::Aggregation::Depthwise,
-                        static_cast<int64_t>(c10::elementSize(config.dtype))};
+                        static_cast<int64_t>(c10::elementSize(config.dtype)),
+                        config.similarity == Similarity::ScaledDot};
   const bool module_level = config.level == Level::Module;
   result.convnn_cost = module_level ? convnn_module_cost(shape) : convnn_op_cost(shape);
   if (module_level) result.mhsa_cost = mhsa_module_cost(shape);

@@ -44,12 +44,13 @@ std::vector<CostTerm> convnn_terms(const CostShape& shape) {
   const auto [b, n, c, h, k, g, d] = sizes_of(shape);
   const double m = n;
   std::vector<CostTerm> terms;
-  // Scores: one d-long dot product per (query, candidate); the 1/sqrt(d) scale and the top-k
-  // comparisons are not counted. Backward: only the K selected scores carry a gradient, to the
-  // query and to the key: 2 x 2*G*N*K*d.
-  terms.push_back({"scores", 2.0 * g * n * m * d, 4.0 * g * n * k * d});
-  // Softmax over K scores: max, subtract, exp, sum, divide.
-  terms.push_back(term("softmax", 5.0 * g * n * k));
+  // Scores: one d-long dot product per (query, candidate), plus the 1/sqrt(d) scale; the top-k
+  // comparisons are free. Backward: only the K selected scores carry a gradient, to the query and
+  // to the key: 2 x 2*G*N*K*d, plus the scale of the K gradients.
+  const double scale = shape.scaled ? 1.0 : 0.0;
+  terms.push_back({"scores", 2.0 * g * n * m * d + scale * g * n * m, 4.0 * g * n * k * d + scale * g * n * k});
+  // Softmax over K scores: subtract the max, exp, sum, divide (the max is a comparison).
+  terms.push_back(term("softmax", 4.0 * g * n * k));
   // Each gathered value times its weight, then the Conv1d (kernel K, stride K).
   terms.push_back(term("weighting", g * n * k * d));
   terms.push_back(term("aggregation", shape.depthwise ? 2.0 * g * n * k * d : 2.0 * g * n * k * d * d));
@@ -83,8 +84,8 @@ CostModel mhsa_module_cost(const CostShape& shape) {
   const auto s = sizes_of(shape);
   std::vector<CostTerm> terms{
       projections(s),
-      term("scores", 2.0 * s.g * s.n * s.n * s.d),
-      term("softmax", 5.0 * s.g * s.n * s.n),
+      term("scores", 2.0 * s.g * s.n * s.n * s.d + (shape.scaled ? s.g * s.n * s.n : 0.0)),
+      term("softmax", 4.0 * s.g * s.n * s.n),
       term("attention_values", 2.0 * s.g * s.n * s.n * s.d),
   };
   return finish(std::move(terms), s.b * s.n * s.c, 4.0 * s.c * s.c, s.b * s.n * s.c, shape.element_size);

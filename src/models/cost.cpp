@@ -28,8 +28,8 @@ void CostReport::count_parameters(const torch::nn::Module& module,
                                   const std::function<std::string(const std::string&)>& stage_of) {
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const auto stage = stage_of(item.key());
-    auto it = std::find_if(parameters_.begin(), parameters_.end(),
-                           [&](const auto& p) { return p.first == stage; });
+    auto it =
+        std::find_if(parameters_.begin(), parameters_.end(), [&](const auto& p) { return p.first == stage; });
     if (it == parameters_.end()) it = parameters_.insert(parameters_.end(), {stage, 0});
     it->second += item.value().numel();
   }
@@ -61,8 +61,7 @@ int64_t CostReport::parameters() const {
 
 // ------------------------------------------------------------------ primitive operations
 
-int64_t conv_output_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding,
-                         int64_t dilation) {
+int64_t conv_output_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation) {
   return (input + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
 }
 
@@ -139,15 +138,15 @@ void add_convnn_op(CostReport& report, const std::string& stage, const std::stri
 
   Cost rho;
   if (o.rho == nn::Rho::Mean) rho.other_flops = h * n;  // one reciprocal per row
-  if (o.rho == nn::Rho::Softmax) rho = softmax_cost(selected) + Cost{0, o.temperature != 1.0 ? selected : 0, 0};
+  if (o.rho == nn::Rho::Softmax)
+    rho = softmax_cost(selected) + Cost{0, o.temperature != 1.0 ? selected : 0, 0};
   if (o.rho != nn::Rho::Uniform) report.add(stage, layer, "rho", rho);
 
   // Weighting (skipped when every weight is 1), then the Conv1d of kernel K and stride K.
   Cost aggregation;
   if (o.rho != nn::Rho::Uniform) aggregation.other_flops += n * o.k * s.channels;
-  aggregation.macs = o.aggregation == nn::Aggregation::Standard
-                         ? n * o.k * s.channels * s.out_channels / h
-                         : n * o.k * s.channels;
+  aggregation.macs = o.aggregation == nn::Aggregation::Standard ? n * o.k * s.channels * s.out_channels / h
+                                                                : n * o.k * s.channels;
   if (o.bias) aggregation.other_flops += n * s.out_channels;
   report.add(stage, layer, "aggregation", aggregation);
 }
@@ -182,11 +181,11 @@ void add_convnn2d(CostReport& report, const std::string& stage, const std::strin
   const int64_t grid = (height + 2 * o.padding()) * (width + 2 * o.padding());
   const int64_t m = o.num_candidates() > 0 ? o.num_candidates() + (o.include_self() ? 1 : 0) : grid;
   const int64_t available = o.num_candidates() > 0 ? o.num_candidates() : grid;
-  TORCH_CHECK(o.k() <= available, layer, ": k = ", o.k(), " exceeds the ", available,
-              o.num_candidates() > 0 ? " random candidates (num_candidates)"
-                                     : " candidates of its padded input",
-              " (a ", height, "x", width, " map with padding ", o.padding(),
-              "); use a larger image size or a smaller k");
+  TORCH_CHECK(
+      o.k() <= available, layer, ": k = ", o.k(), " exceeds the ", available,
+      o.num_candidates() > 0 ? " random candidates (num_candidates)" : " candidates of its padded input",
+      " (a ", height, "x", width, " map with padding ", o.padding(),
+      "); use a larger image size or a smaller k");
   const bool linear = o.projection() == nn::Projection::Linear;
   const int64_t qk = linear && o.qk_channels() > 0 ? o.qk_channels() : o.in_channels();
   if (linear) {
@@ -197,8 +196,7 @@ void add_convnn2d(CostReport& report, const std::string& stage, const std::strin
                linear_cost(grid, o.in_channels(), o.in_channels(), b));
   }
   const int64_t coordinates = o.coordinates() ? 2 * o.heads() : 0;
-  add_convnn_op(report, stage, layer,
-                {n, m, o.heads(), qk + coordinates, o.in_channels(), o.out_channels()},
+  add_convnn_op(report, stage, layer, {n, m, o.heads(), qk + coordinates, o.in_channels(), o.out_channels()},
                 {o.similarity(), o.k(), o.rho(), o.temperature(), o.aggregation(), o.bias()});
 }
 
@@ -213,8 +211,7 @@ void add_spatial_layer(CostReport& report, const std::string& stage, const std::
   } else if (const auto* branching = dynamic_cast<const nn::BranchingConv2dImpl*>(&module)) {
     // Both branches see the whole input and keep its size; the concatenation is free.
     if (!branching->convnn_branch.is_empty()) {
-      add_convnn2d(report, stage, layer + ".convnn_branch", branching->convnn_branch->options, height,
-                   width);
+      add_convnn2d(report, stage, layer + ".convnn_branch", branching->convnn_branch->options, height, width);
     }
     if (!branching->conv_branch.is_empty()) {
       int64_t h = height, w = width;

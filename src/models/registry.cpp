@@ -49,7 +49,9 @@ nn::Rho enum_from_name(const std::string& s, nn::Rho*) { return nn::parse_rho(s)
 nn::Aggregation enum_from_name(const std::string& s, nn::Aggregation*) { return nn::parse_aggregation(s); }
 ResNetLayer enum_from_name(const std::string& s, ResNetLayer*) { return parse_resnet_layer(s); }
 ViTAttention enum_from_name(const std::string& s, ViTAttention*) { return parse_vit_attention(s); }
-PositionEmbedding enum_from_name(const std::string& s, PositionEmbedding*) { return parse_position_embedding(s); }
+PositionEmbedding enum_from_name(const std::string& s, PositionEmbedding*) {
+  return parse_position_embedding(s);
+}
 
 template <typename T>
 nlohmann::json to_value(const T& value) {
@@ -121,7 +123,7 @@ void from_json(const nlohmann::json& json, ModelConfig& config) {
 }
 
 const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names{"resnet18", "resnet34", "resnet50",
+  static const std::vector<std::string> names{"resnet18", "resnet34",  "resnet50",
                                               "vit_tiny", "vit_small", "vit_base"};
   return names;
 }
@@ -146,13 +148,14 @@ void validate(const std::string& name, const ModelConfig& c) {
   if (is_resnet(name)) {
     TORCH_CHECK(c.attention == ViTAttention::MHSA, "attention = ", to_string(c.attention),
                 " applies to ViT models; ", name, " takes layer = conv, convnn or branching");
-    TORCH_CHECK(!c.paper && !c.position_embedding, "paper and position_embedding apply to ViT models, not ", name);
+    TORCH_CHECK(!c.paper && !c.position_embedding, "paper and position_embedding apply to ViT models, not ",
+                name);
     TORCH_CHECK(c.lambda >= 0.0 && c.lambda <= 1.0, "lambda must be in [0, 1], got ", c.lambda);
     TORCH_CHECK(c.padding >= 0, "padding must be non-negative, got ", c.padding);
     TORCH_CHECK(c.width >= 1, "width must be at least 1, got ", c.width);
   } else {
-    TORCH_CHECK(c.layer == ResNetLayer::Conv, "layer = ", to_string(c.layer), " applies to ResNet models; ", name,
-                " takes attention = mhsa, kvt or convnn");
+    TORCH_CHECK(c.layer == ResNetLayer::Conv, "layer = ", to_string(c.layer), " applies to ResNet models; ",
+                name, " takes attention = mhsa, kvt or convnn");
     TORCH_CHECK(!c.small_stem, "small_stem applies to ResNet models; ", name, " takes patch_size");
     TORCH_CHECK(c.patch_size >= 1 && c.image_size % c.patch_size == 0, "image_size = ", c.image_size,
                 " must be a multiple of patch_size = ", c.patch_size);
@@ -180,7 +183,7 @@ ResNetOptions resnet_options(const std::string& name, const ModelConfig& c) {
 
 VisionTransformerOptions vit_options(const std::string& name, const ModelConfig& c) {
   validate(name, c);
-  auto o = name == "vit_tiny" ? VisionTransformerOptions::tiny()
+  auto o = name == "vit_tiny"    ? VisionTransformerOptions::tiny()
            : name == "vit_small" ? VisionTransformerOptions::small()
                                  : VisionTransformerOptions::base();
   if (c.embed_dim > 0) o.embed_dim(c.embed_dim);
@@ -208,7 +211,10 @@ VisionTransformerOptions vit_options(const std::string& name, const ModelConfig&
 
 Model::Model(std::string name, ModelConfig config, torch::nn::AnyModule module,
              std::function<CostReport(int64_t, int64_t)> cost)
-    : name_(std::move(name)), config_(std::move(config)), module_(std::move(module)), cost_(std::move(cost)) {}
+    : name_(std::move(name)),
+      config_(std::move(config)),
+      module_(std::move(module)),
+      cost_(std::move(cost)) {}
 
 int64_t Model::parameter_count() const {
   int64_t total = 0;
@@ -219,13 +225,15 @@ int64_t Model::parameter_count() const {
 Model build_model(const std::string& name, const ModelConfig& config) {
   if (is_resnet(name)) {
     ResNet net(resnet_options(name, config));
-    Model model(name, config, torch::nn::AnyModule(net), [net](int64_t h, int64_t w) { return net->cost(h, w); });
+    Model model(name, config, torch::nn::AnyModule(net),
+                [net](int64_t h, int64_t w) { return net->cost(h, w); });
     // The cost walk checks every ConvNN layer's K against the candidates it sees at this size.
     model.cost();
     return model;
   }
   VisionTransformer net(vit_options(name, config));
-  return Model(name, config, torch::nn::AnyModule(net), [net](int64_t h, int64_t w) { return net->cost(h, w); });
+  return Model(name, config, torch::nn::AnyModule(net),
+               [net](int64_t h, int64_t w) { return net->cost(h, w); });
 }
 
 }  // namespace convnn::models

@@ -34,8 +34,7 @@ torch::nn::AnyModule make_conv(int64_t in, int64_t out, int64_t kernel, int64_t 
 // A stride-1 3x3 slot holds either a replacement layer or a Conv2d of that shape.
 bool is_slot(const torch::nn::Module& module) {
   const auto* conv = dynamic_cast<const torch::nn::Conv2dImpl*>(&module);
-  return conv == nullptr ||
-         (conv->options.kernel_size()->at(0) == 3 && conv->options.stride()->at(0) == 1);
+  return conv == nullptr || (conv->options.kernel_size()->at(0) == 3 && conv->options.stride()->at(0) == 1);
 }
 
 }  // namespace
@@ -52,19 +51,19 @@ ResidualBlockImpl::ResidualBlockImpl(ResidualBlockOptions options_) : options(st
 void ResidualBlockImpl::reset() {
   const auto& o = options;
   TORCH_CHECK(o.in_channels() >= 1 && o.planes() >= 1 && o.stride() >= 1,
-              "ResidualBlock: in_channels, planes and stride must be at least 1, got ", o.in_channels(),
-              ", ", o.planes(), " and ", o.stride());
+              "ResidualBlock: in_channels, planes and stride must be at least 1, got ", o.in_channels(), ", ",
+              o.planes(), " and ", o.stride());
   convs.clear();
   norms.clear();
   struct Conv {
     int64_t in, out, kernel, stride;
   };
   const std::vector<Conv> layout =
-      o.bottleneck() ? std::vector<Conv>{{o.in_channels(), o.planes(), 1, 1},
-                                         {o.planes(), o.planes(), 3, o.stride()},
-                                         {o.planes(), o.out_channels(), 1, 1}}
-                     : std::vector<Conv>{{o.in_channels(), o.planes(), 3, o.stride()},
-                                         {o.planes(), o.planes(), 3, 1}};
+      o.bottleneck()
+          ? std::vector<Conv>{{o.in_channels(), o.planes(), 1, 1},
+                              {o.planes(), o.planes(), 3, o.stride()},
+                              {o.planes(), o.out_channels(), 1, 1}}
+          : std::vector<Conv>{{o.in_channels(), o.planes(), 3, o.stride()}, {o.planes(), o.planes(), 3, 1}};
   for (size_t i = 0; i < layout.size(); ++i) {
     const auto& c = layout[i];
     convs.push_back(make_conv(c.in, c.out, c.kernel, c.stride, o.slots()));
@@ -138,9 +137,9 @@ void ResNetImpl::reset() {
   TORCH_CHECK(o.num_classes() >= 1, "ResNet: num_classes must be at least 1, got ", o.num_classes());
   TORCH_CHECK(o.in_channels() >= 1, "ResNet: in_channels must be at least 1, got ", o.in_channels());
   TORCH_CHECK(o.width() >= 1, "ResNet: width must be at least 1, got ", o.width());
-  TORCH_CHECK(o.slots().layer() != ResNetLayer::Branching ||
-                  (o.slots().lambda() >= 0.0 && o.slots().lambda() <= 1.0),
-              "ResNet: lambda must be in [0, 1], got ", o.slots().lambda());
+  TORCH_CHECK(
+      o.slots().layer() != ResNetLayer::Branching || (o.slots().lambda() >= 0.0 && o.slots().lambda() <= 1.0),
+      "ResNet: lambda must be in [0, 1], got ", o.slots().lambda());
   TORCH_CHECK(o.slots().layer() != ResNetLayer::Branching ||
                   o.slots().convnn().aggregation() == nn::Aggregation::Standard ||
                   o.slots().lambda() == 0.0 || o.slots().lambda() == 1.0,
@@ -152,20 +151,23 @@ void ResNetImpl::reset() {
   maxpool = nullptr;
   // The small stem keeps 28-32 px inputs large enough for four stages.
   const int64_t stem_kernel = o.small_stem() ? 3 : 7;
-  conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), o.width(), stem_kernel)
-                                                         .stride(o.small_stem() ? 1 : 2)
-                                                         .padding(stem_kernel / 2)
-                                                         .bias(false)));
+  conv1 = register_module("conv1",
+                          torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), o.width(), stem_kernel)
+                                                .stride(o.small_stem() ? 1 : 2)
+                                                .padding(stem_kernel / 2)
+                                                .bias(false)));
   bn1 = register_module("bn1", torch::nn::BatchNorm2d(o.width()));
   if (!o.small_stem()) {
-    maxpool = register_module("maxpool", torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2).padding(1)));
+    maxpool =
+        register_module("maxpool", torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2).padding(1)));
   }
   int64_t channels = o.width();
   for (size_t s = 0; s < blocks.size(); ++s) {
     torch::nn::Sequential stage;
     for (int64_t b = 0; b < blocks[s]; ++b) {
       const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
-      ResidualBlock block(ResidualBlockOptions(channels, o.width() << s, stride, o.bottleneck()).slots(o.slots()));
+      ResidualBlock block(
+          ResidualBlockOptions(channels, o.width() << s, stride, o.bottleneck()).slots(o.slots()));
       channels = block->options.out_channels();
       stage->push_back(block);
     }
@@ -244,7 +246,8 @@ void ResNetImpl::pretty_print(std::ostream& stream) const {
   const auto& o = options;
   stream << "convnn::models::ResNet(depth=" << o.depth() << ", num_classes=" << o.num_classes()
          << ", in_channels=" << o.in_channels() << ", width=" << o.width()
-         << ", small_stem=" << (o.small_stem() ? "true" : "false") << ", layer=" << to_string(o.slots().layer());
+         << ", small_stem=" << (o.small_stem() ? "true" : "false")
+         << ", layer=" << to_string(o.slots().layer());
   if (o.slots().layer() == ResNetLayer::Branching) stream << ", lambda=" << o.slots().lambda();
   stream << ")";
 }

@@ -55,16 +55,20 @@ at::Tensor sinusoidal_position_encoding(int64_t tokens, int64_t dim) {
 
 // ----------------------------------------------------------------------------- SelfAttention
 
-SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(std::move(options_)) { reset(); }
+SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(std::move(options_)) {
+  reset();
+}
 
 void SelfAttentionImpl::reset() {
   const auto& o = options;
   TORCH_CHECK(o.embed_dim() >= 1 && o.num_heads() >= 1 && o.embed_dim() % o.num_heads() == 0,
-              "SelfAttention: num_heads = ", o.num_heads(), " must be at least 1 and divide embed_dim = ",
-              o.embed_dim());
+              "SelfAttention: num_heads = ", o.num_heads(),
+              " must be at least 1 and divide embed_dim = ", o.embed_dim());
   check_dropout(o.dropout(), "SelfAttention", "dropout");
-  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), 3 * o.embed_dim()).bias(o.bias())));
-  proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), o.embed_dim()).bias(o.bias())));
+  qkv = register_module(
+      "qkv", torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), 3 * o.embed_dim()).bias(o.bias())));
+  proj = register_module(
+      "proj", torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), o.embed_dim()).bias(o.bias())));
 }
 
 at::Tensor SelfAttentionImpl::forward(const at::Tensor& input) {
@@ -179,7 +183,8 @@ int64_t VisionTransformerOptions::tokens() const {
   return side * side + 1;
 }
 
-VisionTransformerImpl::VisionTransformerImpl(VisionTransformerOptions options_) : options(std::move(options_)) {
+VisionTransformerImpl::VisionTransformerImpl(VisionTransformerOptions options_)
+    : options(std::move(options_)) {
   reset();
 }
 
@@ -191,11 +196,12 @@ void VisionTransformerImpl::reset() {
   TORCH_CHECK(o.num_heads() >= 1 && o.embed_dim() % o.num_heads() == 0, name, ": num_heads = ", o.num_heads(),
               " must be at least 1 and divide embed_dim = ", o.embed_dim());
   TORCH_CHECK(o.patch_size() >= 1 && o.image_size() >= o.patch_size() && o.image_size() % o.patch_size() == 0,
-              name, ": image_size = ", o.image_size(), " must be a positive multiple of patch_size = ",
-              o.patch_size());
+              name, ": image_size = ", o.image_size(),
+              " must be a positive multiple of patch_size = ", o.patch_size());
   TORCH_CHECK(o.in_channels() >= 1, name, ": in_channels must be at least 1, got ", o.in_channels());
   TORCH_CHECK(o.num_classes() >= 1, name, ": num_classes must be at least 1, got ", o.num_classes());
-  TORCH_CHECK(o.mlp_dim() >= 0, name, ": mlp_dim must be non-negative (0 = 4 * embed_dim), got ", o.mlp_dim());
+  TORCH_CHECK(o.mlp_dim() >= 0, name, ": mlp_dim must be non-negative (0 = 4 * embed_dim), got ",
+              o.mlp_dim());
   check_dropout(o.dropout(), name, "dropout");
   check_dropout(o.drop_path(), name, "drop_path");
   const int64_t dim = o.embed_dim(), tokens = o.tokens();
@@ -209,7 +215,9 @@ void VisionTransformerImpl::reset() {
   }
 
   patch_embed = register_module(
-      "patch_embed", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), dim, o.patch_size()).stride(o.patch_size())));
+      "patch_embed",
+      torch::nn::Conv2d(
+          torch::nn::Conv2dOptions(o.in_channels(), dim, o.patch_size()).stride(o.patch_size())));
   patch_norm = o.patch_norm() ? register_module("patch_norm", layer_norm(dim)) : nullptr;
   cls_token = register_parameter("cls_token", at::zeros({1, 1, dim}));
   if (o.position_embedding() == PositionEmbedding::Learned) {
@@ -221,7 +229,9 @@ void VisionTransformerImpl::reset() {
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth(); ++i) {
     // Stochastic depth grows linearly with depth, from 0 in the first block.
-    const double drop_path = o.depth() > 1 ? o.drop_path() * static_cast<double>(i) / static_cast<double>(o.depth() - 1) : o.drop_path();
+    const double drop_path = o.depth() > 1
+                                 ? o.drop_path() * static_cast<double>(i) / static_cast<double>(o.depth() - 1)
+                                 : o.drop_path();
     blocks->push_back(TransformerBlock(TransformerBlockOptions(dim, o.num_heads())
                                            .mlp_dim(o.mlp_dim())
                                            .attention(o.attention())

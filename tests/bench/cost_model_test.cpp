@@ -8,12 +8,13 @@ namespace {
 using namespace convnn::bench;
 
 TEST(CostModel, OpLevelDepthwiseRules) {
-  // G = 2 * 3 = 6 slices, N = M = 10, d = 12 / 3 = 4, K = 5, float32.
-  const CostShape shape{2, 10, 12, 3, 5, true, 4};
+  // G = 2 * 3 = 6 slices, N = M = 10, d = 12 / 3 = 4, K = 5, float32, scaled_dot.
+  const CostShape shape{2, 10, 12, 3, 5, true, 4, true};
   const auto model = convnn_op_cost(shape);
   const double g = 6, n = 10, d = 4, k = 5;
-  const double forward = 2 * g * n * n * d + 5 * g * n * k + g * n * k * d + 2 * g * n * k * d;
-  const double backward = 4 * g * n * k * d + 2 * (5 * g * n * k + g * n * k * d + 2 * g * n * k * d);
+  const double rest = 4 * g * n * k + g * n * k * d + 2 * g * n * k * d;  // softmax, weighting, aggregation
+  const double forward = 2 * g * n * n * d + g * n * n + rest;
+  const double backward = 4 * g * n * k * d + g * n * k + 2 * rest;
   EXPECT_DOUBLE_EQ(model.forward.flops, forward);
   EXPECT_DOUBLE_EQ(model.backward.flops, backward);
   EXPECT_DOUBLE_EQ(model.forward_backward.flops, forward + backward);
@@ -23,13 +24,20 @@ TEST(CostModel, OpLevelDepthwiseRules) {
   EXPECT_DOUBLE_EQ(model.backward.bytes, 4 * (g * n * d + 2 * (3 * g * n * d + d * k)));
 }
 
+TEST(CostModel, DotSimilarityHasNoScale) {
+  const CostShape scaled{2, 10, 12, 3, 5, true, 4, true};
+  CostShape dot = scaled;
+  dot.scaled = false;
+  EXPECT_DOUBLE_EQ(convnn_op_cost(scaled).forward.flops - convnn_op_cost(dot).forward.flops, 6.0 * 10 * 10);
+}
+
 TEST(CostModel, ModuleAddsFourProjectionsAndMhsaIsDense) {
-  const CostShape shape{2, 10, 12, 3, 5, false, 8};
+  const CostShape shape{2, 10, 12, 3, 5, false, 8, true};
   const double b = 2, n = 10, c = 12, g = 6, d = 4;
   const double projections = 4 * 2 * b * n * c * c;
   EXPECT_DOUBLE_EQ(convnn_module_cost(shape).forward.flops - convnn_op_cost(shape).forward.flops, projections);
   EXPECT_DOUBLE_EQ(mhsa_module_cost(shape).forward.flops,
-                   projections + 2 * g * n * n * d + 5 * g * n * n + 2 * g * n * n * d);
+                   projections + 2 * g * n * n * d + g * n * n + 4 * g * n * n + 2 * g * n * n * d);
 }
 
 TEST(CostModel, RooflineFloorIsTheSlowerCeiling) {

@@ -2,10 +2,11 @@
 // implementation of the rules; the convolution, linear and attention MACs of ResNet-50 and
 // ViT-B/16 also agree with torch.utils.flop_counter on the same architectures (which counts
 // 2 x MACs).
+#include "convnn/models/cost.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "convnn/models/cost.h"
 #include "convnn/models/registry.h"
 
 namespace {
@@ -13,7 +14,9 @@ namespace {
 using namespace convnn::models;
 namespace cnn = convnn::nn;
 
-Cost total_of(const std::string& name, const ModelConfig& config) { return build_model(name, config).cost().total(); }
+Cost total_of(const std::string& name, const ModelConfig& config) {
+  return build_model(name, config).cost().total();
+}
 
 ModelConfig resnet(ResNetLayer layer, int64_t k = 9, int64_t r = 0) {
   ModelConfig config;
@@ -51,13 +54,14 @@ TEST(Cost, FlopsAreTwiceTheMACsPlusOtherFlopsAndNeverComparisons) {
 TEST(Cost, ConvNNOperatorRules) {
   // N = 4 queries, M = 6 candidates, 2 heads, 8 features and channels, K = 3.
   CostReport report;
-  add_convnn_op(report, "s", "l", {4, 6, 2, 8, 8, 8},
-                {convnn::Similarity::ScaledDot, 3, cnn::Rho::Softmax, 1.0, cnn::Aggregation::Depthwise, false});
+  add_convnn_op(
+      report, "s", "l", {4, 6, 2, 8, 8, 8},
+      {convnn::Similarity::ScaledDot, 3, cnn::Rho::Softmax, 1.0, cnn::Aggregation::Depthwise, false});
   ASSERT_EQ(report.entries().size(), 4u);
   const auto& e = report.entries();
   EXPECT_EQ(e[0].op, "similarity");
-  EXPECT_EQ(e[0].cost.macs, 4 * 6 * 8);          // N*M*D
-  EXPECT_EQ(e[0].cost.other_flops, 2 * 4 * 6);   // the scale, per head and score
+  EXPECT_EQ(e[0].cost.macs, 4 * 6 * 8);         // N*M*D
+  EXPECT_EQ(e[0].cost.other_flops, 2 * 4 * 6);  // the scale, per head and score
   EXPECT_EQ(e[1].op, "topk");
   EXPECT_EQ(e[1].cost.flops(), 0);
   EXPECT_EQ(e[1].cost.comparisons, 2 * 4 * 6 * 2);  // H*N*M*ceil(log2 3)
@@ -71,11 +75,11 @@ TEST(Cost, ConvNNOperatorRules) {
   CostReport standard;
   add_convnn_op(standard, "s", "l", {4, 6, 2, 8, 8, 6},
                 {convnn::Similarity::Cosine, 4, cnn::Rho::Uniform, 1.0, cnn::Aggregation::Standard, true});
-  ASSERT_EQ(standard.entries().size(), 3u);  // uniform rho: no weights to compute
-  EXPECT_EQ(standard.entries()[0].cost.macs, 4 * 6 * 8 + (4 + 6) * 8);  // scores + squared norms
+  ASSERT_EQ(standard.entries().size(), 3u);                              // uniform rho: no weights to compute
+  EXPECT_EQ(standard.entries()[0].cost.macs, 4 * 6 * 8 + (4 + 6) * 8);   // scores + squared norms
   EXPECT_EQ(standard.entries()[0].cost.other_flops, (4 + 6) * (2 + 8));  // square roots, divisions
   EXPECT_EQ(standard.entries()[2].cost.macs, 4 * 4 * 8 * 6 / 2);         // N*K*C*C'/H
-  EXPECT_EQ(standard.entries()[2].cost.other_flops, 4 * 6);               // bias only
+  EXPECT_EQ(standard.entries()[2].cost.other_flops, 4 * 6);              // bias only
 }
 
 TEST(Cost, ResNet50MatchesTheConvolutionCount) {

@@ -1,13 +1,14 @@
 // Every registry model with every layer / attention choice, at small resolution: one training
 // step (forward, backward, optimiser), eval mode, torch::save / torch::load round trip and
 // pretty_print; plus the config's JSON form and the registry's errors.
+#include "convnn/models/registry.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "convnn/models/registry.h"
 #include "convnn/nn/modules/convnn.h"
 
 namespace {
@@ -158,6 +159,27 @@ TEST(Registry, FullWidthResNet50WithConvNNTrainsOneStep) {
   EXPECT_GT(first->kernel.grad().abs().sum().item<double>(), 0.0);
 }
 
+// Cloneable::clone rebuilds the layers in reset() and copies every parameter and buffer: the layers
+// held behind AnyModule (ResNet slots, ViT attention) must come out as deep copies too.
+TEST(Registry, CloneIsADeepCopyWithIdenticalOutputs) {
+  for (const auto& c : all_cases()) {
+    if (c.label != "resnet18_branching" && c.label != "vit_tiny_convnn") continue;
+    auto model = build_model(c.name, c.config);
+    auto copy = model.module()->clone();
+    model.module()->eval();
+    copy->eval();
+    torch::NoGradGuard no_grad;
+    const auto images = torch::randn({2, 3, 32, 32});
+    const auto expected = model(images);
+    const auto resnet = std::dynamic_pointer_cast<ResNetImpl>(copy);
+    const auto vit = std::dynamic_pointer_cast<VisionTransformerImpl>(copy);
+    ASSERT_TRUE(resnet || vit) << c.label;
+    EXPECT_TRUE(torch::equal(resnet ? resnet->forward(images) : vit->forward(images), expected)) << c.label;
+    for (auto& p : copy->parameters()) p.zero_();
+    EXPECT_TRUE(torch::equal(model(images), expected)) << c.label << ": the clone shares parameters";
+  }
+}
+
 TEST(Registry, ConfigJsonRoundTrip) {
   ModelConfig config;
   config.num_classes = 100;
@@ -196,7 +218,11 @@ void expect_error_mentions(const std::function<void()>& f, const std::vector<std
 TEST(Registry, ErrorsNameTheOptionTheValueAndTheRule) {
   expect_error_mentions([] { build_model("resnet99"); }, {"model", "resnet99", "resnet50", "vit_base"});
   expect_error_mentions([] { nlohmann::json{{"kk", 3}}.get<ModelConfig>(); }, {"unknown option", "kk"});
-  expect_error_mentions([] { nlohmann::json{{"layer", "conv3"}}.get<ModelConfig>(); }, {"layer", "conv3", "branching"});
+  expect_error_mentions(
+      [] {
+        nlohmann::json{{"layer", "conv3"}}.get<ModelConfig>();
+      },
+      {"layer", "conv3", "branching"});
   expect_error_mentions([] { nlohmann::json{{"k", "nine"}}.get<ModelConfig>(); }, {"k", "integer", "nine"});
   ModelConfig config;
   config.k = 0;

@@ -1,10 +1,11 @@
 // ResNet with ConvNN and branching layers: exact parameter counts of the paper's models, which
 // slots are replaced, the paper's layer defaults, the small stem and errors.
+#include "convnn/models/resnet.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "convnn/models/registry.h"
-#include "convnn/models/resnet.h"
 #include "convnn/nn/modules/convnn.h"
 
 namespace {
@@ -41,12 +42,13 @@ TEST(ResNet, ParameterCountsOfThePapersResNet50Variants) {
 }
 
 TEST(ResNet, ReplacesExactlyTheStrideOne3x3Convolutions) {
-  for (const auto& [name, slots] : std::vector<std::pair<std::string, size_t>>{
-           {"resnet18", 13}, {"resnet34", 29}, {"resnet50", 13}}) {
+  for (const auto& [name, slots] :
+       std::vector<std::pair<std::string, size_t>>{{"resnet18", 13}, {"resnet34", 29}, {"resnet50", 13}}) {
     const auto model = build_model(name, with_layer(ResNetLayer::ConvNN));
     const auto layers = model.get<ResNetImpl>()->slot_layers();
     EXPECT_EQ(layers.size(), slots) << name;
-    for (const auto& layer : layers) EXPECT_NE(dynamic_cast<cnn::ConvNN2dImpl*>(layer.get()), nullptr) << name;
+    for (const auto& layer : layers)
+      EXPECT_NE(dynamic_cast<cnn::ConvNN2dImpl*>(layer.get()), nullptr) << name;
     size_t convnn = 0;
     for (const auto& module : model.module()->modules()) convnn += module->as<cnn::ConvNN2d>() != nullptr;
     EXPECT_EQ(convnn, slots) << name << ": the stem and the strided 3x3 convolutions stay Conv2d";

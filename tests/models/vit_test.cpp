@@ -1,10 +1,11 @@
 // ViT with MHSA, KVT and ConvNN attention: exact parameter counts (timm's ViT-B/16 and the paper
 // authors' variant), the attention identity at the block level, and errors.
+#include "convnn/models/vit.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "convnn/models/registry.h"
-#include "convnn/models/vit.h"
 #include "convnn/nn/modules/convnn.h"
 #include "support/assert_close.h"
 
@@ -54,7 +55,8 @@ TEST(ViT, PaperVariantParameterCount) {
 
 TEST(ViT, ConvNNAttentionAdds12x64xKParameters) {
   for (const int64_t k : {9, 25}) {
-    EXPECT_EQ(parameters_of("vit_base", attention_config(ViTAttention::ConvNN, k, true)), kViTBasePaper + 12 * 64 * k)
+    EXPECT_EQ(parameters_of("vit_base", attention_config(ViTAttention::ConvNN, k, true)),
+              kViTBasePaper + 12 * 64 * k)
         << "k = " << k;
     EXPECT_EQ(parameters_of("vit_base", attention_config(ViTAttention::ConvNN, k)), kViTBase + 12 * 64 * k)
         << "k = " << k;
@@ -112,7 +114,9 @@ TEST(ViT, ConvNNBlockWithKEqualNIsTheMHSABlock) {
         if (name.find("output") != std::string::npos) {
           item.value().copy_(source[std::string("attn.proj") + suffix]);
         } else {
-          const int64_t chunk = name.find("query") != std::string::npos ? 0 : name.find("key") != std::string::npos ? 1 : 2;
+          const int64_t chunk = name.find("query") != std::string::npos ? 0
+                                : name.find("key") != std::string::npos ? 1
+                                                                        : 2;
           item.value().copy_(source[std::string("attn.qkv") + suffix].chunk(3, 0)[chunk]);
         }
       } else {

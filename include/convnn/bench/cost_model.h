@@ -1,6 +1,8 @@
 #pragma once
 // FLOP and byte rules of `convnn bench`, written down once (docs/benchmarks.md states the same
-// rules). They count the useful work of the function, not what an implementation happens to do:
+// rules; the per-operation conventions are those of docs/flops.md: a multiply-accumulate is 2
+// FLOPs, each elementary operation 1, comparisons such as top-k and a softmax's max are free).
+// They count the useful work of the function, not what an implementation happens to do:
 // both the reference and the fused path are charged the same FLOPs and bytes, so their GFLOP/s
 // ratio is the inverse of their time ratio.
 #include <cstdint>
@@ -19,6 +21,7 @@ struct CostShape {
   int64_t k = 1;         // K
   bool depthwise = true;
   int64_t element_size = 4;  // bytes per element of the benchmark dtype
+  bool scaled = true;        // scaled_dot: one more FLOP per score (the 1/sqrt(d))
 };
 
 /// One term of a cost model, e.g. "scores" or "projections".

@@ -47,8 +47,7 @@ struct StageCost {
 /// Every operation of a model for one input size, and its parameters grouped by stage.
 class CostReport {
  public:
-  void add(const std::string& stage, const std::string& layer, const std::string& op,
-           const Cost& cost);
+  void add(const std::string& stage, const std::string& layer, const std::string& op, const Cost& cost);
   /// Adds every parameter of `module` (recursively) to the stage `stage_of(name)` names.
   void count_parameters(const torch::nn::Module& module,
                         const std::function<std::string(const std::string&)>& stage_of);
@@ -94,9 +93,9 @@ struct ConvNNShape {
   int64_t queries = 0;     // N: output positions
   int64_t candidates = 0;  // M: all tokens, or r (+1 with include_self)
   int64_t heads = 1;
-  int64_t qk_features = 0;  // similarity features (channels, plus coordinates per head)
-  int64_t channels = 0;     // value channels C
-  int64_t out_channels = 0; // C' (= C for depthwise)
+  int64_t qk_features = 0;   // similarity features (channels, plus coordinates per head)
+  int64_t channels = 0;      // value channels C
+  int64_t out_channels = 0;  // C' (= C for depthwise)
 };
 struct ConvNNOpSettings {
   Similarity similarity = Similarity::Cosine;

@@ -1,10 +1,10 @@
 #pragma once
 // Models built by name from one registry, so that training and `convnn info` build the same
 // thing from the same options.
-#include <nlohmann/json_fwd.hpp>
 #include <torch/nn/modules/container/any.h>
 
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,7 +45,7 @@ struct ModelConfig {
   ViTAttention attention = ViTAttention::MHSA;
   /// The paper authors' variant (VisionTransformerOptions::paper_variant).
   bool paper = false;
-  std::optional<PositionEmbedding> position_embedding;  // learned; sinusoidal with paper
+  std::optional<PositionEmbedding> position_embedding;           // learned; sinusoidal with paper
   int64_t embed_dim = 0, depth = 0, num_heads = 0, mlp_dim = 0;  // 0: the preset's
   double dropout = 0.0;
   double attention_dropout = 0.0;

@@ -60,8 +60,8 @@ class ResidualBlockImpl : public torch::nn::Cloneable<ResidualBlockImpl> {
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
   /// Adds this block's operations for an input of height x width and updates them to its output.
-  void add_cost(CostReport& report, const std::string& stage, const std::string& name,
-                int64_t& height, int64_t& width) const;
+  void add_cost(CostReport& report, const std::string& stage, const std::string& name, int64_t& height,
+                int64_t& width) const;
 
   ResidualBlockOptions options;
   /// conv1, conv2 (, conv3): Conv2d, or ConvNN2d / BranchingConv2d in stride-1 3x3 slots.
@@ -107,7 +107,7 @@ class ResNetImpl : public torch::nn::Cloneable<ResNetImpl> {
   ResNetOptions options;
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr};
-  torch::nn::MaxPool2d maxpool{nullptr};  // none with the small stem
+  torch::nn::MaxPool2d maxpool{nullptr};      // none with the small stem
   std::vector<torch::nn::Sequential> stages;  // layer1 .. layer4
   torch::nn::Linear fc{nullptr};
 };

@@ -66,7 +66,8 @@ class DropPathImpl : public torch::nn::Cloneable<DropPathImpl> {
 TORCH_MODULE(DropPath);
 
 struct TransformerBlockOptions {
-  TransformerBlockOptions(int64_t embed_dim, int64_t num_heads) : embed_dim_(embed_dim), num_heads_(num_heads) {}
+  TransformerBlockOptions(int64_t embed_dim, int64_t num_heads)
+      : embed_dim_(embed_dim), num_heads_(num_heads) {}
   TORCH_ARG(int64_t, embed_dim);
   TORCH_ARG(int64_t, num_heads);
   TORCH_ARG(int64_t, mlp_dim) = 0;  // 0 = 4 * embed_dim
@@ -139,7 +140,10 @@ struct VisionTransformerOptions {
   /// The paper authors' ViT: fixed sinusoidal position encoding, LayerNorm after the patch
   /// embedding, no final LayerNorm, bias-free attention projections.
   VisionTransformerOptions& paper_variant() {
-    return position_embedding(PositionEmbedding::Sinusoidal).patch_norm(true).final_norm(false).attention_bias(false);
+    return position_embedding(PositionEmbedding::Sinusoidal)
+        .patch_norm(true)
+        .final_norm(false)
+        .attention_bias(false);
   }
   /// Patches plus the class token.
   int64_t tokens() const;

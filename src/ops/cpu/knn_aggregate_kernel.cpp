@@ -28,6 +28,7 @@
 // at::native::cpublas::brgemm (oneDNN's batch-reduce micro-kernel where the CPU has one, BLAS
 // otherwise); double, the test precision, uses a plain vectorised loop.
 #include "ops/cpu/knn_aggregate_kernel.h"
+#include "ops/cpu/inverse_index.h"
 
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -61,24 +62,6 @@ constexpr int64_t kRowBlock = 32;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Uninitialised, 64-byte aligned scratch memory (aligned so that GEMM micro-kernels see the same
-// alignment on every call).
-template <typename T>
-class Scratch {
- public:
-  explicit Scratch(int64_t n)
-      : data_(n > 0 ? static_cast<T*>(::operator new(sizeof(T) * n, std::align_val_t{64}))
-                    : nullptr) {}
-  ~Scratch() {
-    if (data_ != nullptr) ::operator delete(data_, std::align_val_t{64});
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  T* get() const { return data_; }
-
- private:
-  T* data_;
-};
 
 // ---- Vector primitives on opmath rows (full vectors, then a scalar tail) -----------------------
 
@@ -435,51 +418,6 @@ void forward_standard_by_queries(const AggregateForwardParams<scalar_t>& p) {
 
 // ---- Backward -----------------------------------------------------------------------------------
 
-// For slice g and value row j, the slots (i,k) with indices[g,i,k] == j, in increasing (i,k) order.
-// Built per slice by a stable counting sort, so every gradient gathered through it is summed in
-// the same order on every run. A slot is stored as (i << shift) | k, which keeps that order and
-// decodes without a division.
-class InverseIndex {
- public:
-  InverseIndex(const SlotsView<const int64_t>& indices, const AggregateSizes& s)
-      : m_(s.m), slots_per_slice_(s.n * s.k), offsets_(s.g * (s.m + 1)), slots_(s.g * s.n * s.k) {
-    while ((int64_t{1} << shift_) < s.k) ++shift_;
-    at::parallel_for(0, s.g, 1, [&](int64_t begin, int64_t end) {
-      Scratch<int64_t> cursor(s.m);
-      for (int64_t g = begin; g < end; ++g) {
-        int64_t* offsets = offsets_.get() + g * (s.m + 1);
-        int64_t* slots = slots_.get() + g * slots_per_slice_;
-        std::fill_n(offsets, s.m + 1, 0);
-        for (int64_t i = 0; i < s.n; ++i) {
-          for (int64_t k = 0; k < s.k; ++k) ++offsets[indices.at(g, i, k) + 1];
-        }
-        for (int64_t j = 0; j < s.m; ++j) offsets[j + 1] += offsets[j];
-        std::copy_n(offsets, s.m, cursor.get());
-        for (int64_t i = 0; i < s.n; ++i) {
-          for (int64_t k = 0; k < s.k; ++k) {
-            slots[cursor.get()[indices.at(g, i, k)]++] = (i << shift_) | k;
-          }
-        }
-      }
-    });
-  }
-
-  const int64_t* begin(int64_t g, int64_t j) const {
-    return slots_.get() + g * slots_per_slice_ + offsets_.get()[g * (m_ + 1) + j];
-  }
-  const int64_t* end(int64_t g, int64_t j) const {
-    return slots_.get() + g * slots_per_slice_ + offsets_.get()[g * (m_ + 1) + j + 1];
-  }
-  int64_t query(int64_t slot) const { return slot >> shift_; }
-  int64_t tap(int64_t slot) const { return slot & ((int64_t{1} << shift_) - 1); }
-
- private:
-  int64_t m_;
-  int64_t slots_per_slice_;
-  int shift_ = 0;
-  Scratch<int64_t> offsets_;  // [G, M+1]
-  Scratch<int64_t> slots_;    // [G, N*K]
-};
 
 template <typename scalar_t>
 void backward_depthwise(const AggregateBackwardParams<scalar_t>& p, const InverseIndex& inverse) {
@@ -847,7 +785,7 @@ void knn_aggregate_forward_kernel(const AggregateForwardParams<scalar_t>& p) {
 
 template <typename scalar_t>
 void knn_aggregate_backward_kernel(const AggregateBackwardParams<scalar_t>& p) {
-  const InverseIndex inverse(p.indices, p.sizes);
+  const InverseIndex inverse(p.indices, p.sizes.g, p.sizes.n, p.sizes.k, p.sizes.m);
   using T = at::opmath_type<scalar_t>;
   if (p.sizes.depthwise) {
     backward_depthwise(p, inverse);

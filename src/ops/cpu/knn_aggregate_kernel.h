@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "ops/cpu/isa.h"
+#include "ops/cpu/kernel_views.h"
 
 namespace convnn::cpu {
 
@@ -31,30 +32,6 @@ struct AggregateSizes {
   int64_t c_out = 0;
   int64_t k = 0;
   bool depthwise = true;
-};
-
-// A [G, rows, width] tensor whose rows are unit-stride vectors (the kernels vectorise along them);
-// the G and row strides are arbitrary, in elements.
-template <typename T>
-struct RowsView {
-  T* data = nullptr;
-  int64_t stride_g = 0;
-  int64_t stride_row = 0;
-  C10_HOST_DEVICE T* row(int64_t g, int64_t r) const {
-    return data + g * stride_g + r * stride_row;
-  }
-};
-
-// A [G,N,K] tensor of per-slot scalars with arbitrary strides, in elements.
-template <typename T>
-struct SlotsView {
-  T* data = nullptr;
-  int64_t stride_g = 0;
-  int64_t stride_n = 0;
-  int64_t stride_k = 0;
-  C10_HOST_DEVICE T& at(int64_t g, int64_t i, int64_t k) const {
-    return data[g * stride_g + i * stride_n + k * stride_k];
-  }
 };
 
 template <typename scalar_t>

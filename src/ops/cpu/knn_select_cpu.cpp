@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
+#include <torch/library.h>
 
 #include "ops/checks.h"
 #include "ops/cpu/knn_select_kernel.h"
@@ -54,6 +55,59 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries_in, cons
     }
   });
   return {scores, indices};
+}
+
+std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
+                                                       const at::Tensor& queries,
+                                                       const at::Tensor& keys,
+                                                       const at::Tensor& indices,
+                                                       const at::Tensor& scores,
+                                                       c10::string_view similarity_name) {
+  const auto similarity =
+      checks::check_select_inputs(queries, keys, indices.size(-1), similarity_name, c10::nullopt);
+  TORCH_CHECK(grad_scores.sizes() == indices.sizes() && scores.sizes() == indices.sizes(),
+              "knn_select_backward: grad_scores ", checks::shape_string(grad_scores), ", scores ",
+              checks::shape_string(scores), " and indices ", checks::shape_string(indices),
+              " must all have the shape [G,N,k]");
+  TORCH_CHECK(indices.scalar_type() == at::kLong, "knn_select_backward: indices must be int64, got ",
+              indices.scalar_type());
+  TORCH_CHECK(scores.scalar_type() == queries.scalar_type(), "knn_select_backward: scores must have the dtype of queries (",
+              queries.scalar_type(), "), got ", scores.scalar_type());
+  checks::check_indices_in_range(indices, keys.size(1), "knn_select_backward", "indices");
+  const auto q = queries.contiguous(), k = keys.contiguous();
+  auto grad_queries = at::empty_like(q), grad_keys = at::empty_like(k);
+  if (q.numel() == 0 && k.numel() == 0) return {grad_queries, grad_keys};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "knn_select_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const auto slots = [](const at::Tensor& t) {
+      return SlotsView<const scalar_t>{t.const_data_ptr<scalar_t>(), t.stride(0), t.stride(1), t.stride(2)};
+    };
+    KnnSelectBackwardParams<scalar_t, acc_t> p;
+    p.queries = q.const_data_ptr<scalar_t>();
+    p.keys = k.const_data_ptr<scalar_t>();
+    p.indices = {indices.const_data_ptr<int64_t>(), indices.stride(0), indices.stride(1), indices.stride(2)};
+    const auto grad = grad_scores.to(q.scalar_type());
+    p.grad_scores = slots(grad);
+    p.scores = slots(scores);
+    p.slices = q.size(0);
+    p.queries_n = q.size(1);
+    p.keys_m = k.size(1);
+    p.features = q.size(2);
+    p.k = indices.size(2);
+    p.similarity = similarity;
+    p.grad_queries = grad_queries.mutable_data_ptr<scalar_t>();
+    p.grad_keys = grad_keys.mutable_data_ptr<scalar_t>();
+    knn_select_backward(p);
+  });
+  return {grad_queries, grad_keys};
+}
+
+TORCH_LIBRARY_IMPL(convnn, CPU, m) {
+  m.impl("knn_select", &knn_select);
+  m.impl("knn_select_backward",
+         static_cast<std::tuple<at::Tensor, at::Tensor> (*)(
+             const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+             const at::Tensor&, c10::string_view)>(&knn_select_backward));
 }
 
 }  // namespace convnn::cpu

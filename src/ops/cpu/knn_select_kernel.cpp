@@ -8,6 +8,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/cpu/inverse_index.h"
 #include "ops/cpu/isa.h"
 #include "ops/cpu/knn_select_kernel.h"
 
@@ -38,31 +40,38 @@ Accumulate accumulation_of(Similarity s) {
   }
 }
 
-// tile[r][c] for kRowTile rows and kColumnTile keys: q rows are [D] apart, kt is [D][ldk].
+// tile[r][c] for kRowTile rows and kColumnTile keys: q rows are [D] apart, kt is [D][ldk]. The
+// accumulators stay in vector registers; each key vector is loaded once for kRowTile queries.
 template <Accumulate mode, typename acc_t>
 inline void micro_kernel(const acc_t* q, int64_t d_size, const acc_t* kt, int64_t ldk, acc_t* tile,
                          int64_t ldt) {
-  acc_t acc[kRowTile][kColumnTile] = {};
+  using Vec = at::vec::Vectorized<acc_t>;
+  constexpr int64_t kVecs = kColumnTile / Vec::size();
+  static_assert(kColumnTile % Vec::size() == 0, "a column tile is a whole number of vectors");
+  Vec acc[kRowTile][kVecs];
+  for (int64_t r = 0; r < kRowTile; ++r) {
+    for (int64_t v = 0; v < kVecs; ++v) acc[r][v] = Vec(acc_t(0));
+  }
   for (int64_t d = 0; d < d_size; ++d) {
-    const acc_t* kv = kt + d * ldk;
+    Vec keys[kVecs];
+    for (int64_t v = 0; v < kVecs; ++v) keys[v] = Vec::loadu(kt + d * ldk + v * Vec::size());
     for (int64_t r = 0; r < kRowTile; ++r) {
-      const acc_t qv = q[r * d_size + d];
-      for (int64_t c = 0; c < kColumnTile; ++c) {
+      const Vec query(q[r * d_size + d]);
+      for (int64_t v = 0; v < kVecs; ++v) {
         if constexpr (mode == Accumulate::Dot) {
-          acc[r][c] += qv * kv[c];
+          acc[r][v] = at::vec::fmadd(query, keys[v], acc[r][v]);
         } else if constexpr (mode == Accumulate::SquaredDistance) {
-          const acc_t diff = qv - kv[c];
-          acc[r][c] += diff * diff;
+          const Vec diff = query - keys[v];
+          acc[r][v] = at::vec::fmadd(diff, diff, acc[r][v]);
         } else {
-          // Not std::max: a NaN coordinate must stay NaN so the score is reported unrankable.
-          const acc_t diff = std::abs(qv - kv[c]);
-          acc[r][c] = (diff > acc[r][c] || diff != diff) ? diff : acc[r][c];
+          // maximum propagates NaN, so a NaN coordinate is reported as unrankable.
+          acc[r][v] = at::vec::maximum(acc[r][v], (query - keys[v]).abs());
         }
       }
     }
   }
   for (int64_t r = 0; r < kRowTile; ++r) {
-    for (int64_t c = 0; c < kColumnTile; ++c) tile[r * ldt + c] = acc[r][c];
+    for (int64_t v = 0; v < kVecs; ++v) acc[r][v].store(tile + r * ldt + v * Vec::size());
   }
 }
 
@@ -177,29 +186,40 @@ class SelectTask {
     }
   }
 
-  // The ranking key of one tile entry, as the reference defines it.
-  acc_t ranking_key(acc_t raw) const {
-    switch (p_.similarity) {
-      case Similarity::ScaledDot: return raw / std::sqrt(static_cast<acc_t>(d_));
-      case Similarity::Gaussian:
-      case Similarity::Chebyshev: return -raw;
-      default: return raw;
+  // Turns the raw tile row into ranking keys (as the reference defines them) with the mask
+  // applied; returns false on a NaN or +inf key.
+  bool ranking_keys(acc_t* row, int64_t columns, int64_t mask_offset) const {
+    constexpr acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
+    constexpr acc_t pos_inf = std::numeric_limits<acc_t>::infinity();
+    if (p_.similarity == Similarity::ScaledDot) {
+      const acc_t root = std::sqrt(static_cast<acc_t>(d_));
+      for (int64_t c = 0; c < columns; ++c) row[c] /= root;
+    } else if (is_distance_similarity(p_.similarity)) {
+      for (int64_t c = 0; c < columns; ++c) row[c] = -row[c];
     }
+    if (p_.mask_bool) {
+      const bool* allowed = p_.mask_bool + mask_offset;
+      for (int64_t c = 0; c < columns; ++c) row[c] = allowed[c] ? row[c] : neg_inf;
+    }
+    if (p_.mask_additive) {
+      const acc_t* added = p_.mask_additive + mask_offset;
+      for (int64_t c = 0; c < columns; ++c) row[c] += added[c];
+    }
+    bool rankable = true;
+    for (int64_t c = 0; c < columns; ++c) rankable &= !(std::isnan(row[c]) || row[c] == pos_inf);
+    return rankable;
   }
 
   bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns,
                  std::vector<RunningTopK<acc_t>>& tops) {
-    constexpr acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
-    constexpr acc_t pos_inf = std::numeric_limits<acc_t>::infinity();
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t mask_row = g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0;
-      const acc_t* tile_row = tile_.data() + r * kKeyBlock;
+      acc_t* row = tile_.data() + r * kKeyBlock;
+      if (!ranking_keys(row, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0)) return false;
+      auto& top = tops[r];
       for (int64_t c = 0; c < columns; ++c) {
-        acc_t key = ranking_key(tile_row[c]);
-        if (p_.mask_bool && !p_.mask_bool[mask_row + c]) key = neg_inf;
-        if (p_.mask_additive) key += p_.mask_additive[mask_row + c];
-        if (std::isnan(key) || key == pos_inf) return false;
-        tops[r].push(key, m0 + c);
+        // Fast path: once the row holds K candidates, most scores do not beat the K-th.
+        if (top.count == top.k && !(row[c] > top.keys[top.k - 1])) continue;
+        top.push(row[c], m0 + c);
       }
     }
     return true;
@@ -242,7 +262,133 @@ class SelectTask {
   std::vector<int64_t> top_indices_;
 };
 
+// ---- Backward ------------------------------------------------------------------------------------
+
+template <typename scalar_t, typename acc_t>
+void load_row(const scalar_t* src, int64_t d, acc_t* dst) {
+  for (int64_t j = 0; j < d; ++j) dst[j] = static_cast<acc_t>(src[j]);
+}
+
+template <typename acc_t>
+acc_t dot(const acc_t* a, const acc_t* b, int64_t d) {
+  acc_t sum = 0;
+  for (int64_t j = 0; j < d; ++j) sum += a[j] * b[j];
+  return sum;
+}
+
+// out += g * d sim(q, k) / d(q) when wrt_query, else d sim(q, k) / d(k); the formulas of the
+// reference backward (src/ops/reference/knn_select.cpp).
+template <typename acc_t>
+void add_pair_gradient(Similarity similarity, const acc_t* q, const acc_t* k, int64_t d, acc_t g,
+                       bool wrt_query, acc_t* out) {
+  const acc_t* other = wrt_query ? k : q;
+  switch (similarity) {
+    case Similarity::Dot:
+    case Similarity::ScaledDot: {
+      const acc_t scale = similarity == Similarity::Dot ? g : g / std::sqrt(static_cast<acc_t>(d));
+      for (int64_t j = 0; j < d; ++j) out[j] += scale * other[j];
+      return;
+    }
+    case Similarity::Cosine: {
+      const acc_t eps = static_cast<acc_t>(kCosineEps);
+      const acc_t q_norm = std::sqrt(dot(q, q, d)), k_norm = std::sqrt(dot(k, k, d));
+      const acc_t q_scale = acc_t(1) / std::max(q_norm, eps), k_scale = acc_t(1) / std::max(k_norm, eps);
+      const acc_t s = dot(q, k, d) * q_scale * k_scale;
+      const acc_t self_norm = wrt_query ? q_norm : k_norm;
+      const acc_t self_scale = wrt_query ? q_scale : k_scale, other_scale = wrt_query ? k_scale : q_scale;
+      const acc_t* self = wrt_query ? q : k;
+      if (self_norm > eps) {
+        for (int64_t j = 0; j < d; ++j) out[j] += g * (other[j] * other_scale - s * self[j] * self_scale) / self_norm;
+      } else {
+        for (int64_t j = 0; j < d; ++j) out[j] += g * other[j] * other_scale / eps;
+      }
+      return;
+    }
+    case Similarity::Gaussian: {
+      acc_t distance_sq = 0;
+      for (int64_t j = 0; j < d; ++j) distance_sq += (q[j] - k[j]) * (q[j] - k[j]);
+      const acc_t scale = (wrt_query ? -2 : 2) * g * std::exp(-distance_sq);
+      for (int64_t j = 0; j < d; ++j) out[j] += scale * (q[j] - k[j]);
+      return;
+    }
+    case Similarity::Chebyshev: {
+      int64_t arg = 0;  // the first coordinate of largest |q - k|, as at::max picks
+      for (int64_t j = 1; j < d; ++j) {
+        if (std::abs(q[j] - k[j]) > std::abs(q[arg] - k[arg])) arg = j;
+      }
+      const acc_t diff = q[arg] - k[arg];
+      const acc_t sign = diff > 0 ? acc_t(1) : (diff < 0 ? acc_t(-1) : acc_t(0));
+      out[arg] += (wrt_query ? -1 : 1) * g * std::exp(-std::abs(diff)) * sign;
+      return;
+    }
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+bool slot_contributes(const KnnSelectBackwardParams<scalar_t, acc_t>& p, int64_t g, int64_t i, int64_t s) {
+  return static_cast<acc_t>(p.scores.at(g, i, s)) != -std::numeric_limits<acc_t>::infinity() &&
+         static_cast<acc_t>(p.grad_scores.at(g, i, s)) != acc_t(0);
+}
+
+template <typename scalar_t, typename acc_t>
+void store_row(const acc_t* src, int64_t d, scalar_t* dst) {
+  for (int64_t j = 0; j < d; ++j) dst[j] = static_cast<scalar_t>(src[j]);
+}
+
+template <typename scalar_t, typename acc_t>
+void grad_queries_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
+  const int64_t d = p.features;
+  at::parallel_for(0, p.slices * p.queries_n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> q(d), key(d), out(d);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t g = row / p.queries_n, i = row % p.queries_n;
+      load_row(p.queries + row * d, d, q.data());
+      std::fill(out.begin(), out.end(), acc_t(0));
+      for (int64_t s = 0; s < p.k; ++s) {
+        if (!slot_contributes(p, g, i, s)) continue;
+        load_row(p.keys + (g * p.keys_m + p.indices.at(g, i, s)) * d, d, key.data());
+        add_pair_gradient(p.similarity, q.data(), key.data(), d,
+                          static_cast<acc_t>(p.grad_scores.at(g, i, s)), true, out.data());
+      }
+      store_row(out.data(), d, p.grad_queries + row * d);
+    }
+  });
+}
+
+template <typename scalar_t, typename acc_t>
+void grad_keys_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
+  const int64_t d = p.features;
+  const InverseIndex inverse(p.indices, p.slices, p.queries_n, p.k, p.keys_m);
+  at::parallel_for(0, p.slices * p.keys_m, 16, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> q(d), key(d), out(d);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t g = row / p.keys_m, j = row % p.keys_m;
+      load_row(p.keys + row * d, d, key.data());
+      std::fill(out.begin(), out.end(), acc_t(0));
+      for (const int64_t* slot = inverse.begin(g, j); slot != inverse.end(g, j); ++slot) {
+        const int64_t i = inverse.query(*slot), s = inverse.tap(*slot);
+        if (!slot_contributes(p, g, i, s)) continue;
+        load_row(p.queries + (g * p.queries_n + i) * d, d, q.data());
+        add_pair_gradient(p.similarity, q.data(), key.data(), d,
+                          static_cast<acc_t>(p.grad_scores.at(g, i, s)), false, out.data());
+      }
+      store_row(out.data(), d, p.grad_keys + row * d);
+    }
+  });
+}
+
 }  // namespace
+
+template <typename scalar_t, typename acc_t>
+void knn_select_backward(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
+  grad_queries_pass(p);
+  grad_keys_pass(p);
+}
+
+template void knn_select_backward(const KnnSelectBackwardParams<float, float>&);
+template void knn_select_backward(const KnnSelectBackwardParams<double, double>&);
+template void knn_select_backward(const KnnSelectBackwardParams<c10::BFloat16, float>&);
+template void knn_select_backward(const KnnSelectBackwardParams<c10::Half, float>&);
 
 template <typename scalar_t, typename acc_t>
 bool knn_select_forward(const KnnSelectParams<scalar_t, acc_t>& p) {

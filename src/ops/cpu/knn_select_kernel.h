@@ -6,6 +6,7 @@
 
 #include "convnn/ops/similarity.h"
 #include "ops/cpu/isa.h"
+#include "ops/cpu/kernel_views.h"
 
 namespace convnn::cpu {
 
@@ -29,6 +30,30 @@ struct KnnSelectParams {
   scalar_t* scores = nullptr;  // [G,N,K] out
   int64_t* indices = nullptr;  // [G,N,K] out
 };
+
+// The backward recomputes only the K selected similarities: d(queries) per query row, d(keys)
+// through the inverse index (deterministic, no atomics). Masked slots (score -inf) get no gradient.
+template <typename scalar_t, typename acc_t>
+struct KnnSelectBackwardParams {
+  const scalar_t* queries = nullptr;       // [G,N,D] contiguous
+  const scalar_t* keys = nullptr;          // [G,M,D] contiguous
+  SlotsView<const int64_t> indices;        // [G,N,K] in [0,M)
+  SlotsView<const scalar_t> grad_scores;   // [G,N,K]
+  SlotsView<const scalar_t> scores;        // [G,N,K], -inf marks a masked slot
+  int64_t slices = 0, queries_n = 0, keys_m = 0, features = 0, k = 0;
+  Similarity similarity = Similarity::Dot;
+  scalar_t* grad_queries = nullptr;        // [G,N,D] contiguous out
+  scalar_t* grad_keys = nullptr;           // [G,M,D] contiguous out
+};
+
+CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t, typename acc_t> void knn_select_backward(
+    const KnnSelectBackwardParams<scalar_t, acc_t>& params))
+
+template <typename scalar_t, typename acc_t>
+void knn_select_backward(const KnnSelectBackwardParams<scalar_t, acc_t>& params) {
+  runtime_isa() == Isa::Avx2 ? avx2::knn_select_backward(params)
+                             : generic::knn_select_backward(params);
+}
 
 CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t, typename acc_t> bool knn_select_forward(
     const KnnSelectParams<scalar_t, acc_t>& params))

@@ -1,38 +1,14 @@
-// CPU kernels of the core ops. Each validates its input with src/ops/checks.h. knn_aggregate and
-// knn_aggregate_backward run the fused kernels of ops/cpu/knn_aggregate_kernel.h.
+// CPU entry of knn_aggregate and knn_aggregate_backward: validation (src/ops/checks.h), dtype
+// dispatch, and the fused kernels of ops/cpu/knn_aggregate_kernel.h.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include "ops/checks.h"
 #include "ops/cpu/knn_aggregate_kernel.h"
-#include "ops/reference/reference.h"
 
 namespace convnn::cpu {
 namespace {
-
-std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
-                                              int64_t k, c10::string_view similarity,
-                                              const c10::optional<at::Tensor>& mask,
-                                              bool index_order) {
-  const auto sim = checks::check_select_inputs(queries, keys, k, similarity, mask);
-  return reference::knn_select(queries, keys, k, sim, mask, index_order);
-}
-
-std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
-                                                       const at::Tensor& queries,
-                                                       const at::Tensor& keys,
-                                                       const at::Tensor& indices,
-                                                       const at::Tensor& scores,
-                                                       c10::string_view similarity) {
-  const auto sim = checks::check_select_inputs(queries, keys, indices.size(-1), similarity, {});
-  TORCH_CHECK(grad_scores.sizes() == indices.sizes() && scores.sizes() == indices.sizes(),
-              "knn_select_backward: grad_scores ", checks::shape_string(grad_scores), ", scores ",
-              checks::shape_string(scores), " and indices ", checks::shape_string(indices),
-              " must all have the shape [G,N,k]");
-  checks::check_indices_in_range(indices, keys.size(1), "knn_select_backward", "indices");
-  return reference::knn_select_backward(grad_scores, queries, keys, indices, scores, sim);
-}
 
 // ---- knn_aggregate: glue between the dispatcher and the fused kernels ---------------------------
 
@@ -134,8 +110,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
-  m.impl("knn_select", &knn_select);
-  m.impl("knn_select_backward", &knn_select_backward);
   m.impl("knn_aggregate", &knn_aggregate);
   m.impl("knn_aggregate_backward", &knn_aggregate_backward);
 }
