@@ -49,6 +49,10 @@ install_venv() {
 
 build() {
   local build_dir="$repo_root/build"
+  # Relative paths in ccache's keys let every clone (CI's included) reuse the compiled objects;
+  # the sloppiness settings let ccache cache the tests' precompiled header.
+  export CCACHE_BASEDIR="$repo_root"
+  export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
   local torch_cmake
   torch_cmake="$("$repo_root/.venv/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)')"
   if [ ! -f "$build_dir/build.ninja" ]; then
