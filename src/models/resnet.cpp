@@ -7,12 +7,12 @@
 #include <utility>
 
 #include "convnn/nn/modules/convnn.h"
-#include "models/enum_names.h"
+#include "util/enum_names.h"
 
 namespace convnn::models {
 namespace {
 
-constexpr detail::NameTable<ResNetLayer, 3> kLayers{
+constexpr convnn::detail::NameTable<ResNetLayer, 3> kLayers{
     {{"conv", ResNetLayer::Conv}, {"convnn", ResNetLayer::ConvNN}, {"branching", ResNetLayer::Branching}}};
 
 // The module for one convolution of a block: a stride-1 3x3 slot takes the configured layer,
@@ -39,8 +39,8 @@ bool is_slot(const torch::nn::Module& module) {
 
 }  // namespace
 
-ResNetLayer parse_resnet_layer(std::string_view name) { return detail::parse_name(kLayers, name, "layer"); }
-const char* to_string(ResNetLayer layer) { return detail::name_of(kLayers, layer); }
+ResNetLayer parse_resnet_layer(std::string_view name) { return convnn::detail::parse_name(kLayers, name, "layer"); }
+const char* to_string(ResNetLayer layer) { return convnn::detail::name_of(kLayers, layer); }
 
 // ----------------------------------------------------------------------------- ResidualBlock
 

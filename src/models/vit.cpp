@@ -9,14 +9,14 @@
 #include <utility>
 
 #include "convnn/nn/modules/convnn.h"
-#include "models/enum_names.h"
+#include "util/enum_names.h"
 
 namespace convnn::models {
 namespace {
 
-constexpr detail::NameTable<ViTAttention, 3> kAttention{
+constexpr convnn::detail::NameTable<ViTAttention, 3> kAttention{
     {{"mhsa", ViTAttention::MHSA}, {"kvt", ViTAttention::KVT}, {"convnn", ViTAttention::ConvNN}}};
-constexpr detail::NameTable<PositionEmbedding, 2> kPositionEmbedding{
+constexpr convnn::detail::NameTable<PositionEmbedding, 2> kPositionEmbedding{
     {{"learned", PositionEmbedding::Learned}, {"sinusoidal", PositionEmbedding::Sinusoidal}}};
 
 // timm's LayerNorm epsilon for ViT.
@@ -35,13 +35,13 @@ const char* yes_no(bool b) { return b ? "true" : "false"; }
 }  // namespace
 
 ViTAttention parse_vit_attention(std::string_view name) {
-  return detail::parse_name(kAttention, name, "attention");
+  return convnn::detail::parse_name(kAttention, name, "attention");
 }
 PositionEmbedding parse_position_embedding(std::string_view name) {
-  return detail::parse_name(kPositionEmbedding, name, "position_embedding");
+  return convnn::detail::parse_name(kPositionEmbedding, name, "position_embedding");
 }
-const char* to_string(ViTAttention attention) { return detail::name_of(kAttention, attention); }
-const char* to_string(PositionEmbedding embedding) { return detail::name_of(kPositionEmbedding, embedding); }
+const char* to_string(ViTAttention attention) { return convnn::detail::name_of(kAttention, attention); }
+const char* to_string(PositionEmbedding embedding) { return convnn::detail::name_of(kPositionEmbedding, embedding); }
 
 at::Tensor sinusoidal_position_encoding(int64_t tokens, int64_t dim) {
   const auto position = at::arange(tokens, at::kDouble).unsqueeze(1);

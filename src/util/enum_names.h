@@ -1,5 +1,6 @@
 #pragma once
-// Name tables of the model enums, for the command line, configs and pretty_print.
+// Name tables of option enums (nn options, models), for the command line, configs and
+// pretty_print.
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -7,7 +8,7 @@
 #include <string_view>
 #include <utility>
 
-namespace convnn::models::detail {
+namespace convnn::detail {
 
 template <typename Enum, size_t N>
 using NameTable = std::array<std::pair<const char*, Enum>, N>;
@@ -31,4 +32,4 @@ const char* name_of(const NameTable<Enum, N>& names, Enum value) {
   return "unknown";
 }
 
-}  // namespace convnn::models::detail
+}  // namespace convnn::detail
