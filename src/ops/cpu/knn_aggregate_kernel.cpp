@@ -221,6 +221,19 @@ void sum_of_products(int64_t n, const T* init, int64_t terms, const Term& term, 
   }
 }
 
+// sum_of_products into an output row: float rows accumulate in place, narrower ones go through
+// `buffer` and are rounded once at the end.
+template <bool kScaled, typename scalar_t, typename T, typename Term>
+void sum_of_products_into(int64_t n, const T* init, int64_t terms, const Term& term, T* buffer,
+                          scalar_t* out) {
+  if constexpr (std::is_same_v<scalar_t, T>) {
+    sum_of_products<kScaled>(n, init, terms, term, out);
+  } else {
+    sum_of_products<kScaled>(n, init, terms, term, buffer);
+    store_row(buffer, n, out);
+  }
+}
+
 // ---- Single-threaded tile GEMM ------------------------------------------------------------------
 
 // c[m,n] = a[m,k] @ b[k,n], row-major with leading dimensions, k >= 1. Called from inside the
@@ -365,15 +378,8 @@ void forward_depthwise(const AggregateForwardParams<scalar_t>& p) {
             static_cast<T>(p.weights.at(g, i, k)), taps.get() + k * c_in + c0,
             opmath_row(p.values.row(g, p.indices.at(g, i, k)) + c0, width, scratch));
       };
-      // Float output rows are accumulated in place; narrower ones are rounded once at the end.
-      scalar_t* out = p.out.row(g, i);
-      if constexpr (std::is_same_v<scalar_t, T>) {
-        sum_of_products</*kScaled=*/true>(c_in, p.bias ? bias.get() : nullptr, k_taps, tap, out);
-      } else {
-        sum_of_products</*kScaled=*/true>(c_in, p.bias ? bias.get() : nullptr, k_taps, tap,
-                                          acc_buffer.get());
-        store_row(acc_buffer.get(), c_in, out);
-      }
+      sum_of_products_into</*kScaled=*/true>(c_in, p.bias ? bias.get() : nullptr, k_taps, tap,
+                                             acc_buffer.get(), p.out.row(g, i));
     }
   });
 }
@@ -662,14 +668,8 @@ void forward_standard_by_values(const AggregateForwardParams<scalar_t>& p) {
         return std::make_tuple(static_cast<T>(p.weights.at(g, i, k)),
                                static_cast<const T*>(nullptr), u + c0);
       };
-      scalar_t* out = p.out.row(g, i);
-      if constexpr (std::is_same_v<scalar_t, T>) {
-        sum_of_products</*kScaled=*/false>(c_out, p.bias ? bias.get() : nullptr, k_taps, tap, out);
-      } else {
-        sum_of_products</*kScaled=*/false>(c_out, p.bias ? bias.get() : nullptr, k_taps, tap,
-                                           acc_buffer.get());
-        store_row(acc_buffer.get(), c_out, out);
-      }
+      sum_of_products_into</*kScaled=*/false>(c_out, p.bias ? bias.get() : nullptr, k_taps, tap,
+                                              acc_buffer.get(), p.out.row(g, i));
     }
   });
 }
