@@ -10,9 +10,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -326,60 +323,6 @@ TEST(FusedAggregate, AutogradBackwardIsBitwiseReproducible) {
   };
   const auto a = grads(), b = grads();
   for (size_t e = 0; e < a.size(); ++e) EXPECT_TRUE(torch::equal(a[e], b[e])) << "gradient " << e;
-}
-
-// ---- Timing (not a check): fused vs reference at the paper's configurations ---------------------
-// Run with --gtest_also_run_disabled_tests --gtest_filter='*DISABLED_Timing*'. Prints the median
-// wall time of forward and backward, and the fp32 error ratio against float64.
-
-double median_ms(const std::function<void()>& f, int repeats) {
-  f();  // warm-up: page faults, oneDNN kernel generation
-  std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    times.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-TEST(FusedAggregate, DISABLED_TimingAtPaperConfigurations) {
-  torch::NoGradGuard no_grad;
-  // ViT-B/16 ConvNN attention: batch 32 x 12 heads, 197 tokens, 64 channels per head, K = 8,
-  // depthwise; and a standard Conv1d aggregation with C = C' = 64, K = 9.
-  // The third, ResNet-like (56x56 tokens, 32 random candidates), takes the value-side path.
-  const std::vector<Shape> shapes{{32 * 12, 197, 197, 64, 64, 8, true, false},
-                                  {32, 197, 197, 64, 64, 9, false, false},
-                                  {32, 3136, 32, 64, 64, 9, false, false}};
-  for (const auto& s : shapes) {
-    const auto problem64 = make_problem(s, 19);
-    const auto problem = problem64.to(torch::kFloat);
-    const double fused_forward_ms = median_ms([&] { fused_forward(problem); }, 5);
-    const double reference_forward_ms = median_ms([&] { reference_forward(problem); }, 5);
-    const double fused_backward_ms = median_ms([&] { fused_backward(problem); }, 5);
-    const double reference_backward_ms = median_ms([&] { reference_backward(problem); }, 5);
-    const auto truth = reference_forward(problem64);
-    const double ratio = max_abs_diff(fused_forward(problem), truth) /
-                         max_abs_diff(reference_forward(problem), truth);
-    const auto fused_grads = as_list(fused_backward(problem));
-    const auto reference_grads = as_list(reference_backward(problem));
-    const auto truth_grads = as_list(reference_backward(problem64));
-    std::printf("%s float32, %d threads\n", s.name().c_str(), at::get_num_threads());
-    std::printf("  forward  fused %8.2f ms  reference %8.2f ms  (x%.1f)  error ratio %.2f\n",
-                fused_forward_ms, reference_forward_ms, reference_forward_ms / fused_forward_ms,
-                ratio);
-    std::printf("  backward fused %8.2f ms  reference %8.2f ms  (x%.1f)  error ratios",
-                fused_backward_ms, reference_backward_ms,
-                reference_backward_ms / fused_backward_ms);
-    for (size_t e = 0; e < 3; ++e) {
-      std::printf(" %.2f", max_abs_diff(fused_grads[e], truth_grads[e]) /
-                               max_abs_diff(reference_grads[e], truth_grads[e]));
-    }
-    std::printf(" (values, weights, kernel)\n");
-  }
 }
 
 }  // namespace

@@ -215,15 +215,16 @@ at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
       return w / w.sum(-1, true).clamp_min(1.0);
     }
     case Rho::Softmax: {
-      // Masked slots are replaced before any arithmetic so that no inf or NaN reaches autograd.
-      const auto z = at::where(valid, scores, at::zeros_like(scores)) / temperature;
-      const auto shift = at::where(valid, z, at::full_like(z, -std::numeric_limits<double>::infinity()))
-                             .amax(-1, true)
-                             .detach();
-      const auto safe_shift = at::where(at::isfinite(shift), shift, at::zeros_like(shift));
-      const auto e = at::where(valid, (z - safe_shift).exp(), at::zeros_like(z));
-      const auto total = e.sum(-1, true);
-      return e / at::where(total > 0, total, at::ones_like(total));
+      // at::softmax, not exp/sum by hand: besides being one kernel, it avoids torch's MKL-VML exp,
+      // which after at::scaled_dot_product_attention can run at reduced accuracy on an OpenMP
+      // worker thread (docs/operator.md, "Known upstream issues"). Masked slots enter as -inf and
+      // come out exactly 0; a row with no valid slot is softmaxed as zeros and then zeroed, so
+      // neither the forward nor the backward meets inf - inf or 0/0.
+      constexpr double neg_inf = -std::numeric_limits<double>::infinity();
+      const auto row_has_valid = valid.any(-1, /*keepdim=*/true);
+      const auto z = at::where(valid, scores / temperature, at::full({}, neg_inf, scores.options()));
+      const auto w = at::softmax(at::where(row_has_valid, z, at::zeros_like(z)), -1);
+      return at::where(valid, w, at::zeros_like(w));
     }
   }
   TORCH_CHECK(false, "rho_weights: unknown rho");
