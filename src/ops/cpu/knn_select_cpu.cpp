@@ -52,6 +52,9 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries_in, cons
     if (!knn_select_forward(p)) {
       // Error path only: the reference finds and names the first unrankable score.
       checks::check_rankable(reference::ranking_keys(queries, keys, similarity, mask_in), "knn_select");
+      // The outputs are incomplete here, so never return them.
+      TORCH_INTERNAL_ASSERT(false, "knn_select: the fused kernel met a NaN or +inf score that the "
+                            "reference ranking did not find");
     }
   });
   return {scores, indices};
