@@ -6,5 +6,6 @@ CONVNN_PIP_PACKAGES=(numpy pytest)
 CONVNN_APT_PACKAGES=(
   python3-venv cmake ninja-build ccache g++ git
   googletest libgtest-dev libgmock-dev
-  libcli11-dev nlohmann-json3-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  dataset-fashion-mnist gnuplot-nox
 )
