@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 
 namespace convnn::cli {
 
@@ -13,8 +14,14 @@ struct Command {
   std::function<int()> run;
 };
 
+/// The command line of this process, as typed (for reports that must say how they were made).
+const std::string& command_line();
+
 Command add_verify_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
+Command add_train_command(CLI::App& app);
+Command add_eval_command(CLI::App& app);
+Command add_compare_command(CLI::App& app);
 
 }  // namespace convnn::cli

@@ -32,9 +32,15 @@ int thread_count(int flag) {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+std::string typed_command_line;
+
 }  // namespace
 
+const std::string& convnn::cli::command_line() { return typed_command_line; }
+
 int main(int argc, char** argv) {
+  typed_command_line = "convnn";
+  for (int i = 1; i < argc; ++i) typed_command_line += std::string(" ") + argv[i];
   CLI::App app{"convnn: Convolutional Nearest Neighbors on LibTorch"};
   app.require_subcommand(1);
   int threads = 0;
@@ -42,6 +48,9 @@ int main(int argc, char** argv) {
                  "CPU threads for intra-op parallelism (default: CONVNN_NUM_THREADS, else all cores)")
       ->check(CLI::PositiveNumber);
   const std::vector<convnn::cli::Command> commands{
+      convnn::cli::add_train_command(app),
+      convnn::cli::add_eval_command(app),
+      convnn::cli::add_compare_command(app),
       convnn::cli::add_verify_command(app),
       convnn::cli::add_bench_command(app),
       convnn::cli::add_info_command(app),

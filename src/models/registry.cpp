@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "util/json_fields.h"
+
 namespace convnn::models {
 namespace {
 
@@ -43,59 +45,25 @@ void visit_fields(Config& c, Visitor&& visit) {
   visit("drop_path", c.drop_path);
 }
 
-// Enums travel by name.
-Similarity enum_from_name(const std::string& s, Similarity*) { return parse_similarity(s); }
-nn::Rho enum_from_name(const std::string& s, nn::Rho*) { return nn::parse_rho(s); }
-nn::Aggregation enum_from_name(const std::string& s, nn::Aggregation*) { return nn::parse_aggregation(s); }
-ResNetLayer enum_from_name(const std::string& s, ResNetLayer*) { return parse_resnet_layer(s); }
-ViTAttention enum_from_name(const std::string& s, ViTAttention*) { return parse_vit_attention(s); }
-PositionEmbedding enum_from_name(const std::string& s, PositionEmbedding*) {
-  return parse_position_embedding(s);
-}
-
-template <typename T>
-nlohmann::json to_value(const T& value) {
-  if constexpr (std::is_enum_v<T>) {
-    using convnn::to_string;
-    using nn::to_string;
-    return to_string(value);
-  } else {
-    return value;
+// Enums travel by name (src/util/json_fields.h).
+struct ModelEnums {
+  std::string name(Similarity v) const { return to_string(v); }
+  std::string name(nn::Rho v) const { return nn::to_string(v); }
+  std::string name(nn::Aggregation v) const { return nn::to_string(v); }
+  std::string name(ResNetLayer v) const { return to_string(v); }
+  std::string name(ViTAttention v) const { return to_string(v); }
+  std::string name(PositionEmbedding v) const { return to_string(v); }
+  Similarity parse(const std::string& s, Similarity*) const { return parse_similarity(s); }
+  nn::Rho parse(const std::string& s, nn::Rho*) const { return nn::parse_rho(s); }
+  nn::Aggregation parse(const std::string& s, nn::Aggregation*) const { return nn::parse_aggregation(s); }
+  ResNetLayer parse(const std::string& s, ResNetLayer*) const { return parse_resnet_layer(s); }
+  ViTAttention parse(const std::string& s, ViTAttention*) const { return parse_vit_attention(s); }
+  PositionEmbedding parse(const std::string& s, PositionEmbedding*) const {
+    return parse_position_embedding(s);
   }
-}
+};
 
-template <typename T>
-nlohmann::json to_value(const std::optional<T>& value) {
-  return value ? to_value(*value) : nlohmann::json(nullptr);
-}
-
-template <typename T>
-void from_value(const nlohmann::json& json, T& value, const char* key) {
-  if constexpr (std::is_enum_v<T>) {
-    TORCH_CHECK(json.is_string(), "model config: ", key, " must be a name (string), got ", json.dump());
-    value = enum_from_name(json.get<std::string>(), static_cast<T*>(nullptr));
-  } else if constexpr (std::is_same_v<T, bool>) {
-    TORCH_CHECK(json.is_boolean(), "model config: ", key, " must be true or false, got ", json.dump());
-    value = json.get<bool>();
-  } else if constexpr (std::is_integral_v<T>) {
-    TORCH_CHECK(json.is_number_integer(), "model config: ", key, " must be an integer, got ", json.dump());
-    value = json.get<T>();
-  } else {
-    TORCH_CHECK(json.is_number(), "model config: ", key, " must be a number, got ", json.dump());
-    value = json.get<T>();
-  }
-}
-
-template <typename T>
-void from_value(const nlohmann::json& json, std::optional<T>& value, const char* key) {
-  if (json.is_null()) {
-    value.reset();
-    return;
-  }
-  T parsed{};
-  from_value(json, parsed, key);
-  value = parsed;
-}
+const auto visit_model_fields = [](auto& config, auto&& visit) { visit_fields(config, visit); };
 
 void check_dropout(double p, const char* option) {
   TORCH_CHECK(p >= 0.0 && p < 1.0, option, " must be in [0, 1), got ", p);
@@ -104,22 +72,11 @@ void check_dropout(double p, const char* option) {
 }  // namespace
 
 void to_json(nlohmann::json& json, const ModelConfig& config) {
-  json = nlohmann::json::object();
-  visit_fields(config, [&](const char* key, const auto& field) { json[key] = to_value(field); });
+  json = detail::config_to_json(config, visit_model_fields, ModelEnums{});
 }
 
 void from_json(const nlohmann::json& json, ModelConfig& config) {
-  TORCH_CHECK(json.is_object(), "model config must be a JSON object, got ", json.dump());
-  std::string known;
-  visit_fields(config, [&](const char* key, auto& field) {
-    known += known.empty() ? key : std::string(", ") + key;
-    if (json.contains(key)) from_value(json.at(key), field, key);
-  });
-  for (const auto& item : json.items()) {
-    bool found = false;
-    visit_fields(config, [&](const char* key, const auto&) { found = found || item.key() == key; });
-    TORCH_CHECK(found, "model config: unknown option '", item.key(), "'; the options are ", known);
-  }
+  detail::config_from_json(json, config, "model config", visit_model_fields, ModelEnums{});
 }
 
 const std::vector<std::string>& model_names() {

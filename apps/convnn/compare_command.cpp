@@ -1,0 +1,224 @@
+// `convnn compare`: trains a grid of models under one fixed budget (same data subset, epochs and
+// recipe for every cell) and writes a results table (markdown and JSON) with accuracy over seeds,
+// parameters, MACs and time per epoch:
+//   ResNet: conv vs ConvNN-only vs branching (lambda 0.5), for each K, all vs random candidates;
+//   ViT:    MHSA vs KVT vs ConvNN attention at matched K.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "commands.h"
+#include "convnn/train/checkpoint.h"
+#include "convnn/train/trainer.h"
+#include "train_options.h"
+
+namespace convnn::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CompareArgs {
+  TrainArgs base;
+  std::vector<int64_t> seeds{0};
+  std::vector<int64_t> ks{4, 9, 16};
+  int64_t random_candidates = 32;
+  std::vector<std::string> families{"resnet", "vit"};
+  std::string vit_model = "vit_tiny";
+  int64_t vit_patch = 4, vit_depth = 4, vit_embed_dim = 96, vit_heads = 3;
+};
+
+struct Cell {
+  std::string family, layer, candidates;  // layer: conv / convnn / branching / mhsa / kvt
+  int64_t k = 0;                           // 0: not a ConvNN cell
+  train::TrainConfig config;
+};
+
+std::string cell_name(const Cell& c) {
+  std::string name = c.family + "-" + c.layer;
+  if (c.k > 0) name += fmt::format("-k{}", c.k);
+  if (!c.candidates.empty()) name += "-" + c.candidates;
+  return name;
+}
+
+std::vector<Cell> grid(const CompareArgs& a) {
+  std::vector<Cell> cells;
+  const auto has = [&](const std::string& f) {
+    return std::find(a.families.begin(), a.families.end(), f) != a.families.end();
+  };
+  if (has("resnet")) {
+    Cell conv{"resnet", "conv", "", 0, a.base.config};
+    conv.config.model_config.layer = models::ResNetLayer::Conv;
+    cells.push_back(conv);
+    for (const auto layer : {models::ResNetLayer::ConvNN, models::ResNetLayer::Branching}) {
+      for (const int64_t k : a.ks) {
+        for (const bool random : {false, true}) {
+          Cell cell{"resnet", models::to_string(layer), random ? fmt::format("r{}", a.random_candidates) : "all",
+                    k, a.base.config};
+          cell.config.model_config.layer = layer;
+          cell.config.model_config.lambda = 0.5;
+          cell.config.model_config.k = k;
+          cell.config.model_config.num_candidates = random ? a.random_candidates : 0;
+          cells.push_back(cell);
+        }
+      }
+    }
+  }
+  if (has("vit")) {
+    train::TrainConfig vit = a.base.config;
+    vit.model = a.vit_model;
+    vit.model_config = models::ModelConfig{};
+    vit.model_config.patch_size = a.vit_patch;
+    vit.model_config.depth = a.vit_depth;
+    vit.model_config.embed_dim = a.vit_embed_dim;
+    vit.model_config.num_heads = a.vit_heads;
+    Cell mhsa{"vit", "mhsa", "", 0, vit};
+    cells.push_back(mhsa);
+    for (const int64_t k : a.ks) {
+      for (const auto attention : {models::ViTAttention::KVT, models::ViTAttention::ConvNN}) {
+        Cell cell{"vit", models::to_string(attention), "", k, vit};
+        cell.config.model_config.attention = attention;
+        cell.config.model_config.k = k;
+        cells.push_back(cell);
+      }
+    }
+  }
+  return cells;
+}
+
+struct CellResult {
+  Cell cell;
+  std::vector<double> top1, top5, seconds_per_epoch;
+  int64_t parameters = 0, macs = 0;
+};
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / v.size();
+}
+
+double stddev(const std::vector<double>& v) {
+  if (v.size() < 2) return 0.0;
+  const double m = mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / (v.size() - 1));
+}
+
+std::string markdown(const std::vector<CellResult>& results, const CompareArgs& a, const std::string& command) {
+  std::ostringstream md;
+  const auto& c = a.base.config;
+  md << "| model | layer / attention | K | candidates | top-1 % (mean ± sd) | top-1 per seed | top-5 % | "
+        "parameters | MMACs / image | s / epoch |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : results) {
+    std::string seeds;
+    for (double t : r.top1) seeds += (seeds.empty() ? "" : ", ") + fmt::format("{:.2f}", t);
+    md << fmt::format("| {} | {} | {} | {} | {:.2f} ± {:.2f} | {} | {:.2f} | {:L} | {:.1f} | {:.1f} |\n",
+                      r.cell.config.model, r.cell.layer, r.cell.k > 0 ? std::to_string(r.cell.k) : "–",
+                      r.cell.candidates.empty() ? "all" : r.cell.candidates, mean(r.top1), stddev(r.top1),
+                      seeds, mean(r.top5), r.parameters, r.macs / 1e6, mean(r.seconds_per_epoch));
+  }
+  md << fmt::format("\nData: {} ({} training images{}, {} test images{}); {} epochs, batch {}, {} lr {}, "
+                    "warm-up {} epochs, seeds {}.\nCommand: `{}`\n",
+                    c.dataset, c.train_subset ? std::to_string(c.train_subset) : "all",
+                    c.train_subset ? " of a seeded shuffle" : "", c.val_subset ? std::to_string(c.val_subset) : "all",
+                    c.val_subset ? " of a seeded shuffle" : "", c.epochs, c.batch_size,
+                    train::to_string(c.optimizer), c.lr, c.warmup_epochs, fmt::format("{}", fmt::join(a.seeds, ", ")),
+                    command);
+  return md.str();
+}
+
+nlohmann::json to_json(const std::vector<CellResult>& results, const CompareArgs& a, const std::string& command) {
+  auto rows = nlohmann::json::array();
+  for (const auto& r : results) {
+    rows.push_back({{"name", cell_name(r.cell)}, {"model", r.cell.config.model}, {"layer", r.cell.layer},
+                    {"k", r.cell.k}, {"candidates", r.cell.candidates.empty() ? "all" : r.cell.candidates},
+                    {"top1", r.top1}, {"top1_mean", mean(r.top1)}, {"top1_sd", stddev(r.top1)},
+                    {"top5", r.top5}, {"parameters", r.parameters}, {"macs", r.macs},
+                    {"seconds_per_epoch", r.seconds_per_epoch}, {"config", r.cell.config}});
+  }
+  return {{"command", command}, {"seeds", a.seeds}, {"cells", rows}};
+}
+
+int run_compare(CompareArgs& a, const std::string& command) {
+  auto& base = a.base.config;
+  base.quiet = true;
+  base.plots = false;
+  const auto root = fs::path(base.output) / (base.experiment.empty() ? "compare" : base.experiment);
+  fs::create_directories(root);
+  const auto cells = grid(a);
+  std::vector<CellResult> results;
+  fmt::print("{} cells x {} seeds into {}\n", cells.size(), a.seeds.size(), root.string());
+  for (const auto& cell : cells) {
+    CellResult result{cell};
+    for (const int64_t seed : a.seeds) {
+      auto config = cell.config;
+      config.seed = static_cast<uint64_t>(seed);
+      config.output = root.string();
+      config.experiment = fmt::format("{}-seed{}", cell_name(cell), seed);
+      const auto run_dir = root / config.experiment;
+      // A finished cell is reused and an unfinished one resumed, so an interrupted comparison
+      // continues where it stopped.
+      const auto latest = train::latest_checkpoint_path(run_dir.string());
+      const bool started = fs::exists(latest);
+      const bool finished = started && train::read_checkpoint_header(latest).position.epoch >= config.epochs;
+      train::TrainResult r;
+      if (finished) {
+        fmt::print("  {} seed {}: reusing {}\n", cell_name(cell), seed, run_dir.string());
+        const train::MetricsLog log(run_dir.string(), config.epochs + 1);
+        r.epochs = log.epochs();
+        auto model = models::build_model(config.model, train::read_checkpoint_header(latest).config.model_config);
+        r.parameters = model.parameter_count();
+        r.macs = model.cost().total().macs;
+        r.final_eval.top1 = r.epochs.back().val_top1;
+        r.final_eval.top5 = r.epochs.back().val_top5;
+      } else {
+        r = train::train(config, started ? latest : "");
+      }
+      std::vector<double> times;
+      for (const auto& e : r.epochs) times.push_back(e.epoch_time_s);
+      result.top1.push_back(r.final_eval.top1);
+      result.top5.push_back(r.final_eval.top5);
+      result.seconds_per_epoch.push_back(mean(times));
+      result.parameters = r.parameters;
+      result.macs = r.macs;
+      fmt::print("  {} seed {}: top-1 {:.2f}%  {:.1f} s/epoch\n", cell_name(cell), seed, r.final_eval.top1,
+                 mean(times));
+      std::fflush(stdout);
+    }
+    results.push_back(result);
+  }
+  const auto md = markdown(results, a, command);
+  train::write_file_atomically((root / "results.md").string(), md);
+  train::write_file_atomically((root / "results.json").string(), to_json(results, a, command).dump(2) + "\n");
+  fmt::print("\n{}\nwritten: {}/results.md, results.json\n", md, root.string());
+  return 0;
+}
+
+}  // namespace
+
+Command add_compare_command(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "compare", "Train conv / ConvNN / branching ResNets and MHSA / KVT / ConvNN-attention ViTs under one "
+                 "budget and tabulate accuracy, parameters, MACs and time");
+  auto args = std::make_shared<CompareArgs>();
+  add_train_options(sub, args->base);
+  sub->add_option("--seeds", args->seeds, "Seeds of every cell (default 0)")->delimiter(',')->group("Compare");
+  sub->add_option("--ks", args->ks, "ConvNN K values (default 4,9,16)")->delimiter(',')->group("Compare");
+  sub->add_option("--random-candidates", args->random_candidates,
+                  "r of the random-candidate cells (default 32)")->group("Compare");
+  sub->add_option("--families", args->families, "resnet, vit or both (default resnet,vit)")
+      ->delimiter(',')->check(CLI::IsMember({"resnet", "vit"}))->group("Compare");
+  sub->add_option("--vit-model", args->vit_model, "ViT preset of the attention cells (default vit_tiny)")->group("Compare");
+  sub->add_option("--vit-patch", args->vit_patch, "ViT patch size (default 4)")->group("Compare");
+  sub->add_option("--vit-depth", args->vit_depth, "ViT blocks (default 4)")->group("Compare");
+  sub->add_option("--vit-embed-dim", args->vit_embed_dim, "ViT width (default 96)")->group("Compare");
+  sub->add_option("--vit-heads", args->vit_heads, "ViT heads (default 3)")->group("Compare");
+  return {sub, [args] { return run_compare(*args, command_line()); }};
+}
+
+}  // namespace convnn::cli

@@ -1,0 +1,24 @@
+#pragma once
+// The training flags of `convnn train` and `convnn compare`, grouped as timm's train.py groups
+// them. A JSON file given with --config (or the config of the checkpoint given with --resume)
+// is read first; flags on the command line override it.
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "convnn/train/config.h"
+
+namespace convnn::cli {
+
+struct TrainArgs {
+  train::TrainConfig config;
+  std::string config_file;
+  std::string resume;  // a checkpoint file, or a run directory (its checkpoint-latest.pt)
+};
+
+/// Registers every training flag on `sub`, bound to `args`.
+void add_train_options(CLI::App* sub, TrainArgs& args);
+
+/// The checkpoint file --resume names (a run directory means its checkpoint-latest.pt).
+std::string resume_checkpoint_path(const std::string& resume);
+
+}  // namespace convnn::cli

@@ -1,0 +1,45 @@
+#pragma once
+// Per-epoch metrics of a run, kept as metrics.csv and metrics.json in the run directory (both
+// rewritten atomically after every epoch), and their plots.
+#include <string>
+#include <vector>
+
+namespace convnn::train {
+
+struct EpochMetrics {
+  int64_t epoch = 0;          // 1-based
+  double train_loss = 0.0;
+  double train_top1 = 0.0;    // percent, on the augmented training batches
+  double val_loss = 0.0;
+  double val_top1 = 0.0;      // percent
+  double val_top5 = 0.0;      // percent
+  double lr = 0.0;            // at the end of the epoch
+  double images_per_s = 0.0;  // training images per second
+  double epoch_time_s = 0.0;  // training time of the epoch (without evaluation)
+};
+
+class MetricsLog {
+ public:
+  /// Reads `run_dir`/metrics.json when it exists (resume), keeping epochs before `first_epoch`.
+  MetricsLog(std::string run_dir, int64_t first_epoch);
+  void add(const EpochMetrics& metrics);
+  const std::vector<EpochMetrics>& epochs() const { return epochs_; }
+
+ private:
+  void write() const;
+  std::string run_dir_;
+  std::vector<EpochMetrics> epochs_;
+};
+
+/// Column names of metrics.csv, in order.
+const std::vector<std::string>& metrics_columns();
+
+/// Draws loss.png, accuracy.png and lr.png into `run_dir`/plots with gnuplot from metrics.csv.
+/// Returns false (and writes nothing) when gnuplot is not installed; throws when it fails.
+bool plot_metrics(const std::string& run_dir);
+
+/// confusion.csv (rows: true class, columns: predicted) and, with gnuplot, confusion.png.
+void write_confusion(const std::string& dir, const std::vector<std::string>& class_names,
+                     const std::vector<std::vector<int64_t>>& counts);
+
+}  // namespace convnn::train

@@ -1,0 +1,349 @@
+#include "convnn/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "convnn/train/checkpoint.h"
+#include "convnn/train/loss.h"
+#include "convnn/train/optim.h"
+#include "convnn/train/schedule.h"
+#include "train/progress.h"
+
+namespace convnn::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// bfloat16 autocast on the CPU for the guard's lifetime (no-op for float32).
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(Precision precision) : enabled_(precision == Precision::BFloat16) {
+    if (!enabled_) return;
+    previous_ = at::autocast::is_autocast_enabled(at::kCPU);
+    previous_dtype_ = at::autocast::get_autocast_dtype(at::kCPU);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!enabled_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, previous_);
+    at::autocast::set_autocast_dtype(at::kCPU, previous_dtype_);
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool enabled_;
+  bool previous_ = false;
+  at::ScalarType previous_dtype_ = at::kBFloat16;
+};
+
+// The first n samples of a seeded shuffle (all of them when n is 0 or at least the size).
+data::ImageSet subset(data::ImageSet set, int64_t n, uint64_t seed) {
+  if (n == 0 || n >= set.size()) return set;
+  const auto order = data::epoch_order(set.size(), /*shuffle=*/true, seed, /*epoch=*/0);
+  const auto picked = at::tensor(std::vector<int64_t>(order.begin(), order.begin() + n), at::kLong);
+  set.images = set.images.index_select(0, picked).contiguous();
+  set.labels = set.labels.index_select(0, picked).contiguous();
+  return set;
+}
+
+std::string default_experiment(const TrainConfig& c) {
+  const auto now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+  return fmt::format("{}-{}-{}", c.model, c.dataset, stamp);
+}
+
+data::LoaderOptions loader_options(const TrainConfig& c, bool training) {
+  const auto norm = data::normalisation_of(data::parse_dataset(c.dataset));
+  data::LoaderOptions o;
+  o.batch_size = c.batch_size;
+  o.shuffle = training;
+  o.seed = c.seed;
+  o.workers = c.workers;
+  o.prefetch = c.prefetch;
+  o.crop_padding = training ? c.crop_padding : 0;
+  o.hflip = training ? c.hflip : 0.0;
+  o.mean = norm.mean;
+  o.std = norm.std;
+  return o;
+}
+
+void write_config(const std::string& run_dir, const TrainConfig& config) {
+  write_file_atomically((fs::path(run_dir) / "config.json").string(),
+                        nlohmann::json(config).dump(2) + "\n");
+}
+
+// Everything one epoch of training accumulates (also stored in checkpoints mid-epoch).
+struct EpochTotals {
+  double loss_sum = 0.0;
+  int64_t samples = 0, correct = 0;
+  double seconds = 0.0;
+};
+
+class Trainer {
+ public:
+  Trainer(TrainConfig config, data::ImageSet train_set, std::string run_dir, TrainingPosition position,
+          const TrainHooks& hooks, const std::string& resume)
+      : config_(std::move(config)), run_dir_(std::move(run_dir)), position_(position), hooks_(hooks),
+        train_loader_(std::move(train_set), loader_options(config_, true)),
+        val_loader_(load_split(config_, data::Split::Test), loader_options(config_, false)),
+        model_(models::build_model(config_.model, config_.model_config)),
+        optimizer_(make_optimizer(config_, *model_.module())),
+        schedule_(LrSchedule::from_config(config_, steps_per_epoch())),
+        metrics_(run_dir_, position_.epoch + 1) {
+    if (!resume.empty()) load_checkpoint(resume, *model_.module(), optimizer_.get());
+  }
+
+  TrainResult run() {
+    TrainResult result;
+    result.run_dir = run_dir_;
+    result.parameters = model_.parameter_count();
+    result.macs = model_.cost().total().macs;
+    int64_t steps_this_call = 0;
+    for (; position_.epoch < config_.epochs; ++position_.epoch) {
+      if (!train_epoch(steps_this_call)) {
+        result.interrupted = true;
+        break;
+      }
+      result.final_eval = end_epoch();
+    }
+    result.epochs = metrics_.epochs();
+    result.best_top1 = position_.best_top1;
+    result.best_epoch = position_.best_epoch + 1;
+    return result;
+  }
+
+ private:
+  int64_t steps_per_epoch() const {
+    return (train_loader_.batches_per_epoch() + config_.accum_steps - 1) / config_.accum_steps;
+  }
+
+  // Returns false when stopped (checkpoint-latest.pt then holds the position).
+  bool train_epoch(int64_t& steps_this_call) {
+    model_.module()->train();
+    const int64_t batches = train_loader_.batches_per_epoch();
+    train_loader_.start_epoch(position_.epoch, position_.next_batch);
+    EpochProgress progress(fmt::format("epoch {}/{}", position_.epoch + 1, config_.epochs), batches,
+                           position_.next_batch, !config_.quiet && stdout_is_terminal(),
+                           config_.log_interval);
+    EpochTotals totals{position_.loss_sum, position_.samples, position_.correct, position_.seconds};
+    int64_t images_this_call = 0;
+    const auto start = Clock::now();
+    while (auto batch = train_loader_.next()) {
+      const int64_t group_start = batch->index / config_.accum_steps * config_.accum_steps;
+      const int64_t group_size = std::min(config_.accum_steps, batches - group_start);
+      const double lr = schedule_.at(position_.step);
+      set_lr(*optimizer_, lr);
+      const auto [loss, correct] = forward_backward(*batch, group_size);
+      const int64_t b = batch->labels.size(0);
+      totals.loss_sum += loss * b;
+      totals.samples += b;
+      totals.correct += correct;
+      images_this_call += b;
+      if (hooks_.on_batch) hooks_.on_batch(position_.step, loss);
+      const bool step_now = batch->index + 1 == group_start + group_size;
+      if (step_now) optimizer_step();
+      progress.update(batch->index, images_this_call, totals.loss_sum / totals.samples, lr);
+      if (step_now && (++steps_this_call == hooks_.max_steps || stop_requested())) {
+        progress.finish();
+        totals.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+        save_position(batch->index + 1, totals);
+        std::printf("stopped at epoch %lld batch %lld; resume with --resume %s\n",
+                    static_cast<long long>(position_.epoch + 1),
+                    static_cast<long long>(batch->index + 1), latest_checkpoint_path(run_dir_).c_str());
+        return false;
+      }
+    }
+    progress.finish();
+    totals.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    epoch_totals_ = totals;
+    return true;
+  }
+
+  bool stop_requested() const { return hooks_.stop != nullptr && hooks_.stop->load(); }
+
+  std::pair<double, int64_t> forward_backward(const data::Batch& batch, int64_t group_size) {
+    at::Tensor logits;
+    {
+      AutocastGuard autocast(config_.precision);
+      logits = model_.forward(batch.images);
+    }
+    const auto targets = smooth_targets(batch.labels, logits.size(1), config_.smoothing);
+    const auto loss = soft_target_cross_entropy(logits, targets);
+    (loss / static_cast<double>(group_size)).backward();
+    const double value = loss.item<double>();
+    TORCH_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at epoch ",
+                position_.epoch + 1, " batch ", batch.index + 1, " (lower --lr or set --clip-grad)");
+    return {value, correct_top_k(logits.detach(), batch.labels, 1)};
+  }
+
+  void optimizer_step() {
+    if (config_.clip_grad > 0) {
+      torch::nn::utils::clip_grad_norm_(model_.module()->parameters(), config_.clip_grad);
+    }
+    optimizer_->step();
+    optimizer_->zero_grad();
+    ++position_.step;
+  }
+
+  void save_position(int64_t next_batch, const EpochTotals& totals) {
+    position_.next_batch = next_batch;
+    position_.loss_sum = totals.loss_sum;
+    position_.samples = totals.samples;
+    position_.correct = totals.correct;
+    position_.seconds = totals.seconds;
+    save_checkpoint(latest_checkpoint_path(run_dir_), config_, position_, *model_.module(), *optimizer_);
+  }
+
+  Evaluation end_epoch() {
+    const auto evaluation = evaluate(model_, val_loader_, config_.precision);
+    const auto& t = epoch_totals_;
+    EpochMetrics m;
+    m.epoch = position_.epoch + 1;
+    m.train_loss = t.loss_sum / std::max<int64_t>(1, t.samples);
+    m.train_top1 = 100.0 * t.correct / std::max<int64_t>(1, t.samples);
+    m.val_loss = evaluation.loss;
+    m.val_top1 = evaluation.top1;
+    m.val_top5 = evaluation.top5;
+    m.lr = schedule_.at(std::max<int64_t>(0, position_.step - 1));
+    m.epoch_time_s = t.seconds;
+    m.images_per_s = t.seconds > 0 ? t.samples / t.seconds : 0.0;
+    metrics_.add(m);
+    std::printf("epoch %lld/%lld  train loss %.4f top-1 %.2f%%  val loss %.4f top-1 %.2f%% top-5 %.2f%%  "
+                "lr %.2e  %.0f img/s  %s\n",
+                static_cast<long long>(m.epoch), static_cast<long long>(config_.epochs), m.train_loss,
+                m.train_top1, m.val_loss, m.val_top1, m.val_top5, m.lr, m.images_per_s,
+                format_duration(m.epoch_time_s).c_str());
+    std::fflush(stdout);
+    const bool best = evaluation.top1 > position_.best_top1;
+    if (best) {
+      position_.best_top1 = evaluation.top1;
+      position_.best_epoch = position_.epoch;
+    }
+    // The next position is the start of the next epoch.
+    TrainingPosition next = position_;
+    next.epoch = position_.epoch + 1;
+    next.next_batch = 0;
+    next.loss_sum = next.seconds = 0.0;
+    next.samples = next.correct = 0;
+    save_checkpoint(latest_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
+    if (best) save_checkpoint(best_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
+    if (config_.plots && !plot_metrics(run_dir_) && !warned_no_gnuplot_) {
+      std::printf("note: gnuplot is not installed; no plots drawn (metrics.csv has the numbers)\n");
+      warned_no_gnuplot_ = true;
+    }
+    position_.next_batch = 0;
+    position_.loss_sum = position_.seconds = 0.0;
+    position_.samples = position_.correct = 0;
+    return evaluation;
+  }
+
+  TrainConfig config_;
+  std::string run_dir_;
+  TrainingPosition position_;
+  TrainHooks hooks_;
+  data::DataLoader train_loader_, val_loader_;
+  models::Model model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LrSchedule schedule_;
+  MetricsLog metrics_;
+  EpochTotals epoch_totals_;
+  bool warned_no_gnuplot_ = false;
+};
+
+}  // namespace
+
+data::ImageSet load_split(const TrainConfig& c, data::Split split) {
+  const auto kind = data::parse_dataset(c.dataset);
+  const auto root = c.data_dir.empty() ? data::default_data_dir(kind) : c.data_dir;
+  auto set = data::load_dataset(kind, root, split);
+  return subset(std::move(set), split == data::Split::Train ? c.train_subset : c.val_subset, c.seed);
+}
+
+TrainConfig resolve_config(TrainConfig c, const data::ImageSet& train_set) {
+  TORCH_CHECK(train_set.height() == train_set.width(), "the models take square images; ", c.dataset,
+              " has ", train_set.height(), "x", train_set.width());
+  c.model_config.in_channels = train_set.channels();
+  c.model_config.image_size = train_set.height();
+  c.model_config.num_classes = train_set.num_classes();
+  if (c.crop_padding < 0) c.crop_padding = train_set.height() >= 32 ? 4 : 2;
+  if (c.hflip < 0) c.hflip = data::parse_dataset(c.dataset) == data::DatasetKind::Mnist ? 0.0 : 0.5;
+  return c;
+}
+
+Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision) {
+  at::NoGradGuard no_grad;
+  model.module()->eval();
+  const int64_t classes = loader.set().num_classes();
+  Evaluation e;
+  e.confusion.assign(classes, std::vector<int64_t>(classes, 0));
+  double loss_sum = 0.0;
+  int64_t top1 = 0, top5 = 0;
+  loader.start_epoch(0);
+  while (auto batch = loader.next()) {
+    at::Tensor logits;
+    {
+      AutocastGuard autocast(precision);
+      logits = model.forward(batch->images);
+    }
+    logits = logits.to(at::kFloat);
+    loss_sum += at::cross_entropy_loss(logits, batch->labels, {}, at::Reduction::Sum).item<double>();
+    top1 += correct_top_k(logits, batch->labels, 1);
+    top5 += correct_top_k(logits, batch->labels, 5);
+    const auto predicted = logits.argmax(1).contiguous();
+    const auto* p = predicted.const_data_ptr<int64_t>();
+    const auto* t = batch->labels.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < predicted.size(0); ++i) ++e.confusion[t[i]][p[i]];
+    e.samples += predicted.size(0);
+  }
+  const double n = static_cast<double>(std::max<int64_t>(1, e.samples));
+  e.loss = loss_sum / n;
+  e.top1 = 100.0 * top1 / n;
+  e.top5 = 100.0 * top5 / n;
+  return e;
+}
+
+TrainResult train(const TrainConfig& requested, const std::string& resume, const TrainHooks& hooks) {
+  TrainingPosition position;
+  std::string run_dir;
+  if (!resume.empty()) {
+    position = read_checkpoint_header(resume).position;
+    run_dir = fs::path(resume).parent_path().string();
+    if (run_dir.empty()) run_dir = ".";
+  } else {
+    run_dir = (fs::path(requested.output) /
+               (requested.experiment.empty() ? default_experiment(requested) : requested.experiment))
+                  .string();
+    TORCH_CHECK(!fs::exists(latest_checkpoint_path(run_dir)), "run directory '", run_dir,
+                "' already holds a run; continue it with --resume ", latest_checkpoint_path(run_dir),
+                " or choose another --experiment");
+  }
+  validate(requested);
+  auto train_set = load_split(requested, data::Split::Train);
+  auto config = resolve_config(requested, train_set);
+  validate(config);
+  TORCH_CHECK(position.epoch <= config.epochs, "checkpoint '", resume, "' is at epoch ", position.epoch,
+              ", past the run's ", config.epochs, " epochs");
+  fs::create_directories(run_dir);
+  write_config(run_dir, config);
+  // The model's initialisation and everything random in training (dropout, random candidates)
+  // follow torch's global generator; the loader has its own (seed, epoch, index) streams.
+  at::manual_seed(config.seed);
+  Trainer trainer(config, std::move(train_set), run_dir, position, hooks, resume);
+  return trainer.run();
+}
+
+}  // namespace convnn::train
