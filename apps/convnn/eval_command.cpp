@@ -42,13 +42,7 @@ int run_eval(const EvalArgs& a) {
               " classes of ", set.channels(), "x", set.height(), "x", set.width());
   auto model = models::build_model(config.model, config.model_config);
   train::load_checkpoint(path, *model.module(), nullptr);
-  data::LoaderOptions options;
-  options.batch_size = a.batch_size;
-  options.shuffle = false;
-  options.workers = a.workers;
-  const auto norm = data::normalisation_of(data::parse_dataset(config.dataset));
-  options.mean = norm.mean;
-  options.std = norm.std;
+  const auto options = train::loader_options(config, /*training=*/false);
   const auto class_names = set.class_names;
   data::DataLoader loader(std::move(set), options);
   const auto result = train::evaluate(model, loader, a.bf16 ? train::Precision::BFloat16 : config.precision);

@@ -1,21 +1,6 @@
 #include "model_options.h"
 
-#include <vector>
-
 namespace convnn::cli {
-namespace {
-
-// An enum option given by name: CLI11 checks the name, the parser turns it into the value (of an
-// enum field or of an optional one).
-template <typename Target, typename Parse>
-void add_enum_option(CLI::App* sub, const std::string& flag, Target& target, Parse parse,
-                     std::vector<std::string> names, const std::string& help) {
-  sub->add_option_function<std::string>(
-         flag, [&target, parse](const std::string& s) { target = parse(s); }, help)
-      ->check(CLI::IsMember(std::move(names)));
-}
-
-}  // namespace
 
 void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c) {
   sub->add_option("--model", name, "Model name")->required()->check(CLI::IsMember(models::model_names()));

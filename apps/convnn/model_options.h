@@ -3,10 +3,21 @@
 // the training command), declared once so that every subcommand spells them alike.
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "convnn/models/registry.h"
 
 namespace convnn::cli {
+
+/// An option given by name (of an enum field, or of an optional one): CLI11 checks the name
+/// against `names`, `parse` turns it into the value.
+template <typename Target, typename Parse>
+void add_enum_option(CLI::App* sub, const std::string& flag, Target& target, Parse parse,
+                     std::vector<std::string> names, const std::string& help) {
+  sub->add_option_function<std::string>(
+         flag, [&target, parse](const std::string& s) { target = parse(s); }, help)
+      ->check(CLI::IsMember(std::move(names)));
+}
 
 /// Registers --model (required) and one flag per ModelConfig field on `sub`; parsing fills
 /// `name` and `config`.

@@ -16,14 +16,6 @@ void group_since(CLI::App* sub, size_t first, const std::string& group) {
   for (size_t i = first; i < options.size(); ++i) const_cast<CLI::Option*>(options[i])->group(group);
 }
 
-template <typename Enum, typename Parse>
-void add_enum(CLI::App* sub, const std::string& flag, Enum& target, Parse parse,
-              std::vector<std::string> names, const std::string& help) {
-  sub->add_option_function<std::string>(
-         flag, [&target, parse](const std::string& s) { target = parse(s); }, help)
-      ->check(CLI::IsMember(std::move(names)));
-}
-
 }  // namespace
 
 std::string resume_checkpoint_path(const std::string& resume) {
@@ -70,9 +62,9 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   group_since(sub, first, "Model parameters");
 
   first = sub->get_options().size();
-  add_enum(sub, "--opt", c.optimizer, train::parse_optimizer, {"adamw", "sgd"}, "Optimizer (default adamw)");
+  add_enum_option(sub, "--opt", c.optimizer, train::parse_optimizer, {"adamw", "sgd"}, "Optimizer (default adamw)");
   sub->add_option("--weight-decay", c.weight_decay, "Weight decay (default 0.05)");
-  add_enum(sub, "--decay-on", c.decay_on, train::parse_decay_on, {"all", "weights"},
+  add_enum_option(sub, "--decay-on", c.decay_on, train::parse_decay_on, {"all", "weights"},
            "Weight decay on all parameters or only on weights, not biases/norms/embeddings (default all)");
   sub->add_option("--opt-betas", [&c](const CLI::results_t& r) {
         c.beta1 = std::stod(r.at(0));
@@ -88,7 +80,7 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   group_since(sub, first, "Optimizer parameters");
 
   first = sub->get_options().size();
-  add_enum(sub, "--sched", c.schedule, train::parse_schedule, {"cosine", "constant"},
+  add_enum_option(sub, "--sched", c.schedule, train::parse_schedule, {"cosine", "constant"},
            "Schedule after the warm-up, stepped per iteration (default cosine)");
   sub->add_option("--lr", c.lr, "Learning rate (default 1e-3)");
   sub->add_option("--epochs", c.epochs, "Epochs (default 300)");
@@ -105,7 +97,7 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   group_since(sub, first, "Augmentation and regularization parameters");
 
   first = sub->get_options().size();
-  add_enum(sub, "--precision", c.precision, train::parse_precision, {"float32", "bfloat16"},
+  add_enum_option(sub, "--precision", c.precision, train::parse_precision, {"float32", "bfloat16"},
            "Compute precision; bfloat16 runs the forward under autocast (default float32)");
   sub->add_flag_callback("--amp", [&c] { c.precision = train::Precision::BFloat16; },
                          "Same as --precision bfloat16");

@@ -66,21 +66,6 @@ std::string default_experiment(const TrainConfig& c) {
   return fmt::format("{}-{}-{}", c.model, c.dataset, stamp);
 }
 
-data::LoaderOptions loader_options(const TrainConfig& c, bool training) {
-  const auto norm = data::normalisation_of(data::parse_dataset(c.dataset));
-  data::LoaderOptions o;
-  o.batch_size = c.batch_size;
-  o.shuffle = training;
-  o.seed = c.seed;
-  o.workers = c.workers;
-  o.prefetch = c.prefetch;
-  o.crop_padding = training ? c.crop_padding : 0;
-  o.hflip = training ? c.hflip : 0.0;
-  o.mean = norm.mean;
-  o.std = norm.std;
-  return o;
-}
-
 void write_config(const std::string& run_dir, const TrainConfig& config) {
   write_file_atomically((fs::path(run_dir) / "config.json").string(),
                         nlohmann::json(config).dump(2) + "\n");
@@ -265,6 +250,21 @@ class Trainer {
 };
 
 }  // namespace
+
+data::LoaderOptions loader_options(const TrainConfig& c, bool training) {
+  const auto norm = data::normalisation_of(data::parse_dataset(c.dataset));
+  data::LoaderOptions o;
+  o.batch_size = c.batch_size;
+  o.shuffle = training;
+  o.seed = c.seed;
+  o.workers = c.workers;
+  o.prefetch = c.prefetch;
+  o.crop_padding = training ? c.crop_padding : 0;
+  o.hflip = training ? c.hflip : 0.0;
+  o.mean = norm.mean;
+  o.std = norm.std;
+  return o;
+}
 
 data::ImageSet load_split(const TrainConfig& c, data::Split split) {
   const auto kind = data::parse_dataset(c.dataset);

@@ -55,6 +55,10 @@ TrainConfig resolve_config(TrainConfig config, const data::ImageSet& train_set);
 TrainResult train(const TrainConfig& config, const std::string& resume = "",
                   const TrainHooks& hooks = {});
 
+/// The loader options of a config: shuffled and augmented for training, plain for evaluation;
+/// both normalised with the data set's statistics.
+data::LoaderOptions loader_options(const TrainConfig& config, bool training);
+
 /// The training and validation sets of a config (subsets applied).
 data::ImageSet load_split(const TrainConfig& config, data::Split split);
 
