@@ -131,8 +131,10 @@ void check_aggregate_inputs(const at::Tensor& values, const at::Tensor& weights,
 void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_view op,
                             std::string_view argument) {
   if (indices.numel() == 0) return;
+  // One reduction pass on the hot path; the position is only searched for once it failed.
+  const auto [low, high] = at::aminmax(indices);
+  if (low.item<int64_t>() >= 0 && high.item<int64_t>() < m) return;
   const auto bad = (indices < 0) | (indices >= m);
-  if (!bad.any().item<bool>()) return;
   const auto where = at::nonzero(bad)[0].cpu();
   std::vector<int64_t> pos(where.data_ptr<int64_t>(), where.data_ptr<int64_t>() + where.numel());
   int64_t flat = 0;

@@ -76,6 +76,27 @@ TEST(FusedSelect, LowerIndexWinsExactTies) {
   for (const auto& similarity : kSimilarities) expect_same_selection(q, k, 10, similarity, c10::nullopt, false);
 }
 
+// Float32 with K <= 16 takes the vector-register running top-K (AVX2 builds), K = 17 the scalar
+// one. Integer features make every score exact, so the selection must equal the reference's bit
+// for bit: exact ties (lower index wins), -0 against +0 (equal, so the index decides), masked
+// -inf slots, and row lengths that are not a multiple of the 8-key groups.
+TEST(FusedSelect, Float32SmallKTopKEqualsReferenceWithTiesSignedZerosAndMasks) {
+  torch::manual_seed(6);
+  for (const int64_t m : {int64_t{16}, int64_t{21}, int64_t{300}}) {
+    const auto q = torch::randint(-2, 3, {2, 37, 3}, torch::kFloat);
+    auto k = torch::randint(-2, 3, {2, m, 3}, torch::kFloat);
+    k.select(2, 0).mul_(-1);  // -0 next to +0 in the products
+    const auto allowed = torch::rand({37, m}) > 0.3;
+    for (const int64_t top : {int64_t{1}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{17}}) {
+      if (top > m) continue;
+      for (const auto& similarity : {std::string("dot"), std::string("gaussian")}) {
+        expect_same_selection(q, k, top, similarity, c10::nullopt, false);
+        expect_same_selection(q, k, top, similarity, allowed, true);
+      }
+    }
+  }
+}
+
 TEST(FusedSelect, Float32ScoresErrNoMoreThanTwiceTheReference) {
   torch::manual_seed(4);
   const auto q64 = torch::randn({4, 50, 32}, torch::kDouble), k64 = torch::randn({4, 180, 32}, torch::kDouble);

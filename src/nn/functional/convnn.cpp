@@ -192,7 +192,10 @@ at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::
       q, candidate_keys, o.k(), to_string(o.similarity()),
       candidate_mask.defined() ? c10::optional<at::Tensor>(candidate_mask) : c10::nullopt,
       index_order && !merge);
-  if (random) indices = drawn.index({indices});  // candidate slot -> token index (drawn is sorted)
+  if (random) {
+    // Candidate slot -> token index (drawn is sorted, so slot order is index order).
+    indices = drawn.index_select(0, indices.reshape({-1})).view(indices.sizes());
+  }
   if (merge) {
     std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, o.mask(), o);
     if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);

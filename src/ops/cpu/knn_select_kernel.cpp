@@ -13,8 +13,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
 
 #include "ops/cpu/inverse_index.h"
 #include "ops/cpu/isa.h"
@@ -102,33 +108,153 @@ void load_rows(const scalar_t* src, int64_t rows, int64_t d, bool normalise, acc
   }
 }
 
-// Sorted-descending running top-K of one row.
+// Sorted-descending running top-K of one row, any K and key type. A key only displaces a kept
+// one when strictly larger, so equal keys keep the lower (earlier) index.
 template <typename acc_t>
-struct RunningTopK {
-  acc_t* keys;
-  int64_t* indices;
-  int64_t count;
-  int64_t k;
+class RunningTopK {
+ public:
+  RunningTopK(acc_t* keys, int64_t* indices, int64_t k) : keys_(keys), indices_(indices), k_(k) {}
 
-  void push(acc_t value, int64_t index) {
-    int64_t pos;
-    if (count == k) {
-      if (!(value > keys[k - 1])) return;
-      pos = k - 1;
-    } else {
-      pos = count++;
-    }
-    while (pos > 0 && keys[pos - 1] < value) {
-      keys[pos] = keys[pos - 1];
-      indices[pos] = indices[pos - 1];
+  void reset() { count_ = 0; }
+
+  void offer(acc_t value, int64_t index) {
+    // Fast path: once the row holds K candidates, most keys do not beat the K-th.
+    if (count_ == k_ && !(value > keys_[k_ - 1])) return;
+    int64_t pos = count_ == k_ ? k_ - 1 : count_++;
+    while (pos > 0 && keys_[pos - 1] < value) {
+      keys_[pos] = keys_[pos - 1];
+      indices_[pos] = indices_[pos - 1];
       --pos;
     }
-    keys[pos] = value;
-    indices[pos] = index;
+    keys_[pos] = value;
+    indices_[pos] = index;
   }
+
+  void offer_row(const acc_t* row, int64_t columns, int64_t first) {
+    for (int64_t c = 0; c < columns; ++c) offer(row[c], first + c);
+  }
+
+  void read(acc_t* keys, int64_t* indices) const {
+    std::copy_n(keys_, k_, keys);
+    std::copy_n(indices_, k_, indices);
+  }
+
+ private:
+  acc_t* keys_;
+  int64_t* indices_;
+  int64_t k_;
+  int64_t count_ = 0;
 };
 
-template <typename scalar_t, typename acc_t>
+// Integer image of a float that orders as the float does (NaN excluded: ranking rejects it).
+// -0 is folded into +0 first: they compare equal, so their order must fall to the index.
+inline int32_t ordered_bits(float value) {
+  value += 0.0f;
+  int32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits >= 0 ? bits : bits ^ 0x7fffffff;
+}
+
+inline float from_ordered_bits(int32_t key) {
+  const int32_t bits = key >= 0 ? key : key ^ 0x7fffffff;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+#if defined(CPU_CAPABILITY_AVX2)
+// The running top-K for float keys, K <= 16 and int32 indices, in AVX2 registers: keys (as
+// ordered_bits) and indices fill 16 lanes each, sorted descending, and an insertion is the same
+// shift-and-blend whatever the new key's rank. The scalar insertion sort mispredicts a branch per
+// shifted slot; with few candidates per row (random candidates) that was most of the select time.
+class LaneTopK {
+ public:
+  static constexpr int64_t kLanes = 16;
+
+  explicit LaneTopK(int64_t k) : k_(k) { reset(); }
+
+  void reset() {
+    // INT32_MIN is below every ordered float (-inf included), so the first K keys always enter.
+    for (auto& v : keys_) v = _mm256_set1_epi32(std::numeric_limits<int32_t>::min());
+    for (auto& v : indices_) v = _mm256_setzero_si256();
+  }
+
+  // Offers row[c] with index first + c, for c < columns, in order.
+  void offer_row(const float* row, int64_t columns, int64_t first) {
+    // The lanes live in locals for the row, so they stay in registers.
+    Lanes lanes{keys_[0], keys_[1], indices_[0], indices_[1]};
+    const __m256i kth_lane = _mm256_set1_epi32(static_cast<int32_t>((k_ - 1) % 8));
+    alignas(32) int32_t group[8];
+    int64_t c = 0;
+    for (; c + 8 <= columns; c += 8) {
+      const __m256i keys = ordered_bits(_mm256_loadu_ps(row + c));
+      // Once the row holds K keys most groups hold none above the K-th: skip them whole.
+      const __m256i kth = _mm256_permutevar8x32_epi32(k_ <= 8 ? lanes.k0 : lanes.k1, kth_lane);
+      int above = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(keys, kth)));
+      if (above == 0) continue;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(group), keys);
+      // A key that falls to or below the K-th during the group is still safe to insert: see insert.
+      for (; above != 0; above &= above - 1) {
+        const int lane = __builtin_ctz(above);
+        insert(lanes, group[lane], first + c + lane);
+      }
+    }
+    for (; c < columns; ++c) insert(lanes, ordered_bits(row[c]), first + c);
+    keys_[0] = lanes.k0, keys_[1] = lanes.k1, indices_[0] = lanes.i0, indices_[1] = lanes.i1;
+  }
+
+  void read(float* keys, int64_t* indices) const {
+    alignas(32) int32_t key_lanes[kLanes], index_lanes[kLanes];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(key_lanes), keys_[0]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(key_lanes + 8), keys_[1]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(index_lanes), indices_[0]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(index_lanes + 8), indices_[1]);
+    for (int64_t s = 0; s < k_; ++s) {
+      keys[s] = from_ordered_bits(key_lanes[s]);
+      indices[s] = index_lanes[s];
+    }
+  }
+
+ private:
+  static __m256i ordered_bits(__m256 values) {
+    const __m256i bits = _mm256_castps_si256(_mm256_add_ps(values, _mm256_setzero_ps()));
+    const __m256i negative = _mm256_srai_epi32(bits, 31);
+    return _mm256_xor_si256(bits, _mm256_and_si256(negative, _mm256_set1_epi32(0x7fffffff)));
+  }
+  static int32_t ordered_bits(float value) { return convnn::cpu::CONVNN_CPU_ISA::ordered_bits(value); }
+
+  // A lane whose key is >= the new one stays (ties keep the earlier index); the first other lane
+  // takes the new key; the lanes after it shift by one. A key at or below the K-th leaves lanes
+  // < K as they are: only unused lanes change, and shifts never carry those back.
+  struct Lanes {
+    __m256i k0, k1, i0, i1;
+  };
+
+  static void insert(Lanes& lanes, int32_t key, int64_t index) {
+    const __m256i rotate = _mm256_setr_epi32(7, 0, 1, 2, 3, 4, 5, 6);
+    const __m256i top = _mm256_set1_epi32(std::numeric_limits<int32_t>::max());
+    const __m256i v = _mm256_set1_epi32(key), slot = _mm256_set1_epi32(static_cast<int32_t>(index));
+    auto& [k0, k1, i0, i1] = lanes;
+    // previous[l] = lane l - 1, with lane -1 a key nothing exceeds.
+    const __m256i r0 = _mm256_permutevar8x32_epi32(k0, rotate), r1 = _mm256_permutevar8x32_epi32(k1, rotate);
+    const __m256i p0 = _mm256_blend_epi32(r0, top, 1), p1 = _mm256_blend_epi32(r1, r0, 1);
+    const __m256i q0 = _mm256_permutevar8x32_epi32(i0, rotate), r1i = _mm256_permutevar8x32_epi32(i1, rotate);
+    const __m256i q1 = _mm256_blend_epi32(r1i, q0, 1);
+    const __m256i moves0 = _mm256_cmpgt_epi32(v, k0), moves1 = _mm256_cmpgt_epi32(v, k1);
+    const __m256i takes0 = _mm256_cmpgt_epi32(v, p0), takes1 = _mm256_cmpgt_epi32(v, p1);
+    k0 = _mm256_blendv_epi8(k0, _mm256_blendv_epi8(v, p0, takes0), moves0);
+    k1 = _mm256_blendv_epi8(k1, _mm256_blendv_epi8(v, p1, takes1), moves1);
+    i0 = _mm256_blendv_epi8(i0, _mm256_blendv_epi8(slot, q0, takes0), moves0);
+    i1 = _mm256_blendv_epi8(i1, _mm256_blendv_epi8(slot, q1, takes1), moves1);
+  }
+
+  __m256i keys_[2];
+  __m256i indices_[2];
+  int64_t k_;
+};
+#endif
+
+template <typename scalar_t, typename acc_t, typename TopK>
 class SelectTask {
  public:
   explicit SelectTask(const KnnSelectParams<scalar_t, acc_t>& p)
@@ -140,29 +266,38 @@ class SelectTask {
         keys_block_(kKeyBlock * d_),
         tile_(kQueryBlock * kKeyBlock),
         top_keys_(kQueryBlock * p.k),
-        top_indices_(kQueryBlock * p.k) {}
+        top_indices_(kQueryBlock * p.k),
+        row_keys_(p.k),
+        row_indices_(p.k) {
+    tops_.reserve(kQueryBlock);
+    for (int64_t r = 0; r < kQueryBlock; ++r) tops_.push_back(make_top(r));
+  }
 
   // Returns false on an unrankable score.
   bool run(int64_t g, int64_t row_begin) {
     const int64_t rows = std::min(kQueryBlock, p_.queries_n - row_begin);
     std::fill(q_.begin(), q_.end(), acc_t(0));
     load_rows(p_.queries + (g * p_.queries_n + row_begin) * d_, rows, d_, normalise_, q_.data());
-    std::vector<RunningTopK<acc_t>> tops;
-    tops.reserve(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      tops.push_back({top_keys_.data() + r * p_.k, top_indices_.data() + r * p_.k, 0, p_.k});
-    }
+    for (int64_t r = 0; r < rows; ++r) tops_[r].reset();
     for (int64_t m0 = 0; m0 < p_.keys_m; m0 += kKeyBlock) {
       const int64_t columns = std::min(kKeyBlock, p_.keys_m - m0);
       load_key_block(g, m0, columns);
       compute_tile(rows, columns);
-      if (!push_tile(g, row_begin, rows, m0, columns, tops)) return false;
+      if (!push_tile(g, row_begin, rows, m0, columns)) return false;
     }
     write_rows(g, row_begin, rows);
     return true;
   }
 
  private:
+  TopK make_top(int64_t r) {
+    if constexpr (std::is_constructible_v<TopK, int64_t>) {
+      return TopK(p_.k);
+    } else {
+      return TopK(top_keys_.data() + r * p_.k, top_indices_.data() + r * p_.k, p_.k);
+    }
+  }
+
   void load_key_block(int64_t g, int64_t m0, int64_t columns) {
     load_rows(p_.keys + (g * p_.keys_m + m0) * d_, columns, d_, normalise_, keys_block_.data());
     std::fill(kt_.begin(), kt_.end(), acc_t(0));
@@ -210,26 +345,21 @@ class SelectTask {
     return rankable;
   }
 
-  bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns,
-                 std::vector<RunningTopK<acc_t>>& tops) {
+  bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns) {
     for (int64_t r = 0; r < rows; ++r) {
       acc_t* row = tile_.data() + r * kKeyBlock;
       if (!ranking_keys(row, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0)) return false;
-      auto& top = tops[r];
-      for (int64_t c = 0; c < columns; ++c) {
-        // Fast path: once the row holds K candidates, most scores do not beat the K-th.
-        if (top.count == top.k && !(row[c] > top.keys[top.k - 1])) continue;
-        top.push(row[c], m0 + c);
-      }
+      tops_[r].offer_row(row, columns, m0);
     }
     return true;
   }
 
   void write_rows(int64_t g, int64_t row_begin, int64_t rows) {
     const bool distance = is_distance_similarity(p_.similarity);
+    acc_t* keys = row_keys_.data();
+    int64_t* indices = row_indices_.data();
     for (int64_t r = 0; r < rows; ++r) {
-      acc_t* keys = top_keys_.data() + r * p_.k;
-      int64_t* indices = top_indices_.data() + r * p_.k;
+      tops_[r].read(keys, indices);
       if (p_.index_order) sort_by_index(keys, indices, p_.k);
       const int64_t out = (g * p_.queries_n + row_begin + r) * p_.k;
       for (int64_t s = 0; s < p_.k; ++s) {
@@ -260,6 +390,9 @@ class SelectTask {
   const bool normalise_;
   std::vector<acc_t> q_, kt_, keys_block_, tile_, top_keys_;
   std::vector<int64_t> top_indices_;
+  std::vector<acc_t> row_keys_;
+  std::vector<int64_t> row_indices_;
+  std::vector<TopK> tops_;
 };
 
 // ---- Backward ------------------------------------------------------------------------------------
@@ -390,17 +523,33 @@ template void knn_select_backward(const KnnSelectBackwardParams<double, double>&
 template void knn_select_backward(const KnnSelectBackwardParams<c10::BFloat16, float>&);
 template void knn_select_backward(const KnnSelectBackwardParams<c10::Half, float>&);
 
-template <typename scalar_t, typename acc_t>
-bool knn_select_forward(const KnnSelectParams<scalar_t, acc_t>& p) {
+namespace {
+
+template <typename scalar_t, typename acc_t, typename TopK>
+bool select_blocks(const KnnSelectParams<scalar_t, acc_t>& p) {
   const int64_t blocks_per_slice = (p.queries_n + kQueryBlock - 1) / kQueryBlock;
   std::atomic<bool> rankable{true};
   at::parallel_for(0, p.slices * blocks_per_slice, 1, [&](int64_t begin, int64_t end) {
-    SelectTask<scalar_t, acc_t> task(p);
+    SelectTask<scalar_t, acc_t, TopK> task(p);
     for (int64_t t = begin; t < end && rankable.load(std::memory_order_relaxed); ++t) {
       if (!task.run(t / blocks_per_slice, (t % blocks_per_slice) * kQueryBlock)) rankable = false;
     }
   });
   return rankable.load();
+}
+
+}  // namespace
+
+template <typename scalar_t, typename acc_t>
+bool knn_select_forward(const KnnSelectParams<scalar_t, acc_t>& p) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<acc_t, float>) {
+    if (p.k <= LaneTopK::kLanes && p.keys_m <= std::numeric_limits<int32_t>::max()) {
+      return select_blocks<scalar_t, acc_t, LaneTopK>(p);
+    }
+  }
+#endif
+  return select_blocks<scalar_t, acc_t, RunningTopK<acc_t>>(p);
 }
 
 template bool knn_select_forward(const KnnSelectParams<float, float>&);
