@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "bench_data.h"
 #include "commands.h"
 #include "convnn/bench/bench.h"
 
@@ -354,12 +355,14 @@ int run_bench(const BenchArgs& args) {
 
 Command add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
+  auto data_args = std::make_shared<DataBenchArgs>();
   auto* sub = app.add_subcommand("bench", "Time and measure the memory of the reference (Algorithm 1 in plain "
-                                          "ATen) and fused ConvNN paths side by side");
+                                          "ATen) and fused ConvNN paths side by side; with --data, the input "
+                                          "pipeline's images/s");
   sub->add_option("--level", args->level, "op: knn_select + softmax + knn_aggregate on [G,N,d]; module: "
                                           "ConvNNAttention, the reference layer and MHSA (default: module)")
       ->check(CLI::IsMember({"op", "module"}));
-  sub->add_option("--batch", args->batch, "Batch size B (default: 32)");
+  sub->add_option("--batch", args->batch, "Batch size B (default: 32; with --data, the loader's batch)");
   sub->add_option("--tokens", args->tokens, "Sequence length N (default: 197)");
   sub->add_option("--channels", args->channels, "Embedding dimension C (default: 768)");
   sub->add_option("--heads", args->heads, "Heads H, must divide C (default: 12)");
@@ -386,7 +389,12 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--sweep-batch", args->sweep_batch, "Batch size of the sweep (default: 1)");
   sub->add_option("--sweep-iters", args->sweep_iters, "Timed iterations per phase in the sweep (default: 3)");
   sub->add_option("--sweep-warmup", args->sweep_warmup, "Warm-up iterations in the sweep (default: 1)");
-  return {sub, [args] { return run_bench(*args); }};
+  add_data_bench_options(sub, *data_args);
+  return {sub, [args, data_args] {
+            if (!data_bench_requested(*data_args)) return run_bench(*args);
+            TORCH_CHECK(args->seed >= 0, "bench: seed must be non-negative, got ", args->seed);
+            return run_data_bench(*data_args, args->batch, static_cast<uint64_t>(args->seed), args->json);
+          }};
 }
 
 }  // namespace convnn::cli

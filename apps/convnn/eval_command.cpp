@@ -5,7 +5,6 @@
 #include <filesystem>
 
 #include "commands.h"
-#include "convnn/data/loader.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "train_options.h"
@@ -16,6 +15,7 @@ namespace {
 struct EvalArgs {
   std::string checkpoint;
   std::string data_dir;
+  std::string val_labels;
   std::string split = "test";
   std::string output;
   int64_t batch_size = 256;
@@ -27,31 +27,21 @@ int run_eval(const EvalArgs& a) {
   const auto path = resume_checkpoint_path(a.checkpoint);
   auto config = train::read_checkpoint_header(path).config;
   if (!a.data_dir.empty()) config.data_dir = a.data_dir;
+  if (!a.val_labels.empty()) config.val_labels = a.val_labels;
   config.batch_size = a.batch_size;
   config.workers = a.workers;
   config.val_subset = 0;
   config.train_subset = 0;
   const auto split = a.split == "train" ? data::Split::Train : data::Split::Test;
-  auto set = train::load_split(config, split);
-  TORCH_CHECK(set.num_classes() == config.model_config.num_classes &&
-                  set.channels() == config.model_config.in_channels &&
-                  set.height() == config.model_config.image_size,
-              "checkpoint '", path, "' was trained on ", config.model_config.num_classes, " classes of ",
-              config.model_config.in_channels, "x", config.model_config.image_size, "x",
-              config.model_config.image_size, " images; the data set has ", set.num_classes(),
-              " classes of ", set.channels(), "x", set.height(), "x", set.width());
-  auto model = models::build_model(config.model, config.model_config);
-  train::load_checkpoint(path, *model.module(), nullptr);
-  const auto options = train::loader_options(config, /*training=*/false);
-  const auto class_names = set.class_names;
-  data::DataLoader loader(std::move(set), options);
-  const auto result = train::evaluate(model, loader, a.bf16 ? train::Precision::BFloat16 : config.precision);
+  const auto result =
+      train::evaluate_checkpoint(path, config, split, a.bf16 ? train::Precision::BFloat16 : config.precision);
   const auto output = a.output.empty()
                           ? (std::filesystem::path(path).parent_path() / ("eval-" + a.split)).string()
                           : a.output;
-  train::write_confusion(output, class_names, result.confusion);
+  train::write_confusion(output, result.class_names, result.confusion);
   fmt::print("{} on {} {} ({} images): top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}\n", path, config.dataset,
              a.split, result.samples, result.top1, result.top5, result.loss);
+  if (result.skipped > 0) fmt::print("skipped {} unreadable files (see the warnings)\n", result.skipped);
   fmt::print("confusion matrix: {}/confusion.csv{}\n", output,
              std::filesystem::exists(std::filesystem::path(output) / "confusion.png") ? " and confusion.png" : "");
   return 0;
@@ -65,7 +55,9 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--checkpoint", args->checkpoint, "Checkpoint file, or a run directory (its latest)")
       ->required();
   sub->add_option("--data-dir", args->data_dir, "Folder of the data set (default: the run's)");
-  sub->add_option("--split", args->split, "Split to evaluate (default test)")
+  sub->add_option("--val-labels", args->val_labels,
+                  "imagefolder: labels file of a flat val/ folder (default: the run's, else found beside it)");
+  sub->add_option("--split", args->split, "Split to evaluate (default test; the val/ folder of an imagefolder)")
       ->check(CLI::IsMember({"test", "train"}));
   sub->add_option("--output", args->output, "Folder for confusion.csv/png (default <run>/eval-<split>)");
   sub->add_option("-b,--batch-size", args->batch_size, "Batch size (default 256)")->check(CLI::PositiveNumber);

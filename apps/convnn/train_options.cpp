@@ -3,7 +3,6 @@
 #include <filesystem>
 #include <vector>
 
-#include "convnn/data/datasets.h"
 #include "convnn/train/checkpoint.h"
 #include "model_options.h"
 
@@ -14,6 +13,59 @@ namespace {
 void group_since(CLI::App* sub, size_t first, const std::string& group) {
   const auto options = sub->get_options();
   for (size_t i = first; i < options.size(); ++i) const_cast<CLI::Option*>(options[i])->group(group);
+}
+
+// A pair of numbers, as timm's --opt-betas, --scale and --ratio.
+void add_range_option(CLI::App* sub, const std::string& flag, double& min, double& max,
+                      const std::string& help) {
+  sub->add_option(flag, [&min, &max](const CLI::results_t& r) {
+        min = std::stod(r.at(0));
+        max = std::stod(r.at(1));
+        return true;
+      }, help)->expected(2)->type_name("FLOAT");
+}
+
+// The RandAugment magnitude, or "off" (0).
+void add_rand_augment_option(CLI::App* sub, double& magnitude) {
+  sub->add_option_function<std::string>(
+         "--rand-augment", [&magnitude](const std::string& s) { magnitude = s == "off" ? 0.0 : std::stod(s); },
+         "RandAugment magnitude M in [0, 10] (paper recipe 9, timm's rand-m9-mstd0.5-inc1; 0 or off: disabled)")
+      ->type_name("M|off")
+      ->check([](const std::string& s) {
+        if (s == "off") return std::string();
+        try {
+          size_t used = 0;
+          std::stod(s, &used);
+          if (used == s.size()) return std::string();
+        } catch (const std::exception&) {
+        }
+        return "expected a number or off, got '" + s + "'";
+      });
+}
+
+void add_augmentation_options(CLI::App* sub, train::TrainConfig& c) {
+  add_enum_option(sub, "--recipe", c.recipe, train::parse_recipe, {"paper", "none"},
+                  "Augmentation recipe: paper (DeiT/Swin: RandAugment, colour jitter 0.4, erasing 0.25, "
+                  "mixup 0.8, cutmix 1.0) or none (crop and flip); default paper for imagefolder, none "
+                  "otherwise. The options below override it");
+  add_range_option(sub, "--scale", c.scale_min, c.scale_max,
+                   "imagefolder: RandomResizedCrop area fraction (default 0.08 1)");
+  add_range_option(sub, "--ratio", c.ratio_min, c.ratio_max,
+                   "imagefolder: RandomResizedCrop aspect ratio (default 0.75 1.3333)");
+  add_rand_augment_option(sub, c.rand_augment);
+  sub->add_option("--rand-augment-ops", c.rand_augment_ops, "RandAugment ops per image (default 2; 0: off)");
+  sub->add_option("--rand-augment-mstd", c.rand_augment_mstd,
+                  "RandAugment magnitude standard deviation (default 0.5; above 100: uniform in [0, M])");
+  sub->add_option("--color-jitter", c.color_jitter,
+                  "Colour jitter strength of brightness, contrast and saturation (paper recipe 0.4; 0: off)");
+  sub->add_option("--reprob", c.reprob, "Random erasing probability, mode pixel (paper recipe 0.25; 0: off)");
+  sub->add_option("--mixup", c.mixup, "MixUp alpha (paper recipe 0.8; 0: off)");
+  sub->add_option("--cutmix", c.cutmix, "CutMix alpha (paper recipe 1.0; 0: off)");
+  sub->add_option("--mixup-switch-prob", c.mixup_switch_prob,
+                  "Probability of CutMix instead of MixUp when both are on (default 0.5)");
+  sub->add_option("--val-resize", c.val_resize,
+                  "imagefolder: shorter side before the validation centre crop (default image size / "
+                  "0.875: 256 for 224)");
 }
 
 }  // namespace
@@ -42,11 +94,17 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   group_since(sub, run_first, "Run");
 
   size_t first = sub->get_options().size();
-  sub->add_option("--dataset", c.dataset, "Data set (default fashion-mnist)")
-      ->check(CLI::IsMember(data::dataset_names()));
+  sub->add_option("--dataset", c.dataset,
+                  "Data set (default fashion-mnist; imagefolder: ImageNet-style folders of JPEG/PNG files)")
+      ->check(CLI::IsMember(train::train_dataset_names()));
   sub->add_option("--data-dir", c.data_dir,
                   "Folder of the data set files (default: /usr/share/datasets/fashion-mnist for "
-                  "fashion-mnist, data/<dataset> otherwise)");
+                  "fashion-mnist, data/<dataset> otherwise; imagefolder: the root holding train/ and val/)");
+  sub->add_option("--val-labels", c.val_labels,
+                  "imagefolder: labels file of a flat val/ folder (default: val_labels.txt or "
+                  "LOC_val_solution.csv beside it)");
+  sub->add_flag("--strict-data", c.strict_data,
+                "imagefolder: stop at the first unreadable image file (default: skip it with a warning)");
   sub->add_option("--train-subset", c.train_subset, "Train on n samples of a seeded shuffle (0: all)");
   sub->add_option("--val-subset", c.val_subset, "Evaluate on n test samples of a seeded shuffle (0: all)");
   sub->add_option("-j,--workers", c.workers, "Data loader threads (default 2)");
@@ -60,17 +118,17 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
     sub->remove_option(sub->get_option(derived));  // taken from the data set
   }
   group_since(sub, first, "Model parameters");
+  sub->add_option("--image-size", c.image_size,
+                  "imagefolder: side of the training and validation crops (default 224; the other data "
+                  "sets keep their own size)")
+      ->group("Dataset parameters");
 
   first = sub->get_options().size();
   add_enum_option(sub, "--opt", c.optimizer, train::parse_optimizer, {"adamw", "sgd"}, "Optimizer (default adamw)");
   sub->add_option("--weight-decay", c.weight_decay, "Weight decay (default 0.05)");
   add_enum_option(sub, "--decay-on", c.decay_on, train::parse_decay_on, {"all", "weights"},
            "Weight decay on all parameters or only on weights, not biases/norms/embeddings (default all)");
-  sub->add_option("--opt-betas", [&c](const CLI::results_t& r) {
-        c.beta1 = std::stod(r.at(0));
-        c.beta2 = std::stod(r.at(1));
-        return true;
-      }, "AdamW betas (default 0.9 0.999)")->expected(2)->type_name("FLOAT FLOAT");
+  add_range_option(sub, "--opt-betas", c.beta1, c.beta2, "AdamW betas (default 0.9 0.999)");
   sub->add_option("--opt-eps", c.eps, "AdamW epsilon (default 1e-8)");
   sub->add_option("--momentum", c.momentum, "SGD momentum (default 0.9)");
   sub->add_flag("--nesterov", c.nesterov, "SGD: Nesterov momentum");
@@ -94,6 +152,7 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   sub->add_option("--crop-padding", c.crop_padding,
                   "Random crop from the zero-padded image (default: 2 px for 28 px images, 4 for 32; 0: off)");
   sub->add_option("--hflip", c.hflip, "Horizontal flip probability (default 0.5; 0 for mnist)");
+  add_augmentation_options(sub, c);
   group_since(sub, first, "Augmentation and regularization parameters");
 
   first = sub->get_options().size();

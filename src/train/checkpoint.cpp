@@ -29,7 +29,8 @@ std::vector<std::pair<std::string, at::Tensor>> named_state(torch::nn::Module& m
 nlohmann::json position_to_json(const TrainingPosition& p) {
   return {{"epoch", p.epoch},       {"next_batch", p.next_batch}, {"step", p.step},
           {"best_top1", p.best_top1}, {"best_epoch", p.best_epoch}, {"loss_sum", p.loss_sum},
-          {"samples", p.samples},   {"correct", p.correct},       {"seconds", p.seconds}};
+          {"samples", p.samples},   {"correct", p.correct},       {"seconds", p.seconds},
+          {"skipped", p.skipped}};
 }
 
 TrainingPosition position_from_json(const nlohmann::json& j) {
@@ -43,6 +44,7 @@ TrainingPosition position_from_json(const nlohmann::json& j) {
   p.samples = j.at("samples");
   p.correct = j.at("correct");
   p.seconds = j.at("seconds");
+  p.skipped = j.value("skipped", int64_t{0});  // absent from checkpoints of older versions
   return p;
 }
 

@@ -1,13 +1,16 @@
 #include "convnn/train/config.h"
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "convnn/data/datasets.h"
+#include "convnn/data/image_folder_source.h"
 #include "util/enum_names.h"
 #include "util/json_fields.h"
 
@@ -21,16 +24,30 @@ constexpr detail::NameTable<Schedule, 2> kSchedules{{{"cosine", Schedule::Cosine
                                                       {"constant", Schedule::Constant}}};
 constexpr detail::NameTable<Precision, 2> kPrecisions{{{"float32", Precision::Float32},
                                                        {"bfloat16", Precision::BFloat16}}};
+constexpr detail::NameTable<Recipe, 2> kRecipes{{{"paper", Recipe::Paper}, {"none", Recipe::None}}};
+
+constexpr const char* kImageFolder = "imagefolder";
+
+// The values a recipe gives the augmentation fields left at -1 (label smoothing 0.1 and the
+// validation resize are the same in both). Paper: timm's DeiT / Swin settings.
+struct RecipeValues {
+  double rand_augment, color_jitter, reprob, mixup, cutmix;
+};
+constexpr RecipeValues kPaperRecipe{9.0, 0.4, 0.25, 0.8, 1.0};
+constexpr RecipeValues kNoRecipe{0.0, 0.0, 0.0, 0.0, 0.0};
+constexpr int64_t kDefaultImageSize = 224;
 
 struct TrainEnums {
   std::string name(OptimizerKind v) const { return to_string(v); }
   std::string name(DecayOn v) const { return to_string(v); }
   std::string name(Schedule v) const { return to_string(v); }
   std::string name(Precision v) const { return to_string(v); }
+  std::string name(Recipe v) const { return to_string(v); }
   OptimizerKind parse(const std::string& s, OptimizerKind*) const { return parse_optimizer(s); }
   DecayOn parse(const std::string& s, DecayOn*) const { return parse_decay_on(s); }
   Schedule parse(const std::string& s, Schedule*) const { return parse_schedule(s); }
   Precision parse(const std::string& s, Precision*) const { return parse_precision(s); }
+  Recipe parse(const std::string& s, Recipe*) const { return parse_recipe(s); }
 };
 
 // The one list of fields that both JSON directions follow, in the order of the struct.
@@ -39,12 +56,29 @@ const auto visit_fields = [](auto& c, auto&& visit) {
   visit("model_config", c.model_config);
   visit("dataset", c.dataset);
   visit("data_dir", c.data_dir);
+  visit("val_labels", c.val_labels);
+  visit("strict_data", c.strict_data);
+  visit("image_size", c.image_size);
+  visit("val_resize", c.val_resize);
   visit("train_subset", c.train_subset);
   visit("val_subset", c.val_subset);
   visit("workers", c.workers);
   visit("prefetch", c.prefetch);
   visit("crop_padding", c.crop_padding);
   visit("hflip", c.hflip);
+  visit("recipe", c.recipe);
+  visit("scale_min", c.scale_min);
+  visit("scale_max", c.scale_max);
+  visit("ratio_min", c.ratio_min);
+  visit("ratio_max", c.ratio_max);
+  visit("rand_augment", c.rand_augment);
+  visit("rand_augment_ops", c.rand_augment_ops);
+  visit("rand_augment_mstd", c.rand_augment_mstd);
+  visit("color_jitter", c.color_jitter);
+  visit("reprob", c.reprob);
+  visit("mixup", c.mixup);
+  visit("cutmix", c.cutmix);
+  visit("mixup_switch_prob", c.mixup_switch_prob);
   visit("optimizer", c.optimizer);
   visit("lr", c.lr);
   visit("weight_decay", c.weight_decay);
@@ -77,6 +111,80 @@ void check_finite_non_negative(double value, const char* option) {
               " must be a finite non-negative number, got ", value);
 }
 
+// An augmentation value: -1 (the recipe's), or one that `valid` accepts.
+template <typename Valid>
+void check_recipe_value(double value, const char* option, const char* rule, Valid valid) {
+  TORCH_CHECK(value == -1.0 || (std::isfinite(value) && valid(value)), option, " must be ", rule,
+              " (or -1: the recipe's value), got ", value);
+}
+
+void check_dataset(const TrainConfig& c) {
+  const auto& names = train_dataset_names();
+  if (std::find(names.begin(), names.end(), c.dataset) != names.end()) return;
+  std::string allowed;
+  for (const auto& name : names) allowed += (allowed.empty() ? "" : ", ") + name;
+  TORCH_CHECK(false, "dataset must be one of ", allowed, "; got '", c.dataset, "'");
+}
+
+void check_augmentation(const TrainConfig& c) {
+  TORCH_CHECK(c.scale_min >= 0.0 && c.scale_min <= c.scale_max && c.scale_max > 0.0 &&
+                  c.scale_max <= 1.0,
+              "scale must be (min, max) with 0 <= min <= max <= 1 and max > 0, got (", c.scale_min,
+              ", ", c.scale_max, ")");
+  TORCH_CHECK(std::isfinite(c.ratio_max) && c.ratio_min > 0.0 && c.ratio_min <= c.ratio_max,
+              "ratio must be a finite (min, max) with 0 < min <= max, got (", c.ratio_min, ", ",
+              c.ratio_max, ")");
+  check_recipe_value(c.rand_augment, "rand_augment", "a magnitude in [0, 10] (0: off)",
+                     [](double v) { return v >= 0.0 && v <= 10.0; });
+  TORCH_CHECK(c.rand_augment_ops >= 0, "rand_augment_ops must be >= 0 (0: off), got ",
+              c.rand_augment_ops);
+  check_finite_non_negative(c.rand_augment_mstd, "rand_augment_mstd");
+  const auto non_negative = [](double v) { return v >= 0.0; };
+  const auto probability = [](double v) { return v <= 1.0 && v >= 0.0; };
+  check_recipe_value(c.color_jitter, "color_jitter", ">= 0 (0: off)", non_negative);
+  check_recipe_value(c.reprob, "reprob", "a probability in [0, 1]", probability);
+  check_recipe_value(c.mixup, "mixup", "an alpha >= 0 (0: off)", non_negative);
+  check_recipe_value(c.cutmix, "cutmix", "an alpha >= 0 (0: off)", non_negative);
+  TORCH_CHECK(probability(c.mixup_switch_prob), "mixup_switch_prob must be in [0, 1], got ",
+              c.mixup_switch_prob);
+}
+
+// Options that mean something for one kind of data set only are errors with the other, rather
+// than silently ignored.
+void check_image_folder_only(const TrainConfig& c) {
+  const auto only = [&](bool unset, const char* option, const auto& value) {
+    TORCH_CHECK(unset, option, " applies to dataset imagefolder only (the in-memory data sets keep "
+                "their size and train with crop padding and flip), got ", value, " with dataset ",
+                c.dataset);
+  };
+  only(c.image_size == 0, "image_size", c.image_size);
+  only(c.val_resize == 0, "val_resize", c.val_resize);
+  only(c.val_labels.empty(), "val_labels", c.val_labels);
+  only(c.recipe != Recipe::Paper, "recipe paper", "paper");
+  only(c.rand_augment <= 0.0, "rand_augment", c.rand_augment);
+  only(c.color_jitter <= 0.0, "color_jitter", c.color_jitter);
+  only(c.reprob <= 0.0, "reprob", c.reprob);
+  const TrainConfig defaults;
+  only(c.scale_min == defaults.scale_min && c.scale_max == defaults.scale_max, "scale",
+       fmt::format("({}, {})", c.scale_min, c.scale_max));
+  only(c.ratio_min == defaults.ratio_min && c.ratio_max == defaults.ratio_max, "ratio",
+       fmt::format("({}, {})", c.ratio_min, c.ratio_max));
+}
+
+void check_image_folder(const TrainConfig& c) {
+  TORCH_CHECK(!c.data_dir.empty(),
+              "data_dir must name the root of the image folders (train/ and val/ inside) for "
+              "dataset imagefolder");
+  TORCH_CHECK(c.crop_padding <= 0, "crop_padding applies to the in-memory data sets; dataset "
+              "imagefolder crops with RandomResizedCrop (scale, ratio), got crop_padding ",
+              c.crop_padding);
+  TORCH_CHECK(c.image_size >= 0, "image_size must be >= 1 (or 0: 224), got ", c.image_size);
+  const int64_t size = c.image_size > 0 ? c.image_size : kDefaultImageSize;
+  TORCH_CHECK(c.val_resize == 0 || c.val_resize >= size,
+              "val_resize must be >= image_size (", size, ") or 0 (image_size / 0.875), got ",
+              c.val_resize);
+}
+
 }  // namespace
 
 OptimizerKind parse_optimizer(const std::string& name) {
@@ -91,6 +199,40 @@ std::string to_string(OptimizerKind value) { return detail::name_of(kOptimizers,
 std::string to_string(DecayOn value) { return detail::name_of(kDecayOn, value); }
 std::string to_string(Schedule value) { return detail::name_of(kSchedules, value); }
 std::string to_string(Precision value) { return detail::name_of(kPrecisions, value); }
+Recipe parse_recipe(const std::string& name) { return detail::parse_name(kRecipes, name, "recipe"); }
+std::string to_string(Recipe value) { return detail::name_of(kRecipes, value); }
+
+const std::vector<std::string>& train_dataset_names() {
+  static const std::vector<std::string> names = [] {
+    auto all = data::dataset_names();
+    all.push_back(kImageFolder);
+    return all;
+  }();
+  return names;
+}
+
+bool is_image_folder(const TrainConfig& config) { return config.dataset == kImageFolder; }
+
+TrainConfig apply_recipe(TrainConfig c) {
+  if (!c.recipe) c.recipe = is_image_folder(c) ? Recipe::Paper : Recipe::None;
+  const auto& values = *c.recipe == Recipe::Paper ? kPaperRecipe : kNoRecipe;
+  const auto fill = [](double& field, double value) {
+    if (field == -1.0) field = value;
+  };
+  fill(c.rand_augment, values.rand_augment);
+  fill(c.color_jitter, values.color_jitter);
+  fill(c.reprob, values.reprob);
+  fill(c.mixup, values.mixup);
+  fill(c.cutmix, values.cutmix);
+  // Digits are not mirror-symmetric.
+  if (c.hflip < 0) c.hflip = c.dataset == data::to_string(data::DatasetKind::Mnist) ? 0.0 : 0.5;
+  if (is_image_folder(c)) {
+    if (c.image_size == 0) c.image_size = kDefaultImageSize;
+    if (c.val_resize == 0) c.val_resize = data::default_val_resize(c.image_size);
+    if (c.crop_padding < 0) c.crop_padding = 0;
+  }
+  return c;
+}
 
 void to_json(nlohmann::json& json, const TrainConfig& config) {
   json = detail::config_to_json(config, visit_fields, TrainEnums{});
@@ -101,7 +243,13 @@ void from_json(const nlohmann::json& json, TrainConfig& config) {
 }
 
 void validate(const TrainConfig& c) {
-  data::parse_dataset(c.dataset);
+  check_dataset(c);
+  if (is_image_folder(c)) {
+    check_image_folder(c);
+  } else {
+    check_image_folder_only(c);
+  }
+  check_augmentation(c);
   models::validate(c.model, c.model_config);
   TORCH_CHECK(c.train_subset >= 0, "train_subset must be >= 0 (0: all), got ", c.train_subset);
   TORCH_CHECK(c.val_subset >= 0, "val_subset must be >= 0 (0: all), got ", c.val_subset);

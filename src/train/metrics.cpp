@@ -27,6 +27,7 @@ void visit_metrics(Metrics& m, Visitor&& visit) {
   visit("lr", m.lr);
   visit("images_per_s", m.images_per_s);
   visit("epoch_time_s", m.epoch_time_s);
+  visit("skipped", m.skipped);
 }
 
 bool gnuplot_available() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
@@ -65,7 +66,10 @@ MetricsLog::MetricsLog(std::string run_dir, int64_t first_epoch) : run_dir_(std:
     json = nlohmann::json::parse(in);
     for (const auto& row : json) {
       EpochMetrics m;
-      visit_metrics(m, [&](const char* key, auto& field) { field = row.at(key); });
+      // Columns added later (skipped) are absent from older runs' files: they keep their default.
+      visit_metrics(m, [&](const char* key, auto& field) {
+        if (std::string(key) != "skipped" || row.contains(key)) field = row.at(key);
+      });
       if (m.epoch < first_epoch) epochs_.push_back(m);
     }
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "convnn/train/checkpoint.h"
@@ -50,13 +51,28 @@ class AutocastGuard {
 };
 
 // The first n samples of a seeded shuffle (all of them when n is 0 or at least the size).
+std::vector<int64_t> subset_order(int64_t size, int64_t n, uint64_t seed) {
+  const auto order = data::epoch_order(size, /*shuffle=*/true, seed, /*epoch=*/0);
+  return std::vector<int64_t>(order.begin(), order.begin() + n);
+}
+
 data::ImageSet subset(data::ImageSet set, int64_t n, uint64_t seed) {
   if (n == 0 || n >= set.size()) return set;
-  const auto order = data::epoch_order(set.size(), /*shuffle=*/true, seed, /*epoch=*/0);
-  const auto picked = at::tensor(std::vector<int64_t>(order.begin(), order.begin() + n), at::kLong);
+  const auto picked = at::tensor(subset_order(set.size(), n, seed), at::kLong);
   set.images = set.images.index_select(0, picked).contiguous();
   set.labels = set.labels.index_select(0, picked).contiguous();
   return set;
+}
+
+data::FileList subset(data::FileList files, int64_t n, uint64_t seed) {
+  if (n == 0 || n >= files.size()) return files;
+  data::FileList picked;
+  picked.class_names = std::move(files.class_names);
+  for (const int64_t i : subset_order(files.size(), n, seed)) {
+    picked.paths.push_back(std::move(files.paths[static_cast<size_t>(i)]));
+    picked.labels.push_back(files.labels[static_cast<size_t>(i)]);
+  }
+  return picked;
 }
 
 std::string default_experiment(const TrainConfig& c) {
@@ -76,15 +92,22 @@ struct EpochTotals {
   double loss_sum = 0.0;
   int64_t samples = 0, correct = 0;
   double seconds = 0.0;
+  int64_t skipped = 0;
 };
+
+// "" when nothing was skipped, else how many unreadable files each split left out.
+std::string skipped_note(int64_t train, int64_t val) {
+  if (train == 0 && val == 0) return "";
+  return fmt::format("  skipped {} train / {} val unreadable files (see the warnings)", train, val);
+}
 
 class Trainer {
  public:
-  Trainer(TrainConfig config, data::ImageSet train_set, std::string run_dir, TrainingPosition position,
+  Trainer(TrainConfig config, SplitData train_data, std::string run_dir, TrainingPosition position,
           const TrainHooks& hooks, const std::string& resume)
       : config_(std::move(config)), run_dir_(std::move(run_dir)), position_(position), hooks_(hooks),
-        train_loader_(std::move(train_set), loader_options(config_, true)),
-        val_loader_(load_split(config_, data::Split::Test), loader_options(config_, false)),
+        train_loader_(make_loader(std::move(train_data), config_, true)),
+        val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false)),
         model_(models::build_model(config_.model, config_.model_config)),
         optimizer_(make_optimizer(config_, *model_.module())),
         schedule_(LrSchedule::from_config(config_, steps_per_epoch())),
@@ -124,7 +147,9 @@ class Trainer {
     EpochProgress progress(fmt::format("epoch {}/{}", position_.epoch + 1, config_.epochs), batches,
                            position_.next_batch, !config_.quiet && stdout_is_terminal(),
                            config_.log_interval);
-    EpochTotals totals{position_.loss_sum, position_.samples, position_.correct, position_.seconds};
+    EpochTotals totals{position_.loss_sum, position_.samples, position_.correct, position_.seconds,
+                       position_.skipped};
+    const int64_t skipped_before = position_.skipped;  // before a resumed epoch's first batch
     int64_t images_this_call = 0;
     const auto start = Clock::now();
     while (auto batch = train_loader_.next()) {
@@ -132,16 +157,21 @@ class Trainer {
       const int64_t group_size = std::min(config_.accum_steps, batches - group_start);
       const double lr = schedule_.at(position_.step);
       set_lr(*optimizer_, lr);
-      const auto [loss, correct] = forward_backward(*batch, group_size);
+      totals.skipped = skipped_before + train_loader_.skipped();
+      // A batch can be empty when all its files were unreadable: nothing to learn from.
       const int64_t b = batch->labels.size(0);
-      totals.loss_sum += loss * b;
-      totals.samples += b;
-      totals.correct += correct;
-      images_this_call += b;
-      if (hooks_.on_batch) hooks_.on_batch(position_.step, loss);
+      if (b > 0) {
+        const auto [loss, correct] = forward_backward(*batch, group_size);
+        totals.loss_sum += loss * b;
+        totals.samples += b;
+        totals.correct += correct;
+        images_this_call += b;
+        if (hooks_.on_batch) hooks_.on_batch(position_.step, loss);
+      }
       const bool step_now = batch->index + 1 == group_start + group_size;
       if (step_now) optimizer_step();
-      progress.update(batch->index, images_this_call, totals.loss_sum / totals.samples, lr);
+      progress.update(batch->index, images_this_call,
+                      totals.loss_sum / std::max<int64_t>(1, totals.samples), lr);
       if (step_now && (++steps_this_call == hooks_.max_steps || stop_requested())) {
         progress.finish();
         totals.seconds += std::chrono::duration<double>(Clock::now() - start).count();
@@ -166,7 +196,10 @@ class Trainer {
       AutocastGuard autocast(config_.precision);
       logits = model_.forward(batch.images);
     }
-    const auto targets = smooth_targets(batch.labels, logits.size(1), config_.smoothing);
+    // MixUp / CutMix targets come smoothed already.
+    const auto targets = batch.targets.defined()
+                             ? batch.targets
+                             : smooth_targets(batch.labels, logits.size(1), config_.smoothing);
     const auto loss = soft_target_cross_entropy(logits, targets);
     (loss / static_cast<double>(group_size)).backward();
     const double value = loss.item<double>();
@@ -190,6 +223,7 @@ class Trainer {
     position_.samples = totals.samples;
     position_.correct = totals.correct;
     position_.seconds = totals.seconds;
+    position_.skipped = totals.skipped;
     save_checkpoint(latest_checkpoint_path(run_dir_), config_, position_, *model_.module(), *optimizer_);
   }
 
@@ -206,12 +240,13 @@ class Trainer {
     m.lr = schedule_.at(std::max<int64_t>(0, position_.step - 1));
     m.epoch_time_s = t.seconds;
     m.images_per_s = t.seconds > 0 ? t.samples / t.seconds : 0.0;
+    m.skipped = t.skipped;
     metrics_.add(m);
     std::printf("epoch %lld/%lld  train loss %.4f top-1 %.2f%%  val loss %.4f top-1 %.2f%% top-5 %.2f%%  "
-                "lr %.2e  %.0f img/s  %s\n",
+                "lr %.2e  %.0f img/s  %s%s\n",
                 static_cast<long long>(m.epoch), static_cast<long long>(config_.epochs), m.train_loss,
                 m.train_top1, m.val_loss, m.val_top1, m.val_top5, m.lr, m.images_per_s,
-                format_duration(m.epoch_time_s).c_str());
+                format_duration(m.epoch_time_s).c_str(), skipped_note(m.skipped, evaluation.skipped).c_str());
     std::fflush(stdout);
     const bool best = evaluation.top1 > position_.best_top1;
     if (best) {
@@ -223,7 +258,7 @@ class Trainer {
     next.epoch = position_.epoch + 1;
     next.next_batch = 0;
     next.loss_sum = next.seconds = 0.0;
-    next.samples = next.correct = 0;
+    next.samples = next.correct = next.skipped = 0;
     save_checkpoint(latest_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
     if (best) save_checkpoint(best_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
     if (config_.plots && !plot_metrics(run_dir_) && !warned_no_gnuplot_) {
@@ -232,7 +267,7 @@ class Trainer {
     }
     position_.next_batch = 0;
     position_.loss_sum = position_.seconds = 0.0;
-    position_.samples = position_.correct = 0;
+    position_.samples = position_.correct = position_.skipped = 0;
     return evaluation;
   }
 
@@ -252,48 +287,106 @@ class Trainer {
 }  // namespace
 
 data::LoaderOptions loader_options(const TrainConfig& c, bool training) {
-  const auto norm = data::normalisation_of(data::parse_dataset(c.dataset));
   data::LoaderOptions o;
   o.batch_size = c.batch_size;
   o.shuffle = training;
   o.seed = c.seed;
   o.workers = c.workers;
   o.prefetch = c.prefetch;
-  o.crop_padding = training ? c.crop_padding : 0;
-  o.hflip = training ? c.hflip : 0.0;
-  o.mean = norm.mean;
-  o.std = norm.std;
+  o.strict = c.strict_data;
+  if (!is_image_folder(c)) {
+    const auto norm = data::normalisation_of(data::parse_dataset(c.dataset));
+    o.crop_padding = training ? std::max<int64_t>(0, c.crop_padding) : 0;
+    o.hflip = training ? std::max(0.0, c.hflip) : 0.0;
+    o.mean = norm.mean;
+    o.std = norm.std;
+  }
+  if (training && (c.mixup > 0.0 || c.cutmix > 0.0)) {
+    data::MixupOptions mixup;
+    mixup.mixup_alpha = std::max(0.0, c.mixup);
+    mixup.cutmix_alpha = std::max(0.0, c.cutmix);
+    mixup.switch_probability = c.mixup_switch_prob;
+    mixup.label_smoothing = c.smoothing;
+    o.mixup = mixup;
+  }
   return o;
 }
 
-data::ImageSet load_split(const TrainConfig& c, data::Split split) {
-  const auto kind = data::parse_dataset(c.dataset);
-  const auto root = c.data_dir.empty() ? data::default_data_dir(kind) : c.data_dir;
-  auto set = data::load_dataset(kind, root, split);
-  return subset(std::move(set), split == data::Split::Train ? c.train_subset : c.val_subset, c.seed);
+data::ImageTransformOptions image_transform_options(const TrainConfig& c, bool training) {
+  const auto resolved = apply_recipe(c);  // a no-op on a resolved config
+  data::ImageTransformOptions o;
+  o.training = training;
+  o.image_size = resolved.image_size;
+  o.val_resize = resolved.val_resize;
+  o.scale = {c.scale_min, c.scale_max};
+  o.ratio = {c.ratio_min, c.ratio_max};
+  o.hflip = resolved.hflip;
+  if (resolved.rand_augment > 0.0 && c.rand_augment_ops > 0) {
+    data::RandAugmentOptions ra;
+    ra.magnitude = resolved.rand_augment;
+    ra.num_ops = c.rand_augment_ops;
+    // timm's rule: a standard deviation above 100 means uniform in [0, M].
+    ra.magnitude_std = c.rand_augment_mstd > 100.0 ? std::numeric_limits<double>::infinity()
+                                                   : c.rand_augment_mstd;
+    o.rand_augment = ra;
+  }
+  o.color_jitter = resolved.color_jitter;
+  o.reprob = resolved.reprob;
+  return o;
 }
 
-TrainConfig resolve_config(TrainConfig c, const data::ImageSet& train_set) {
-  TORCH_CHECK(train_set.height() == train_set.width(), "the models take square images; ", c.dataset,
-              " has ", train_set.height(), "x", train_set.width());
-  c.model_config.in_channels = train_set.channels();
-  c.model_config.image_size = train_set.height();
-  c.model_config.num_classes = train_set.num_classes();
-  if (c.crop_padding < 0) c.crop_padding = train_set.height() >= 32 ? 4 : 2;
-  if (c.hflip < 0) c.hflip = data::parse_dataset(c.dataset) == data::DatasetKind::Mnist ? 0.0 : 0.5;
+SplitData load_split(const TrainConfig& c, data::Split split) {
+  const bool train = split == data::Split::Train;
+  const int64_t n = train ? c.train_subset : c.val_subset;
+  SplitData data;
+  data.image_folder = is_image_folder(c);
+  if (data.image_folder) {
+    data.files = subset(data::load_image_folder_split(c.data_dir, train, c.val_labels), n, c.seed);
+    return data;
+  }
+  const auto kind = data::parse_dataset(c.dataset);
+  const auto root = c.data_dir.empty() ? data::default_data_dir(kind) : c.data_dir;
+  data.set = subset(data::load_dataset(kind, root, split), n, c.seed);
+  return data;
+}
+
+data::DataLoader make_loader(SplitData data, const TrainConfig& c, bool training) {
+  const auto options = loader_options(c, training);
+  if (!data.image_folder) return data::DataLoader(std::move(data.set), options);
+  return data::DataLoader(std::make_shared<data::ImageFolderSource>(
+                              std::move(data.files), image_transform_options(c, training)),
+                          options);
+}
+
+TrainConfig resolve_config(TrainConfig c, const SplitData& train_data) {
+  c = apply_recipe(std::move(c));
+  c.model_config.num_classes = train_data.num_classes();
+  if (train_data.image_folder) {
+    c.model_config.in_channels = 3;  // decoded to RGB
+    c.model_config.image_size = c.image_size;
+    return c;
+  }
+  const auto& set = train_data.set;
+  TORCH_CHECK(set.height() == set.width(), "the models take square images; ", c.dataset, " has ",
+              set.height(), "x", set.width());
+  c.model_config.in_channels = set.channels();
+  c.model_config.image_size = set.height();
+  if (c.crop_padding < 0) c.crop_padding = set.height() >= 32 ? 4 : 2;
   return c;
 }
 
 Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision) {
   at::NoGradGuard no_grad;
   model.module()->eval();
-  const int64_t classes = loader.set().num_classes();
+  const int64_t classes = loader.num_classes();
   Evaluation e;
+  e.class_names = loader.class_names();
   e.confusion.assign(classes, std::vector<int64_t>(classes, 0));
   double loss_sum = 0.0;
   int64_t top1 = 0, top5 = 0;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
+    if (batch->labels.size(0) == 0) continue;  // every file of the batch was unreadable
     at::Tensor logits;
     {
       AutocastGuard autocast(precision);
@@ -309,6 +402,7 @@ Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision pr
     for (int64_t i = 0; i < predicted.size(0); ++i) ++e.confusion[t[i]][p[i]];
     e.samples += predicted.size(0);
   }
+  e.skipped = loader.skipped();
   const double n = static_cast<double>(std::max<int64_t>(1, e.samples));
   e.loss = loss_sum / n;
   e.top1 = 100.0 * top1 / n;
@@ -332,8 +426,8 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
                 " or choose another --experiment");
   }
   validate(requested);
-  auto train_set = load_split(requested, data::Split::Train);
-  auto config = resolve_config(requested, train_set);
+  auto train_data = load_split(requested, data::Split::Train);
+  auto config = resolve_config(requested, train_data);
   validate(config);
   TORCH_CHECK(position.epoch <= config.epochs, "checkpoint '", resume, "' is at epoch ", position.epoch,
               ", past the run's ", config.epochs, " epochs");
@@ -342,8 +436,28 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
   // The model's initialisation and everything random in training (dropout, random candidates)
   // follow torch's global generator; the loader has its own (seed, epoch, index) streams.
   at::manual_seed(config.seed);
-  Trainer trainer(config, std::move(train_set), run_dir, position, hooks, resume);
+  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume);
   return trainer.run();
+}
+
+Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config,
+                               data::Split split, Precision precision) {
+  auto data = load_split(config, split);
+  const auto& m = config.model_config;
+  TORCH_CHECK(data.num_classes() == m.num_classes, "checkpoint '", checkpoint, "' was trained on ",
+              m.num_classes, " classes; the data set has ", data.num_classes());
+  if (!data.image_folder) {
+    const auto& set = data.set;
+    TORCH_CHECK(set.channels() == m.in_channels && set.height() == m.image_size &&
+                    set.width() == m.image_size,
+                "checkpoint '", checkpoint, "' was trained on ", m.in_channels, "x", m.image_size, "x",
+                m.image_size, " images; the data set has ", set.channels(), "x", set.height(), "x",
+                set.width());
+  }
+  auto model = models::build_model(config.model, m);
+  load_checkpoint(checkpoint, *model.module(), nullptr);
+  auto loader = make_loader(std::move(data), config, /*training=*/false);
+  return evaluate(model, loader, precision);
 }
 
 }  // namespace convnn::train

@@ -152,4 +152,136 @@ void expect_error(const std::function<void()>& f, const std::string& path,
                                                     << message;
 }
 
+namespace {
+
+uint32_t adler32(const Bytes& data) {
+  uint32_t a = 1, b = 0;
+  for (const uint8_t byte : data) {
+    a = (a + byte) % 65521;
+    b = (b + a) % 65521;
+  }
+  return (b << 16) | a;
+}
+
+// A zlib stream: gzip_stored's deflate blocks between zlib's header and trailer.
+Bytes zlib_stored(const Bytes& data) {
+  const Bytes gzip = gzip_stored(data);
+  Bytes out = {0x78, 0x01};  // deflate, 32 KiB window, no dictionary, check bits
+  out.insert(out.end(), gzip.begin() + 10, gzip.end() - 8);
+  append32(out, adler32(data), true);
+  return out;
+}
+
+void append_chunk(Bytes& out, const char* type, const Bytes& data) {
+  append32(out, static_cast<uint32_t>(data.size()), true);
+  Bytes typed(type, type + 4);
+  typed.insert(typed.end(), data.begin(), data.end());
+  out.insert(out.end(), typed.begin(), typed.end());
+  append32(out, crc32(typed), true);
+}
+
+}  // namespace
+
+Bytes png_by_hand(const PngSpec& spec) {
+  Bytes header;
+  append32(header, spec.width, true);
+  append32(header, spec.height, true);
+  header.insert(header.end(), {spec.bit_depth, spec.color_type, 0, 0, 0});
+  // Each row behind its filter byte (0: none).
+  const size_t row_bytes = spec.height ? spec.rows.size() / spec.height : 0;
+  Bytes filtered;
+  for (uint32_t y = 0; y < spec.height; ++y) {
+    filtered.push_back(0);
+    const auto row = spec.rows.begin() + static_cast<std::ptrdiff_t>(y * row_bytes);
+    filtered.insert(filtered.end(), row, row + static_cast<std::ptrdiff_t>(row_bytes));
+  }
+  Bytes out = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  append_chunk(out, "IHDR", header);
+  if (!spec.palette.empty()) append_chunk(out, "PLTE", spec.palette);
+  if (!spec.transparency.empty()) append_chunk(out, "tRNS", spec.transparency);
+  append_chunk(out, "IDAT", zlib_stored(filtered));
+  append_chunk(out, "IEND", {});
+  return out;
+}
+
+}  // namespace convnn::testing
+
+namespace convnn::testing {
+
+data::Image random_image(int64_t height, int64_t width, uint64_t seed, int64_t channels) {
+  data::Image image(height, width, channels);
+  const auto bytes = random_images({height, width, channels}, seed);
+  std::copy_n(bytes.data_ptr<uint8_t>(), image.pixels.size(), image.pixels.data());
+  return image;
+}
+
+at::Tensor image_tensor(const data::Image& image) {
+  return at::from_blob(const_cast<uint8_t*>(image.pixels.data()),
+                       {image.height, image.width, image.channels}, at::kByte)
+      .clone();
+}
+
+}  // namespace convnn::testing
+
+#include <fmt/format.h>
+
+#include "convnn/data/image_codec.h"
+
+namespace convnn::testing {
+namespace {
+
+// A flat tint per class (so the classes can be learnt) with per-pixel noise.
+data::Image class_image(const ImageFolderSpec& spec, int64_t label, uint64_t seed) {
+  auto image = random_image(spec.height, spec.width, seed);
+  const uint8_t tint[3] = {static_cast<uint8_t>(60 * (label % 4)), static_cast<uint8_t>(40 * (label % 5)),
+                           static_cast<uint8_t>(200 - 50 * (label % 3))};
+  for (size_t i = 0; i < image.pixels.size(); ++i) {
+    image.pixels[i] = static_cast<uint8_t>((tint[i % 3] * 3 + image.pixels[i]) / 4);
+  }
+  return image;
+}
+
+Bytes encoded(const data::Image& image, int64_t index) {
+  return index % 3 == 2 ? data::encode_png(image) : data::encode_jpeg(image, 90);
+}
+
+std::string image_name(const std::string& stem, int64_t index) {
+  return fmt::format("{}_{:03d}.{}", stem, index, index % 3 == 2 ? "png" : "jpg");
+}
+
+}  // namespace
+
+void write_image_folder(const std::string& root, const ImageFolderSpec& spec) {
+  const auto dir = std::filesystem::path(root);
+  std::string labels;
+  for (int64_t c = 0; c < spec.classes; ++c) {
+    const auto name = fmt::format("c{}", c);
+    for (int64_t i = 0; i < spec.train_per_class; ++i) {
+      const uint64_t seed = static_cast<uint64_t>(1000 * c + i);
+      write_file((dir / "train" / name / image_name("train", i)).string(),
+                 encoded(class_image(spec, c, seed), i));
+    }
+    for (int64_t i = 0; i < spec.val_per_class; ++i) {
+      const uint64_t seed = static_cast<uint64_t>(1000 * c + 500 + i);
+      const int64_t n = c * spec.val_per_class + i;
+      const auto file = spec.flat_val ? (dir / "val" / image_name("val", n))
+                                      : (dir / "val" / name / image_name("val", i));
+      write_file(file.string(), encoded(class_image(spec, c, seed), spec.flat_val ? n : i));
+      labels += fmt::format("{} {}\n", file.filename().string(), name);
+    }
+  }
+  if (spec.flat_val) {
+    write_file((dir / "val_labels.txt").string(), Bytes(labels.begin(), labels.end()));
+  }
+}
+
+void write_garbage(const std::string& path) {
+  const std::string text = "<!DOCTYPE html> this is no image";
+  write_file(path, Bytes(text.begin(), text.end()));
+}
+
+void truncate_half(const std::string& path) {
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+}
+
 }  // namespace convnn::testing

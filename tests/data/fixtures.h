@@ -45,10 +45,59 @@ Bytes cifar_records(const at::Tensor& images, const at::Tensor& labels,
 /// Random uint8 images of the given shape, from a seeded generator.
 at::Tensor random_images(at::IntArrayRef shape, uint64_t seed);
 
+/// A PNG written by hand: stored (uncompressed) deflate blocks, filter type 0 on every row, no
+/// interlace. It reaches what our encoder never writes (palettes with transparency, 16-bit
+/// samples, 1-bit gray, gray + alpha), independently of libpng, which the test binary does not
+/// link. `rows` holds the samples of each row as PNG stores them: packed when below 8 bits,
+/// big-endian when 16.
+struct PngSpec {
+  uint32_t width = 0;
+  uint32_t height = 0;
+  uint8_t bit_depth = 8;
+  uint8_t color_type = 2;  // 0 gray, 2 RGB, 3 palette, 4 gray + alpha, 6 RGBA
+  Bytes rows;              // height * ceil(width * samples * bit_depth / 8) bytes
+  Bytes palette;           // PLTE: 3 bytes a colour (color_type 3 only)
+  Bytes transparency;      // tRNS, written when not empty
+};
+Bytes png_by_hand(const PngSpec& spec);
+
 /// The message of the c10::Error that `f` throws; "<no error>" when it throws none.
 std::string error_of(const std::function<void()>& f);
 /// EXPECTs that `f` throws a c10::Error whose message holds both `path` and `what`.
 void expect_error(const std::function<void()>& f, const std::string& path,
                   const std::string& what);
+
+}  // namespace convnn::testing
+
+// Images for the transform tests (tests/data/transforms_test.cpp, rand_augment_test.cpp).
+#include "convnn/data/image.h"
+
+namespace convnn::testing {
+
+/// A uint8 HWC image of uniformly random bytes from a seeded generator.
+data::Image random_image(int64_t height, int64_t width, uint64_t seed, int64_t channels = 3);
+/// The image as a uint8 [H, W, C] tensor (a copy), for comparisons with ATen.
+at::Tensor image_tensor(const data::Image& image);
+
+}  // namespace convnn::testing
+
+// ImageNet-style folders for the image loader and training tests (tests/data/image_loader_test.cpp,
+// tests/train/imagefolder_train_test.cpp).
+namespace convnn::testing {
+
+struct ImageFolderSpec {
+  int64_t classes = 3;
+  int64_t train_per_class = 4;
+  int64_t val_per_class = 2;
+  int64_t height = 30, width = 40;
+  bool flat_val = false;  // val/ without class folders, labelled by root/val_labels.txt
+};
+/// Writes root/train/c<k>/ and root/val/ (class folders, or flat with val_labels.txt): small
+/// images tinted by class plus noise, every third one a PNG, the others JPEGs (quality 90).
+void write_image_folder(const std::string& root, const ImageFolderSpec& spec = {});
+/// Replaces `path` with bytes that are no image at all.
+void write_garbage(const std::string& path);
+/// Cuts `path` to half its size.
+void truncate_half(const std::string& path);
 
 }  // namespace convnn::testing

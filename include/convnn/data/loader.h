@@ -1,16 +1,21 @@
 #pragma once
-// A data loader over an in-memory ImageSet: background worker threads build batches (shuffle,
-// random crop with padding, horizontal flip, normalisation) into a bounded prefetch queue.
-// Everything random is a function of (seed, epoch, sample index), so a batch is the same whatever
-// the number of workers, and an epoch can be resumed at any batch.
+// A data loader over a sample source (sample_source.h): an in-memory ImageSet (shuffle, random
+// crop with padding, horizontal flip, normalisation) or image files decoded and transformed per
+// sample (image_folder_source.h). Background worker threads build whole batches (read, decode,
+// augment, collate, MixUp / CutMix) into a bounded prefetch queue. Everything random is a
+// function of (seed, epoch, sample index) or, for MixUp / CutMix, (seed, epoch, batch index), so
+// a batch is the same whatever the number of workers, and an epoch can be resumed at any batch.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "convnn/data/datasets.h"
+#include "convnn/data/sample_source.h"
+#include "convnn/data/transforms.h"
 
 namespace convnn::data {
 
@@ -21,35 +26,50 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int64_t workers = 2;      // background threads; 0 builds batches on the calling thread
   int64_t prefetch = 4;     // batches held ready, at most
+  // The transforms of an in-memory ImageSet (the DataLoader(ImageSet, ...) constructor); an
+  // image-folder source carries its own (ImageTransformOptions).
   int64_t crop_padding = 0; // random crop of the original size from the zero-padded image; 0: off
   double hflip = 0.0;       // probability of a horizontal flip
   std::vector<double> mean, std;  // per channel, [0,1] units; empty: no normalisation
+  // Batch level, any source.
+  std::optional<MixupOptions> mixup;  // MixUp / CutMix with soft targets; nullopt: off
+  /// A sample whose file cannot be read or decoded: skipped with a warning on stderr (the batch
+  /// is one smaller) when false; a c10::Error naming the file when true.
+  bool strict = false;
 };
 
 struct Batch {
   at::Tensor images;   // float32 [B,C,H,W]
-  at::Tensor labels;   // int64 [B]
+  at::Tensor labels;   // int64 [B], the hard labels (also under MixUp / CutMix)
+  at::Tensor targets;  // float32 [B, classes], soft targets, rows summing to 1; undefined
+                       // without MixUp / CutMix
   int64_t index = 0;   // batch number within the epoch
+  std::vector<std::string> skipped;  // why each left-out sample was skipped (file and error)
 };
 
 class DataLoader {
  public:
   /// Checks the options (c10::Error naming the option, its value and the rule).
   DataLoader(ImageSet set, LoaderOptions options);
+  DataLoader(std::shared_ptr<const SampleSource> source, LoaderOptions options);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
   int64_t batches_per_epoch() const;
   int64_t size() const;
-  const ImageSet& set() const;
+  const SampleSource& source() const;
+  int64_t num_classes() const { return source().num_classes(); }
+  const std::vector<std::string>& class_names() const { return source().class_names(); }
   const LoaderOptions& options() const;
 
   /// Begins epoch `epoch` at batch `first_batch` (resume); stops any epoch in flight.
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   /// The next batch of the current epoch in order, or nullopt when the epoch is done. Rethrows a
-  /// worker's exception.
+  /// worker's exception. Prints a warning line on stderr for each sample the batch skipped.
   std::optional<Batch> next();
+  /// Samples skipped in the batches next() has returned since start_epoch.
+  int64_t skipped() const;
 
  private:
   struct State;

@@ -25,6 +25,7 @@ struct TrainingPosition {
   int64_t samples = 0;
   int64_t correct = 0;
   double seconds = 0.0;
+  int64_t skipped = 0;  // unreadable training files left out so far in this epoch
 };
 
 struct Checkpoint {

@@ -6,7 +6,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "convnn/models/registry.h"
 
@@ -18,15 +20,24 @@ enum class OptimizerKind { AdamW, Sgd };
 enum class DecayOn { All, Weights };
 enum class Schedule { Cosine, Constant };
 enum class Precision { Float32, BFloat16 };
+/// The augmentation recipe: the paper's (DeiT / Swin through timm: RandAugment, colour jitter,
+/// random erasing, MixUp / CutMix) or none (image folders: RandomResizedCrop and flip only).
+enum class Recipe { Paper, None };
 
 OptimizerKind parse_optimizer(const std::string& name);
 DecayOn parse_decay_on(const std::string& name);
 Schedule parse_schedule(const std::string& name);
 Precision parse_precision(const std::string& name);
+Recipe parse_recipe(const std::string& name);
 std::string to_string(OptimizerKind value);
 std::string to_string(DecayOn value);
 std::string to_string(Schedule value);
 std::string to_string(Precision value);
+std::string to_string(Recipe value);
+
+/// The data sets `dataset` accepts: data::dataset_names() (held in memory) and "imagefolder"
+/// (ImageNet-style folders of JPEG / PNG files, decoded per sample).
+const std::vector<std::string>& train_dataset_names();
 
 struct TrainConfig {
   // Model: a registry name and its options (models::ModelConfig). num_classes, in_channels and
@@ -35,14 +46,32 @@ struct TrainConfig {
   models::ModelConfig model_config;
 
   // Data.
-  std::string dataset = "fashion-mnist";
-  std::string data_dir;       // empty: data::default_data_dir
+  std::string dataset = "fashion-mnist";  // or imagefolder
+  std::string data_dir;       // empty: data::default_data_dir; imagefolder: the root of train/, val/
+  std::string val_labels;     // imagefolder: labels file of a flat val/ (empty: found beside it)
+  bool strict_data = false;   // imagefolder: stop at the first unreadable file (default: skip it)
+  int64_t image_size = 0;     // imagefolder: side of the crops; 0: 224 (others: their own size)
+  int64_t val_resize = 0;     // imagefolder: shorter side before the centre crop; 0: size / 0.875
   int64_t train_subset = 0;   // train on the first n samples of a seeded shuffle; 0: all
   int64_t val_subset = 0;     // evaluate on the first n test samples of a seeded shuffle; 0: all
   int64_t workers = 2;        // loader threads
   int64_t prefetch = 4;       // batches held ready
   int64_t crop_padding = -1;  // random crop from the zero-padded image; -1: 4 for 32 px, 2 for 28 px
   double hflip = -1;          // flip probability; -1: 0.5, but 0 for MNIST digits
+
+  // Augmentation of image folders. -1: the recipe's value (paper / none). The in-memory sets take
+  // only MixUp / CutMix from here.
+  std::optional<Recipe> recipe;  // unset: paper for imagefolder, none for the others
+  double scale_min = 0.08, scale_max = 1.0;          // RandomResizedCrop area fraction
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // RandomResizedCrop aspect ratio
+  double rand_augment = -1;         // RandAugment magnitude M (paper 9); 0: off
+  int64_t rand_augment_ops = 2;     // RandAugment ops per image; 0: off
+  double rand_augment_mstd = 0.5;   // RandAugment magnitude std; > 100: uniform in [0, M]
+  double color_jitter = -1;         // brightness = contrast = saturation strength (paper 0.4)
+  double reprob = -1;               // random erasing probability (paper 0.25)
+  double mixup = -1;                // MixUp alpha (paper 0.8); 0: off
+  double cutmix = -1;               // CutMix alpha (paper 1.0); 0: off
+  double mixup_switch_prob = 0.5;   // CutMix instead of MixUp when both are on
 
   // Optimisation.
   OptimizerKind optimizer = OptimizerKind::AdamW;
@@ -79,6 +108,13 @@ void from_json(const nlohmann::json& json, TrainConfig& config);
 
 /// Checks every value (c10::Error naming the option, its value and the rule).
 void validate(const TrainConfig& config);
+
+bool is_image_folder(const TrainConfig& config);
+
+/// The recipe's values for every augmentation field left at -1, the recipe itself when unset,
+/// the flip probability, and for imagefolder the image size and validation resize: everything
+/// of train::resolve_config that does not need the data.
+TrainConfig apply_recipe(TrainConfig config);
 
 /// Reads a JSON config file (c10::Error naming the path on a missing file or bad JSON).
 TrainConfig read_config(const std::string& path);

@@ -16,6 +16,7 @@ struct EpochMetrics {
   double lr = 0.0;            // at the end of the epoch
   double images_per_s = 0.0;  // training images per second
   double epoch_time_s = 0.0;  // training time of the epoch (without evaluation)
+  int64_t skipped = 0;        // training samples left out: unreadable image files
 };
 
 class MetricsLog {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "convnn/data/image_folder_source.h"
 #include "convnn/data/loader.h"
 #include "convnn/models/registry.h"
 #include "convnn/train/config.h"
@@ -20,6 +21,8 @@ struct Evaluation {
   double top1 = 0.0;  // percent
   double top5 = 0.0;  // percent
   int64_t samples = 0;
+  int64_t skipped = 0;  // unreadable files left out
+  std::vector<std::string> class_names;
   std::vector<std::vector<int64_t>> confusion;  // [true][predicted]
 };
 
@@ -46,20 +49,45 @@ struct TrainHooks {
   int64_t max_steps = 0;
 };
 
-/// The data set's in_channels, image_size and num_classes written into config.model_config, and
-/// the -1 data defaults resolved.
-TrainConfig resolve_config(TrainConfig config, const data::ImageSet& train_set);
+/// One split of a config's data before it becomes a loader: an in-memory set, or the file list
+/// of an image folder.
+struct SplitData {
+  bool image_folder = false;
+  data::ImageSet set;    // fashion-mnist, mnist, cifar10, cifar100
+  data::FileList files;  // imagefolder
+
+  int64_t size() const { return image_folder ? files.size() : set.size(); }
+  const std::vector<std::string>& class_names() const {
+    return image_folder ? files.class_names : set.class_names;
+  }
+  int64_t num_classes() const { return static_cast<int64_t>(class_names().size()); }
+};
+
+/// apply_recipe, then the data set's in_channels, image_size and num_classes written into
+/// config.model_config and the crop padding of the in-memory sets resolved.
+TrainConfig resolve_config(TrainConfig config, const SplitData& train_data);
 
 /// Trains as `config` says, in `run_dir`; with `resume`, continues from that checkpoint file (its
 /// run directory is reused). Prints progress to stdout unless config.quiet.
 TrainResult train(const TrainConfig& config, const std::string& resume = "",
                   const TrainHooks& hooks = {});
 
-/// The loader options of a config: shuffled and augmented for training, plain for evaluation;
-/// both normalised with the data set's statistics.
+/// The loader options of a config: shuffled and augmented (MixUp / CutMix when on) for
+/// training, plain for evaluation; the in-memory sets normalised with their statistics.
 data::LoaderOptions loader_options(const TrainConfig& config, bool training);
+/// The per-sample transforms of an image folder (the resolved config's recipe values).
+data::ImageTransformOptions image_transform_options(const TrainConfig& config, bool training);
 
-/// The training and validation sets of a config (subsets applied).
-data::ImageSet load_split(const TrainConfig& config, data::Split split);
+/// The training or validation data of a config (subsets applied); Split::Test is the validation
+/// folder of an imagefolder root.
+SplitData load_split(const TrainConfig& config, data::Split split);
+/// A loader of `data` with the config's options and transforms (training: augmented).
+data::DataLoader make_loader(SplitData data, const TrainConfig& config, bool training);
+
+/// Evaluates the model of `checkpoint` on `split` of the data `config` names (the checkpoint's
+/// config, possibly with another data_dir, batch size or workers), without augmentation.
+/// A data set that does not fit the model (classes, channels, size) is an error.
+Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config,
+                               data::Split split, Precision precision);
 
 }  // namespace convnn::train

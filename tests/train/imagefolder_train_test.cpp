@@ -1,0 +1,243 @@
+// Training on ImageNet-style folders: the paper recipe's defaults and their overrides, the
+// checks of the image options, and one end-to-end epoch on a tiny generated folder with an
+// unreadable file (metrics, checkpoint, skip count, evaluation of the checkpoint).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "convnn/train/checkpoint.h"
+#include "convnn/train/trainer.h"
+#include "data/fixtures.h"
+
+namespace convnn::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainConfig folder_config(const std::string& data_dir) {
+  TrainConfig c;
+  c.dataset = "imagefolder";
+  c.data_dir = data_dir;
+  return c;
+}
+
+// A ResNet-18 of width 8 on 32 px crops: one epoch of 12 images takes well under a second.
+TrainConfig tiny_run(const std::string& data_dir, const std::string& output) {
+  auto c = folder_config(data_dir);
+  c.model = "resnet18";
+  c.model_config.small_stem = true;
+  c.model_config.width = 8;
+  c.image_size = 32;
+  c.recipe = Recipe::Paper;
+  c.batch_size = 4;
+  c.epochs = 1;
+  c.warmup_epochs = 0;
+  c.workers = 2;
+  c.quiet = true;
+  c.plots = false;
+  c.output = output;
+  c.experiment = "run";
+  return c;
+}
+
+TEST(ImageFolderTrain, PaperRecipeIsTheImageFolderDefaultAndEachOptionOverridesIt) {
+  const auto paper = apply_recipe(folder_config("/data"));
+  EXPECT_EQ(paper.recipe, Recipe::Paper);
+  EXPECT_EQ(paper.image_size, 224);
+  EXPECT_EQ(paper.val_resize, 256);
+  EXPECT_EQ(paper.rand_augment, 9.0);
+  EXPECT_EQ(paper.rand_augment_ops, 2);
+  EXPECT_EQ(paper.rand_augment_mstd, 0.5);
+  EXPECT_EQ(paper.color_jitter, 0.4);
+  EXPECT_EQ(paper.reprob, 0.25);
+  EXPECT_EQ(paper.mixup, 0.8);
+  EXPECT_EQ(paper.cutmix, 1.0);
+  EXPECT_EQ(paper.mixup_switch_prob, 0.5);
+  EXPECT_EQ(paper.smoothing, 0.1);
+  EXPECT_EQ(paper.hflip, 0.5);
+  EXPECT_EQ(paper.scale_min, 0.08);
+  EXPECT_EQ(paper.ratio_max, 4.0 / 3.0);
+  EXPECT_EQ(apply_recipe(paper).rand_augment, 9.0);  // resolving twice changes nothing
+
+  auto overridden = folder_config("/data");
+  overridden.mixup = 0.0;
+  overridden.rand_augment = 5.0;
+  overridden.image_size = 160;
+  const auto mine = apply_recipe(overridden);
+  EXPECT_EQ(mine.mixup, 0.0);
+  EXPECT_EQ(mine.cutmix, 1.0);
+  EXPECT_EQ(mine.rand_augment, 5.0);
+  EXPECT_EQ(mine.val_resize, 182);  // floor(160 / 0.875)
+
+  auto plain = folder_config("/data");
+  plain.recipe = Recipe::None;
+  const auto none = apply_recipe(plain);
+  for (const double value : {none.rand_augment, none.color_jitter, none.reprob, none.mixup, none.cutmix}) {
+    EXPECT_EQ(value, 0.0);
+  }
+  EXPECT_EQ(none.hflip, 0.5);
+
+  // The in-memory sets keep today's behaviour: no recipe.
+  const auto cifar = apply_recipe([] { TrainConfig c; c.dataset = "cifar10"; return c; }());
+  EXPECT_EQ(cifar.recipe, Recipe::None);
+  EXPECT_EQ(cifar.mixup, 0.0);
+  EXPECT_EQ(cifar.image_size, 0);
+  const auto mnist = apply_recipe([] { TrainConfig c; c.dataset = "mnist"; return c; }());
+  EXPECT_EQ(mnist.hflip, 0.0);
+}
+
+TEST(ImageFolderTrain, ValidateNamesTheImageOptionItsValueAndTheRule) {
+  const auto message = [](const std::string& dataset, auto change) {
+    auto c = folder_config("/data");
+    c.dataset = dataset;
+    change(c);
+    return testing::error_of([&] { validate(c); });
+  };
+  const auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  EXPECT_EQ(message("imagefolder", [](TrainConfig&) {}), "<no error>");
+  EXPECT_TRUE(has(message("cifar10", [](TrainConfig& c) { c.rand_augment = 9; }),
+                  "rand_augment applies to dataset imagefolder only"));
+  EXPECT_TRUE(has(message("cifar10", [](TrainConfig& c) { c.recipe = Recipe::Paper; }),
+                  "recipe paper applies to dataset imagefolder only"));
+  EXPECT_TRUE(has(message("cifar10", [](TrainConfig& c) { c.image_size = 64; }),
+                  "image_size applies to dataset imagefolder only"));
+  EXPECT_TRUE(has(message("cifar10", [](TrainConfig& c) { c.scale_min = 0.5; }),
+                  "scale applies to dataset imagefolder only"));
+  EXPECT_EQ(message("cifar10", [](TrainConfig& c) { c.mixup = 0.8; }), "<no error>");  // batch level
+  EXPECT_TRUE(has(message("imagefolder", [](TrainConfig& c) { c.crop_padding = 4; }),
+                  "crop_padding applies to the in-memory data sets"));
+  EXPECT_TRUE(has(message("imagefolder", [](TrainConfig& c) { c.data_dir.clear(); }),
+                  "data_dir must name the root of the image folders"));
+  EXPECT_TRUE(has(message("imagefolder", [](TrainConfig& c) { c.reprob = 1.5; }),
+                  "reprob must be a probability in [0, 1] (or -1: the recipe's value), got 1.5"));
+  EXPECT_TRUE(has(message("imagefolder", [](TrainConfig& c) { c.rand_augment = 11; }),
+                  "rand_augment must be a magnitude in [0, 10] (0: off) (or -1: the recipe's value), got 11"));
+  EXPECT_TRUE(has(message("imagefolder", [](TrainConfig& c) { c.val_resize = 100; }),
+                  "val_resize must be >= image_size (224) or 0 (image_size / 0.875), got 100"));
+  EXPECT_TRUE(has(message("imagefolder", [](TrainConfig& c) { c.scale_min = 0.9, c.scale_max = 0.1; }),
+                  "scale must be (min, max) with 0 <= min <= max <= 1 and max > 0, got (0.9, 0.1)"));
+  EXPECT_TRUE(has(message("imagefolder", [](TrainConfig& c) { c.mixup_switch_prob = 2; }),
+                  "mixup_switch_prob must be in [0, 1], got 2"));
+  EXPECT_TRUE(has(message("imagenet", [](TrainConfig&) {}),
+                  "dataset must be one of fashion-mnist, mnist, cifar10, cifar100, imagefolder; got 'imagenet'"));
+}
+
+TEST(ImageFolderTrain, ConfigJsonKeepsTheImageAndAugmentationFields) {
+  auto c = folder_config("/data");
+  c.recipe = Recipe::None;
+  c.val_labels = "/data/val.txt";
+  c.strict_data = true;
+  c.rand_augment = 7;
+  c.rand_augment_ops = 3;
+  c.scale_min = 0.25;
+  const nlohmann::json json = c;
+  EXPECT_EQ(json.at("recipe"), "none");
+  const auto back = json.get<TrainConfig>();
+  EXPECT_EQ(nlohmann::json(back), json);
+  EXPECT_EQ(back.recipe, Recipe::None);
+  EXPECT_EQ(back.rand_augment_ops, 3);
+  EXPECT_FALSE(nlohmann::json(TrainConfig{}).get<TrainConfig>().recipe.has_value());
+}
+
+TEST(ImageFolderTrain, OneEpochWithThePaperRecipeWritesMetricsCheckpointAndSkipCount) {
+  testing::TempDir dir;
+  const auto data = dir.file("data");
+  testing::write_image_folder(data);  // 3 classes: 12 training, 6 validation images
+  const auto broken = data + "/train/c1/train_000.jpg";
+  testing::truncate_half(broken);
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const auto result = train(tiny_run(data, dir.file("runs")));
+  const auto printed = ::testing::internal::GetCapturedStdout();
+  const auto warnings = ::testing::internal::GetCapturedStderr();
+
+  ASSERT_EQ(result.epochs.size(), 1u);
+  EXPECT_EQ(result.epochs[0].skipped, 1);
+  EXPECT_NE(printed.find("skipped 1 train / 0 val unreadable files"), std::string::npos) << printed;
+  EXPECT_NE(warnings.find(broken), std::string::npos) << warnings;
+  EXPECT_EQ(result.final_eval.samples, 6);
+  EXPECT_TRUE(std::isfinite(result.epochs[0].train_loss));
+
+  const auto run = fs::path(result.run_dir);
+  for (const char* file : {"config.json", "metrics.csv", "metrics.json", "checkpoint-latest.pt"}) {
+    EXPECT_TRUE(fs::exists(run / file)) << file;
+  }
+  std::ifstream metrics(run / "metrics.json");
+  EXPECT_EQ(nlohmann::json::parse(metrics).at(0).at("skipped"), 1);
+  // The effective config: the recipe's values, the crop size and the classes of the folder.
+  const auto saved = read_config((run / "config.json").string());
+  EXPECT_EQ(saved.recipe, Recipe::Paper);
+  EXPECT_EQ(saved.mixup, 0.8);
+  EXPECT_EQ(saved.rand_augment, 9.0);
+  EXPECT_EQ(saved.val_resize, 36);
+  EXPECT_EQ(saved.model_config.image_size, 32);
+  EXPECT_EQ(saved.model_config.in_channels, 3);
+  EXPECT_EQ(saved.model_config.num_classes, 3);
+
+  // convnn eval's path: the checkpoint's model on the validation folder, as the run measured it.
+  const auto checkpoint = latest_checkpoint_path(result.run_dir);
+  const auto evaluation =
+      evaluate_checkpoint(checkpoint, read_checkpoint_header(checkpoint).config, data::Split::Test,
+                          Precision::Float32);
+  EXPECT_EQ(evaluation.samples, 6);
+  EXPECT_EQ(evaluation.top1, result.final_eval.top1);
+  EXPECT_EQ(evaluation.loss, result.final_eval.loss);
+  EXPECT_EQ(evaluation.class_names, (std::vector<std::string>{"c0", "c1", "c2"}));
+}
+
+// Interrupted mid-epoch and resumed: the same losses (MixUp / CutMix included) and the same skip
+// count per epoch as the uninterrupted run.
+TEST(ImageFolderTrain, ResumedRunRepeatsTheLossesAndTheSkipCounts) {
+  testing::TempDir dir;
+  const auto data = dir.file("data");
+  testing::write_image_folder(data);
+  // The first sample of epoch 2: its skip happens before the interruption, so only the
+  // checkpoint can carry it into the resumed epoch's count.
+  const auto files = data::load_image_folder_split(data, true);
+  testing::write_garbage(files.paths[data::epoch_order(files.size(), true, 0, 1)[0]]);
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  std::vector<double> whole, resumed;
+  TrainHooks record;
+  record.on_batch = [&](int64_t, double loss) { whole.push_back(loss); };
+  auto config = tiny_run(data, dir.file("a"));
+  config.epochs = 2;
+  const auto full = train(config, "", record);
+
+  TrainHooks first;
+  first.on_batch = [&](int64_t, double loss) { resumed.push_back(loss); };
+  first.max_steps = 4;  // stops after the first batch of epoch 2 (3 batches per epoch)
+  config.output = dir.file("b");
+  const bool interrupted = train(config, "", first).interrupted;
+  TrainHooks rest;
+  rest.on_batch = first.on_batch;
+  const auto finished = train(config, latest_checkpoint_path(dir.file("b") + "/run"), rest);
+  ::testing::internal::GetCapturedStdout();
+  ::testing::internal::GetCapturedStderr();
+
+  ASSERT_TRUE(interrupted);
+  EXPECT_EQ(resumed, whole);
+  ASSERT_EQ(finished.epochs.size(), 2u);
+  EXPECT_EQ(finished.epochs[0].skipped, 1);
+  EXPECT_EQ(finished.epochs[1].skipped, 1);
+  EXPECT_EQ(finished.epochs[1].train_loss, full.epochs[1].train_loss);
+}
+
+TEST(ImageFolderTrain, StrictDataStopsTrainingNamingTheUnreadableFile) {
+  testing::TempDir dir;
+  const auto data = dir.file("data");
+  testing::write_image_folder(data);
+  const auto broken = data + "/train/c2/train_001.jpg";
+  testing::write_garbage(broken);
+  auto config = tiny_run(data, dir.file("runs"));
+  config.strict_data = true;
+  testing::expect_error([&] { train(config); }, broken, "strict data mode");
+}
+
+}  // namespace
+}  // namespace convnn::train
