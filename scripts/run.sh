@@ -12,6 +12,4 @@ experiment=fashion-mnist-branching
 if [[ -e "runs/$experiment/checkpoint-latest.pt" ]]; then
   experiment="$experiment-$(date +%Y%m%d-%H%M%S)"
 fi
-# One intra-op thread: for this small model two OpenMP threads measured no faster (358 vs 378
-# images/s), and they slow to a crawl when anything else shares the two cores (60 images/s).
-exec "$repo_root/build/bin/convnn" --threads 1 train --config configs/fashion-mnist.json --experiment "$experiment" "$@"
+exec "$repo_root/build/bin/convnn" train --config configs/fashion-mnist.json --experiment "$experiment" "$@"
