@@ -8,7 +8,7 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("knn_aggregate(Tensor values, Tensor weights, Tensor indices, Tensor kernel, "
         "Tensor? bias) -> Tensor");
   m.def("knn_aggregate_backward(Tensor grad_output, Tensor values, Tensor weights, "
-        "Tensor indices, Tensor kernel, bool has_bias) -> (Tensor grad_values, "
+        "Tensor indices, Tensor kernel, bool[4] output_mask) -> (Tensor grad_values, "
         "Tensor grad_weights, Tensor grad_kernel, Tensor grad_bias)");
 }
 
@@ -31,13 +31,13 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, bool has_bias) {
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("convnn::knn_aggregate_backward", "")
                        .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, const at::Tensor&, bool)>();
-  return op.call(grad_output, values, weights, indices, kernel, has_bias);
+                           const at::Tensor&, const at::Tensor&, std::array<bool, 4>)>();
+  return op.call(grad_output, values, weights, indices, kernel, output_mask);
 }
 
 }  // namespace convnn::ops

@@ -245,7 +245,7 @@ TEST_F(KnnAggregateBadInput, DeviceMismatchIsNamed) {
 TEST_F(KnnAggregateBadInput, BackwardOpRejectsAWrongGradShape) {
   EXPECT_ERROR(
       convnn::ops::knn_aggregate_backward(randn({2, 4, 4}), values, weights, indices, kernel,
-                                          false),
+                                          {true, true, true, false}),
       "knn_aggregate_backward: grad_output must have shape [G,N,C'] = [2, 4, 5], got [2, 4, 4]");
 }
 

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -83,14 +84,18 @@ torch::Tensor reference_forward(const Problem& p) {
 
 using Grads = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>;
 
-Grads fused_backward(const Problem& p) {
+// Every gradient the problem has: values, weights, kernel, and bias when there is one.
+std::array<bool, 4> all_gradients(const Problem& p) { return {true, true, true, p.bias.defined()}; }
+
+Grads fused_backward(const Problem& p, std::array<bool, 4> output_mask) {
   return convnn::ops::knn_aggregate_backward(p.grad_output, p.values, p.weights, p.indices,
-                                             p.kernel, p.bias.defined());
+                                             p.kernel, output_mask);
 }
+Grads fused_backward(const Problem& p) { return fused_backward(p, all_gradients(p)); }
 
 Grads reference_backward(const Problem& p) {
   return convnn::reference::knn_aggregate_backward(p.grad_output, p.values, p.weights, p.indices,
-                                                   p.kernel, p.bias.defined());
+                                                   p.kernel, all_gradients(p));
 }
 
 std::vector<torch::Tensor> as_list(const Grads& grads) {
@@ -252,6 +257,28 @@ TEST(FusedAggregate, NoBiasGivesUndefinedBiasGradient) {
   EXPECT_FALSE(std::get<3>(fused_backward(problem)).defined());
 }
 
+// Skipping a gradient skips its work only: each of the 16 output masks leaves the unwanted
+// gradients undefined and gives the wanted ones bitwise as the full backward does, on the
+// depthwise, query-side and value-side paths.
+TEST(FusedAggregate, OutputMaskLeavesUnwantedGradientsUndefinedAndTheOthersUnchanged) {
+  for (const auto& s : {Shape{2, 30, 40, 6, 6, 4, true, true}, Shape{2, 30, 40, 6, 5, 4, false, true},
+                        Shape{2, 30, 12, 6, 5, 4, false, true}}) {
+    SCOPED_TRACE(s.name());
+    const auto problem = make_problem(s, 17).to(torch::kFloat);
+    const auto full = as_list(fused_backward(problem));
+    for (int bits = 0; bits < 16; ++bits) {
+      const std::array<bool, 4> mask{(bits & 1) != 0, (bits & 2) != 0, (bits & 4) != 0,
+                                     (bits & 8) != 0};
+      const auto grads = as_list(fused_backward(problem, mask));
+      for (size_t e = 0; e < grads.size(); ++e) {
+        SCOPED_TRACE("mask " + std::to_string(bits) + ", gradient " + std::to_string(e));
+        ASSERT_EQ(grads[e].defined(), mask[e]);
+        if (mask[e]) EXPECT_TRUE(torch::equal(grads[e], full[e]));
+      }
+    }
+  }
+}
+
 TEST(FusedAggregate, GradCheckThroughTheOpInFloat64) {
   for (const auto& s : {Shape{2, 5, 6, 3, 4, 3, true, true}, Shape{2, 5, 6, 3, 4, 3, false, true},
                         Shape{2, 7, 5, 3, 4, 3, false, true}}) {
@@ -281,10 +308,12 @@ class ThreadCount {
 };
 
 TEST(FusedAggregate, BackwardIsBitwiseReproducibleAndIndependentOfThreadCount) {
-  // Big enough for several kernel-gradient chunks, GEMM tiles and parallel tasks.
+  // Big enough for several kernel-gradient chunks, GEMM tiles and parallel tasks. With G = 2 the
+  // value side scatters by slices for 1 and 2 threads and gathers through the inverse index for
+  // 3: both must give the same bits.
   for (const auto& s :
        {Shape{8, 197, 197, 64, 64, 9, true, true}, Shape{8, 197, 197, 64, 48, 9, false, true},
-        Shape{8, 197, 120, 64, 48, 9, false, true}}) {
+        Shape{8, 197, 120, 64, 48, 9, false, true}, Shape{2, 197, 120, 64, 48, 9, false, true}}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
       SCOPED_TRACE(s.name() + " " + c10::toString(dtype));
       const auto problem = make_problem(s, 17, /*index_range=*/50).to(dtype);

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <array>
 #include <string>
 #include <tuple>
 
@@ -41,9 +42,11 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
                                                        const at::Tensor& indices,
                                                        const at::Tensor& scores,
                                                        const std::string& similarity);
-// Returns (grad_values, grad_weights, grad_kernel, grad_bias); grad_bias is undefined without bias.
+// Returns (grad_values, grad_weights, grad_kernel, grad_bias). output_mask says which of the four
+// to compute, in that order (as aten::convolution_backward's); the others come back undefined and
+// cost nothing, e.g. d(weights) for uniform rho, whose weights need no gradient.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, bool has_bias);
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
 
 }  // namespace convnn::ops

@@ -192,16 +192,20 @@ at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::
       q, candidate_keys, o.k(), to_string(o.similarity()),
       candidate_mask.defined() ? c10::optional<at::Tensor>(candidate_mask) : c10::nullopt,
       index_order && !merge);
-  if (random) {
-    // Candidate slot -> token index (drawn is sorted, so slot order is index order).
-    indices = drawn.index_select(0, indices.reshape({-1})).view(indices.sizes());
-  }
+  at::Tensor selected_values = v;
   if (merge) {
+    // Candidate slot -> token index (drawn is sorted, so slot order is index order); the query
+    // itself is then a token outside the candidates.
+    indices = drawn.index_select(0, indices.reshape({-1})).view(indices.sizes());
     std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, o.mask(), o);
     if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
+  } else if (random) {
+    // Aggregating over the r candidate rows with slot indices is the same sum (slot order is
+    // index order), and lets the op see M = r < N value rows (its value-side path).
+    selected_values = v.index_select(1, drawn);
   }
   const auto weights = rho_weights(scores, o.rho(), o.temperature());
-  return unfold_heads(aggregate(v, weights, indices, kernel, bias, o), h);
+  return unfold_heads(aggregate(selected_values, weights, indices, kernel, bias, o), h);
 }
 
 at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {

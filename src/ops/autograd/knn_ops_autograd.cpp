@@ -41,6 +41,7 @@ class KnnAggregateFunction : public torch::autograd::Function<KnnAggregateFuncti
     at::AutoDispatchBelowADInplaceOrView guard;
     auto output = ops::knn_aggregate(values, weights, indices, kernel, bias);
     ctx->save_for_backward({values, weights, indices, kernel});
+    // An absent bias is no input of the node, so needs_input_grad(4) may be asked only with one.
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     return {output};
   }
@@ -48,7 +49,9 @@ class KnnAggregateFunction : public torch::autograd::Function<KnnAggregateFuncti
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     auto [grad_values, grad_weights, grad_kernel, grad_bias] = ops::knn_aggregate_backward(
-        grads[0], saved[0], saved[1], saved[2], saved[3], ctx->saved_data["has_bias"].toBool());
+        grads[0], saved[0], saved[1], saved[2], saved[3],
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(3),
+         ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(4)});
     return {grad_values, grad_weights, at::Tensor(), grad_kernel, grad_bias};
   }
 };

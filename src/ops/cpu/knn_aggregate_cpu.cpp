@@ -68,7 +68,7 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, bool has_bias) {
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
   checks::check_aggregate_inputs(values, weights, indices, kernel, c10::nullopt);
   const AggregateSizes sizes = aggregate_sizes(values, weights, kernel);
   TORCH_CHECK(grad_output.dim() == 3 && grad_output.size(0) == sizes.g &&
@@ -81,16 +81,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
   TORCH_CHECK(grad_output.device() == values.device(),
               "knn_aggregate_backward: grad_output and values must be on the same device, got ",
               grad_output.device(), " and ", values.device());
+  const auto [want_values, want_weights, want_kernel, want_bias] = output_mask;
   const auto options = values.options();
-  auto grad_values = at::empty({sizes.g, sizes.m, sizes.c}, options);
-  auto grad_weights = at::empty({sizes.g, sizes.n, sizes.k}, options);
-  auto grad_kernel = at::empty(kernel.sizes(), options);
-  auto grad_bias = has_bias ? at::empty({sizes.c_out}, options) : at::Tensor();
+  const auto empty_if = [&](bool wanted, c10::IntArrayRef shape) {
+    return wanted ? at::empty(shape, options) : at::Tensor();
+  };
+  auto grad_values = empty_if(want_values, {sizes.g, sizes.m, sizes.c});
+  auto grad_weights = empty_if(want_weights, {sizes.g, sizes.n, sizes.k});
+  auto grad_kernel = empty_if(want_kernel, kernel.sizes());
+  auto grad_bias = empty_if(want_bias, {sizes.c_out});
   const auto grad_output_rows = unit_stride_rows(grad_output);
   const auto values_rows = unit_stride_rows(values);
   const auto kernel_dense = kernel.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, values.scalar_type(),
                                   "knn_aggregate_backward_cpu", [&] {
+    const auto data_or_null = [](at::Tensor& t) {
+      return t.defined() ? t.mutable_data_ptr<scalar_t>() : nullptr;
+    };
     AggregateBackwardParams<scalar_t> p;
     p.sizes = sizes;
     p.grad_output = rows_view<const scalar_t>(grad_output_rows);
@@ -98,10 +105,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
     p.weights = slots_view<const scalar_t>(weights);
     p.indices = slots_view<const int64_t>(indices);
     p.kernel = kernel_dense.const_data_ptr<scalar_t>();
-    p.grad_values = rows_view<scalar_t>(grad_values);
-    p.grad_weights = slots_view<scalar_t>(grad_weights);
-    p.grad_kernel = grad_kernel.mutable_data_ptr<scalar_t>();
-    p.grad_bias = has_bias ? grad_bias.mutable_data_ptr<scalar_t>() : nullptr;
+    if (want_values) p.grad_values = rows_view<scalar_t>(grad_values);
+    if (want_weights) p.grad_weights = slots_view<scalar_t>(grad_weights);
+    p.grad_kernel = data_or_null(grad_kernel);
+    p.grad_bias = data_or_null(grad_bias);
     knn_aggregate_backward_kernel(p);
   });
   return {grad_values, grad_weights, grad_kernel, grad_bias};

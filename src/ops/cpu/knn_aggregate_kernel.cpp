@@ -40,6 +40,7 @@
 #include <array>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 
@@ -199,9 +200,22 @@ void sum_of_products(int64_t n, const T* init, int64_t terms, const Term& term, 
     for (int64_t b = 0; b < kBlockVectors; ++b) acc[b].store(out + c0 + b * kWidth);
   }
   if (c0 == n) return;
+  const int64_t width = n - c0;
+  if (width < kWidth) {
+    // Fewer channels than one vector (small layers): partial vector loads go through memcpy, so
+    // scalar accumulators are faster here.
+    T acc[kWidth];
+    for (int64_t c = 0; c < width; ++c) acc[c] = init ? init[c0 + c] : T(0);
+    for (int64_t t = 0; t < terms; ++t) {
+      const auto [a, u, x] = term(t, c0, width, scratch);
+      for (int64_t c = 0; c < width; ++c) acc[c] += (kScaled ? a * u[c] : a) * x[c];
+    }
+    std::copy_n(acc, width, out + c0);
+    return;
+  }
   // The ragged last block: the same arithmetic on partial vectors (lanes past the end are
   // never stored).
-  const int64_t width = n - c0, vectors = ceil_div(width, kWidth);
+  const int64_t vectors = ceil_div(width, kWidth);
   Vec<T> acc[kBlockVectors];
   for (int64_t b = 0; b < vectors; ++b) {
     const int64_t count = std::min(kWidth, width - b * kWidth);
@@ -424,19 +438,16 @@ void forward_standard_by_queries(const AggregateForwardParams<scalar_t>& p) {
 
 // ---- Backward -----------------------------------------------------------------------------------
 
-
+// Depthwise pass 1, over query rows: d(weights), and per chunk of rows a partial d(kernel) in the
+// taps layout [K, C] followed by a partial d(bias) [C]. A chunk sums blocks of kRowBlock rows
+// separately and adds the block sums in order. Without d(weights) the dot products are still
+// formed (they share the loads of d(kernel)) but not stored.
 template <typename scalar_t>
-void backward_depthwise(const AggregateBackwardParams<scalar_t>& p, const InverseIndex& inverse) {
+void backward_depthwise_by_queries(const AggregateBackwardParams<scalar_t>& p,
+                                   const at::opmath_type<scalar_t>* taps, int64_t grain) {
   using T = at::opmath_type<scalar_t>;
   const auto& s = p.sizes;
   const int64_t c_in = s.c, k_taps = s.k;
-  Scratch<T> taps(k_taps * c_in);
-  lay_out_kernel(p.kernel, s, Layout::kTapsByChannel, taps.get());
-  const int64_t grain = std::max<int64_t>(1, kGrainWork / std::max<int64_t>(1, k_taps * c_in));
-
-  // Pass 1, over query rows: d(weights), and per chunk of rows a partial d(kernel) in the taps
-  // layout [K, C] followed by a partial d(bias) [C]. A chunk sums blocks of kRowBlock rows
-  // separately and adds the block sums in order.
   const int64_t rows = s.g * s.n;
   const int64_t partial_size = k_taps * c_in + c_in;
   const Chunking chunking = kernel_grad_chunks(rows, grain, partial_size * sizeof(T));
@@ -456,8 +467,9 @@ void backward_depthwise(const AggregateBackwardParams<scalar_t>& p, const Invers
           for (int64_t k = 0; k < k_taps; ++k) {
             const T w = static_cast<T>(p.weights.at(g, i, k));
             const T* v = opmath_row(p.values.row(g, p.indices.at(g, i, k)), c_in, row_buffer.get());
-            p.grad_weights.at(g, i, k) = static_cast<scalar_t>(
-                dot3_and_accumulate(c_in, taps.get() + k * c_in, v, dy, w, block.get() + k * c_in));
+            const T grad_w =
+                dot3_and_accumulate(c_in, taps + k * c_in, v, dy, w, block.get() + k * c_in);
+            if (p.grad_weights.data) p.grad_weights.at(g, i, k) = static_cast<scalar_t>(grad_w);
           }
         }
         axpy(partial_size, T(1), block.get(), partial);
@@ -467,7 +479,7 @@ void backward_depthwise(const AggregateBackwardParams<scalar_t>& p, const Invers
   sum_partials(partials.get(), chunking.count, partial_size);
   for (int64_t c = 0; c < c_in; ++c) {
     const T* total = partials.get();  // chunk 0 holds the total; no chunk means no rows: zero
-    for (int64_t k = 0; k < k_taps; ++k) {
+    for (int64_t k = 0; k < k_taps && p.grad_kernel; ++k) {
       p.grad_kernel[c * k_taps + k] =
           static_cast<scalar_t>(chunking.count ? total[k * c_in + c] : T(0));
     }
@@ -475,9 +487,17 @@ void backward_depthwise(const AggregateBackwardParams<scalar_t>& p, const Invers
       p.grad_bias[c] = static_cast<scalar_t>(chunking.count ? total[k_taps * c_in + c] : T(0));
     }
   }
+}
 
-  // Pass 2, over value rows: d(values)[g,j] = sum over the slots (i,k) that selected j, in slot
-  // order, of w[g,i,k] * W[:,k] * dy[g,i].
+// Depthwise pass 2, over value rows: d(values)[g,j] = sum over the slots (i,k) that selected j,
+// in slot order, of w[g,i,k] * W[:,k] * dy[g,i].
+template <typename scalar_t>
+void backward_depthwise_values(const AggregateBackwardParams<scalar_t>& p,
+                               const InverseIndex& inverse, const at::opmath_type<scalar_t>* taps,
+                               int64_t grain) {
+  using T = at::opmath_type<scalar_t>;
+  const auto& s = p.sizes;
+  const int64_t c_in = s.c;
   at::parallel_for(0, s.g * s.m, grain, [&](int64_t begin, int64_t end) {
     Scratch<T> acc_buffer(c_in);
     for (int64_t r = begin; r < end; ++r) {
@@ -485,7 +505,7 @@ void backward_depthwise(const AggregateBackwardParams<scalar_t>& p, const Invers
       const int64_t* slots = inverse.begin(g, j);
       const auto contribution = [&](int64_t t, int64_t c0, int64_t width, T* scratch) {
         const int64_t i = inverse.query(slots[t]), k = inverse.tap(slots[t]);
-        return std::make_tuple(static_cast<T>(p.weights.at(g, i, k)), taps.get() + k * c_in + c0,
+        return std::make_tuple(static_cast<T>(p.weights.at(g, i, k)), taps + k * c_in + c0,
                                opmath_row(p.grad_output.row(g, i) + c0, width, scratch));
       };
       const int64_t count = inverse.end(g, j) - slots;
@@ -500,6 +520,20 @@ void backward_depthwise(const AggregateBackwardParams<scalar_t>& p, const Invers
       }
     }
   });
+}
+
+template <typename scalar_t>
+void backward_depthwise(const AggregateBackwardParams<scalar_t>& p, const InverseIndex* inverse) {
+  using T = at::opmath_type<scalar_t>;
+  const auto& s = p.sizes;
+  const int64_t c_in = s.c, k_taps = s.k;
+  Scratch<T> taps(k_taps * c_in);
+  lay_out_kernel(p.kernel, s, Layout::kTapsByChannel, taps.get());
+  const int64_t grain = std::max<int64_t>(1, kGrainWork / std::max<int64_t>(1, k_taps * c_in));
+  if (p.grad_weights.data || p.grad_kernel || p.grad_bias) {
+    backward_depthwise_by_queries(p, taps.get(), grain);
+  }
+  if (p.grad_values.data) backward_depthwise_values(p, *inverse, taps.get(), grain);
 }
 
 // Z[t, k*C' + o] = sum over the slots (i,k) that selected value row r0 + t (flat over slices), in
@@ -522,9 +556,38 @@ void gather_weighted_gradients(const AggregateBackwardParams<scalar_t>& p,
   }
 }
 
+// The same Z for every value row of every slice at once ([G*M, K*C']), by scattering each slot's
+// w[g,i,k] * dy[g,i] in query order: per (row, tap) the terms arrive in increasing (i,k) order,
+// as the inverse index delivers them, so Z is bitwise the gathered one. One slice per task: it
+// needs no inverse index, which costs more than the scatter when rows are short (small C').
+template <typename scalar_t, typename T>
+void scatter_weighted_gradients(const AggregateBackwardParams<scalar_t>& p, T* z) {
+  const auto& s = p.sizes;
+  const int64_t c_out = s.c_out, flat_out = s.k * s.c_out;
+  at::parallel_for(0, s.g, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> dy_buffer(c_out);
+    for (int64_t g = begin; g < end; ++g) {
+      T* z_slice = z + g * s.m * flat_out;
+      std::fill_n(z_slice, s.m * flat_out, T(0));
+      for (int64_t i = 0; i < s.n; ++i) {
+        const T* dy_row = opmath_row(p.grad_output.row(g, i), c_out, dy_buffer.get());
+        for (int64_t k = 0; k < s.k; ++k) {
+          axpy(c_out, static_cast<T>(p.weights.at(g, i, k)), dy_row,
+               z_slice + p.indices.at(g, i, k) * flat_out + k * c_out);
+        }
+      }
+    }
+  });
+}
+
+// Whether the value side builds Z by scattering (one task per slice) rather than through the
+// inverse index (any split of the rows). Both give the same bits; the scatter needs a slice per
+// thread to keep the threads busy.
+bool scatter_by_slices(const AggregateSizes& s) { return s.g >= at::get_num_threads(); }
+
 template <typename scalar_t>
 void backward_standard_by_queries(const AggregateBackwardParams<scalar_t>& p,
-                                  const InverseIndex& inverse) {
+                                  const InverseIndex* inverse) {
   using T = at::opmath_type<scalar_t>;
   const auto& s = p.sizes;
   const int64_t c_in = s.c, c_out = s.c_out, k_taps = s.k;
@@ -538,13 +601,18 @@ void backward_standard_by_queries(const AggregateBackwardParams<scalar_t>& p,
   // D = dy [R, C']; P = D @ kernel[C', K*C] is dy pulled back to the neighbourhoods, so
   // d(weights)[r,k] = <G[r,k,:], P[r,k,:]>; then, with G scaled by the weights, the tile's
   // d(kernel) [C', K*C] = D^T @ G and its d(bias) [C'] are added to the chunk's partial.
+  // P is formed only for d(weights), and the pass is skipped when none of the three is wanted.
+  const bool want_weights = p.grad_weights.data != nullptr;
+  const bool want_pass1 = want_weights || p.grad_kernel || p.grad_bias;
   const int64_t rows = s.g * s.n, tiles = ceil_div(rows, tile_rows);
   const int64_t partial_size = c_out * flat + c_out;
-  const Chunking chunking = kernel_grad_chunks(tiles, 1, partial_size * sizeof(T));
+  const Chunking chunking =
+      want_pass1 ? kernel_grad_chunks(tiles, 1, partial_size * sizeof(T)) : Chunking{};
   Scratch<T> partials(chunking.count * partial_size);
   at::parallel_for(0, chunking.count, 1, [&](int64_t begin, int64_t end) {
     Scratch<T> dy(tile_rows * c_out), dy_t(c_out * tile_rows), gathered(tile_rows * flat),
-        pulled(tile_rows * flat), tile_grad(partial_size), block(std::max(c_out, tile_rows) * flat);
+        pulled(want_weights ? tile_rows * flat : 0), tile_grad(partial_size),
+        block(std::max(c_out, tile_rows) * flat);
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       T* partial = partials.get() + chunk * partial_size;
       std::fill_n(partial, partial_size, T(0));
@@ -559,16 +627,20 @@ void backward_standard_by_queries(const AggregateBackwardParams<scalar_t>& p,
                      gathered.get() + t * flat + k * c_in);
           }
         }
-        tile_gemm(count, flat, c_out, dy.get(), c_out, kernel_out_by_flat.get(), flat, pulled.get(),
-                  block.get());
+        if (want_weights) {
+          tile_gemm(count, flat, c_out, dy.get(), c_out, kernel_out_by_flat.get(), flat,
+                    pulled.get(), block.get());
+        }
         T* tile_bias = tile_grad.get() + c_out * flat;
         std::fill_n(tile_bias, c_out, T(0));
         for (int64_t t = 0; t < count; ++t) {
           const int64_t g = (r0 + t) / s.n, i = (r0 + t) % s.n;
           for (int64_t k = 0; k < k_taps; ++k) {
             T* neighbour = gathered.get() + t * flat + k * c_in;
-            p.grad_weights.at(g, i, k) =
-                static_cast<scalar_t>(dot(c_in, neighbour, pulled.get() + t * flat + k * c_in));
+            if (want_weights) {
+              p.grad_weights.at(g, i, k) =
+                  static_cast<scalar_t>(dot(c_in, neighbour, pulled.get() + t * flat + k * c_in));
+            }
             scale_copy(c_in, static_cast<T>(p.weights.at(g, i, k)), neighbour, neighbour);
           }
           axpy(c_out, T(1), dy.get() + t * c_out, tile_bias);
@@ -583,7 +655,7 @@ void backward_standard_by_queries(const AggregateBackwardParams<scalar_t>& p,
   sum_partials(partials.get(), chunking.count, partial_size);
   const T* total = partials.get();  // chunk 0 holds the total; no chunk means no rows: zero
   for (int64_t o = 0; o < c_out; ++o) {
-    for (int64_t c = 0; c < c_in; ++c) {
+    for (int64_t c = 0; c < c_in && p.grad_kernel; ++c) {
       for (int64_t k = 0; k < k_taps; ++k) {
         p.grad_kernel[(o * c_in + c) * k_taps + k] =
             static_cast<scalar_t>(chunking.count ? total[o * flat + k * c_in + c] : T(0));
@@ -597,13 +669,14 @@ void backward_standard_by_queries(const AggregateBackwardParams<scalar_t>& p,
   // Pass 2, over tiles of value rows. Row j gathers Z[j, k, :] = sum over the slots (i,k) that
   // selected it, in slot order, of w[g,i,k] * dy[g,i]; then d(values) = Z [R, K*C'] @
   // kernel[K*C', C].
+  if (!p.grad_values.data) return;
   const int64_t value_rows = s.g * s.m;
   at::parallel_for(0, ceil_div(value_rows, tile_rows), 1, [&](int64_t begin, int64_t end) {
     Scratch<T> z(tile_rows * flat_out), dv(tile_rows * c_in), block(tile_rows * c_in),
         dy_buffer(c_out);
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t r0 = tile * tile_rows, count = std::min(tile_rows, value_rows - r0);
-      gather_weighted_gradients(p, inverse, r0, count, z.get(), dy_buffer.get());
+      gather_weighted_gradients(p, *inverse, r0, count, z.get(), dy_buffer.get());
       tile_gemm(count, c_in, flat_out, z.get(), flat_out, kernel_flat_out_by_in.get(), c_in,
                 dv.get(), block.get());
       for (int64_t t = 0; t < count; ++t) {
@@ -676,22 +749,32 @@ void forward_standard_by_values(const AggregateForwardParams<scalar_t>& p) {
 
 template <typename scalar_t>
 void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
-                                 const InverseIndex& inverse) {
+                                 const InverseIndex* inverse) {
   using T = at::opmath_type<scalar_t>;
   const auto& s = p.sizes;
   const int64_t c_in = s.c, c_out = s.c_out, k_taps = s.k, flat_out = s.k * s.c_out;
+  // Each product below is formed only for the gradients asked for: Z for d(values) and d(kernel),
+  // U only for d(weights).
+  const bool want_values = p.grad_values.data != nullptr, want_weights = p.grad_weights.data != nullptr;
+  const bool want_z = want_values || p.grad_kernel;
+  const bool scatter = want_z && scatter_by_slices(s);
   Scratch<T> kernel_flat_out_by_in(flat_out * c_in), kernel_in_by_flat_out(c_in * flat_out),
-      transformed(s.g * s.m * flat_out);
+      transformed(want_weights ? s.g * s.m * flat_out : 0),
+      scattered(scatter ? s.g * s.m * flat_out : 0);
+  if (scatter) scatter_weighted_gradients(p, scattered.get());
   lay_out_kernel(p.kernel, s, Layout::kFlatOutByIn, kernel_flat_out_by_in.get());
   lay_out_kernel(p.kernel, s, Layout::kInByFlatOut, kernel_in_by_flat_out.get());
   const int64_t tile_rows = standard_tile_rows(s, sizeof(T));
 
-  // Pass 1, over tiles of value rows: Z [R, K*C'] gathered through the inverse index, then
+  // Pass 1, over tiles of value rows: Z [R, K*C'] (scattered above, or gathered through the
+  // inverse index), then
   // d(values) = Z @ kernel[K*C', C], U = V @ kernel[C, K*C'] for pass 2, and the tile's d(kernel)
   // [K*C', C] = Z^T @ V added to the chunk's partial.
   const int64_t value_rows = s.g * s.m, tiles = ceil_div(value_rows, tile_rows);
   const int64_t partial_size = flat_out * c_in;
-  const Chunking chunking = kernel_grad_chunks(tiles, 1, partial_size * sizeof(T));
+  const Chunking chunking = want_z || want_weights
+                                ? kernel_grad_chunks(tiles, 1, partial_size * sizeof(T))
+                                : Chunking{};
   Scratch<T> partials(chunking.count * partial_size);
   at::parallel_for(0, chunking.count, 1, [&](int64_t begin, int64_t end) {
     Scratch<T> z(tile_rows * flat_out), z_t(flat_out * tile_rows), v(tile_rows * c_in),
@@ -703,19 +786,31 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
       const int64_t tile_end = std::min(tiles, (chunk + 1) * chunking.units_per_chunk);
       for (int64_t tile = chunk * chunking.units_per_chunk; tile < tile_end; ++tile) {
         const int64_t r0 = tile * tile_rows, count = std::min(tile_rows, value_rows - r0);
-        gather_weighted_gradients(p, inverse, r0, count, z.get(), dy_buffer.get());
         for (int64_t t = 0; t < count; ++t) {
           copy_row(p.values.row((r0 + t) / s.m, (r0 + t) % s.m), c_in, v.get() + t * c_in);
-          for (int64_t e = 0; e < flat_out; ++e)
-            z_t.get()[e * count + t] = z.get()[t * flat_out + e];
         }
-        tile_gemm(count, c_in, flat_out, z.get(), flat_out, kernel_flat_out_by_in.get(), c_in,
-                  dv.get(), block.get());
+        if (want_weights) {
+          tile_gemm(count, flat_out, c_in, v.get(), c_in, kernel_in_by_flat_out.get(), flat_out,
+                    transformed.get() + r0 * flat_out, block.get());
+        }
+        if (!want_z) continue;
+        const T* tile_z = z.get();
+        if (scatter) {
+          tile_z = scattered.get() + r0 * flat_out;
+        } else {
+          gather_weighted_gradients(p, *inverse, r0, count, z.get(), dy_buffer.get());
+        }
+        if (want_values) {
+          tile_gemm(count, c_in, flat_out, tile_z, flat_out, kernel_flat_out_by_in.get(), c_in,
+                    dv.get(), block.get());
+          for (int64_t t = 0; t < count; ++t) {
+            store_row(dv.get() + t * c_in, c_in,
+                      p.grad_values.row((r0 + t) / s.m, (r0 + t) % s.m));
+          }
+        }
         for (int64_t t = 0; t < count; ++t) {
-          store_row(dv.get() + t * c_in, c_in, p.grad_values.row((r0 + t) / s.m, (r0 + t) % s.m));
+          for (int64_t e = 0; e < flat_out; ++e) z_t.get()[e * count + t] = tile_z[t * flat_out + e];
         }
-        tile_gemm(count, flat_out, c_in, v.get(), c_in, kernel_in_by_flat_out.get(), flat_out,
-                  transformed.get() + r0 * flat_out, block.get());
         tile_gemm(flat_out, c_in, count, z_t.get(), count, v.get(), c_in, tile_grad.get(),
                   block.get());
         axpy(partial_size, T(1), tile_grad.get(), partial);
@@ -724,7 +819,7 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
   });
   sum_partials(partials.get(), chunking.count, partial_size);
   const T* total = partials.get();  // chunk 0 holds the total; no chunk means no rows: zero
-  for (int64_t o = 0; o < c_out; ++o) {
+  for (int64_t o = 0; o < c_out && p.grad_kernel; ++o) {
     for (int64_t c = 0; c < c_in; ++c) {
       for (int64_t k = 0; k < k_taps; ++k) {
         p.grad_kernel[(o * c_in + c) * k_taps + k] =
@@ -735,6 +830,7 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
 
   // Pass 2, over query rows: d(weights)[i,k] = <dy_i, U[I_k, k]>, and per chunk of rows a partial
   // d(bias), summed in blocks of kRowBlock rows.
+  if (!want_weights && !p.grad_bias) return;
   const int64_t rows = s.g * s.n;
   const int64_t grain = std::max<int64_t>(1, kGrainWork / std::max<int64_t>(1, flat_out));
   const Chunking bias_chunking = kernel_grad_chunks(rows, grain, c_out * sizeof(T));
@@ -751,7 +847,7 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
           const int64_t g = r / s.n, i = r % s.n;
           const T* dy = opmath_row(p.grad_output.row(g, i), c_out, dy_buffer.get());
           axpy(c_out, T(1), dy, block.get());
-          for (int64_t k = 0; k < k_taps; ++k) {
+          for (int64_t k = 0; k < k_taps && want_weights; ++k) {
             const T* u =
                 transformed.get() + (g * s.m + p.indices.at(g, i, k)) * flat_out + k * c_out;
             p.grad_weights.at(g, i, k) = static_cast<scalar_t>(dot(c_out, dy, u));
@@ -785,14 +881,23 @@ void knn_aggregate_forward_kernel(const AggregateForwardParams<scalar_t>& p) {
 
 template <typename scalar_t>
 void knn_aggregate_backward_kernel(const AggregateBackwardParams<scalar_t>& p) {
-  const InverseIndex inverse(p.indices, p.sizes.g, p.sizes.n, p.sizes.k, p.sizes.m);
   using T = at::opmath_type<scalar_t>;
+  const bool value_side = !p.sizes.depthwise && use_value_side(p.sizes, sizeof(T));
+  // The inverse index routes dy to the value rows: d(values), and the value side's d(kernel)
+  // unless it scatters instead.
+  const bool wants_routes = value_side ? (p.grad_values.data || p.grad_kernel) && !scatter_by_slices(p.sizes)
+                                       : p.grad_values.data != nullptr;
+  std::optional<InverseIndex> inverse;
+  if (wants_routes) {
+    inverse.emplace(p.indices, p.sizes.g, p.sizes.n, p.sizes.k, p.sizes.m);
+  }
+  const InverseIndex* routes = inverse ? &*inverse : nullptr;
   if (p.sizes.depthwise) {
-    backward_depthwise(p, inverse);
-  } else if (use_value_side(p.sizes, sizeof(T))) {
-    backward_standard_by_values(p, inverse);
+    backward_depthwise(p, routes);
+  } else if (value_side) {
+    backward_standard_by_values(p, routes);
   } else {
-    backward_standard_by_queries(p, inverse);
+    backward_standard_by_queries(p, routes);
   }
 }
 

@@ -53,10 +53,11 @@ struct AggregateBackwardParams {
   SlotsView<const scalar_t> weights;     // [G,N,K]
   SlotsView<const int64_t> indices;      // [G,N,K], every entry in [0,M)
   const scalar_t* kernel = nullptr;      // contiguous [C,K] or [C',C,K]
+  // Outputs: a null data pointer means that gradient is not wanted, and its work is skipped.
   RowsView<scalar_t> grad_values;        // [G,M,C], every row written
   SlotsView<scalar_t> grad_weights;      // [G,N,K], every slot written
   scalar_t* grad_kernel = nullptr;       // contiguous, the kernel's shape
-  scalar_t* grad_bias = nullptr;         // contiguous [C'], or nullptr when there is no bias
+  scalar_t* grad_bias = nullptr;         // contiguous [C']
 };
 
 // Both kernels are deterministic: the result does not depend on the number of threads (it may

@@ -134,12 +134,28 @@ class RunningTopK {
     for (int64_t c = 0; c < columns; ++c) offer(row[c], first + c);
   }
 
-  void read(acc_t* keys, int64_t* indices) const {
+  // The K kept candidates, by descending key or (index_order) by ascending index.
+  void read(acc_t* keys, int64_t* indices, bool index_order) const {
     std::copy_n(keys_, k_, keys);
     std::copy_n(indices_, k_, indices);
+    if (index_order) sort_by_index(keys, indices, k_);
   }
 
  private:
+  static void sort_by_index(acc_t* keys, int64_t* indices, int64_t k) {
+    for (int64_t i = 1; i < k; ++i) {
+      const acc_t key = keys[i];
+      const int64_t index = indices[i];
+      int64_t j = i;
+      for (; j > 0 && indices[j - 1] > index; --j) {
+        keys[j] = keys[j - 1];
+        indices[j] = indices[j - 1];
+      }
+      keys[j] = key;
+      indices[j] = index;
+    }
+  }
+
   acc_t* keys_;
   int64_t* indices_;
   int64_t k_;
@@ -203,15 +219,27 @@ class LaneTopK {
     keys_[0] = lanes.k0, keys_[1] = lanes.k1, indices_[0] = lanes.i0, indices_[1] = lanes.i1;
   }
 
-  void read(float* keys, int64_t* indices) const {
+  // The K kept candidates, by descending key or (index_order) by ascending index. Index order
+  // places each slot at its rank, the number of kept indices below its own (they are distinct):
+  // one compare per slot instead of an insertion sort's mispredicted branches.
+  void read(float* keys, int64_t* indices, bool index_order) const {
     alignas(32) int32_t key_lanes[kLanes], index_lanes[kLanes];
     _mm256_store_si256(reinterpret_cast<__m256i*>(key_lanes), keys_[0]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(key_lanes + 8), keys_[1]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(index_lanes), indices_[0]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(index_lanes + 8), indices_[1]);
+    const uint32_t kept = (uint32_t{1} << k_) - 1;
     for (int64_t s = 0; s < k_; ++s) {
-      keys[s] = from_ordered_bits(key_lanes[s]);
-      indices[s] = index_lanes[s];
+      int64_t rank = s;
+      if (index_order) {
+        const __m256i index = _mm256_set1_epi32(index_lanes[s]);
+        const uint32_t below =
+            static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(index, indices_[0])))) |
+            static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(index, indices_[1])))) << 8;
+        rank = __builtin_popcount(below & kept);
+      }
+      keys[rank] = from_ordered_bits(key_lanes[s]);
+      indices[rank] = index_lanes[s];
     }
   }
 
@@ -242,10 +270,17 @@ class LaneTopK {
     const __m256i q1 = _mm256_blend_epi32(r1i, q0, 1);
     const __m256i moves0 = _mm256_cmpgt_epi32(v, k0), moves1 = _mm256_cmpgt_epi32(v, k1);
     const __m256i takes0 = _mm256_cmpgt_epi32(v, p0), takes1 = _mm256_cmpgt_epi32(v, p1);
-    k0 = _mm256_blendv_epi8(k0, _mm256_blendv_epi8(v, p0, takes0), moves0);
-    k1 = _mm256_blendv_epi8(k1, _mm256_blendv_epi8(v, p1, takes1), moves1);
-    i0 = _mm256_blendv_epi8(i0, _mm256_blendv_epi8(slot, q0, takes0), moves0);
-    i1 = _mm256_blendv_epi8(i1, _mm256_blendv_epi8(slot, q1, takes1), moves1);
+    k0 = blend(k0, blend(v, p0, takes0), moves0);
+    k1 = blend(k1, blend(v, p1, takes1), moves1);
+    i0 = blend(i0, blend(slot, q0, takes0), moves0);
+    i1 = blend(i1, blend(slot, q1, takes1), moves1);
+  }
+
+  // mask ? b : a per 32-bit lane, mask all-ones or all-zeros. Through blendv_ps, which reads one
+  // sign bit per lane: GCC lowers blendv_epi8 on a compare result to two instructions.
+  static __m256i blend(__m256i a, __m256i b, __m256i mask) {
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b),
+                                                _mm256_castsi256_ps(mask)));
   }
 
   __m256i keys_[2];
@@ -340,9 +375,10 @@ class SelectTask {
       const acc_t* added = p_.mask_additive + mask_offset;
       for (int64_t c = 0; c < columns; ++c) row[c] += added[c];
     }
-    bool rankable = true;
-    for (int64_t c = 0; c < columns; ++c) rankable &= !(std::isnan(row[c]) || row[c] == pos_inf);
-    return rankable;
+    // NaN and +inf both fail `< +inf`; an integer OR keeps the loop vectorisable.
+    int unrankable = 0;
+    for (int64_t c = 0; c < columns; ++c) unrankable |= !(row[c] < pos_inf);
+    return unrankable == 0;
   }
 
   bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns) {
@@ -359,8 +395,7 @@ class SelectTask {
     acc_t* keys = row_keys_.data();
     int64_t* indices = row_indices_.data();
     for (int64_t r = 0; r < rows; ++r) {
-      tops_[r].read(keys, indices);
-      if (p_.index_order) sort_by_index(keys, indices, p_.k);
+      tops_[r].read(keys, indices, p_.index_order);
       const int64_t out = (g * p_.queries_n + row_begin + r) * p_.k;
       for (int64_t s = 0; s < p_.k; ++s) {
         const acc_t key = keys[s];
@@ -368,20 +403,6 @@ class SelectTask {
         p_.scores[out + s] = static_cast<scalar_t>(distance && !masked ? std::exp(key) : key);
         p_.indices[out + s] = indices[s];
       }
-    }
-  }
-
-  static void sort_by_index(acc_t* keys, int64_t* indices, int64_t k) {
-    for (int64_t i = 1; i < k; ++i) {
-      const acc_t key = keys[i];
-      const int64_t index = indices[i];
-      int64_t j = i;
-      for (; j > 0 && indices[j - 1] > index; --j) {
-        keys[j] = keys[j - 1];
-        indices[j] = indices[j - 1];
-      }
-      keys[j] = key;
-      indices[j] = index;
     }
   }
 

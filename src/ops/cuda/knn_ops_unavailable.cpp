@@ -31,7 +31,7 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor&, const at::
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    const at::Tensor&, bool) {
+    const at::Tensor&, std::array<bool, 4>) {
   unavailable("knn_aggregate_backward", grad);
 }
 

@@ -26,22 +26,27 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, bool has_bias) {
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
+  const auto [want_values, want_weights, want_kernel, want_bias] = output_mask;
   const auto v_nn = gather_rows(values, indices);  // [G,N,K,C]
   const auto& dy = grad_output;                    // [G,N,C']
-  at::Tensor through_kernel;                       // dy pulled back through the kernel: [G,N,K,C]
-  at::Tensor grad_kernel;
-  if (kernel.dim() == 2) {
-    through_kernel = dy.unsqueeze(2) * kernel.t().unsqueeze(0).unsqueeze(0);
-    grad_kernel = at::einsum("gik,gikc,gic->ck", {weights, v_nn, dy});
-  } else {
-    through_kernel = at::einsum("gio,ock->gikc", {dy, kernel});
-    grad_kernel = at::einsum("gio,gik,gikc->ock", {dy, weights, v_nn});
+  const bool depthwise = kernel.dim() == 2;
+  at::Tensor grad_values, grad_weights, grad_kernel, grad_bias;
+  if (want_values || want_weights) {
+    // dy pulled back through the kernel: [G,N,K,C]
+    const auto through_kernel = depthwise
+                                    ? dy.unsqueeze(2) * kernel.t().unsqueeze(0).unsqueeze(0)
+                                    : at::einsum("gio,ock->gikc", {dy, kernel});
+    if (want_weights) grad_weights = (v_nn * through_kernel).sum(-1);
+    if (want_values) {
+      grad_values = scatter_rows(through_kernel * weights.unsqueeze(-1), indices, values.size(1));
+    }
   }
-  const auto grad_weights = (v_nn * through_kernel).sum(-1);
-  const auto grad_values =
-      scatter_rows(through_kernel * weights.unsqueeze(-1), indices, values.size(1));
-  const auto grad_bias = has_bias ? dy.sum(std::vector<int64_t>{0, 1}) : at::Tensor();
+  if (want_kernel) {
+    grad_kernel = depthwise ? at::einsum("gik,gikc,gic->ck", {weights, v_nn, dy})
+                            : at::einsum("gio,gik,gikc->ock", {dy, weights, v_nn});
+  }
+  if (want_bias) grad_bias = dy.sum(std::vector<int64_t>{0, 1});
   return {grad_values, grad_weights, grad_kernel, grad_bias};
 }
 

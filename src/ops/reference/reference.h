@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <array>
 #include <tuple>
 
 #include "convnn/ops/similarity.h"
@@ -40,6 +41,6 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, bool has_bias);
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
 
 }  // namespace convnn::reference
