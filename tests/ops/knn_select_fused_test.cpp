@@ -82,7 +82,8 @@ TEST(FusedSelect, LowerIndexWinsExactTies) {
 // -inf slots, and row lengths that are not a multiple of the 8-key groups.
 TEST(FusedSelect, Float32SmallKTopKEqualsReferenceWithTiesSignedZerosAndMasks) {
   torch::manual_seed(6);
-  for (const int64_t m : {int64_t{16}, int64_t{21}, int64_t{300}}) {
+  // M <= 32 ranks whole rows, larger M keeps a running top-K: both sides of the boundary.
+  for (const int64_t m : {int64_t{9}, int64_t{16}, int64_t{21}, int64_t{32}, int64_t{33}, int64_t{300}}) {
     const auto q = torch::randint(-2, 3, {2, 37, 3}, torch::kFloat);
     auto k = torch::randint(-2, 3, {2, m, 3}, torch::kFloat);
     k.select(2, 0).mul_(-1);  // -0 next to +0 in the products

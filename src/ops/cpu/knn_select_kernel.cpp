@@ -179,6 +179,94 @@ inline float from_ordered_bits(int32_t key) {
 }
 
 #if defined(CPU_CAPABILITY_AVX2)
+// ordered_bits of 8 floats.
+inline __m256i ordered_bits(__m256 values) {
+  const __m256i bits = _mm256_castps_si256(_mm256_add_ps(values, _mm256_setzero_ps()));
+  const __m256i negative = _mm256_srai_epi32(bits, 31);
+  return _mm256_xor_si256(bits, _mm256_and_si256(negative, _mm256_set1_epi32(0x7fffffff)));
+}
+
+inline uint32_t sign_mask(__m256i lanes) {
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(lanes)));
+}
+
+// mask ? b : a per 32-bit lane, mask all-ones or all-zeros. Through blendv_ps, which reads one
+// sign bit per lane: GCC lowers blendv_epi8 on a compare result to two instructions.
+inline __m256i blend_lanes(__m256i a, __m256i b, __m256i mask) {
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b),
+                                              _mm256_castsi256_ps(mask)));
+}
+
+// The top-K of a whole row of at most 32 candidates (K <= columns), by ranks: candidate j's rank
+// is the number of candidates before it in (key descending, index ascending) order, and the K of
+// rank below K are kept. The ranks of all 32 lanes grow together, one broadcast candidate l at a
+// time (l outranks j when key_l > key_j, or key_l >= key_j with l < j): no dependency chain and no
+// data-dependent branch, where the running top-K's insertions chain. With few candidates (random
+// candidates, r = 32) that is faster.
+constexpr int64_t kRankColumns = 32;
+constexpr int64_t kRankVectors = kRankColumns / 8;
+static_assert(kRankVectors == 4, "top_k_by_rank adds the outranking of four segments");
+
+// Adds to the ranks what candidates l in [8U, end) outrank. Lanes of vectors before U come before
+// l (strict comparison), lanes of vectors after U after it (>=); only vector U is mixed.
+template <int64_t U>
+inline void add_outranking(const int32_t* keys, int64_t end, const __m256i* key_vectors,
+                           const __m256i* key_minus_one, __m256i* rank) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t l = 8 * U; l < end; ++l) {
+    const __m256i key = _mm256_set1_epi32(keys[l]);
+    // Compare results are -1 / 0: subtracting counts.
+    for (int64_t v = 0; v < U; ++v) {
+      rank[v] = _mm256_sub_epi32(rank[v], _mm256_cmpgt_epi32(key, key_vectors[v]));
+    }
+    const __m256i later_lane =
+        _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(static_cast<int32_t>(l - 8 * U)));
+    rank[U] = _mm256_sub_epi32(
+        rank[U], blend_lanes(_mm256_cmpgt_epi32(key, key_vectors[U]),
+                             _mm256_cmpgt_epi32(key, key_minus_one[U]), later_lane));
+    for (int64_t v = U + 1; v < kRankVectors; ++v) {
+      rank[v] = _mm256_sub_epi32(rank[v], _mm256_cmpgt_epi32(key, key_minus_one[v]));
+    }
+  }
+}
+
+inline void top_k_by_rank(const float* row, int64_t columns, int64_t k, bool index_order,
+                          float* keys_out, int64_t* indices_out) {
+  constexpr int64_t kVectors = kRankVectors;
+  alignas(32) int32_t keys[kRankColumns];
+  // Lanes past the row hold INT32_MIN, below every ordered float: they outrank nothing (and are
+  // never kept).
+  for (int64_t c = 0; c < kRankColumns; ++c) {
+    keys[c] = c < columns ? ordered_bits(row[c]) : std::numeric_limits<int32_t>::min();
+  }
+  __m256i key_vectors[kVectors], key_minus_one[kVectors], rank[kVectors];
+  for (int64_t v = 0; v < kVectors; ++v) {
+    key_vectors[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(keys + v * 8));
+    // x > key - 1 is x >= key; only the INT32_MIN of lanes past the row wraps.
+    key_minus_one[v] = _mm256_sub_epi32(key_vectors[v], _mm256_set1_epi32(1));
+    rank[v] = _mm256_setzero_si256();
+  }
+  const auto segment_end = [&](int64_t u) { return std::min(columns, 8 * (u + 1)); };
+  add_outranking<0>(keys, segment_end(0), key_vectors, key_minus_one, rank);
+  add_outranking<1>(keys, segment_end(1), key_vectors, key_minus_one, rank);
+  add_outranking<2>(keys, segment_end(2), key_vectors, key_minus_one, rank);
+  add_outranking<3>(keys, segment_end(3), key_vectors, key_minus_one, rank);
+  alignas(32) int32_t rank_of[kRankColumns];
+  uint32_t kept = 0;
+  const __m256i top = _mm256_set1_epi32(static_cast<int32_t>(k));
+  for (int64_t v = 0; v < kVectors; ++v) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rank_of + v * 8), rank[v]);
+    kept |= sign_mask(_mm256_cmpgt_epi32(top, rank[v])) << (8 * v);
+  }
+  kept &= static_cast<uint32_t>((uint64_t{1} << columns) - 1);
+  for (int64_t slot = 0; kept != 0; kept &= kept - 1, ++slot) {
+    const int j = __builtin_ctz(kept);
+    const int64_t out = index_order ? slot : rank_of[j];
+    keys_out[out] = from_ordered_bits(keys[j]);
+    indices_out[out] = j;
+  }
+}
+
 // The running top-K for float keys, K <= 16 and int32 indices, in AVX2 registers: keys (as
 // ordered_bits) and indices fill 16 lanes each, sorted descending, and an insertion is the same
 // shift-and-blend whatever the new key's rank. The scalar insertion sort mispredicts a branch per
@@ -244,12 +332,8 @@ class LaneTopK {
   }
 
  private:
-  static __m256i ordered_bits(__m256 values) {
-    const __m256i bits = _mm256_castps_si256(_mm256_add_ps(values, _mm256_setzero_ps()));
-    const __m256i negative = _mm256_srai_epi32(bits, 31);
-    return _mm256_xor_si256(bits, _mm256_and_si256(negative, _mm256_set1_epi32(0x7fffffff)));
-  }
-  static int32_t ordered_bits(float value) { return convnn::cpu::CONVNN_CPU_ISA::ordered_bits(value); }
+  static __m256i ordered_bits(__m256 values) { return CONVNN_CPU_ISA::ordered_bits(values); }
+  static int32_t ordered_bits(float value) { return CONVNN_CPU_ISA::ordered_bits(value); }
 
   // A lane whose key is >= the new one stays (ties keep the earlier index); the first other lane
   // takes the new key; the lanes after it shift by one. A key at or below the K-th leaves lanes
@@ -270,18 +354,12 @@ class LaneTopK {
     const __m256i q1 = _mm256_blend_epi32(r1i, q0, 1);
     const __m256i moves0 = _mm256_cmpgt_epi32(v, k0), moves1 = _mm256_cmpgt_epi32(v, k1);
     const __m256i takes0 = _mm256_cmpgt_epi32(v, p0), takes1 = _mm256_cmpgt_epi32(v, p1);
-    k0 = blend(k0, blend(v, p0, takes0), moves0);
-    k1 = blend(k1, blend(v, p1, takes1), moves1);
-    i0 = blend(i0, blend(slot, q0, takes0), moves0);
-    i1 = blend(i1, blend(slot, q1, takes1), moves1);
+    k0 = blend_lanes(k0, blend_lanes(v, p0, takes0), moves0);
+    k1 = blend_lanes(k1, blend_lanes(v, p1, takes1), moves1);
+    i0 = blend_lanes(i0, blend_lanes(slot, q0, takes0), moves0);
+    i1 = blend_lanes(i1, blend_lanes(slot, q1, takes1), moves1);
   }
 
-  // mask ? b : a per 32-bit lane, mask all-ones or all-zeros. Through blendv_ps, which reads one
-  // sign bit per lane: GCC lowers blendv_epi8 on a compare result to two instructions.
-  static __m256i blend(__m256i a, __m256i b, __m256i mask) {
-    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b),
-                                                _mm256_castsi256_ps(mask)));
-  }
 
   __m256i keys_[2];
   __m256i indices_[2];
@@ -313,6 +391,11 @@ class SelectTask {
     const int64_t rows = std::min(kQueryBlock, p_.queries_n - row_begin);
     std::fill(q_.begin(), q_.end(), acc_t(0));
     load_rows(p_.queries + (g * p_.queries_n + row_begin) * d_, rows, d_, normalise_, q_.data());
+#if defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<TopK, LaneTopK>) {
+      if (p_.keys_m <= kRankColumns) return run_by_rank(g, row_begin, rows);
+    }
+#endif
     for (int64_t r = 0; r < rows; ++r) tops_[r].reset();
     for (int64_t m0 = 0; m0 < p_.keys_m; m0 += kKeyBlock) {
       const int64_t columns = std::min(kKeyBlock, p_.keys_m - m0);
@@ -390,19 +473,39 @@ class SelectTask {
     return true;
   }
 
-  void write_rows(int64_t g, int64_t row_begin, int64_t rows) {
-    const bool distance = is_distance_similarity(p_.similarity);
-    acc_t* keys = row_keys_.data();
-    int64_t* indices = row_indices_.data();
+#if defined(CPU_CAPABILITY_AVX2)
+  // All candidates fit one key block of at most kRankColumns: rank each row whole.
+  bool run_by_rank(int64_t g, int64_t row_begin, int64_t rows) {
+    load_key_block(g, 0, p_.keys_m);
+    compute_tile(rows, p_.keys_m);
     for (int64_t r = 0; r < rows; ++r) {
-      tops_[r].read(keys, indices, p_.index_order);
-      const int64_t out = (g * p_.queries_n + row_begin + r) * p_.k;
-      for (int64_t s = 0; s < p_.k; ++s) {
-        const acc_t key = keys[s];
-        const bool masked = key == -std::numeric_limits<acc_t>::infinity();
-        p_.scores[out + s] = static_cast<scalar_t>(distance && !masked ? std::exp(key) : key);
-        p_.indices[out + s] = indices[s];
+      acc_t* row = tile_.data() + r * kKeyBlock;
+      if (!ranking_keys(row, p_.keys_m, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
+        return false;
       }
+      top_k_by_rank(row, p_.keys_m, p_.k, p_.index_order, row_keys_.data(), row_indices_.data());
+      write_row(g, row_begin + r);
+    }
+    return true;
+  }
+#endif
+
+  void write_rows(int64_t g, int64_t row_begin, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r) {
+      tops_[r].read(row_keys_.data(), row_indices_.data(), p_.index_order);
+      write_row(g, row_begin + r);
+    }
+  }
+
+  // Writes row_keys_ / row_indices_ out as query i's scores and indices.
+  void write_row(int64_t g, int64_t i) {
+    const bool distance = is_distance_similarity(p_.similarity);
+    const int64_t out = (g * p_.queries_n + i) * p_.k;
+    for (int64_t s = 0; s < p_.k; ++s) {
+      const acc_t key = row_keys_[s];
+      const bool masked = key == -std::numeric_limits<acc_t>::infinity();
+      p_.scores[out + s] = static_cast<scalar_t>(distance && !masked ? std::exp(key) : key);
+      p_.indices[out + s] = row_indices_[s];
     }
   }
 
