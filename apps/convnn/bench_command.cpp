@@ -184,6 +184,7 @@ nlohmann::json case_json(const CaseResult& r, const MachinePeaks& machine) {
     return j;
   };
   out["ratios"]["fused/reference"] = ratios("fused", "reference");
+  out["ratios"]["fused/composed"] = ratios("fused", "composed");
   if (c.level == bench::Level::Module) out["ratios"]["fused/mhsa"] = ratios("fused", "mhsa");
   return out;
 }
@@ -243,6 +244,7 @@ void print_case(const CaseResult& r, const MachinePeaks& machine) {
     std::cout << "\n";
   };
   print_ratios("fused", "reference");
+  print_ratios("fused", "composed");
   if (c.level == bench::Level::Module) print_ratios("fused", "mhsa");
 }
 

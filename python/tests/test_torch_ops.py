@@ -13,9 +13,23 @@ torch.ops.load_library(LIBRARY)
 ops = torch.ops.convnn
 
 
-def test_both_ops_are_registered():
+def test_the_ops_are_registered():
     assert hasattr(ops, "knn_select")
     assert hasattr(ops, "knn_aggregate")
+    assert hasattr(ops, "knn_attention")
+
+
+def test_fused_attention_equals_sdpa_and_has_gradients():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 9, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    kernel = torch.ones(4, 9, dtype=torch.float64)
+    out, scores, indices, weights = ops.knn_attention(
+        q, k, v, kernel, None, 9, "scaled_dot", None, False, "softmax", 1.0)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert (out - expected).abs().max().item() < 1e-12
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: ops.knn_attention(q, k, v, kernel[:, :3], None, 3, "scaled_dot", None,
+                                          False, "softmax", 0.5)[0], (q, k, v))
 
 
 def test_attention_identity_matches_sdpa():

@@ -83,7 +83,7 @@ std::vector<PhaseResult> run_path(const Path& path, const at::Tensor& grad_outpu
 
 // Everything one case needs, alive for the whole case: inputs, weights, the paths over them.
 struct Setup {
-  std::vector<Path> paths;  // reference, fused[, mhsa]
+  std::vector<Path> paths;  // reference, fused, composed[, mhsa]
   at::Tensor grad_output;   // the same upstream gradient for every path
   nn::ConvNNAttention module{nullptr};
 };
@@ -107,6 +107,13 @@ Setup make_op_setup(const BenchConfig& c, at::Generator& gen) {
                          [=] { return reference_conv_nn(q, k, v, kernel, kn, similarity); }, leaves});
   setup.paths.push_back({"fused", "convnn",
                          [=] {
+                           return std::get<0>(ops::knn_attention(q, k, v, kernel, c10::nullopt, kn,
+                                                                 to_string(similarity), c10::nullopt,
+                                                                 /*index_order=*/false, "softmax", 1.0));
+                         },
+                         leaves});
+  setup.paths.push_back({"composed", "convnn",
+                         [=] {
                            auto [scores, indices] = ops::knn_select(q, k, kn, to_string(similarity),
                                                                     c10::nullopt, /*index_order=*/false);
                            const auto weights = nn::functional::rho_weights(scores, nn::Rho::Softmax);
@@ -120,13 +127,22 @@ Setup make_op_setup(const BenchConfig& c, at::Generator& gen) {
 Setup make_module_setup(const BenchConfig& c, at::Generator& gen) {
   const auto options = at::TensorOptions().dtype(c.dtype);
   Setup setup;
-  setup.module = nn::ConvNNAttention(nn::ConvNNAttentionOptions(c.channels, c.heads, c.k)
-                                         .similarity(c.similarity)
-                                         .aggregation(c.aggregation));
+  const auto module_options =
+      nn::ConvNNAttentionOptions(c.channels, c.heads, c.k).similarity(c.similarity).aggregation(c.aggregation);
+  setup.module = nn::ConvNNAttention(module_options);
   setup.module->to(c.dtype);
+  // The same layer on the composed path (knn_select, rho, knn_aggregate), with the same weights.
+  nn::ConvNNAttention composed(nn::ConvNNAttentionOptions(module_options).fused(false));
+  composed->to(c.dtype);
+  {
+    at::NoGradGuard no_grad;
+    const auto fused_parameters = setup.module->named_parameters();
+    for (auto& p : composed->named_parameters()) p.value().copy_(fused_parameters[p.key()]);
+  }
   auto x = at::randn({c.batch, c.tokens, c.channels}, gen, options.dtype(at::kFloat)).to(c.dtype).requires_grad_(true);
-  std::vector<at::Tensor> leaves{x};
+  std::vector<at::Tensor> leaves{x}, composed_leaves{x};
   for (const auto& p : setup.module->parameters()) leaves.push_back(p);
+  for (const auto& p : composed->parameters()) composed_leaves.push_back(p);
   const auto weights = attention_weights(*setup.module);
   const int64_t heads = c.heads, kn = c.k;
   const auto similarity = c.similarity;
@@ -134,6 +150,7 @@ Setup make_module_setup(const BenchConfig& c, at::Generator& gen) {
   setup.paths.push_back({"reference", "convnn",
                          [=] { return reference_attention(x, weights, heads, kn, similarity); }, leaves});
   setup.paths.push_back({"fused", "convnn", [=]() mutable { return module(x); }, leaves});
+  setup.paths.push_back({"composed", "convnn", [=]() mutable { return composed(x); }, composed_leaves});
   setup.paths.push_back({"mhsa", "mhsa", [=] { return mhsa_attention(x, weights, heads, similarity); }, leaves});
   setup.grad_output = at::randn({c.batch, c.tokens, c.channels}, gen, options.dtype(at::kFloat)).to(c.dtype);
   return setup;

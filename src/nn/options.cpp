@@ -13,8 +13,6 @@ using convnn::detail::name_of;
 using convnn::detail::NameTable;
 using convnn::detail::parse_name;
 
-constexpr NameTable<Rho, 3> kRho{
-    {{"uniform", Rho::Uniform}, {"mean", Rho::Mean}, {"softmax", Rho::Softmax}}};
 constexpr NameTable<SlotOrder, 2> kSlotOrder{
     {{"score", SlotOrder::Score}, {"index", SlotOrder::Index}}};
 constexpr NameTable<Aggregation, 2> kAggregation{
@@ -28,7 +26,6 @@ constexpr NameTable<Projection, 2> kProjection{
 
 }  // namespace
 
-Rho parse_rho(std::string_view t) { return parse_name(kRho, t, "rho"); }
 SlotOrder parse_slot_order(std::string_view t) { return parse_name(kSlotOrder, t, "slot_order"); }
 Aggregation parse_aggregation(std::string_view t) { return parse_name(kAggregation, t, "aggregation"); }
 EvalCandidates parse_eval_candidates(std::string_view t) {
@@ -36,7 +33,6 @@ EvalCandidates parse_eval_candidates(std::string_view t) {
 }
 KernelInit parse_kernel_init(std::string_view t) { return parse_name(kKernelInit, t, "kernel_init"); }
 Projection parse_projection(std::string_view t) { return parse_name(kProjection, t, "projection"); }
-const char* to_string(Rho v) { return name_of(kRho, v); }
 const char* to_string(SlotOrder v) { return name_of(kSlotOrder, v); }
 const char* to_string(Aggregation v) { return name_of(kAggregation, v); }
 const char* to_string(EvalCandidates v) { return name_of(kEvalCandidates, v); }

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
+#include <string>
+
 namespace convnn::checks {
 
 std::string shape_string(const at::Tensor& t) {
@@ -38,8 +41,7 @@ void check_floating(const at::Tensor& t, std::string_view op, std::string_view n
 }
 
 void check_mask(const at::Tensor& mask, const at::Tensor& queries, const at::Tensor& keys,
-                Similarity similarity) {
-  constexpr std::string_view op = "knn_select";
+                Similarity similarity, std::string_view op) {
   const int64_t g = queries.size(0), n = queries.size(1), m = keys.size(1);
   TORCH_CHECK(mask.dim() == 2 || mask.dim() == 3, op,
               ": mask must be 2-D [N,M] or 3-D [G,N,M], got shape ", shape_string(mask));
@@ -66,9 +68,9 @@ void check_mask(const at::Tensor& mask, const at::Tensor& queries, const at::Ten
 
 Similarity check_select_inputs(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
                                std::string_view similarity_name,
-                               const c10::optional<at::Tensor>& mask) {
-  constexpr std::string_view op = "knn_select";
-  const Similarity similarity = parse_similarity(similarity_name, "knn_select: similarity");
+                               const c10::optional<at::Tensor>& mask, std::string_view op) {
+  const Similarity similarity =
+      parse_similarity(similarity_name, std::string(op) + ": similarity");
   check_rank(queries, 3, op, "queries", "[G,N,D]");
   check_rank(keys, 3, op, "keys", "[G,M,D]");
   check_floating(queries, op, "queries");
@@ -83,7 +85,7 @@ Similarity check_select_inputs(const at::Tensor& queries, const at::Tensor& keys
   const int64_t m = keys.size(1);
   TORCH_CHECK(k >= 1 && k <= m, op, ": k must be in [1, M] where M = ", m,
               " is the number of candidates (keys.size(1)), got k = ", k);
-  if (mask.has_value() && mask->defined()) check_mask(*mask, queries, keys, similarity);
+  if (mask.has_value() && mask->defined()) check_mask(*mask, queries, keys, similarity, op);
   return similarity;
 }
 
@@ -94,15 +96,9 @@ void check_aggregate_inputs(const at::Tensor& values, const at::Tensor& weights,
   check_rank(values, 3, op, "values", "[G,M,C]");
   check_rank(weights, 3, op, "weights", "[G,N,K]");
   check_rank(indices, 3, op, "indices", "[G,N,K]");
-  TORCH_CHECK(kernel.defined() && (kernel.dim() == 2 || kernel.dim() == 3), op,
-              ": kernel must be 2-D [C,K] (depthwise) or 3-D [C',C,K] (standard), got shape ",
-              kernel.defined() ? shape_string(kernel) : std::string("undefined"));
-  check_floating(values, op, "values");
   check_same_dtype(values, weights, op, "values", "weights");
-  check_same_dtype(values, kernel, op, "values", "kernel");
   check_same_device(values, weights, op, "values", "weights");
   check_same_device(values, indices, op, "values", "indices");
-  check_same_device(values, kernel, op, "values", "kernel");
   TORCH_CHECK(indices.scalar_type() == at::kLong, op, ": indices must be int64, got ",
               indices.scalar_type());
   TORCH_CHECK(weights.sizes() == indices.sizes(), op,
@@ -113,11 +109,25 @@ void check_aggregate_inputs(const at::Tensor& values, const at::Tensor& weights,
               shape_string(values), " and weights ", shape_string(weights));
   const int64_t k = weights.size(2);
   TORCH_CHECK(k >= 1, op, ": the neighbour count K (weights.size(2)) must be at least 1, got ", k);
+  check_kernel_and_bias(values, k, "weights.size(2)", kernel, bias, op);
+  check_indices_in_range(indices, values.size(1), op, "indices");
+}
+
+void check_kernel_and_bias(const at::Tensor& values, int64_t k, std::string_view k_source,
+                           const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                           std::string_view op) {
+  check_rank(values, 3, op, "values", "[G,M,C]");
+  check_floating(values, op, "values");
+  TORCH_CHECK(kernel.defined() && (kernel.dim() == 2 || kernel.dim() == 3), op,
+              ": kernel must be 2-D [C,K] (depthwise) or 3-D [C',C,K] (standard), got shape ",
+              kernel.defined() ? shape_string(kernel) : std::string("undefined"));
+  check_same_dtype(values, kernel, op, "values", "kernel");
+  check_same_device(values, kernel, op, "values", "kernel");
   const int64_t c = values.size(2);
   const int64_t kernel_c = kernel.dim() == 2 ? kernel.size(0) : kernel.size(1);
   TORCH_CHECK(kernel_c == c && kernel.size(-1) == k, op, ": kernel shape ", shape_string(kernel),
-              " does not match C = ", c, " (values.size(2)) and K = ", k,
-              " (weights.size(2)); expected [", c, ", ", k, "] or [C', ", c, ", ", k, "]");
+              " does not match C = ", c, " (values.size(2)) and K = ", k, " (", k_source,
+              "); expected [", c, ", ", k, "] or [C', ", c, ", ", k, "]");
   if (bias.has_value() && bias->defined()) {
     const int64_t c_out = kernel.dim() == 2 ? c : kernel.size(0);
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == c_out, op, ": bias must be 1-D [C'] = [",
@@ -125,7 +135,27 @@ void check_aggregate_inputs(const at::Tensor& values, const at::Tensor& weights,
     check_same_dtype(values, *bias, op, "values", "bias");
     check_same_device(values, *bias, op, "values", "bias");
   }
-  check_indices_in_range(indices, values.size(1), op, "indices");
+}
+
+AttentionChecked check_attention_inputs(const at::Tensor& queries, const at::Tensor& keys,
+                                        const at::Tensor& values, const at::Tensor& kernel,
+                                        const c10::optional<at::Tensor>& bias, int64_t k,
+                                        std::string_view similarity,
+                                        const c10::optional<at::Tensor>& mask,
+                                        std::string_view rho, double temperature) {
+  constexpr std::string_view op = "knn_attention";
+  AttentionChecked checked;
+  checked.similarity = check_select_inputs(queries, keys, k, similarity, mask, op);
+  check_kernel_and_bias(values, k, "k", kernel, bias, op);
+  check_same_dtype(queries, values, op, "queries", "values");
+  check_same_device(queries, values, op, "queries", "values");
+  TORCH_CHECK(values.size(0) == keys.size(0) && values.size(1) == keys.size(1), op,
+              ": keys and values must have the same G and M (dims 0 and 1), got keys ",
+              shape_string(keys), " and values ", shape_string(values));
+  checked.rho = parse_rho_argument(rho, "knn_attention: rho");
+  TORCH_CHECK(temperature > 0.0 && std::isfinite(temperature), op,
+              ": temperature must be a positive finite number, got ", temperature);
+  return checked;
 }
 
 void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_view op,

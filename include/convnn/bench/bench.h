@@ -67,7 +67,7 @@ struct PhaseResult {
 };
 
 struct PathResult {
-  std::string name;      // "reference", "fused" or "mhsa"
+  std::string name;      // "reference", "fused", "composed" or "mhsa"
   std::string workload;  // cost model it is charged with: "convnn" or "mhsa"
   bool skipped = false;
   std::string skip_reason;

@@ -6,6 +6,10 @@
 //                      bool index_order) -> (Tensor scores, Tensor indices)
 //   convnn::knn_aggregate(Tensor values, Tensor weights, Tensor indices, Tensor kernel,
 //                         Tensor? bias) -> Tensor
+//   convnn::knn_attention(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias,
+//                         int k, str similarity, Tensor? mask, bool index_order, str rho,
+//                         float temperature) -> (Tensor output, Tensor scores, Tensor indices,
+//                                                Tensor weights)
 //
 // Semantics: docs/operator.md.
 #include <ATen/core/Tensor.h>
@@ -34,6 +38,17 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
                          const at::Tensor& indices, const at::Tensor& kernel,
                          const c10::optional<at::Tensor>& bias);
 
+// The fused path: knn_select, rho ("uniform", "mean" or "softmax", with temperature) and
+// knn_aggregate in one op, on the same arguments. Returns (output [G,N,C'], scores, indices and
+// weights [G,N,k]); it equals the composition of the three, and never materialises the [G,N,M]
+// scores or the gathered neighbourhoods. Differentiable w.r.t. queries and keys (softmax rho
+// only: the other rhos do not depend on the score values), values, kernel and bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    const std::string& similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    const std::string& rho, double temperature);
+
 // The backward ops the Autograd kernels call; exposed so fused kernels can be compared with them.
 // Returns (grad_queries, grad_keys).
 std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
@@ -48,5 +63,14 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
+
+// Returns (grad_queries, grad_keys, grad_values, grad_kernel, grad_bias); output_mask says which
+// to compute, in that order, and the others come back undefined. The query and key gradients are
+// undefined for rhos without a score gradient (uniform, mean) even when asked for.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, const std::string& similarity,
+    const std::string& rho, double temperature, std::array<bool, 5> output_mask);
 
 }  // namespace convnn::ops

@@ -9,6 +9,7 @@
 #include "nn/functional/spatial.h"
 #include "ops/checks.h"
 #include "ops/reference/indexing.h"
+#include "ops/reference/reference.h"
 
 namespace convnn::nn::functional {
 namespace {
@@ -188,24 +189,30 @@ at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::
     candidate_keys = k.index_select(1, drawn);
     if (candidate_mask.defined()) candidate_mask = candidate_mask.index_select(-1, drawn);
   }
-  auto [scores, indices] = ops::knn_select(
-      q, candidate_keys, o.k(), to_string(o.similarity()),
-      candidate_mask.defined() ? c10::optional<at::Tensor>(candidate_mask) : c10::nullopt,
-      index_order && !merge);
-  at::Tensor selected_values = v;
+  const auto candidate_mask_arg =
+      candidate_mask.defined() ? c10::optional<at::Tensor>(candidate_mask) : c10::nullopt;
+  // Random candidates aggregate over the r candidate rows with slot indices: the same sum (slot
+  // order is index order), and the ops see M = r < N value rows (the aggregation's value side).
+  const auto candidate_values = random && !merge ? v.index_select(1, drawn) : v;
+  if (o.fused() && !merge && !o.kernel_per_head()) {
+    const auto output = std::get<0>(ops::knn_attention(
+        q, candidate_keys, candidate_values, kernel,
+        bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, o.k(),
+        to_string(o.similarity()), candidate_mask_arg, index_order, to_string(o.rho()),
+        o.temperature()));
+    return unfold_heads(output, h);
+  }
+  auto [scores, indices] = ops::knn_select(q, candidate_keys, o.k(), to_string(o.similarity()),
+                                           candidate_mask_arg, index_order && !merge);
   if (merge) {
     // Candidate slot -> token index (drawn is sorted, so slot order is index order); the query
     // itself is then a token outside the candidates.
     indices = drawn.index_select(0, indices.reshape({-1})).view(indices.sizes());
     std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, o.mask(), o);
     if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
-  } else if (random) {
-    // Aggregating over the r candidate rows with slot indices is the same sum (slot order is
-    // index order), and lets the op see M = r < N value rows (its value-side path).
-    selected_values = v.index_select(1, drawn);
   }
   const auto weights = rho_weights(scores, o.rho(), o.temperature());
-  return unfold_heads(aggregate(selected_values, weights, indices, kernel, bias, o), h);
+  return unfold_heads(aggregate(candidate_values, weights, indices, kernel, bias, o), h);
 }
 
 at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
@@ -214,27 +221,7 @@ at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
               "rho_weights: scores must be a floating-point tensor, got ", scores.scalar_type());
   TORCH_CHECK(temperature > 0.0 && std::isfinite(temperature),
               "rho_weights: temperature must be a positive finite number, got ", temperature);
-  const auto valid = ~at::isneginf(scores);
-  switch (rho) {
-    case Rho::Uniform: return valid.to(scores.scalar_type());
-    case Rho::Mean: {
-      const auto w = valid.to(scores.scalar_type());
-      return w / w.sum(-1, true).clamp_min(1.0);
-    }
-    case Rho::Softmax: {
-      // at::softmax, not exp/sum by hand: besides being one kernel, it avoids torch's MKL-VML exp,
-      // which after at::scaled_dot_product_attention can run at reduced accuracy on an OpenMP
-      // worker thread (docs/operator.md, "Known upstream issues"). Masked slots enter as -inf and
-      // come out exactly 0; a row with no valid slot is softmaxed as zeros and then zeroed, so
-      // neither the forward nor the backward meets inf - inf or 0/0.
-      constexpr double neg_inf = -std::numeric_limits<double>::infinity();
-      const auto row_has_valid = valid.any(-1, /*keepdim=*/true);
-      const auto z = at::where(valid, scores / temperature, at::full({}, neg_inf, scores.options()));
-      const auto w = at::softmax(at::where(row_has_valid, z, at::zeros_like(z)), -1);
-      return at::where(valid, w, at::zeros_like(w));
-    }
-  }
-  TORCH_CHECK(false, "rho_weights: unknown rho");
+  return reference::rho_weights(scores, rho, temperature);
 }
 
 at::Tensor grid_coordinates(c10::IntArrayRef sizes, const at::TensorOptions& options) {

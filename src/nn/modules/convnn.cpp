@@ -145,7 +145,8 @@ functional::ConvNNFuncOptions ConvNNNdImpl<D, Derived>::func_options() const {
       .slot_order(o.slot_order())
       .rho(o.rho())
       .temperature(o.temperature())
-      .kernel_per_head(o.kernel_per_head());
+      .kernel_per_head(o.kernel_per_head())
+      .fused(o.fused());
 }
 
 template <size_t D, typename Derived>
@@ -184,6 +185,7 @@ void ConvNNNdImpl<D, Derived>::pretty_print(std::ostream& stream) const {
   if (o.rho() == Rho::Softmax && o.temperature() != 1.0) stream << ", temperature=" << o.temperature();
   if (!o.learnable_kernel()) stream << ", learnable_kernel=false";
   if (o.kernel_per_head()) stream << ", kernel_per_head=true";
+  if (!o.fused()) stream << ", fused=false";
   if (o.projection() == Projection::Linear) stream << ", projection=linear";
   stream << ", bias=" << yes_no(o.bias()) << ")";
 }
@@ -261,7 +263,8 @@ at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input) {
                         .slot_order(o.slot_order())
                         .rho(o.rho())
                         .temperature(o.temperature())
-                        .kernel_per_head(o.kernel_per_head());
+                        .kernel_per_head(o.kernel_per_head())
+      .fused(o.fused());
   const auto aggregated = functional::conv_nn(query_projection(input), key_projection(input),
                                               value_projection(input), kernel, bias, func);
   return output_projection(dropout(aggregated));
@@ -275,6 +278,7 @@ void ConvNNAttentionImpl::pretty_print(std::ostream& stream) const {
          << ", learnable_kernel=" << yes_no(o.learnable_kernel())
          << ", kernel_per_head=" << yes_no(o.kernel_per_head()) << ", dropout=" << o.dropout();
   if (o.causal()) stream << ", causal=true";
+  if (!o.fused()) stream << ", fused=false";
   if (o.num_candidates() > 0) stream << ", num_candidates=" << o.num_candidates();
   stream << ")";
 }

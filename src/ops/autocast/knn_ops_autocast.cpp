@@ -36,11 +36,24 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights, co
                             to_autocast_dtype(kernel), to_autocast_dtype(bias));
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho, double temperature) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  return ops::knn_attention(to_autocast_dtype(queries), to_autocast_dtype(keys),
+                            to_autocast_dtype(values), to_autocast_dtype(kernel),
+                            to_autocast_dtype(bias), k, std::string(similarity), mask, index_order,
+                            std::string(rho), temperature);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, AutocastCPU, m) {
   m.impl("knn_select", &knn_select);
   m.impl("knn_aggregate", &knn_aggregate);
+  m.impl("knn_attention", &knn_attention);
 }
 
 }  // namespace convnn::autocast

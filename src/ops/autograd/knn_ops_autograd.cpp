@@ -56,6 +56,40 @@ class KnnAggregateFunction : public torch::autograd::Function<KnnAggregateFuncti
   }
 };
 
+// Gradients flow through the output only; scores, indices and weights are returned for inspection
+// and for the backward, like flash attention's log-sum-exp.
+class KnnAttentionFunction : public torch::autograd::Function<KnnAttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& queries,
+                               const at::Tensor& keys, const at::Tensor& values,
+                               const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                               int64_t k, const std::string& similarity,
+                               const c10::optional<at::Tensor>& mask, bool index_order,
+                               const std::string& rho, double temperature) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [output, scores, indices, weights] = ops::knn_attention(
+        queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature);
+    ctx->save_for_backward({queries, keys, values, kernel, scores, indices, weights});
+    ctx->saved_data["similarity"] = similarity;
+    ctx->saved_data["rho"] = rho;
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->mark_non_differentiable({scores, indices, weights});
+    return {output, scores, indices, weights};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [grad_queries, grad_keys, grad_values, grad_kernel, grad_bias] = ops::knn_attention_backward(
+        grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6], ctx->saved_data["similarity"].toStringRef(),
+        ctx->saved_data["rho"].toStringRef(), ctx->saved_data["temperature"].toDouble(),
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2),
+         ctx->needs_input_grad(3), ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(4)});
+    return {grad_queries, grad_keys, grad_values, grad_kernel, grad_bias, at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
                                               int64_t k, c10::string_view similarity,
                                               const c10::optional<at::Tensor>& mask,
@@ -70,11 +104,23 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
   return KnnAggregateFunction::apply(values, weights, indices, kernel, bias)[0];
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho, double temperature) {
+  auto out = KnnAttentionFunction::apply(queries, keys, values, kernel, bias, k,
+                                         std::string(similarity), mask, index_order,
+                                         std::string(rho), temperature);
+  return {out[0], out[1], out[2], out[3]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, Autograd, m) {
   m.impl("knn_select", &knn_select);
   m.impl("knn_aggregate", &knn_aggregate);
+  m.impl("knn_attention", &knn_attention);
 }
 
 }  // namespace convnn::autograd

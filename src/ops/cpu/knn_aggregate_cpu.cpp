@@ -5,63 +5,37 @@
 #include <torch/library.h>
 
 #include "ops/checks.h"
-#include "ops/cpu/knn_aggregate_kernel.h"
+#include "ops/cpu/knn_aggregate_cpu.h"
 
 namespace convnn::cpu {
-namespace {
 
-// ---- knn_aggregate: glue between the dispatcher and the fused kernels ---------------------------
-
-// The kernels vectorise along the last dim: keep any layout whose last dim is unit-stride (slices
-// of a wider projection, say) and copy only otherwise.
-at::Tensor unit_stride_rows(const at::Tensor& t) {
-  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
-}
-
-AggregateSizes aggregate_sizes(const at::Tensor& values, const at::Tensor& weights,
-                               const at::Tensor& kernel) {
+AggregateSizes aggregate_sizes(const at::Tensor& values, int64_t n, int64_t k, const at::Tensor& kernel) {
   AggregateSizes s;
   s.g = values.size(0);
   s.m = values.size(1);
   s.c = values.size(2);
-  s.n = weights.size(1);
-  s.k = weights.size(2);
+  s.n = n;
+  s.k = k;
   s.depthwise = kernel.dim() == 2;
   s.c_out = s.depthwise ? s.c : kernel.size(0);
   return s;
 }
 
-template <typename T>
-RowsView<T> rows_view(const at::Tensor& t) {
-  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
-}
+namespace {
 
-template <typename T>
-SlotsView<T> slots_view(const at::Tensor& t) {
-  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1), t.stride(2)};
-}
+// ---- knn_aggregate: glue between the dispatcher and the fused kernels ---------------------------
 
 at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
                          const at::Tensor& indices, const at::Tensor& kernel,
                          const c10::optional<at::Tensor>& bias) {
   checks::check_aggregate_inputs(values, weights, indices, kernel, bias);
-  const AggregateSizes sizes = aggregate_sizes(values, weights, kernel);
+  const AggregateSizes sizes = aggregate_sizes(values, weights.size(1), weights.size(2), kernel);
   auto out = at::empty({sizes.g, sizes.n, sizes.c_out}, values.options());
   if (out.numel() == 0) return out;
-  const auto values_rows = unit_stride_rows(values);
-  const auto kernel_dense = kernel.contiguous();
-  const auto bias_dense = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  const AggregateForwardInputs inputs(values, kernel, bias);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, values.scalar_type(),
                                   "knn_aggregate_cpu", [&] {
-    AggregateForwardParams<scalar_t> p;
-    p.sizes = sizes;
-    p.values = rows_view<const scalar_t>(values_rows);
-    p.weights = slots_view<const scalar_t>(weights);
-    p.indices = slots_view<const int64_t>(indices);
-    p.kernel = kernel_dense.const_data_ptr<scalar_t>();
-    p.bias = bias_dense.defined() ? bias_dense.const_data_ptr<scalar_t>() : nullptr;
-    p.out = rows_view<scalar_t>(out);
-    knn_aggregate_forward_kernel(p);
+    knn_aggregate_forward_kernel(aggregate_forward_params<scalar_t>(sizes, inputs, weights, indices, out));
   });
   return out;
 }
@@ -70,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
   checks::check_aggregate_inputs(values, weights, indices, kernel, c10::nullopt);
-  const AggregateSizes sizes = aggregate_sizes(values, weights, kernel);
+  const AggregateSizes sizes = aggregate_sizes(values, weights.size(1), weights.size(2), kernel);
   TORCH_CHECK(grad_output.dim() == 3 && grad_output.size(0) == sizes.g &&
                   grad_output.size(1) == sizes.n && grad_output.size(2) == sizes.c_out,
               "knn_aggregate_backward: grad_output must have shape [G,N,C'] = [", sizes.g, ", ",

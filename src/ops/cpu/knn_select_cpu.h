@@ -6,7 +6,50 @@
 
 #include <tuple>
 
+#include "ops/cpu/knn_select_kernel.h"
+
 namespace convnn::cpu {
+
+// The tensors the select kernel reads: contiguous queries and keys, and the mask as the kernel
+// takes it (bool as is, additive converted to the accumulation type `acc_type`).
+struct SelectInputs {
+  SelectInputs(const at::Tensor& queries, const at::Tensor& keys,
+               const c10::optional<at::Tensor>& mask, at::ScalarType acc_type);
+  at::Tensor queries, keys, mask;
+};
+
+// Parameters of the whole select problem, writing into scores and indices [G,N,k] (contiguous).
+template <typename scalar_t, typename acc_t>
+KnnSelectParams<scalar_t, acc_t> select_params(const SelectInputs& in, int64_t k,
+                                               Similarity similarity, bool index_order,
+                                               at::Tensor& scores, at::Tensor& indices) {
+  KnnSelectParams<scalar_t, acc_t> p;
+  p.queries = in.queries.const_data_ptr<scalar_t>();
+  p.keys = in.keys.const_data_ptr<scalar_t>();
+  if (in.mask.defined()) {
+    p.mask_slice_stride = in.mask.dim() == 3 ? in.mask.size(1) * in.mask.size(2) : 0;
+    if (in.mask.scalar_type() == at::kBool) {
+      p.mask_bool = in.mask.const_data_ptr<bool>();
+    } else {
+      p.mask_additive = in.mask.const_data_ptr<acc_t>();
+    }
+  }
+  p.slices = in.queries.size(0);
+  p.queries_n = in.queries.size(1);
+  p.keys_m = in.keys.size(1);
+  p.features = in.queries.size(2);
+  p.k = k;
+  p.similarity = similarity;
+  p.index_order = index_order;
+  p.scores = scores.mutable_data_ptr<scalar_t>();
+  p.indices = indices.mutable_data_ptr<int64_t>();
+  return p;
+}
+
+// The select kernel met a NaN or +inf score: finds and names it through the reference ranking.
+// `op` names the caller. Never returns.
+[[noreturn]] void report_unrankable(const SelectInputs& in, Similarity similarity,
+                                    const c10::optional<at::Tensor>& mask, const char* op);
 
 std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
                                               int64_t k, c10::string_view similarity,

@@ -35,6 +35,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
   unavailable("knn_aggregate_backward", grad);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const c10::optional<at::Tensor>&, int64_t, c10::string_view, const c10::optional<at::Tensor>&,
+    bool, c10::string_view, double) {
+  unavailable("knn_attention", queries);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
+    const at::Tensor& grad, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view,
+    c10::string_view, double, std::array<bool, 5>) {
+  unavailable("knn_attention_backward", grad);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
@@ -42,6 +56,8 @@ TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
   m.impl("knn_select_backward", &knn_select_backward);
   m.impl("knn_aggregate", &knn_aggregate);
   m.impl("knn_aggregate_backward", &knn_aggregate_backward);
+  m.impl("knn_attention", &knn_attention);
+  m.impl("knn_attention_backward", &knn_attention_backward);
 }
 
 }  // namespace convnn::cuda

@@ -57,6 +57,20 @@ at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Simil
   return apply_mask(s, mask);
 }
 
+at::Tensor selected_scores(const at::Tensor& queries, const at::Tensor& keys,
+                           const at::Tensor& indices, Similarity similarity) {
+  const auto q = queries.unsqueeze(2);         // [G,N,1,D]
+  const auto kk = gather_rows(keys, indices);  // [G,N,K,D]
+  switch (similarity) {
+    case Similarity::Dot: return (q * kk).sum(-1);
+    case Similarity::ScaledDot: return (q * kk).sum(-1) / std::sqrt(static_cast<double>(queries.size(2)));
+    case Similarity::Cosine: return (unit_rows(q) * unit_rows(kk)).sum(-1);
+    case Similarity::Gaussian: return (-(q - kk).square().sum(-1)).exp();
+    case Similarity::Chebyshev: return (-(q - kk).abs().amax(-1)).exp();
+  }
+  TORCH_CHECK(false, "selected_scores: unknown similarity");
+}
+
 std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
                                               int64_t k, Similarity similarity,
                                               const c10::optional<at::Tensor>& mask,

@@ -8,6 +8,7 @@
 #include <array>
 #include <tuple>
 
+#include "convnn/ops/rho.h"
 #include "convnn/ops/similarity.h"
 
 namespace convnn::reference {
@@ -17,8 +18,8 @@ namespace convnn::reference {
 at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity,
                         const c10::optional<at::Tensor>& mask);
 
-// Similarity of each query with its selected keys: [G,N,K], differentiable through ATen autograd.
-// Masked slots (-inf in `masked_scores`) keep -inf.
+// Similarity of each query with its selected keys, as knn_select reports it (exp(-distance) for
+// the distance similarities): [G,N,K], differentiable through ATen autograd. No mask is applied.
 at::Tensor selected_scores(const at::Tensor& queries, const at::Tensor& keys,
                            const at::Tensor& indices, Similarity similarity);
 
@@ -42,5 +43,16 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
+
+// rho applied to the selected scores [..,K], differentiable through ATen autograd; -inf (masked)
+// slots weigh exactly 0, and a row with no valid slot weighs 0 everywhere.
+at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature);
+
+// knn_select, rho_weights and knn_aggregate composed: (output, scores, indices, weights).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    Similarity similarity, const c10::optional<at::Tensor>& mask, bool index_order, Rho rho,
+    double temperature);
 
 }  // namespace convnn::reference

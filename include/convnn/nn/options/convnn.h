@@ -9,14 +9,13 @@
 
 #include <string_view>
 
+#include "convnn/ops/rho.h"
 #include "convnn/ops/similarity.h"
 
 namespace convnn::nn {
 
-/// rho, the map from the K selected scores to aggregation weights. Masked (-inf) slots always
-/// weigh 0. uniform: every valid slot weighs 1 (the weights sum to the valid count, not to one);
-/// mean: 1 / (number of valid slots); softmax: softmax(score / temperature) over the valid slots.
-enum class Rho { Uniform, Mean, Softmax };
+/// rho, the map from the K selected scores to aggregation weights (convnn/ops/rho.h).
+using convnn::Rho;
 /// Order of the K slots of a row: by descending score, or by ascending candidate index (the order
 /// that makes standard-aggregation taps line up with convolution taps).
 enum class SlotOrder { Score, Index };
@@ -31,13 +30,13 @@ enum class KernelInit { Default, Ones };
 /// Q/K/V projections: identity (the paper's CNN side) or learned linear maps.
 enum class Projection { Identity, Linear };
 
-Rho parse_rho(std::string_view name);
+using convnn::parse_rho;
+using convnn::to_string;
 SlotOrder parse_slot_order(std::string_view name);
 Aggregation parse_aggregation(std::string_view name);
 EvalCandidates parse_eval_candidates(std::string_view name);
 KernelInit parse_kernel_init(std::string_view name);
 Projection parse_projection(std::string_view name);
-const char* to_string(Rho value);
 const char* to_string(SlotOrder value);
 const char* to_string(Aggregation value);
 const char* to_string(EvalCandidates value);
@@ -79,6 +78,10 @@ struct ConvNNFuncOptions {
   TORCH_ARG(double, temperature) = 1.0;
   /// The kernel (and bias) carry a leading head dimension: one per head instead of shared.
   TORCH_ARG(bool, kernel_per_head) = false;
+  /// Run select, rho and aggregate as the one fused op convnn::knn_attention; false composes
+  /// knn_select, rho and knn_aggregate (the same result). kernel_per_head and include_self with
+  /// random candidates always compose.
+  TORCH_ARG(bool, fused) = true;
 };
 
 }  // namespace functional
@@ -112,6 +115,8 @@ struct ConvNNOptions {
   TORCH_ARG(bool, learnable_kernel) = true;
   TORCH_ARG(KernelInit, kernel_init) = KernelInit::Default;
   TORCH_ARG(bool, kernel_per_head) = false;
+  /// Fused select + rho + aggregate (functional::ConvNNFuncOptions::fused).
+  TORCH_ARG(bool, fused) = true;
   TORCH_ARG(bool, bias) = false;
   TORCH_ARG(Projection, projection) = Projection::Identity;
   /// Channels of the query/key projection (Linear projection only); 0 = in_channels.
@@ -140,6 +145,9 @@ struct ConvNNAttentionOptions {
   TORCH_ARG(bool, learnable_kernel) = true;
   TORCH_ARG(KernelInit, kernel_init) = KernelInit::Ones;
   TORCH_ARG(bool, kernel_per_head) = false;
+  /// Fused select + softmax + aggregate, convnn::knn_attention (the default); false composes
+  /// knn_select, rho and knn_aggregate (functional::ConvNNFuncOptions::fused).
+  TORCH_ARG(bool, fused) = true;
   TORCH_ARG(bool, bias) = false;
   TORCH_ARG(bool, qkv_bias) = false;
   TORCH_ARG(bool, out_bias) = false;

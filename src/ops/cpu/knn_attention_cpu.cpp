@@ -1,0 +1,108 @@
+// CPU entry of knn_attention and its backward: validation (src/ops/checks.h), dtype dispatch, and
+// the fused kernel of ops/cpu/knn_attention_kernel.h. The backward runs the fused backward ops of
+// knn_aggregate and knn_select with the softmax-rho backward between them: each needs only the
+// [G,N,K] scores, indices and weights that the forward returned.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <torch/library.h>
+
+#include "convnn/ops/knn_ops.h"
+#include "ops/checks.h"
+#include "ops/cpu/knn_aggregate_cpu.h"
+#include "ops/cpu/knn_attention_kernel.h"
+#include "ops/cpu/knn_select_cpu.h"
+
+namespace convnn::cpu {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity_name, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho_name, double temperature) {
+  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k,
+                                                      similarity_name, mask, rho_name, temperature);
+  const int64_t g = queries.size(0), n = queries.size(1);
+  const AggregateSizes sizes = aggregate_sizes(values, n, k, kernel);
+  auto scores = at::empty({g, n, k}, queries.options());
+  auto indices = at::empty({g, n, k}, queries.options().dtype(at::kLong));
+  auto weights = at::empty({g, n, k}, queries.options());
+  auto output = at::empty({g, n, sizes.c_out}, values.options());
+  if (scores.numel() == 0) return {output, scores, indices, weights};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, queries.scalar_type(), "knn_attention_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const SelectInputs select_inputs(queries, keys, mask, c10::CppTypeToScalarType<acc_t>::value);
+    const AggregateForwardInputs aggregate_inputs(values, kernel, bias);
+    KnnAttentionParams<scalar_t, acc_t> p;
+    p.select = select_params<scalar_t, acc_t>(select_inputs, k, checked.similarity, index_order, scores,
+                                              indices);
+    p.aggregate = aggregate_forward_params<scalar_t>(sizes, aggregate_inputs, weights, indices, output);
+    p.rho = checked.rho;
+    p.temperature = static_cast<acc_t>(temperature);
+    p.weights = weights.mutable_data_ptr<scalar_t>();
+    if (!knn_attention_forward(p)) {
+      report_unrankable(select_inputs, checked.similarity, mask, "knn_attention");
+    }
+  });
+  return {output, scores, indices, weights};
+}
+
+void check_saved_slots(const at::Tensor& queries, const at::Tensor& scores, const at::Tensor& indices,
+                       const at::Tensor& weights) {
+  constexpr const char* op = "knn_attention_backward";
+  TORCH_CHECK(indices.defined() && indices.dim() == 3 && indices.scalar_type() == at::kLong, op,
+              ": indices must be int64 [G,N,k], got ",
+              indices.defined() ? checks::shape_string(indices) : "undefined");
+  TORCH_CHECK(indices.size(0) == queries.size(0) && indices.size(1) == queries.size(1), op,
+              ": indices ", checks::shape_string(indices), " must be [G,N,k] for queries ",
+              checks::shape_string(queries));
+  TORCH_CHECK(scores.defined() && weights.defined() && scores.sizes() == indices.sizes() &&
+                  weights.sizes() == indices.sizes(),
+              op, ": scores and weights must have the shape of indices ", checks::shape_string(indices));
+  TORCH_CHECK(scores.scalar_type() == queries.scalar_type() && weights.scalar_type() == queries.scalar_type(),
+              op, ": scores and weights must have the dtype of queries (", queries.scalar_type(), "), got ",
+              scores.scalar_type(), " and ", weights.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
+    c10::string_view rho_name, double temperature, std::array<bool, 5> output_mask) {
+  TORCH_CHECK(indices.defined() && indices.dim() == 3, "knn_attention_backward: indices must be [G,N,k], got ",
+              indices.defined() ? checks::shape_string(indices) : "undefined");
+  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, c10::nullopt,
+                                                      indices.size(2), similarity, c10::nullopt,
+                                                      rho_name, temperature);
+  check_saved_slots(queries, scores, indices, weights);
+  const auto [want_queries, want_keys, want_values, want_kernel, want_bias] = output_mask;
+  const bool want_scores = (want_queries || want_keys) && rho_has_score_gradient(checked.rho);
+  auto [grad_values, grad_weights, grad_kernel, grad_bias] = ops::knn_aggregate_backward(
+      grad_output, values, weights, indices, kernel, {want_values, want_scores, want_kernel, want_bias});
+  at::Tensor grad_queries, grad_keys;
+  if (want_scores) {
+    const auto weights_dense = weights.contiguous(), grad_weights_dense = grad_weights.contiguous();
+    auto grad_scores = at::empty(scores.sizes(), scores.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, scores.scalar_type(), "softmax_rho_backward", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      softmax_rho_backward(weights_dense.const_data_ptr<scalar_t>(), grad_weights_dense.const_data_ptr<scalar_t>(),
+                           indices.size(0) * indices.size(1), indices.size(2), static_cast<acc_t>(temperature),
+                           grad_scores.mutable_data_ptr<scalar_t>());
+    });
+    std::tie(grad_queries, grad_keys) =
+        ops::knn_select_backward(grad_scores, queries, keys, indices, scores, std::string(similarity));
+    if (!want_queries) grad_queries = at::Tensor();
+    if (!want_keys) grad_keys = at::Tensor();
+  }
+  return {grad_queries, grad_keys, grad_values, grad_kernel, grad_bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(convnn, CPU, m) {
+  m.impl("knn_attention", &knn_attention);
+  m.impl("knn_attention_backward", &knn_attention_backward);
+}
+
+}  // namespace convnn::cpu

@@ -1,0 +1,37 @@
+#pragma once
+// Fused ConvNN attention on the CPU: select + rho + aggregate in one pass over the queries.
+// Per task (slice g, block of up to kAttentionRows query rows) the select kernel writes the block's
+// K scores and indices, rho turns them into weights, and the aggregation kernel consumes both
+// while they are still in cache; the [G,N,M] score matrix and the gathered neighbourhoods never
+// exist. Scores, indices and weights ([G,N,K]) are outputs because the backward needs them.
+// Free of torch types, like the kernels it composes.
+#include <cstdint>
+
+#include "convnn/ops/rho.h"
+#include "ops/cpu/knn_aggregate_kernel.h"
+#include "ops/cpu/knn_select_kernel.h"
+
+namespace convnn::cpu {
+
+template <typename scalar_t, typename acc_t>
+struct KnnAttentionParams {
+  // The whole select problem; its scores and indices ([G,N,K] contiguous) are outputs.
+  KnnSelectParams<scalar_t, acc_t> select;
+  // The whole aggregation; its weights and indices views point at the outputs of this op.
+  AggregateForwardParams<scalar_t> aggregate;
+  Rho rho = Rho::Softmax;
+  acc_t temperature = 1;
+  scalar_t* weights = nullptr;  // [G,N,K] contiguous out
+};
+
+// Returns false (outputs unspecified) when a NaN or +inf score was met; the caller reports it.
+// Deterministic and independent of the thread count, as the composed kernels are.
+template <typename scalar_t, typename acc_t>
+bool knn_attention_forward(const KnnAttentionParams<scalar_t, acc_t>& params);
+
+// grad_scores[r,:] = softmax-rho backward of rows r < rows ([rows, k] contiguous each).
+template <typename scalar_t, typename acc_t>
+void softmax_rho_backward(const scalar_t* weights, const scalar_t* grad_weights, int64_t rows,
+                          int64_t k, acc_t temperature, scalar_t* grad_scores);
+
+}  // namespace convnn::cpu

@@ -1,0 +1,28 @@
+#pragma once
+// Glue between tensors and the kernels' plain views (ops/cpu/kernel_views.h): the CPU entries
+// build every kernel parameter struct through these, so the layout rules live in one place.
+#include <ATen/core/Tensor.h>
+
+#include "ops/cpu/kernel_views.h"
+
+namespace convnn::cpu {
+
+// The kernels vectorise along the last dim: keep any layout whose last dim is unit-stride (slices
+// of a wider projection, say) and copy only otherwise.
+inline at::Tensor unit_stride_rows(const at::Tensor& t) {
+  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+// A [G, rows, width] tensor with unit-stride rows (see unit_stride_rows).
+template <typename T>
+RowsView<T> rows_view(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
+}
+
+// A [G,N,K] tensor of per-slot scalars, any strides.
+template <typename T>
+SlotsView<T> slots_view(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+}  // namespace convnn::cpu
