@@ -286,10 +286,13 @@ void tile_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T
 // ---- Work decomposition (a function of the shapes only, never of the thread count) --------------
 
 // Query (or value) rows per GEMM tile of the standard path: as many as fit the tile budget, at
-// least 8 to keep the GEMM efficient, at most 128.
+// least 8 to keep the GEMM efficient, at most 128, and never more than the problem has (a small
+// problem, such as one slice of the fused attention, should not allocate and fault in a large
+// tile).
 int64_t standard_tile_rows(const AggregateSizes& s, int64_t elem_bytes) {
   const int64_t row_bytes = std::max<int64_t>(1, s.k * std::max(s.c, s.c_out)) * elem_bytes;
-  return std::clamp<int64_t>(kTileBytes / row_bytes, 8, 128);
+  const int64_t rows = std::max<int64_t>(1, s.g * std::max(s.n, s.m));
+  return std::min(rows, std::clamp<int64_t>(kTileBytes / row_bytes, 8, 128));
 }
 
 // Split of `units` work units (rows or tiles) into consecutive chunks, each owning one partial
@@ -371,6 +374,16 @@ void lay_out_kernel(const scalar_t* kernel, const AggregateSizes& s, Layout layo
   }
 }
 
+// The kernel in `layout`: the caller's prepared copy when it made one, else laid out into
+// `storage` (which must then hold the kernel's size).
+template <typename T, typename scalar_t>
+const T* laid_out(const scalar_t* kernel, const AggregateSizes& s, Layout layout, const T* prepared,
+                  T* storage) {
+  if (prepared != nullptr) return prepared;
+  lay_out_kernel(kernel, s, layout, storage);
+  return storage;
+}
+
 // ---- Forward ------------------------------------------------------------------------------------
 
 template <typename scalar_t>
@@ -378,8 +391,9 @@ void forward_depthwise(const AggregateForwardParams<scalar_t>& p) {
   using T = at::opmath_type<scalar_t>;
   const auto& s = p.sizes;
   const int64_t c_in = s.c, k_taps = s.k;
-  Scratch<T> taps(k_taps * c_in), bias(c_in);
-  lay_out_kernel(p.kernel, s, Layout::kTapsByChannel, taps.get());
+  const T* prepared = p.prepared.taps_by_channel;
+  Scratch<T> taps_storage(prepared ? 0 : k_taps * c_in), bias(c_in);
+  const T* taps = laid_out(p.kernel, s, Layout::kTapsByChannel, prepared, taps_storage.get());
   for (int64_t c = 0; c < c_in; ++c) bias.get()[c] = p.bias ? static_cast<T>(p.bias[c]) : T(0);
 
   const int64_t grain = std::max<int64_t>(1, kGrainWork / std::max<int64_t>(1, k_taps * c_in));
@@ -389,7 +403,7 @@ void forward_depthwise(const AggregateForwardParams<scalar_t>& p) {
       const int64_t g = r / s.n, i = r % s.n;
       const auto tap = [&](int64_t k, int64_t c0, int64_t width, T* scratch) {
         return std::make_tuple(
-            static_cast<T>(p.weights.at(g, i, k)), taps.get() + k * c_in + c0,
+            static_cast<T>(p.weights.at(g, i, k)), taps + k * c_in + c0,
             opmath_row(p.values.row(g, p.indices.at(g, i, k)) + c0, width, scratch));
       };
       sum_of_products_into</*kScaled=*/true>(c_in, p.bias ? bias.get() : nullptr, k_taps, tap,
@@ -405,8 +419,9 @@ void forward_standard_by_queries(const AggregateForwardParams<scalar_t>& p) {
   using T = at::opmath_type<scalar_t>;
   const auto& s = p.sizes;
   const int64_t c_in = s.c, c_out = s.c_out, k_taps = s.k, flat = s.k * s.c;
-  Scratch<T> kernel(flat * c_out), bias(c_out);
-  lay_out_kernel(p.kernel, s, Layout::kFlatByOut, kernel.get());
+  const T* prepared = p.prepared.flat_by_out;
+  Scratch<T> kernel_storage(prepared ? 0 : flat * c_out), bias(c_out);
+  const T* kernel = laid_out(p.kernel, s, Layout::kFlatByOut, prepared, kernel_storage.get());
   for (int64_t o = 0; o < c_out; ++o) bias.get()[o] = p.bias ? static_cast<T>(p.bias[o]) : T(0);
 
   const int64_t rows = s.g * s.n;
@@ -424,7 +439,7 @@ void forward_standard_by_queries(const AggregateForwardParams<scalar_t>& p) {
           scale_copy(c_in, w, v, neighbourhoods.get() + t * flat + k * c_in);
         }
       }
-      tile_gemm(count, c_out, flat, neighbourhoods.get(), flat, kernel.get(), c_out, y.get(),
+      tile_gemm(count, c_out, flat, neighbourhoods.get(), flat, kernel, c_out, y.get(),
                 block.get());
       for (int64_t t = 0; t < count; ++t) {
         const int64_t g = (r0 + t) / s.n, i = (r0 + t) % s.n;
@@ -726,10 +741,11 @@ void forward_standard_by_values(const AggregateForwardParams<scalar_t>& p) {
   using T = at::opmath_type<scalar_t>;
   const auto& s = p.sizes;
   const int64_t c_out = s.c_out, k_taps = s.k, flat_out = s.k * s.c_out;
-  Scratch<T> kernel(s.c * flat_out), bias(c_out), transformed(s.g * s.m * flat_out);
-  lay_out_kernel(p.kernel, s, Layout::kInByFlatOut, kernel.get());
+  const T* prepared = p.prepared.in_by_flat_out;
+  Scratch<T> kernel_storage(prepared ? 0 : s.c * flat_out), bias(c_out), transformed(s.g * s.m * flat_out);
+  const T* kernel = laid_out(p.kernel, s, Layout::kInByFlatOut, prepared, kernel_storage.get());
   for (int64_t o = 0; o < c_out; ++o) bias.get()[o] = p.bias ? static_cast<T>(p.bias[o]) : T(0);
-  transform_values(s, p.values, kernel.get(), transformed.get());
+  transform_values(s, p.values, kernel, transformed.get());
 
   const int64_t grain = std::max<int64_t>(1, kGrainWork / std::max<int64_t>(1, flat_out));
   at::parallel_for(0, s.g * s.n, grain, [&](int64_t begin, int64_t end) {
@@ -868,6 +884,24 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
 }  // namespace
 
 template <typename scalar_t>
+PreparedForwardKernel<at::opmath_type<scalar_t>> prepare_forward_kernel(
+    const AggregateForwardParams<scalar_t>& p, at::opmath_type<scalar_t>* storage) {
+  const auto& s = p.sizes;
+  PreparedForwardKernel<at::opmath_type<scalar_t>> prepared;
+  if (s.depthwise) {
+    lay_out_kernel(p.kernel, s, Layout::kTapsByChannel, storage);
+    prepared.taps_by_channel = storage;
+    return prepared;
+  }
+  const int64_t size = s.c_out * s.c * s.k;
+  lay_out_kernel(p.kernel, s, Layout::kFlatByOut, storage);
+  lay_out_kernel(p.kernel, s, Layout::kInByFlatOut, storage + size);
+  prepared.flat_by_out = storage;
+  prepared.in_by_flat_out = storage + size;
+  return prepared;
+}
+
+template <typename scalar_t>
 void knn_aggregate_forward_kernel(const AggregateForwardParams<scalar_t>& p) {
   using T = at::opmath_type<scalar_t>;
   if (p.sizes.depthwise) {
@@ -902,6 +936,8 @@ void knn_aggregate_backward_kernel(const AggregateBackwardParams<scalar_t>& p) {
 }
 
 #define CONVNN_INSTANTIATE_AGGREGATE(scalar_t)                                                   \
+  template PreparedForwardKernel<at::opmath_type<scalar_t>> prepare_forward_kernel<scalar_t>(     \
+      const AggregateForwardParams<scalar_t>&, at::opmath_type<scalar_t>*);                        \
   template void knn_aggregate_forward_kernel<scalar_t>(const AggregateForwardParams<scalar_t>&); \
   template void knn_aggregate_backward_kernel<scalar_t>(const AggregateBackwardParams<scalar_t>&);
 

@@ -12,6 +12,7 @@
 // kernel [C',C,K]). Accumulation is in at::opmath_type<scalar_t>: float for float, bfloat16 and
 // half, double for double. The kernels are compiled once per instruction set (ops/cpu/isa.h);
 // the entry points at the end of this header pick one at run time.
+#include <ATen/OpMathType.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -34,6 +35,21 @@ struct AggregateSizes {
   bool depthwise = true;
 };
 
+// Opmath copies of the kernel in the layouts the forward reads. Without them every forward call
+// lays the kernel out itself; a caller that runs the forward on many sub-problems of one problem
+// (the fused attention, once per slice) makes them once with prepare_forward_kernel.
+template <typename T>
+struct PreparedForwardKernel {
+  const T* taps_by_channel = nullptr;  // depthwise [K, C]
+  const T* flat_by_out = nullptr;      // standard [K*C, C'], query side
+  const T* in_by_flat_out = nullptr;   // standard [C, K*C'], value side
+};
+
+// Elements of storage that prepare_forward_kernel fills.
+inline int64_t prepared_forward_kernel_size(const AggregateSizes& s) {
+  return s.depthwise ? s.c * s.k : 2 * s.c_out * s.c * s.k;
+}
+
 template <typename scalar_t>
 struct AggregateForwardParams {
   AggregateSizes sizes;
@@ -43,6 +59,7 @@ struct AggregateForwardParams {
   const scalar_t* kernel = nullptr;   // contiguous [C,K] or [C',C,K]
   const scalar_t* bias = nullptr;     // contiguous [C'], or nullptr
   RowsView<scalar_t> out;             // [G,N,C']
+  PreparedForwardKernel<at::opmath_type<scalar_t>> prepared;  // optional
 };
 
 template <typename scalar_t>
@@ -62,10 +79,21 @@ struct AggregateBackwardParams {
 
 // Both kernels are deterministic: the result does not depend on the number of threads (it may
 // differ between instruction sets). Instantiated for double, float, c10::BFloat16 and c10::Half.
+CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t> PreparedForwardKernel<at::opmath_type<scalar_t>>
+                              prepare_forward_kernel(const AggregateForwardParams<scalar_t>& p,
+                                                     at::opmath_type<scalar_t>* storage))
 CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t> void knn_aggregate_forward_kernel(
     const AggregateForwardParams<scalar_t>& p))
 CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t> void knn_aggregate_backward_kernel(
     const AggregateBackwardParams<scalar_t>& p))
+
+// Fills `storage` (prepared_forward_kernel_size elements) from p.kernel and points into it.
+template <typename scalar_t>
+PreparedForwardKernel<at::opmath_type<scalar_t>> prepare_forward_kernel(
+    const AggregateForwardParams<scalar_t>& p, at::opmath_type<scalar_t>* storage) {
+  return runtime_isa() == Isa::Avx2 ? avx2::prepare_forward_kernel(p, storage)
+                                    : generic::prepare_forward_kernel(p, storage);
+}
 
 template <typename scalar_t>
 void knn_aggregate_forward_kernel(const AggregateForwardParams<scalar_t>& p) {

@@ -10,44 +10,76 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "ops/cpu/rho_kernel.h"
 
 namespace convnn::cpu {
 namespace {
 
-// Query rows per task: a multiple of the select kernel's 64-row blocks, small enough that the
-// block's values, weights and outputs stay in L2 between the three steps.
-constexpr int64_t kAttentionRows = 256;
+// The work splits into tasks by the shapes alone, so results never depend on the thread count.
+// A task is a run of whole slices, or a block of one slice's rows (a multiple of the select
+// kernel's 64-row blocks): about kTaskRows query rows, and at least kMinTasks tasks where the
+// problem allows. Tasks amortise each call's set-up (the select kernel's buffers, the value side's
+// transformed candidates) over many rows while their data stays in cache.
+constexpr int64_t kSelectRows = 64;
+constexpr int64_t kTaskRows = 256;
+constexpr int64_t kMinTasks = 16;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct Tasks {
+  int64_t slices_per_task = 1;  // > 1 only with whole slices
+  int64_t rows_per_task = 0;    // < N only with one slice per task
+  int64_t slice_groups = 0;
+  int64_t row_blocks = 0;       // per slice group
+  int64_t count() const { return slice_groups * row_blocks; }
+};
+
+Tasks split_tasks(int64_t slices, int64_t rows) {
+  Tasks t;
+  t.slices_per_task = std::clamp<int64_t>(kTaskRows / std::max<int64_t>(1, rows), 1,
+                                          ceil_div(slices, kMinTasks));
+  t.slice_groups = ceil_div(slices, t.slices_per_task);
+  const int64_t blocks = t.slices_per_task > 1 ? 1
+                                               : std::min(ceil_div(rows, kSelectRows),
+                                                          ceil_div(kMinTasks, slices));
+  t.rows_per_task = ceil_div(ceil_div(rows, blocks), kSelectRows) * kSelectRows;
+  t.row_blocks = ceil_div(rows, t.rows_per_task);
+  return t;
+}
+
+// Slices [g, g + slices) and their rows [row_begin, row_begin + rows); rows < N only when
+// slices == 1.
+struct Block {
+  int64_t g, slices, row_begin, rows;
+};
 
 template <typename scalar_t, typename acc_t>
-KnnSelectParams<scalar_t, acc_t> select_block(const KnnSelectParams<scalar_t, acc_t>& p, int64_t g,
-                                              int64_t row_begin, int64_t rows) {
+KnnSelectParams<scalar_t, acc_t> select_block(const KnnSelectParams<scalar_t, acc_t>& p, const Block& b) {
   KnnSelectParams<scalar_t, acc_t> block = p;
-  const int64_t first_row = g * p.queries_n + row_begin;
-  const int64_t mask_offset = g * p.mask_slice_stride + row_begin * p.keys_m;
+  const int64_t first_row = b.g * p.queries_n + b.row_begin;
+  const int64_t mask_offset = b.g * p.mask_slice_stride + b.row_begin * p.keys_m;
   block.queries += first_row * p.features;
-  block.keys += g * p.keys_m * p.features;
+  block.keys += b.g * p.keys_m * p.features;
   if (block.mask_bool) block.mask_bool += mask_offset;
   if (block.mask_additive) block.mask_additive += mask_offset;
-  block.mask_slice_stride = 0;
-  block.slices = 1;
-  block.queries_n = rows;
+  block.slices = b.slices;
+  block.queries_n = b.rows;
   block.scores += first_row * p.k;
   block.indices += first_row * p.k;
   return block;
 }
 
 template <typename scalar_t>
-AggregateForwardParams<scalar_t> aggregate_block(const AggregateForwardParams<scalar_t>& p, int64_t g,
-                                                 int64_t row_begin, int64_t rows) {
+AggregateForwardParams<scalar_t> aggregate_block(const AggregateForwardParams<scalar_t>& p, const Block& b) {
   AggregateForwardParams<scalar_t> block = p;
-  block.sizes.g = 1;
-  block.sizes.n = rows;
-  block.values.data = p.values.row(g, 0);
-  block.weights.data = &p.weights.at(g, row_begin, 0);
-  block.indices.data = &p.indices.at(g, row_begin, 0);
-  block.out.data = p.out.row(g, row_begin);
+  block.sizes.g = b.slices;
+  block.sizes.n = b.rows;
+  block.values.data = p.values.row(b.g, 0);
+  block.weights.data = &p.weights.at(b.g, b.row_begin, 0);
+  block.indices.data = &p.indices.at(b.g, b.row_begin, 0);
+  block.out.data = p.out.row(b.g, b.row_begin);
   return block;
 }
 
@@ -56,24 +88,29 @@ AggregateForwardParams<scalar_t> aggregate_block(const AggregateForwardParams<sc
 template <typename scalar_t, typename acc_t>
 bool knn_attention_forward(const KnnAttentionParams<scalar_t, acc_t>& p) {
   const auto& sel = p.select;
-  const int64_t blocks_per_slice = (sel.queries_n + kAttentionRows - 1) / kAttentionRows;
+  const Tasks tasks = split_tasks(sel.slices, sel.queries_n);
+  // The kernel is laid out once here, not once per task.
+  std::vector<acc_t> kernel_layouts(prepared_forward_kernel_size(p.aggregate.sizes));
+  auto aggregate = p.aggregate;
+  aggregate.prepared = prepare_forward_kernel(aggregate, kernel_layouts.data());
   std::atomic<bool> rankable{true};
-  at::parallel_for(0, sel.slices * blocks_per_slice, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tasks.count(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end && rankable.load(std::memory_order_relaxed); ++t) {
-      const int64_t g = t / blocks_per_slice, row_begin = (t % blocks_per_slice) * kAttentionRows;
-      const int64_t rows = std::min(kAttentionRows, sel.queries_n - row_begin);
-      const auto select = select_block(sel, g, row_begin, rows);
+      Block b;
+      b.g = t / tasks.row_blocks * tasks.slices_per_task;
+      b.slices = std::min(tasks.slices_per_task, sel.slices - b.g);
+      b.row_begin = t % tasks.row_blocks * tasks.rows_per_task;
+      b.rows = std::min(tasks.rows_per_task, sel.queries_n - b.row_begin);
+      const auto select = select_block(sel, b);
       if (!knn_select_forward(select)) {
         rankable = false;
         return;
       }
-      scalar_t* weights = p.weights + (g * sel.queries_n + row_begin) * sel.k;
-      for (int64_t r = 0; r < rows; ++r) {
+      scalar_t* weights = p.weights + (b.g * sel.queries_n + b.row_begin) * sel.k;
+      for (int64_t r = 0; r < b.slices * b.rows; ++r) {
         rho_row(select.scores + r * sel.k, sel.k, p.rho, p.temperature, weights + r * sel.k);
       }
-      if (p.aggregate.sizes.c_out > 0) {
-        knn_aggregate_forward_kernel(aggregate_block(p.aggregate, g, row_begin, rows));
-      }
+      if (aggregate.sizes.c_out > 0) knn_aggregate_forward_kernel(aggregate_block(aggregate, b));
     }
   });
   return rankable.load();

@@ -1,6 +1,7 @@
 #pragma once
 // Fused ConvNN attention on the CPU: select + rho + aggregate in one pass over the queries.
-// Per task (slice g, block of up to kAttentionRows query rows) the select kernel writes the block's
+// Per task (a slice, or a block of its query rows when there are few slices) the select kernel
+// writes the block's
 // K scores and indices, rho turns them into weights, and the aggregation kernel consumes both
 // while they are still in cache; the [G,N,M] score matrix and the gathered neighbourhoods never
 // exist. Scores, indices and weights ([G,N,K]) are outputs because the backward needs them.
