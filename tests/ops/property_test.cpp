@@ -90,7 +90,9 @@ void ExpectTopKProperties(const Shape& shape, Similarity s, bool index_order, Ra
   const auto chosen = at::zeros_like(every, at::kBool).scatter_(-1, indices, true);
   const auto lowest_chosen = at::where(chosen, every, at::full_like(every, INFINITY)).amin(-1);
   const auto best_unchosen = at::where(chosen, at::full_like(every, -INFINITY), every).amax(-1);
-  EXPECT_TRUE((lowest_chosen >= best_unchosen).all().item<bool>());
+  // The kernel ranks by its own scores and `every` comes from ATen's GEMM: they may differ in the
+  // last bits, so a near-tie may go either way; beyond rounding, no unchosen candidate is better.
+  EXPECT_TRUE((lowest_chosen >= best_unchosen - kTight * (1 + best_unchosen.abs())).all().item<bool>());
   if (index_order) {
     EXPECT_TRUE(at::equal(indices, sorted));
   } else {
