@@ -71,3 +71,39 @@ def test_bad_input_raises_a_clear_error():
         ops.knn_select(q, q, 6, "dot", None, False)
     with pytest.raises(RuntimeError, match="similarity must be one of"):
         ops.knn_select(q, q, 2, "euclid", None, False)
+
+
+def test_double_backward_is_a_clear_error_not_zeros():
+    # A gradient built with create_graph=True may not be differentiated again: each op says so,
+    # as torch's @once_differentiable does, where it once returned zeros with a warning.
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    kernel = torch.ones(4, 3, dtype=torch.float64)
+    out = ops.knn_attention(q, k, v, kernel, None, 3, "dot", None, False, "softmax", 1.0)[0]
+    (grad_q,) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="knn_attention does not support double backward"):
+        grad_q.sum().backward()
+    scores = ops.knn_select(q, k, 3, "dot", None, False)[0]
+    (grad_k,) = torch.autograd.grad(scores.pow(2).sum(), k, create_graph=True)
+    with pytest.raises(RuntimeError, match="knn_select does not support double backward"):
+        grad_k.sum().backward()
+
+
+def test_meta_tensors_give_shapes_and_a_device_mix_is_named():
+    q = torch.empty(2, 5, 3, device="meta")
+    keys = torch.empty(2, 7, 3, device="meta")
+    values = torch.empty(2, 7, 4, device="meta")
+    scores, indices = ops.knn_select(q, keys, 4, "cosine", None, False)
+    assert scores.shape == (2, 5, 4) and indices.dtype == torch.int64 and scores.is_meta
+    out, *_ = ops.knn_attention(q, keys, values, torch.empty(6, 4, 4, device="meta"), None, 4,
+                                "dot", None, False, "softmax", 1.0)
+    assert out.shape == (2, 5, 6)
+    with pytest.raises(RuntimeError, match="queries and keys must be on the same device"):
+        ops.knn_select(torch.randn(2, 5, 3), keys, 4, "dot", None, False)
+
+
+def test_non_finite_queries_name_the_position():
+    q = torch.randn(1, 4, 3)
+    q[0, 2, 1] = float("inf")
+    with pytest.raises(RuntimeError, match=r"queries must be finite .* at position \[0, 2, 1\]"):
+        ops.knn_select(q, torch.randn(1, 5, 3), 2, "gaussian", None, False)

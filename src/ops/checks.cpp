@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 namespace convnn::checks {
@@ -55,13 +56,35 @@ void check_mask(const at::Tensor& mask, const at::Tensor& queries, const at::Ten
   TORCH_CHECK(at::isFloatingType(mask.scalar_type()), op,
               ": mask must be bool (true = may be selected) or floating-point (additive), got ",
               mask.scalar_type());
-  if (is_distance_similarity(similarity) && mask.numel() > 0) {
+  if (is_distance_similarity(similarity) && mask.numel() > 0 && !mask.is_meta()) {
     // The ranking key of a distance similarity is -distance, not exp(-distance): an additive
     // mask is only equivalent in both domains when it holds 0 and -inf alone.
     const bool binary = ((mask == 0) | at::isneginf(mask)).all().item<bool>();
     TORCH_CHECK(binary, op, ": an additive mask with similarity '", to_string(similarity),
                 "' must hold only 0 and -inf (use a bool mask); it holds other values");
   }
+}
+
+// A tensor saved from the forward ([G,N,k] scores, weights, or their gradient): defined, with the
+// shape of `indices` and the dtype and device of `like`.
+void check_like_slots(const at::Tensor& t, const at::Tensor& indices, const at::Tensor& like,
+                      std::string_view op, std::string_view name) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " must be a defined tensor");
+  TORCH_CHECK(t.sizes() == indices.sizes(), op, ": ", name, " must have the shape of indices ",
+              shape_string(indices), ", got ", shape_string(t));
+  check_same_dtype(t, like, op, name, "queries");
+  check_same_device(t, like, op, name, "queries");
+}
+
+// indices [G,N,k] int64 of the queries' G and N, as the forward returned them.
+void check_slot_indices(const at::Tensor& indices, const at::Tensor& queries, std::string_view op) {
+  check_rank(indices, 3, op, "indices", "[G,N,k]");
+  TORCH_CHECK(indices.scalar_type() == at::kLong, op, ": indices must be int64, got ",
+              indices.scalar_type());
+  check_rank(queries, 3, op, "queries", "[G,N,D]");
+  TORCH_CHECK(indices.size(0) == queries.size(0) && indices.size(1) == queries.size(1), op,
+              ": indices ", shape_string(indices), " must be [G,N,k] for queries ",
+              shape_string(queries));
 }
 
 }  // namespace
@@ -86,13 +109,14 @@ Similarity check_select_inputs(const at::Tensor& queries, const at::Tensor& keys
   TORCH_CHECK(k >= 1 && k <= m, op, ": k must be in [1, M] where M = ", m,
               " is the number of candidates (keys.size(1)), got k = ", k);
   if (mask.has_value() && mask->defined()) check_mask(*mask, queries, keys, similarity, op);
+  check_finite(queries, op, "queries");
+  check_finite(keys, op, "keys");
   return similarity;
 }
 
 void check_aggregate_inputs(const at::Tensor& values, const at::Tensor& weights,
                             const at::Tensor& indices, const at::Tensor& kernel,
-                            const c10::optional<at::Tensor>& bias) {
-  constexpr std::string_view op = "knn_aggregate";
+                            const c10::optional<at::Tensor>& bias, std::string_view op) {
   check_rank(values, 3, op, "values", "[G,M,C]");
   check_rank(weights, 3, op, "weights", "[G,N,K]");
   check_rank(indices, 3, op, "indices", "[G,N,K]");
@@ -142,8 +166,8 @@ AttentionChecked check_attention_inputs(const at::Tensor& queries, const at::Ten
                                         const c10::optional<at::Tensor>& bias, int64_t k,
                                         std::string_view similarity,
                                         const c10::optional<at::Tensor>& mask,
-                                        std::string_view rho, double temperature) {
-  constexpr std::string_view op = "knn_attention";
+                                        std::string_view rho, double temperature,
+                                        std::string_view op) {
   AttentionChecked checked;
   checked.similarity = check_select_inputs(queries, keys, k, similarity, mask, op);
   check_kernel_and_bias(values, k, "k", kernel, bias, op);
@@ -152,15 +176,70 @@ AttentionChecked check_attention_inputs(const at::Tensor& queries, const at::Ten
   TORCH_CHECK(values.size(0) == keys.size(0) && values.size(1) == keys.size(1), op,
               ": keys and values must have the same G and M (dims 0 and 1), got keys ",
               shape_string(keys), " and values ", shape_string(values));
-  checked.rho = parse_rho_argument(rho, "knn_attention: rho");
-  TORCH_CHECK(temperature > 0.0 && std::isfinite(temperature), op,
-              ": temperature must be a positive finite number, got ", temperature);
+  checked.rho = parse_rho_argument(rho, (std::string(op) + ": rho").c_str());
+  check_temperature(temperature, op);
+  return checked;
+}
+
+void check_temperature(double temperature, std::string_view where) {
+  constexpr double smallest = std::numeric_limits<float>::min();
+  TORCH_CHECK(std::isfinite(temperature) && temperature >= smallest, where,
+              ": temperature must be finite and at least ", smallest,
+              " (the smallest normal float32, in which softmax accumulates), got ", temperature);
+}
+
+int64_t output_channels(const at::Tensor& values, const at::Tensor& kernel) {
+  return kernel.dim() == 2 ? values.size(2) : kernel.size(0);
+}
+
+Similarity check_select_backward_inputs(const at::Tensor& grad_scores, const at::Tensor& queries,
+                                        const at::Tensor& keys, const at::Tensor& indices,
+                                        const at::Tensor& scores, std::string_view similarity) {
+  constexpr std::string_view op = "knn_select_backward";
+  check_slot_indices(indices, queries, op);
+  const Similarity parsed =
+      check_select_inputs(queries, keys, indices.size(2), similarity, c10::nullopt, op);
+  check_same_device(indices, queries, op, "indices", "queries");
+  check_like_slots(grad_scores, indices, queries, op, "grad_scores");
+  check_like_slots(scores, indices, queries, op, "scores");
+  check_indices_in_range(indices, keys.size(1), op, "indices");
+  return parsed;
+}
+
+void check_aggregate_backward_inputs(const at::Tensor& grad_output, const at::Tensor& values,
+                                     const at::Tensor& weights, const at::Tensor& indices,
+                                     const at::Tensor& kernel, std::string_view op) {
+  check_aggregate_inputs(values, weights, indices, kernel, c10::nullopt, op);
+  const int64_t c_out = output_channels(values, kernel);
+  TORCH_CHECK(grad_output.defined(), op, ": grad_output must be a defined tensor");
+  TORCH_CHECK(grad_output.dim() == 3 && grad_output.size(0) == weights.size(0) &&
+                  grad_output.size(1) == weights.size(1) && grad_output.size(2) == c_out,
+              op, ": grad_output must have shape [G,N,C'] = [", weights.size(0), ", ",
+              weights.size(1), ", ", c_out, "], got ", shape_string(grad_output));
+  check_same_dtype(grad_output, values, op, "grad_output", "values");
+  check_same_device(grad_output, values, op, "grad_output", "values");
+}
+
+AttentionChecked check_attention_backward_inputs(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, std::string_view similarity,
+    std::string_view rho, double temperature) {
+  constexpr std::string_view op = "knn_attention_backward";
+  check_slot_indices(indices, queries, op);
+  const auto checked = check_attention_inputs(queries, keys, values, kernel, c10::nullopt,
+                                              indices.size(2), similarity, c10::nullopt, rho,
+                                              temperature, op);
+  check_same_device(indices, queries, op, "indices", "queries");
+  check_like_slots(scores, indices, queries, op, "scores");
+  check_like_slots(weights, indices, queries, op, "weights");
+  check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel, op);
   return checked;
 }
 
 void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_view op,
                             std::string_view argument) {
-  if (indices.numel() == 0) return;
+  if (indices.numel() == 0 || indices.is_meta()) return;  // a meta tensor has no values
   // One reduction pass on the hot path; the position is only searched for once it failed.
   const auto [low, high] = at::aminmax(indices);
   if (low.item<int64_t>() >= 0 && high.item<int64_t>() < m) return;
@@ -172,6 +251,19 @@ void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_vi
   const int64_t value = indices.reshape({-1})[flat].item<int64_t>();
   TORCH_CHECK(false, op, ": ", argument, " must lie in [0, M) with M = ", m,
               " (values.size(1)), found ", value, " at position [", fmt::format("{}", fmt::join(pos, ", ")), "]");
+}
+
+void check_finite(const at::Tensor& t, std::string_view op, std::string_view argument) {
+  if (t.numel() == 0 || t.is_meta()) return;  // a meta tensor has a shape but no values
+  // One reduction pass on the hot path; the position is only searched for once it failed.
+  const auto finite = at::isfinite(t);
+  if (finite.all().item<bool>()) return;
+  const auto where = at::nonzero(~finite)[0].cpu();
+  std::vector<int64_t> pos(where.data_ptr<int64_t>(), where.data_ptr<int64_t>() + where.numel());
+  auto element = t;
+  for (const int64_t p : pos) element = element.select(0, p);
+  TORCH_CHECK(false, op, ": ", argument, " must be finite (NaN and +-inf cannot be ranked), found ",
+              element.item<double>(), " at position [", fmt::format("{}", fmt::join(pos, ", ")), "]");
 }
 
 void check_rankable(const at::Tensor& ranking_keys, std::string_view op) {

@@ -22,7 +22,8 @@ Similarity check_select_inputs(const at::Tensor& queries, const at::Tensor& keys
 
 void check_aggregate_inputs(const at::Tensor& values, const at::Tensor& weights,
                             const at::Tensor& indices, const at::Tensor& kernel,
-                            const c10::optional<at::Tensor>& bias);
+                            const c10::optional<at::Tensor>& bias,
+                            std::string_view op = "knn_aggregate");
 
 // values [G,M,C] (floating), kernel [C,k] or [C',k] and bias [C'] of the aggregation, K = k taken
 // from `k_source` (named in the message).
@@ -42,11 +43,44 @@ AttentionChecked check_attention_inputs(const at::Tensor& queries, const at::Ten
                                         const c10::optional<at::Tensor>& bias, int64_t k,
                                         std::string_view similarity,
                                         const c10::optional<at::Tensor>& mask,
-                                        std::string_view rho, double temperature);
+                                        std::string_view rho, double temperature,
+                                        std::string_view op = "knn_attention");
+
+// C' of the aggregation: C for a depthwise kernel [C,K], kernel.size(0) for a standard [C',C,K].
+int64_t output_channels(const at::Tensor& values, const at::Tensor& kernel);
+
+// The backward ops: the forward's checks under the backward op's name, plus the tensors the
+// forward saved (indices, scores, weights: [G,N,k]) and the incoming gradient.
+Similarity check_select_backward_inputs(const at::Tensor& grad_scores, const at::Tensor& queries,
+                                        const at::Tensor& keys, const at::Tensor& indices,
+                                        const at::Tensor& scores, std::string_view similarity);
+void check_aggregate_backward_inputs(const at::Tensor& grad_output, const at::Tensor& values,
+                                     const at::Tensor& weights, const at::Tensor& indices,
+                                     const at::Tensor& kernel,
+                                     std::string_view op = "knn_aggregate_backward");
+AttentionChecked check_attention_backward_inputs(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, std::string_view similarity,
+    std::string_view rho, double temperature);
+
+// The softmax temperature: finite and at least the smallest normal float32 (about 1.2e-38), the
+// accumulation type of float32, bfloat16 and float16 inputs; below it the temperature is a
+// denormal or 0 there. Every temperature from there up gives finite weights (the hard max in the
+// limit). `where` names the caller, e.g. "knn_attention".
+void check_temperature(double temperature, std::string_view where);
+
+// Checks that read values (finiteness, index ranges, mask contents) pass meta tensors, which have
+// shapes but no values.
 
 // indices [G,N,K] int64 all in [0, m). `op` and `argument` name the caller in the message.
 void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_view op,
                             std::string_view argument);
+
+// Queries and keys must be finite: a NaN cannot be ranked, and an infinite feature makes every
+// score of its row NaN or infinite (+inf with a +inf query under gaussian looked "masked"). The
+// message names `argument` and the first bad position.
+void check_finite(const at::Tensor& t, std::string_view op, std::string_view argument);
 
 // NaN and +inf scores cannot be ranked: -inf means "masked", everything else must be finite.
 void check_rankable(const at::Tensor& ranking_keys, std::string_view op);

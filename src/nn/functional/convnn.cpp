@@ -63,8 +63,7 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
               " applies to spatial inputs only (conv_nn1d / conv_nn2d); token inputs take 0");
   TORCH_CHECK(o.alpha() >= 0.0 && o.alpha() <= 1.0, op, ": alpha must be in [0, 1], got ",
               o.alpha());
-  TORCH_CHECK(o.temperature() > 0.0 && std::isfinite(o.temperature()), op,
-              ": temperature must be a positive finite number, got ", o.temperature());
+  checks::check_temperature(o.temperature(), op);
   const int64_t n = queries.size(1), m = keys.size(1);
   TORCH_CHECK(o.num_candidates() >= 0 && o.num_candidates() <= m, op,
               ": num_candidates (r) must be in [0, M] with M = ", m,
@@ -219,8 +218,7 @@ at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
   TORCH_CHECK(scores.defined(), "rho_weights: scores must be a defined tensor");
   TORCH_CHECK(at::isFloatingType(scores.scalar_type()),
               "rho_weights: scores must be a floating-point tensor, got ", scores.scalar_type());
-  TORCH_CHECK(temperature > 0.0 && std::isfinite(temperature),
-              "rho_weights: temperature must be a positive finite number, got ", temperature);
+  checks::check_temperature(temperature, "rho_weights");
   return reference::rho_weights(scores, rho, temperature);
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "nn/functional/spatial.h"
+#include "ops/checks.h"
 
 namespace convnn::nn {
 namespace {
@@ -100,7 +101,7 @@ void ConvNNNdImpl<D, Derived>::reset() {
               " blends in positional similarity, which needs coordinates(true)");
   TORCH_CHECK(o.num_candidates() >= 0, name, ": num_candidates must be non-negative (0 = all), got ",
               o.num_candidates());
-  TORCH_CHECK(o.temperature() > 0.0, name, ": temperature must be positive, got ", o.temperature());
+  checks::check_temperature(o.temperature(), name);
   const int64_t qk = o.qk_channels() == 0 ? o.in_channels() : o.qk_channels();
   TORCH_CHECK(qk >= 1 && qk % o.heads() == 0, name, ": qk_channels = ", o.qk_channels(),
               " must be divisible by heads = ", o.heads());
@@ -209,7 +210,7 @@ void ConvNNAttentionImpl::reset() {
   TORCH_CHECK(o.k() >= 1, "ConvNNAttention: k must be at least 1, got ", o.k());
   TORCH_CHECK(o.dropout() >= 0.0 && o.dropout() < 1.0, "ConvNNAttention: dropout must be in [0, 1), got ",
               o.dropout());
-  TORCH_CHECK(o.temperature() > 0.0, "ConvNNAttention: temperature must be positive, got ", o.temperature());
+  checks::check_temperature(o.temperature(), "ConvNNAttention");
   TORCH_CHECK(o.num_candidates() >= 0, "ConvNNAttention: num_candidates must be non-negative (0 = all), got ",
               o.num_candidates());
   auto linear = [&](bool with_bias) {

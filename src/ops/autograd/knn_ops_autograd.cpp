@@ -1,7 +1,10 @@
 // Autograd kernels of the core ops: the forward redispatches below autograd, the backward calls the
 // matching *_backward op, so a device that adds a fused backward needs no change here.
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/library.h>
+
+#include <initializer_list>
 
 #include "convnn/ops/knn_ops.h"
 
@@ -115,12 +118,82 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
   return {out[0], out[1], out[2], out[3]};
 }
 
+// Double backward. The backward ops have no derivative of their own, so a gradient computed with
+// create_graph=True is marked as PyTorch's @once_differentiable marks it: the first backward
+// works, and differentiating its result again raises instead of silently giving zeros.
+bool builds_a_graph(std::initializer_list<at::Tensor> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const auto& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+std::vector<at::Tensor> once_differentiable(const char* forward_op, std::vector<at::Tensor> grads) {
+  const auto count = static_cast<int64_t>(grads.size());
+  for (auto& g : grads) {
+    if (g.defined()) g = g.detach().requires_grad_(true);
+  }
+  return torch::autograd::DelayedError(
+             std::string(forward_op) + " does not support double backward: its gradient was "
+             "computed with create_graph=True and is now being differentiated again",
+             count)
+      .apply(std::move(grads));
+}
+
+std::tuple<at::Tensor, at::Tensor> knn_select_backward(
+    const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& indices, const at::Tensor& scores, c10::string_view similarity) {
+  auto grads = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::knn_select_backward(grad_scores, queries, keys, indices, scores,
+                                    std::string(similarity));
+  }();
+  if (!builds_a_graph({grad_scores, queries, keys, scores})) return grads;
+  const auto marked = once_differentiable("knn_select", {std::get<0>(grads), std::get<1>(grads)});
+  return {marked[0], marked[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
+  auto grads = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask);
+  }();
+  if (!builds_a_graph({grad_output, values, weights, kernel})) return grads;
+  const auto marked = once_differentiable(
+      "knn_aggregate", {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<3>(grads)});
+  return {marked[0], marked[1], marked[2], marked[3]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
+    c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
+  auto grads = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ops::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices,
+                                       weights, std::string(similarity), std::string(rho),
+                                       temperature, output_mask);
+  }();
+  if (!builds_a_graph({grad_output, queries, keys, values, kernel, scores, weights})) return grads;
+  const auto marked = once_differentiable(
+      "knn_attention", {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads),
+                        std::get<3>(grads), std::get<4>(grads)});
+  return {marked[0], marked[1], marked[2], marked[3], marked[4]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, Autograd, m) {
   m.impl("knn_select", &knn_select);
   m.impl("knn_aggregate", &knn_aggregate);
   m.impl("knn_attention", &knn_attention);
+  m.impl("knn_select_backward", &knn_select_backward);
+  m.impl("knn_aggregate_backward", &knn_aggregate_backward);
+  m.impl("knn_attention_backward", &knn_attention_backward);
 }
 
 }  // namespace convnn::autograd

@@ -43,18 +43,8 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
-  checks::check_aggregate_inputs(values, weights, indices, kernel, c10::nullopt);
+  checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
   const AggregateSizes sizes = aggregate_sizes(values, weights.size(1), weights.size(2), kernel);
-  TORCH_CHECK(grad_output.dim() == 3 && grad_output.size(0) == sizes.g &&
-                  grad_output.size(1) == sizes.n && grad_output.size(2) == sizes.c_out,
-              "knn_aggregate_backward: grad_output must have shape [G,N,C'] = [", sizes.g, ", ",
-              sizes.n, ", ", sizes.c_out, "], got ", checks::shape_string(grad_output));
-  TORCH_CHECK(grad_output.scalar_type() == values.scalar_type(),
-              "knn_aggregate_backward: grad_output and values must have the same dtype, got ",
-              grad_output.scalar_type(), " and ", values.scalar_type());
-  TORCH_CHECK(grad_output.device() == values.device(),
-              "knn_aggregate_backward: grad_output and values must be on the same device, got ",
-              grad_output.device(), " and ", values.device());
   const auto [want_values, want_weights, want_kernel, want_bias] = output_mask;
   const auto options = values.options();
   const auto empty_if = [&](bool wanted, c10::IntArrayRef shape) {

@@ -48,34 +48,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
   return {output, scores, indices, weights};
 }
 
-void check_saved_slots(const at::Tensor& queries, const at::Tensor& scores, const at::Tensor& indices,
-                       const at::Tensor& weights) {
-  constexpr const char* op = "knn_attention_backward";
-  TORCH_CHECK(indices.defined() && indices.dim() == 3 && indices.scalar_type() == at::kLong, op,
-              ": indices must be int64 [G,N,k], got ",
-              indices.defined() ? checks::shape_string(indices) : "undefined");
-  TORCH_CHECK(indices.size(0) == queries.size(0) && indices.size(1) == queries.size(1), op,
-              ": indices ", checks::shape_string(indices), " must be [G,N,k] for queries ",
-              checks::shape_string(queries));
-  TORCH_CHECK(scores.defined() && weights.defined() && scores.sizes() == indices.sizes() &&
-                  weights.sizes() == indices.sizes(),
-              op, ": scores and weights must have the shape of indices ", checks::shape_string(indices));
-  TORCH_CHECK(scores.scalar_type() == queries.scalar_type() && weights.scalar_type() == queries.scalar_type(),
-              op, ": scores and weights must have the dtype of queries (", queries.scalar_type(), "), got ",
-              scores.scalar_type(), " and ", weights.scalar_type());
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
     const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
     const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
     c10::string_view rho_name, double temperature, std::array<bool, 5> output_mask) {
-  TORCH_CHECK(indices.defined() && indices.dim() == 3, "knn_attention_backward: indices must be [G,N,k], got ",
-              indices.defined() ? checks::shape_string(indices) : "undefined");
-  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, c10::nullopt,
-                                                      indices.size(2), similarity, c10::nullopt,
-                                                      rho_name, temperature);
-  check_saved_slots(queries, scores, indices, weights);
+  const auto checked = checks::check_attention_backward_inputs(
+      grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho_name,
+      temperature);
   const auto [want_queries, want_keys, want_values, want_kernel, want_bias] = output_mask;
   const bool want_scores = (want_queries || want_keys) && rho_has_score_gradient(checked.rho);
   auto [grad_values, grad_weights, grad_kernel, grad_bias] = ops::knn_aggregate_backward(

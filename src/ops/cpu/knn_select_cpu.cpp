@@ -51,16 +51,7 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
                                                        const at::Tensor& scores,
                                                        c10::string_view similarity_name) {
   const auto similarity =
-      checks::check_select_inputs(queries, keys, indices.size(-1), similarity_name, c10::nullopt);
-  TORCH_CHECK(grad_scores.sizes() == indices.sizes() && scores.sizes() == indices.sizes(),
-              "knn_select_backward: grad_scores ", checks::shape_string(grad_scores), ", scores ",
-              checks::shape_string(scores), " and indices ", checks::shape_string(indices),
-              " must all have the shape [G,N,k]");
-  TORCH_CHECK(indices.scalar_type() == at::kLong, "knn_select_backward: indices must be int64, got ",
-              indices.scalar_type());
-  TORCH_CHECK(scores.scalar_type() == queries.scalar_type(), "knn_select_backward: scores must have the dtype of queries (",
-              queries.scalar_type(), "), got ", scores.scalar_type());
-  checks::check_indices_in_range(indices, keys.size(1), "knn_select_backward", "indices");
+      checks::check_select_backward_inputs(grad_scores, queries, keys, indices, scores, similarity_name);
   const auto q = queries.contiguous(), k = keys.contiguous();
   auto grad_queries = at::empty_like(q), grad_keys = at::empty_like(k);
   if (q.numel() == 0 && k.numel() == 0) return {grad_queries, grad_keys};

@@ -18,7 +18,9 @@ C10_HOST_DEVICE inline bool is_masked_score(scalar_t score) {
   return static_cast<acc_t>(score) == -std::numeric_limits<acc_t>::infinity();
 }
 
-// weights[s] = rho(scores)[s] for s < k.
+// weights[s] = rho(scores)[s] for s < k. Softmax subtracts the largest valid score before dividing
+// by the temperature: every exponent is then <= 0 and the largest is exactly 0, so any temperature
+// the op accepts (check_temperature) gives finite weights summing to one, down to the hard max.
 template <typename acc_t, typename scalar_t>
 C10_HOST_DEVICE void rho_row(const scalar_t* scores, int64_t k, Rho rho, acc_t temperature,
                              scalar_t* weights) {
@@ -27,8 +29,8 @@ C10_HOST_DEVICE void rho_row(const scalar_t* scores, int64_t k, Rho rho, acc_t t
   for (int64_t s = 0; s < k; ++s) {
     if (is_masked_score<acc_t>(scores[s])) continue;
     ++valid;
-    const acc_t z = static_cast<acc_t>(scores[s]) / temperature;
-    largest = z > largest ? z : largest;
+    const acc_t score = static_cast<acc_t>(scores[s]);
+    largest = score > largest ? score : largest;
   }
   if (rho != Rho::Softmax || valid == 0) {
     // A softmax row without a valid slot lands here too: every slot is masked and weighs 0.
@@ -38,18 +40,14 @@ C10_HOST_DEVICE void rho_row(const scalar_t* scores, int64_t k, Rho rho, acc_t t
     }
     return;
   }
+  const auto exponential = [&](int64_t s) {
+    return is_masked_score<acc_t>(scores[s])
+               ? acc_t(0)
+               : std::exp((static_cast<acc_t>(scores[s]) - largest) / temperature);
+  };
   acc_t total = 0;
-  for (int64_t s = 0; s < k; ++s) {
-    if (!is_masked_score<acc_t>(scores[s])) {
-      total += std::exp(static_cast<acc_t>(scores[s]) / temperature - largest);
-    }
-  }
-  for (int64_t s = 0; s < k; ++s) {
-    const acc_t e = is_masked_score<acc_t>(scores[s])
-                        ? acc_t(0)
-                        : std::exp(static_cast<acc_t>(scores[s]) / temperature - largest);
-    weights[s] = static_cast<scalar_t>(e / total);
-  }
+  for (int64_t s = 0; s < k; ++s) total += exponential(s);
+  for (int64_t s = 0; s < k; ++s) weights[s] = static_cast<scalar_t>(exponential(s) / total);
 }
 
 // d(scores) of softmax rho from d(weights): w_s (g_s - sum_t w_t g_t) / temperature. Masked slots

@@ -14,7 +14,11 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
   const auto n = weights.size(1), k = weights.size(2);
   const bool depthwise = kernel.dim() == 2;
   const auto c_out = depthwise ? c : kernel.size(0);
-  if (g == 0 || n == 0) return at::zeros({g, n, c_out}, values.options());
+  if (g == 0 || n == 0 || c == 0) {
+    // Nothing to gather (conv1d takes no zero-channel input): every output is the bias.
+    const auto empty = at::zeros({g, n, c_out}, values.options());
+    return bias.has_value() && bias->defined() ? empty + *bias : empty;
+  }
   const auto neighbourhoods = gather_rows(values, indices) * weights.unsqueeze(-1);  // [G,N,K,C]
   const auto x_nn = neighbourhoods.permute({0, 3, 1, 2}).reshape({g, c, n * k});
   const auto conv_weight = depthwise ? kernel.unsqueeze(1) : kernel;

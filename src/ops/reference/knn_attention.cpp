@@ -1,6 +1,7 @@
 // Reference knn_attention: the reference select, rho and the reference aggregation, composed in
 // plain ATen. The fused op is tested against this (and against the composition of the fused ops).
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 
 #include <limits>
 
@@ -22,11 +23,18 @@ at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
       // worker thread (docs/operator.md, "Known upstream issues"). Masked slots enter as -inf and
       // come out exactly 0; a row with no valid slot is softmaxed as zeros and then zeroed, so
       // neither the forward nor the backward meets inf - inf or 0/0.
+      // The largest valid score is subtracted before the division by the temperature, in the
+      // accumulation type (float for half and bfloat16), as the kernels do: the exponents are then
+      // <= 0, so a tiny temperature gives the hard max instead of inf - inf. The shift does not
+      // change the softmax, so it carries no gradient.
       constexpr double neg_inf = -std::numeric_limits<double>::infinity();
+      const auto accumulated = scores.to(at::toOpMathType(scores.scalar_type()));
       const auto row_has_valid = valid.any(-1, /*keepdim=*/true);
-      const auto z = at::where(valid, scores / temperature, at::full({}, neg_inf, scores.options()));
+      const auto largest = accumulated.amax(-1, /*keepdim=*/true).detach();
+      const auto z = at::where(valid, (accumulated - largest) / temperature,
+                               at::full({}, neg_inf, accumulated.options()));
       const auto w = at::softmax(at::where(row_has_valid, z, at::zeros_like(z)), -1);
-      return at::where(valid, w, at::zeros_like(w));
+      return at::where(valid, w, at::zeros_like(w)).to(scores.scalar_type());
     }
   }
   TORCH_CHECK(false, "rho_weights: unknown rho");
