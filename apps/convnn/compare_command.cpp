@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
+#include "model_options.h"
 #include "train_options.h"
 
 namespace convnn::cli {
@@ -149,8 +150,10 @@ int run_compare(CompareArgs& a, const std::string& command) {
   base.quiet = true;
   base.plots = false;
   const auto root = fs::path(base.output) / (base.experiment.empty() ? "compare" : base.experiment);
-  fs::create_directories(root);
   const auto cells = grid(a);
+  // A bad cell fails now rather than after the cells before it have trained.
+  for (const auto& cell : cells) train::validate(cell.config);
+  fs::create_directories(root);
   std::vector<CellResult> results;
   fmt::print("{} cells x {} seeds into {}\n", cells.size(), a.seeds.size(), root.string());
   for (const auto& cell : cells) {
@@ -207,17 +210,33 @@ Command add_compare_command(CLI::App& app) {
                  "budget and tabulate accuracy, parameters, MACs and time");
   auto args = std::make_shared<CompareArgs>();
   add_train_options(sub, args->base);
-  sub->add_option("--seeds", args->seeds, "Seeds of every cell (default 0)")->delimiter(',')->group("Compare");
+  sub->add_option("--seeds", args->seeds, "Seeds of every cell (default 0)")
+      ->delimiter(',')
+      ->check(explicit_value("seed 0", /*allow_zero=*/true))
+      ->group("Compare");
   sub->add_option("--ks", args->ks, "ConvNN K values (default 4,9,16)")->delimiter(',')->group("Compare");
-  sub->add_option("--random-candidates", args->random_candidates,
-                  "r of the random-candidate cells (default 32)")->group("Compare");
+  // 0 in the model config means "all candidates" or "the preset's value": given here it would
+  // silently turn a cell into another one.
+  sub->add_option("--random-candidates", args->random_candidates, "r of the random-candidate cells (default 32)")
+      ->check(explicit_value("32"))
+      ->group("Compare");
   sub->add_option("--families", args->families, "resnet, vit or both (default resnet,vit)")
       ->delimiter(',')->check(CLI::IsMember({"resnet", "vit"}))->group("Compare");
-  sub->add_option("--vit-model", args->vit_model, "ViT preset of the attention cells (default vit_tiny)")->group("Compare");
-  sub->add_option("--vit-patch", args->vit_patch, "ViT patch size (default 4)")->group("Compare");
-  sub->add_option("--vit-depth", args->vit_depth, "ViT blocks (default 4)")->group("Compare");
-  sub->add_option("--vit-embed-dim", args->vit_embed_dim, "ViT width (default 96)")->group("Compare");
-  sub->add_option("--vit-heads", args->vit_heads, "ViT heads (default 3)")->group("Compare");
+  sub->add_option("--vit-model", args->vit_model, "ViT preset of the attention cells (default vit_tiny)")
+      ->check(CLI::IsMember({"vit_tiny", "vit_small", "vit_base"}))
+      ->group("Compare");
+  sub->add_option("--vit-patch", args->vit_patch, "ViT patch size (default 4)")
+      ->check(explicit_value("4"))
+      ->group("Compare");
+  sub->add_option("--vit-depth", args->vit_depth, "ViT blocks (default 4)")
+      ->check(explicit_value("4"))
+      ->group("Compare");
+  sub->add_option("--vit-embed-dim", args->vit_embed_dim, "ViT width (default 96)")
+      ->check(explicit_value("96"))
+      ->group("Compare");
+  sub->add_option("--vit-heads", args->vit_heads, "ViT heads (default 3)")
+      ->check(explicit_value("3"))
+      ->group("Compare");
   return {sub, [args] { return run_compare(*args, command_line()); }};
 }
 

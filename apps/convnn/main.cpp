@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "model_options.h"
 
 namespace {
 
@@ -34,6 +35,20 @@ int thread_count(int flag) {
 
 std::string typed_command_line;
 
+// An error is one line on a terminal and one record in a log, whatever the message holds.
+std::string one_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  for (char& c : text) {
+    if (c == '\n') c = ' ';
+  }
+  return text;
+}
+
+int report_error(const std::string& message) {
+  std::cerr << "convnn: error: " << one_line(message) << "\n";
+  return 1;
+}
+
 }  // namespace
 
 const std::string& convnn::cli::command_line() { return typed_command_line; }
@@ -46,7 +61,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   app.add_option("--threads", threads,
                  "CPU threads for intra-op parallelism (default: CONVNN_NUM_THREADS, else all cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(convnn::cli::explicit_value("CONVNN_NUM_THREADS, else all cores"));
   const std::vector<convnn::cli::Command> commands{
       convnn::cli::add_train_command(app),
       convnn::cli::add_eval_command(app),
@@ -55,22 +70,36 @@ int main(int argc, char** argv) {
       convnn::cli::add_bench_command(app),
       convnn::cli::add_info_command(app),
   };
+  // Every error reaches the user as one line of this form with status 1 (CLI11's own keep their
+  // status): convnn's messages already name the option, the value and the rule, so a trace
+  // would only hide them.
+  app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
+    std::string message = one_line(e.what()), help = "convnn";
+    for (const auto* sub : failed->get_subcommands()) help += " " + sub->get_name();
+    // CLI11 reports a missing subcommand before the words it did not understand, which are
+    // what the user typed wrong.
+    if (failed->get_subcommands().empty() && !failed->remaining().empty()) {
+      std::string names, typed;
+      for (const auto* sub : failed->get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+      for (const auto& word : failed->remaining()) typed += (typed.empty() ? "" : " ") + word;
+      message += " (one of " + names + "), got '" + typed + "'";
+    }
+    return "convnn: error: " + message + " (see " + help + " --help)\n";
+  });
+  // One handler for parsing and running: options such as --config and --resume read their files
+  // in their callbacks, during app.parse, and so throw convnn's errors from it too.
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  try {
     at::set_num_threads(thread_count(threads));
     for (const auto& command : commands) {
       if (command.subcommand->parsed()) return command.run();
     }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   } catch (const c10::Error& e) {
-    std::cerr << "convnn: error: " << e.what_without_backtrace() << "\n";
-    return 1;
+    return report_error(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::cerr << "convnn: error: " << e.what() << "\n";
-    return 1;
+    return report_error(e.what());
   }
   return 0;
 }

@@ -2,6 +2,18 @@
 
 namespace convnn::cli {
 
+CLI::Validator explicit_value(const std::string& left_out, bool allow_zero) {
+  return CLI::Validator(
+      [left_out, allow_zero](std::string& text) -> std::string {
+        double value = 0.0;
+        if (!CLI::detail::lexical_cast(text, value)) return "";
+        if (allow_zero ? value >= 0.0 : value > 0.0) return "";
+        return std::string("must be ") + (allow_zero ? "non-negative" : "positive") + ", got " + text +
+               " (leave the flag out for " + left_out + ")";
+      },
+      allow_zero ? "NONNEGATIVE" : "POSITIVE");
+}
+
 void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c) {
   sub->add_option("--model", name, "Model name")->required()->check(CLI::IsMember(models::model_names()));
   sub->add_option("--num-classes", c.num_classes, "Classes of the head (default 1000)");
@@ -32,10 +44,13 @@ void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c)
   add_enum_option(sub, "--position-embedding", c.position_embedding, models::parse_position_embedding,
                   {"learned", "sinusoidal"},
                   "ViT: position embedding (default learned; sinusoidal with --paper)");
-  sub->add_option("--embed-dim", c.embed_dim, "ViT: width (default: the preset's)");
-  sub->add_option("--depth", c.depth, "ViT: blocks (default: the preset's)");
-  sub->add_option("--num-heads", c.num_heads, "ViT: heads (default: the preset's)");
-  sub->add_option("--mlp-dim", c.mlp_dim, "ViT: MLP width (default 4 x width)");
+  // 0 in these fields means the preset's value (ModelConfig), which leaving the flag out gives.
+  const auto preset = explicit_value("the preset's value");
+  sub->add_option("--embed-dim", c.embed_dim, "ViT: width (default: the preset's)")->check(preset);
+  sub->add_option("--depth", c.depth, "ViT: blocks (default: the preset's)")->check(preset);
+  sub->add_option("--num-heads", c.num_heads, "ViT: heads (default: the preset's)")->check(preset);
+  sub->add_option("--mlp-dim", c.mlp_dim, "ViT: MLP width (default 4 x width)")
+      ->check(explicit_value("4 x width"));
   sub->add_option("--dropout", c.dropout, "ViT: dropout (default 0)");
   sub->add_option("--attention-dropout", c.attention_dropout, "ViT: attention dropout (default 0)");
   sub->add_option("--drop-path", c.drop_path, "ViT: stochastic depth of the last block (default 0)");

@@ -1,6 +1,7 @@
 #pragma once
 // The model options of the `convnn` subcommands that build a model from the registry (info, and
-// the training command), declared once so that every subcommand spells them alike.
+// the training command), declared once so that every subcommand spells them alike, and the check
+// that every option with a "leave it out" default shares.
 #include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
@@ -18,6 +19,12 @@ void add_enum_option(CLI::App* sub, const std::string& flag, Target& target, Par
          flag, [&target, parse](const std::string& s) { target = parse(s); }, help)
       ->check(CLI::IsMember(std::move(names)));
 }
+
+/// For options whose 0 (or -1) stands for a default: accepts only positive numbers
+/// (`allow_zero`: non-negative ones), since a default is chosen by leaving the flag out and an
+/// explicit sentinel would otherwise be replaced silently. `left_out` says what leaving it out
+/// gives, for the message. A value that is not a number passes on to CLI11's conversion error.
+CLI::Validator explicit_value(const std::string& left_out, bool allow_zero = false);
 
 /// Registers --model (required) and one flag per ModelConfig field on `sub`; parsing fills
 /// `name` and `config`.

@@ -18,14 +18,13 @@ void group_since(CLI::App* sub, size_t first, const std::string& group) {
 // A pair of numbers, as timm's --opt-betas, --scale and --ratio.
 void add_range_option(CLI::App* sub, const std::string& flag, double& min, double& max,
                       const std::string& help) {
+  // false makes CLI11 report the values it could not convert, as for any other number.
   sub->add_option(flag, [&min, &max](const CLI::results_t& r) {
-        min = std::stod(r.at(0));
-        max = std::stod(r.at(1));
-        return true;
+        return r.size() == 2 && CLI::detail::lexical_cast(r[0], min) && CLI::detail::lexical_cast(r[1], max);
       }, help)->expected(2)->type_name("FLOAT");
 }
 
-// The RandAugment magnitude, or "off" (0).
+// The RandAugment magnitude, or "off" (0). Its -1 (the recipe's) is chosen by leaving it out.
 void add_rand_augment_option(CLI::App* sub, double& magnitude) {
   sub->add_option_function<std::string>(
          "--rand-augment", [&magnitude](const std::string& s) { magnitude = s == "off" ? 0.0 : std::stod(s); },
@@ -35,15 +34,17 @@ void add_rand_augment_option(CLI::App* sub, double& magnitude) {
         if (s == "off") return std::string();
         try {
           size_t used = 0;
-          std::stod(s, &used);
-          if (used == s.size()) return std::string();
+          if (std::stod(s, &used) >= 0.0 && used == s.size()) return std::string();
         } catch (const std::exception&) {
         }
-        return "expected a number or off, got '" + s + "'";
+        return "expected a non-negative number or off, got '" + s +
+               "' (leave the flag out for the recipe's value)";
       });
 }
 
 void add_augmentation_options(CLI::App* sub, train::TrainConfig& c) {
+  // -1 in these fields means the recipe's value (TrainConfig), which leaving the flag out gives.
+  const auto recipe_value = explicit_value("the recipe's value", /*allow_zero=*/true);
   add_enum_option(sub, "--recipe", c.recipe, train::parse_recipe, {"paper", "none"},
                   "Augmentation recipe: paper (DeiT/Swin: RandAugment, colour jitter 0.4, erasing 0.25, "
                   "mixup 0.8, cutmix 1.0) or none (crop and flip); default paper for imagefolder, none "
@@ -57,15 +58,18 @@ void add_augmentation_options(CLI::App* sub, train::TrainConfig& c) {
   sub->add_option("--rand-augment-mstd", c.rand_augment_mstd,
                   "RandAugment magnitude standard deviation (default 0.5; above 100: uniform in [0, M])");
   sub->add_option("--color-jitter", c.color_jitter,
-                  "Colour jitter strength of brightness, contrast and saturation (paper recipe 0.4; 0: off)");
-  sub->add_option("--reprob", c.reprob, "Random erasing probability, mode pixel (paper recipe 0.25; 0: off)");
-  sub->add_option("--mixup", c.mixup, "MixUp alpha (paper recipe 0.8; 0: off)");
-  sub->add_option("--cutmix", c.cutmix, "CutMix alpha (paper recipe 1.0; 0: off)");
+                  "Colour jitter strength of brightness, contrast and saturation (paper recipe 0.4; 0: off)")
+      ->check(recipe_value);
+  sub->add_option("--reprob", c.reprob, "Random erasing probability, mode pixel (paper recipe 0.25; 0: off)")
+      ->check(recipe_value);
+  sub->add_option("--mixup", c.mixup, "MixUp alpha (paper recipe 0.8; 0: off)")->check(recipe_value);
+  sub->add_option("--cutmix", c.cutmix, "CutMix alpha (paper recipe 1.0; 0: off)")->check(recipe_value);
   sub->add_option("--mixup-switch-prob", c.mixup_switch_prob,
                   "Probability of CutMix instead of MixUp when both are on (default 0.5)");
   sub->add_option("--val-resize", c.val_resize,
                   "imagefolder: shorter side before the validation centre crop (default image size / "
-                  "0.875: 256 for 224)");
+                  "0.875: 256 for 224)")
+      ->check(explicit_value("image size / 0.875"));
 }
 
 }  // namespace
@@ -121,6 +125,7 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   sub->add_option("--image-size", c.image_size,
                   "imagefolder: side of the training and validation crops (default 224; the other data "
                   "sets keep their own size)")
+      ->check(explicit_value("224, or the in-memory data set's own size"))
       ->group("Dataset parameters");
 
   first = sub->get_options().size();
@@ -150,8 +155,10 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   first = sub->get_options().size();
   sub->add_option("--smoothing", c.smoothing, "Label smoothing (default 0.1)");
   sub->add_option("--crop-padding", c.crop_padding,
-                  "Random crop from the zero-padded image (default: 2 px for 28 px images, 4 for 32; 0: off)");
-  sub->add_option("--hflip", c.hflip, "Horizontal flip probability (default 0.5; 0 for mnist)");
+                  "Random crop from the zero-padded image (default: 2 px for 28 px images, 4 for 32; 0: off)")
+      ->check(explicit_value("the data set's default", /*allow_zero=*/true));
+  sub->add_option("--hflip", c.hflip, "Horizontal flip probability (default 0.5; 0 for mnist)")
+      ->check(explicit_value("the data set's default", /*allow_zero=*/true));
   add_augmentation_options(sub, c);
   group_since(sub, first, "Augmentation and regularization parameters");
 

@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "convnn/verify/identities.h"
+#include "model_options.h"
 
 namespace convnn::cli {
 namespace {
@@ -78,7 +79,7 @@ Command add_verify_command(CLI::App& app) {
   sub->add_option("--dtype", args->dtypes, "Dtypes to check (default: float32 float64)")
       ->check(CLI::IsMember({"float32", "float64"}));
   sub->add_option("--seed", args->seed, "Seed of the random inputs (default: fresh)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(explicit_value("a fresh seed", /*allow_zero=*/true));
   return {sub, [args] { return run_verify(*args); }};
 }
 

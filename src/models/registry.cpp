@@ -114,10 +114,13 @@ void validate(const std::string& name, const ModelConfig& c) {
     TORCH_CHECK(c.layer == ResNetLayer::Conv, "layer = ", to_string(c.layer), " applies to ResNet models; ",
                 name, " takes attention = mhsa, kvt or convnn");
     TORCH_CHECK(!c.small_stem, "small_stem applies to ResNet models; ", name, " takes patch_size");
-    TORCH_CHECK(c.patch_size >= 1 && c.image_size % c.patch_size == 0, "image_size = ", c.image_size,
+    TORCH_CHECK(c.patch_size >= 1, "patch_size must be at least 1, got ", c.patch_size);
+    TORCH_CHECK(c.image_size % c.patch_size == 0, "image_size = ", c.image_size,
                 " must be a multiple of patch_size = ", c.patch_size);
-    TORCH_CHECK(c.embed_dim >= 0 && c.depth >= 0 && c.num_heads >= 0 && c.mlp_dim >= 0,
-                "embed_dim, depth, num_heads and mlp_dim must be 0 (the preset's) or positive");
+    for (const auto& [option, value] : {std::pair{"embed_dim", c.embed_dim}, std::pair{"depth", c.depth},
+                                        std::pair{"num_heads", c.num_heads}, std::pair{"mlp_dim", c.mlp_dim}}) {
+      TORCH_CHECK(value >= 0, option, " must be 0 (the preset's) or positive, got ", value);
+    }
   }
 }
 
@@ -146,6 +149,10 @@ VisionTransformerOptions vit_options(const std::string& name, const ModelConfig&
   if (c.embed_dim > 0) o.embed_dim(c.embed_dim);
   if (c.depth > 0) o.depth(c.depth);
   if (c.num_heads > 0) o.num_heads(c.num_heads);
+  // One of the two may be the preset's, which the user never typed: the message says which.
+  const auto preset_note = [&name](int64_t given) { return given > 0 ? "" : " (" + name + "'s)"; };
+  TORCH_CHECK(o.embed_dim() % o.num_heads() == 0, "num_heads = ", o.num_heads(), preset_note(c.num_heads),
+              " must divide embed_dim = ", o.embed_dim(), preset_note(c.embed_dim));
   const auto attention = nn::ConvNNAttentionOptions(o.embed_dim(), o.num_heads(), c.k)
                              .num_candidates(c.num_candidates)
                              .similarity(c.similarity.value_or(Similarity::ScaledDot))

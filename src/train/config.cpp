@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -185,6 +186,22 @@ void check_image_folder(const TrainConfig& c) {
               c.val_resize);
 }
 
+// The model as the data set will make it (resolve_config), so that no message shows a value that
+// neither the user nor the data gave. An image folder's model sees 3 x image_size crops (224 when
+// 0). An in-memory set gives its size only once it is loaded: its model's rules on the image
+// size (a ViT's patch_size must divide it) are checked by models::build_model, which the trainer
+// calls with the loaded size; here the size is patch_size itself, which those rules accept.
+models::ModelConfig model_as_built(const TrainConfig& c) {
+  auto m = c.model_config;
+  if (is_image_folder(c)) {
+    m.in_channels = 3;
+    m.image_size = c.image_size > 0 ? c.image_size : kDefaultImageSize;
+  } else {
+    m.image_size = std::max<int64_t>(m.patch_size, 1);
+  }
+  return m;
+}
+
 }  // namespace
 
 OptimizerKind parse_optimizer(const std::string& name) {
@@ -250,7 +267,7 @@ void validate(const TrainConfig& c) {
     check_image_folder_only(c);
   }
   check_augmentation(c);
-  models::validate(c.model, c.model_config);
+  models::validate(c.model, model_as_built(c));
   TORCH_CHECK(c.train_subset >= 0, "train_subset must be >= 0 (0: all), got ", c.train_subset);
   TORCH_CHECK(c.val_subset >= 0, "val_subset must be >= 0 (0: all), got ", c.val_subset);
   TORCH_CHECK(c.workers >= 0, "workers must be >= 0, got ", c.workers);
@@ -287,7 +304,9 @@ void validate(const TrainConfig& c) {
 
 TrainConfig read_config(const std::string& path) {
   std::ifstream in(path);
-  TORCH_CHECK(in, "config file '", path, "' cannot be read (missing or not readable)");
+  // A directory opens as an empty stream, which would be reported as bad JSON.
+  TORCH_CHECK(in && !std::filesystem::is_directory(path), "config file '", path,
+              "' cannot be read (missing, a directory, or not readable)");
   std::stringstream text;
   text << in.rdbuf();
   nlohmann::json json;
