@@ -21,6 +21,7 @@ struct EvalArgs {
   int64_t batch_size = 256;
   int64_t workers = 2;
   bool bf16 = false;
+  bool allow_non_finite = false;
 };
 
 int run_eval(const EvalArgs& a) {
@@ -34,7 +35,8 @@ int run_eval(const EvalArgs& a) {
   config.train_subset = 0;
   const auto split = a.split == "train" ? data::Split::Train : data::Split::Test;
   const auto result =
-      train::evaluate_checkpoint(path, config, split, a.bf16 ? train::Precision::BFloat16 : config.precision);
+      train::evaluate_checkpoint(path, config, split, a.bf16 ? train::Precision::BFloat16 : config.precision,
+                                 a.allow_non_finite);
   const auto output = a.output.empty()
                           ? (std::filesystem::path(path).parent_path() / ("eval-" + a.split)).string()
                           : a.output;
@@ -63,6 +65,8 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("-b,--batch-size", args->batch_size, "Batch size (default 256)")->check(CLI::PositiveNumber);
   sub->add_option("-j,--workers", args->workers, "Data loader threads (default 2)")->check(CLI::NonNegativeNumber);
   sub->add_flag("--amp", args->bf16, "Evaluate under bfloat16 autocast");
+  sub->add_flag("--allow-non-finite", args->allow_non_finite,
+                "Evaluate a checkpoint whose weights hold NaN or Inf (refused by default)");
   return {sub, [args] { return run_eval(*args); }};
 }
 

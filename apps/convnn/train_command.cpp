@@ -69,6 +69,12 @@ Command add_train_command(CLI::App& app) {
                                           "MHSA / KVT / ConvNN attention) on an image data set");
   auto args = std::make_shared<TrainArgs>();
   add_train_options(sub, *args);
+  // Here, not in add_train_options: `convnn compare` loads no checkpoint it did not just write.
+  sub->add_flag("--allow-non-finite", args->allow_non_finite,
+                "With --resume: load a checkpoint whose weights or optimiser state hold NaN or Inf "
+                "(refused by default)")
+      ->needs(sub->get_option("--resume"))
+      ->group("Run");
   sub->footer(
       "Examples:\n"
       "  convnn train --model resnet18 --layer branching --small-stem --width 16 --epochs 3 \\\n"
@@ -83,7 +89,7 @@ Command add_train_command(CLI::App& app) {
             hooks.stop = &interrupt_requested;
             train::TrainResult result;
             try {
-              result = train::train(args->config, args->resume, hooks);
+              result = train::train(args->config, args->resume, hooks, args->allow_non_finite);
             } catch (...) {
               std::signal(SIGINT, previous);
               throw;

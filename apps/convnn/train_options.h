@@ -13,6 +13,7 @@ struct TrainArgs {
   train::TrainConfig config;
   std::string config_file;
   std::string resume;  // a checkpoint file, or a run directory (its checkpoint-latest.pt)
+  bool allow_non_finite = false;  // resume from a checkpoint holding NaN or Inf
 };
 
 /// Registers every training flag on `sub`, bound to `args`.

@@ -104,7 +104,7 @@ std::string skipped_note(int64_t train, int64_t val) {
 class Trainer {
  public:
   Trainer(TrainConfig config, SplitData train_data, std::string run_dir, TrainingPosition position,
-          const TrainHooks& hooks, const std::string& resume)
+          const TrainHooks& hooks, const std::string& resume, bool allow_non_finite)
       : config_(std::move(config)), run_dir_(std::move(run_dir)), position_(position), hooks_(hooks),
         train_loader_(make_loader(std::move(train_data), config_, true)),
         val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false)),
@@ -112,7 +112,7 @@ class Trainer {
         optimizer_(make_optimizer(config_, *model_.module())),
         schedule_(LrSchedule::from_config(config_, steps_per_epoch())),
         metrics_(run_dir_, position_.epoch + 1) {
-    if (!resume.empty()) load_checkpoint(resume, *model_.module(), optimizer_.get());
+    if (!resume.empty()) load_checkpoint(resume, *model_.module(), optimizer_.get(), allow_non_finite);
   }
 
   TrainResult run() {
@@ -410,7 +410,8 @@ Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision pr
   return e;
 }
 
-TrainResult train(const TrainConfig& requested, const std::string& resume, const TrainHooks& hooks) {
+TrainResult train(const TrainConfig& requested, const std::string& resume, const TrainHooks& hooks,
+                  bool allow_non_finite) {
   TrainingPosition position;
   std::string run_dir;
   if (!resume.empty()) {
@@ -436,12 +437,12 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
   // The model's initialisation and everything random in training (dropout, random candidates)
   // follow torch's global generator; the loader has its own (seed, epoch, index) streams.
   at::manual_seed(config.seed);
-  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume);
+  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume, allow_non_finite);
   return trainer.run();
 }
 
 Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config,
-                               data::Split split, Precision precision) {
+                               data::Split split, Precision precision, bool allow_non_finite) {
   auto data = load_split(config, split);
   const auto& m = config.model_config;
   TORCH_CHECK(data.num_classes() == m.num_classes, "checkpoint '", checkpoint, "' was trained on ",
@@ -455,7 +456,7 @@ Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig&
                 set.width());
   }
   auto model = models::build_model(config.model, m);
-  load_checkpoint(checkpoint, *model.module(), nullptr);
+  load_checkpoint(checkpoint, *model.module(), nullptr, allow_non_finite);
   auto loader = make_loader(std::move(data), config, /*training=*/false);
   return evaluate(model, loader, precision);
 }

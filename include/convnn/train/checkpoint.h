@@ -1,8 +1,12 @@
 #pragma once
 // Checkpoints: the model, the optimiser, the position in training (epoch, next batch, optimiser
 // step), the partial-epoch accumulators, the RNG state and the run's config, in one file written
-// atomically (temporary file in the same directory, then rename), so a crash never leaves a
-// truncated checkpoint in place of a finished one.
+// atomically (temporary file in the same directory, synced, then renamed), so a crash or a power
+// cut never leaves a truncated checkpoint in place of a finished one.
+//
+// Format 2 stores a CRC-32 of the header, of every model tensor, of the optimiser state and of the
+// RNG state, because torch's zip reader does not check the archive's own CRCs: a flipped byte in
+// a tensor would otherwise load as a wrong weight. Format 1 (no checksums) is still read.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -33,7 +37,9 @@ struct Checkpoint {
   TrainingPosition position;
 };
 
-/// Writes `path` atomically.
+/// Writes `path` atomically (write_file_atomically). Also removes the stale temporary files of
+/// the other checkpoints in its folder (`.<name>.pt.tmp<pid>` of dead processes), so that one left
+/// by a kill while checkpoint-best.pt was written does not wait for the next best epoch.
 void save_checkpoint(const std::string& path, const TrainConfig& config,
                      const TrainingPosition& position, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer);
@@ -42,16 +48,23 @@ void save_checkpoint(const std::string& path, const TrainConfig& config,
 Checkpoint read_checkpoint_header(const std::string& path);
 
 /// Loads the weights (and, when `optimizer` is not null, the optimiser state and the RNG state)
-/// into objects built from the checkpoint's config. A checkpoint whose tensors do not match the
-/// model raises a c10::Error naming the path and the first mismatching parameter.
+/// into objects built from the checkpoint's config. Every check runs before anything is changed;
+/// each failure is a c10::Error naming the path and the first offending record:
+/// - a record's checksum does not match (the file was damaged after it was written);
+/// - the tensors do not match the model (first mismatching parameter);
+/// - a model tensor (or, when loading it, an optimiser state tensor) holds NaN or Inf, unless
+///   `allow_non_finite` (a diverged run's weights evaluate to chance with a NaN loss).
 void load_checkpoint(const std::string& path, torch::nn::Module& model,
-                     torch::optim::Optimizer* optimizer);
+                     torch::optim::Optimizer* optimizer, bool allow_non_finite = false);
 
 /// `dir`/checkpoint-latest.pt and `dir`/checkpoint-best.pt.
 std::string latest_checkpoint_path(const std::string& run_dir);
 std::string best_checkpoint_path(const std::string& run_dir);
 
-/// Writes `contents` to `path` through a temporary file and a rename.
+/// Writes `contents` to `path` through the temporary file `.<name>.tmp<pid>` beside it, synced
+/// before the rename, and syncs the folder after it. The temporary file is removed on any
+/// failure; those of this target left by processes that no longer exist (killed mid-write) are
+/// removed first, those of live processes (writes in progress) are kept.
 void write_file_atomically(const std::string& path, const std::string& contents);
 
 }  // namespace convnn::train

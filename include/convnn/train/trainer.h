@@ -68,9 +68,10 @@ struct SplitData {
 TrainConfig resolve_config(TrainConfig config, const SplitData& train_data);
 
 /// Trains as `config` says, in `run_dir`; with `resume`, continues from that checkpoint file (its
-/// run directory is reused). Prints progress to stdout unless config.quiet.
+/// run directory is reused; `allow_non_finite` as in load_checkpoint). Prints progress to stdout
+/// unless config.quiet.
 TrainResult train(const TrainConfig& config, const std::string& resume = "",
-                  const TrainHooks& hooks = {});
+                  const TrainHooks& hooks = {}, bool allow_non_finite = false);
 
 /// The loader options of a config: shuffled and augmented (MixUp / CutMix when on) for
 /// training, plain for evaluation; the in-memory sets normalised with their statistics.
@@ -86,8 +87,9 @@ data::DataLoader make_loader(SplitData data, const TrainConfig& config, bool tra
 
 /// Evaluates the model of `checkpoint` on `split` of the data `config` names (the checkpoint's
 /// config, possibly with another data_dir, batch size or workers), without augmentation.
-/// A data set that does not fit the model (classes, channels, size) is an error.
+/// A data set that does not fit the model (classes, channels, size) is an error; so are NaN or
+/// Inf weights unless `allow_non_finite` (load_checkpoint).
 Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config,
-                               data::Split split, Precision precision);
+                               data::Split split, Precision precision, bool allow_non_finite = false);
 
 }  // namespace convnn::train
