@@ -1,0 +1,63 @@
+#pragma once
+// The device-generic implementation of the core ops: plain ATen, so it runs on every device that
+// PyTorch supports. It is registered under CompositeExplicitAutograd, which the dispatcher gives to
+// every backend without a kernel of its own (the CPU keeps its fused kernels, Meta its shape
+// kernels), and it is callable directly, so that tests prove it on CPU and meta tensors.
+//
+// Same contract as the CPU ops (docs/operator.md), and three properties of its own
+// (docs/operator.md, "The device-generic path"):
+// - bounded memory: the similarity scores exist one block of query rows at a time, never as the
+//   whole [G,N,M] matrix; the block is sized so that its live tensors stay under block_bytes();
+// - deterministic backward: gradients w.r.t. keys and values are summed through an inverse index in
+//   a fixed order, never with atomics, so repeated backward passes are bitwise equal;
+// - no host synchronisation beyond one read per forward (whether a score was NaN or +inf, which
+//   must raise) and the value checks of src/ops/checks.h.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
+
+#include <array>
+#include <cstdint>
+#include <tuple>
+
+namespace convnn::ops::generic {
+
+// The budget of one block's live tensors, in bytes. Default 256 MiB, or the environment variable
+// CONVNN_GENERIC_BLOCK_BYTES (a positive integer), read once on first use.
+int64_t block_bytes();
+// Overrides the budget for the rest of the process (tests use a few KB to force many blocks).
+void set_block_bytes(int64_t bytes);
+
+std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
+                                              int64_t k, c10::string_view similarity,
+                                              const c10::optional<at::Tensor>& mask,
+                                              bool index_order);
+
+std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
+                                                       const at::Tensor& queries,
+                                                       const at::Tensor& keys,
+                                                       const at::Tensor& indices,
+                                                       const at::Tensor& scores,
+                                                       c10::string_view similarity);
+
+at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
+                         const at::Tensor& indices, const at::Tensor& kernel,
+                         const c10::optional<at::Tensor>& bias);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho, double temperature);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
+    c10::string_view rho, double temperature, std::array<bool, 5> output_mask);
+
+}  // namespace convnn::ops::generic

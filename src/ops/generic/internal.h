@@ -1,0 +1,76 @@
+#pragma once
+// Pieces shared by the generic ops (src/ops/generic/generic.h). Every function uses only ATen ops
+// that have kernels on every device, Meta included (no at::where, abs, logical_not, cdist,
+// index_select, searchsorted, segment_reduce or conv1d: their Meta kernels exist only in Python),
+// and takes the
+// device of every tensor it creates from its inputs.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <functional>
+#include <tuple>
+
+#include "convnn/ops/rho.h"
+#include "convnn/ops/similarity.h"
+
+namespace convnn::ops::generic {
+
+// A block of the [G,N] query rows: slices [slice, slice + slices) x rows [row, row + rows).
+struct RowBlock {
+  int64_t slice, slices, row, rows;
+};
+
+// Calls `visit` on blocks that cover [G,N] in order (slices outer, rows inner), each as large as
+// block_bytes() allows when one slice's row costs `bytes_per_slice_row`; a block has at least one
+// row of one slice, whatever that costs.
+void for_each_row_block(int64_t g, int64_t n, int64_t bytes_per_slice_row,
+                        const std::function<void(const RowBlock&)>& visit);
+
+// t [G,N,...] narrowed to the block's slices and rows.
+at::Tensor block_of(const at::Tensor& t, const RowBlock& block);
+
+// rows [G,M,C], indices [G,N,K] into [0,M) -> [G,N,K,C]: rows[g, indices[g,i,k], :].
+at::Tensor gather_rows(const at::Tensor& rows, const at::Tensor& indices);
+
+// The adjoint of gather_rows, deterministic: per_slot [G,N,K,C] summed into the rows of a zero
+// [G,M,C] that `indices` name, each row's terms added in a fixed order (see rows.cpp).
+at::Tensor sum_into_rows(const at::Tensor& per_slot, const at::Tensor& indices, int64_t m);
+
+// The select inputs as every block reads them: queries and keys in the accumulation type (unit
+// rows for cosine), and the mask (bool as is, additive in the accumulation type).
+struct SelectOperands {
+  SelectOperands(const at::Tensor& queries, const at::Tensor& keys,
+                 const c10::optional<at::Tensor>& mask, Similarity similarity);
+  at::Tensor queries, keys, mask;
+  Similarity similarity;
+  // Whether a block met a NaN or +inf score: a 0-dim bool on the inputs' device, read once after
+  // the last block (raise_if_unrankable), so that the blocks never wait for the host.
+  at::Tensor unrankable;
+};
+
+// Bytes the select step keeps live per score entry of a block in the accumulation type `acc`.
+int64_t select_bytes_per_score(at::ScalarType acc);
+
+// The block's k best candidates: (scores [slices,rows,k] in the accumulation type, indices int64),
+// lower index first among equal keys, slots by index or by descending score.
+std::tuple<at::Tensor, at::Tensor> select_block(SelectOperands& in, int64_t k, bool index_order,
+                                                const RowBlock& block);
+
+// Raises the NaN/+inf error of checks::check_rankable, naming the first bad [g, i, j], when a block
+// met one. Meta tensors have no values and pass.
+void raise_if_unrankable(const SelectOperands& in, const char* op);
+
+// The aggregation of a block: values [G',M,C] of the block's slices, weights and indices
+// [G',rows,K] -> [G',rows,C'].
+at::Tensor aggregate_block(const at::Tensor& values, const at::Tensor& weights,
+                           const at::Tensor& indices, const at::Tensor& kernel,
+                           const c10::optional<at::Tensor>& bias);
+
+// Bytes aggregate_block keeps live per query row of one slice.
+int64_t aggregate_bytes_per_row(const at::Tensor& values, int64_t k, const at::Tensor& kernel);
+
+// rho of docs/operator.md on scores [..,K]: masked (-inf) slots weigh exactly 0.
+at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature);
+
+}  // namespace convnn::ops::generic

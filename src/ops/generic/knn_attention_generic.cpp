@@ -1,0 +1,115 @@
+// Generic knn_attention and its backward (src/ops/generic/generic.h): per block of query rows the
+// select step, rho and the aggregation, so neither the [G,N,M] scores nor all the gathered
+// neighbourhoods exist at once. The backward composes the generic aggregate and select backwards
+// with the softmax-rho backward between them.
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "ops/checks.h"
+#include "ops/generic/generic.h"
+#include "ops/generic/internal.h"
+
+namespace convnn::ops::generic {
+namespace {
+
+// d(scores) from d(weights) for softmax rho, w (g - sum w g) / T per row, in the accumulation type:
+// masked slots have w = 0 and get 0.
+at::Tensor softmax_rho_backward(const at::Tensor& weights, const at::Tensor& grad_weights,
+                                double temperature) {
+  const auto acc = at::toOpMathType(weights.scalar_type());
+  const auto w = weights.to(acc), g = grad_weights.to(acc);
+  const auto centred = g - (w * g).sum(-1, /*keepdim=*/true);
+  return (w * centred).div_(temperature).to(weights.scalar_type());
+}
+
+}  // namespace
+
+// As reference::rho_weights, whose rules it follows step for step, from ops that also run on meta
+// tensors (masked_fill where the reference uses at::where).
+at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
+  const auto masked = at::isneginf(scores);
+  switch (rho) {
+    case Rho::Uniform: return masked.bitwise_not().to(scores.scalar_type());
+    case Rho::Mean: {
+      const auto w = masked.bitwise_not().to(scores.scalar_type());
+      return w / w.sum(-1, true).clamp_min(1.0);
+    }
+    case Rho::Softmax: {
+      // The largest valid score is subtracted before the division by the temperature, in the
+      // accumulation type, so every exponent is <= 0; a row without a valid slot is softmaxed as
+      // zeros and then zeroed, so nothing meets inf - inf.
+      const auto accumulated = scores.to(at::toOpMathType(scores.scalar_type()));
+      const auto row_has_valid = masked.bitwise_not().any(-1, /*keepdim=*/true);
+      const auto largest = accumulated.amax(-1, /*keepdim=*/true);
+      auto z = ((accumulated - largest) / temperature)
+                   .masked_fill_(masked, -std::numeric_limits<double>::infinity())
+                   .masked_fill_(row_has_valid.bitwise_not(), 0.0);
+      return at::softmax(z, -1).masked_fill_(masked, 0.0).to(scores.scalar_type());
+    }
+  }
+  TORCH_CHECK(false, "rho_weights: unknown rho");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho, double temperature) {
+  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k,
+                                                      similarity, mask, rho, temperature);
+  const int64_t g = queries.size(0), n = queries.size(1);
+  auto scores = at::empty({g, n, k}, queries.options());
+  auto indices = at::empty({g, n, k}, queries.options().dtype(at::kLong));
+  auto weights = at::empty({g, n, k}, queries.options());
+  auto output = at::empty({g, n, checks::output_channels(values, kernel)}, values.options());
+  SelectOperands in(queries, keys, mask, checked.similarity);
+  const int64_t bytes_per_row = keys.size(1) * select_bytes_per_score(in.queries.scalar_type()) +
+                                aggregate_bytes_per_row(values, k, kernel);
+  for_each_row_block(g, n, bytes_per_row, [&](const RowBlock& block) {
+    const auto [block_scores, block_indices] = select_block(in, k, index_order, block);
+    // rho sees the scores as returned (in the inputs' dtype), as in the composed ops.
+    auto reported = block_of(scores, block);
+    reported.copy_(block_scores);
+    const auto block_weights = rho_weights(reported, checked.rho, temperature);
+    block_of(indices, block).copy_(block_indices);
+    block_of(weights, block).copy_(block_weights);
+    block_of(output, block).copy_(aggregate_block(values.narrow(0, block.slice, block.slices),
+                                                  block_weights, block_indices, kernel, bias));
+  });
+  raise_if_unrankable(in, "knn_attention");
+  return {output, scores, indices, weights};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
+    c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
+  const auto checked = checks::check_attention_backward_inputs(
+      grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho,
+      temperature);
+  const auto [want_queries, want_keys, want_values, want_kernel, want_bias] = output_mask;
+  // uniform and mean ignore the score values: no query or key gradient, as on every backend.
+  const bool want_scores = (want_queries || want_keys) && rho_has_score_gradient(checked.rho);
+  auto [grad_values, grad_weights, grad_kernel, grad_bias] = knn_aggregate_backward(
+      grad_output, values, weights, indices, kernel, {want_values, want_scores, want_kernel, want_bias});
+  at::Tensor grad_queries, grad_keys;
+  if (want_scores) {
+    std::tie(grad_queries, grad_keys) = knn_select_backward(
+        softmax_rho_backward(weights, grad_weights, temperature), queries, keys, indices, scores,
+        similarity);
+    if (!want_queries) grad_queries = at::Tensor();
+    if (!want_keys) grad_keys = at::Tensor();
+  }
+  return {grad_queries, grad_keys, grad_values, grad_kernel, grad_bias};
+}
+
+TORCH_LIBRARY_IMPL(convnn, CompositeExplicitAutograd, m) {
+  m.impl("knn_attention", &knn_attention);
+  m.impl("knn_attention_backward", &knn_attention_backward);
+}
+
+}  // namespace convnn::ops::generic
