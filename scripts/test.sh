@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, and runs every C++ and Python test.
+# The whole test suite: installs what is missing, builds, and runs every C++ and Python test, then
+# the op and identity tests once more on the generic (non-AVX2) kernels, then the op, nn and data
+# tests under AddressSanitizer and UndefinedBehaviorSanitizer.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo_root/scripts/setup.sh"
 cd "$repo_root/build"
 # CTest runs one test process per core, so each process keeps to one intra-op thread; tests that
-# check multi-threaded kernels set their own thread count.
+# check multi-threaded kernels set their own thread count. (Cores are counted first: GNU nproc
+# honours OMP_NUM_THREADS.)
+cores="$(nproc)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-ctest --output-on-failure --parallel "$(nproc)" "$@"
+ctest --output-on-failure --parallel "$cores" "$@"
+# The kernels are compiled for AVX2 and for generic x86-64, and the CPU picks one at run time
+# (src/ops/cpu/isa.h): without this pass the generic build, which CPUs without AVX2 run, could
+# rot unseen. It runs the suites of tests/ops and tests/verify.
+op_and_identity_suites="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" \
+  bin/convnn_tests ops verify | paste -sd'|' -)"
+CONVNN_CPU_ISA=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
+# The op, nn and data tests under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
+# build folder (about a minute with ccache warm, about 20 the first time).
+bash "$repo_root/scripts/sanitize.sh"
