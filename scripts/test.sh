@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, and runs every C++ and Python test, then
-# the op and identity tests once more on the generic (non-AVX2) kernels, then the op, nn and data
-# tests under AddressSanitizer and UndefinedBehaviorSanitizer.
+# the op and identity tests once more on the generic (non-AVX2) kernels and once more through the
+# device-generic path, then the op, nn and data tests under AddressSanitizer and
+# UndefinedBehaviorSanitizer.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo_root/scripts/setup.sh"
@@ -18,6 +19,11 @@ ctest --output-on-failure --parallel "$cores" "$@"
 op_and_identity_suites="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" \
   bin/convnn_tests ops verify | paste -sd'|' -)"
 CONVNN_CPU_ISA=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
+# The same suites through the device-generic path (src/ops/generic/, what CUDA, MPS, ... run): with
+# CONVNN_CPU_KERNELS=generic the fused CPU kernels are not registered and CPU calls take it, so the
+# whole op matrix (reference and fused comparisons, gradchecks, deterministic backward) proves the
+# code that accelerators run.
+CONVNN_CPU_KERNELS=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
 # The op, nn and data tests under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
 # build folder (about a minute with ccache warm, about 20 the first time).
 bash "$repo_root/scripts/sanitize.sh"

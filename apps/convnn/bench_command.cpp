@@ -1,7 +1,8 @@
-// `convnn bench`: the reference path (the paper's Algorithm 1 in plain ATen) and the fused path
+// `convnn bench`: the reference path (the paper's Algorithm 1 in plain ATen) and convnn's path
 // side by side, per phase: median / p10 / p90 time, peak memory, GFLOP/s and GB/s against the rules
-// of docs/benchmarks.md, the roofline floor, and fused/reference ratios. --sweep grows N and K at
-// op level. Prints a table, or JSON with every number.
+// of docs/benchmarks.md, the roofline floor, and impl/reference ratios. --impl picks convnn's
+// path (fused CPU kernels or the device-generic ops), --device where everything runs. --sweep
+// grows N and K at op level. Prints a table, or JSON with every number.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -16,6 +17,7 @@
 #include "bench_data.h"
 #include "commands.h"
 #include "convnn/bench/bench.h"
+#include "convnn/util/device.h"
 
 namespace convnn::cli {
 namespace {
@@ -32,6 +34,7 @@ struct BenchArgs {
   std::string level = "module";
   int64_t batch = 32, tokens = 197, channels = 768, heads = 12, k = 8;
   std::string aggregation = "depthwise", similarity = "scaled_dot", dtype = "float32";
+  std::string impl = "auto", device = "auto";
   int64_t iters = 10, warmup = 2, seed = 0;
   double memory_cap_gib = 8.0;
   bool json = false;
@@ -59,6 +62,10 @@ bench::BenchConfig config_of(const BenchArgs& a) {
   c.seed = static_cast<uint64_t>(a.seed);
   TORCH_CHECK(a.memory_cap_gib > 0, "bench: --memory-cap must be positive, got ", a.memory_cap_gib);
   c.reference_memory_cap = a.memory_cap_gib * 1024.0 * kMiB;
+  c.device = resolve_device(a.device, "--device");
+  // auto: the fused kernels where they exist (the CPU), the generic path on every other device.
+  c.impl = a.impl == "auto" ? (c.device.is_cpu() ? bench::Impl::Fused : bench::Impl::Generic)
+                            : bench::parse_impl(a.impl);
   return c;
 }
 
@@ -89,6 +96,9 @@ const PhaseResult& phase_of(const PathResult& path, Phase phase) {
   TORCH_CHECK(false, "bench: path ", path.name, " has no ", bench::to_string(phase), " phase");
 }
 
+// The impl's own path ("fused" or "generic"), the numerator of every ratio.
+std::string measured(const CaseResult& r) { return bench::to_string(r.config.impl); }
+
 std::optional<double> ratio(double numerator, double denominator) {
   if (!(denominator > 0) || !std::isfinite(numerator)) return std::nullopt;
   return numerator / denominator;
@@ -114,9 +124,11 @@ std::string ratio_text(const std::optional<double>& value) {
 }
 
 std::string describe(const bench::BenchConfig& c) {
-  return fmt::format("batch {}, tokens {}, channels {}, heads {} (d {}), k {}, {}, {}, softmax rho, {}",
+  return fmt::format("batch {}, tokens {}, channels {}, heads {} (d {}), k {}, {}, {}, softmax rho, {}; "
+                     "impl {}, device {}",
                      c.batch, c.tokens, c.channels, c.heads, c.channels / c.heads, c.k,
-                     nn::to_string(c.aggregation), to_string(c.similarity), bench::dtype_name(c.dtype));
+                     nn::to_string(c.aggregation), to_string(c.similarity), bench::dtype_name(c.dtype),
+                     bench::to_string(c.impl), device_name(c.device));
 }
 
 // ------------------------------------------------------------------------------------ JSON
@@ -147,11 +159,13 @@ nlohmann::json case_json(const CaseResult& r, const MachinePeaks& machine) {
                    {"similarity", to_string(c.similarity)},
                    {"rho", "softmax"},
                    {"dtype", bench::dtype_name(c.dtype)},
+                   {"impl", bench::to_string(c.impl)},
+                   {"device", device_name(c.device)},
                    {"iters", c.iters},
                    {"warmup", c.warmup},
                    {"seed", c.seed},
                    {"reference_memory_cap_bytes", c.reference_memory_cap}};
-  out["check"] = {{"max_abs_diff_fused_vs_reference", r.max_abs_diff},
+  out["check"] = {{"max_abs_diff_" + measured(r) + "_vs_reference", r.max_abs_diff},
                   {"max_abs_reference", r.max_abs_reference}};
   out["costs"] = {{"convnn", cost_json(r.convnn_cost)}};
   if (c.level == bench::Level::Module) out["costs"]["mhsa"] = cost_json(r.mhsa_cost);
@@ -183,18 +197,19 @@ nlohmann::json case_json(const CaseResult& r, const MachinePeaks& machine) {
     }
     return j;
   };
-  out["ratios"]["fused/reference"] = ratios("fused", "reference");
-  out["ratios"]["fused/composed"] = ratios("fused", "composed");
-  if (c.level == bench::Level::Module) out["ratios"]["fused/mhsa"] = ratios("fused", "mhsa");
+  const auto name = measured(r);
+  out["ratios"][name + "/reference"] = ratios(name, "reference");
+  out["ratios"][name + "/composed"] = ratios(name, "composed");
+  if (c.level == bench::Level::Module) out["ratios"][name + "/mhsa"] = ratios(name, "mhsa");
   return out;
 }
 
 // ----------------------------------------------------------------------------------- tables
 
-void print_machine(const MachinePeaks& m, c10::ScalarType dtype) {
-  std::cout << fmt::format("torch {}, {} threads; machine ceilings: GEMM {:.1f} GFLOP/s (at::mm {}x{}, {}), "
+void print_machine(const MachinePeaks& m, c10::ScalarType dtype, const c10::Device& device) {
+  std::cout << fmt::format("torch {}, {} threads; {} ceilings: GEMM {:.1f} GFLOP/s (at::mm {}x{}, {}), "
                            "copy {:.1f} GB/s ({} MiB, read + write)\n",
-                           TORCH_VERSION, at::get_num_threads(), m.flops_per_s / 1e9, m.gemm_size,
+                           TORCH_VERSION, at::get_num_threads(), device_name(device), m.flops_per_s / 1e9, m.gemm_size,
                            m.gemm_size, bench::dtype_name(dtype), m.bytes_per_s / 1e9,
                            m.copy_bytes / (1 << 20));
 }
@@ -206,10 +221,10 @@ void print_case(const CaseResult& r, const MachinePeaks& machine) {
                            "the bytes in use when the phase starts\n",
                            c.iters, c.warmup);
   if (std::isnan(r.max_abs_diff)) {
-    std::cout << "check: reference skipped, fused output not compared\n\n";
+    std::cout << fmt::format("check: reference skipped, {} output not compared\n\n", measured(r));
   } else {
-    std::cout << fmt::format("check: max |fused - reference| = {:.3e} (max |reference| = {:.3e})\n\n",
-                             r.max_abs_diff, r.max_abs_reference);
+    std::cout << fmt::format("check: max |{} - reference| = {:.3e} (max |reference| = {:.3e})\n\n",
+                             measured(r), r.max_abs_diff, r.max_abs_reference);
   }
   const auto header = fmt::format("{:<17} {:<10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9}", "phase",
                                   "path", "median ms", "p10 ms", "p90 ms", "peak MiB", "GFLOP/s", "GB/s",
@@ -243,9 +258,9 @@ void print_case(const CaseResult& r, const MachinePeaks& machine) {
     }
     std::cout << "\n";
   };
-  print_ratios("fused", "reference");
-  print_ratios("fused", "composed");
-  if (c.level == bench::Level::Module) print_ratios("fused", "mhsa");
+  print_ratios(measured(r), "reference");
+  print_ratios(measured(r), "composed");
+  if (c.level == bench::Level::Module) print_ratios(measured(r), "mhsa");
 }
 
 void print_sweep(const std::vector<CaseResult>& cases, const MachinePeaks& machine) {
@@ -265,8 +280,8 @@ void print_sweep(const std::vector<CaseResult>& cases, const MachinePeaks& machi
       const auto& fb = phase_of(path, Phase::ForwardBackward);
       const auto floor_ms = bench::roofline_floor_s(phase_cost(cost_of(r, path), Phase::ForwardBackward), machine) * 1e3;
       std::string ratios;
-      if (path.name == "fused") {
-        const auto ra = phase_ratio(r, "fused", "reference", Phase::ForwardBackward);
+      if (path.name == measured(r)) {
+        const auto ra = phase_ratio(r, path.name, "reference", Phase::ForwardBackward);
         ratios = fmt::format(" {:>8} {:>8}", ratio_text(ra.time), ratio_text(ra.memory));
       }
       std::cout << prefix
@@ -276,7 +291,8 @@ void print_sweep(const std::vector<CaseResult>& cases, const MachinePeaks& machi
                 << ratios << "\n";
     }
   }
-  std::cout << "(times are medians; t/r and m/r: fused / reference time and peak memory)\n";
+  std::cout << fmt::format("(times are medians; t/r and m/r: {} / reference time and peak memory)\n",
+                           cases.empty() ? std::string("fused") : measured(cases.front()));
 }
 
 // -------------------------------------------------------------------------------------- run
@@ -309,8 +325,8 @@ int run_bench(const BenchArgs& args) {
   }
   for (const auto& c : configs) bench::validate(c);  // fail before any measurement
 
-  const auto machine = bench::measure_machine(base.dtype);
-  if (!args.json) print_machine(machine, base.dtype);
+  const auto machine = bench::measure_machine(base.dtype, base.device);
+  if (!args.json) print_machine(machine, base.dtype, base.device);
   std::vector<CaseResult> results;
   for (const auto& c : configs) {
     if (!args.json && args.sweep) {
@@ -339,10 +355,11 @@ int run_bench(const BenchArgs& args) {
   }
   if (args.sweep) {
     std::cout << fmt::format("op-level sweep: batch {}, channels {}, heads {} (d {}), {}, {}, softmax rho, {}; "
-                             "{} iterations after {} warm-up\n\n",
+                             "impl {}, device {}; {} iterations after {} warm-up\n\n",
                              args.sweep_batch, base.channels, base.heads, base.channels / base.heads,
                              nn::to_string(base.aggregation), to_string(base.similarity),
-                             bench::dtype_name(base.dtype), args.sweep_iters, args.sweep_warmup);
+                             bench::dtype_name(base.dtype), bench::to_string(base.impl),
+                             device_name(base.device), args.sweep_iters, args.sweep_warmup);
     print_sweep(results, machine);
     for (const auto& note : notes) std::cout << note << "\n";
   } else {
@@ -375,6 +392,14 @@ Command add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"scaled_dot", "dot"}));
   sub->add_option("--dtype", args->dtype, "float32, float64 or bfloat16 (default: float32)")
       ->check(CLI::IsMember({"float32", "float64", "bfloat16"}));
+  sub->add_option("--impl", args->impl,
+                  "fused: convnn's CPU kernels; generic: the device-generic plain-ATen ops, called directly at "
+                  "op level, what the dispatcher runs off the CPU at module level; auto: fused on the CPU, generic "
+                  "elsewhere (default: auto)")
+      ->check(CLI::IsMember({"auto", "fused", "generic"}));
+  sub->add_option("--device", args->device,
+                  "cpu, cuda, cuda:N, ... or auto, the accelerator when one is present, else the CPU; off the "
+                  "CPU only --impl generic runs (default: auto)");
   sub->add_option("--iters", args->iters, "Timed iterations per phase (default: 10)");
   sub->add_option("--warmup", args->warmup, "Untimed iterations before them (default: 2)");
   sub->add_option("--seed", args->seed, "Seed of the inputs and weights (default: 0)");

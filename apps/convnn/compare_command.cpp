@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
+#include "convnn/util/device.h"
 #include "model_options.h"
 #include "train_options.h"
 
@@ -146,6 +147,7 @@ nlohmann::json to_json(const std::vector<CellResult>& results, const CompareArgs
 }
 
 int run_compare(CompareArgs& a, const std::string& command) {
+  const auto device = resolve_device(a.base.device, "--device");
   auto& base = a.base.config;
   base.quiet = true;
   base.plots = false;
@@ -155,7 +157,8 @@ int run_compare(CompareArgs& a, const std::string& command) {
   for (const auto& cell : cells) train::validate(cell.config);
   fs::create_directories(root);
   std::vector<CellResult> results;
-  fmt::print("{} cells x {} seeds into {}\n", cells.size(), a.seeds.size(), root.string());
+  fmt::print("{} cells x {} seeds into {} on {}\n", cells.size(), a.seeds.size(), root.string(),
+             device_name(device));
   for (const auto& cell : cells) {
     CellResult result{cell};
     for (const int64_t seed : a.seeds) {
@@ -180,7 +183,7 @@ int run_compare(CompareArgs& a, const std::string& command) {
         r.final_eval.top1 = r.epochs.back().val_top1;
         r.final_eval.top5 = r.epochs.back().val_top5;
       } else {
-        r = train::train(config, started ? latest : "");
+        r = train::train(config, started ? latest : "", {}, /*allow_non_finite=*/false, device);
       }
       std::vector<double> times;
       for (const auto& e : r.epochs) times.push_back(e.epoch_time_s);

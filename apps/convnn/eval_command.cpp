@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
+#include "convnn/util/device.h"
 #include "train_options.h"
 
 namespace convnn::cli {
@@ -22,9 +23,11 @@ struct EvalArgs {
   int64_t workers = 2;
   bool bf16 = false;
   bool allow_non_finite = false;
+  std::string device = "auto";
 };
 
 int run_eval(const EvalArgs& a) {
+  const auto device = resolve_device(a.device, "--device");  // before the checkpoint is read
   const auto path = resume_checkpoint_path(a.checkpoint);
   auto config = train::read_checkpoint_header(path).config;
   if (!a.data_dir.empty()) config.data_dir = a.data_dir;
@@ -36,7 +39,7 @@ int run_eval(const EvalArgs& a) {
   const auto split = a.split == "train" ? data::Split::Train : data::Split::Test;
   const auto result =
       train::evaluate_checkpoint(path, config, split, a.bf16 ? train::Precision::BFloat16 : config.precision,
-                                 a.allow_non_finite);
+                                 a.allow_non_finite, device);
   const auto output = a.output.empty()
                           ? (std::filesystem::path(path).parent_path() / ("eval-" + a.split)).string()
                           : a.output;
@@ -65,6 +68,7 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("-b,--batch-size", args->batch_size, "Batch size (default 256)")->check(CLI::PositiveNumber);
   sub->add_option("-j,--workers", args->workers, "Data loader threads (default 2)")->check(CLI::NonNegativeNumber);
   sub->add_flag("--amp", args->bf16, "Evaluate under bfloat16 autocast");
+  add_device_option(sub, args->device, "Device to load the checkpoint onto and evaluate on");
   sub->add_flag("--allow-non-finite", args->allow_non_finite,
                 "Evaluate a checkpoint whose weights hold NaN or Inf (refused by default)");
   return {sub, [args] { return run_eval(*args); }};

@@ -23,9 +23,9 @@ void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c)
   sub->add_option("--num-candidates", c.num_candidates, "Random candidates r; 0 = all (default 0)");
   add_enum_option(
       sub, "--similarity", c.similarity, [](const std::string& s) { return parse_similarity(s); },
-      {"dot", "scaled_dot", "cosine", "gaussian", "chebyshev"},
+      similarity_names(),
       "ConvNN similarity (default: cosine for ResNet, scaled_dot for ViT)");
-  add_enum_option(sub, "--rho", c.rho, nn::parse_rho, {"uniform", "mean", "softmax"},
+  add_enum_option(sub, "--rho", c.rho, nn::parse_rho, rho_names(),
                   "ConvNN weights rho (default: uniform for ResNet, softmax for ViT)");
   add_enum_option(sub, "--aggregation", c.aggregation, nn::parse_aggregation, {"standard", "depthwise"},
                   "ConvNN aggregation (default: standard for ResNet, depthwise for ViT)");

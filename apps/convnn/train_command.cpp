@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
+#include "convnn/util/device.h"
 #include "train_options.h"
 
 namespace convnn::cli {
@@ -82,14 +83,17 @@ Command add_train_command(CLI::App& app) {
       "  convnn train --config configs/fashion-mnist.json --seed 1\n"
       "  convnn train --resume runs/<run>          # after Ctrl-C or a crash\n");
   return {sub, [args] {
+            // First: a device that is not there must fail before any file is read or written.
+            const auto device = resolve_device(args->device, "--device");
             if (!args->resume.empty()) check_same_model(args->config, args->resume);
+            fmt::print("device: {}\n", device_name(device));
             interrupt_requested = false;
             auto previous = std::signal(SIGINT, on_interrupt);
             train::TrainHooks hooks;
             hooks.stop = &interrupt_requested;
             train::TrainResult result;
             try {
-              result = train::train(args->config, args->resume, hooks, args->allow_non_finite);
+              result = train::train(args->config, args->resume, hooks, args->allow_non_finite, device);
             } catch (...) {
               std::signal(SIGINT, previous);
               throw;

@@ -74,6 +74,13 @@ void add_augmentation_options(CLI::App* sub, train::TrainConfig& c) {
 
 }  // namespace
 
+void add_device_option(CLI::App* sub, std::string& device, const std::string& what, const std::string& note) {
+  sub->add_option("--device", device,
+                  what + ": cpu, cuda, cuda:N, mps, ... or auto (default auto: the accelerator when one is "
+                         "present, else cpu)" + note)
+      ->type_name("TEXT");
+}
+
 std::string resume_checkpoint_path(const std::string& resume) {
   return std::filesystem::is_directory(resume) ? train::latest_checkpoint_path(resume) : resume;
 }
@@ -167,6 +174,8 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
            "Compute precision; bfloat16 runs the forward under autocast (default float32)");
   sub->add_flag_callback("--amp", [&c] { c.precision = train::Precision::BFloat16; },
                          "Same as --precision bfloat16");
+  add_device_option(sub, args.device, "Device of the model, loss, metrics and optimiser",
+                    ". Not part of the run's config: a run resumes on any device");
   sub->add_option("--seed", c.seed, "Seed of the model initialisation, shuffling and augmentation (default 0)");
   sub->add_option("--output", c.output, "Folder of the run directories (default runs)");
   sub->add_option("--experiment", c.experiment, "Run directory name (default <model>-<dataset>-<time>)");

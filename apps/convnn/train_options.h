@@ -14,7 +14,14 @@ struct TrainArgs {
   std::string config_file;
   std::string resume;  // a checkpoint file, or a run directory (its checkpoint-latest.pt)
   bool allow_non_finite = false;  // resume from a checkpoint holding NaN or Inf
+  // Not in `config`: the device is a run-time choice, and a run resumes on any device.
+  std::string device = "auto";
 };
+
+/// The --device flag of train, eval and compare (convnn::resolve_device reads it); its help is
+/// `what`, the accepted values, then `note`.
+void add_device_option(CLI::App* sub, std::string& device, const std::string& what,
+                       const std::string& note = "");
 
 /// Registers every training flag on `sub`, bound to `args`.
 void add_train_options(CLI::App* sub, TrainArgs& args);

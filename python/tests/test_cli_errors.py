@@ -240,6 +240,52 @@ def output_cases(workdir, data_dir, checkpoint):
     return cases
 
 
+# ------------------------------------------------------------------------------------ devices
+
+DEVICE_VALUES = {
+    # --device value: (how many CUDA devices make it usable, None: never; the strings the message
+    # must hold whatever the machine has)
+    "cuda": (1, ["--device cuda", "no cuda device is available"]),
+    "cuda:3": (4, ["--device cuda:3"]),
+    "banana": (None, ["--device", "banana"]),
+}
+DEVICE_COMMANDS = ["train", "eval", "compare"]
+
+
+def cuda_device_count():
+    """The CUDA devices a process of this machine sees (the binary links the venv's torch)."""
+    import torch  # only here: the other cases need no torch in this process
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_is_usable(value):
+    needed, _ = DEVICE_VALUES[value]
+    return needed is not None and cuda_device_count() >= needed
+
+
+def device_output(workdir, command, value):
+    return workdir / f"device-{command}-{value.replace(':', '-')}"
+
+
+def device_cases(workdir, data_dir, checkpoint=None):
+    """The train and compare cases, or with `checkpoint` the eval ones; a value this machine can
+    use is left out (it would run)."""
+    cases = {}
+    for value, (_, names) in DEVICE_VALUES.items():
+        if device_is_usable(value):
+            continue
+        commands = {
+            "train": ["train", *tiny_run_args(data_dir)],
+            "compare": ["compare", "--families", "resnet", "--data-dir", data_dir],
+        } if checkpoint is None else {
+            "eval": ["eval", "--checkpoint", checkpoint, "--data-dir", data_dir, "--workers", 0],
+        }
+        for command, args in commands.items():
+            cases[("device", command, value)] = (
+                [*args, "--output", device_output(workdir, command, value), "--device", value], names)
+    return cases
+
+
 # -------------------------------------------------------------------------------- the runs
 
 class Runs:
@@ -269,15 +315,22 @@ def runs(tmp_path_factory):
     data_dir = make_data_set(workdir)
     with concurrent.futures.ThreadPoolExecutor(PARALLEL_CASES) as pool:
         runs = Runs(pool, workdir)
-        runs.start({**config_cases(workdir), **flag_cases(workdir, data_dir)})
+        runs.start({**config_cases(workdir), **flag_cases(workdir, data_dir),
+                    **device_cases(workdir, data_dir)})
         runs.start({"thread-variable": (["info", "--model", "resnet18"], ["CONVNN_NUM_THREADS", "many"])},
                    env={"CONVNN_NUM_THREADS": "many"})
         runs.training = run_convnn(["train", *tiny_run_args(data_dir), "--output", workdir / "runs",
-                                    "--experiment", "tiny"], cwd=workdir)
+                                    "--experiment", "tiny", "--device", "cpu"], cwd=workdir)
         checkpoint = workdir / "runs" / "tiny" / "checkpoint-latest.pt"
         if runs.training.returncode == 0 and checkpoint.is_file():
+            # A copy, so that resuming it does not change the file the other cases read.
+            shutil.copytree(workdir / "runs" / "tiny", workdir / "runs" / "tiny-auto")
             runs.start({**checkpoint_cases(workdir, data_dir, checkpoint),
                         **output_cases(workdir, data_dir, checkpoint),
+                        **device_cases(workdir, data_dir, checkpoint),
+                        "resume-on-auto": (
+                            ["train", "--resume", workdir / "runs" / "tiny-auto", "--epochs", 2, "--device",
+                             "auto", "--data-dir", data_dir, "--workers", 0, "--quiet", "--no-plots"], []),
                         "real-checkpoint-evaluates": (
                             ["eval", "--checkpoint", checkpoint, "--data-dir", data_dir, "--workers", 0,
                              "--output", workdir / "eval-good"], [])})
@@ -321,3 +374,48 @@ def test_a_bad_thread_count_in_the_environment_is_one_line_naming_it(runs):
 @pytest.mark.parametrize("kind", OUTPUT_KINDS)
 def test_an_unwritable_output_folder_is_one_line_naming_it(runs, command, kind):
     assert_fails_in_one_line(runs, ("output", command, kind))
+
+
+@pytest.mark.parametrize("command", DEVICE_COMMANDS)
+@pytest.mark.parametrize("value", sorted(DEVICE_VALUES))
+def test_an_unusable_device_is_one_line_naming_it(runs, command, value):
+    """Checked before any work: no run, comparison or evaluation folder is left behind."""
+    if device_is_usable(value):
+        pytest.skip(f"--device {value} is usable on this machine")
+    assert_fails_in_one_line(runs, ("device", command, value))
+    output = device_output(runs.workdir, command, value)
+    assert not output.exists(), f"{output} was created: --device was checked after work began"
+
+
+def test_device_cpu_trains(runs):
+    """The run every checkpoint case starts from was trained with --device cpu."""
+    assert runs.training.returncode == 0, runs.training.stderr
+    assert "device: cpu" in runs.training.stdout
+
+
+def test_a_run_resumes_under_another_device_text(runs):
+    """Trained with --device cpu, resumed with --device auto (the accelerator where there is one):
+    the device is a run-time choice, not part of the run's config."""
+    result, _ = runs.result("resume-on-auto")
+    assert result.returncode == 0, f"status {result.returncode}\n{result.stderr}"
+    assert "epoch 2/2" in result.stdout, result.stdout
+
+
+# ------------------------------------------------------------------ bench --impl and --device
+
+BENCH_IMPL_CASES = {
+    # Fails on every machine: no CUDA device here; where there is one, the fused kernels exist only
+    # on the CPU. Both messages name the device.
+    "fused-on-cuda": (["bench", "--impl", "fused", "--device", "cuda"], ["cuda"]),
+    "unknown-device": (["bench", "--device", "banana"], ["--device", "banana"]),
+    "unknown-impl": (["bench", "--impl", "cpu"], ["--impl", "cpu"]),
+    # On CPU tensors the layer's ops reach the fused kernels: a module-level generic run would lie.
+    "generic-module-on-cpu": (["bench", "--impl", "generic", "--level", "module", "--device", "cpu"],
+                              ["generic", "module", "cpu"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BENCH_IMPL_CASES))
+def test_a_bench_impl_or_device_that_cannot_run_is_one_line_naming_it(case, tmp_path):
+    args, names = BENCH_IMPL_CASES[case]
+    assert_one_line_error(run_convnn(args, tmp_path), *names)

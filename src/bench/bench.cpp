@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
+#include <torch/autograd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +18,7 @@
 #include "convnn/nn/functional/convnn.h"
 #include "convnn/nn/modules/convnn.h"
 #include "convnn/ops/knn_ops.h"
+#include "ops/generic/generic.h"
 
 namespace convnn::bench {
 namespace {
@@ -24,6 +27,14 @@ using Clock = std::chrono::steady_clock;
 
 double elapsed_ms(Clock::time_point start, Clock::time_point end) {
   return std::chrono::duration<double, std::milli>(end - start).count();
+}
+
+// The clock once `device` has finished the work queued so far. CPU ops return when done; an
+// accelerator's kernels run asynchronously, so a clock read without a synchronisation would time
+// their launches only.
+Clock::time_point now_on(c10::Device device) {
+  if (!device.is_cpu()) at::accelerator::synchronizeDevice(device.index());
+  return Clock::now();
 }
 
 // One implementation under test: a forward that builds a fresh autograd graph, and the leaves
@@ -40,29 +51,59 @@ struct Path {
   }
 };
 
+// Where a phase's end and its bytes are read: on the CPU the tracking allocator, on an
+// accelerator its caching allocator's statistics (the tracking allocator sees host memory only).
+class Meter {
+ public:
+  Meter(c10::Device device, TrackingAllocator& tracker) : device_(device), tracker_(tracker) {}
+
+  Clock::time_point now() const { return now_on(device_); }
+  // Starts a peak window; returns the bytes in use now.
+  size_t open_window() const {
+    if (device_.is_cpu()) return tracker_.reset_peak();
+    at::accelerator::resetPeakStats(device_.index());
+    return static_cast<size_t>(device_allocated().current);
+  }
+  // The highest bytes in use since the last open_window().
+  size_t peak() const {
+    if (device_.is_cpu()) return tracker_.peak_bytes();
+    return static_cast<size_t>(device_allocated().peak);
+  }
+
+ private:
+  c10::CachingAllocator::Stat device_allocated() const {
+    const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return at::accelerator::getDeviceStats(device_.index()).allocated_bytes[aggregate];
+  }
+
+  c10::Device device_;
+  TrackingAllocator& tracker_;
+};
+
+size_t growth(size_t peak, size_t start) { return peak > start ? peak - start : 0; }
+
 // Each iteration runs a fresh forward and then the backward on its graph, timed separately.
 // forward+backward is the same iteration seen whole: the sum of its two times (they run back to
 // back), and a peak over both windows measured from the forward's start.
 std::vector<PhaseResult> run_path(const Path& path, const at::Tensor& grad_output,
-                                  const BenchConfig& config, TrackingAllocator& tracker) {
+                                  const BenchConfig& config, const Meter& meter) {
   std::vector<double> forward_ms, backward_ms, total_ms;
   size_t forward_peak = 0, backward_peak = 0, total_peak = 0;
   for (int64_t i = 0; i < config.warmup + config.iters; ++i) {
     path.reset_grads();
-    PeakWindow forward_window(tracker);
-    const auto t0 = Clock::now();
+    const size_t forward_start = meter.open_window();
+    const auto t0 = meter.now();
     auto output = path.forward();
-    const auto t1 = Clock::now();
+    const auto t1 = meter.now();
     // The output and the saved graph are still alive: they are part of the forward's peak.
-    const size_t forward_growth = forward_window.peak_growth();
-    PeakWindow backward_window(tracker);
+    const size_t forward_growth = growth(meter.peak(), forward_start);
+    const size_t backward_start = meter.open_window();
     // What the forward left behind (output, saved tensors): the backward's peak sits on top of it.
-    const size_t held = backward_window.start_bytes() - std::min(backward_window.start_bytes(),
-                                                                 forward_window.start_bytes());
-    const auto t2 = Clock::now();
+    const size_t held = growth(backward_start, forward_start);
+    const auto t2 = meter.now();
     output.backward(grad_output);
-    const auto t3 = Clock::now();
-    const size_t backward_growth = backward_window.peak_growth();
+    const auto t3 = meter.now();
+    const size_t backward_growth = growth(meter.peak(), backward_start);
     output = at::Tensor();
     if (i < config.warmup) continue;
     forward_ms.push_back(elapsed_ms(t0, t1));
@@ -81,6 +122,70 @@ std::vector<PhaseResult> run_path(const Path& path, const at::Tensor& grad_outpu
           result(Phase::ForwardBackward, std::move(total_ms), total_peak)};
 }
 
+// The generic ops as autograd nodes, each forward with its own *_backward, as the library's
+// Autograd kernels pair them (src/ops/autograd): calling convnn::ops::generic directly bypasses the
+// dispatcher, autograd included, and on CPU tensors the dispatcher would pick the fused kernels.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class GenericAttention : public torch::autograd::Function<GenericAttention> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& kernel, int64_t kn,
+                               const std::string& similarity) {
+    auto [output, scores, indices, weights] =
+        ops::generic::knn_attention(q, k, v, kernel, c10::nullopt, kn, similarity, c10::nullopt,
+                                    /*index_order=*/false, "softmax", 1.0);
+    ctx->save_for_backward({q, k, v, kernel, scores, indices, weights});
+    ctx->saved_data["similarity"] = similarity;
+    return {output};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [dq, dk, dv, dkernel, dbias] = ops::generic::knn_attention_backward(
+        grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6], ctx->saved_data["similarity"].toStringRef(),
+        "softmax", 1.0,
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2), ctx->needs_input_grad(3),
+         /*bias=*/false});
+    return {dq, dk, dv, dkernel, at::Tensor(), at::Tensor()};
+  }
+};
+
+class GenericSelect : public torch::autograd::Function<GenericSelect> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, int64_t kn,
+                               const std::string& similarity) {
+    auto [scores, indices] = ops::generic::knn_select(q, k, kn, similarity, c10::nullopt, /*index_order=*/false);
+    ctx->save_for_backward({q, k, indices, scores});
+    ctx->saved_data["similarity"] = similarity;
+    ctx->mark_non_differentiable({indices});
+    return {scores, indices};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [dq, dk] = ops::generic::knn_select_backward(grads[0].defined() ? grads[0] : at::zeros_like(s[3]), s[0],
+                                                      s[1], s[2], s[3], ctx->saved_data["similarity"].toStringRef());
+    return {dq, dk, at::Tensor(), at::Tensor()};
+  }
+};
+
+class GenericAggregate : public torch::autograd::Function<GenericAggregate> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& v, const at::Tensor& weights,
+                               const at::Tensor& indices, const at::Tensor& kernel) {
+    auto output = ops::generic::knn_aggregate(v, weights, indices, kernel, c10::nullopt);
+    ctx->save_for_backward({v, weights, indices, kernel});
+    return {output};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [dv, dweights, dkernel, dbias] = ops::generic::knn_aggregate_backward(
+        grads[0], s[0], s[1], s[2], s[3],
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(3), /*bias=*/false});
+    return {dv, dweights, at::Tensor(), dkernel};
+  }
+};
+
 // Everything one case needs, alive for the whole case: inputs, weights, the paths over them.
 struct Setup {
   std::vector<Path> paths;  // reference, fused, composed[, mhsa]
@@ -88,14 +193,33 @@ struct Setup {
   nn::ConvNNAttention module{nullptr};
 };
 
-// Random tensors are drawn in float32 and then converted, so that one seed gives the same values
-// (up to rounding) in every dtype.
+at::Tensor generic_op(bool composed, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& kernel, int64_t neighbours, const std::string& similarity) {
+  if (!composed) return GenericAttention::apply(q, k, v, kernel, neighbours, similarity)[0];
+  const auto selected = GenericSelect::apply(q, k, neighbours, similarity);
+  const auto weights = nn::functional::rho_weights(selected[0], nn::Rho::Softmax);
+  return GenericAggregate::apply(v, weights, selected[1], kernel)[0];
+}
+
+at::Tensor fused_op(bool composed, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& kernel, int64_t neighbours, const std::string& similarity) {
+  if (!composed) {
+    return std::get<0>(ops::knn_attention(q, k, v, kernel, c10::nullopt, neighbours, similarity, c10::nullopt,
+                                          /*index_order=*/false, "softmax", 1.0));
+  }
+  auto [scores, indices] = ops::knn_select(q, k, neighbours, similarity, c10::nullopt, /*index_order=*/false);
+  const auto weights = nn::functional::rho_weights(scores, nn::Rho::Softmax);
+  return ops::knn_aggregate(v, weights, indices, kernel, c10::nullopt);
+}
+
+// Random tensors are drawn in float32 on the CPU and then converted and moved, so that one seed
+// gives the same values (up to rounding) in every dtype and on every device.
 Setup make_op_setup(const BenchConfig& c, at::Generator& gen) {
-  const auto options = at::TensorOptions().dtype(c.dtype);
+  const auto options = at::TensorOptions().dtype(c.dtype).device(c.device);
   const int64_t g = c.batch * c.heads, d = c.channels / c.heads;
   const bool depthwise = c.aggregation == nn::Aggregation::Depthwise;
   auto leaf = [&](at::IntArrayRef shape, double scale) {
-    return (at::randn(shape, gen, options.dtype(at::kFloat)) * scale).to(c.dtype).requires_grad_(true);
+    return (at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)) * scale).to(options).requires_grad_(true);
   };
   auto q = leaf({g, c.tokens, d}, 1.0), k = leaf({g, c.tokens, d}, 1.0), v = leaf({g, c.tokens, d}, 1.0);
   auto kernel = depthwise ? leaf({d, c.k}, 1.0) : leaf({d, d, c.k}, 1.0 / std::sqrt(static_cast<double>(d * c.k)));
@@ -103,43 +227,36 @@ Setup make_op_setup(const BenchConfig& c, at::Generator& gen) {
   const std::vector<at::Tensor> leaves{q, k, v, kernel};
   const auto similarity = c.similarity;
   const int64_t kn = c.k;
+  const auto impl = c.impl;
   setup.paths.push_back({"reference", "convnn",
                          [=] { return reference_conv_nn(q, k, v, kernel, kn, similarity); }, leaves});
-  setup.paths.push_back({"fused", "convnn",
-                         [=] {
-                           return std::get<0>(ops::knn_attention(q, k, v, kernel, c10::nullopt, kn,
-                                                                 to_string(similarity), c10::nullopt,
-                                                                 /*index_order=*/false, "softmax", 1.0));
-                         },
+  setup.paths.push_back({to_string(impl), "convnn",
+                         [=] { return convnn_op(impl, /*composed=*/false, q, k, v, kernel, kn, similarity); },
                          leaves});
   setup.paths.push_back({"composed", "convnn",
-                         [=] {
-                           auto [scores, indices] = ops::knn_select(q, k, kn, to_string(similarity),
-                                                                    c10::nullopt, /*index_order=*/false);
-                           const auto weights = nn::functional::rho_weights(scores, nn::Rho::Softmax);
-                           return ops::knn_aggregate(v, weights, indices, kernel, c10::nullopt);
-                         },
+                         [=] { return convnn_op(impl, /*composed=*/true, q, k, v, kernel, kn, similarity); },
                          leaves});
-  setup.grad_output = at::randn({g, c.tokens, d}, gen, options.dtype(at::kFloat)).to(c.dtype);
+  setup.grad_output = at::randn({g, c.tokens, d}, gen, at::TensorOptions().dtype(at::kFloat)).to(options);
   return setup;
 }
 
 Setup make_module_setup(const BenchConfig& c, at::Generator& gen) {
-  const auto options = at::TensorOptions().dtype(c.dtype);
+  const auto options = at::TensorOptions().dtype(c.dtype).device(c.device);
+  const auto drawn = at::TensorOptions().dtype(at::kFloat);
   Setup setup;
   const auto module_options =
       nn::ConvNNAttentionOptions(c.channels, c.heads, c.k).similarity(c.similarity).aggregation(c.aggregation);
   setup.module = nn::ConvNNAttention(module_options);
-  setup.module->to(c.dtype);
+  setup.module->to(c.device, c.dtype);
   // The same layer on the composed path (knn_select, rho, knn_aggregate), with the same weights.
   nn::ConvNNAttention composed(nn::ConvNNAttentionOptions(module_options).fused(false));
-  composed->to(c.dtype);
+  composed->to(c.device, c.dtype);
   {
     at::NoGradGuard no_grad;
     const auto fused_parameters = setup.module->named_parameters();
     for (auto& p : composed->named_parameters()) p.value().copy_(fused_parameters[p.key()]);
   }
-  auto x = at::randn({c.batch, c.tokens, c.channels}, gen, options.dtype(at::kFloat)).to(c.dtype).requires_grad_(true);
+  auto x = at::randn({c.batch, c.tokens, c.channels}, gen, drawn).to(options).requires_grad_(true);
   std::vector<at::Tensor> leaves{x}, composed_leaves{x};
   for (const auto& p : setup.module->parameters()) leaves.push_back(p);
   for (const auto& p : composed->parameters()) composed_leaves.push_back(p);
@@ -149,10 +266,11 @@ Setup make_module_setup(const BenchConfig& c, at::Generator& gen) {
   auto module = setup.module;
   setup.paths.push_back({"reference", "convnn",
                          [=] { return reference_attention(x, weights, heads, kn, similarity); }, leaves});
-  setup.paths.push_back({"fused", "convnn", [=]() mutable { return module(x); }, leaves});
+  // Off the CPU the layer's ops have no fused kernel: the dispatcher runs the generic ones.
+  setup.paths.push_back({to_string(c.impl), "convnn", [=]() mutable { return module(x); }, leaves});
   setup.paths.push_back({"composed", "convnn", [=]() mutable { return composed(x); }, composed_leaves});
   setup.paths.push_back({"mhsa", "mhsa", [=] { return mhsa_attention(x, weights, heads, similarity); }, leaves});
-  setup.grad_output = at::randn({c.batch, c.tokens, c.channels}, gen, options.dtype(at::kFloat)).to(c.dtype);
+  setup.grad_output = at::randn({c.batch, c.tokens, c.channels}, gen, drawn).to(options);
   return setup;
 }
 
@@ -175,6 +293,21 @@ Level parse_level(const std::string& name) {
 }
 
 const char* to_string(Level level) { return level == Level::Op ? "op" : "module"; }
+
+at::Tensor convnn_op(Impl impl, bool composed, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& kernel, int64_t neighbours, Similarity similarity) {
+  const std::string name = to_string(similarity);
+  return impl == Impl::Generic ? generic_op(composed, q, k, v, kernel, neighbours, name)
+                               : fused_op(composed, q, k, v, kernel, neighbours, name);
+}
+
+Impl parse_impl(const std::string& name) {
+  if (name == "fused") return Impl::Fused;
+  if (name == "generic") return Impl::Generic;
+  TORCH_CHECK(false, "bench: impl must be fused or generic, got '", name, "'");
+}
+
+const char* to_string(Impl impl) { return impl == Impl::Fused ? "fused" : "generic"; }
 
 const char* to_string(Phase phase) {
   switch (phase) {
@@ -217,6 +350,14 @@ void validate(const BenchConfig& c) {
               "bench: dtype must be float32, float64 or bfloat16, got ", c10::toString(c.dtype));
   TORCH_CHECK(c.reference_memory_cap > 0, "bench: the reference memory cap must be positive, got ",
               c.reference_memory_cap);
+  TORCH_CHECK(c.device.is_cpu() || c.device.has_index(), "bench: device ", c.device.str(),
+              " must have an index (convnn::resolve_device gives one)");
+  TORCH_CHECK(c.impl == Impl::Generic || c.device.is_cpu(), "bench: impl fused has kernels only on the CPU, "
+              "got device ", c.device.str(), "; use impl generic (the device-generic ops) there");
+  TORCH_CHECK(c.impl == Impl::Fused || c.level == Level::Op || !c.device.is_cpu(),
+              "bench: impl generic at level module needs a device other than the CPU, got device ",
+              c.device.str(), ": ConvNNAttention's ops reach the fused kernels on CPU tensors; use level op "
+              "to time the generic ops on the CPU");
 }
 
 double reference_score_bytes(const BenchConfig& c) {
@@ -267,18 +408,19 @@ CaseResult run_case(const BenchConfig& config) {
   const double score_bytes = reference_score_bytes(config);
   const bool skip_reference = score_bytes > config.reference_memory_cap;
 
-  // Validate before timing: both paths must compute the same function on these inputs.
+  // Validate before timing: the impl's path and the reference must compute the same function on
+  // these inputs.
   if (skip_reference) {
     result.max_abs_diff = result.max_abs_reference = std::numeric_limits<double>::quiet_NaN();
   } else {
     at::NoGradGuard no_grad;
     const auto reference = setup.paths[0].forward().to(at::kDouble);
-    const auto fused = setup.paths[1].forward().to(at::kDouble);
-    result.max_abs_diff = (fused - reference).abs().max().item<double>();
+    const auto measured = setup.paths[1].forward().to(at::kDouble);
+    result.max_abs_diff = (measured - reference).abs().max().item<double>();
     result.max_abs_reference = reference.abs().max().item<double>();
   }
 
-  auto& tracker = scoped.tracker();
+  const Meter meter(config.device, scoped.tracker());
   for (const auto& path : setup.paths) {
     PathResult row;
     row.name = path.name;
@@ -288,43 +430,42 @@ CaseResult run_case(const BenchConfig& config) {
       row.skip_reason = "its [G,N,N] score matrix needs " + bytes_text(score_bytes) +
                         ", above the cap of " + bytes_text(config.reference_memory_cap);
     } else {
-      row.phases = run_path(path, setup.grad_output, config, tracker);
+      row.phases = run_path(path, setup.grad_output, config, meter);
     }
     result.paths.push_back(std::move(row));
   }
   return result;
 }
 
-MachinePeaks measure_machine(c10::ScalarType dtype) {
+MachinePeaks measure_machine(c10::ScalarType dtype, c10::Device device) {
   MachinePeaks peaks;
+  // The fastest of `repeats` runs of `work`, in seconds, read after the device has finished it.
+  const auto best_seconds = [&](int repeats, const std::function<void()>& work) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < repeats; ++i) {
+      const auto start = now_on(device);
+      work();
+      best = std::min(best, elapsed_ms(start, now_on(device)) / 1e3);
+    }
+    return best;
+  };
   // GEMM: large enough to reach the BLAS's steady state, small enough for a second on 2 cores.
   constexpr int64_t kSide = 2048;
   constexpr int kGemmRepeats = 3, kCopyRepeats = 5;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  const auto a = at::randn({kSide, kSide}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
-  const auto b = at::randn({kSide, kSide}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  const auto a = at::randn({kSide, kSide}, gen, at::TensorOptions().dtype(at::kFloat)).to(options);
+  const auto b = at::randn({kSide, kSide}, gen, at::TensorOptions().dtype(at::kFloat)).to(options);
   auto c = at::mm(a, b);  // warm-up: threads started, pages touched
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < kGemmRepeats; ++i) {
-    const auto start = Clock::now();
-    at::mm_out(c, a, b);
-    best = std::min(best, elapsed_ms(start, Clock::now()) / 1e3);
-  }
   peaks.gemm_size = kSide;
-  peaks.flops_per_s = 2.0 * kSide * kSide * kSide / best;
+  peaks.flops_per_s = 2.0 * kSide * kSide * kSide / best_seconds(kGemmRepeats, [&] { at::mm_out(c, a, b); });
 
   // Bandwidth: a copy much larger than any cache; it reads and writes every byte once.
   constexpr int64_t kBytes = int64_t{256} << 20;
-  const auto src = at::ones({kBytes}, at::TensorOptions().dtype(at::kByte));
-  auto dst = at::zeros({kBytes}, at::TensorOptions().dtype(at::kByte));  // touched before timing
-  best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < kCopyRepeats; ++i) {
-    const auto start = Clock::now();
-    dst.copy_(src);
-    best = std::min(best, elapsed_ms(start, Clock::now()) / 1e3);
-  }
+  const auto src = at::ones({kBytes}, options.dtype(at::kByte));
+  auto dst = at::zeros({kBytes}, options.dtype(at::kByte));  // touched before timing
   peaks.copy_bytes = kBytes;
-  peaks.bytes_per_s = 2.0 * static_cast<double>(kBytes) / best;
+  peaks.bytes_per_s = 2.0 * static_cast<double>(kBytes) / best_seconds(kCopyRepeats, [&] { dst.copy_(src); });
   return peaks;
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "convnn/ops/cost.h"
+
 namespace convnn::bench {
 namespace {
 
@@ -39,22 +41,22 @@ Sizes sizes_of(const CostShape& s) {
           static_cast<double>(s.k), b * h, static_cast<double>(s.channels / s.heads)};
 }
 
-// Selection, softmax rho and aggregation on G slices with d channels per slice.
+// Selection, softmax rho and aggregation on G slices with d channels per slice. The forward counts
+// are the operator's rules (ops::knn_call_cost, docs/flops.md) for each of the B images, in FLOPs.
 std::vector<CostTerm> convnn_terms(const CostShape& shape) {
   const auto [b, n, c, h, k, g, d] = sizes_of(shape);
-  const double m = n;
-  std::vector<CostTerm> terms;
-  // Scores: one d-long dot product per (query, candidate), plus the 1/sqrt(d) scale; the top-k
-  // comparisons are free. Backward: only the K selected scores carry a gradient, to the query and
-  // to the key: 2 x 2*G*N*K*d, plus the scale of the K gradients.
+  const auto similarity = shape.scaled ? Similarity::ScaledDot : Similarity::Dot;
+  const auto call = ops::knn_call_cost(
+      {shape.tokens, shape.tokens, shape.heads, shape.channels, shape.channels, shape.channels},
+      {similarity, shape.k, Rho::Softmax, 1.0, shape.depthwise, false});
+  const auto flops = [b = b](const ops::OpCost& cost) { return b * static_cast<double>(cost.flops()); };
+  // Backward of the scores: only the K selected scores carry a gradient, to the query and to the
+  // key: 2 x 2*G*N*K*d, plus the scale of the K gradients.
   const double scale = shape.scaled ? 1.0 : 0.0;
-  terms.push_back({"scores", 2.0 * g * n * m * d + scale * g * n * m, 4.0 * g * n * k * d + scale * g * n * k});
-  // Softmax over K scores: subtract the max, exp, sum, divide (the max is a comparison).
-  terms.push_back(term("softmax", 4.0 * g * n * k));
-  // Each gathered value times its weight, then the Conv1d (kernel K, stride K).
-  terms.push_back(term("weighting", g * n * k * d));
-  terms.push_back(term("aggregation", shape.depthwise ? 2.0 * g * n * k * d : 2.0 * g * n * k * d * d));
-  return terms;
+  return {{"scores", flops(call.similarity), 4.0 * g * n * k * d + scale * g * n * k},
+          term("softmax", flops(*call.rho)),
+          // Each gathered value times its weight, then the Conv1d (kernel K, stride K).
+          term("aggregation", flops(call.aggregation))};
 }
 
 double kernel_elements(const CostShape& shape) {

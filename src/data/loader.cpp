@@ -1,6 +1,7 @@
 #include "convnn/data/loader.h"
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -27,6 +28,20 @@ void check_options(const LoaderOptions& o) {
   TORCH_CHECK(o.batch_size >= 1, "DataLoader: batch_size must be >= 1, got ", o.batch_size);
   TORCH_CHECK(o.workers >= 0, "DataLoader: workers must be >= 0, got ", o.workers);
   TORCH_CHECK(o.prefetch >= 1, "DataLoader: prefetch must be >= 1, got ", o.prefetch);
+  // Pinning allocates through the accelerator's host allocator; without a device it would fail in
+  // a worker at the first batch instead of here.
+  TORCH_CHECK(!o.pin_memory || (at::accelerator::getAccelerator(/*checked=*/false).has_value() &&
+                                at::accelerator::deviceCount() > 0),
+              "DataLoader: pin_memory = true needs an accelerator device, and none is available to "
+              "this process; leave pin_memory false for CPU training");
+}
+
+// Copies the batch into page-locked memory on the worker thread, so the trainer only launches the
+// asynchronous copy to the device.
+void pin(Batch& batch) {
+  batch.images = batch.images.pin_memory();
+  batch.labels = batch.labels.pin_memory();
+  if (batch.targets.defined()) batch.targets = batch.targets.pin_memory();
 }
 
 // mixup_cutmix checks its options on every call; one call on a one-pixel batch checks them here,
@@ -109,6 +124,7 @@ Batch DataLoader::State::build(int64_t index) const {
     batch.labels = batch.labels.narrow(0, 0, kept);
   }
   if (options.mixup) mix(batch);
+  if (options.pin_memory) pin(batch);
   return batch;
 }
 

@@ -1,6 +1,8 @@
 // The counting rules of docs/flops.md, once. Every number is for one image.
 #include "convnn/models/cost.h"
 
+#include "convnn/ops/cost.h"
+
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/conv.h>
 
@@ -97,58 +99,20 @@ Cost max_pool_cost(int64_t outputs, int64_t window) { return {0, 0, outputs * (w
 Cost mean_cost(int64_t inputs, int64_t outputs) { return {0, inputs, 0}; }
 
 int64_t topk_comparisons(int64_t rows, int64_t candidates, int64_t k) {
-  int64_t depth = 1;
-  while ((int64_t{1} << depth) < k) ++depth;
-  return rows * candidates * depth;
+  return ops::topk_comparisons(rows, candidates, k);
 }
 
+// The operator's rules are ops::knn_call_cost's (include/convnn/ops/cost.h).
 void add_convnn_op(CostReport& report, const std::string& stage, const std::string& layer,
                    const ConvNNShape& s, const ConvNNOpSettings& o) {
-  const int64_t n = s.queries, m = s.candidates, h = s.heads, d = s.qk_features;
-  const int64_t scores = h * n * m, selected = h * n * o.k;
-
-  Cost similarity{n * m * d, 0, 0};  // one d/H-long product per (head, query, candidate)
-  switch (o.similarity) {
-    case Similarity::Dot:
-      break;
-    case Similarity::ScaledDot:
-      similarity.other_flops += scores;  // the 1/sqrt(d) scale, once per score
-      break;
-    case Similarity::Cosine:
-      // Normalise queries and candidates first: squared norms (MACs), a square root per vector
-      // and head, a division per feature; then plain dot products.
-      similarity.macs += (n + m) * d;
-      similarity.other_flops += (n + m) * (h + d);
-      break;
-    case Similarity::Gaussian:
-      // |q-k|^2 = |q|^2 + |k|^2 - 2 q.k: the squared norms, then 3 FLOPs per score; exp only
-      // for the K reported scores.
-      similarity.macs += (n + m) * d;
-      similarity.other_flops += 3 * scores + selected;
-      break;
-    case Similarity::Chebyshev:
-      // max |q-k|: a subtraction and a running-max comparison per feature pair, no products.
-      similarity.macs = 0;
-      similarity.other_flops += n * m * d + selected;
-      similarity.comparisons += n * m * d;
-      break;
-  }
-  report.add(stage, layer, "similarity", similarity);
-  report.add(stage, layer, "topk", {0, 0, h * topk_comparisons(n, m, o.k)});
-
-  Cost rho;
-  if (o.rho == nn::Rho::Mean) rho.other_flops = h * n;  // one reciprocal per row
-  if (o.rho == nn::Rho::Softmax)
-    rho = softmax_cost(selected) + Cost{0, o.temperature != 1.0 ? selected : 0, 0};
-  if (o.rho != nn::Rho::Uniform) report.add(stage, layer, "rho", rho);
-
-  // Weighting (skipped when every weight is 1), then the Conv1d of kernel K and stride K.
-  Cost aggregation;
-  if (o.rho != nn::Rho::Uniform) aggregation.other_flops += n * o.k * s.channels;
-  aggregation.macs = o.aggregation == nn::Aggregation::Standard ? n * o.k * s.channels * s.out_channels / h
-                                                                : n * o.k * s.channels;
-  if (o.bias) aggregation.other_flops += n * s.out_channels;
-  report.add(stage, layer, "aggregation", aggregation);
+  const auto as_cost = [](const ops::OpCost& c) { return Cost{c.macs, c.other_flops, c.comparisons}; };
+  const auto call = ops::knn_call_cost(
+      {s.queries, s.candidates, s.heads, s.qk_features, s.channels, s.out_channels},
+      {o.similarity, o.k, o.rho, o.temperature, o.aggregation == nn::Aggregation::Depthwise, o.bias});
+  report.add(stage, layer, "similarity", as_cost(call.similarity));
+  report.add(stage, layer, "topk", as_cost(call.topk));
+  if (call.rho) report.add(stage, layer, "rho", as_cost(*call.rho));
+  report.add(stage, layer, "aggregation", as_cost(call.aggregation));
 }
 
 // ------------------------------------------------------------------ layers

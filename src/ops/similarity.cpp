@@ -1,36 +1,38 @@
+// Names and properties of the similarities, read off their policies (ops/kernels/similarity.h).
 #include "convnn/ops/similarity.h"
 
 #include <c10/util/Exception.h>
 
-#include <array>
-#include <utility>
+#include "util/enum_names.h"
+#include "ops/kernels/similarity.h"
 
 namespace convnn {
-namespace {
-
-constexpr std::array<std::pair<std::string_view, Similarity>, 5> kNames{{
-    {"dot", Similarity::Dot},
-    {"scaled_dot", Similarity::ScaledDot},
-    {"cosine", Similarity::Cosine},
-    {"gaussian", Similarity::Gaussian},
-    {"chebyshev", Similarity::Chebyshev},
-}};
-
-}  // namespace
 
 Similarity parse_similarity(std::string_view name, std::string_view argument) {
-  for (const auto& [text, value] : kNames) {
-    if (text == name) return value;
-  }
-  TORCH_CHECK(false, argument, " must be one of dot, scaled_dot, cosine, gaussian, chebyshev; got '",
-              name, "'");
+  return static_cast<Similarity>(detail::index_of_name(similarity_names(), name, argument));
 }
 
 const char* to_string(Similarity similarity) {
-  for (const auto& [text, value] : kNames) {
-    if (value == similarity) return text.data();
-  }
-  return "unknown";
+  return kernels::dispatch_similarity(similarity, [](auto policy) { return decltype(policy)::kName; });
+}
+
+const std::vector<std::string>& similarity_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    kernels::for_each_similarity([&](auto policy) {
+      using Policy = decltype(policy);
+      // The policies' kinds must be the enum's values in order: names[value] is value's name.
+      TORCH_INTERNAL_ASSERT(static_cast<size_t>(Policy::kKind) == all.size());
+      all.emplace_back(Policy::kName);
+    });
+    return all;
+  }();
+  return names;
+}
+
+bool is_distance_similarity(Similarity similarity) {
+  return kernels::dispatch_similarity(similarity,
+                                      [](auto policy) { return decltype(policy)::kIsDistance; });
 }
 
 }  // namespace convnn

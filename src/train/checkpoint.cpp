@@ -18,6 +18,8 @@
 #include <optional>
 #include <sstream>
 #include <system_error>
+#include <type_traits>
+#include <utility>
 
 namespace convnn::train {
 namespace {
@@ -234,6 +236,65 @@ at::Tensor archive_bytes(torch::serialize::OutputArchive& archive) {
   return tensor;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Optimiser state between devices: checkpoints hold it on the CPU, training keeps it beside each
+// parameter.
+
+// One parameter's state with every tensor on `device`, through the state's own serialisation, so
+// that any optimiser's state type moves whole and bit for bit.
+std::unique_ptr<torch::optim::OptimizerParamState> state_on(
+    const torch::optim::OptimizerParamState& state, const c10::Device& device) {
+  torch::serialize::OutputArchive out;
+  state.serialize(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream stream(bytes.str());
+  torch::serialize::InputArchive in;
+  in.load_from(stream, device);
+  auto moved = state.clone();
+  moved->serialize(in);
+  return moved;
+}
+
+bool parameters_on_cpu(const torch::optim::Optimizer& optimizer) {
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) {
+      if (!parameter.device().is_cpu()) return false;
+    }
+  }
+  return true;
+}
+
+// optimizer.save with its state on the CPU: a copy of the state is swapped in for the save (and
+// out again, also when the save throws), so training keeps its state on the device.
+void save_optimizer_on_cpu(torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive) {
+  if (parameters_on_cpu(optimizer)) return optimizer.save(archive);  // already there: no copy
+  auto& state = optimizer.state();
+  std::remove_reference_t<decltype(state)> on_cpu;
+  for (const auto& [key, value] : state) on_cpu.emplace(key, state_on(*value, c10::Device(c10::kCPU)));
+  std::swap(state, on_cpu);
+  try {
+    optimizer.save(archive);
+  } catch (...) {
+    std::swap(state, on_cpu);
+    throw;
+  }
+  std::swap(state, on_cpu);
+}
+
+// After optimizer.load (CPU tensors from the file): each parameter's state onto its device.
+void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
+  auto& state = optimizer.state();
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) {
+      const auto it = state.find(parameter.unsafeGetTensorImpl());
+      if (it != state.end() && !parameter.device().is_cpu()) {
+        it->second = state_on(*it->second, parameter.device());
+      }
+    }
+  }
+}
+
 struct Checksums {
   std::vector<uint32_t> model;  // in the order of the header's "tensors"
   uint32_t optimizer = 0;
@@ -401,7 +462,7 @@ void save_checkpoint(const std::string& path, const TrainConfig& config,
     tensors.push_back(stored);
   }
   torch::serialize::OutputArchive optimizer_archive;
-  optimizer.save(optimizer_archive);
+  save_optimizer_on_cpu(optimizer, optimizer_archive);
   const auto optimizer_bytes = archive_bytes(optimizer_archive);
   const auto rng = at::detail::getDefaultCPUGenerator().get_state();
   const nlohmann::json header{
@@ -462,6 +523,7 @@ void load_checkpoint(const std::string& path, torch::nn::Module& model,
   }
   if (optimizer == nullptr) return;
   optimizer->load(optimizer_archive);
+  move_state_to_parameters(*optimizer);
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_state(rng);

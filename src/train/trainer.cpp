@@ -10,12 +10,14 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <string_view>
 #include <nlohmann/json.hpp>
 
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/loss.h"
 #include "convnn/train/optim.h"
 #include "convnn/train/schedule.h"
+#include "convnn/util/device.h"
 #include "train/progress.h"
 
 namespace convnn::train {
@@ -24,31 +26,58 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// bfloat16 autocast on the CPU for the guard's lifetime (no-op for float32).
+// bfloat16 autocast on the model's device type for the guard's lifetime (no-op for float32).
 class AutocastGuard {
  public:
-  explicit AutocastGuard(Precision precision) : enabled_(precision == Precision::BFloat16) {
+  AutocastGuard(Precision precision, c10::DeviceType device)
+      : enabled_(precision == Precision::BFloat16), device_(device) {
     if (!enabled_) return;
-    previous_ = at::autocast::is_autocast_enabled(at::kCPU);
-    previous_dtype_ = at::autocast::get_autocast_dtype(at::kCPU);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    previous_ = at::autocast::is_autocast_enabled(device_);
+    previous_dtype_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_enabled(device_, true);
+    at::autocast::set_autocast_dtype(device_, at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~AutocastGuard() {
     if (!enabled_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCPU, previous_);
-    at::autocast::set_autocast_dtype(at::kCPU, previous_dtype_);
+    at::autocast::set_autocast_enabled(device_, previous_);
+    at::autocast::set_autocast_dtype(device_, previous_dtype_);
   }
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
   bool enabled_;
+  c10::DeviceType device_;
   bool previous_ = false;
   at::ScalarType previous_dtype_ = at::kBFloat16;
 };
+
+// The CPU or an accelerator this process has: the rule of `--device`. (Not meta: a checkpoint
+// needs values, and Module::to cannot move parameters there.)
+void check_device(const c10::Device& device, std::string_view argument) {
+  resolve_device(device_name(device), argument);  // throws when the device is not present
+}
+
+// Where a model's parameters live: the device its inputs must be on.
+c10::Device device_of(models::Model& model) {
+  const auto parameters = model.module()->parameters();
+  return parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device();
+}
+
+// A loader's batch on the model's device. The copies are non-blocking: from pinned memory they
+// overlap the device's work; on the CPU they are no copies at all.
+struct DeviceBatch {
+  at::Tensor images, labels, targets;
+};
+
+DeviceBatch to_device(const data::Batch& batch, const c10::Device& device) {
+  const auto move = [&](const at::Tensor& t) {
+    return t.defined() ? t.to(device, t.scalar_type(), /*non_blocking=*/true) : t;
+  };
+  return {move(batch.images), move(batch.labels), move(batch.targets)};
+}
 
 // The first n samples of a seeded shuffle (all of them when n is 0 or at least the size).
 std::vector<int64_t> subset_order(int64_t size, int64_t n, uint64_t seed) {
@@ -104,11 +133,14 @@ std::string skipped_note(int64_t train, int64_t val) {
 class Trainer {
  public:
   Trainer(TrainConfig config, SplitData train_data, std::string run_dir, TrainingPosition position,
-          const TrainHooks& hooks, const std::string& resume, bool allow_non_finite)
+          const TrainHooks& hooks, const std::string& resume, bool allow_non_finite,
+          const c10::Device& device)
       : config_(std::move(config)), run_dir_(std::move(run_dir)), position_(position), hooks_(hooks),
-        train_loader_(make_loader(std::move(train_data), config_, true)),
-        val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false)),
-        model_(models::build_model(config_.model, config_.model_config)),
+        device_(device),
+        train_loader_(make_loader(std::move(train_data), config_, true, device_)),
+        val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false, device_)),
+        // Before the optimiser, which then holds (and keeps its state beside) the moved parameters.
+        model_(make_model(config_, device_)),
         optimizer_(make_optimizer(config_, *model_.module())),
         schedule_(LrSchedule::from_config(config_, steps_per_epoch())),
         metrics_(run_dir_, position_.epoch + 1) {
@@ -190,10 +222,11 @@ class Trainer {
 
   bool stop_requested() const { return hooks_.stop != nullptr && hooks_.stop->load(); }
 
-  std::pair<double, int64_t> forward_backward(const data::Batch& batch, int64_t group_size) {
+  std::pair<double, int64_t> forward_backward(const data::Batch& loaded, int64_t group_size) {
+    const auto batch = to_device(loaded, device_);
     at::Tensor logits;
     {
-      AutocastGuard autocast(config_.precision);
+      AutocastGuard autocast(config_.precision, device_.type());
       logits = model_.forward(batch.images);
     }
     // MixUp / CutMix targets come smoothed already.
@@ -204,7 +237,7 @@ class Trainer {
     (loss / static_cast<double>(group_size)).backward();
     const double value = loss.item<double>();
     TORCH_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at epoch ",
-                position_.epoch + 1, " batch ", batch.index + 1, " (lower --lr or set --clip-grad)");
+                position_.epoch + 1, " batch ", loaded.index + 1, " (lower --lr or set --clip-grad)");
     return {value, correct_top_k(logits.detach(), batch.labels, 1)};
   }
 
@@ -275,6 +308,7 @@ class Trainer {
   std::string run_dir_;
   TrainingPosition position_;
   TrainHooks hooks_;
+  c10::Device device_;
   data::DataLoader train_loader_, val_loader_;
   models::Model model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -350,8 +384,10 @@ SplitData load_split(const TrainConfig& c, data::Split split) {
   return data;
 }
 
-data::DataLoader make_loader(SplitData data, const TrainConfig& c, bool training) {
-  const auto options = loader_options(c, training);
+data::DataLoader make_loader(SplitData data, const TrainConfig& c, bool training,
+                             const c10::Device& device) {
+  auto options = loader_options(c, training);
+  options.pin_memory = device.is_cuda();
   if (!data.image_folder) return data::DataLoader(std::move(data.set), options);
   return data::DataLoader(std::make_shared<data::ImageFolderSource>(
                               std::move(data.files), image_transform_options(c, training)),
@@ -375,9 +411,17 @@ TrainConfig resolve_config(TrainConfig c, const SplitData& train_data) {
   return c;
 }
 
+models::Model make_model(const TrainConfig& config, const c10::Device& device) {
+  check_device(device, "device");
+  auto model = models::build_model(config.model, config.model_config);
+  model.module()->to(device);
+  return model;
+}
+
 Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision) {
   at::NoGradGuard no_grad;
   model.module()->eval();
+  const auto device = device_of(model);
   const int64_t classes = loader.num_classes();
   Evaluation e;
   e.class_names = loader.class_names();
@@ -387,16 +431,17 @@ Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision pr
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
     if (batch->labels.size(0) == 0) continue;  // every file of the batch was unreadable
+    const auto on_device = to_device(*batch, device);
     at::Tensor logits;
     {
-      AutocastGuard autocast(precision);
-      logits = model.forward(batch->images);
+      AutocastGuard autocast(precision, device.type());
+      logits = model.forward(on_device.images);
     }
     logits = logits.to(at::kFloat);
-    loss_sum += at::cross_entropy_loss(logits, batch->labels, {}, at::Reduction::Sum).item<double>();
-    top1 += correct_top_k(logits, batch->labels, 1);
-    top5 += correct_top_k(logits, batch->labels, 5);
-    const auto predicted = logits.argmax(1).contiguous();
+    loss_sum += at::cross_entropy_loss(logits, on_device.labels, {}, at::Reduction::Sum).item<double>();
+    top1 += correct_top_k(logits, on_device.labels, 1);
+    top5 += correct_top_k(logits, on_device.labels, 5);
+    const auto predicted = logits.argmax(1).cpu().contiguous();
     const auto* p = predicted.const_data_ptr<int64_t>();
     const auto* t = batch->labels.const_data_ptr<int64_t>();
     for (int64_t i = 0; i < predicted.size(0); ++i) ++e.confusion[t[i]][p[i]];
@@ -411,7 +456,8 @@ Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision pr
 }
 
 TrainResult train(const TrainConfig& requested, const std::string& resume, const TrainHooks& hooks,
-                  bool allow_non_finite) {
+                  bool allow_non_finite, const c10::Device& device) {
+  check_device(device, "device");
   TrainingPosition position;
   std::string run_dir;
   if (!resume.empty()) {
@@ -437,12 +483,14 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
   // The model's initialisation and everything random in training (dropout, random candidates)
   // follow torch's global generator; the loader has its own (seed, epoch, index) streams.
   at::manual_seed(config.seed);
-  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume, allow_non_finite);
+  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume, allow_non_finite, device);
   return trainer.run();
 }
 
 Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config,
-                               data::Split split, Precision precision, bool allow_non_finite) {
+                               data::Split split, Precision precision, bool allow_non_finite,
+                               const c10::Device& device) {
+  check_device(device, "device");
   auto data = load_split(config, split);
   const auto& m = config.model_config;
   TORCH_CHECK(data.num_classes() == m.num_classes, "checkpoint '", checkpoint, "' was trained on ",
@@ -455,9 +503,9 @@ Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig&
                 m.image_size, " images; the data set has ", set.channels(), "x", set.height(), "x",
                 set.width());
   }
-  auto model = models::build_model(config.model, m);
+  auto model = make_model(config, device);
   load_checkpoint(checkpoint, *model.module(), nullptr, allow_non_finite);
-  auto loader = make_loader(std::move(data), config, /*training=*/false);
+  auto loader = make_loader(std::move(data), config, /*training=*/false, device);
   return evaluate(model, loader, precision);
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace convnn::detail {
 
@@ -30,6 +31,18 @@ const char* name_of(const NameTable<Enum, N>& names, Enum value) {
     if (v == value) return name;
   }
   return "unknown";
+}
+
+/// The position of `text` in `names` (an enum's names in value order); otherwise a c10::Error
+/// naming the option, the value and the choices.
+inline size_t index_of_name(const std::vector<std::string>& names, std::string_view text,
+                            std::string_view option) {
+  std::string allowed;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == text) return i;
+    allowed += (allowed.empty() ? "" : ", ") + names[i];
+  }
+  TORCH_CHECK(false, option, " must be one of ", allowed, "; got '", text, "'");
 }
 
 }  // namespace convnn::detail

@@ -4,6 +4,7 @@
 #include "convnn/data/loader.h"
 
 #include <gtest/gtest.h>
+#include <ATen/DeviceAccelerator.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -284,6 +285,36 @@ TEST(DataLoader, BadOptions) {
             std::string::npos);
   EXPECT_NE(error_of([&] { loader.start_epoch(0, 4); }).find("first_batch must be in [0, 3]"),
             std::string::npos);
+}
+
+bool accelerator_present() {
+  return at::accelerator::getAccelerator(/*checked=*/false).has_value() && at::accelerator::deviceCount() > 0;
+}
+
+// Pinning needs an accelerator's host allocator: without one the loader refuses the option when
+// it is made, not in a worker at the first batch.
+TEST(DataLoader, PinMemoryWithoutAnAcceleratorIsRefused) {
+  if (accelerator_present()) GTEST_SKIP() << "an accelerator is present: pinning is allowed here";
+  auto options = augmenting(1);
+  options.pin_memory = true;
+  const auto message = error_of([&] { DataLoader(indexed_set(4), options); });
+  EXPECT_NE(message.find("pin_memory = true needs an accelerator device"), std::string::npos) << message;
+}
+
+// Pinned batches hold the same values as unpinned ones, MixUp's soft targets included.
+TEST(DataLoader, PinnedBatchesArePinnedAndUnchanged) {
+  if (!accelerator_present()) GTEST_SKIP() << "no accelerator device: memory cannot be pinned";
+  auto options = augmenting(2);
+  options.mixup = MixupOptions{};
+  DataLoader plain(indexed_set(20), options);
+  options.pin_memory = true;
+  DataLoader pinned(indexed_set(20), options);
+  const auto expected = epoch(plain, 1), got = epoch(pinned, 1);
+  expect_same_batches(expected, got);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].images.is_pinned() && got[i].labels.is_pinned() && got[i].targets.is_pinned());
+    EXPECT_TRUE(torch::equal(got[i].targets, expected[i].targets)) << "batch " << i;
+  }
 }
 
 TEST(DataLoader, BadImageSet) {

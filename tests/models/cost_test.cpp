@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "convnn/models/registry.h"
+#include "convnn/ops/cost.h"
 
 namespace {
 
@@ -163,6 +164,24 @@ TEST(Cost, ResNetCostFollowsTheImageSize) {
   const auto at_224 = net->cost(224, 224).total().macs - fc;
   const auto at_448 = net->cost(448, 448).total().macs - fc;
   EXPECT_EQ(at_448, 4 * at_224);
+}
+
+TEST(OpCost, L1CountsADifferenceAnAbsoluteValueAndASumPerFeaturePair) {
+  // N = 10 queries, M = 12 candidates, H = 2 heads, D = 8 features, K = 3.
+  const auto call = convnn::ops::knn_call_cost({10, 12, 2, 8, 8, 8},
+                                               {convnn::Similarity::L1, 3, convnn::Rho::Softmax, 0.5, true, false});
+  EXPECT_EQ(call.similarity.macs, 0);
+  EXPECT_EQ(call.similarity.other_flops, 3 * 10 * 12 * 8 + 2 * 10 * 3);  // + exp of the K reported
+  EXPECT_EQ(call.topk.comparisons, 2 * 10 * 12 * 2);                      // ceil(log2 3) = 2
+  ASSERT_TRUE(call.rho.has_value());
+  EXPECT_EQ(call.rho->other_flops, 5 * 2 * 10 * 3);  // softmax 4 + the temperature
+  EXPECT_EQ(call.aggregation.macs, 10 * 3 * 8);      // depthwise
+  EXPECT_EQ(call.aggregation.other_flops, 10 * 3 * 8);  // weighting
+  const auto uniform = convnn::ops::knn_call_cost({10, 12, 2, 8, 8, 8},
+                                                  {convnn::Similarity::Dot, 3, convnn::Rho::Uniform, 1.0, true, false});
+  EXPECT_FALSE(uniform.rho.has_value());
+  EXPECT_EQ(uniform.aggregation.other_flops, 0);  // every weight is 1: no weighting
+  EXPECT_THROW(convnn::ops::knn_call_cost({10, 12, 2, 8, 8, 8}, {convnn::Similarity::Dot, 0}), c10::Error);
 }
 
 }  // namespace

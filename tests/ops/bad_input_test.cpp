@@ -94,7 +94,7 @@ TEST_F(KnnSelectBadInput, DtypesMustBeFloatingAndEqual) {
 TEST_F(KnnSelectBadInput, UnknownSimilarityListsTheAllowedNames) {
   EXPECT_ERROR(
       select(q, k, 2, "euclidean"),
-      "similarity must be one of dot, scaled_dot, cosine, gaussian, chebyshev; got 'euclidean'");
+      "similarity must be one of dot, scaled_dot, cosine, gaussian, chebyshev, l1; got 'euclidean'");
   EXPECT_ERROR(select(q, k, 2, ""), "got ''");
 }
 
@@ -111,7 +111,7 @@ TEST_F(KnnSelectBadInput, MaskOfWrongRankShapeOrDtype) {
 TEST_F(KnnSelectBadInput, DistanceSimilaritiesRejectAdditiveMasksOtherThanZeroAndMinusInf) {
   auto mask = at::zeros({4, 5}, at::kDouble);
   mask[1][2] = -0.5;
-  for (const auto* similarity : {"gaussian", "chebyshev"}) {
+  for (const auto* similarity : {"gaussian", "chebyshev", "l1"}) {
     EXPECT_ERROR(select(q, k, 2, similarity, mask), "additive mask with similarity '", similarity,
                  "must hold only 0 and -inf");
   }
@@ -123,7 +123,7 @@ TEST_F(KnnSelectBadInput, NanOrInfInputsNameTheArgumentAndPosition) {
     bad_keys[1][3][2] = bad;
     auto bad_queries = q.clone();
     bad_queries[0][2][1] = bad;
-    for (const auto* similarity : {"dot", "scaled_dot", "cosine", "gaussian", "chebyshev"}) {
+    for (const auto& similarity : convnn::similarity_names()) {
       EXPECT_ERROR(select(q, bad_keys, 2, similarity), "knn_select: keys must be finite",
                    "at position [1, 3, 2]");
       EXPECT_ERROR(select(bad_queries, k, 2, similarity), "knn_select: queries must be finite",
@@ -413,7 +413,7 @@ TEST(FunctionalHelpersBadInput, GridCoordinatesAndDrawCandidates) {
 
 TEST(FunctionalHelpersBadInput, UnknownOptionNamesListTheAllowedValues) {
   EXPECT_ERROR(convnn::parse_similarity("l2"),
-               "similarity must be one of dot, scaled_dot, cosine, gaussian, chebyshev; got 'l2'");
+               "similarity must be one of dot, scaled_dot, cosine, gaussian, chebyshev, l1; got 'l2'");
   EXPECT_ERROR(parse_rho("max"), "rho must be one of uniform, mean, softmax; got 'max'");
   EXPECT_ERROR(parse_slot_order("random"), "slot_order must be one of score, index; got 'random'");
   EXPECT_ERROR(parse_aggregation("grouped"),

@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "convnn/ops/knn_ops.h"
+#include "ops/checks.h"
 #include "ops/generic/generic.h"
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
+#include "support/enum_lists.h"
 #include "support/gradcheck.h"
 
 namespace {
@@ -31,8 +33,7 @@ using convnn::testing::AllClose;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr double kTemperature = 0.7;
-const std::vector<Similarity> kSimilarities{Similarity::Dot, Similarity::ScaledDot, Similarity::Cosine,
-                                            Similarity::Gaussian, Similarity::Chebyshev};
+const std::vector<Similarity> kSimilarities = convnn::testing::all_similarities();
 
 enum class MaskKind { None, Bool, Additive, AdditivePerSlice, Causal, FewValid, FullyMaskedRows };
 constexpr int kMaskKinds = 7;
@@ -494,7 +495,7 @@ TEST(GenericMeta, ForwardAndBackwardRunOnMetaTensors) {
                                                                      {true, true, true, true});
         EXPECT_EQ(dv.sizes(), values.sizes());
         EXPECT_EQ(dkernel.sizes(), kernel.sizes());
-        for (const char* rho : {"uniform", "mean", "softmax"}) {
+        for (const auto& rho : convnn::rho_names()) {
           auto [out, s, i, w] = generic::knn_attention(queries, keys, values, kernel, bias, k, name, mask,
                                                        true, rho, kTemperature);
           EXPECT_TRUE(out.is_meta() && w.is_meta());
@@ -536,12 +537,36 @@ TEST(GenericDispatch, EveryBackendWithoutAFusedKernelGetsTheGenericOne) {
     SCOPED_TRACE(op);
     const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(op, "");
     EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
-    EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::CPU));  // the fused kernels stay
+    // The fused kernels serve the CPU unless CONVNN_CPU_KERNELS=generic routes it here.
+    EXPECT_EQ(handle.hasKernelForDispatchKey(c10::DispatchKey::CPU), !convnn::ops::generic::serves_cpu());
     EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::Meta));
     EXPECT_FALSE(handle.hasKernelForDispatchKey(c10::DispatchKey::CUDA));  // no stub in front of it
     EXPECT_TRUE(handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
     EXPECT_TRUE(handle.hasComputedKernelForDispatchKey(c10::DispatchKey::MPS));
   }
+}
+
+TEST(GenericDispatch, AutocastCoversCpuAndCuda) {
+  for (const char* op : {"convnn::knn_select", "convnn::knn_aggregate", "convnn::knn_attention"}) {
+    SCOPED_TRACE(op);
+    const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(op, "");
+    EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::AutocastCPU));
+    EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA));
+  }
+}
+
+// Value checks would stall the host on an accelerator (src/ops/checks.h): they read CPU tensors
+// only, and meta tensors, which have no values, never.
+TEST(GenericChecks, ValuesAreReadOnCpuTensorsAndNeverOnMetaTensors) {
+  EXPECT_TRUE(convnn::checks::reads_values_of(torch::zeros({2})));
+  EXPECT_FALSE(convnn::checks::reads_values_of(torch::zeros({2}, torch::device(torch::kMeta))));
+  // A meta call with indices that would be out of range on the CPU passes: nothing is read.
+  const auto values = torch::zeros({1, 3, 2}, torch::device(torch::kMeta));
+  const auto weights = torch::zeros({1, 2, 2}, torch::device(torch::kMeta));
+  const auto indices = torch::empty({1, 2, 2}, torch::device(torch::kMeta).dtype(torch::kLong));
+  const auto kernel = torch::zeros({2, 2}, torch::device(torch::kMeta));
+  EXPECT_EQ(convnn::ops::generic::knn_aggregate(values, weights, indices, kernel, c10::nullopt).sizes(),
+            (std::vector<int64_t>{1, 2, 2}));
 }
 
 TEST(GenericCuda, AttentionOnCudaEqualsTheCpu) {

@@ -13,6 +13,7 @@
 #include "convnn/nn/functional/convnn.h"
 #include "convnn/ops/knn_ops.h"
 #include "ops/reference/reference.h"
+#include "support/enum_lists.h"
 #include "support/gradcheck.h"
 
 namespace {
@@ -43,8 +44,10 @@ bool well_separated(const at::Tensor& q, const at::Tensor& k, Similarity s,
                     const at::Tensor& mask) {
   const auto keys = convnn::reference::ranking_keys(q, k, s, optional(mask));
   if (smallest_gap(keys) < kMinGap) return false;
-  if (s != Similarity::Chebyshev) return true;
   const auto distances = (q.unsqueeze(2) - k.unsqueeze(1)).abs();  // [G,N,M,D]
+  // l1's gradient is sign(q - k): no coordinate difference may be near 0, where the sign flips.
+  if (s == Similarity::L1) return distances.min().item<double>() >= kMinGap;
+  if (s != Similarity::Chebyshev) return true;
   const auto top2 = std::get<0>(distances.topk(2, -1));
   return (top2.select(-1, 0) - top2.select(-1, 1)).min().item<double>() >= kMinGap;
 }
@@ -154,17 +157,18 @@ TEST_P(SelectGradients, NonContiguousUpstreamGradient) {
   }
 }
 
+// Every similarity, in both slot orders.
+std::vector<SelectCase> all_select_cases() {
+  std::vector<SelectCase> cases;
+  for (const auto similarity : convnn::testing::all_similarities()) {
+    cases.push_back(SelectCase{similarity, false});
+    cases.push_back(SelectCase{similarity, true});
+  }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(KnnSelectGradients, SelectGradients,
-                         ::testing::Values(SelectCase{Similarity::Dot, false},
-                                           SelectCase{Similarity::Dot, true},
-                                           SelectCase{Similarity::ScaledDot, false},
-                                           SelectCase{Similarity::ScaledDot, true},
-                                           SelectCase{Similarity::Cosine, false},
-                                           SelectCase{Similarity::Cosine, true},
-                                           SelectCase{Similarity::Gaussian, false},
-                                           SelectCase{Similarity::Gaussian, true},
-                                           SelectCase{Similarity::Chebyshev, false},
-                                           SelectCase{Similarity::Chebyshev, true}),
+                         ::testing::ValuesIn(all_select_cases()),
                          [](const auto& info) {
                            return std::string(convnn::to_string(info.param.similarity)) +
                                   (info.param.index_order ? "_IndexOrder" : "_ScoreOrder");

@@ -1,4 +1,4 @@
-// The fused CPU knn_aggregate and knn_aggregate_backward (src/ops/cpu/knn_aggregate_kernel.*),
+// The fused CPU knn_aggregate and knn_aggregate_backward (src/ops/cpu/knn_aggregate_*_kernel.cpp),
 // reached through the dispatcher, agree with the plain-ATen reference given the same indices: in
 // float32, bfloat16 and float16 their error against a float64 computation is at most twice the
 // reference's own error in the same dtype (plus one unit in the last place of the output scale),
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "convnn/ops/knn_ops.h"
+#include "ops/generic/generic.h"
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
 #include "support/gradcheck.h"
@@ -196,6 +197,16 @@ TEST(FusedAggregate, DuplicateIndicesWithinAndAcrossQueries) {
   }
 }
 
+// The fused kernels read strided rows in place and promise the dense result bit for bit. The generic
+// path (the op tests' CONVNN_CPU_KERNELS=generic pass) hands the strides to ATen's matrix products,
+// whose blocking may round the last bits differently: there the results must agree to rounding.
+::testing::AssertionResult SameResult(const torch::Tensor& x, const torch::Tensor& y) {
+  if (!convnn::ops::generic::serves_cpu()) {
+    return torch::equal(x, y) ? ::testing::AssertionSuccess() : ::testing::AssertionFailure() << "not bitwise equal";
+  }
+  return convnn::testing::AllClose(x, y, 1e-12, 1e-12);
+}
+
 TEST(FusedAggregate, NonContiguousInputs) {
   for (const auto& s :
        {Shape{3, 10, 12, 6, 6, 4, true, true}, Shape{3, 10, 12, 6, 5, 4, false, true},
@@ -222,16 +233,16 @@ TEST(FusedAggregate, NonContiguousInputs) {
     ASSERT_FALSE(strided.kernel.is_contiguous());
     ASSERT_FALSE(strided.bias.is_contiguous());
     ASSERT_EQ(strided.grad_output.size(2), c_out);
-    EXPECT_TRUE(torch::equal(fused_forward(strided), fused_forward(dense)));
+    EXPECT_TRUE(SameResult(fused_forward(strided), fused_forward(dense)));
     const auto a = as_list(fused_backward(strided)), b = as_list(fused_backward(dense));
-    for (size_t e = 0; e < a.size(); ++e) EXPECT_TRUE(torch::equal(a[e], b[e])) << "gradient " << e;
+    for (size_t e = 0; e < a.size(); ++e) EXPECT_TRUE(SameResult(a[e], b[e])) << "gradient " << e;
     // An expanded (all-stride-0) gradient, as sum() produces.
     Problem expanded = dense;
     expanded.grad_output = torch::ones({1, 1, 1}, torch::kDouble).expand({s.g, s.n, c_out});
     Problem materialised = dense;
     materialised.grad_output = expanded.grad_output.contiguous();
     const auto x = as_list(fused_backward(expanded)), y = as_list(fused_backward(materialised));
-    for (size_t e = 0; e < x.size(); ++e) EXPECT_TRUE(torch::equal(x[e], y[e])) << "gradient " << e;
+    for (size_t e = 0; e < x.size(); ++e) EXPECT_TRUE(SameResult(x[e], y[e])) << "gradient " << e;
   }
 }
 

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include "convnn/ops/knn_ops.h"
+#include "convnn/ops/rho.h"
+#include "convnn/ops/similarity.h"
 #include "support/gradcheck.h"
 
 namespace {
@@ -27,6 +29,25 @@ TEST(KnnAggregate, GradCheckThroughDispatcherInFloat64) {
         return convnn::ops::knn_aggregate(x[0], x[1], indices, x[2], x[3]);
       },
       {values, weights, kernel, bias}));
+}
+
+TEST(EnumNames, EverySimilarityAndRhoIsNamedInEnumOrderAndParsesBack) {
+  const auto& similarities = convnn::similarity_names();
+  ASSERT_EQ(static_cast<int>(similarities.size()), convnn::kSimilarityCount);
+  for (int value = 0; value < convnn::kSimilarityCount; ++value) {
+    const auto similarity = static_cast<convnn::Similarity>(value);
+    EXPECT_EQ(similarities[value], convnn::to_string(similarity));
+    EXPECT_EQ(convnn::parse_similarity(similarities[value]), similarity);
+  }
+  const auto& rhos = convnn::rho_names();
+  ASSERT_EQ(static_cast<int>(rhos.size()), convnn::kRhoCount);
+  for (int value = 0; value < convnn::kRhoCount; ++value) {
+    EXPECT_EQ(convnn::parse_rho(rhos[value]), static_cast<convnn::Rho>(value));
+  }
+  EXPECT_TRUE(convnn::is_distance_similarity(convnn::Similarity::L1));
+  EXPECT_FALSE(convnn::is_distance_similarity(convnn::Similarity::Cosine));
+  EXPECT_TRUE(convnn::rho_has_score_gradient(convnn::Rho::Softmax));
+  EXPECT_FALSE(convnn::rho_has_score_gradient(convnn::Rho::Mean));
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ using convnn::Similarity;
 using convnn::testing::AllClose;
 using convnn::testing::max_abs_diff;
 
-const std::vector<std::string> kSimilarities{"dot", "scaled_dot", "cosine", "gaussian", "chebyshev"};
+const std::vector<std::string>& kSimilarities = convnn::similarity_names();
 
 std::tuple<torch::Tensor, torch::Tensor> reference_select(const torch::Tensor& q, const torch::Tensor& k,
                                                           int64_t top, const std::string& similarity,

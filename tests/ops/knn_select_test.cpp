@@ -14,6 +14,7 @@
 #include "convnn/ops/knn_ops.h"
 #include "convnn/ops/similarity.h"
 #include "support/assert_close.h"
+#include "support/enum_lists.h"
 
 namespace {
 
@@ -45,13 +46,14 @@ c10::optional<at::Tensor> optional(const at::Tensor& t) {
 
 // Ranking key of one pair (larger = more similar): the similarity itself, or -distance.
 double ranking_key(const double* q, const double* k, int64_t d, Similarity s) {
-  double dot = 0, qq = 0, kk = 0, squared = 0, largest = 0;
+  double dot = 0, qq = 0, kk = 0, squared = 0, largest = 0, manhattan = 0;
   for (int64_t c = 0; c < d; ++c) {
     dot += q[c] * k[c];
     qq += q[c] * q[c];
     kk += k[c] * k[c];
     squared += (q[c] - k[c]) * (q[c] - k[c]);
     largest = std::max(largest, std::abs(q[c] - k[c]));
+    manhattan += std::abs(q[c] - k[c]);
   }
   switch (s) {
     case Similarity::Dot:
@@ -65,6 +67,8 @@ double ranking_key(const double* q, const double* k, int64_t d, Similarity s) {
       return -squared;
     case Similarity::Chebyshev:
       return -largest;
+    case Similarity::L1:
+      return -manhattan;
   }
   return 0;
 }
@@ -199,9 +203,7 @@ TEST_P(KnnSelectSimilarity, AdditiveZeroMinusInfMaskEqualsBoolMask) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KnnSelect, KnnSelectSimilarity,
-                         ::testing::Values(Similarity::Dot, Similarity::ScaledDot,
-                                           Similarity::Cosine, Similarity::Gaussian,
-                                           Similarity::Chebyshev),
+                         ::testing::ValuesIn(convnn::testing::all_similarities()),
                          [](const auto& info) {
                            return std::string(convnn::to_string(info.param));
                          });
@@ -239,6 +241,17 @@ TEST(KnnSelect, GaussianMirrorNeighboursTieAndTheLowerIndexComesFirst) {
   const auto q = rows({{2}});
   const auto k = rows({{0}, {1}, {2}, {3}, {4}});
   EXPECT_EQ(selected(q, k, 5, "gaussian"), (Indices{2, 1, 3, 0, 4}));
+}
+
+TEST(KnnSelect, L1RanksByManhattanDistanceAndReportsItsExponential) {
+  // |q - k|_1 from q = (0, 0): 3, 3 and 1. The tie at 3 goes to the lower index.
+  const auto q = rows({{0, 0}});
+  const auto k = rows({{1, 2}, {3, 0}, {0.5, 0.5}});
+  const auto [scores, indices] = convnn::ops::knn_select(q, k, 2, "l1", c10::nullopt, false);
+  EXPECT_EQ(indices.flatten()[0].item<int64_t>(), 2);
+  EXPECT_EQ(indices.flatten()[1].item<int64_t>(), 0);
+  EXPECT_DOUBLE_EQ(scores.flatten()[0].item<double>(), std::exp(-1.0));
+  EXPECT_DOUBLE_EQ(scores.flatten()[1].item<double>(), std::exp(-3.0));
 }
 
 TEST(KnnSelect, ChebyshevTiesAroundAGridPointResolveByIndex) {
@@ -343,7 +356,7 @@ TEST(KnnSelect, NanOrInfQueryRaisesAnErrorNamingItsPosition) {
     auto q = randn({2, 4, 3}, 21);
     const auto k = randn({2, 5, 3}, 22);
     q[1][2][0] = bad;
-    for (const auto* similarity : {"dot", "cosine", "gaussian", "chebyshev"}) {
+    for (const auto& similarity : convnn::similarity_names()) {
       const auto message = select_error(q, k, similarity);
       EXPECT_NE(message.find("queries must be finite"), std::string::npos)
           << similarity << ": " << message;

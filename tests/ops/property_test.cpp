@@ -13,6 +13,7 @@
 #include "convnn/ops/knn_ops.h"
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
+#include "support/enum_lists.h"
 
 namespace {
 
@@ -23,9 +24,7 @@ using convnn::nn::functional::ConvNNFuncOptions;
 using convnn::testing::AllClose;
 
 constexpr double kTight = 1e-12;
-constexpr std::array<Similarity, 5> kSimilarities{Similarity::Dot, Similarity::ScaledDot,
-                                                  Similarity::Cosine, Similarity::Gaussian,
-                                                  Similarity::Chebyshev};
+const std::vector<Similarity> kSimilarities = convnn::testing::all_similarities();
 
 // Deterministic source of random shapes and tensors.
 class Random {
@@ -36,7 +35,9 @@ class Random {
     return lo + static_cast<int64_t>(engine_() % static_cast<uint64_t>(hi - lo + 1));
   }
   bool coin() { return integer(0, 1) == 1; }
-  Similarity similarity() { return kSimilarities[integer(0, 4)]; }
+  Similarity similarity() {
+    return kSimilarities[integer(0, static_cast<int64_t>(kSimilarities.size()) - 1)];
+  }
   at::Tensor normal(c10::IntArrayRef shape) {
     return at::randn(shape, generator_, at::TensorOptions().dtype(at::kDouble));
   }
@@ -126,7 +127,7 @@ TEST(KnnSelectProperties, EdgeShapesNEqualsOneKEqualsOneKEqualsMAndEmptyBatch) {
 TEST(KnnSelectProperties, KEqualsOneWithDistanceSimilarityAndSelfKeysPicksEachQueryItself) {
   Random random(3);
   const auto x = random.normal({2, 7, 3});
-  for (const auto* s : {"gaussian", "chebyshev", "cosine"}) {
+  for (const auto* s : {"gaussian", "chebyshev", "l1", "cosine"}) {
     const auto indices = std::get<1>(convnn::ops::knn_select(x, x, 1, s, c10::nullopt, false));
     EXPECT_TRUE(at::equal(indices.squeeze(-1), at::arange(7, at::kLong).expand({2, 7}))) << s;
   }

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/optim.h"
@@ -90,6 +92,104 @@ TEST(Checkpoint, RoundTripRestoresModelOptimizerAndRng) {
   }
 }
 
+const torch::optim::AdamWParamState& adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
+  const auto& state = *optimizer.state().at(p.unsafeGetTensorImpl());
+  return static_cast<const torch::optim::AdamWParamState&>(state);
+}
+
+// A Linear + LayerNorm after one AdamW step, saved to `path`; returns the saved model.
+torch::nn::Sequential save_stepped_model(const std::string& path, const c10::Device& device) {
+  TrainConfig config;
+  torch::manual_seed(1);
+  auto model = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::LayerNorm(std::vector<int64_t>{3}));
+  model->to(device);
+  auto optimizer = make_optimizer(config, *model.ptr());
+  model->forward(torch::randn({2, 4}).to(device)).sum().backward();
+  optimizer->step();
+  save_checkpoint(path, config, {}, *model.ptr(), *optimizer);
+  // Saving copied the state to the CPU for the file only.
+  for (const auto& p : model->parameters()) {
+    const auto& state = adamw_state(*optimizer, p);
+    EXPECT_EQ(state.exp_avg().device(), device);
+  }
+  return model;
+}
+
+// The AdamW state of each parameter of `model` after load_checkpoint: on the parameter's device.
+std::vector<torch::optim::AdamWParamState> loaded_state(const std::string& path,
+                                                        torch::nn::Sequential model) {
+  auto optimizer = make_optimizer(TrainConfig{}, *model.ptr());
+  load_checkpoint(path, *model.ptr(), optimizer.get());
+  std::vector<torch::optim::AdamWParamState> states;
+  for (const auto& p : model->parameters()) {
+    const auto& state = adamw_state(*optimizer, p);
+    EXPECT_EQ(state.exp_avg().device(), p.device());
+    EXPECT_EQ(state.exp_avg_sq().device(), p.device());
+    EXPECT_EQ(state.step(), 1);
+    states.push_back(state);
+  }
+  return states;
+}
+
+torch::nn::Sequential fresh_model(const c10::Device& device) {
+  auto model = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::LayerNorm(std::vector<int64_t>{3}));
+  model->to(device);
+  return model;
+}
+
+// Sequential(Linear(4, 3), LayerNorm(3))'s parameters by name and shape, made on `device`
+// (Module::to cannot move parameters to meta).
+std::shared_ptr<torch::nn::Module> parameters_on(const c10::Device& device) {
+  const auto on = torch::TensorOptions().device(device);
+  auto root = std::make_shared<torch::nn::Module>();
+  auto linear = std::make_shared<torch::nn::Module>(), norm = std::make_shared<torch::nn::Module>();
+  linear->register_parameter("weight", torch::zeros({3, 4}, on));
+  linear->register_parameter("bias", torch::zeros({3}, on));
+  norm->register_parameter("weight", torch::ones({3}, on));
+  norm->register_parameter("bias", torch::zeros({3}, on));
+  root->register_module("0", linear);
+  root->register_module("1", norm);
+  return root;
+}
+
+// Meta stands in for an accelerator on machines without one: the state moves, the step stays.
+TEST(Checkpoint, OptimizerStateFollowsTheParametersToAnotherDevice) {
+  testing::TempDir dir;
+  const auto path = dir.file("checkpoint.pt");
+  save_stepped_model(path, c10::kCPU);
+  const auto on_meta = parameters_on(c10::kMeta);
+  auto optimizer = make_optimizer(TrainConfig{}, *on_meta);
+  load_checkpoint(path, *on_meta, optimizer.get());
+  const auto parameters = on_meta->parameters();
+  ASSERT_EQ(parameters.size(), 4u);
+  for (const auto& p : parameters) {
+    ASSERT_TRUE(p.is_meta());
+    const auto& state = adamw_state(*optimizer, p);
+    EXPECT_TRUE(state.exp_avg().is_meta() && state.exp_avg_sq().is_meta());
+    EXPECT_EQ(state.step(), 1);
+  }
+}
+
+// Written on CUDA, the file holds CPU tensors; it loads onto the CPU and back onto CUDA bit for bit.
+TEST(Checkpoint, CudaCheckpointsLoadOnTheCpuAndBack) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device in this process";
+  testing::TempDir dir;
+  const auto path = dir.file("checkpoint.pt");
+  const c10::Device cuda(c10::kCUDA, 0);
+  const auto model = save_stepped_model(path, cuda);
+  const auto on_cpu = loaded_state(path, fresh_model(c10::kCPU));
+  const auto on_cuda = loaded_state(path, fresh_model(cuda));
+  for (size_t i = 0; i < on_cpu.size(); ++i) {
+    EXPECT_TRUE(torch::equal(on_cpu[i].exp_avg(), on_cuda[i].exp_avg().cpu())) << "parameter " << i;
+    EXPECT_TRUE(torch::equal(on_cpu[i].exp_avg_sq(), on_cuda[i].exp_avg_sq().cpu())) << "parameter " << i;
+  }
+  auto reloaded = fresh_model(c10::kCPU);
+  load_checkpoint(path, *reloaded.ptr(), nullptr);
+  for (size_t i = 0; i < model->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(model->parameters()[i].cpu(), reloaded->parameters()[i]));
+  }
+}
+
 TEST(Checkpoint, MismatchedModelAndDamagedFilesAreClearErrors) {
   testing::TempDir dir;
   TrainConfig config;
@@ -161,6 +261,138 @@ TEST(Training, StartingOverAFinishedRunIsRefused) {
   config.train_subset = 64;
   train(config);
   testing::expect_error([&] { train(config); }, dir.file("runs") + "/run", "already holds a run");
+}
+
+bool cuda_present() { return torch::cuda::is_available(); }
+
+// A tiny ViT's config with the sizes resolve_config would take from Fashion-MNIST.
+TrainConfig resolved_tiny_vit_config(const std::string& output) {
+  auto config = tiny_vit_config(output);
+  config.model_config.num_classes = 10;
+  config.model_config.in_channels = 1;
+  config.model_config.image_size = 28;
+  return config;
+}
+
+void expect_model_on(models::Model& model, const c10::Device& device) {
+  for (const auto& p : model.module()->named_parameters()) EXPECT_EQ(p.value().device(), device) << p.key();
+  for (const auto& b : model.module()->named_buffers()) EXPECT_EQ(b.value().device(), device) << b.key();
+}
+
+// Every parameter and buffer is on the requested device. (Not meta: C++'s Module::to cannot move
+// parameters there, and training needs values.)
+TEST(Device, TheModelIsOnTheRequestedDevice) {
+  const c10::Device cpu(c10::kCPU);
+  auto model = make_model(resolved_tiny_vit_config("unused"), cpu);
+  expect_model_on(model, cpu);
+}
+
+// Initialised on the CPU then moved: one seed gives the same weights on CUDA as on the CPU.
+TEST(Device, TheModelIsOnCudaWithTheCpuInitialisation) {
+  if (!cuda_present()) GTEST_SKIP() << "no CUDA device in this process";
+  const auto config = resolved_tiny_vit_config("unused");
+  torch::manual_seed(5);
+  auto on_cpu = make_model(config, c10::kCPU);
+  torch::manual_seed(5);
+  auto on_cuda = make_model(config, c10::Device(c10::kCUDA, 0));
+  expect_model_on(on_cuda, c10::Device(c10::kCUDA, 0));
+  const auto cpu_parameters = on_cpu.module()->parameters(), cuda_parameters = on_cuda.module()->parameters();
+  for (size_t i = 0; i < cpu_parameters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(cpu_parameters[i], cuda_parameters[i].cpu())) << "parameter " << i;
+  }
+}
+
+// An accelerator that is not there is refused before anything is read or written.
+TEST(Device, AnAbsentDeviceIsRefusedBeforeTheRunFolderIsMade) {
+  if (cuda_present()) GTEST_SKIP() << "a CUDA device is present: it would be used";
+  testing::TempDir dir;
+  const auto config = tiny_vit_config(dir.file("runs"));
+  const c10::Device cuda(c10::kCUDA);
+  testing::expect_error([&] { train(config, "", {}, false, cuda); }, "device cuda",
+                        "no cuda device is available");
+  testing::expect_error([&] { make_model(resolved_tiny_vit_config(""), cuda); }, "device cuda",
+                        "no cuda device is available");
+  testing::expect_error(
+      [&] {
+        evaluate_checkpoint(dir.file("none.pt"), config, data::Split::Test, Precision::Float32, false, cuda);
+      },
+      "device cuda", "no cuda device is available");
+  // Meta tensors hold no values for a checkpoint to save.
+  testing::expect_error([&] { train(config, "", {}, false, c10::kMeta); }, "device meta", "no meta device");
+  testing::expect_error([&] { make_model(resolved_tiny_vit_config(""), c10::kMeta); }, "device meta",
+                        "no meta device");
+  EXPECT_FALSE(fs::exists(dir.file("runs")));
+}
+
+// Every tensor of an archive, and of the archives nested in it.
+void for_each_stored_tensor(torch::serialize::InputArchive& archive,
+                            const std::function<void(const std::string&, const at::Tensor&)>& visit) {
+  for (const auto& key : archive.keys()) {
+    c10::IValue value;
+    torch::serialize::InputArchive nested;
+    if (!archive.try_read(key, value)) continue;
+    if (value.isTensor()) visit(key, value.toTensor());
+    if (value.isTensorList()) {
+      for (const at::Tensor t : value.toTensorList()) visit(key, t);
+    }
+    if (value.isObject() && archive.try_read(key, nested)) for_each_stored_tensor(nested, visit);
+  }
+}
+
+// The model and the optimiser state (its own archive, stored as bytes) are CPU tensors.
+void expect_cpu_checkpoint(const std::string& path) {
+  torch::serialize::InputArchive file;
+  file.load_from(path);
+  int64_t tensors = 0;
+  const auto on_cpu = [&](const std::string& key, const at::Tensor& t) {
+    EXPECT_TRUE(t.device().is_cpu()) << path << ": " << key << " is on " << t.device();
+    ++tensors;
+  };
+  for_each_stored_tensor(file, on_cpu);
+  at::Tensor bytes;
+  ASSERT_TRUE(file.try_read("optimizer_archive", bytes, /*is_buffer=*/true));
+  bytes = bytes.contiguous();
+  torch::serialize::InputArchive optimizer;
+  optimizer.load_from(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
+  const int64_t before_optimizer = tensors;
+  for_each_stored_tensor(optimizer, on_cpu);
+  EXPECT_GT(tensors, before_optimizer) << "no optimiser state in " << path;
+}
+
+TEST(Device, CpuCheckpointsHoldCpuTensors) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  testing::TempDir dir;
+  auto config = tiny_vit_config(dir.file("runs"));
+  TrainHooks stop;
+  stop.max_steps = 3;
+  ASSERT_TRUE(train(config, "", stop).interrupted);
+  expect_cpu_checkpoint(latest_checkpoint_path(dir.file("runs") + "/run"));
+}
+
+// A run stopped on one device finishes on the other, both ways; the checkpoints written on CUDA
+// hold CPU tensors. Not bitwise: CUDA's kernels round differently from the CPU's.
+TEST(Device, ARunMovesBetweenCudaAndCpu) {
+  if (!cuda_present()) GTEST_SKIP() << "no CUDA device in this process";
+  SKIP_WITHOUT_FASHION_MNIST();
+  const c10::Device cuda(c10::kCUDA, 0), cpu(c10::kCPU);
+  for (const bool cuda_first : {true, false}) {
+    testing::TempDir dir;
+    const auto config = tiny_vit_config(dir.file("runs"));
+    TrainHooks stop;
+    stop.max_steps = 13;  // mid-epoch 2
+    ASSERT_TRUE(train(config, "", stop, false, cuda_first ? cuda : cpu).interrupted);
+    const auto latest = latest_checkpoint_path(dir.file("runs") + "/run");
+    expect_cpu_checkpoint(latest);
+    const auto finished = train(config, latest, {}, false, cuda_first ? cpu : cuda);
+    EXPECT_FALSE(finished.interrupted);
+    EXPECT_EQ(finished.epochs.size(), 2u);
+    EXPECT_TRUE(std::isfinite(finished.epochs.back().train_loss));
+    expect_cpu_checkpoint(latest);
+    const auto stored = read_checkpoint_header(latest).config;
+    const auto evaluation =
+        evaluate_checkpoint(latest, stored, data::Split::Test, Precision::Float32, false, cuda);
+    EXPECT_NEAR(evaluation.top1, finished.final_eval.top1, 2.0);  // 4 of 200 images
+  }
 }
 
 TEST(Training, WrongDatasetPathNamesThePath) {

@@ -3,7 +3,10 @@
 // ATen) and the fused path (convnn's ops or ConvNNAttention) side by side, in one process, on the
 // same seeded inputs and weights; module level adds multi-head self-attention. Each phase
 // (forward, backward, forward+backward) is timed and its peak memory taken from
-// TrackingAllocator. Method and rules: docs/benchmarks.md.
+// TrackingAllocator (on the CPU) or the device allocator's peak statistics (on an accelerator).
+// Method and rules: docs/benchmarks.md.
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -22,6 +25,23 @@ enum class Level { Op, Module };
 Level parse_level(const std::string& name);
 const char* to_string(Level level);
 
+/// Which implementation of the ConvNN ops is measured. fused: convnn's CPU kernels, reached through
+/// the dispatcher (CPU only). generic: the device-generic plain-ATen ops (convnn::ops::generic); at
+/// op level they are called directly (on CPU tensors the dispatcher would pick the fused kernels),
+/// at module level they are what the dispatcher runs on a device without fused kernels.
+enum class Impl { Fused, Generic };
+/// "fused" or "generic"; anything else throws c10::Error naming the text and the choices.
+Impl parse_impl(const std::string& name);
+/// Also the name of that implementation's path in a CaseResult.
+const char* to_string(Impl impl);
+
+/// What the op level times for `impl` on queries, keys, values [G,N,d] and a shared kernel: the
+/// impl's knn_attention (select, softmax rho and aggregation in one), or with `composed` its
+/// knn_select, softmax rho and knn_aggregate. Differentiable in all four tensors. The generic impl
+/// calls convnn::ops::generic directly, with autograd nodes pairing each op with its backward.
+at::Tensor convnn_op(Impl impl, bool composed, const at::Tensor& queries, const at::Tensor& keys,
+                     const at::Tensor& values, const at::Tensor& kernel, int64_t k, Similarity similarity);
+
 enum class Phase { Forward, Backward, ForwardBackward };
 const char* to_string(Phase phase);
 inline constexpr Phase kPhases[] = {Phase::Forward, Phase::Backward, Phase::ForwardBackward};
@@ -39,11 +59,16 @@ struct BenchConfig {
   int64_t iters = 10;
   int64_t warmup = 2;
   uint64_t seed = 0;
+  Impl impl = Impl::Fused;
+  /// Where every path runs; an accelerator device must be present (convnn::resolve_device).
+  c10::Device device = c10::Device(c10::kCPU);
   /// The reference path is skipped when its [G,N,N] score matrix would exceed this many bytes.
   double reference_memory_cap = 8.0 * (1ull << 30);
 };
 
-/// Throws c10::Error, one line naming the field, when a size or count is out of range.
+/// Throws c10::Error, one line naming the field, when a size or count is out of range, or when the
+/// impl cannot run on the device: fused has kernels only on the CPU, and generic at module level
+/// needs a device without fused kernels (on the CPU, ConvNNAttention's ops reach the fused ones).
 void validate(const BenchConfig& config);
 
 /// Bytes of the reference path's [G,N,N] score matrix.
@@ -67,7 +92,9 @@ struct PhaseResult {
 };
 
 struct PathResult {
-  std::string name;      // "reference", "fused", "composed" or "mhsa"
+  /// "reference"; the impl's own op or layer, named to_string(config.impl) ("fused" or
+  /// "generic"); "composed" (that impl's knn_select, rho and knn_aggregate); or "mhsa".
+  std::string name;
   std::string workload;  // cost model it is charged with: "convnn" or "mhsa"
   bool skipped = false;
   std::string skip_reason;
@@ -79,8 +106,8 @@ struct CaseResult {
   CostModel convnn_cost;
   CostModel mhsa_cost;  // module level only
   std::vector<PathResult> paths;
-  /// Forward outputs of the fused and the reference path on the same inputs, compared before any
-  /// timing: max |fused - reference| and max |reference| (NaN when the reference was skipped).
+  /// Forward outputs of the impl's path and the reference path on the same inputs, compared before
+  /// any timing: max |impl - reference| and max |reference| (NaN when the reference was skipped).
   double max_abs_diff = 0.0;
   double max_abs_reference = 0.0;
 };
@@ -88,9 +115,9 @@ struct CaseResult {
 /// Runs every path of one configuration with the tracking allocator installed.
 CaseResult run_case(const BenchConfig& config);
 
-/// Measures the machine's ceilings once: the best of a few square at::mm of side 2048 in `dtype`,
+/// Measures the device's ceilings once: the best of a few square at::mm of side 2048 in `dtype`,
 /// and the best of a few copies of a 256 MiB tensor (bandwidth counts read + write bytes).
-MachinePeaks measure_machine(c10::ScalarType dtype);
+MachinePeaks measure_machine(c10::ScalarType dtype, c10::Device device = c10::Device(c10::kCPU));
 
 /// "float32", "float64", "bfloat16".
 c10::ScalarType parse_dtype(const std::string& name);

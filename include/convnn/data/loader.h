@@ -36,6 +36,10 @@ struct LoaderOptions {
   /// A sample whose file cannot be read or decoded: skipped with a warning on stderr (the batch
   /// is one smaller) when false; a c10::Error naming the file when true.
   bool strict = false;
+  /// Page-locked (pinned) batch tensors, made by the workers, so that a trainer on a CUDA device
+  /// copies them with non_blocking copies that overlap its compute. Needs an accelerator that
+  /// this process can use (checked when the loader is made).
+  bool pin_memory = false;
 };
 
 struct Batch {

@@ -7,6 +7,9 @@
 // Format 2 stores a CRC-32 of the header, of every model tensor, of the optimiser state and of the
 // RNG state, because torch's zip reader does not check the archive's own CRCs: a flipped byte in
 // a tensor would otherwise load as a wrong weight. Format 1 (no checksums) is still read.
+//
+// Every tensor is stored on the CPU, whatever device trained the model, and loaded onto the device
+// of the model it is loaded into: a checkpoint written on one device resumes on another.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -37,7 +40,8 @@ struct Checkpoint {
   TrainingPosition position;
 };
 
-/// Writes `path` atomically (write_file_atomically). Also removes the stale temporary files of
+/// Writes `path` atomically (write_file_atomically), the model's tensors and the optimiser's state
+/// copied to the CPU (the live state stays where it is). Also removes the stale temporary files of
 /// the other checkpoints in its folder (`.<name>.pt.tmp<pid>` of dead processes), so that one left
 /// by a kill while checkpoint-best.pt was written does not wait for the next best epoch.
 void save_checkpoint(const std::string& path, const TrainConfig& config,
@@ -48,8 +52,9 @@ void save_checkpoint(const std::string& path, const TrainConfig& config,
 Checkpoint read_checkpoint_header(const std::string& path);
 
 /// Loads the weights (and, when `optimizer` is not null, the optimiser state and the RNG state)
-/// into objects built from the checkpoint's config. Every check runs before anything is changed;
-/// each failure is a c10::Error naming the path and the first offending record:
+/// into objects built from the checkpoint's config: the weights onto the model's device, each
+/// parameter's optimiser state onto that parameter's device. Every check runs before anything is
+/// changed; each failure is a c10::Error naming the path and the first offending record:
 /// - a record's checksum does not match (the file was damaged after it was written);
 /// - the tensors do not match the model (first mismatching parameter);
 /// - a model tensor (or, when loading it, an optimiser state tensor) holds NaN or Inf, unless

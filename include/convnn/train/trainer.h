@@ -1,6 +1,14 @@
 #pragma once
 // The training loop and evaluation behind `convnn train`, `convnn eval` and `convnn compare`.
+//
+// The device (cpu, cuda:0, ...) is a run-time choice, not part of TrainConfig: a run resumes
+// exactly on the device it was written on and continues on any other. Models are initialised on
+// the CPU and then moved, so a seed gives the same starting weights everywhere; the loader always
+// builds CPU batches (pinned for CUDA) that are copied to the device without blocking; checkpoints
+// hold CPU tensors and load onto the run's device. Bitwise-exact resume is a CPU property: an
+// accelerator's kernels and random generator (dropout, random candidates) are not checkpointed.
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <atomic>
 #include <cstdint>
@@ -26,7 +34,7 @@ struct Evaluation {
   std::vector<std::vector<int64_t>> confusion;  // [true][predicted]
 };
 
-/// Runs `model` in eval mode over one pass of `loader`.
+/// Runs `model` in eval mode over one pass of `loader`, on the device of the model's parameters.
 Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision);
 
 struct TrainResult {
@@ -68,10 +76,18 @@ struct SplitData {
 TrainConfig resolve_config(TrainConfig config, const SplitData& train_data);
 
 /// Trains as `config` says, in `run_dir`; with `resume`, continues from that checkpoint file (its
-/// run directory is reused; `allow_non_finite` as in load_checkpoint). Prints progress to stdout
-/// unless config.quiet.
+/// run directory is reused; `allow_non_finite` as in load_checkpoint), whatever device wrote it.
+/// The model, loss, metrics and optimiser run on `device`, which must be the CPU or an
+/// accelerator present in this process (c10::Error naming it otherwise, before any file is
+/// written). Prints progress to stdout unless config.quiet.
 TrainResult train(const TrainConfig& config, const std::string& resume = "",
-                  const TrainHooks& hooks = {}, bool allow_non_finite = false);
+                  const TrainHooks& hooks = {}, bool allow_non_finite = false,
+                  const c10::Device& device = c10::Device(c10::kCPU));
+
+/// The config's model, initialised on the CPU from torch's global generator (a seed gives the same
+/// weights on every device) and then moved to `device`: the CPU or an accelerator present in this
+/// process (c10::Error naming the device otherwise).
+models::Model make_model(const TrainConfig& config, const c10::Device& device);
 
 /// The loader options of a config: shuffled and augmented (MixUp / CutMix when on) for
 /// training, plain for evaluation; the in-memory sets normalised with their statistics.
@@ -82,14 +98,18 @@ data::ImageTransformOptions image_transform_options(const TrainConfig& config, b
 /// The training or validation data of a config (subsets applied); Split::Test is the validation
 /// folder of an imagefolder root.
 SplitData load_split(const TrainConfig& config, data::Split split);
-/// A loader of `data` with the config's options and transforms (training: augmented).
-data::DataLoader make_loader(SplitData data, const TrainConfig& config, bool training);
+/// A loader of `data` with the config's options and transforms (training: augmented), for a model
+/// on `device`: its batches are pinned when that is a CUDA device.
+data::DataLoader make_loader(SplitData data, const TrainConfig& config, bool training,
+                             const c10::Device& device = c10::Device(c10::kCPU));
 
 /// Evaluates the model of `checkpoint` on `split` of the data `config` names (the checkpoint's
 /// config, possibly with another data_dir, batch size or workers), without augmentation.
 /// A data set that does not fit the model (classes, channels, size) is an error; so are NaN or
-/// Inf weights unless `allow_non_finite` (load_checkpoint).
+/// Inf weights unless `allow_non_finite` (load_checkpoint). The model is loaded onto `device` (as
+/// in train) and evaluated there.
 Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config,
-                               data::Split split, Precision precision, bool allow_non_finite = false);
+                               data::Split split, Precision precision, bool allow_non_finite = false,
+                               const c10::Device& device = c10::Device(c10::kCPU));
 
 }  // namespace convnn::train

@@ -1,6 +1,7 @@
-// Autocast kernels of the core ops: under CPU autocast (e.g. `convnn train --amp`) both ops run
-// in the autocast dtype, as ATen's convolutions and matmuls do, so that a ConvNN layer accepts the
-// bfloat16 activations of the layers before it together with its float32 parameters.
+// Autocast kernels of the core ops, for CPU and CUDA autocast: under autocast (e.g. `convnn train
+// --amp`, or torch.autocast("cuda")) the ops run in the autocast dtype (bfloat16 or float16), as
+// ATen's convolutions and matmuls do, so that a ConvNN layer accepts the low-precision activations
+// of the layers before it together with its float32 parameters. One template per device type.
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -10,50 +11,66 @@
 namespace convnn::autocast {
 namespace {
 
-constexpr auto kDevice = c10::DeviceType::CPU;
-
+template <c10::DeviceType kDevice>
 at::Tensor to_autocast_dtype(const at::Tensor& t) {
   return at::autocast::cached_cast(at::autocast::get_autocast_dtype(kDevice), t, kDevice);
 }
 
+template <c10::DeviceType kDevice>
 c10::optional<at::Tensor> to_autocast_dtype(const c10::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() ? c10::optional<at::Tensor>(to_autocast_dtype(*t)) : t;
+  return t.has_value() && t->defined() ? c10::optional<at::Tensor>(to_autocast_dtype<kDevice>(*t)) : t;
 }
 
+template <c10::DeviceType kDevice>
+c10::DispatchKey autocast_key() {
+  return kDevice == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU;
+}
+
+template <c10::DeviceType kDevice>
 std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
                                               c10::string_view similarity, const c10::optional<at::Tensor>& mask,
                                               bool index_order) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key<kDevice>());
   // An additive mask keeps its dtype: the op converts it to its accumulation type.
-  return ops::knn_select(to_autocast_dtype(queries), to_autocast_dtype(keys), k, std::string(similarity), mask,
+  return ops::knn_select(to_autocast_dtype<kDevice>(queries), to_autocast_dtype<kDevice>(keys), k, std::string(similarity), mask,
                          index_order);
 }
 
+template <c10::DeviceType kDevice>
 at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
                          const at::Tensor& kernel, const c10::optional<at::Tensor>& bias) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
-  return ops::knn_aggregate(to_autocast_dtype(values), to_autocast_dtype(weights), indices,
-                            to_autocast_dtype(kernel), to_autocast_dtype(bias));
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key<kDevice>());
+  return ops::knn_aggregate(to_autocast_dtype<kDevice>(values), to_autocast_dtype<kDevice>(weights), indices,
+                            to_autocast_dtype<kDevice>(kernel), to_autocast_dtype<kDevice>(bias));
 }
 
+template <c10::DeviceType kDevice>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
     c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
     c10::string_view rho, double temperature) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
-  return ops::knn_attention(to_autocast_dtype(queries), to_autocast_dtype(keys),
-                            to_autocast_dtype(values), to_autocast_dtype(kernel),
-                            to_autocast_dtype(bias), k, std::string(similarity), mask, index_order,
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key<kDevice>());
+  return ops::knn_attention(to_autocast_dtype<kDevice>(queries), to_autocast_dtype<kDevice>(keys),
+                            to_autocast_dtype<kDevice>(values), to_autocast_dtype<kDevice>(kernel),
+                            to_autocast_dtype<kDevice>(bias), k, std::string(similarity), mask, index_order,
                             std::string(rho), temperature);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, AutocastCPU, m) {
-  m.impl("knn_select", &knn_select);
-  m.impl("knn_aggregate", &knn_aggregate);
-  m.impl("knn_attention", &knn_attention);
+  m.impl("knn_select", &knn_select<c10::DeviceType::CPU>);
+  m.impl("knn_aggregate", &knn_aggregate<c10::DeviceType::CPU>);
+  m.impl("knn_attention", &knn_attention<c10::DeviceType::CPU>);
+}
+
+// Registered whether or not this build has CUDA kernels: under CUDA autocast the generic path
+// runs in the autocast dtype, as a fused CUDA kernel would.
+TORCH_LIBRARY_IMPL(convnn, AutocastCUDA, m) {
+  m.impl("knn_select", &knn_select<c10::DeviceType::CUDA>);
+  m.impl("knn_aggregate", &knn_aggregate<c10::DeviceType::CUDA>);
+  m.impl("knn_attention", &knn_attention<c10::DeviceType::CUDA>);
 }
 
 }  // namespace convnn::autocast

@@ -7,9 +7,12 @@
 #include <cstdint>
 #include <new>
 
-#include "ops/cpu/kernel_views.h"
+#include "ops/kernels/views.h"
 
 namespace convnn::cpu::CONVNN_CPU_ISA {
+
+using kernels::RowsView;
+using kernels::SlotsView;
 
 // Uninitialised, 64-byte aligned scratch memory (aligned so that GEMM micro-kernels see the same
 // alignment on every call).

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "ops/checks.h"
+#include "ops/generic/generic.h"
 #include "ops/cpu/knn_aggregate_cpu.h"
 
 namespace convnn::cpu {
@@ -81,6 +82,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
+  if (ops::generic::serves_cpu()) return;  // CompositeExplicitAutograd takes CPU calls
   m.impl("knn_aggregate", &knn_aggregate);
   m.impl("knn_aggregate_backward", &knn_aggregate_backward);
 }

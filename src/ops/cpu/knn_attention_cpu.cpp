@@ -9,6 +9,7 @@
 
 #include "convnn/ops/knn_ops.h"
 #include "ops/checks.h"
+#include "ops/generic/generic.h"
 #include "ops/cpu/knn_aggregate_cpu.h"
 #include "ops/cpu/knn_attention_kernel.h"
 #include "ops/cpu/knn_select_cpu.h"
@@ -81,6 +82,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
+  if (ops::generic::serves_cpu()) return;  // CompositeExplicitAutograd takes CPU calls
   m.impl("knn_attention", &knn_attention);
   m.impl("knn_attention_backward", &knn_attention_backward);
 }

@@ -12,7 +12,7 @@
 #include <atomic>
 #include <vector>
 
-#include "ops/cpu/rho_kernel.h"
+#include "ops/kernels/rho.h"
 
 namespace convnn::cpu {
 namespace {
@@ -108,7 +108,7 @@ bool knn_attention_forward(const KnnAttentionParams<scalar_t, acc_t>& p) {
       }
       scalar_t* weights = p.weights + (b.g * sel.queries_n + b.row_begin) * sel.k;
       for (int64_t r = 0; r < b.slices * b.rows; ++r) {
-        rho_row(select.scores + r * sel.k, sel.k, p.rho, p.temperature, weights + r * sel.k);
+        kernels::rho_row(select.scores + r * sel.k, sel.k, p.rho, p.temperature, weights + r * sel.k);
       }
       if (aggregate.sizes.c_out > 0) knn_aggregate_forward_kernel(aggregate_block(aggregate, b));
     }
@@ -122,7 +122,7 @@ void softmax_rho_backward(const scalar_t* weights, const scalar_t* grad_weights,
   const int64_t grain = std::max<int64_t>(1, 4096 / k);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      softmax_rho_backward_row(weights + r * k, grad_weights + r * k, k, temperature,
+      kernels::softmax_rho_backward_row(weights + r * k, grad_weights + r * k, k, temperature,
                                grad_scores + r * k);
     }
   });

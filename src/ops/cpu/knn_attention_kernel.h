@@ -1,29 +1,19 @@
 #pragma once
 // Fused ConvNN attention on the CPU: select + rho + aggregate in one pass over the queries.
 // Per task (a slice, or a block of its query rows when there are few slices) the select kernel
-// writes the block's
-// K scores and indices, rho turns them into weights, and the aggregation kernel consumes both
-// while they are still in cache; the [G,N,M] score matrix and the gathered neighbourhoods never
+// writes the block's K scores and indices, rho turns them into weights, and the aggregation kernel
+// consumes both while they are still in cache; the [G,N,M] score matrix and the gathered neighbourhoods never
 // exist. Scores, indices and weights ([G,N,K]) are outputs because the backward needs them.
 // Free of torch types, like the kernels it composes.
 #include <cstdint>
 
-#include "convnn/ops/rho.h"
 #include "ops/cpu/knn_aggregate_kernel.h"
 #include "ops/cpu/knn_select_kernel.h"
+#include "ops/kernels/knn_attention_params.h"
 
 namespace convnn::cpu {
 
-template <typename scalar_t, typename acc_t>
-struct KnnAttentionParams {
-  // The whole select problem; its scores and indices ([G,N,K] contiguous) are outputs.
-  KnnSelectParams<scalar_t, acc_t> select;
-  // The whole aggregation; its weights and indices views point at the outputs of this op.
-  AggregateForwardParams<scalar_t> aggregate;
-  Rho rho = Rho::Softmax;
-  acc_t temperature = 1;
-  scalar_t* weights = nullptr;  // [G,N,K] contiguous out
-};
+using kernels::KnnAttentionParams;
 
 // Returns false (outputs unspecified) when a NaN or +inf score was met; the caller reports it.
 // Deterministic and independent of the thread count, as the composed kernels are.

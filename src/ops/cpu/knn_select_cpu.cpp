@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "ops/checks.h"
+#include "ops/generic/generic.h"
 #include "ops/cpu/knn_select_kernel.h"
 #include "ops/reference/reference.h"
 
@@ -81,6 +82,7 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
 }
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
+  if (ops::generic::serves_cpu()) return;  // CompositeExplicitAutograd takes CPU calls
   m.impl("knn_select", &knn_select);
   m.impl("knn_select_backward",
          static_cast<std::tuple<at::Tensor, at::Tensor> (*)(

@@ -1,11 +1,14 @@
 #pragma once
-// Glue between tensors and the kernels' plain views (ops/cpu/kernel_views.h): the CPU entries
+// Glue between tensors and the kernels' plain views (ops/kernels/views.h): the CPU entries
 // build every kernel parameter struct through these, so the layout rules live in one place.
 #include <ATen/core/Tensor.h>
 
-#include "ops/cpu/kernel_views.h"
+#include "ops/kernels/views.h"
 
 namespace convnn::cpu {
+
+using kernels::RowsView;
+using kernels::SlotsView;
 
 // The kernels vectorise along the last dim: keep any layout whose last dim is unit-stride (slices
 // of a wider projection, say) and copy only otherwise.

@@ -36,6 +36,20 @@ std::atomic<int64_t>& budget() {
 
 int64_t block_bytes() { return budget().load(); }
 
+bool serves_cpu() {
+  // Read during static registration, where an exception would abort the process: an unknown
+  // value keeps the fused kernels and says so in the log.
+  static const bool generic = [] {
+    const char* value = std::getenv("CONVNN_CPU_KERNELS");
+    if (value == nullptr || std::string_view(value) == "fused") return false;
+    if (std::string_view(value) == "generic") return true;
+    TORCH_WARN("CONVNN_CPU_KERNELS must be 'fused' or 'generic', got '", value,
+               "'; using the fused CPU kernels");
+    return false;
+  }();
+  return generic;
+}
+
 void set_block_bytes(int64_t bytes) {
   TORCH_CHECK(bytes > 0, "convnn::ops::generic::set_block_bytes: bytes must be positive, got ",
               bytes);

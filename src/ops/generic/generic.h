@@ -28,6 +28,12 @@ int64_t block_bytes();
 // Overrides the budget for the rest of the process (tests use a few KB to force many blocks).
 void set_block_bytes(int64_t bytes);
 
+// Whether CPU calls go to these kernels instead of the fused CPU ones: the environment variable
+// CONVNN_CPU_KERNELS=generic (default "fused"), read when the library loads. The fused CPU files
+// then register nothing and the dispatcher hands CPU tensors to CompositeExplicitAutograd, which is
+// how the whole op test matrix runs through this path (scripts/test.sh).
+bool serves_cpu();
+
 std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
                                               int64_t k, c10::string_view similarity,
                                               const c10::optional<at::Tensor>& mask,

@@ -70,7 +70,4 @@ at::Tensor aggregate_block(const at::Tensor& values, const at::Tensor& weights,
 // Bytes aggregate_block keeps live per query row of one slice.
 int64_t aggregate_bytes_per_row(const at::Tensor& values, int64_t k, const at::Tensor& kernel);
 
-// rho of docs/operator.md on scores [..,K]: masked (-inf) slots weigh exactly 0.
-at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature);
-
 }  // namespace convnn::ops::generic

@@ -8,6 +8,7 @@
 
 #include <limits>
 
+#include "ops/aten/rho_forms.h"
 #include "ops/checks.h"
 #include "ops/generic/generic.h"
 #include "ops/generic/internal.h"
@@ -26,32 +27,6 @@ at::Tensor softmax_rho_backward(const at::Tensor& weights, const at::Tensor& gra
 }
 
 }  // namespace
-
-// As reference::rho_weights, whose rules it follows step for step, from ops that also run on meta
-// tensors (masked_fill where the reference uses at::where).
-at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
-  const auto masked = at::isneginf(scores);
-  switch (rho) {
-    case Rho::Uniform: return masked.bitwise_not().to(scores.scalar_type());
-    case Rho::Mean: {
-      const auto w = masked.bitwise_not().to(scores.scalar_type());
-      return w / w.sum(-1, true).clamp_min(1.0);
-    }
-    case Rho::Softmax: {
-      // The largest valid score is subtracted before the division by the temperature, in the
-      // accumulation type, so every exponent is <= 0; a row without a valid slot is softmaxed as
-      // zeros and then zeroed, so nothing meets inf - inf.
-      const auto accumulated = scores.to(at::toOpMathType(scores.scalar_type()));
-      const auto row_has_valid = masked.bitwise_not().any(-1, /*keepdim=*/true);
-      const auto largest = accumulated.amax(-1, /*keepdim=*/true);
-      auto z = ((accumulated - largest) / temperature)
-                   .masked_fill_(masked, -std::numeric_limits<double>::infinity())
-                   .masked_fill_(row_has_valid.bitwise_not(), 0.0);
-      return at::softmax(z, -1).masked_fill_(masked, 0.0).to(scores.scalar_type());
-    }
-  }
-  TORCH_CHECK(false, "rho_weights: unknown rho");
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
@@ -73,7 +48,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     // rho sees the scores as returned (in the inputs' dtype), as in the composed ops.
     auto reported = block_of(scores, block);
     reported.copy_(block_scores);
-    const auto block_weights = rho_weights(reported, checked.rho, temperature);
+    const auto block_weights = aten_forms::rho_weights(reported, checked.rho, temperature);
     block_of(indices, block).copy_(block_indices);
     block_of(weights, block).copy_(block_weights);
     block_of(output, block).copy_(aggregate_block(values.narrow(0, block.slice, block.slices),

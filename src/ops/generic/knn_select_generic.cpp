@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "ops/aten/similarity_forms.h"
 #include "ops/checks.h"
 #include "ops/generic/generic.h"
 #include "ops/generic/internal.h"
@@ -18,27 +19,6 @@ namespace convnn::ops::generic {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-at::Tensor unit_rows(const at::Tensor& x) {
-  return x / at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true).clamp_min(kCosineEps);
-}
-
-// |x| from ops that have Meta kernels in C++ (at::abs has none).
-at::Tensor magnitude(const at::Tensor& x) { return x * x.sign(); }
-
-// The distance between every query of the block and every key, from exact pairwise differences,
-// one coordinate at a time: mirror positions tie exactly (the |q|^2 + |k|^2 - 2 q.k expansion does
-// not), and only [rows, M] is live, never [rows, M, D]. `chebyshev` takes the largest coordinate,
-// otherwise the squares are summed.
-at::Tensor pairwise_distance(const at::Tensor& queries, const at::Tensor& keys, bool chebyshev) {
-  at::Tensor total;
-  for (int64_t d = 0; d < queries.size(2); ++d) {
-    auto diff = queries.select(2, d).unsqueeze(2) - keys.select(2, d).unsqueeze(1);
-    auto term = chebyshev ? magnitude(diff) : diff.mul_(diff);
-    total = !total.defined() ? term : (chebyshev ? at::maximum(total, term) : total.add_(term));
-  }
-  return total;
-}
 
 void apply_mask(at::Tensor& ranking_keys, const at::Tensor& mask, const RowBlock& block) {
   if (!mask.defined()) return;
@@ -55,17 +35,7 @@ void apply_mask(at::Tensor& ranking_keys, const at::Tensor& mask, const RowBlock
 at::Tensor block_ranking_keys(const SelectOperands& in, const RowBlock& block) {
   const auto queries = block_of(in.queries, block);
   const auto keys = in.keys.narrow(0, block.slice, block.slices);
-  at::Tensor ranking_keys;
-  switch (in.similarity) {
-    case Similarity::Dot:
-    case Similarity::Cosine: ranking_keys = at::bmm(queries, keys.transpose(1, 2)); break;
-    case Similarity::ScaledDot:
-      ranking_keys = at::bmm(queries, keys.transpose(1, 2))
-                         .div_(std::sqrt(static_cast<double>(queries.size(2))));
-      break;
-    case Similarity::Gaussian: ranking_keys = pairwise_distance(queries, keys, false).neg_(); break;
-    case Similarity::Chebyshev: ranking_keys = pairwise_distance(queries, keys, true).neg_(); break;
-  }
+  auto ranking_keys = aten_forms::ranking_keys(queries, keys, in.similarity);
   apply_mask(ranking_keys, in.mask, block);
   return ranking_keys;
 }
@@ -87,48 +57,6 @@ at::Tensor top_k_positions(const at::Tensor& ranking_keys, int64_t k) {
   return std::get<0>(positions.sort(-1));
 }
 
-// Scores as knn_select reports them: exp(-distance) for the distance similarities, -inf kept.
-at::Tensor reported_scores(const at::Tensor& top_keys, Similarity similarity) {
-  if (!is_distance_similarity(similarity)) return top_keys;
-  return top_keys.exp().masked_fill_(at::isneginf(top_keys), kNegInf);
-}
-
-// d score / d query and d score / d key of each selected pair, [G,N,K,D] (broadcastable), as
-// reference::knn_select_backward defines them (chebyshev: the first coordinate of a tie).
-std::tuple<at::Tensor, at::Tensor> pair_gradients(const at::Tensor& q, const at::Tensor& kk,
-                                                  Similarity similarity) {
-  switch (similarity) {
-    case Similarity::Dot: return {kk, q.expand_as(kk)};
-    case Similarity::ScaledDot: {
-      const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-      return {kk * scale, q.expand_as(kk) * scale};
-    }
-    case Similarity::Cosine: {
-      const auto q_norm = at::linalg_vector_norm(q, 2, {-1}, true);
-      const auto k_norm = at::linalg_vector_norm(kk, 2, {-1}, true);
-      const auto q_unit = q / q_norm.clamp_min(kCosineEps);
-      const auto k_unit = kk / k_norm.clamp_min(kCosineEps);
-      const auto s = (q_unit * k_unit).sum(-1, true);
-      // d/dq of q/max(|q|,eps): the projection away from q when |q| > eps, 1/eps otherwise.
-      return {(k_unit - (q_norm > kCosineEps) * s * q_unit) / q_norm.clamp_min(kCosineEps),
-              (q_unit - (k_norm > kCosineEps) * s * k_unit) / k_norm.clamp_min(kCosineEps)};
-    }
-    case Similarity::Gaussian: {
-      const auto diff = q - kk;
-      const auto d_q = -2.0 * (-diff.square().sum(-1, true)).exp() * diff;
-      return {d_q, -d_q};
-    }
-    case Similarity::Chebyshev: {
-      const auto diff = q - kk;
-      const auto [distance, first_largest] = magnitude(diff).max(-1, true);
-      const auto one_hot = at::zeros_like(diff).scatter_(-1, first_largest, 1.0);
-      const auto d_q = -(-distance).exp() * diff.sign() * one_hot;
-      return {d_q, -d_q};
-    }
-  }
-  TORCH_CHECK(false, "knn_select_backward: unknown similarity");
-}
-
 }  // namespace
 
 SelectOperands::SelectOperands(const at::Tensor& queries_in, const at::Tensor& keys_in,
@@ -138,8 +66,8 @@ SelectOperands::SelectOperands(const at::Tensor& queries_in, const at::Tensor& k
   queries = queries_in.to(acc);
   keys = keys_in.to(acc);
   if (similarity == Similarity::Cosine) {
-    queries = unit_rows(queries);
-    keys = unit_rows(keys);
+    queries = aten_forms::unit_rows(queries);
+    keys = aten_forms::unit_rows(keys);
   }
   if (mask_in.has_value() && mask_in->defined()) {
     mask = mask_in->scalar_type() == at::kBool ? *mask_in : mask_in->to(acc);
@@ -165,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor> select_block(SelectOperands& in, int64_t k, b
     top_keys = by_score;
     positions = positions.gather(-1, permutation);
   }
-  return {reported_scores(top_keys, in.similarity), positions};
+  return {aten_forms::reported_scores(top_keys, in.similarity), positions};
 }
 
 void raise_if_unrankable(const SelectOperands& in, const char* op) {
@@ -208,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
   // Masked slots have a constant score (-inf): no gradient flows through them.
   const auto live = grad_scores.masked_fill(at::isneginf(scores), 0).unsqueeze(-1);  // [G,N,K,1]
   const auto [d_queries, d_keys] =
-      pair_gradients(queries.unsqueeze(2), gather_rows(keys, indices), similarity);
+      aten_forms::pair_gradients(queries.unsqueeze(2), gather_rows(keys, indices), similarity);
   return {(live * d_queries).sum(2), sum_into_rows(live * d_keys, indices, keys.size(1))};
 }
 

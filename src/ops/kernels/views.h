@@ -1,11 +1,11 @@
 #pragma once
-// Strided views that kernels take instead of tensors: raw pointers and element strides, callable on
-// host and device so that a CUDA twin can share them.
+// Strided views that kernels of every device take instead of tensors: raw pointers and element
+// strides, callable on host and device.
 #include <c10/macros/Macros.h>
 
 #include <cstdint>
 
-namespace convnn::cpu {
+namespace convnn::kernels {
 
 // A [G, rows, width] tensor whose rows are unit-stride vectors (the kernels vectorise along them);
 // the G and row strides are arbitrary, in elements.
@@ -31,4 +31,4 @@ struct SlotsView {
   }
 };
 
-}  // namespace convnn::cpu
+}  // namespace convnn::kernels

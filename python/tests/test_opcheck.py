@@ -1,0 +1,105 @@
+"""torch.library.opcheck on every convnn op: schema, autograd registration, fake tensors (the Meta
+kernels) and AOT dispatch with dynamic shapes, in float32 and float64 with requires_grad on."""
+import os
+import pathlib
+
+import pytest
+import torch
+
+LIBRARY = os.environ.get(
+    "CONVNN_LIBRARY",
+    str(pathlib.Path(__file__).resolve().parents[2] / "build" / "lib" / "libconvnn.so"),
+)
+torch.ops.load_library(LIBRARY)
+ops = torch.ops.convnn
+
+TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+DTYPES = (torch.float32, torch.float64)
+G, N, M, D, C, K = 2, 7, 9, 5, 4, 3
+
+
+def tensor(*shape, dtype, grad=True, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=dtype, generator=generator).requires_grad_(grad)
+
+
+def select_cases(dtype):
+    q, k = tensor(G, N, D, dtype=dtype, seed=1), tensor(G, M, D, dtype=dtype, seed=2)
+    causal = torch.ones(N, M, dtype=torch.bool).tril()
+    return [
+        (q, k, K, "scaled_dot", None, False),
+        (q, k, K, "l1", causal, True),
+        (q, k, K, "cosine", torch.zeros(G, N, M, dtype=dtype), False),
+    ]
+
+
+def selection(dtype):
+    q, k = tensor(G, N, D, dtype=dtype, seed=1), tensor(G, M, D, dtype=dtype, seed=2)
+    scores, indices = ops.knn_select(q.detach(), k.detach(), K, "dot", None, False)
+    return scores, indices
+
+
+def aggregate_cases(dtype):
+    values = tensor(G, M, C, dtype=dtype, seed=3)
+    scores, indices = selection(dtype)
+    weights = torch.softmax(scores, -1).requires_grad_(True)
+    return [
+        (values, weights, indices, tensor(C, K, dtype=dtype, seed=4), None),
+        (values, weights, indices, tensor(6, C, K, dtype=dtype, seed=5), tensor(6, dtype=dtype, seed=6)),
+    ]
+
+
+def attention_cases(dtype):
+    q, k = tensor(G, N, D, dtype=dtype, seed=1), tensor(G, M, D, dtype=dtype, seed=2)
+    values = tensor(G, M, C, dtype=dtype, seed=3)
+    return [
+        (q, k, values, tensor(C, K, dtype=dtype, seed=4), None, K, "scaled_dot", None, False, "softmax", 0.7),
+        (q, k, values, tensor(6, C, K, dtype=dtype, seed=5), tensor(6, dtype=dtype, seed=6), K, "gaussian",
+         None, True, "mean", 1.0),
+    ]
+
+
+def backward_cases(dtype):
+    """The _backward ops on their own, with the saved tensors a forward produced."""
+    q, k = tensor(G, N, D, dtype=dtype, seed=1, grad=False), tensor(G, M, D, dtype=dtype, seed=2, grad=False)
+    values = tensor(G, M, C, dtype=dtype, seed=3, grad=False)
+    kernel = tensor(C, K, dtype=dtype, seed=4, grad=False)
+    scores, indices = ops.knn_select(q, k, K, "dot", None, False)
+    weights = torch.softmax(scores, -1)
+    out, a_scores, a_indices, a_weights = ops.knn_attention(
+        q, k, values, kernel, None, K, "dot", None, False, "softmax", 1.0)
+    return {
+        "knn_select_backward": [(torch.ones_like(scores), q, k, indices, scores, "dot")],
+        "knn_aggregate_backward": [(torch.ones(G, N, C, dtype=dtype), values, weights, indices, kernel,
+                                    [True, True, True, False])],
+        "knn_attention_backward": [(torch.ones_like(out), q, k, values, kernel, a_scores, a_indices, a_weights,
+                                    "dot", "softmax", 1.0, [True, True, True, True, False])],
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("test", TESTS)
+@pytest.mark.parametrize("op_name,cases", [
+    ("knn_select", select_cases), ("knn_aggregate", aggregate_cases), ("knn_attention", attention_cases)])
+def test_forward_ops_pass_opcheck(op_name, cases, test, dtype):
+    for args in cases(dtype):
+        torch.library.opcheck(getattr(ops, op_name).default, args, test_utils=(test,))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("test", TESTS)
+@pytest.mark.parametrize("op_name", ["knn_select_backward", "knn_aggregate_backward", "knn_attention_backward"])
+def test_backward_ops_pass_opcheck(op_name, test, dtype):
+    for args in backward_cases(dtype)[op_name]:
+        torch.library.opcheck(getattr(ops, op_name).default, args, test_utils=(test,))
+
+
+def test_the_name_lists_come_from_the_library():
+    assert list(ops.similarity_names()) == ["dot", "scaled_dot", "cosine", "gaussian", "chebyshev", "l1"]
+    assert list(ops.rho_names()) == ["uniform", "mean", "softmax"]
+
+
+def test_cuda_autocast_has_kernels_even_without_a_gpu():
+    for name in ("knn_select", "knn_aggregate", "knn_attention"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"convnn::{name}", "AutocastCUDA"), name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"convnn::{name}", "AutocastCPU"), name

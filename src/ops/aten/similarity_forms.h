@@ -1,0 +1,31 @@
+#pragma once
+// Each similarity in whole-tensor ATen form: what the reference ops (src/ops/reference/) and the
+// device-generic path (src/ops/generic/) compute with. The fused kernels compute the same maths
+// element by element from the policies of ops/kernels/similarity.h; the tests hold the two apart.
+// Only ATen ops with C++ kernels on every device, Meta included (src/ops/generic/internal.h).
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+
+#include "convnn/ops/similarity.h"
+
+namespace convnn::aten_forms {
+
+/// x / max(|x|, eps) along the last dim (cosine's unit rows).
+at::Tensor unit_rows(const at::Tensor& x);
+
+/// The ranking keys of every query against every key, [G,N,D] x [G,M,D] -> [G,N,M]: the
+/// similarity, or -distance for the distance similarities, from exact pairwise differences (mirror
+/// positions tie exactly). Cosine expects unit rows (the caller normalises once). No mask.
+at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity);
+
+/// Scores as knn_select reports them from selected ranking keys: exp(key) for the distance
+/// similarities, -inf (masked) kept.
+at::Tensor reported_scores(const at::Tensor& selected_keys, Similarity similarity);
+
+/// d score / d query and d score / d key of each selected pair, q [..,1,D] against kk [..,K,D]
+/// (broadcastable results), on raw (not normalised) rows. Chebyshev: the first coordinate of a tie.
+std::tuple<at::Tensor, at::Tensor> pair_gradients(const at::Tensor& q, const at::Tensor& kk,
+                                                  Similarity similarity);
+
+}  // namespace convnn::aten_forms

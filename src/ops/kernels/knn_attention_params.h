@@ -1,0 +1,21 @@
+#pragma once
+// The contract of the fused knn_attention kernel (select + rho + aggregate in one pass) on every
+// device: the select and aggregate structs it composes, and rho.
+#include "convnn/ops/rho.h"
+#include "ops/kernels/knn_aggregate_params.h"
+#include "ops/kernels/knn_select_params.h"
+
+namespace convnn::kernels {
+
+template <typename scalar_t, typename acc_t>
+struct KnnAttentionParams {
+  // The whole select problem; its scores and indices ([G,N,K] contiguous) are outputs.
+  KnnSelectParams<scalar_t, acc_t> select;
+  // The whole aggregation; its weights and indices views point at the outputs of this op.
+  AggregateForwardParams<scalar_t> aggregate;
+  Rho rho = Rho::Softmax;
+  acc_t temperature = 1;
+  scalar_t* weights = nullptr;  // [G,N,K] contiguous out
+};
+
+}  // namespace convnn::kernels
