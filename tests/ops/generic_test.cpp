@@ -540,7 +540,7 @@ TEST(GenericDispatch, EveryBackendWithoutAFusedKernelGetsTheGenericOne) {
     // The fused kernels serve the CPU unless CONVNN_CPU_KERNELS=generic routes it here.
     EXPECT_EQ(handle.hasKernelForDispatchKey(c10::DispatchKey::CPU), !convnn::ops::generic::serves_cpu());
     EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::Meta));
-    EXPECT_FALSE(handle.hasKernelForDispatchKey(c10::DispatchKey::CUDA));  // no stub in front of it
+    EXPECT_FALSE(handle.hasKernelForDispatchKey(c10::DispatchKey::CUDA));  // nothing shadows the generic one
     EXPECT_TRUE(handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
     EXPECT_TRUE(handle.hasComputedKernelForDispatchKey(c10::DispatchKey::MPS));
   }
