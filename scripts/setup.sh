@@ -66,6 +66,20 @@ build() {
   cmake --build "$build_dir" --parallel "$(nproc)"
 }
 
+# The Python package (pyproject.toml) into the venv: `pip install .`, without build isolation
+# (the venv has scikit-build-core and torch). Its build folder, build-python/, persists, so a
+# reinstall rebuilds only what changed; ccache shares objects with build/.
+install_python_package() {
+  log "installing the convnn Python package into the venv"
+  export CCACHE_BASEDIR="$repo_root"
+  export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$repo_root/.venv/bin/python" -m pip install -q \
+    --no-build-isolation "$repo_root"
+}
+
 install_apt_packages
 install_venv
-[ "${CONVNN_SKIP_BUILD:-0}" = 1 ] || build
+if [ "${CONVNN_SKIP_BUILD:-0}" != 1 ]; then
+  build
+  install_python_package
+fi

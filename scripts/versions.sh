@@ -2,7 +2,9 @@
 # CUDA 13.0, the major version of the installed nvcc, and is the GPU machine's version.
 CONVNN_TORCH_VERSION="2.11.0"
 CONVNN_PYTHON="/usr/bin/python3"
-CONVNN_PIP_PACKAGES=(numpy pytest)
+# scikit-build-core: the Python package's build backend (pyproject.toml), installed here so that
+# setup.sh builds the package without an isolated build environment (no download per install).
+CONVNN_PIP_PACKAGES=(numpy pytest "scikit-build-core>=0.10")
 CONVNN_APT_PACKAGES=(
   python3-venv cmake ninja-build ccache g++ git
   googletest libgtest-dev libgmock-dev

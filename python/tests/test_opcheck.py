@@ -1,16 +1,10 @@
 """torch.library.opcheck on every convnn op: schema, autograd registration, fake tensors (the Meta
 kernels) and AOT dispatch with dynamic shapes, in float32 and float64 with requires_grad on."""
-import os
-import pathlib
 
 import pytest
 import torch
 
-LIBRARY = os.environ.get(
-    "CONVNN_LIBRARY",
-    str(pathlib.Path(__file__).resolve().parents[2] / "build" / "lib" / "libconvnn.so"),
-)
-torch.ops.load_library(LIBRARY)
+import convnn  # noqa: F401  (registers torch.ops.convnn)
 ops = torch.ops.convnn
 
 TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -103,3 +97,31 @@ def test_cuda_autocast_has_kernels_even_without_a_gpu():
     for name in ("knn_select", "knn_aggregate", "knn_attention"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"convnn::{name}", "AutocastCUDA"), name
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"convnn::{name}", "AutocastCPU"), name
+
+
+def test_fake_cuda_tensors_get_shapes_dtypes_and_the_device_without_a_gpu():
+    """FakeTensorMode makes CUDA tensors on a machine without a GPU (the wheel is CUDA-enabled):
+    the Meta kernels then give every op's outputs on the inputs' device, forward and backward,
+    which is what torch.compile traces for a GPU model."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        cuda = torch.device("cuda", 0)
+        q = torch.empty(G, N, D, device=cuda)
+        k = torch.empty(G, M, D, device=cuda)
+        values = torch.empty(G, M, C, device=cuda, dtype=torch.bfloat16)
+        kernel = torch.empty(6, C, K, device=cuda, dtype=torch.bfloat16)
+        causal = torch.ones(N, M, dtype=torch.bool, device=cuda).tril()
+        scores, indices = ops.knn_select(q, k, K, "cosine", causal, False)
+        assert scores.shape == (G, N, K) and scores.device == cuda and indices.dtype == torch.int64
+        weights = torch.empty(G, N, K, device=cuda, dtype=torch.bfloat16)
+        out = ops.knn_aggregate(values, weights, indices, kernel, None)
+        assert out.shape == (G, N, 6) and out.dtype == torch.bfloat16 and out.device == cuda
+        out, a_scores, a_indices, a_weights = ops.knn_attention(
+            q, k, k, torch.empty(D, K, device=cuda), None, K, "l1", None, True, "softmax", 0.5)
+        assert out.shape == (G, N, D) and a_indices.shape == (G, N, K) and out.device == cuda
+        grads = ops.knn_attention_backward(torch.empty_like(out), q, k, k, torch.empty(D, K, device=cuda),
+                                           a_scores, a_indices, a_weights, "l1", "softmax", 0.5,
+                                           [True, True, True, True, False])
+        assert [g.shape if g is not None else None for g in grads] == [q.shape, k.shape, k.shape, (D, K), None]
+        assert all(g.device == cuda for g in grads if g is not None)

@@ -1,15 +1,9 @@
-"""Python users load libconvnn.so with torch.ops.load_library and get both ops with autograd."""
-import os
-import pathlib
+"""`import convnn` registers the ops, from any working directory, and they have autograd."""
 
 import pytest
 import torch
 
-LIBRARY = os.environ.get(
-    "CONVNN_LIBRARY",
-    str(pathlib.Path(__file__).resolve().parents[2] / "build" / "lib" / "libconvnn.so"),
-)
-torch.ops.load_library(LIBRARY)
+import convnn  # noqa: F401  (registers torch.ops.convnn)
 ops = torch.ops.convnn
 
 

@@ -63,10 +63,6 @@ int64_t CostReport::parameters() const {
 
 // ------------------------------------------------------------------ primitive operations
 
-int64_t conv_output_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation) {
-  return (input + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
-}
-
 Cost conv2d_cost(const torch::nn::detail::ConvNdOptions<2>& o, int64_t out_height, int64_t out_width) {
   const int64_t outputs = out_height * out_width * o.out_channels();
   const int64_t taps = (o.in_channels() / o.groups()) * o.kernel_size()->at(0) * o.kernel_size()->at(1);
@@ -119,37 +115,21 @@ void add_convnn_op(CostReport& report, const std::string& stage, const std::stri
 
 namespace {
 
-int64_t explicit_padding(const torch::nn::detail::ConvNdOptions<2>& o, const std::string& layer) {
-  const auto* padding = std::get_if<torch::ExpandingArray<2>>(&o.padding());
-  TORCH_CHECK(padding != nullptr && (*padding)->at(0) == (*padding)->at(1), layer,
-              ": the cost counter needs a Conv2d with equal explicit padding on both axes");
-  return (*padding)->at(0);
-}
-
 void add_conv2d(CostReport& report, const std::string& stage, const std::string& layer,
-                const torch::nn::detail::ConvNdOptions<2>& o, int64_t& height, int64_t& width) {
-  const int64_t pad = explicit_padding(o, layer);
-  const auto& k = o.kernel_size();
-  const auto& stride = o.stride();
-  const auto& dilation = o.dilation();
-  height = conv_output_size(height, k->at(0), stride->at(0), pad, dilation->at(0));
-  width = conv_output_size(width, k->at(1), stride->at(1), pad, dilation->at(1));
-  report.add(stage, layer, "conv2d", conv2d_cost(o, height, width));
+                const torch::nn::Conv2dImpl& conv, int64_t& height, int64_t& width) {
+  advance_spatial_layer(conv, layer, height, width);
+  report.add(stage, layer, "conv2d", conv2d_cost(conv.options, height, width));
 }
 
 // ConvNN2d counts useful work: queries at the H x W output positions only (the layer also
 // searches for the padded positions and crops them away), candidates on the padded grid.
 void add_convnn2d(CostReport& report, const std::string& stage, const std::string& layer,
-                  const nn::ConvNN2dOptions& o, int64_t height, int64_t width) {
+                  const nn::ConvNN2dImpl& convnn, int64_t height, int64_t width) {
+  convnn.check_input_size({height, width}, layer);  // k beyond the candidates has no cost
+  const auto& o = convnn.options;
   const int64_t n = height * width;
   const int64_t grid = (height + 2 * o.padding()) * (width + 2 * o.padding());
   const int64_t m = o.num_candidates() > 0 ? o.num_candidates() + (o.include_self() ? 1 : 0) : grid;
-  const int64_t available = o.num_candidates() > 0 ? o.num_candidates() : grid;
-  TORCH_CHECK(
-      o.k() <= available, layer, ": k = ", o.k(), " exceeds the ", available,
-      o.num_candidates() > 0 ? " random candidates (num_candidates)" : " candidates of its padded input",
-      " (a ", height, "x", width, " map with padding ", o.padding(),
-      "); use a larger image size or a smaller k");
   const bool linear = o.projection() == nn::Projection::Linear;
   const int64_t qk = linear && o.qk_channels() > 0 ? o.qk_channels() : o.in_channels();
   if (linear) {
@@ -169,20 +149,20 @@ void add_convnn2d(CostReport& report, const std::string& stage, const std::strin
 void add_spatial_layer(CostReport& report, const std::string& stage, const std::string& layer,
                        const torch::nn::Module& module, int64_t& height, int64_t& width) {
   if (const auto* conv = dynamic_cast<const torch::nn::Conv2dImpl*>(&module)) {
-    add_conv2d(report, stage, layer, conv->options, height, width);
+    add_conv2d(report, stage, layer, *conv, height, width);
   } else if (const auto* convnn = dynamic_cast<const nn::ConvNN2dImpl*>(&module)) {
-    add_convnn2d(report, stage, layer, convnn->options, height, width);
+    add_convnn2d(report, stage, layer, *convnn, height, width);
   } else if (const auto* branching = dynamic_cast<const nn::BranchingConv2dImpl*>(&module)) {
     // Both branches see the whole input and keep its size; the concatenation is free.
     if (!branching->convnn_branch.is_empty()) {
-      add_convnn2d(report, stage, layer + ".convnn_branch", branching->convnn_branch->options, height, width);
+      add_convnn2d(report, stage, layer + ".convnn_branch", *branching->convnn_branch, height, width);
     }
     if (!branching->conv_branch.is_empty()) {
       int64_t h = height, w = width;
-      add_conv2d(report, stage, layer + ".conv_branch", branching->conv_branch->options, h, w);
+      add_conv2d(report, stage, layer + ".conv_branch", *branching->conv_branch, h, w);
     }
     int64_t h = height, w = width;
-    add_conv2d(report, stage, layer + ".mix", branching->mix->options, h, w);
+    add_conv2d(report, stage, layer + ".mix", *branching->mix, h, w);
   } else {
     TORCH_CHECK(false, layer, ": the cost counter knows Conv2d, ConvNN2d and BranchingConv2d, got ",
                 module.name());

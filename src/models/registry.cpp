@@ -191,8 +191,7 @@ Model build_model(const std::string& name, const ModelConfig& config) {
     ResNet net(resnet_options(name, config));
     Model model(name, config, torch::nn::AnyModule(net),
                 [net](int64_t h, int64_t w) { return net->cost(h, w); });
-    // The cost walk checks every ConvNN layer's K against the candidates it sees at this size.
-    model.cost();
+    net->check_image_size(config.image_size, config.image_size);
     return model;
   }
   VisionTransformer net(vit_options(name, config));

@@ -109,6 +109,14 @@ void ResidualBlockImpl::add_cost(CostReport& report, const std::string& stage, c
   report.add(stage, name + ".relu", "relu", relu_cost(elements));
 }
 
+void ResidualBlockImpl::check_input_size(const std::string& name, int64_t& height, int64_t& width) const {
+  for (size_t i = 0; i < convs.size(); ++i) {
+    const auto layer = name + ".conv" + std::to_string(i + 1);
+    check_spatial_layer(*convs[i].ptr(), layer, height, width);
+    advance_spatial_layer(*convs[i].ptr(), layer, height, width);
+  }
+}
+
 void ResidualBlockImpl::pretty_print(std::ostream& stream) const {
   stream << "convnn::models::ResidualBlock(" << options.in_channels() << ", " << options.out_channels()
          << ", stride=" << options.stride() << ", bottleneck=" << (options.bottleneck() ? "true" : "false")
@@ -207,10 +215,8 @@ CostReport ResNetImpl::cost(int64_t height, int64_t width) const {
   report.add("stem", "bn1", "batchnorm", batch_norm_cost(height * width * channels));
   report.add("stem", "relu", "relu", relu_cost(height * width * channels));
   if (maxpool) {
-    const auto& p = maxpool->options;
-    const int64_t window = p.kernel_size()->at(0);
-    height = conv_output_size(height, window, p.stride()->at(0), p.padding()->at(0));
-    width = conv_output_size(width, window, p.stride()->at(1), p.padding()->at(1));
+    advance_maxpool(height, width);
+    const int64_t window = maxpool->options.kernel_size()->at(0);
     report.add("stem", "maxpool", "maxpool", max_pool_cost(height * width * channels, window * window));
   }
   for (size_t s = 0; s < stages.size(); ++s) {
@@ -228,6 +234,25 @@ CostReport ResNetImpl::cost(int64_t height, int64_t width) const {
     return name.rfind("fc.", 0) == 0 ? "head" : "stem";
   });
   return report;
+}
+
+void ResNetImpl::advance_maxpool(int64_t& height, int64_t& width) const {
+  if (!maxpool) return;
+  const auto& p = maxpool->options;
+  height = conv_output_size(height, p.kernel_size()->at(0), p.stride()->at(0), p.padding()->at(0));
+  width = conv_output_size(width, p.kernel_size()->at(1), p.stride()->at(1), p.padding()->at(1));
+}
+
+void ResNetImpl::check_image_size(int64_t height, int64_t width) const {
+  TORCH_CHECK(height >= 1 && width >= 1, "ResNet: image size must be positive, got ", height, "x", width);
+  advance_spatial_layer(*conv1, "conv1", height, width);
+  advance_maxpool(height, width);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const auto stage = "layer" + std::to_string(s + 1);
+    for (size_t b = 0; b < stages[s]->size(); ++b) {
+      stages[s]->at<ResidualBlockImpl>(b).check_input_size(stage + "." + std::to_string(b), height, width);
+    }
+  }
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> ResNetImpl::slot_layers() const {

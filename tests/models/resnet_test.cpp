@@ -144,6 +144,38 @@ TEST(ResNet, ClearErrors) {
   EXPECT_THROW(ResNet(ResNetOptions(101)), c10::Error);
 }
 
+// The size check is its own walk of the layer geometry, not a side effect of counting costs: it
+// accepts the smallest image whose last stage still gives every query k candidates, rejects the
+// next smaller one naming the first layer that no longer fits, and the branching layer's check
+// names its ConvNN branch.
+TEST(ResNet, CheckImageSizeFindsTheFirstLayerWithTooFewCandidates) {
+  auto convnn_config = with_layer(ResNetLayer::ConvNN, 16);
+  convnn_config.small_stem = true;  // no stride in the stem: layer4 sees a (size / 8) map
+  const ResNet convnn_net(resnet_options("resnet18", convnn_config));
+  // layer4.0.conv1 is the stride-2 Conv2d; conv2 is the first ConvNN2d there. Padding 1 makes an
+  // s x s map (s+2)^2 candidates: s = 1 gives 9 < 16, s = 2 gives 16.
+  EXPECT_NO_THROW(convnn_net->check_image_size(16, 16));
+  try {
+    convnn_net->check_image_size(8, 8);
+    FAIL() << "expected a c10::Error";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("layer4.0.conv2"), std::string::npos) << message;
+    EXPECT_NE(message.find("1x1 map with padding 1"), std::string::npos) << message;
+    EXPECT_NE(message.find("k = 16"), std::string::npos) << message;
+  }
+  auto branching_config = convnn_config;
+  branching_config.layer = ResNetLayer::Branching;
+  const ResNet branching_net(resnet_options("resnet18", branching_config));
+  try {
+    branching_net->check_image_size(8, 8);
+    FAIL() << "expected a c10::Error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer4.0.conv2.convnn_branch"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(convnn_net->check_image_size(0, 16), c10::Error);
+}
+
 TEST(ResNet, DepthwiseConvNNKeepsChannels) {
   auto config = with_layer(ResNetLayer::ConvNN);
   config.aggregation = convnn::nn::Aggregation::Depthwise;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "convnn/models/geometry.h"
 #include "convnn/nn/options/convnn.h"
 
 namespace convnn::models {
@@ -67,9 +68,6 @@ class CostReport {
 
 /// Conv2d producing an out_height x out_width map (padding must be explicit numbers).
 Cost conv2d_cost(const torch::nn::detail::ConvNdOptions<2>& options, int64_t out_height, int64_t out_width);
-/// Output size of a Conv2d (or a pooling window with the same geometry) along one axis.
-int64_t conv_output_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding,
-                         int64_t dilation = 1);
 /// `rows` rows through a Linear layer.
 Cost linear_cost(int64_t rows, int64_t in_features, int64_t out_features, bool bias);
 /// BatchNorm in its inference form: a scale and a shift per element.

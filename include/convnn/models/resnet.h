@@ -62,6 +62,9 @@ class ResidualBlockImpl : public torch::nn::Cloneable<ResidualBlockImpl> {
   /// Adds this block's operations for an input of height x width and updates them to its output.
   void add_cost(CostReport& report, const std::string& stage, const std::string& name, int64_t& height,
                 int64_t& width) const;
+  /// check_spatial_layer (convnn/models/geometry.h) of every convolution for an input of height x
+  /// width, which it updates to the block's output size.
+  void check_input_size(const std::string& name, int64_t& height, int64_t& width) const;
 
   ResidualBlockOptions options;
   /// conv1, conv2 (, conv3): Conv2d, or ConvNN2d / BranchingConv2d in stride-1 3x3 slots.
@@ -100,6 +103,9 @@ class ResNetImpl : public torch::nn::Cloneable<ResNetImpl> {
   /// Every operation for one height x width image, and the parameters per stage (stem,
   /// layer1..layer4, head).
   CostReport cost(int64_t height, int64_t width) const;
+  /// Raises, naming the layer, if a ConvNN layer would see fewer than k candidates on a height x
+  /// width image; the model registry calls it when it builds a model for an image size.
+  void check_image_size(int64_t height, int64_t width) const;
   /// The layers in the stride-1 3x3 slots, in order: what `layer` replaces (13 in ResNet-18 and
   /// ResNet-50, 29 in ResNet-34).
   std::vector<std::shared_ptr<torch::nn::Module>> slot_layers() const;
@@ -110,6 +116,10 @@ class ResNetImpl : public torch::nn::Cloneable<ResNetImpl> {
   torch::nn::MaxPool2d maxpool{nullptr};      // none with the small stem
   std::vector<torch::nn::Sequential> stages;  // layer1 .. layer4
   torch::nn::Linear fc{nullptr};
+
+ private:
+  /// The max pool's output size (unchanged without one).
+  void advance_maxpool(int64_t& height, int64_t& width) const;
 };
 TORCH_MODULE(ResNet);
 

@@ -38,6 +38,24 @@ at::Tensor blend_coordinates(const at::Tensor& x, const at::Tensor& coordinates,
   return at::cat({x * std::sqrt(alpha), p * std::sqrt(1.0 - alpha)}, -1);
 }
 
+}  // namespace
+
+namespace detail {
+
+void check_candidates(const ConvNNFuncOptions& o, int64_t m, std::string_view where) {
+  TORCH_CHECK(o.num_candidates() >= 0 && o.num_candidates() <= m, where,
+              ": num_candidates (r) must be in [0, M] with M = ", m,
+              " candidates (0 = all), got r = ", o.num_candidates());
+  const int64_t candidates = o.num_candidates() == 0 ? m : o.num_candidates();
+  TORCH_CHECK(o.k() >= 1 && o.k() <= candidates, where, ": k must be in [1, ", candidates,
+              "] (the number of candidates", o.num_candidates() ? ", r" : ", M",
+              "), got k = ", o.k());
+}
+
+}  // namespace detail
+
+namespace {
+
 void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
                           const at::Tensor& values, const at::Tensor& kernel,
                           const at::Tensor& bias, const ConvNNFuncOptions& o,
@@ -65,13 +83,7 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
               o.alpha());
   checks::check_temperature(o.temperature(), op);
   const int64_t n = queries.size(1), m = keys.size(1);
-  TORCH_CHECK(o.num_candidates() >= 0 && o.num_candidates() <= m, op,
-              ": num_candidates (r) must be in [0, M] with M = ", m,
-              " candidates (0 = all), got r = ", o.num_candidates());
-  const int64_t candidates = o.num_candidates() == 0 ? m : o.num_candidates();
-  TORCH_CHECK(o.k() >= 1 && o.k() <= candidates, op, ": k must be in [1, ", candidates,
-              "] (the number of candidates", o.num_candidates() ? ", r" : ", M",
-              "), got k = ", o.k());
+  detail::check_candidates(o, m, op);
   TORCH_CHECK(!o.include_self() || n == m, op,
               ": include_self needs queries and keys from the same tokens (N == M), got N = ", n,
               " and M = ", m);

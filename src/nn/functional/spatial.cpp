@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 #include "convnn/nn/functional/convnn.h"
 #include "ops/checks.h"
 
@@ -39,6 +41,19 @@ at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
     y = y.narrow(2 + d, pad, grid[d] - 2 * pad);
   }
   return y.contiguous();
+}
+
+void check_spatial_candidates(c10::IntArrayRef sizes, const ConvNNFuncOptions& options,
+                              std::string_view where) {
+  int64_t m = 1;
+  std::string map;
+  for (const int64_t size : sizes) {
+    TORCH_CHECK(size >= 1, where, ": every spatial size must be at least 1, got ", sizes);
+    m *= size + 2 * options.padding();
+    map += (map.empty() ? "" : "x") + std::to_string(size);
+  }
+  check_candidates(options, m, std::string(where) + " (on a " + map + " map with padding " +
+                                    std::to_string(options.padding()) + ")");
 }
 
 }  // namespace convnn::nn::functional::detail

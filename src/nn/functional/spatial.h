@@ -3,7 +3,10 @@
 // run the token form with grid coordinates, reshape back and crop.
 #include <ATen/core/Tensor.h>
 
+#include <c10/util/ArrayRef.h>
+
 #include <functional>
+#include <string_view>
 
 #include "convnn/nn/options/convnn.h"
 
@@ -17,5 +20,14 @@ struct Projections {
 at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
                            const at::Tensor& bias, const ConvNNFuncOptions& options,
                            int64_t spatial_dims, const Projections& projections);
+
+// The candidate rule of every ConvNN form, in one place: 0 <= num_candidates <= m and
+// 1 <= k <= the candidates each query ranks (num_candidates, or all m). `where` leads the message.
+void check_candidates(const ConvNNFuncOptions& options, int64_t m, std::string_view where);
+
+// The same rule for a spatial input of these sizes before padding: m is the padded grid's size.
+// Lets a model check every layer when it is built, before any data flows.
+void check_spatial_candidates(c10::IntArrayRef sizes, const ConvNNFuncOptions& options,
+                              std::string_view where);
 
 }  // namespace convnn::nn::functional::detail

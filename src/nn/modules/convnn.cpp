@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "nn/functional/spatial.h"
+#include "nn/modules/layer_forward.h"
 #include "ops/checks.h"
 
 namespace convnn::nn {
@@ -67,6 +68,13 @@ const char* yes_no(bool b) { return b ? "true" : "false"; }
 CandidateDraw::CandidateDraw(c10::optional<uint64_t> seed, EvalCandidates eval, uint64_t eval_seed)
     : eval_(eval), eval_seed_(eval_seed) {
   if (seed.has_value()) train_generator_ = at::make_generator<at::CPUGeneratorImpl>(*seed);
+}
+
+CandidateDraw CandidateDraw::with_generator(c10::optional<at::Generator> train_generator, EvalCandidates eval,
+                                           uint64_t eval_seed) {
+  CandidateDraw draw(c10::nullopt, eval, eval_seed);
+  draw.train_generator_ = std::move(train_generator);
+  return draw;
 }
 
 c10::optional<at::Generator> CandidateDraw::generator(bool training) const {
@@ -133,39 +141,30 @@ void ConvNNNdImpl<D, Derived>::reset_parameters() {
 }
 
 template <size_t D, typename Derived>
-functional::ConvNNFuncOptions ConvNNNdImpl<D, Derived>::func_options() const {
-  const auto& o = options;
-  return functional::ConvNNFuncOptions(o.k())
-      .similarity(o.similarity())
-      .heads(o.heads())
-      .alpha(o.alpha())
-      .coordinates(o.coordinates())
-      .padding(o.padding())
-      .num_candidates(o.num_candidates())
-      .include_self(o.include_self())
-      .slot_order(o.slot_order())
-      .rho(o.rho())
-      .temperature(o.temperature())
-      .kernel_per_head(o.kernel_per_head())
-      .fused(o.fused());
+detail::ConvNNTensors ConvNNNdImpl<D, Derived>::tensors() const {
+  detail::ConvNNTensors t{kernel, bias, {}, {}, {}};
+  if (options.projection() == Projection::Linear) {
+    t.query = {query_projection->weight, query_projection->bias};
+    t.key = {key_projection->weight, key_projection->bias};
+    t.value = {value_projection->weight, value_projection->bias};
+  }
+  return t;
+}
+
+template <size_t D, typename Derived>
+c10::optional<at::Generator> ConvNNNdImpl<D, Derived>::candidate_generator() const {
+  return draw_.generator(this->is_training());
 }
 
 template <size_t D, typename Derived>
 at::Tensor ConvNNNdImpl<D, Derived>::forward(const at::Tensor& input) {
-  const char* name = D == 1 ? "ConvNN1d" : "ConvNN2d";
-  TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ",
-              D + 2, "-D ", D == 1 ? "[B,C,L]" : "[B,C,H,W]", ", got ", input.defined() ? input.sizes() : c10::IntArrayRef{});
-  TORCH_CHECK(input.size(1) == options.in_channels(), name, ": input has ", input.size(1),
-              " channels (dim 1), but in_channels = ", options.in_channels());
-  functional::detail::Projections projections;
-  if (options.projection() == Projection::Linear) {
-    projections.query = [this](const at::Tensor& t) { return query_projection(t); };
-    projections.key = [this](const at::Tensor& t) { return key_projection(t); };
-    projections.value = [this](const at::Tensor& t) { return value_projection(t); };
-  }
-  auto o = func_options();
-  o.generator(draw_.generator(this->is_training()));
-  return functional::detail::conv_nn_spatial(input, kernel, bias, o, D, projections);
+  return detail::convnn_forward(options, input, tensors(), candidate_generator());
+}
+
+template <size_t D, typename Derived>
+void ConvNNNdImpl<D, Derived>::check_input_size(c10::IntArrayRef sizes, const std::string& layer) const {
+  TORCH_CHECK(sizes.size() == D, layer, ": ConvNN", D, "d takes ", D, " spatial sizes, got ", sizes);
+  functional::detail::check_spatial_candidates(sizes, detail::func_options(options), layer);
 }
 
 template <size_t D, typename Derived>
@@ -234,41 +233,15 @@ void ConvNNAttentionImpl::reset_parameters() {
                        options.aggregation(), options.embed_dim() / options.num_heads(), options.k());
 }
 
-at::Tensor ConvNNAttentionImpl::mask_for(int64_t n, const at::Device& device) const {
-  at::Tensor mask = options.mask();
-  if (mask.defined()) {
-    TORCH_CHECK(mask.dim() == 2 && mask.size(0) == n && mask.size(1) == n,
-                "ConvNNAttention: mask must be [N,N] = [", n, ", ", n, "] for this input, got ",
-                mask.sizes());
-    mask = mask.to(device);
-  }
-  if (!options.causal()) return mask;
-  const auto causal = functional::causal_mask(n, device);
-  if (!mask.defined()) return causal;
-  if (mask.scalar_type() == at::kBool) return mask & causal;
-  return mask.masked_fill(~causal, -std::numeric_limits<double>::infinity());
-}
-
 at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input) {
-  const auto& o = options;
-  TORCH_CHECK(input.defined() && input.dim() == 3 && input.size(2) == o.embed_dim(),
-              "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
-              input.defined() ? input.sizes() : c10::IntArrayRef{});
-  const auto func = functional::ConvNNFuncOptions(o.k())
-                        .similarity(o.similarity())
-                        .heads(o.num_heads())
-                        .mask(mask_for(input.size(1), input.device()))
-                        .num_candidates(o.num_candidates())
-                        .include_self(o.include_self())
-                        .generator(draw_.generator(is_training()))
-                        .slot_order(o.slot_order())
-                        .rho(o.rho())
-                        .temperature(o.temperature())
-                        .kernel_per_head(o.kernel_per_head())
-      .fused(o.fused());
-  const auto aggregated = functional::conv_nn(query_projection(input), key_projection(input),
-                                              value_projection(input), kernel, bias, func);
-  return output_projection(dropout(aggregated));
+  const detail::AttentionTensors t{kernel,
+                                   bias,
+                                   {query_projection->weight, query_projection->bias},
+                                   {key_projection->weight, key_projection->bias},
+                                   {value_projection->weight, value_projection->bias},
+                                   {output_projection->weight, output_projection->bias},
+                                   options.mask()};
+  return detail::attention_forward(options, input, t, draw_.generator(is_training()), is_training());
 }
 
 void ConvNNAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -291,9 +264,7 @@ BranchingConv2dImpl::BranchingConv2dImpl(BranchingConv2dOptions options_)
   reset();
 }
 
-int64_t BranchingConv2dImpl::convnn_channels() const {
-  return static_cast<int64_t>(std::llround(options.lambda() * static_cast<double>(options.out_channels())));
-}
+int64_t BranchingConv2dImpl::convnn_channels() const { return detail::convnn_branch_channels(options); }
 
 void BranchingConv2dImpl::reset() {
   const auto& o = options;
@@ -306,9 +277,7 @@ void BranchingConv2dImpl::reset() {
               "BranchingConv2d: kernel_size must be odd and positive (same padding), got ", o.kernel_size());
   const int64_t convnn_out = convnn_channels(), conv_out = o.out_channels() - convnn_out;
   if (convnn_out > 0) {
-    auto branch = o.convnn();
-    branch.in_channels(o.in_channels()).out_channels(convnn_out);
-    convnn_branch = register_module("convnn_branch", ConvNN2d(branch));
+    convnn_branch = register_module("convnn_branch", ConvNN2d(detail::convnn_branch_options(o)));
   }
   if (conv_out > 0) {
     conv_branch = register_module(
@@ -320,13 +289,19 @@ void BranchingConv2dImpl::reset() {
 }
 
 at::Tensor BranchingConv2dImpl::forward(const at::Tensor& input) {
-  TORCH_CHECK(input.defined() && input.dim() == 4 && input.size(1) == options.in_channels(),
-              "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
-              ", got ", input.defined() ? input.sizes() : c10::IntArrayRef{});
-  std::vector<at::Tensor> branches;
-  if (convnn_branch) branches.push_back(convnn_branch(input));
-  if (conv_branch) branches.push_back(conv_branch(input));
-  return mix(branches.size() == 1 ? branches[0] : at::cat(branches, 1));
+  detail::BranchingTensors t;
+  c10::optional<at::Generator> generator;
+  if (convnn_branch) {
+    t.convnn = convnn_branch->tensors();
+    generator = convnn_branch->candidate_generator();
+  }
+  if (conv_branch) t.conv = {conv_branch->weight, conv_branch->bias};
+  t.mix = {mix->weight, mix->bias};
+  return detail::branching_forward(options, input, t, generator);
+}
+
+void BranchingConv2dImpl::check_input_size(c10::IntArrayRef sizes, const std::string& layer) const {
+  if (convnn_branch) convnn_branch->check_input_size(sizes, layer + ".convnn_branch");
 }
 
 void BranchingConv2dImpl::pretty_print(std::ostream& stream) const {

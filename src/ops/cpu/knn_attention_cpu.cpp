@@ -1,7 +1,7 @@
 // CPU entry of knn_attention and its backward: validation (src/ops/checks.h), dtype dispatch, and
-// the fused kernel of ops/cpu/knn_attention_kernel.h. The backward runs the fused backward ops of
-// knn_aggregate and knn_select with the softmax-rho backward between them: each needs only the
-// [G,N,K] scores, indices and weights that the forward returned.
+// the fused kernel of ops/cpu/knn_attention_kernel.h. The backward is the shared composition
+// (ops/composite/knn_attention_backward.h) of the fused CPU steps: each needs only the [G,N,K]
+// scores, indices and weights that the forward returned.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -9,6 +9,7 @@
 
 #include "convnn/ops/knn_ops.h"
 #include "ops/checks.h"
+#include "ops/composite/knn_attention_backward.h"
 #include "ops/generic/generic.h"
 #include "ops/cpu/knn_aggregate_cpu.h"
 #include "ops/cpu/knn_attention_kernel.h"
@@ -49,6 +50,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
   return {output, scores, indices, weights};
 }
 
+// The fused CPU steps of the shared composition (src/ops/composite/knn_attention_backward.h).
+at::Tensor softmax_rho_backward_cpu(const at::Tensor& weights, const at::Tensor& grad_weights,
+                                    double temperature) {
+  const auto weights_dense = weights.contiguous(), grad_weights_dense = grad_weights.contiguous();
+  auto grad_scores = at::empty(weights.sizes(), weights.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, weights.scalar_type(), "softmax_rho_backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    softmax_rho_backward(weights_dense.const_data_ptr<scalar_t>(), grad_weights_dense.const_data_ptr<scalar_t>(),
+                         weights.size(0) * weights.size(1), weights.size(2), static_cast<acc_t>(temperature),
+                         grad_scores.mutable_data_ptr<scalar_t>());
+  });
+  return grad_scores;
+}
+
+std::tuple<at::Tensor, at::Tensor> select_backward_cpu(const at::Tensor& grad_scores, const at::Tensor& queries,
+                                                       const at::Tensor& keys, const at::Tensor& indices,
+                                                       const at::Tensor& scores, c10::string_view similarity) {
+  return ops::knn_select_backward(grad_scores, queries, keys, indices, scores, std::string(similarity));
+}
+
+constexpr ops::composite::AttentionBackwardSteps kCpuSteps{
+    &ops::knn_aggregate_backward, &softmax_rho_backward_cpu, &select_backward_cpu};
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
     const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
@@ -57,26 +81,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
   const auto checked = checks::check_attention_backward_inputs(
       grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho_name,
       temperature);
-  const auto [want_queries, want_keys, want_values, want_kernel, want_bias] = output_mask;
-  const bool want_scores = (want_queries || want_keys) && rho_has_score_gradient(checked.rho);
-  auto [grad_values, grad_weights, grad_kernel, grad_bias] = ops::knn_aggregate_backward(
-      grad_output, values, weights, indices, kernel, {want_values, want_scores, want_kernel, want_bias});
-  at::Tensor grad_queries, grad_keys;
-  if (want_scores) {
-    const auto weights_dense = weights.contiguous(), grad_weights_dense = grad_weights.contiguous();
-    auto grad_scores = at::empty(scores.sizes(), scores.options());
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, scores.scalar_type(), "softmax_rho_backward", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
-      softmax_rho_backward(weights_dense.const_data_ptr<scalar_t>(), grad_weights_dense.const_data_ptr<scalar_t>(),
-                           indices.size(0) * indices.size(1), indices.size(2), static_cast<acc_t>(temperature),
-                           grad_scores.mutable_data_ptr<scalar_t>());
-    });
-    std::tie(grad_queries, grad_keys) =
-        ops::knn_select_backward(grad_scores, queries, keys, indices, scores, std::string(similarity));
-    if (!want_queries) grad_queries = at::Tensor();
-    if (!want_keys) grad_keys = at::Tensor();
-  }
-  return {grad_queries, grad_keys, grad_values, grad_kernel, grad_bias};
+  return ops::composite::knn_attention_backward(kCpuSteps, grad_output, queries, keys, values, kernel,
+                                                scores, indices, weights, similarity, checked.rho,
+                                                temperature, output_mask);
 }
 
 }  // namespace

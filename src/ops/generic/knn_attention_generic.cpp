@@ -1,7 +1,7 @@
 // Generic knn_attention and its backward (src/ops/generic/generic.h): per block of query rows the
 // select step, rho and the aggregation, so neither the [G,N,M] scores nor all the gathered
-// neighbourhoods exist at once. The backward composes the generic aggregate and select backwards
-// with the softmax-rho backward between them.
+// neighbourhoods exist at once. The backward is the shared composition
+// (ops/composite/knn_attention_backward.h) of the generic steps.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
@@ -10,6 +10,7 @@
 
 #include "ops/aten/rho_forms.h"
 #include "ops/checks.h"
+#include "ops/composite/knn_attention_backward.h"
 #include "ops/generic/generic.h"
 #include "ops/generic/internal.h"
 
@@ -66,20 +67,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
   const auto checked = checks::check_attention_backward_inputs(
       grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho,
       temperature);
-  const auto [want_queries, want_keys, want_values, want_kernel, want_bias] = output_mask;
-  // uniform and mean ignore the score values: no query or key gradient, as on every backend.
-  const bool want_scores = (want_queries || want_keys) && rho_has_score_gradient(checked.rho);
-  auto [grad_values, grad_weights, grad_kernel, grad_bias] = knn_aggregate_backward(
-      grad_output, values, weights, indices, kernel, {want_values, want_scores, want_kernel, want_bias});
-  at::Tensor grad_queries, grad_keys;
-  if (want_scores) {
-    std::tie(grad_queries, grad_keys) = knn_select_backward(
-        softmax_rho_backward(weights, grad_weights, temperature), queries, keys, indices, scores,
-        similarity);
-    if (!want_queries) grad_queries = at::Tensor();
-    if (!want_keys) grad_keys = at::Tensor();
-  }
-  return {grad_queries, grad_keys, grad_values, grad_kernel, grad_bias};
+  // The generic steps, called directly: a direct call on CPU tensors stays on this path.
+  static constexpr composite::AttentionBackwardSteps kGenericSteps{
+      &knn_aggregate_backward, &softmax_rho_backward, &knn_select_backward};
+  return composite::knn_attention_backward(kGenericSteps, grad_output, queries, keys, values, kernel,
+                                           scores, indices, weights, similarity, checked.rho,
+                                           temperature, output_mask);
 }
 
 TORCH_LIBRARY_IMPL(convnn, CompositeExplicitAutograd, m) {

@@ -12,6 +12,9 @@
 #include "convnn/nn/options/convnn.h"
 
 namespace convnn::nn {
+namespace detail {
+struct ConvNNTensors;
+}  // namespace detail
 
 /// Draws for random candidates: the module's own generator in training (or the default one), and
 /// a fixed or fresh draw in eval, as the options say.
@@ -19,6 +22,9 @@ class CandidateDraw {
  public:
   CandidateDraw() = default;
   CandidateDraw(c10::optional<uint64_t> seed, EvalCandidates eval, uint64_t eval_seed);
+  /// With a training generator that the caller owns (the Python layers own theirs).
+  static CandidateDraw with_generator(c10::optional<at::Generator> train_generator, EvalCandidates eval,
+                                      uint64_t eval_seed);
   c10::optional<at::Generator> generator(bool training) const;
 
  private:
@@ -36,6 +42,14 @@ class ConvNNNdImpl : public torch::nn::Cloneable<Derived> {
   void reset_parameters();
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
+  /// Checks that an input of these spatial sizes (D of them, before padding) leaves every query
+  /// at least k candidates, as forward would; models call it when they are built. `layer` names
+  /// this module in the error.
+  void check_input_size(c10::IntArrayRef sizes, const std::string& layer) const;
+  /// The tensors forward uses (kernel, bias, projections); for the library's own layers.
+  detail::ConvNNTensors tensors() const;
+  /// The generator of the random-candidate draw for the current mode (none: the default one).
+  c10::optional<at::Generator> candidate_generator() const;
 
   ConvNNOptions<D> options;
   /// Aggregation kernel: [C'/H, C/H, K] (standard) or [C/H, K] (depthwise), with a leading H when
@@ -45,7 +59,6 @@ class ConvNNNdImpl : public torch::nn::Cloneable<Derived> {
   torch::nn::Linear query_projection{nullptr}, key_projection{nullptr}, value_projection{nullptr};
 
  private:
-  functional::ConvNNFuncOptions func_options() const;
   CandidateDraw draw_;
 };
 
@@ -87,7 +100,6 @@ class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl> {
   at::Tensor bias;
 
  private:
-  at::Tensor mask_for(int64_t n, const at::Device& device) const;
   CandidateDraw draw_;
 };
 TORCH_MODULE(ConvNNAttention);
@@ -101,6 +113,8 @@ class BranchingConv2dImpl : public torch::nn::Cloneable<BranchingConv2dImpl> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
+  /// ConvNN2dImpl::check_input_size of the ConvNN branch, if there is one.
+  void check_input_size(c10::IntArrayRef sizes, const std::string& layer) const;
 
   /// Output channels of the ConvNN branch: round(lambda * out_channels).
   int64_t convnn_channels() const;

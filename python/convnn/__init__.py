@@ -1,0 +1,17 @@
+"""Convolutional Nearest Neighbors (ConvNN) for PyTorch.
+
+Importing the package registers the C++ ops with PyTorch's dispatcher (torch.ops.convnn.*); the
+layers and functional forms call them. Semantics: docs/operator.md in the repository.
+"""
+from . import _library
+
+_library.load()
+
+from . import _build_info  # noqa: E402
+
+from . import nn  # noqa: E402
+
+ops = __import__("torch").ops.convnn
+__version__ = _build_info.CONVNN_VERSION
+
+__all__ = ["nn", "ops", "__version__"]

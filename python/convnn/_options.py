@@ -1,0 +1,79 @@
+"""Options of the convnn layers and functional forms, as the C++ library defines them.
+
+The names, types and defaults come from the compiled library (torch.ops.convnn.layer_option_fields,
+functional_option_fields), which reads them off the C++ options structs: Python restates none of
+them. Options travel back to C++ as "name=value" texts, which C++ parses and validates.
+"""
+import functools
+import inspect
+import keyword
+
+import torch
+
+_PARSERS = {
+    "int": int,
+    "int?": lambda text: None if text == "none" else int(text),
+    "float": float,
+    "bool": lambda text: text == "true",
+    "str": str,
+}
+
+
+def _text(value):
+    """The C++ text form of a Python option value (C++ checks the value against the field's type)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _python_name(name):
+    """A C++ option named like a Python keyword takes a trailing underscore: lambda -> lambda_."""
+    return name + "_" if keyword.iskeyword(name) else name
+
+
+class OptionFields:
+    """One layer's (or the functional forms') option fields: names, types and defaults, under
+    their Python names."""
+
+    def __init__(self, names, types, defaults, required):
+        self.cpp_names = {_python_name(name): name for name in names}
+        self.names = list(self.cpp_names)
+        self.types = dict(zip(self.names, types))
+        self.defaults = {name: _PARSERS[kind](text) for name, kind, text in zip(self.names, types, defaults)}
+        self.required = self.names[:required]
+
+    def signature(self, leading=(), trailing=()):
+        """The Python signature: the required options positional, then the others by keyword with
+        their C++ defaults (what help() and IDEs show)."""
+        params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in leading]
+        params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in self.required]
+        params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=self.defaults[name])
+                   for name in self.names if name not in self.required]
+        params += list(trailing)
+        return inspect.Signature(params)
+
+    def bind(self, where, args, kwargs):
+        """The complete options from a call's arguments, with the defaults filled in."""
+        try:
+            bound = self.signature().bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{where}: {error}; its options are {', '.join(self.names)}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def texts(self, options):
+        return [f"{self.cpp_names[name]}={_text(value)}" for name, value in options.items()]
+
+
+@functools.lru_cache(maxsize=None)
+def layer_fields(layer):
+    return OptionFields(*torch.ops.convnn.layer_option_fields(layer))
+
+
+@functools.lru_cache(maxsize=None)
+def functional_fields():
+    return OptionFields(*torch.ops.convnn.functional_option_fields())

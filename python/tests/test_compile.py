@@ -1,0 +1,57 @@
+"""The PyTorch 2 stack on a model with ConvNN layers: torch.compile(fullgraph=True) traces it with
+no graph break and gives eager's outputs and gradients, and torch.export exports it to a program
+that runs and gives eager's outputs. Inductor fuses the surrounding ops (mean, linear) in its own
+order, so float32 agrees to rounding, not bit for bit; the ConvNN ops themselves are the same."""
+import pytest
+import torch
+
+import convnn  # noqa: F401
+from convnn.nn import BranchingConv2d, ConvNN2d, ConvNNAttention
+
+
+class SmallNet(torch.nn.Module):
+    """A ConvNN2d and a branching layer on the image, ConvNN attention on its tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = ConvNN2d(3, 8, 9, padding=1)
+        self.branch = BranchingConv2d(8, 8, k=9)
+        self.attn = ConvNNAttention(8, 2, 5, causal=True)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.branch(self.conv(x))
+        tokens = y.flatten(2).transpose(1, 2)
+        return self.head(self.attn(tokens).mean(1))
+
+
+@pytest.fixture(scope="module")
+def net():
+    torch.manual_seed(0)
+    return SmallNet()
+
+
+def test_compile_fullgraph_equals_eager_forward_and_backward(net):
+    x = torch.randn(2, 3, 6, 6)
+    compiled = torch.compile(net, fullgraph=True)
+    x_eager, x_compiled = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager = net(x_eager)
+    eager.sum().backward()
+    eager_grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+    net.zero_grad()
+    out = compiled(x_compiled)
+    out.sum().backward()
+    torch.testing.assert_close(out, eager)
+    torch.testing.assert_close(x_compiled.grad, x_eager.grad)
+    for n, g in eager_grads.items():
+        torch.testing.assert_close(dict(net.named_parameters())[n].grad, g, msg=n)
+    net.zero_grad()
+
+
+def test_export_runs_and_equals_eager(net):
+    net.eval()
+    x = torch.randn(2, 3, 6, 6)
+    program = torch.export.export(net, (x,))
+    assert any("convnn.layer_forward" in str(node.target) for node in program.graph.nodes)
+    torch.testing.assert_close(program.module()(x), net(x), rtol=0, atol=0)
+    net.train()

@@ -1,0 +1,116 @@
+"""The Python layers against the C++ layers: built from the same seed they hold the same tensors
+under the same state_dict keys; on the same weights and input, outputs and gradients are bitwise
+equal on the CPU. The C++ side is python/tests/parity/layer_parity.cpp (built with the C++
+tests), which builds the C++ module from the same option texts."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+import torch
+
+import convnn
+from convnn.nn import BranchingConv2d, ConvNN1d, ConvNN2d, ConvNNAttention
+
+PARITY = os.environ.get(
+    "CONVNN_LAYER_PARITY", str(pathlib.Path(__file__).resolve().parents[2] / "build" / "bin" / "convnn_layer_parity"))
+
+CASES = [
+    ("conv1d", lambda: ConvNN1d(4, 6, 3, padding=1, coordinates=True, alpha=0.5, bias=True), (2, 4, 11)),
+    ("conv2d", lambda: ConvNN2d(4, 8, 9, padding=1, similarity="dot", rho="softmax"), (2, 4, 6, 5)),
+    ("conv2d-linear-heads", lambda: ConvNN2d(4, 4, 5, heads=2, projection="linear", qk_channels=6,
+                                             aggregation="depthwise", kernel_per_head=True, bias=True),
+     (2, 4, 5, 5)),
+    ("conv2d-random", lambda: ConvNN2d(4, 8, 4, padding=1, num_candidates=12, include_self=True, seed=7),
+     (2, 4, 5, 5)),
+    ("attention", lambda: ConvNNAttention(16, 2, 5, qkv_bias=True, causal=True), (2, 9, 16)),
+    ("attention-kvt", lambda: ConvNNAttention(12, 3, 4, similarity="cosine", rho="mean", aggregation="standard",
+                                              kernel_init="default", bias=True, out_bias=True), (3, 10, 12)),
+    ("branching", lambda: BranchingConv2d(4, 8, lambda_=0.5, k=9, padding=1), (2, 4, 6, 6)),
+    ("branching-random", lambda: BranchingConv2d(4, 6, lambda_=0.5, k=5, num_candidates=16, seed=3), (2, 4, 5, 5)),
+]
+
+
+def run_cpp(tmp_path, layer, state, x, grad_output, training):
+    case, result = tmp_path / "case.pt", tmp_path / "result.pt"
+    torch.save({"layer": layer._layer, "options": layer._texts, "state": state, "input": x,
+                "grad_output": grad_output, "training": training}, case)
+    subprocess.run([PARITY, str(case), str(result)], check=True)
+    # torch::pickle_save tags typed containers (torch.jit._pickle.restore_type_tag), which
+    # weights_only=True refuses; this file is our own tool's output.
+    return torch.load(result, weights_only=False)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("name,build,shape", CASES, ids=[c[0] for c in CASES])
+def test_outputs_and_gradients_equal_the_cpp_layer_bitwise(tmp_path, name, build, shape, training):
+    torch.manual_seed(0)
+    layer = build().double().train(training)
+    state = {k: v.detach().clone() for k, v in layer.state_dict().items()}
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    grad_output = torch.randn_like(out)
+    out.backward(grad_output)
+    cpp = run_cpp(tmp_path, layer, state, x.detach(), grad_output, training)
+    assert torch.equal(cpp["output"], out.detach())
+    assert torch.equal(cpp["input_grad"], x.grad)
+    grads = {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}
+    assert set(cpp["grads"]) == set(grads)
+    for n, g in grads.items():
+        assert torch.equal(cpp["grads"][n], g), n
+
+
+@pytest.mark.parametrize("name,build,shape", CASES, ids=[c[0] for c in CASES])
+def test_the_same_seed_builds_the_cpp_layers_tensors(name, build, shape):
+    """Construction is the C++ module's own: same keys, shapes and initial values (the C++ and
+    Python random generators are one)."""
+    torch.manual_seed(1)
+    first = build()
+    names, tensors, trainable = torch.ops.convnn.layer_parameters(first._layer, first._texts)
+    torch.manual_seed(1)
+    again = build()
+    state = again.state_dict()
+    assert list(state) == [n for n in state]  # a state_dict, in registration order
+    assert set(state) == set(names)
+    for n, t in zip(names, tensors):
+        assert state[n].shape == t.shape and state[n].dtype == t.dtype, n
+    torch.manual_seed(1)
+    _, cpp_tensors, _ = torch.ops.convnn.layer_parameters(first._layer, first._texts)
+    for n, t in zip(names, cpp_tensors):
+        assert torch.equal(state[n], t), n
+    params = {n for n, _ in again.named_parameters()}
+    assert params == {n for n, p in zip(names, trainable) if p}
+
+
+def test_parameter_counts_equal_the_cpp_ones():
+    # ConvNN2d(64, 64, 9): standard kernel 64*64*9; the branching layer: half ConvNN (32*64*9),
+    # half 3x3 conv with bias (32*64*9 + 32), 1x1 mix with bias (64*64 + 64).
+    assert sum(p.numel() for p in ConvNN2d(64, 64, 9).parameters()) == 64 * 64 * 9
+    assert sum(p.numel() for p in BranchingConv2d(64, 64).parameters()) == 32 * 64 * 9 + 32 * 64 * 9 + 32 + 64 * 64 + 64
+
+
+def test_options_are_the_cpp_ones_with_clear_errors():
+    assert ConvNN2d(4, 8, 9).options["similarity"] == "cosine"
+    assert ConvNNAttention(8, 2, 3).options["similarity"] == "scaled_dot"
+    assert BranchingConv2d(4, 8).options["padding"] == 1  # the branching layer's own default
+    with pytest.raises(TypeError, match="unexpected keyword argument 'paddin'"):
+        ConvNN2d(4, 8, 9, paddin=1)
+    with pytest.raises(TypeError, match="missing a required argument: 'k'"):
+        ConvNN2d(4, 8)
+    with pytest.raises(RuntimeError, match="similarity must be one of"):
+        ConvNN2d(4, 8, 9, similarity="cos")
+    with pytest.raises(RuntimeError, match="option k must be an integer, got 'true'"):
+        ConvNN2d(4, 8, True)
+    with pytest.raises(RuntimeError, match="heads = 3 must be at least 1 and divide"):
+        ConvNN2d(4, 8, 9, heads=3)
+    with pytest.raises(RuntimeError, match=r"k must be in \[1, 9\]"):
+        ConvNN2d(2, 2, 10, padding=1)(torch.randn(1, 2, 1, 1))
+
+
+def test_functional_forms_equal_the_module():
+    torch.manual_seed(0)
+    layer = ConvNN2d(3, 5, 9, padding=1, similarity="chebyshev")
+    x = torch.randn(2, 3, 6, 6)
+    expected = layer(x)
+    got = convnn.nn.functional.conv_nn2d(x, layer.kernel, None, k=9, padding=1, similarity="chebyshev")
+    assert torch.equal(got, expected)

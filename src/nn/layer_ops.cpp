@@ -1,0 +1,273 @@
+// The layers and functional forms as dispatcher ops, which the Python package (python/convnn/nn)
+// calls: Python owns the parameters and the module tree, C++ owns every rule. Options travel as
+// "name=value" strings, read and written through the one field list of src/nn/option_fields.h, so
+// the option names, types and defaults Python shows are the C++ structs' own.
+//
+//   convnn::layer_option_fields(layer)          names, types, defaults, number of required ones
+//   convnn::layer_parameters(layer, options)    the C++ module's parameters and buffers, as built
+//                                               and initialised by its reset()
+//   convnn::layer_forward(layer, options, ...)  the C++ module's forward on the given tensors
+//   convnn::conv_nn / conv_nn1d / conv_nn2d     the functional forms
+//
+// layer is ConvNN1d, ConvNN2d, ConvNNAttention or BranchingConv2d. The forward ops are
+// CompositeImplicitAutograd: autograd, torch.compile and torch.export see the core ops inside.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "convnn/nn/functional/convnn.h"
+#include "convnn/nn/modules/convnn.h"
+#include "nn/layer_ops.h"
+#include "nn/modules/layer_forward.h"
+#include "nn/option_fields.h"
+
+namespace convnn::nn {
+namespace {
+
+using detail::FieldText;
+using OptionTexts = std::vector<std::string>;
+
+// Options built from "name=value" texts over `options` (which holds the defaults). Every name must
+// be a field; the first `required` fields must be given.
+template <typename Options>
+void apply_option_texts(Options& options, const OptionTexts& texts, int64_t required, const std::string& where) {
+  std::unordered_map<std::string, std::string> given;
+  for (const auto& text : texts) {
+    const auto eq = text.find('=');
+    TORCH_CHECK(eq != std::string::npos && eq > 0, where, ": options must be name=value, got '", text, "'");
+    TORCH_CHECK(given.emplace(text.substr(0, eq), text.substr(eq + 1)).second, where, ": option ",
+                text.substr(0, eq), " is given twice");
+  }
+  std::string known;
+  int64_t index = 0;
+  detail::visit_option_fields(options, [&](const char* name, auto& field) {
+    known += (known.empty() ? "" : ", ") + std::string(name);
+    const auto it = given.find(name);
+    if (it == given.end()) {
+      TORCH_CHECK(index >= required, where, ": the required option ", name, " is missing");
+    } else {
+      FieldText::parse(name, it->second, field);
+      given.erase(it);
+    }
+    ++index;
+  });
+  TORCH_CHECK(given.empty(), where, ": unknown option ", given.begin()->first, "; the options are ", known);
+}
+
+// The layers: their options with placeholder values for the required fields, which every call
+// gives, and how many leading fields are required (the C++ constructor's arguments).
+struct ConvNN1dLayer {
+  using Options = ConvNN1dOptions;
+  using Module = ConvNN1d;
+  static Options defaults() { return Options(1, 1, 1); }
+  static constexpr int64_t kRequired = 3;
+};
+struct ConvNN2dLayer {
+  using Options = ConvNN2dOptions;
+  using Module = ConvNN2d;
+  static Options defaults() { return Options(1, 1, 1); }
+  static constexpr int64_t kRequired = 3;
+};
+struct AttentionLayer {
+  using Options = ConvNNAttentionOptions;
+  using Module = ConvNNAttention;
+  static Options defaults() { return Options(1, 1, 1); }
+  static constexpr int64_t kRequired = 3;
+};
+struct BranchingLayer {
+  using Options = BranchingConv2dOptions;
+  using Module = BranchingConv2d;
+  static Options defaults() { return Options(1, 1); }
+  static constexpr int64_t kRequired = 2;
+};
+
+template <typename Fn>
+auto with_layer(const std::string& layer, Fn&& fn) {
+  if (layer == "ConvNN1d") return fn(ConvNN1dLayer{});
+  if (layer == "ConvNN2d") return fn(ConvNN2dLayer{});
+  if (layer == "ConvNNAttention") return fn(AttentionLayer{});
+  TORCH_CHECK(layer == "BranchingConv2d", "layer must be one of ConvNN1d, ConvNN2d, ConvNNAttention, ",
+              "BranchingConv2d; got '", layer, "'");
+  return fn(BranchingLayer{});
+}
+
+template <typename Layer>
+typename Layer::Options layer_options(Layer, const OptionTexts& texts, const std::string& layer) {
+  auto options = Layer::defaults();
+  apply_option_texts(options, texts, Layer::kRequired, layer);
+  return options;
+}
+
+std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<std::string>, int64_t>
+layer_option_fields(const std::string& layer) {
+  return with_layer(layer, [](auto kind) {
+    using Layer = decltype(kind);
+    std::vector<std::string> names, types, defaults;
+    auto options = Layer::defaults();
+    detail::visit_option_fields(options, [&](const char* name, auto& field) {
+      names.emplace_back(name);
+      types.emplace_back(FieldText::type(field));
+      defaults.push_back(FieldText::format(field));
+    });
+    return std::make_tuple(names, types, defaults, Layer::kRequired);
+  });
+}
+
+// bool[] returns as a c10::List: the dispatcher takes no std::vector<bool>.
+std::tuple<std::vector<std::string>, std::vector<at::Tensor>, c10::List<bool>> layer_parameters(
+    const std::string& layer, const OptionTexts& texts) {
+  return with_layer(layer, [&](auto kind) {
+    using Layer = decltype(kind);
+    const typename Layer::Module module(layer_options(kind, texts, layer));
+    std::vector<std::string> names;
+    std::vector<at::Tensor> tensors;
+    c10::List<bool> trainable;
+    for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+      names.push_back(item.key());
+      tensors.push_back(item.value().detach());
+      trainable.push_back(true);
+    }
+    for (const auto& item : module->named_buffers(/*recurse=*/true)) {
+      names.push_back(item.key());
+      tensors.push_back(item.value());
+      trainable.push_back(false);
+    }
+    return std::make_tuple(names, tensors, trainable);
+  });
+}
+
+// The tensors by state_dict name; an absent name gives an undefined tensor.
+class NamedTensors {
+ public:
+  NamedTensors(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) {
+    TORCH_CHECK(names.size() == tensors.size(), "layer_forward: ", names.size(), " names for ", tensors.size(),
+                " tensors");
+    for (size_t i = 0; i < names.size(); ++i) by_name_.emplace(names[i], tensors[i]);
+  }
+  at::Tensor operator()(const std::string& name) const {
+    const auto it = by_name_.find(name);
+    return it == by_name_.end() ? at::Tensor() : it->second;
+  }
+  detail::LinearTensors linear(const std::string& prefix) const {
+    return {(*this)(prefix + ".weight"), (*this)(prefix + ".bias")};
+  }
+  detail::ConvNNTensors convnn(const std::string& prefix) const {
+    return {(*this)(prefix + "kernel"), (*this)(prefix + "bias"), linear(prefix + "query_projection"),
+            linear(prefix + "key_projection"), linear(prefix + "value_projection")};
+  }
+
+ private:
+  std::unordered_map<std::string, at::Tensor> by_name_;
+};
+
+at::Tensor layer_forward(c10::string_view layer_name, const OptionTexts& texts, const at::Tensor& input,
+                         const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
+                         bool training, c10::optional<at::Generator> generator,
+                         const c10::optional<at::Tensor>& mask) {
+  const std::string layer(layer_name);
+  const NamedTensors named(names, tensors);
+  return with_layer(layer, [&](auto kind) -> at::Tensor {
+    using Layer = decltype(kind);
+    const auto options = layer_options(kind, texts, layer);
+    if constexpr (std::is_same_v<Layer, AttentionLayer>) {
+      const detail::AttentionTensors t{named("kernel"), named("bias"), named.linear("query_projection"),
+                                       named.linear("key_projection"), named.linear("value_projection"),
+                                       named.linear("output_projection"), mask.value_or(at::Tensor())};
+      const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
+      return detail::attention_forward(options, input, t, draw.generator(training), training);
+    } else if constexpr (std::is_same_v<Layer, BranchingLayer>) {
+      detail::BranchingTensors t;
+      if (detail::convnn_branch_channels(options) > 0) t.convnn = named.convnn("convnn_branch.");
+      t.conv = named.linear("conv_branch");
+      t.mix = named.linear("mix");
+      const auto& branch = options.convnn();
+      const auto draw = CandidateDraw::with_generator(generator, branch.eval_candidates(), branch.eval_seed());
+      return detail::branching_forward(options, input, t, draw.generator(training));
+    } else {
+      const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
+      return detail::convnn_forward(options, input, named.convnn(""), draw.generator(training));
+    }
+  });
+}
+
+functional::ConvNNFuncOptions func_options(const OptionTexts& texts, const char* where,
+                                           const c10::optional<at::Generator>& generator) {
+  functional::ConvNNFuncOptions options(1);
+  apply_option_texts(options, texts, /*required=*/1, where);
+  options.generator(generator);
+  return options;
+}
+
+at::Tensor conv_nn_op(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                      const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, const OptionTexts& texts,
+                      const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& coordinates,
+                      c10::optional<at::Generator> generator) {
+  auto options = func_options(texts, "conv_nn", generator);
+  options.mask(mask.value_or(at::Tensor()));
+  return functional::conv_nn(queries, keys, values, kernel, bias.value_or(at::Tensor()), options,
+                             coordinates.value_or(at::Tensor()));
+}
+
+at::Tensor conv_nn1d_op(const at::Tensor& input, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                        const OptionTexts& texts, c10::optional<at::Generator> generator) {
+  return functional::conv_nn1d(input, kernel, bias.value_or(at::Tensor()), func_options(texts, "conv_nn1d", generator));
+}
+
+at::Tensor conv_nn2d_op(const at::Tensor& input, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                        const OptionTexts& texts, c10::optional<at::Generator> generator) {
+  return functional::conv_nn2d(input, kernel, bias.value_or(at::Tensor()), func_options(texts, "conv_nn2d", generator));
+}
+
+std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<std::string>, int64_t>
+functional_option_fields() {
+  std::vector<std::string> names, types, defaults;
+  functional::ConvNNFuncOptions options(1);
+  detail::visit_option_fields(options, [&](const char* name, auto& field) {
+    names.emplace_back(name);
+    types.emplace_back(FieldText::type(field));
+    defaults.push_back(FieldText::format(field));
+  });
+  return {names, types, defaults, 1};
+}
+
+}  // namespace
+
+namespace detail {
+
+torch::nn::AnyModule make_layer(const std::string& layer, const std::vector<std::string>& options) {
+  return with_layer(layer, [&](auto kind) {
+    using Layer = decltype(kind);
+    return torch::nn::AnyModule(typename Layer::Module(layer_options(kind, options, layer)));
+  });
+}
+
+}  // namespace detail
+
+TORCH_LIBRARY_FRAGMENT(convnn, m) {
+  m.def("layer_option_fields(str layer) -> (str[] names, str[] types, str[] defaults, int required)",
+        [](c10::string_view layer) { return layer_option_fields(std::string(layer)); });
+  m.def("functional_option_fields() -> (str[] names, str[] types, str[] defaults, int required)",
+        &functional_option_fields);
+  m.def("layer_parameters(str layer, str[] options) -> (str[] names, Tensor[] tensors, bool[] trainable)",
+        [](c10::string_view layer, const OptionTexts& texts) { return layer_parameters(std::string(layer), texts); });
+  m.def("layer_forward(str layer, str[] options, Tensor input, str[] names, Tensor[] tensors, bool training, "
+        "Generator? generator=None, Tensor? mask=None) -> Tensor");
+  m.def("conv_nn(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias, str[] options, "
+        "Tensor? mask=None, Tensor? coordinates=None, Generator? generator=None) -> Tensor");
+  m.def("conv_nn1d(Tensor input, Tensor kernel, Tensor? bias, str[] options, Generator? generator=None) -> Tensor");
+  m.def("conv_nn2d(Tensor input, Tensor kernel, Tensor? bias, str[] options, Generator? generator=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
+  m.impl("layer_forward", &layer_forward);
+  m.impl("conv_nn", &conv_nn_op);
+  m.impl("conv_nn1d", &conv_nn1d_op);
+  m.impl("conv_nn2d", &conv_nn2d_op);
+}
+
+}  // namespace convnn::nn

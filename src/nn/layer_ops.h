@@ -1,0 +1,15 @@
+#pragma once
+// What the layer ops (src/nn/layer_ops.cpp) build, for C++ callers that compare against the
+// Python layers (tests/python_parity).
+#include <torch/nn/modules/container/any.h>
+
+#include <string>
+#include <vector>
+
+namespace convnn::nn::detail {
+
+// The C++ layer (ConvNN1d, ConvNN2d, ConvNNAttention, BranchingConv2d) built from "name=value"
+// option texts, exactly as convnn::layer_parameters builds it.
+torch::nn::AnyModule make_layer(const std::string& layer, const std::vector<std::string>& options);
+
+}  // namespace convnn::nn::detail

@@ -1,0 +1,134 @@
+#include "nn/modules/layer_forward.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "convnn/nn/functional/convnn.h"
+#include "nn/functional/spatial.h"
+
+namespace convnn::nn::detail {
+namespace {
+
+at::Tensor apply_linear(const LinearTensors& linear, const at::Tensor& x) {
+  return at::linear(x, linear.weight, linear.bias.defined() ? c10::optional<at::Tensor>(linear.bias) : c10::nullopt);
+}
+
+at::Tensor apply_conv2d(const LinearTensors& conv, const at::Tensor& x, int64_t padding) {
+  return at::conv2d(x, conv.weight, conv.bias.defined() ? c10::optional<at::Tensor>(conv.bias) : c10::nullopt,
+                    /*stride=*/{1, 1}, /*padding=*/{padding, padding});
+}
+
+// [N,N] mask for the input's N: the fixed mask of the options, the causal one, or both combined.
+at::Tensor attention_mask(const ConvNNAttentionOptions& o, const at::Tensor& fixed, int64_t n,
+                          const at::Device& device) {
+  at::Tensor mask = fixed;
+  if (mask.defined()) {
+    TORCH_CHECK(mask.dim() == 2 && mask.size(0) == n && mask.size(1) == n,
+                "ConvNNAttention: mask must be [N,N] = [", n, ", ", n, "] for this input, got ",
+                mask.sizes());
+    mask = mask.to(device);
+  }
+  if (!o.causal()) return mask;
+  const auto causal = functional::causal_mask(n, device);
+  if (!mask.defined()) return causal;
+  if (mask.scalar_type() == at::kBool) return mask & causal;
+  return mask.masked_fill(~causal, -std::numeric_limits<double>::infinity());
+}
+
+}  // namespace
+
+template <size_t D>
+functional::ConvNNFuncOptions func_options(const ConvNNOptions<D>& o) {
+  return functional::ConvNNFuncOptions(o.k())
+      .similarity(o.similarity())
+      .heads(o.heads())
+      .alpha(o.alpha())
+      .coordinates(o.coordinates())
+      .padding(o.padding())
+      .num_candidates(o.num_candidates())
+      .include_self(o.include_self())
+      .slot_order(o.slot_order())
+      .rho(o.rho())
+      .temperature(o.temperature())
+      .kernel_per_head(o.kernel_per_head())
+      .fused(o.fused());
+}
+
+template <size_t D>
+at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& input,
+                          const ConvNNTensors& tensors, c10::optional<at::Generator> generator) {
+  const char* name = D == 1 ? "ConvNN1d" : "ConvNN2d";
+  TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ",
+              D + 2, "-D ", D == 1 ? "[B,C,L]" : "[B,C,H,W]", ", got ",
+              input.defined() ? input.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK(input.size(1) == options.in_channels(), name, ": input has ", input.size(1),
+              " channels (dim 1), but in_channels = ", options.in_channels());
+  functional::detail::Projections projections;
+  if (options.projection() == Projection::Linear) {
+    projections.query = [&](const at::Tensor& t) { return apply_linear(tensors.query, t); };
+    projections.key = [&](const at::Tensor& t) { return apply_linear(tensors.key, t); };
+    projections.value = [&](const at::Tensor& t) { return apply_linear(tensors.value, t); };
+  }
+  auto o = func_options(options);
+  o.generator(std::move(generator));
+  return functional::detail::conv_nn_spatial(input, tensors.kernel, tensors.bias, o, D, projections);
+}
+
+template functional::ConvNNFuncOptions func_options(const ConvNNOptions<1>&);
+template functional::ConvNNFuncOptions func_options(const ConvNNOptions<2>&);
+template at::Tensor convnn_forward(const ConvNNOptions<1>&, const at::Tensor&, const ConvNNTensors&,
+                                   c10::optional<at::Generator>);
+template at::Tensor convnn_forward(const ConvNNOptions<2>&, const at::Tensor&, const ConvNNTensors&,
+                                   c10::optional<at::Generator>);
+
+at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& input,
+                             const AttentionTensors& tensors, c10::optional<at::Generator> generator,
+                             bool training) {
+  TORCH_CHECK(input.defined() && input.dim() == 3 && input.size(2) == o.embed_dim(),
+              "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
+              input.defined() ? input.sizes() : c10::IntArrayRef{});
+  const auto func = functional::ConvNNFuncOptions(o.k())
+                        .similarity(o.similarity())
+                        .heads(o.num_heads())
+                        .mask(attention_mask(o, tensors.mask, input.size(1), input.device()))
+                        .num_candidates(o.num_candidates())
+                        .include_self(o.include_self())
+                        .generator(std::move(generator))
+                        .slot_order(o.slot_order())
+                        .rho(o.rho())
+                        .temperature(o.temperature())
+                        .kernel_per_head(o.kernel_per_head())
+                        .fused(o.fused());
+  const auto aggregated =
+      functional::conv_nn(apply_linear(tensors.query, input), apply_linear(tensors.key, input),
+                          apply_linear(tensors.value, input), tensors.kernel, tensors.bias, func);
+  return apply_linear(tensors.output, at::dropout(aggregated, o.dropout(), training));
+}
+
+int64_t convnn_branch_channels(const BranchingConv2dOptions& options) {
+  return static_cast<int64_t>(std::llround(options.lambda() * static_cast<double>(options.out_channels())));
+}
+
+ConvNN2dOptions convnn_branch_options(const BranchingConv2dOptions& options) {
+  auto branch = options.convnn();
+  branch.in_channels(options.in_channels()).out_channels(convnn_branch_channels(options));
+  return branch;
+}
+
+at::Tensor branching_forward(const BranchingConv2dOptions& options, const at::Tensor& input,
+                             const BranchingTensors& tensors, c10::optional<at::Generator> generator) {
+  TORCH_CHECK(input.defined() && input.dim() == 4 && input.size(1) == options.in_channels(),
+              "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
+              ", got ", input.defined() ? input.sizes() : c10::IntArrayRef{});
+  std::vector<at::Tensor> branches;
+  if (tensors.convnn) {
+    branches.push_back(convnn_forward(convnn_branch_options(options), input, *tensors.convnn, std::move(generator)));
+  }
+  if (tensors.conv.weight.defined()) branches.push_back(apply_conv2d(tensors.conv, input, options.kernel_size() / 2));
+  return apply_conv2d(tensors.mix, branches.size() == 1 ? branches[0] : at::cat(branches, 1), 0);
+}
+
+}  // namespace convnn::nn::detail

@@ -1,0 +1,56 @@
+#pragma once
+// The forward pass of each layer as a function of its options and its tensors: the one
+// implementation that the C++ modules (src/nn/modules/convnn.cpp) and the layer ops that Python
+// calls (src/nn/layer_ops.cpp) share, so a Python layer computes exactly what the C++ one does.
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include "convnn/nn/options/convnn.h"
+
+namespace convnn::nn::detail {
+
+// A Linear map (undefined weight: the identity, i.e. no projection).
+struct LinearTensors {
+  at::Tensor weight, bias;
+};
+
+struct ConvNNTensors {
+  at::Tensor kernel, bias;
+  LinearTensors query, key, value;  // projection = linear only
+};
+
+struct AttentionTensors {
+  at::Tensor kernel, bias;
+  LinearTensors query, key, value, output;
+  at::Tensor mask;  // the fixed [N,N] mask of the options, if any
+};
+
+struct BranchingTensors {
+  c10::optional<ConvNNTensors> convnn;  // absent when lambda = 0
+  LinearTensors conv;                   // the convolution branch (absent when lambda = 1)
+  LinearTensors mix;                    // the 1x1 mixing convolution
+};
+
+// The operator's options of a ConvNN1d / ConvNN2d layer.
+template <size_t D>
+functional::ConvNNFuncOptions func_options(const ConvNNOptions<D>& options);
+
+// `generator` is the draw for random candidates (CandidateDraw::generator), or none.
+template <size_t D>
+at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& input,
+                          const ConvNNTensors& tensors, c10::optional<at::Generator> generator);
+
+at::Tensor attention_forward(const ConvNNAttentionOptions& options, const at::Tensor& input,
+                             const AttentionTensors& tensors, c10::optional<at::Generator> generator,
+                             bool training);
+
+// The ConvNN branch's options: the layer's, with its share of the channels.
+ConvNN2dOptions convnn_branch_options(const BranchingConv2dOptions& options);
+// Output channels of the ConvNN branch: round(lambda * out_channels).
+int64_t convnn_branch_channels(const BranchingConv2dOptions& options);
+
+at::Tensor branching_forward(const BranchingConv2dOptions& options, const at::Tensor& input,
+                             const BranchingTensors& tensors, c10::optional<at::Generator> generator);
+
+}  // namespace convnn::nn::detail

@@ -1,0 +1,137 @@
+#pragma once
+// Every option of the layers as (name, field), in one visitor per options struct, and the text
+// form of each field type: the one list from which the layer ops (src/nn/layer_ops.cpp) report
+// names, types and defaults to Python and read the options Python passes back. The C++ options
+// structs (convnn/nn/options/convnn.h) keep the defaults; nothing restates them.
+#include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "convnn/nn/options/convnn.h"
+
+namespace convnn::nn::detail {
+
+// The operator's options (functional forms); the mask and generator travel as op arguments.
+template <typename Visit>
+void visit_option_fields(functional::ConvNNFuncOptions& o, Visit&& visit) {
+  visit("k", o.k());
+  visit("similarity", o.similarity());
+  visit("heads", o.heads());
+  visit("alpha", o.alpha());
+  visit("coordinates", o.coordinates());
+  visit("padding", o.padding());
+  visit("num_candidates", o.num_candidates());
+  visit("include_self", o.include_self());
+  visit("slot_order", o.slot_order());
+  visit("rho", o.rho());
+  visit("temperature", o.temperature());
+  visit("kernel_per_head", o.kernel_per_head());
+  visit("fused", o.fused());
+}
+
+// visit(name, field&) for the options of ConvNN1d and ConvNN2d.
+template <size_t D, typename Visit>
+void visit_option_fields(ConvNNOptions<D>& o, Visit&& visit, bool with_channels = true) {
+  if (with_channels) {
+    visit("in_channels", o.in_channels());
+    visit("out_channels", o.out_channels());
+  }
+  visit("k", o.k());
+  visit("similarity", o.similarity());
+  visit("heads", o.heads());
+  visit("coordinates", o.coordinates());
+  visit("alpha", o.alpha());
+  visit("padding", o.padding());
+  visit("num_candidates", o.num_candidates());
+  visit("include_self", o.include_self());
+  visit("eval_candidates", o.eval_candidates());
+  visit("eval_seed", o.eval_seed());
+  visit("seed", o.seed());
+  visit("slot_order", o.slot_order());
+  visit("rho", o.rho());
+  visit("temperature", o.temperature());
+  visit("aggregation", o.aggregation());
+  visit("learnable_kernel", o.learnable_kernel());
+  visit("kernel_init", o.kernel_init());
+  visit("kernel_per_head", o.kernel_per_head());
+  visit("fused", o.fused());
+  visit("bias", o.bias());
+  visit("projection", o.projection());
+  visit("qk_channels", o.qk_channels());
+  visit("projection_bias", o.projection_bias());
+}
+
+// ConvNNAttention; its fixed mask is a tensor and travels as a tensor, not as an option.
+template <typename Visit>
+void visit_option_fields(ConvNNAttentionOptions& o, Visit&& visit) {
+  visit("embed_dim", o.embed_dim());
+  visit("num_heads", o.num_heads());
+  visit("k", o.k());
+  visit("similarity", o.similarity());
+  visit("rho", o.rho());
+  visit("temperature", o.temperature());
+  visit("slot_order", o.slot_order());
+  visit("aggregation", o.aggregation());
+  visit("learnable_kernel", o.learnable_kernel());
+  visit("kernel_init", o.kernel_init());
+  visit("kernel_per_head", o.kernel_per_head());
+  visit("fused", o.fused());
+  visit("bias", o.bias());
+  visit("qkv_bias", o.qkv_bias());
+  visit("out_bias", o.out_bias());
+  visit("dropout", o.dropout());
+  visit("causal", o.causal());
+  visit("num_candidates", o.num_candidates());
+  visit("include_self", o.include_self());
+  visit("eval_candidates", o.eval_candidates());
+  visit("eval_seed", o.eval_seed());
+  visit("seed", o.seed());
+}
+
+// BranchingConv2d: its own options, then its ConvNN branch's under their own names (the branch's
+// channel counts follow from in_channels, out_channels and lambda).
+template <typename Visit>
+void visit_option_fields(BranchingConv2dOptions& o, Visit&& visit) {
+  visit("in_channels", o.in_channels());
+  visit("out_channels", o.out_channels());
+  visit("lambda", o.lambda());
+  visit("kernel_size", o.kernel_size());
+  visit_option_fields(o.convnn(), visit, /*with_channels=*/false);
+}
+
+// The text form of each field type, and its type name as Python sees it.
+struct FieldText {
+  static const char* type(const int64_t&) { return "int"; }
+  static const char* type(const uint64_t&) { return "int"; }
+  static const char* type(const c10::optional<uint64_t>&) { return "int?"; }
+  static const char* type(const double&) { return "float"; }
+  static const char* type(const bool&) { return "bool"; }
+  template <typename Enum>
+  static const char* type(const Enum&) { return "str"; }
+
+  static std::string format(int64_t v) { return std::to_string(v); }
+  static std::string format(uint64_t v) { return std::to_string(v); }
+  static std::string format(const c10::optional<uint64_t>& v) { return v ? std::to_string(*v) : "none"; }
+  static std::string format(double v);
+  static std::string format(bool v) { return v ? "true" : "false"; }
+  template <typename Enum>
+  static std::string format(Enum v) { return to_string(v); }
+
+  static void parse(std::string_view name, std::string_view text, int64_t& field);
+  static void parse(std::string_view name, std::string_view text, uint64_t& field);
+  static void parse(std::string_view name, std::string_view text, c10::optional<uint64_t>& field);
+  static void parse(std::string_view name, std::string_view text, double& field);
+  static void parse(std::string_view name, std::string_view text, bool& field);
+  static void parse(std::string_view name, std::string_view text, Similarity& field);
+  static void parse(std::string_view name, std::string_view text, Rho& field);
+  static void parse(std::string_view name, std::string_view text, SlotOrder& field);
+  static void parse(std::string_view name, std::string_view text, Aggregation& field);
+  static void parse(std::string_view name, std::string_view text, EvalCandidates& field);
+  static void parse(std::string_view name, std::string_view text, KernelInit& field);
+  static void parse(std::string_view name, std::string_view text, Projection& field);
+};
+
+}  // namespace convnn::nn::detail
