@@ -4,7 +4,10 @@ CONVNN_TORCH_VERSION="2.11.0"
 CONVNN_PYTHON="/usr/bin/python3"
 # scikit-build-core: the Python package's build backend (pyproject.toml), installed here so that
 # setup.sh builds the package without an isolated build environment (no download per install).
-CONVNN_PIP_PACKAGES=(numpy pytest "scikit-build-core>=0.10")
+# timm (>= 1.0.23, whose Block passes the attention arguments python/convnn/nn/modules.py honours)
+# brings torchvision; installed in one pip call with torch==CONVNN_TORCH_VERSION, so pip picks the
+# torchvision of that torch instead of upgrading torch (which the convnn package would refuse).
+CONVNN_PIP_PACKAGES=(numpy pytest "scikit-build-core>=0.10" "timm>=1.0.23")
 CONVNN_APT_PACKAGES=(
   python3-venv cmake ninja-build ccache g++ git
   googletest libgtest-dev libgmock-dev

@@ -9,7 +9,7 @@ _library.load()
 
 from . import _build_info  # noqa: E402
 
-from . import nn  # noqa: E402
+from . import flops, nn  # noqa: E402,F401  (flops registers the FlopCounterMode formulas)
 
 ops = __import__("torch").ops.convnn
 __version__ = _build_info.CONVNN_VERSION

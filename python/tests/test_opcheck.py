@@ -125,3 +125,39 @@ def test_fake_cuda_tensors_get_shapes_dtypes_and_the_device_without_a_gpu():
                                            [True, True, True, True, False])
         assert [g.shape if g is not None else None for g in grads] == [q.shape, k.shape, k.shape, (D, K), None]
         assert all(g.device == cuda for g in grads if g is not None)
+
+
+def layer_cases(dtype):
+    """layer_forward of each layer, and the functional forms, on a layer's own tensors."""
+    from convnn.nn import BranchingConv2d, ConvNN1d, ConvNN2d, ConvNNAttention
+
+    torch.manual_seed(0)
+    layers = [
+        (ConvNN1d(3, 4, 3, padding=1), (2, 3, 6)),
+        (ConvNN2d(3, 4, 9, padding=1, rho="softmax", similarity="dot"), (2, 3, 4, 4)),
+        (ConvNNAttention(8, 2, 3, causal=True), (2, 5, 8)),
+        (BranchingConv2d(3, 4, k=9), (2, 3, 4, 4)),
+    ]
+    cases = []
+    for layer, shape in layers:
+        layer = layer.to(dtype)
+        state = list(layer.named_parameters()) + list(layer.named_buffers())
+        x = tensor(*shape, dtype=dtype, seed=7)
+        cases.append((torch.ops.convnn.layer_forward.default,
+                      (layer._layer, layer._texts, x, [n for n, _ in state], [t for _, t in state], True, None, None)))
+    x2d, x1d = tensor(2, 3, 4, 4, dtype=dtype, seed=8), tensor(2, 3, 6, dtype=dtype, seed=9)
+    cases.append((torch.ops.convnn.conv_nn2d.default, (x2d, tensor(4, 3, 9, dtype=dtype, seed=10), None,
+                                                        ["k=9", "padding=1"], None)))
+    cases.append((torch.ops.convnn.conv_nn1d.default, (x1d, tensor(3, 3, dtype=dtype, seed=11), None,
+                                                        ["k=3", "padding=1"], None)))
+    q, k = tensor(2, 5, 4, dtype=dtype, seed=12), tensor(2, 6, 4, dtype=dtype, seed=13)
+    cases.append((torch.ops.convnn.conv_nn.default, (q, k, k, tensor(4, 4, 3, dtype=dtype, seed=14), None,
+                                                      ["k=3", "similarity=l1", "rho=softmax"], None, None, None)))
+    return cases
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("test", TESTS)
+def test_layer_and_functional_ops_pass_opcheck(test, dtype):
+    for op, args in layer_cases(dtype):
+        torch.library.opcheck(op, args, test_utils=(test,))

@@ -1,6 +1,9 @@
 #include "convnn/ops/cost.h"
 
 #include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <string>
 
 #include "ops/kernels/rho.h"
 #include "ops/kernels/similarity.h"
@@ -39,6 +42,34 @@ KnnCallCost knn_call_cost(const KnnCallShape& s, const KnnCallSettings& o) {
   cost.aggregation.macs = o.depthwise ? n * o.k * s.channels : n * o.k * s.channels * s.out_channels / h;
   if (o.bias) cost.aggregation.other_flops += n * s.out_channels;
   return cost;
+}
+
+namespace {
+
+// FLOPs (2 x MACs + other FLOPs) of one call of knn_select, knn_aggregate or knn_attention on G
+// slices, for torch.utils.flop_counter (python/convnn/flops.py). The slices count as heads: the
+// feature and channel sizes are per slice, the totals G times them.
+int64_t knn_call_flops(c10::string_view op, int64_t slices, int64_t queries, int64_t candidates,
+                       int64_t qk_features, int64_t channels, int64_t out_channels, bool depthwise,
+                       bool bias, int64_t k, c10::string_view similarity, c10::string_view rho,
+                       double temperature) {
+  const auto cost = knn_call_cost(
+      {queries, candidates, slices, slices * qk_features, slices * channels, slices * out_channels},
+      {parse_similarity(std::string(similarity)), k, parse_rho(std::string(rho)), temperature, depthwise, bias});
+  const int64_t rho_flops = cost.rho ? cost.rho->flops() : 0;
+  if (op == "knn_select") return cost.similarity.flops() + cost.topk.flops();
+  if (op == "knn_aggregate") return cost.aggregation.flops();
+  TORCH_CHECK(op == "knn_attention", "knn_call_flops: op must be knn_select, knn_aggregate or knn_attention, got '",
+              op, "'");
+  return cost.similarity.flops() + cost.topk.flops() + rho_flops + cost.aggregation.flops();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(convnn, m) {
+  m.def("knn_call_flops(str op, int slices, int queries, int candidates, int qk_features, int channels, "
+        "int out_channels, bool depthwise, bool bias, int k, str similarity, str rho, float temperature) -> int",
+        &knn_call_flops);
 }
 
 }  // namespace convnn::ops

@@ -19,6 +19,10 @@ _ops = torch.ops.convnn
 class _Tensors(nn.Module):
     """A sub-layer's parameters under the C++ module's names (e.g. query_projection.weight)."""
 
+    def extra_repr(self):
+        return ", ".join(f"{name}: {tuple(t.shape)}" for name, t in
+                         list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False)))
+
 
 class _ConvNNLayer(nn.Module):
     _layer = ""  # the C++ layer's name
@@ -50,10 +54,10 @@ class _ConvNNLayer(nn.Module):
             owner = getattr(owner, part)
         return owner, leaf
 
-    def _call(self, input, mask=None):
+    def _call(self, input, mask=None, texts=None):
         state = list(self.named_parameters()) + list(self.named_buffers())
-        return _ops.layer_forward(self._layer, self._texts, input, [n for n, _ in state], [t for _, t in state],
-                                  self.training, self._generator, mask)
+        return _ops.layer_forward(self._layer, texts or self._texts, input, [n for n, _ in state],
+                                  [t for _, t in state], self.training, self._generator, mask)
 
     def extra_repr(self):
         shown = [repr(self.options[name]) for name in layer_fields(self._layer).required]
@@ -93,12 +97,51 @@ class ConvNN2d(_ConvNNLayer):
 @_with_signature
 class ConvNNAttention(_ConvNNLayer):
     """Multi-head ConvNN attention on [B, N, C] -> [B, N, C]: ConvNNAttention(embed_dim, num_heads,
-    k, **options). `mask` is an optional fixed [N, N] mask (bool: True may be selected, or
-    additive), combined with causal=True when both are given."""
-    _layer = "ConvNNAttention"
+    k, **options).
 
-    def forward(self, input, mask=None):
-        return self._call(input, mask)
+    It is also timm's attention layer: timm's Block builds it as attn_layer(dim, num_heads=,
+    qkv_bias=, qk_norm=, scale_norm=, proj_bias=, attn_drop=, proj_drop=, norm_layer=, device=,
+    dtype=) and calls attn(x, attn_mask=, is_causal=). Give k (and any other option) with
+    ConvNNAttention.with_options(k=9, ...), a subclass that timm can build:
+    VisionTransformer(attn_layer=ConvNNAttention.with_options(k=9)). Of timm's arguments, qkv_bias
+    is the option of that name, proj_bias sets out_bias, proj_drop is a dropout after the output
+    projection (as in timm); qk_norm, scale_norm and attn_drop have no ConvNN counterpart and are
+    refused unless off; norm_layer is used by timm only with those, and ignored.
+    """
+    _layer = "ConvNNAttention"
+    _bound = {}  # options fixed by with_options
+
+    def __init__(self, *args, qk_norm=False, scale_norm=False, proj_bias=None, attn_drop=0.0, proj_drop=0.0,
+                 norm_layer=None, device=None, dtype=None, **kwargs):
+        for name, value in (("qk_norm", qk_norm), ("scale_norm", scale_norm)):
+            if value:
+                raise ValueError(f"ConvNNAttention: {name}=True is not supported (ConvNN attention has no "
+                                 f"query/key normalisation); build the timm model with {name}=False")
+        if attn_drop:
+            raise ValueError(f"ConvNNAttention: attn_drop={attn_drop} is not supported (there are no attention "
+                             "probabilities to drop); use the option dropout=p, applied to the aggregated output")
+        options = {**self._bound, **kwargs}
+        if proj_bias is not None:
+            if "out_bias" in kwargs and kwargs["out_bias"] != proj_bias:
+                raise ValueError(f"ConvNNAttention: proj_bias={proj_bias} contradicts out_bias={kwargs['out_bias']}")
+            options["out_bias"] = proj_bias
+        super().__init__(*args, device=device, dtype=dtype, **options)
+        self.proj_drop = torch.nn.Dropout(proj_drop) if proj_drop else torch.nn.Identity()
+        # The same layer with causal=true, for calls with is_causal=True (C++ combines the masks).
+        self._causal_texts = layer_fields(self._layer).texts({**self.options, "causal": True})
+
+    @classmethod
+    def with_options(cls, **options):
+        """A subclass whose constructor has these options fixed (e.g. k), for timm's attn_layer."""
+        return type(cls.__name__, (cls,), {"_bound": {**cls._bound, **options}, "__module__": cls.__module__})
+
+    def forward(self, x, attn_mask=None, is_causal=False):
+        """attn_mask: an optional [N, N] mask, bool (True = may be selected, as in
+        scaled_dot_product_attention) or additive float; is_causal adds the causal mask."""
+        if attn_mask is not None and attn_mask.dim() != 2:
+            raise ValueError(f"ConvNNAttention: attn_mask must be [N, N] (one mask for every batch element and "
+                             f"head), got shape {tuple(attn_mask.shape)}")
+        return self.proj_drop(self._call(x, attn_mask, self._causal_texts if is_causal else None))
 
 
 @_with_signature
