@@ -1,5 +1,7 @@
 """`import convnn` registers the ops, from any working directory, and they have autograd."""
 
+import re
+
 import pytest
 import torch
 
@@ -101,3 +103,23 @@ def test_non_finite_queries_name_the_position():
     q[0, 2, 1] = float("inf")
     with pytest.raises(RuntimeError, match=r"queries must be finite .* at position \[0, 2, 1\]"):
         ops.knn_select(q, torch.randn(1, 5, 3), 2, "gaussian", None, False)
+
+
+def test_a_torch_other_than_the_one_convnn_was_built_against_is_refused(monkeypatch):
+    from convnn import _build_info, _library
+
+    monkeypatch.setattr(torch, "__version__", "2.12.1+cu130")
+    with pytest.raises(ImportError, match=rf"built against torch {re.escape(_build_info.TORCH_VERSION)}.*has torch 2\.12\.1"):
+        _library.load()
+    # The local suffix names the wheel's CUDA build, not the C++ ABI: the same release loads.
+    monkeypatch.setattr(torch, "__version__", _build_info.TORCH_VERSION.split("+")[0] + "+cpu")
+    _library.load()
+
+
+def test_import_works_from_any_directory(tmp_path):
+    import subprocess
+    import sys
+
+    code = "import convnn, torch; print(torch.ops.convnn.knn_select.default.name())"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "convnn::knn_select"
