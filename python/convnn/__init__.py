@@ -9,9 +9,11 @@ _library.load()
 
 from . import _build_info  # noqa: E402
 
-from . import flops, nn  # noqa: E402,F401  (flops registers the FlopCounterMode formulas)
+from . import flops, models, nn, timm_models  # noqa: E402,F401  (flops registers FlopCounterMode's formulas)
+
+timm_models.register()
 
 ops = __import__("torch").ops.convnn
 __version__ = _build_info.CONVNN_VERSION
 
-__all__ = ["nn", "ops", "__version__"]
+__all__ = ["nn", "models", "ops", "__version__"]

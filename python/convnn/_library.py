@@ -11,6 +11,8 @@ import torch
 from . import _build_info
 
 LIBRARY = pathlib.Path(__file__).resolve().parent / "lib" / "libconvnn.so"
+# The models' library: in the package where nlohmann-json's headers were found at build time.
+MODELS_LIBRARY = LIBRARY.with_name("libconvnn_models.so")
 
 
 def _release(version: str) -> str:
@@ -28,3 +30,9 @@ def load() -> None:
     if not LIBRARY.is_file():
         raise ImportError(f"convnn's compiled library is missing: {LIBRARY} (reinstall the package)")
     torch.ops.load_library(str(LIBRARY))
+    if MODELS_LIBRARY.is_file():
+        torch.ops.load_library(str(MODELS_LIBRARY))
+
+
+def has_models() -> bool:
+    return MODELS_LIBRARY.is_file()

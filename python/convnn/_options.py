@@ -65,6 +65,16 @@ class OptionFields:
         bound.apply_defaults()
         return dict(bound.arguments)
 
+    def from_texts(self, texts):
+        """The Python options of C++ "name=value" texts (e.g. a model's layers, from the registry)."""
+        python_names = {cpp: name for name, cpp in self.cpp_names.items()}
+        options = {}
+        for text in texts:
+            cpp, _, value = text.partition("=")
+            name = python_names[cpp]
+            options[name] = _PARSERS[self.types[name]](value)
+        return options
+
     def texts(self, options):
         return [f"{self.cpp_names[name]}={_text(value)}" for name, value in options.items()]
 

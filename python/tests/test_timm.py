@@ -64,3 +64,26 @@ def test_attn_mask_and_is_causal_map_onto_convnn_masks():
     assert torch.equal(attn(x, attn_mask=band, is_causal=True), attn(x, attn_mask=band & causal))
     with pytest.raises(ValueError, match=r"attn_mask must be \[N, N\]"):
         attn(x, attn_mask=causal.expand(2, 1, 7, 7))
+
+
+def test_the_convnn_models_are_in_timms_registry():
+    import convnn.models
+
+    names = timm.list_models("convnn_*")
+    assert "convnn_vit_tiny_patch4" in names and "convnn_resnet50" in names
+    torch.manual_seed(0)
+    vit = timm.create_model("convnn_vit_tiny_patch4", num_classes=10, depth=2)
+    assert isinstance(vit.blocks[0].attn, ConvNNAttention) and vit.blocks[0].attn.options["k"] == 9
+    assert vit(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert timm.data.resolve_data_config(model=vit)["input_size"] == (3, 32, 32)
+    # timm's arguments become the registry's options; the model is the registry's.
+    torch.manual_seed(1)
+    resnet = timm.create_model("convnn_resnet18", num_classes=10, in_chans=1, img_size=16, small_stem=True,
+                               width=8)
+    torch.manual_seed(1)
+    same = convnn.models.create_model("resnet18", layer="branching", num_classes=10, in_channels=1,
+                                      image_size=16, small_stem=True, width=8)
+    for (name, a), (_, b) in zip(resnet.state_dict().items(), same.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="no pretrained weights"):
+        timm.create_model("convnn_resnet18", pretrained=True)

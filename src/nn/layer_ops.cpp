@@ -239,6 +239,21 @@ functional_option_fields() {
 
 namespace detail {
 
+namespace {
+template <typename Options>
+std::vector<std::string> texts_of(Options& options) {
+  std::vector<std::string> texts;
+  visit_option_fields(options, [&](const char* name, auto& field) {
+    texts.push_back(std::string(name) + "=" + FieldText::format(field));
+  });
+  return texts;
+}
+}  // namespace
+
+std::vector<std::string> option_texts(ConvNN2dOptions options) { return texts_of(options); }
+std::vector<std::string> option_texts(BranchingConv2dOptions options) { return texts_of(options); }
+std::vector<std::string> option_texts(ConvNNAttentionOptions options) { return texts_of(options); }
+
 torch::nn::AnyModule make_layer(const std::string& layer, const std::vector<std::string>& options) {
   return with_layer(layer, [&](auto kind) {
     using Layer = decltype(kind);

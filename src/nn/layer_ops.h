@@ -6,7 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "convnn/nn/options/convnn.h"
+
 namespace convnn::nn::detail {
+
+// The "name=value" texts of a layer's options, as the Python layers pass them back.
+std::vector<std::string> option_texts(ConvNN2dOptions options);
+std::vector<std::string> option_texts(BranchingConv2dOptions options);
+std::vector<std::string> option_texts(ConvNNAttentionOptions options);
 
 // The C++ layer (ConvNN1d, ConvNN2d, ConvNNAttention, BranchingConv2d) built from "name=value"
 // option texts, exactly as convnn::layer_parameters builds it.

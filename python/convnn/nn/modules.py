@@ -45,6 +45,13 @@ class _ConvNNLayer(nn.Module):
         seed = self.options.get("seed")
         self._generator = None if seed is None else torch.Generator().manual_seed(seed)
 
+    @classmethod
+    def _from_option_texts(cls, texts):
+        """The layer of these C++ option texts; its tensors are built without touching the global
+        random generator (the caller loads the C++ model's)."""
+        with torch.random.fork_rng(devices=[]):
+            return cls(**layer_fields(cls._layer).from_texts(texts))
+
     def _owner_of(self, full_name):
         *path, leaf = full_name.split(".")
         owner = self

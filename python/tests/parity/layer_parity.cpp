@@ -6,16 +6,23 @@
 //   convnn_layer_parity CASE.pt RESULT.pt
 //
 // CASE: {"layer": str, "options": [str], "state": {name: tensor}, "input": tensor,
-//        "grad_output": tensor, "training": bool}
+//        "grad_output": tensor, "training": bool}; or "model": str and "config": str (JSON, the
+//        registry's model options) instead of "layer" and "options"; optional "seed": the default
+//        generator's seed right before forward
 // RESULT: {"output": tensor, "input_grad": tensor, "grads": {name: tensor, for those that have one}}
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <iostream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "convnn/models/registry.h"
 #include "nn/layer_ops.h"
 
 namespace {
@@ -36,10 +43,23 @@ int main(int argc, char** argv) {
   }
   try {
     const auto c = read_case(argv[1]);
-    std::vector<std::string> options;
-    for (const c10::IValue text : c.at("options").toList()) options.push_back(text.toStringRef());
-    auto layer = convnn::nn::detail::make_layer(c.at("layer").toStringRef(), options);
-    auto& module = *layer.ptr();
+    std::shared_ptr<torch::nn::Module> module_ptr;
+    std::function<at::Tensor(const at::Tensor&)> forward;
+    if (c.contains("model")) {
+      const auto config = nlohmann::json::parse(c.at("config").toStringRef()).get<convnn::models::ModelConfig>();
+      auto model = std::make_shared<convnn::models::Model>(
+          convnn::models::build_model(c.at("model").toStringRef(), config));
+      module_ptr = model->module();
+      forward = [model](const at::Tensor& x) { return model->forward(x); };
+    } else {
+      std::vector<std::string> options;
+      for (const c10::IValue text : c.at("options").toList()) options.push_back(text.toStringRef());
+      auto layer = std::make_shared<torch::nn::AnyModule>(
+          convnn::nn::detail::make_layer(c.at("layer").toStringRef(), options));
+      module_ptr = layer->ptr();
+      forward = [layer](const at::Tensor& x) { return layer->forward(x); };
+    }
+    auto& module = *module_ptr;
     module.train(c.at("training").toBool());
     module.to(c.at("input").toTensor().scalar_type());
     {
@@ -52,8 +72,10 @@ int main(int argc, char** argv) {
         item.value().copy_(state.at(item.key()).toTensor());
       }
     }
+    // The default generator's seed right before forward (random candidates in training draw from it).
+    if (c.contains("seed")) torch::manual_seed(static_cast<uint64_t>(c.at("seed").toInt()));
     const auto input = c.at("input").toTensor().clone().requires_grad_(true);
-    const auto output = layer.forward(input);
+    const auto output = forward(input);
     output.backward(c.at("grad_output").toTensor());
 
     c10::Dict<std::string, at::Tensor> grads;

@@ -1,0 +1,106 @@
+"""convnn.models.create_model: the C++ registry's ResNets and ViTs in Python, with the C++ parameter
+counts, state_dict keys and initial tensors, and outputs and gradients bitwise equal to the C++
+model on the same weights (convnn_layer_parity in model mode)."""
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+import torch
+
+import convnn.models as models
+
+PARITY = os.environ.get(
+    "CONVNN_LAYER_PARITY", str(pathlib.Path(__file__).resolve().parents[2] / "build" / "bin" / "convnn_layer_parity"))
+
+
+def parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_parameter_counts_equal_the_cpp_ones():
+    # torchvision's counts, and the paper's ResNet-50 with branching layers (tests/models/resnet_test.cpp).
+    assert parameters(models.create_model("resnet18")) == 11_689_512
+    assert parameters(models.create_model("resnet34")) == 21_797_672
+    assert parameters(models.create_model("resnet50")) == 25_557_032
+    assert parameters(models.create_model("resnet50", layer="branching", k=9)) == 26_474_760
+    assert parameters(models.create_model("resnet50", layer="branching", k=16)) == 29_671_688
+
+
+def test_vit_parameter_counts_equal_timms():
+    # timm's vit_tiny/small/base_patch16_224; KVT keeps the count (its kernel is a buffer of ones).
+    assert parameters(models.create_model("vit_tiny")) == 5_717_416
+    assert parameters(models.create_model("vit_small", attention="kvt")) == 22_050_664
+    assert parameters(models.create_model("vit_base")) == 86_567_656
+
+
+SMALL = dict(small_stem=True, width=8, num_classes=10, image_size=16, in_channels=1)
+CASES = {
+    "conv": dict(SMALL),
+    "convnn": dict(SMALL, layer="convnn", k=9),
+    "branching": dict(SMALL, layer="branching", k=9),
+    "branching-random": dict(SMALL, layer="branching", k=9, num_candidates=12),
+}
+
+
+VIT = dict(image_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=3, num_classes=5)
+VIT_CASES = {
+    "vit-mhsa": dict(VIT, dropout=0.1, drop_path=0.1, attention_dropout=0.1),
+    "vit-kvt": dict(VIT, attention="kvt", k=5),
+    "vit-convnn": dict(VIT, attention="convnn", k=5, drop_path=0.2, num_candidates=9),
+    "vit-paper": dict(VIT, attention="convnn", k=5, paper=True),
+}
+MODELS = [("resnet18", name, options, (2, 1, 16, 16)) for name, options in CASES.items()]
+MODELS += [("vit_tiny", name, options, (2, 3, 16, 16)) for name, options in VIT_CASES.items()]
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("model_name,case,options,shape", MODELS, ids=[m[1] for m in MODELS])
+def test_outputs_and_gradients_equal_the_cpp_model_bitwise(tmp_path, model_name, case, options, shape, training):
+    torch.manual_seed(0)
+    model = models.create_model(model_name, **options).double().train(training)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    # Random candidates draw from the default generator in training: both sides seed it the same.
+    torch.manual_seed(11)
+    out = model(x)
+    grad_output = torch.randn_like(out)
+    out.backward(grad_output)
+    case_file, result_file = tmp_path / "case.pt", tmp_path / "result.pt"
+    torch.save({"model": model_name, "config": json.dumps(options), "state": state, "input": x.detach(),
+                "grad_output": grad_output, "training": training, "seed": 11}, case_file)
+    subprocess.run([PARITY, str(case_file), str(result_file)], check=True)
+    cpp = torch.load(result_file, weights_only=False)  # the tool's own output (torch::pickle_save)
+    assert torch.equal(cpp["output"], out.detach())
+    assert torch.equal(cpp["input_grad"], x.grad)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(cpp["grads"]) == set(grads)
+    for n, g in grads.items():
+        assert torch.equal(cpp["grads"][n], g), n
+
+
+def test_construction_is_the_cpp_registrys():
+    torch.manual_seed(3)
+    first = models.create_model("resnet18", **CASES["branching"])
+    after_first = torch.get_rng_state()
+    torch.manual_seed(3)
+    names, tensors = torch.ops.convnn.model_build("resnet18", json.dumps(CASES["branching"]))[3:5]
+    # Building the Python tree draws nothing beyond the C++ construction itself.
+    assert torch.equal(torch.get_rng_state(), after_first)
+    state = first.state_dict()
+    assert set(state) == set(names)
+    for n, t in zip(names, tensors):
+        assert torch.equal(state[n], t), n
+
+
+def test_options_are_checked_by_the_cpp_registry():
+    with pytest.raises(RuntimeError, match="kk"):
+        models.create_model("resnet18", kk=3)
+    with pytest.raises(RuntimeError, match="resnet99"):
+        models.create_model("resnet99")
+    with pytest.raises(RuntimeError, match="k = 16"):
+        models.create_model("resnet50", layer="convnn", k=16, image_size=32)
+    with pytest.raises(ValueError, match="position embedding fixes the size"):
+        models.create_model("vit_tiny", **VIT)(torch.randn(1, 3, 32, 32))
+    assert "resnet50" in models.model_names()
