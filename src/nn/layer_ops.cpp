@@ -59,7 +59,7 @@ void apply_option_texts(Options& options, const OptionTexts& texts, int64_t requ
   TORCH_CHECK(given.empty(), where, ": unknown option ", given.begin()->first, "; the options are ", known);
 }
 
-// The layers: their options with placeholder values for the required fields, which every call
+// The layers: their options with stand-in values for the required fields, which every call
 // gives, and how many leading fields are required (the C++ constructor's arguments).
 struct ConvNN1dLayer {
   using Options = ConvNN1dOptions;
