@@ -213,6 +213,8 @@ Command add_compare_command(CLI::App& app) {
                  "budget and tabulate accuracy, parameters, MACs and time");
   auto args = std::make_shared<CompareArgs>();
   add_train_options(sub, args->base);
+  // The cells are different models: no one set of weights starts them all.
+  sub->remove_option(sub->get_option("--initial-checkpoint"));
   sub->add_option("--seeds", args->seeds, "Seeds of every cell (default 0)")
       ->delimiter(',')
       ->check(explicit_value("seed 0", /*allow_zero=*/true))

@@ -1,5 +1,6 @@
 // `convnn eval`: loads a checkpoint and reports top-1 / top-5 and the confusion matrix (CSV and,
-// with gnuplot, PNG) on a split of its data set.
+// with gnuplot, PNG) on a split of its data set. A run's checkpoint says which model and data it
+// is; weights alone (a state_dict saved by Python) take them from --config or the model flags.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -15,6 +16,7 @@ namespace {
 
 struct EvalArgs {
   std::string checkpoint;
+  train::TrainConfig model;  // --config, --dataset and the model flags: for weights alone
   std::string data_dir;
   std::string val_labels;
   std::string split = "test";
@@ -24,12 +26,30 @@ struct EvalArgs {
   bool bf16 = false;
   bool allow_non_finite = false;
   std::string device = "auto";
+  std::vector<const CLI::Option*> model_options;
 };
+
+// The given flags of those that describe the model, which a run's checkpoint already holds.
+std::string given_model_flags(const EvalArgs& a) {
+  std::string flags;
+  for (const auto* option : a.model_options) {
+    if (option->count() > 0) flags += (flags.empty() ? "" : ", ") + option->get_name();
+  }
+  return flags;
+}
+
+train::TrainConfig config_of(const EvalArgs& a, const std::string& path) {
+  if (!train::holds_run(path)) return a.model;
+  const auto flags = given_model_flags(a);
+  TORCH_CHECK(flags.empty(), "checkpoint '", path, "' holds its run's model and data set: leave out ", flags,
+              " (they describe the model of weights alone, such as a state_dict saved by Python)");
+  return train::read_checkpoint_header(path).config;
+}
 
 int run_eval(const EvalArgs& a) {
   const auto device = resolve_device(a.device, "--device");  // before the checkpoint is read
   const auto path = resume_checkpoint_path(a.checkpoint);
-  auto config = train::read_checkpoint_header(path).config;
+  auto config = config_of(a, path);
   if (!a.data_dir.empty()) config.data_dir = a.data_dir;
   if (!a.val_labels.empty()) config.val_labels = a.val_labels;
   config.batch_size = a.batch_size;
@@ -52,12 +72,31 @@ int run_eval(const EvalArgs& a) {
   return 0;
 }
 
+// --config, --dataset and the model flags, in the order that lets flags override the file.
+void add_weights_only_options(CLI::App* sub, EvalArgs& args) {
+  const size_t first = sub->get_options().size();
+  sub->add_option_function<std::string>(
+      "--config", [&args](const std::string& path) { args.model = train::read_config(path); },
+      "Weights alone: JSON config naming the model and data set (keys as in a run's config.json); "
+      "flags override it");
+  sub->add_option("--dataset", args.model.dataset, "Weights alone: data set (default fashion-mnist)")
+      ->check(CLI::IsMember(train::train_dataset_names()));
+  add_trained_model_options(sub, args.model);
+  const auto options = sub->get_options();
+  for (size_t i = first; i < options.size(); ++i) {
+    const_cast<CLI::Option*>(options[i])->group("Model of weights alone (a state_dict saved by Python)");
+    args.model_options.push_back(options[i]);
+  }
+}
+
 }  // namespace
 
 Command add_eval_command(CLI::App& app) {
   auto* sub = app.add_subcommand("eval", "Evaluate a checkpoint: top-1, top-5 and the confusion matrix");
   auto args = std::make_shared<EvalArgs>();
-  sub->add_option("--checkpoint", args->checkpoint, "Checkpoint file, or a run directory (its latest)")
+  sub->add_option("--checkpoint", args->checkpoint,
+                  "Checkpoint file, a run directory (its latest), or a state_dict saved by Python's "
+                  "torch.save (then give the model with --config or the model flags)")
       ->required();
   sub->add_option("--data-dir", args->data_dir, "Folder of the data set (default: the run's)");
   sub->add_option("--val-labels", args->val_labels,
@@ -71,6 +110,12 @@ Command add_eval_command(CLI::App& app) {
   add_device_option(sub, args->device, "Device to load the checkpoint onto and evaluate on");
   sub->add_flag("--allow-non-finite", args->allow_non_finite,
                 "Evaluate a checkpoint whose weights hold NaN or Inf (refused by default)");
+  add_weights_only_options(sub, *args);
+  sub->footer(
+      "Examples:\n"
+      "  convnn eval --checkpoint runs/<run>/checkpoint-best.pt\n"
+      "  convnn eval --checkpoint weights.pt --config runs/<run>/config.json   # torch.save(model.state_dict())\n"
+      "  convnn eval --checkpoint weights.pt --model resnet18 --layer convnn --small-stem --dataset cifar10\n");
   return {sub, [args] { return run_eval(*args); }};
 }
 

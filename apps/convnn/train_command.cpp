@@ -81,7 +81,8 @@ Command add_train_command(CLI::App& app) {
       "  convnn train --model resnet18 --layer branching --small-stem --width 16 --epochs 3 \\\n"
       "      --warmup-epochs 0.5 --lr 2e-3\n"
       "  convnn train --config configs/fashion-mnist.json --seed 1\n"
-      "  convnn train --resume runs/<run>          # after Ctrl-C or a crash\n");
+      "  convnn train --resume runs/<run>          # after Ctrl-C or a crash\n"
+      "  convnn train --config configs/fashion-mnist.json --initial-checkpoint weights.pt  # fine-tune\n");
   return {sub, [args] {
             // First: a device that is not there must fail before any file is read or written.
             const auto device = resolve_device(args->device, "--device");

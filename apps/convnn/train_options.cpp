@@ -85,6 +85,16 @@ std::string resume_checkpoint_path(const std::string& resume) {
   return std::filesystem::is_directory(resume) ? train::latest_checkpoint_path(resume) : resume;
 }
 
+void add_trained_model_options(CLI::App* sub, train::TrainConfig& config) {
+  const size_t first = sub->get_options().size();
+  add_model_options(sub, config.model, config.model_config);
+  sub->get_option("--model")->required(false)->description("Model name (default resnet18)");
+  for (const char* derived : {"--num-classes", "--in-channels", "--image-size"}) {
+    sub->remove_option(sub->get_option(derived));  // taken from the data set
+  }
+  group_since(sub, first, kModelGroup);
+}
+
 void add_train_options(CLI::App* sub, TrainArgs& args) {
   auto& c = args.config;
   const size_t run_first = sub->get_options().size();
@@ -95,13 +105,17 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
         args.config = train::read_config(path);
       },
       "JSON config file (keys as in a run's config.json); flags override it");
-  sub->add_option_function<std::string>(
+  auto* resume_option = sub->add_option_function<std::string>(
          "--resume", [&args](const std::string& path) {
            args.resume = resume_checkpoint_path(path);
            args.config = train::read_checkpoint_header(args.resume).config;
          },
          "Continue the run of this checkpoint (or run directory) exactly where it stopped")
       ->excludes(config_option);
+  sub->add_option("--initial-checkpoint", c.initial_checkpoint,
+                  "Start from these weights (a convnn checkpoint, or a state_dict saved by Python's "
+                  "torch.save) with a fresh optimiser at epoch 0: fine-tuning")
+      ->excludes(resume_option);
   group_since(sub, run_first, "Run");
 
   size_t first = sub->get_options().size();
@@ -122,13 +136,7 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   sub->add_option("--prefetch", c.prefetch, "Batches the loader keeps ready (default 4)");
   group_since(sub, first, "Dataset parameters");
 
-  first = sub->get_options().size();
-  add_model_options(sub, c.model, c.model_config);
-  sub->get_option("--model")->required(false)->description("Model name (default resnet18)");
-  for (const char* derived : {"--num-classes", "--in-channels", "--image-size"}) {
-    sub->remove_option(sub->get_option(derived));  // taken from the data set
-  }
-  group_since(sub, first, "Model parameters");
+  add_trained_model_options(sub, c);
   sub->add_option("--image-size", c.image_size,
                   "imagefolder: side of the training and validation crops (default 224; the other data "
                   "sets keep their own size)")

@@ -23,6 +23,13 @@ struct TrainArgs {
 void add_device_option(CLI::App* sub, std::string& device, const std::string& what,
                        const std::string& note = "");
 
+/// The --help section of the model flags.
+inline constexpr const char* kModelGroup = "Model parameters";
+
+/// Registers --model and the model flags of a model trained on a data set (which sets its
+/// classes, channels and image size), bound to `config`, in the section kModelGroup.
+void add_trained_model_options(CLI::App* sub, train::TrainConfig& config);
+
 /// Registers every training flag on `sub`, bound to `args`.
 void add_train_options(CLI::App* sub, TrainArgs& args);
 

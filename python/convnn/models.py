@@ -8,6 +8,7 @@ slots hold ConvNN or branching layers, strides, widths, the paper variants, the 
 the C++ one, and the state_dict keys are the C++ ones.
 """
 import json
+import zipfile
 
 import torch
 from torch import nn
@@ -191,3 +192,44 @@ def _state_of(root, name):
     state = dict(root.named_parameters())
     state.update(dict(root.named_buffers()))
     return state[name]
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """The model of a `convnn train` checkpoint, with its weights.
+
+    The file is read with ``torch.load(path, weights_only=True)``: a dict whose ``config`` names
+    the run's model and its options (``config["model"]``, ``config["model_config"]``), which
+    :func:`create_model` builds, and whose ``state_dict`` is then loaded strictly. The model is
+    returned in training mode, as ``create_model`` returns it; call ``.eval()`` to evaluate.
+    ``convnn eval`` also checks the file's CRC-32 checksums; this does not.
+    """
+    # Before torch.load, which would hand a TorchScript archive to torch.jit.load.
+    if _is_torchscript_archive(path):
+        raise RuntimeError(
+            f"checkpoint '{path}' was written by a convnn before its checkpoints were torch.save "
+            "files (formats 1 and 2 are TorchScript archives, which Python cannot read): "
+            "`convnn train --resume` and `convnn eval` still read it, and the run's next "
+            "checkpoint is in the new format")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch.load's own errors do not always name the file
+        raise RuntimeError(f"checkpoint '{path}' cannot be read: {error}") from error
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict):
+        raise ValueError(f"checkpoint '{path}' is not a convnn run's checkpoint (it has no 'config' "
+                         "naming the model): for weights alone, build the model with "
+                         "convnn.models.create_model(name, **options) and call load_state_dict")
+    config = checkpoint["config"]
+    model = create_model(config["model"], **config["model_config"])
+    try:
+        model.load_state_dict(checkpoint["state_dict"])
+    except RuntimeError as error:
+        raise RuntimeError(f"checkpoint '{path}' does not fit its model {config['model']}: {error}") from error
+    return model
+
+
+def _is_torchscript_archive(path):
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/constants.pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False

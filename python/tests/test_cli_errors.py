@@ -4,7 +4,6 @@ offending value or file, with a non-zero status and no crash, trace or hang. Eve
 real binary in its own process under a timeout, so a crash or a hang fails that case alone; the
 processes run side by side, as LibTorch's start-up takes most of each one's time."""
 import concurrent.futures
-import gzip
 import os
 import pathlib
 import shutil
@@ -14,16 +13,14 @@ import zipfile
 
 import pytest
 
-BINARY = os.environ.get(
-    "CONVNN_BIN", str(pathlib.Path(__file__).resolve().parents[2] / "build" / "bin" / "convnn"))
+from cli_support import BINARY, IMAGE_SIDE, make_data_set, tiny_run_args
 
 # Every case fails at parsing or before its first training step; the one real training run (the
 # checkpoint's) takes a few seconds.
 CASE_TIMEOUT_S = 60
 # Each process takes one core and a few hundred MB.
 PARALLEL_CASES = min(8, max(2, os.cpu_count() or 2))
-IMAGE_SIDE = 28  # Fashion-MNIST's, the default data set's
-SAMPLES = 64
+
 
 
 def run_convnn(args, cwd, env=None, timeout=CASE_TIMEOUT_S):
@@ -46,29 +43,6 @@ def assert_one_line_error(result, *names):
         assert marker not in result.stderr, described
     for name in names:
         assert str(name) in lines[0], f"the message does not name {name!r}\n{described}"
-
-
-def write_idx(path, magic, dims, payload):
-    with gzip.open(path, "wb") as f:
-        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + payload)
-
-
-def make_data_set(workdir):
-    """A Fashion-MNIST-shaped data set of SAMPLES images per split: fast to load, and no
-    dependence on the installed data set."""
-    root = workdir / "fashion-mnist"
-    root.mkdir()
-    for split in ("train", "t10k"):
-        pixels = bytes((i * 37) % 256 for i in range(SAMPLES * IMAGE_SIDE * IMAGE_SIDE))
-        write_idx(root / f"{split}-images-idx3-ubyte.gz", 0x803, (SAMPLES, IMAGE_SIDE, IMAGE_SIDE), pixels)
-        write_idx(root / f"{split}-labels-idx1-ubyte.gz", 0x801, (SAMPLES,), bytes(i % 10 for i in range(SAMPLES)))
-    return root
-
-
-def tiny_run_args(data_dir):
-    return ["--model", "resnet18", "--small-stem", "--width", "4", "--data-dir", data_dir,
-            "--train-subset", SAMPLES, "--val-subset", SAMPLES, "--epochs", 1, "--batch-size", 32,
-            "--warmup-epochs", 0, "--workers", 0, "--quiet", "--no-plots"]
 
 
 # ------------------------------------------------------------------------------- config files
@@ -105,7 +79,7 @@ def config_cases(workdir):
 
 CHECKPOINT_KINDS = ["missing", "empty", "random-bytes", "json", "truncated", "nan-weights",
                     "run-folder-without-one"]
-CHECKPOINT_COMMANDS = ["train", "eval"]
+CHECKPOINT_COMMANDS = ["train", "eval", "train-initial"]
 
 
 def bad_checkpoint(kind, workdir, checkpoint):
@@ -150,6 +124,9 @@ def checkpoint_cases(workdir, data_dir, checkpoint):
         cases[("checkpoint", "eval", kind)] = (
             ["eval", "--checkpoint", path, "--data-dir", data_dir, "--workers", 0,
              "--output", workdir / f"eval-{kind}"], [path])
+        cases[("checkpoint", "train-initial", kind)] = (
+            ["train", *tiny_run_args(data_dir), "--initial-checkpoint", path,
+             "--output", workdir / f"initial-{kind}"], [path])
     return cases
 
 

@@ -1,173 +1,81 @@
 #include "convnn/train/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/List.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
-#include <unistd.h>
 #include <zlib.h>
 
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <sstream>
-#include <system_error>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 
+#include "checkpoint_records.h"
+#include "torch_file.h"
+
 namespace convnn::train {
-namespace {
 
-namespace fs = std::filesystem;
-
-// Format 2 added the CRC-32 checksums and stores the optimiser as the bytes of its own archive,
-// so that one checksum covers all of it. Format 1 is still read, without the checksum checks.
-constexpr int64_t kFormatVersion = 2;
-constexpr int64_t kOldestReadableFormat = 1;
-
-std::string errno_text(int error) { return std::system_category().message(error); }
-
-// ---------------------------------------------------------------------------------------------
-// Writing a file so that a crash, a kill or a full disk leaves either the old file or the new one.
-
-// `.<target>.tmp<pid>` beside the target.
-fs::path temporary_path(const fs::path& target, pid_t pid) {
-  return target.parent_path() / ("." + target.filename().string() + ".tmp" + std::to_string(pid));
-}
-
-fs::path folder_of(const fs::path& target) {
-  return target.parent_path().empty() ? fs::path(".") : target.parent_path();
-}
-
-// The target and the writer's pid of a temporary file name, if it is one.
-std::optional<std::pair<std::string, pid_t>> parse_temporary_name(const std::string& name) {
-  const auto tmp = name.rfind(".tmp");
-  if (name.size() < 2 || name[0] != '.' || tmp == std::string::npos || tmp < 2) return std::nullopt;
-  const auto digits = name.substr(tmp + 4);
-  // Linux pids stay below 2^22, so nine digits are plenty and cannot overflow.
-  if (digits.empty() || digits.size() > 9 ||
-      digits.find_first_not_of("0123456789") != std::string::npos) {
-    return std::nullopt;
-  }
-  const auto pid = static_cast<pid_t>(std::stol(digits));
-  if (pid <= 0) return std::nullopt;
-  return std::make_pair(name.substr(1, tmp - 1), pid);
-}
-
-// EPERM means the process exists but belongs to someone else: its write may be in progress.
-bool process_exists(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
-
-// Removes the temporary files in `folder` of the targets `ours` accepts whose writer no longer
-// exists (killed mid-write). Best effort: a folder that cannot be listed is left alone, and the
-// write that follows reports what is wrong with it.
-void remove_stale_temporaries(const fs::path& folder,
-                              const std::function<bool(const std::string& target)>& ours) {
-  std::vector<fs::path> stale;
-  std::error_code error;
-  for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
-    const auto parsed = parse_temporary_name(it->path().filename().string());
-    if (parsed && ours(parsed->first) && parsed->second != ::getpid() &&
-        !process_exists(parsed->second)) {
-      stale.push_back(it->path());
-    }
-  }
-  for (const auto& path : stale) fs::remove(path, error);
-}
-
-// A temporary file being written: closed, and removed unless renamed, when it goes out of scope,
-// so that no failure leaves it behind.
-class TemporaryFile {
- public:
-  explicit TemporaryFile(fs::path path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    const int error = errno;
-    TORCH_CHECK(fd_ >= 0, "cannot create '", path_.string(), "': ", errno_text(error));
-  }
-  TemporaryFile(const TemporaryFile&) = delete;
-  TemporaryFile& operator=(const TemporaryFile&) = delete;
-  ~TemporaryFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!renamed_) ::unlink(path_.c_str());
-  }
-
-  // write(2) may write less than asked (a signal, a full disk) and may be interrupted.
-  void write_all(const std::string& contents) {
-    size_t written = 0;
-    while (written < contents.size()) {
-      const ssize_t n = ::write(fd_, contents.data() + written, contents.size() - written);
-      const int error = errno;
-      if (n < 0 && error == EINTR) continue;
-      TORCH_CHECK(n > 0, "writing '", path_.string(), "' failed after ", written, " of ",
-                  contents.size(), " bytes: ", n < 0 ? errno_text(error) : "no progress");
-      written += static_cast<size_t>(n);
-    }
-  }
-
-  // On disk before the rename: otherwise a power cut can leave the renamed file empty.
-  void sync_and_close() {
-    int rc;
-    do rc = ::fsync(fd_);
-    while (rc != 0 && errno == EINTR);
-    int error = errno;
-    TORCH_CHECK(rc == 0, "cannot sync '", path_.string(), "' to disk: ", errno_text(error));
-    rc = ::close(std::exchange(fd_, -1));  // not retried: Linux closes the descriptor even on EINTR
-    error = errno;
-    TORCH_CHECK(rc == 0, "writing '", path_.string(), "' failed at close: ", errno_text(error));
-  }
-
-  void rename_to(const fs::path& target) {
-    const int rc = ::rename(path_.c_str(), target.c_str());
-    const int error = errno;
-    TORCH_CHECK(rc == 0, "cannot move '", path_.string(), "' to '", target.string(), "': ",
-                errno_text(error));
-    renamed_ = true;
-  }
-
- private:
-  fs::path path_;
-  int fd_ = -1;
-  bool renamed_ = false;
-};
-
-// Makes the rename itself durable. Some file systems cannot sync a folder (EINVAL); there the
-// rename is as durable as they make it.
-void sync_folder(const fs::path& folder, const fs::path& target) {
-  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  int error = errno;
-  TORCH_CHECK(fd >= 0, "cannot open folder '", folder.string(), "' to sync the rename of '",
-              target.string(), "': ", errno_text(error));
-  const int rc = ::fsync(fd);
-  error = errno;
-  ::close(fd);
-  TORCH_CHECK(rc == 0 || error == EINVAL, "cannot sync folder '", folder.string(),
-              "' after renaming '", target.string(), "': ", errno_text(error));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Checksums and finiteness.
+namespace detail {
 
 uint32_t crc32_of(const void* data, size_t size) {
   return static_cast<uint32_t>(::crc32_z(0, static_cast<const Bytef*>(data), size));
 }
 
-// Over the tensor's bytes laid out contiguously on the CPU.
 uint32_t crc32_of(const at::Tensor& tensor) {
   const auto bytes = tensor.detach().cpu().contiguous();
   return crc32_of(bytes.data_ptr(), bytes.nbytes());
 }
 
-void check_crc(const std::string& path, const std::string& record, uint32_t actual,
-               uint32_t expected) {
+void check_crc(const std::string& path, const std::string& record, uint32_t actual, uint32_t expected) {
   TORCH_CHECK(actual == expected, "checkpoint '", path, "' is damaged: record '", record,
               "' has CRC-32 ", actual, " but was written with ", expected,
               " (the file changed after it was written; use a copy or another checkpoint)");
 }
+
+void fail_damaged_header(const std::string& path, const std::exception& e) {
+  TORCH_CHECK(false, "checkpoint '", path, "' has a damaged header: ", e.what());
+}
+
+std::shared_ptr<torch::serialize::InputArchive> optimizer_archive_from_bytes(const std::string& path,
+                                                                             const at::Tensor& bytes) {
+  const auto contiguous = bytes.contiguous();
+  auto archive = std::make_shared<torch::serialize::InputArchive>();
+  try {
+    archive->load_from(static_cast<const char*>(contiguous.data_ptr()), contiguous.nbytes());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' holds an unreadable optimiser state: ", e.msg());
+  }
+  return archive;
+}
+
+}  // namespace detail
+
+namespace {
+
+namespace fs = std::filesystem;
+using detail::CheckpointRecords;
+using detail::check_crc;
+using detail::crc32_of;
+using detail::fail_damaged_header;
+using detail::NamedTensors;
+
+// Format 3 is a torch.save file, so that Python reads it with torch.load(path, weights_only=True):
+// a dict of "state_dict" (the model's tensors by their names, which the Python package's models
+// share), "config" and "position" (as JSON objects), and the resume records "optimizer_archive"
+// (the bytes of libtorch's optimiser archive) and "rng_cpu". Beside data.pkl, the record
+// convnn_header.json repeats config and position with the tensor names and the CRC-32 of every
+// record (torch's zip reader does not check the archive's own CRCs), so that the header is read
+// without loading the tensors; convnn_header.crc32 guards the header itself. Formats 1 and 2
+// (TorchScript archives) are read by checkpoint_archive.cpp.
+constexpr int64_t kFormatVersion = 3;
+constexpr const char* kHeaderRecord = "convnn_header.json";
+constexpr const char* kHeaderCrcRecord = "convnn_header.crc32";
+constexpr int64_t kStateDictOnly = 0;  // a file of weights alone, such as Python's torch.save(model.state_dict())
 
 void check_finite(const std::string& path, const std::string& what, const at::Tensor& tensor) {
   if (!tensor.is_floating_point() && !tensor.is_complex()) return;
@@ -193,14 +101,19 @@ void for_each_tensor(torch::serialize::InputArchive& archive, const std::string&
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The records of a checkpoint.
-
-// Parameters then buffers, by their full names: the order load checks against.
-std::vector<std::pair<std::string, at::Tensor>> named_state(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, at::Tensor>> state;
-  for (const auto& item : model.named_parameters(true)) state.emplace_back(item.key(), item.value());
-  for (const auto& item : model.named_buffers(true)) state.emplace_back(item.key(), item.value());
+// The model's tensors by their full names, in the order of PyTorch's state_dict (each module in
+// pre-order, its parameters then its buffers), so that a checkpoint lists them as Python would.
+NamedTensors named_state(torch::nn::Module& model) {
+  NamedTensors state;
+  for (const auto& module : model.named_modules()) {
+    const auto prefix = module.key().empty() ? "" : module.key() + ".";
+    for (const auto& item : module.value()->named_parameters(false)) {
+      state.emplace_back(prefix + item.key(), item.value());
+    }
+    for (const auto& item : module.value()->named_buffers(false)) {
+      state.emplace_back(prefix + item.key(), item.value());
+    }
+  }
   return state;
 }
 
@@ -295,201 +208,233 @@ void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
   }
 }
 
-struct Checksums {
-  std::vector<uint32_t> model;  // in the order of the header's "tensors"
-  uint32_t optimizer = 0;
-  uint32_t rng = 0;
-};
 
-// A checkpoint file opened for reading, its header's checksum verified.
-struct StoredCheckpoint {
+// ---------------------------------------------------------------------------------------------
+// Opening a checkpoint: which format it is, and its header.
+
+struct OpenedCheckpoint {
   std::string path;
-  torch::serialize::InputArchive archive;
-  nlohmann::json header;
-  std::optional<Checksums> checksums;  // none in format 1
+  nlohmann::json header;  // format, config, position, tensor names, checksums; null: a state_dict alone
 };
 
-[[noreturn]] void fail_damaged_header(const std::string& path, const std::exception& e) {
-  TORCH_CHECK(false, "checkpoint '", path, "' has a damaged header: ", e.what());
-}
-
-torch::serialize::InputArchive open_archive(const std::string& path) {
-  TORCH_CHECK(fs::is_regular_file(path), "checkpoint '", path, "' does not exist");
-  torch::serialize::InputArchive archive;
+nlohmann::json parse_header(const std::string& path, const std::string& text) {
   try {
-    archive.load_from(path);
-  } catch (const std::exception& e) {
-    const auto* error = dynamic_cast<const c10::Error*>(&e);
-    TORCH_CHECK(false, "checkpoint '", path, "' cannot be read (not a convnn checkpoint, or damaged): ",
-                error ? error->msg() : e.what());
-  }
-  return archive;
-}
-
-// The header, its checksum checked before anything in it is believed.
-nlohmann::json read_header(torch::serialize::InputArchive& archive, const std::string& path) {
-  c10::IValue header;
-  TORCH_CHECK(archive.try_read("convnn_header", header) && header.isString(),
-              "checkpoint '", path, "' has no convnn header (not written by convnn train)");
-  const auto& text = header.toStringRef();
-  c10::IValue stored_crc;
-  const bool has_crc = archive.try_read("convnn_header_crc32", stored_crc);
-  if (has_crc) {
-    check_crc(path, "convnn_header", crc32_of(text.data(), text.size()),
-              stored_crc.isInt() ? static_cast<uint32_t>(stored_crc.toInt()) : 0);
-  }
-  nlohmann::json json;
-  int64_t format = 0;
-  try {
-    json = nlohmann::json::parse(text);
-    format = json.value("format", int64_t{0});
+    return nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     fail_damaged_header(path, e);
   }
-  TORCH_CHECK(format >= kOldestReadableFormat && format <= kFormatVersion, "checkpoint '", path,
-              "' has format ", format, "; this convnn reads formats ", kOldestReadableFormat, " to ",
-              kFormatVersion, format > kFormatVersion ? " (it was written by a newer convnn)" : "");
-  TORCH_CHECK(format == 1 || has_crc, "checkpoint '", path,
-              "' is damaged: its header has no checksum, which format ", format, " requires");
-  return json;
 }
 
-StoredCheckpoint open_checkpoint(const std::string& path) {
-  StoredCheckpoint file{path, open_archive(path), {}, std::nullopt};
-  file.header = read_header(file.archive, path);
-  if (file.header.at("format") == 1) return file;
+nlohmann::json read_format3_header(const std::string& path, const std::string& text) {
+  const auto crc_text = read_torch_file_record(path, kHeaderCrcRecord);
+  TORCH_CHECK(crc_text.has_value(), "checkpoint '", path, "' is damaged: its header has no checksum");
+  check_crc(path, "convnn_header", crc32_of(text.data(), text.size()),
+            static_cast<uint32_t>(std::strtoul(crc_text->c_str(), nullptr, 10)));
+  auto header = parse_header(path, text);
+  const auto format = header.value("format", int64_t{0});
+  TORCH_CHECK(format == kFormatVersion, "checkpoint '", path, "' has format ", format,
+              "; this convnn reads formats 1 to ", kFormatVersion,
+              format > kFormatVersion ? " (it was written by a newer convnn)" : "");
+  return header;
+}
+
+OpenedCheckpoint open_checkpoint(const std::string& path) {
+  TORCH_CHECK(fs::is_regular_file(path), "checkpoint '", path, "' does not exist");
+  if (is_torchscript_archive(path)) return {path, detail::read_archive_header(path)};
+  std::optional<std::string> text;
+  try {
+    text = read_torch_file_record(path, kHeaderRecord);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' cannot be read (not a checkpoint or a state_dict, or damaged): ",
+                e.msg());
+  }
+  if (!text) return {path, nullptr};
+  return {path, read_format3_header(path, *text)};
+}
+
+int64_t format_of(const OpenedCheckpoint& file) {
+  return file.header.is_null() ? kStateDictOnly : file.header.at("format").get<int64_t>();
+}
+
+[[noreturn]] void fail_weights_only(const std::string& path, const std::string& what) {
+  TORCH_CHECK(false, "checkpoint '", path, "' holds weights only (a state_dict, as Python's "
+              "torch.save(model.state_dict(), path) writes), without a run's ", what,
+              ": evaluate it with the model's options (convnn eval --checkpoint FILE --model ...), or "
+              "start a run from it (convnn train --initial-checkpoint FILE)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the records of format 3 and of a state_dict alone.
+
+c10::IValue read_contents(const std::string& path) {
+  try {
+    return read_torch_file(path);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' cannot be read (not a checkpoint or a state_dict, or damaged): ",
+                e.msg());
+  }
+}
+
+c10::IValue entry(const c10::impl::GenericDict& dict, const std::string& key) {
+  const auto it = dict.find(key);
+  return it == dict.end() ? c10::IValue() : it->value();
+}
+
+at::Tensor tensor_entry(const std::string& path, const c10::impl::GenericDict& dict, const std::string& key) {
+  const auto value = entry(dict, key);
+  TORCH_CHECK(value.isTensor(), "checkpoint '", path, "' is damaged: it holds no '", key, "' tensor");
+  return value.toTensor();
+}
+
+CheckpointRecords read_format3_records(const OpenedCheckpoint& file) {
+  const auto& path = file.path;
+  const auto contents = read_contents(path);
+  TORCH_CHECK(contents.isGenericDict(), "checkpoint '", path, "' is damaged: it does not hold a dict");
+  const auto dict = contents.toGenericDict();
+  const auto state = entry(dict, "state_dict");
+  TORCH_CHECK(state.isGenericDict(), "checkpoint '", path, "' is damaged: it holds no state_dict");
+  CheckpointRecords records;
   try {
     const auto& crc = file.header.at("crc32");
-    file.checksums = Checksums{crc.at("model").get<std::vector<uint32_t>>(), crc.at("optimizer"),
-                               crc.at("rng_cpu")};
+    const auto names = file.header.at("tensors").get<std::vector<std::string>>();
+    const auto model_crcs = crc.at("model").get<std::vector<uint32_t>>();
+    TORCH_CHECK(names.size() == model_crcs.size() && names.size() == state.toGenericDict().size(),
+                "checkpoint '", path, "' is damaged: its header names ", names.size(),
+                " tensors, the file holds ", state.toGenericDict().size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      records.model.emplace_back(names[i], tensor_entry(path, state.toGenericDict(), names[i]));
+      check_crc(path, names[i], crc32_of(records.model.back().second), model_crcs[i]);
+    }
+    const auto optimizer = tensor_entry(path, dict, "optimizer_archive");
+    check_crc(path, "optimizer_archive", crc32_of(optimizer), crc.at("optimizer").get<uint32_t>());
+    records.optimizer = detail::optimizer_archive_from_bytes(path, optimizer);
+    records.rng = tensor_entry(path, dict, "rng_cpu");
+    check_crc(path, "rng_cpu", crc32_of(records.rng), crc.at("rng_cpu").get<uint32_t>());
+    TORCH_CHECK(ivalue_to_json(entry(dict, "config")) == file.header.at("config") &&
+                    ivalue_to_json(entry(dict, "position")) == file.header.at("position"),
+                "checkpoint '", path, "' is damaged: its config or position differ from its header's");
   } catch (const nlohmann::json::exception& e) {
     fail_damaged_header(path, e);
   }
-  return file;
+  return records;
 }
 
-// The stored model tensors with their names, each checked against its checksum.
-std::vector<std::pair<std::string, at::Tensor>> read_model_tensors(StoredCheckpoint& file) {
-  const auto& path = file.path;
-  c10::IValue stored;
-  TORCH_CHECK(file.archive.try_read("model", stored) && stored.isTensorList(), "checkpoint '", path,
-              "' holds no model tensors");
-  const auto tensors = stored.toTensorList();
-  std::vector<std::string> names;
-  try {
-    names = file.header.at("tensors").get<std::vector<std::string>>();
-  } catch (const nlohmann::json::exception& e) {
-    fail_damaged_header(path, e);
+// The prefix every key has when the state_dict comes from a wrapped model: DistributedDataParallel
+// ("module.") or torch.compile ("_orig_mod."); loading strips it, as timm's load_checkpoint does.
+std::string wrapper_prefix(const c10::impl::GenericDict& state) {
+  for (const char* prefix : {"module.", "_orig_mod."}) {
+    bool all = !state.empty();
+    for (const auto& item : state) all = all && item.key().toStringRef().rfind(prefix, 0) == 0;
+    if (all) return prefix;
   }
-  TORCH_CHECK(names.size() == tensors.size() &&
-                  (!file.checksums || file.checksums->model.size() == names.size()),
-              "checkpoint '", path, "' is damaged: its header names ", names.size(),
-              " tensors, the file holds ", tensors.size());
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (size_t i = 0; i < names.size(); ++i) {
-    named.emplace_back(names[i], tensors.get(i));
-    if (file.checksums) check_crc(path, names[i], crc32_of(named.back().second), file.checksums->model[i]);
-  }
-  return named;
+  return "";
 }
 
-void check_fits_model(const std::string& path,
-                      const std::vector<std::pair<std::string, at::Tensor>>& stored,
-                      const std::vector<std::pair<std::string, at::Tensor>>& state) {
-  TORCH_CHECK(stored.size() == state.size(), "checkpoint '", path, "' holds ", stored.size(),
-              " tensors but the model has ", state.size(), ": it was written for a different model");
-  for (size_t i = 0; i < state.size(); ++i) {
-    const auto& [name, target] = state[i];
-    const auto& [stored_name, source] = stored[i];
-    TORCH_CHECK(stored_name == name && source.sizes() == target.sizes(), "checkpoint '", path,
-                "' does not fit the model: it holds '", stored_name, "' ", source.sizes(),
-                " where the model has '", name, "' ", target.sizes());
+// Python's torch.save(model.state_dict()) or a dict holding one under "state_dict" (as timm's
+// and convnn's checkpoints do).
+CheckpointRecords read_state_dict_records(const std::string& path) {
+  const auto contents = read_contents(path);
+  auto state = contents.isGenericDict() ? entry(contents.toGenericDict(), "state_dict") : c10::IValue();
+  if (!state.isGenericDict()) state = contents;
+  bool tensors_by_name = state.isGenericDict();
+  if (tensors_by_name) {
+    for (const auto& item : state.toGenericDict()) {
+      tensors_by_name = tensors_by_name && item.key().isString() && item.value().isTensor();
+    }
+  }
+  TORCH_CHECK(tensors_by_name, "checkpoint '", path, "' holds neither a convnn checkpoint nor a state_dict "
+              "(a dict of tensors by name, alone or under the key 'state_dict')");
+  const auto prefix = wrapper_prefix(state.toGenericDict());
+  CheckpointRecords records;
+  for (const auto& item : state.toGenericDict()) {
+    records.model.emplace_back(item.key().toStringRef().substr(prefix.size()), item.value().toTensor());
+  }
+  return records;
+}
+
+CheckpointRecords read_records(const OpenedCheckpoint& file) {
+  switch (format_of(file)) {
+    case kStateDictOnly: return read_state_dict_records(file.path);
+    case kFormatVersion: return read_format3_records(file);
+    default: return detail::read_archive_records(file.path, file.header);
   }
 }
 
-// Format 1 nests the optimiser's archive; format 2 stores its bytes, under one checksum.
-torch::serialize::InputArchive read_optimizer_archive(StoredCheckpoint& file) {
-  torch::serialize::InputArchive archive;
-  if (!file.checksums) {
-    TORCH_CHECK(file.archive.try_read("optimizer", archive), "checkpoint '", file.path,
-                "' holds no optimiser state");
-    return archive;
-  }
-  at::Tensor bytes;
-  TORCH_CHECK(file.archive.try_read("optimizer_archive", bytes, /*is_buffer=*/true), "checkpoint '",
-              file.path, "' holds no optimiser state");
-  check_crc(file.path, "optimizer_archive", crc32_of(bytes), file.checksums->optimizer);
-  bytes = bytes.contiguous();
-  try {
-    archive.load_from(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "checkpoint '", file.path, "' holds an unreadable optimiser state: ", e.msg());
-  }
-  return archive;
-}
+// ---------------------------------------------------------------------------------------------
+// Fitting the stored tensors to a model, by name: the first missing, mismatching or extra tensor
+// is the error.
 
-at::Tensor read_rng_state(StoredCheckpoint& file) {
-  at::Tensor rng;
-  TORCH_CHECK(file.archive.try_read("rng_cpu", rng, /*is_buffer=*/true), "checkpoint '", file.path,
-              "' holds no RNG state");
-  if (file.checksums) check_crc(file.path, "rng_cpu", crc32_of(rng), file.checksums->rng);
-  return rng;
+std::vector<at::Tensor> fit_to_model(const std::string& path, const NamedTensors& stored,
+                                     const NamedTensors& state) {
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < stored.size(); ++i) index.emplace(stored[i].first, i);
+  std::vector<at::Tensor> fitted;
+  for (const auto& [name, target] : state) {
+    const auto it = index.find(name);
+    TORCH_CHECK(it != index.end(), "checkpoint '", path, "' does not fit the model: it has no '", name,
+                "' ", target.sizes(), " (it holds ", stored.size(), " tensors, the model ", state.size(),
+                "): it was written for a different model");
+    const auto& source = stored[it->second].second;
+    TORCH_CHECK(source.sizes() == target.sizes(), "checkpoint '", path, "' does not fit the model: it holds '",
+                name, "' ", source.sizes(), " where the model has '", name, "' ", target.sizes());
+    fitted.push_back(source);
+    index.erase(it);
+  }
+  for (const auto& [name, source] : stored) {
+    TORCH_CHECK(index.count(name) == 0, "checkpoint '", path, "' does not fit the model: it holds '", name,
+                "' ", source.sizes(), ", which the model does not have: it was written for a different model");
+  }
+  return fitted;
 }
 
 }  // namespace
-
-void write_file_atomically(const std::string& path, const std::string& contents) {
-  const fs::path target(path);
-  const auto folder = folder_of(target);
-  remove_stale_temporaries(folder, [&](const std::string& name) { return name == target.filename(); });
-  TemporaryFile temporary(temporary_path(target, ::getpid()));
-  temporary.write_all(contents);
-  temporary.sync_and_close();
-  temporary.rename_to(target);
-  sync_folder(folder, target);
-}
 
 void save_checkpoint(const std::string& path, const TrainConfig& config,
                      const TrainingPosition& position, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer) {
   auto names = nlohmann::json::array();
   auto model_crcs = nlohmann::json::array();
-  c10::List<at::Tensor> tensors;
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [name, tensor] : named_state(model)) {
     const auto stored = tensor.detach().cpu();
     names.push_back(name);
     model_crcs.push_back(crc32_of(stored));
-    tensors.push_back(stored);
+    state.insert(name, stored);
   }
   torch::serialize::OutputArchive optimizer_archive;
   save_optimizer_on_cpu(optimizer, optimizer_archive);
   const auto optimizer_bytes = archive_bytes(optimizer_archive);
   const auto rng = at::detail::getDefaultCPUGenerator().get_state();
+  const nlohmann::json config_json = config;
+  const auto position_json = position_to_json(position);
   const nlohmann::json header{
       {"format", kFormatVersion},
-      {"config", config},
-      {"position", position_to_json(position)},
+      {"config", config_json},
+      {"position", position_json},
       {"tensors", names},
       {"crc32",
        {{"model", model_crcs}, {"optimizer", crc32_of(optimizer_bytes)}, {"rng_cpu", crc32_of(rng)}}}};
   const auto header_text = header.dump();
-  torch::serialize::OutputArchive archive;
-  archive.write("convnn_header", c10::IValue(header_text));
-  archive.write("convnn_header_crc32",
-                c10::IValue(static_cast<int64_t>(crc32_of(header_text.data(), header_text.size()))));
-  archive.write("model", c10::IValue(tensors));
-  archive.write("optimizer_archive", optimizer_bytes, /*is_buffer=*/true);
-  archive.write("rng_cpu", rng, /*is_buffer=*/true);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  write_file_atomically(path, bytes.str());
-  remove_stale_temporaries(folder_of(path), [](const std::string& name) {
+  c10::impl::GenericDict contents(c10::StringType::get(), c10::AnyType::get());
+  contents.insert("convnn_format", kFormatVersion);
+  contents.insert("state_dict", state);
+  contents.insert("config", json_to_ivalue(config_json));
+  contents.insert("position", json_to_ivalue(position_json));
+  contents.insert("optimizer_archive", optimizer_bytes);
+  contents.insert("rng_cpu", rng);
+  write_file_atomically(path, torch_save_bytes(contents, {{kHeaderRecord, header_text},
+                                                          {kHeaderCrcRecord, std::to_string(crc32_of(
+                                                               header_text.data(), header_text.size()))}}));
+  remove_stale_temporaries(fs::path(path).parent_path(), [](const std::string& name) {
     return name.size() > 3 && name.compare(name.size() - 3, 3, ".pt") == 0;
   });
 }
 
+bool holds_run(const std::string& path) { return format_of(open_checkpoint(path)) != kStateDictOnly; }
+
 Checkpoint read_checkpoint_header(const std::string& path) {
   const auto file = open_checkpoint(path);
+  if (format_of(file) == kStateDictOnly) fail_weights_only(path, "config and position");
   Checkpoint checkpoint;
   try {
     from_json(file.header.at("config"), checkpoint.config);
@@ -502,31 +447,32 @@ Checkpoint read_checkpoint_header(const std::string& path) {
 
 void load_checkpoint(const std::string& path, torch::nn::Module& model,
                      torch::optim::Optimizer* optimizer, bool allow_non_finite) {
-  auto file = open_checkpoint(path);
+  const auto file = open_checkpoint(path);
+  if (optimizer != nullptr && format_of(file) == kStateDictOnly) fail_weights_only(path, "optimiser state");
   // Every record is checked, even those this call does not load: a damaged file is reported.
-  const auto stored = read_model_tensors(file);
-  auto optimizer_archive = read_optimizer_archive(file);
-  const auto rng = read_rng_state(file);
+  const auto records = read_records(file);
   auto state = named_state(model);
-  check_fits_model(path, stored, state);
+  const auto fitted = fit_to_model(path, records.model, state);
   if (!allow_non_finite) {
-    for (const auto& [name, tensor] : stored) check_finite(path, "model tensor '" + name + "'", tensor);
+    for (size_t i = 0; i < state.size(); ++i) {
+      check_finite(path, "model tensor '" + state[i].first + "'", fitted[i]);
+    }
     if (optimizer != nullptr) {
-      for_each_tensor(optimizer_archive, "", [&](const std::string& key, const at::Tensor& tensor) {
+      for_each_tensor(*records.optimizer, "", [&](const std::string& key, const at::Tensor& tensor) {
         check_finite(path, "optimiser state '" + key + "'", tensor);
       });
     }
   }
   {
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < state.size(); ++i) state[i].second.copy_(stored[i].second);
+    for (size_t i = 0; i < state.size(); ++i) state[i].second.copy_(fitted[i]);
   }
   if (optimizer == nullptr) return;
-  optimizer->load(optimizer_archive);
+  optimizer->load(*records.optimizer);
   move_state_to_parameters(*optimizer);
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(rng);
+  generator.set_state(records.rng);
 }
 
 std::string latest_checkpoint_path(const std::string& run_dir) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -102,6 +103,7 @@ const auto visit_fields = [](auto& c, auto&& visit) {
   visit("output", c.output);
   visit("experiment", c.experiment);
   visit("seed", c.seed);
+  visit("initial_checkpoint", c.initial_checkpoint);
   visit("quiet", c.quiet);
   visit("plots", c.plots);
   visit("log_interval", c.log_interval);
@@ -286,6 +288,9 @@ void validate(const TrainConfig& c) {
               "nesterov needs the sgd optimizer and a momentum > 0 (optimizer ",
               to_string(c.optimizer), ", momentum ", c.momentum, ")");
   TORCH_CHECK(c.epochs >= 1, "epochs must be >= 1, got ", c.epochs);
+  // Checkpoints store the config for Python, whose torch.save integers convnn reads as int64.
+  TORCH_CHECK(c.seed <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+              "seed must be below 2^63, got ", c.seed);
   TORCH_CHECK(c.batch_size >= 1, "batch_size must be >= 1, got ", c.batch_size);
   check_finite_non_negative(c.warmup_epochs, "warmup_epochs");
   TORCH_CHECK(c.warmup_epochs <= static_cast<double>(c.epochs), "warmup_epochs (", c.warmup_epochs,

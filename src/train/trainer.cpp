@@ -144,7 +144,11 @@ class Trainer {
         optimizer_(make_optimizer(config_, *model_.module())),
         schedule_(LrSchedule::from_config(config_, steps_per_epoch())),
         metrics_(run_dir_, position_.epoch + 1) {
-    if (!resume.empty()) load_checkpoint(resume, *model_.module(), optimizer_.get(), allow_non_finite);
+    if (!resume.empty()) {
+      load_checkpoint(resume, *model_.module(), optimizer_.get(), allow_non_finite);
+    } else if (!config_.initial_checkpoint.empty()) {
+      load_checkpoint(config_.initial_checkpoint, *model_.module(), nullptr, allow_non_finite);
+    }
   }
 
   TrainResult run() {
@@ -473,25 +477,33 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
                 " or choose another --experiment");
   }
   validate(requested);
+  // Read now, before the data: a missing or damaged file fails at once (holds_run opens it).
+  if (resume.empty() && !requested.initial_checkpoint.empty()) holds_run(requested.initial_checkpoint);
   auto train_data = load_split(requested, data::Split::Train);
   auto config = resolve_config(requested, train_data);
   validate(config);
   TORCH_CHECK(position.epoch <= config.epochs, "checkpoint '", resume, "' is at epoch ", position.epoch,
               ", past the run's ", config.epochs, " epochs");
-  fs::create_directories(run_dir);
-  write_config(run_dir, config);
   // The model's initialisation and everything random in training (dropout, random candidates)
   // follow torch's global generator; the loader has its own (seed, epoch, index) streams.
   at::manual_seed(config.seed);
+  // Before the run directory is made: a checkpoint that does not load leaves nothing behind.
   Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume, allow_non_finite, device);
+  fs::create_directories(run_dir);
+  write_config(run_dir, config);
   return trainer.run();
 }
 
-Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config,
+Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& requested,
                                data::Split split, Precision precision, bool allow_non_finite,
                                const c10::Device& device) {
   check_device(device, "device");
-  auto data = load_split(config, split);
+  auto data = load_split(requested, split);
+  auto config = requested;
+  if (!holds_run(checkpoint)) {  // weights alone: the model takes its sizes from the data, as in training
+    config = resolve_config(config, data);
+    validate(config);
+  }
   const auto& m = config.model_config;
   TORCH_CHECK(data.num_classes() == m.num_classes, "checkpoint '", checkpoint, "' was trained on ",
               m.num_classes, " classes; the data set has ", data.num_classes());

@@ -19,10 +19,14 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <tuple>
 
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/optim.h"
 #include "data/fixtures.h"
+#include "train/checkpoint_records.h"
+#include "train/torch_file.h"
 
 namespace convnn::train {
 namespace {
@@ -224,7 +228,7 @@ TEST(CheckpointIntegrity, Format1StillLoadsAndNewerFormatsAreRefused) {
   EXPECT_TRUE(torch::equal(torch::rand({3}), after_save));
   EXPECT_EQ(read_checkpoint_header(path).position.step, 5);
 
-  const auto newer = dir.file("format3.pt");
+  const auto newer = dir.file("format3-as-archive.pt");
   save_format1_checkpoint(newer, 3, model);
   testing::expect_error([&] { read_checkpoint_header(newer); }, newer, "written by a newer convnn");
 }
@@ -304,6 +308,106 @@ TEST(CheckpointWrite, StaleTemporaryFilesOfDeadWritersAreSweptAndLiveOnesKept) {
   write_file_atomically(dir.file("notes.txt"), "done");
   EXPECT_FALSE(fs::exists(dir.file(".notes.txt.tmp" + stale)));
   EXPECT_EQ(read_bytes(dir.file("notes.txt")), "done");
+}
+
+
+// A checkpoint as convnn wrote it in format 2 (a TorchScript archive with CRC-32s), before
+// checkpoints became torch.save files.
+void save_format2_checkpoint(const std::string& path, SmallModel& model) {
+  const std::vector<at::Tensor> tensors{model.linear->weight.detach(), model.linear->bias.detach()};
+  torch::serialize::OutputArchive optimizer_archive;
+  model.optimizer->save(optimizer_archive);
+  std::ostringstream optimizer_stream;
+  optimizer_archive.save_to(optimizer_stream);
+  const auto optimizer_text = optimizer_stream.str();
+  auto optimizer_bytes = torch::empty({static_cast<int64_t>(optimizer_text.size())}, torch::kByte);
+  std::memcpy(optimizer_bytes.data_ptr(), optimizer_text.data(), optimizer_text.size());
+  const auto rng = at::detail::getDefaultCPUGenerator().get_state();
+  const auto crc = [](const at::Tensor& t) { return detail::crc32_of(t); };
+  nlohmann::json position{{"epoch", 1},        {"next_batch", 0},  {"step", 3},
+                          {"best_top1", -1.0}, {"best_epoch", -1}, {"loss_sum", 0.0},
+                          {"samples", 0},      {"correct", 0},     {"seconds", 0.0}};
+  nlohmann::json header{{"format", 2}, {"config", TrainConfig{}}, {"position", position},
+                        {"tensors", {"weight", "bias"}},
+                        {"crc32", {{"model", {crc(tensors[0]), crc(tensors[1])}},
+                                   {"optimizer", crc(optimizer_bytes)}, {"rng_cpu", crc(rng)}}}};
+  const auto text = header.dump();
+  torch::serialize::OutputArchive archive;
+  archive.write("convnn_header", c10::IValue(text));
+  archive.write("convnn_header_crc32",
+                c10::IValue(static_cast<int64_t>(detail::crc32_of(text.data(), text.size()))));
+  archive.write("model", c10::IValue(c10::List<at::Tensor>(tensors)));
+  archive.write("optimizer_archive", optimizer_bytes, /*is_buffer=*/true);
+  archive.write("rng_cpu", rng, /*is_buffer=*/true);
+  archive.save_to(path);
+}
+
+// Proves that checkpoints of format 2, the last TorchScript-archive format, still resume.
+TEST(CheckpointIntegrity, Format2StillLoads) {
+  testing::TempDir dir;
+  SmallModel model;
+  model.step();
+  const auto path = dir.file("format2.pt");
+  save_format2_checkpoint(path, model);
+  SmallModel other;
+  other.step();
+  load_checkpoint(path, *other.linear.ptr(), other.optimizer.get());
+  EXPECT_TRUE(torch::equal(other.linear->weight, model.linear->weight));
+  EXPECT_TRUE(torch::equal(other.adamw_state_of(other.linear->weight).exp_avg(),
+                           model.adamw_state_of(model.linear->weight).exp_avg()));
+  EXPECT_EQ(read_checkpoint_header(path).position.step, 3);
+}
+
+// Weights alone, as Python's torch.save(model.state_dict(), path) writes them (here through the
+// same torch.save format, from C++): `entries` in the given order.
+void save_weights_alone(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& entries) {
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, tensor] : entries) state.insert(name, tensor);
+  write_bytes(path, torch_save_bytes(state));
+}
+
+// Proves that weights alone load by name, whatever their order, also under a DDP or
+// torch.compile prefix, and that they neither resume a run nor give a header.
+TEST(CheckpointWeightsAlone, LoadByNameInAnyOrderAndUnderAWrapperPrefix) {
+  testing::TempDir dir;
+  SmallModel model;
+  const auto weight = model.linear->weight.detach() * 3, bias = model.linear->bias.detach() - 1;
+  for (const std::string prefix : {"", "module.", "_orig_mod."}) {
+    SCOPED_TRACE(prefix);
+    const auto path = dir.file("weights" + prefix + "pt");
+    save_weights_alone(path, {{prefix + "bias", bias}, {prefix + "weight", weight}});
+    SmallModel other;
+    EXPECT_FALSE(holds_run(path));
+    load_checkpoint(path, *other.linear.ptr(), nullptr);
+    EXPECT_TRUE(torch::equal(other.linear->weight, weight));
+    EXPECT_TRUE(torch::equal(other.linear->bias, bias));
+    other.step();
+    testing::expect_error([&] { load_checkpoint(path, *other.linear.ptr(), other.optimizer.get()); }, path,
+                          "holds weights only");
+    testing::expect_error([&] { read_checkpoint_header(path); }, path, "--initial-checkpoint");
+  }
+}
+
+// Proves that weights alone that do not fit are refused before anything changes, naming the
+// file and the first tensor missing, of another shape, or extra.
+TEST(CheckpointWeightsAlone, AMismatchNamesTheFirstOffendingTensor) {
+  testing::TempDir dir;
+  SmallModel model;
+  const auto weight = model.linear->weight.detach(), bias = model.linear->bias.detach();
+  const std::vector<std::tuple<std::string, std::vector<std::pair<std::string, at::Tensor>>, std::string>> cases{
+      {"missing", {{"weight", weight}}, "has no 'bias' [16]"},
+      {"shape", {{"weight", weight.t().narrow(0, 0, 8)}, {"bias", bias}}, "holds 'weight' [8, 16] where the model has 'weight' [16, 16]"},
+      {"extra", {{"weight", weight}, {"bias", bias}, {"scale", bias}}, "holds 'scale' [16], which the model does not have"},
+  };
+  for (const auto& [name, entries, message] : cases) {
+    SCOPED_TRACE(name);
+    const auto path = dir.file(name + ".pt");
+    save_weights_alone(path, entries);
+    SmallModel other;
+    const auto before = other.linear->weight.detach().clone();
+    testing::expect_error([&] { load_checkpoint(path, *other.linear.ptr(), nullptr); }, path, message);
+    EXPECT_TRUE(torch::equal(other.linear->weight, before)) << "a refused load changed the model";
+  }
 }
 
 }  // namespace

@@ -4,9 +4,15 @@
 // atomically (temporary file in the same directory, synced, then renamed), so a crash or a power
 // cut never leaves a truncated checkpoint in place of a finished one.
 //
-// Format 2 stores a CRC-32 of the header, of every model tensor, of the optimiser state and of the
-// RNG state, because torch's zip reader does not check the archive's own CRCs: a flipped byte in
-// a tensor would otherwise load as a wrong weight. Format 1 (no checksums) is still read.
+// The file is a torch.save file (format 3) that Python reads with torch.load(path,
+// weights_only=True): a dict with "state_dict" (the model's tensors, under the names the Python
+// package's models have too), "config" and "position", plus the resume records. A CRC-32 of every
+// record is kept, because torch's zip reader does not check the archive's own: a flipped byte in a
+// tensor would otherwise load as a wrong weight. Formats 1 and 2 (TorchScript archives, convnn
+// before Python could read its checkpoints) are still read.
+//
+// Loading also accepts weights alone: a state_dict saved by Python (torch.save(model.state_dict(),
+// path), also under a dict's "state_dict" key, also from a model wrapped by DDP or torch.compile).
 //
 // Every tensor is stored on the CPU, whatever device trained the model, and loaded onto the device
 // of the model it is loaded into: a checkpoint written on one device resumes on another.
@@ -16,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "convnn/train/atomic_file.h"
 #include "convnn/train/config.h"
 
 namespace convnn::train {
@@ -48,15 +55,23 @@ void save_checkpoint(const std::string& path, const TrainConfig& config,
                      const TrainingPosition& position, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer);
 
-/// Reads only the config and the position (to build the model and the optimiser first).
+/// Reads only the config and the position (to build the model and the optimiser first). A file of
+/// weights alone is an error saying how such a file is used.
 Checkpoint read_checkpoint_header(const std::string& path);
 
-/// Loads the weights (and, when `optimizer` is not null, the optimiser state and the RNG state)
-/// into objects built from the checkpoint's config: the weights onto the model's device, each
-/// parameter's optimiser state onto that parameter's device. Every check runs before anything is
-/// changed; each failure is a c10::Error naming the path and the first offending record:
+/// True when `path` is a checkpoint of a run (it has a config and a position); false when it holds
+/// weights alone. Errors as read_checkpoint_header for missing, unreadable or damaged files.
+bool holds_run(const std::string& path);
+
+/// Loads the weights (and, when `optimizer` is not null, the optimiser state and the RNG state,
+/// which a file of weights alone does not have) into objects built from the checkpoint's config:
+/// the weights onto the model's device, by name, each parameter's optimiser state onto that
+/// parameter's device. Every check runs before anything is changed; each failure is a c10::Error
+/// naming the path and the first offending record:
+/// - the file is missing, is not a zip archive, or is truncated;
 /// - a record's checksum does not match (the file was damaged after it was written);
-/// - the tensors do not match the model (first mismatching parameter);
+/// - the tensors do not match the model (the first of the model's tensors the file lacks or holds
+///   with another shape, else the first the file holds that the model lacks);
 /// - a model tensor (or, when loading it, an optimiser state tensor) holds NaN or Inf, unless
 ///   `allow_non_finite` (a diverged run's weights evaluate to chance with a NaN loss).
 void load_checkpoint(const std::string& path, torch::nn::Module& model,
@@ -66,10 +81,5 @@ void load_checkpoint(const std::string& path, torch::nn::Module& model,
 std::string latest_checkpoint_path(const std::string& run_dir);
 std::string best_checkpoint_path(const std::string& run_dir);
 
-/// Writes `contents` to `path` through the temporary file `.<name>.tmp<pid>` beside it, synced
-/// before the rename, and syncs the folder after it. The temporary file is removed on any
-/// failure; those of this target left by processes that no longer exist (killed mid-write) are
-/// removed first, those of live processes (writes in progress) are kept.
-void write_file_atomically(const std::string& path, const std::string& contents);
 
 }  // namespace convnn::train

@@ -96,6 +96,9 @@ struct TrainConfig {
   std::string output = "runs";  // the run directory is output/experiment
   std::string experiment;       // empty: <model>-<dataset>-<date>-<time>
   uint64_t seed = 0;
+  // Weights to start from (a convnn checkpoint or a state_dict saved by Python), with a fresh
+  // optimiser at epoch 0: fine-tuning. Empty: the seeded initialisation.
+  std::string initial_checkpoint;
   bool quiet = false;           // plain log lines instead of a progress bar
   bool plots = true;            // PNG plots through gnuplot (skipped with a warning if absent)
   int64_t log_interval = 50;    // batches between plain log lines

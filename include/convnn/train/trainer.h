@@ -104,7 +104,9 @@ data::DataLoader make_loader(SplitData data, const TrainConfig& config, bool tra
                              const c10::Device& device = c10::Device(c10::kCPU));
 
 /// Evaluates the model of `checkpoint` on `split` of the data `config` names (the checkpoint's
-/// config, possibly with another data_dir, batch size or workers), without augmentation.
+/// config, possibly with another data_dir, batch size or workers), without augmentation. For a
+/// file of weights alone (a state_dict saved by Python), `config` names the model, and its
+/// classes, channels and image size come from the data, as in training.
 /// A data set that does not fit the model (classes, channels, size) is an error; so are NaN or
 /// Inf weights unless `allow_non_finite` (load_checkpoint). The model is loaded onto `device` (as
 /// in train) and evaluated there.

@@ -1,0 +1,129 @@
+// Checkpoints of formats 1 and 2: TorchScript archives written by torch::serialize::OutputArchive,
+// which Python's torch.load(weights_only=True) cannot read. Format 3 replaced them; they are still
+// read, so that runs started by an older convnn resume and evaluate.
+//
+// Format 2 stores a CRC-32 of the header, of every model tensor, of the optimiser state (the bytes
+// of its own archive) and of the RNG state. Format 1 has no checksums and nests the optimiser's
+// archive.
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "checkpoint_records.h"
+
+namespace convnn::train::detail {
+namespace {
+
+struct Checksums {
+  std::vector<uint32_t> model;  // in the order of the header's "tensors"
+  uint32_t optimizer = 0;
+  uint32_t rng = 0;
+};
+
+torch::serialize::InputArchive open_archive(const std::string& path) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path);
+  } catch (const std::exception& e) {
+    const auto* error = dynamic_cast<const c10::Error*>(&e);
+    TORCH_CHECK(false, "checkpoint '", path, "' cannot be read (not a convnn checkpoint, or damaged): ",
+                error ? error->msg() : e.what());
+  }
+  return archive;
+}
+
+// The header, its checksum checked before anything in it is believed.
+nlohmann::json read_header(torch::serialize::InputArchive& archive, const std::string& path) {
+  c10::IValue header;
+  TORCH_CHECK(archive.try_read("convnn_header", header) && header.isString(),
+              "checkpoint '", path, "' has no convnn header (not written by convnn train)");
+  const auto& text = header.toStringRef();
+  c10::IValue stored_crc;
+  const bool has_crc = archive.try_read("convnn_header_crc32", stored_crc);
+  if (has_crc) {
+    check_crc(path, "convnn_header", crc32_of(text.data(), text.size()),
+              stored_crc.isInt() ? static_cast<uint32_t>(stored_crc.toInt()) : 0);
+  }
+  nlohmann::json json;
+  int64_t format = 0;
+  try {
+    json = nlohmann::json::parse(text);
+    format = json.value("format", int64_t{0});
+  } catch (const std::exception& e) {
+    fail_damaged_header(path, e);
+  }
+  TORCH_CHECK(format >= 1, "checkpoint '", path, "' has a damaged header: format ", format);
+  TORCH_CHECK(format <= 2, "checkpoint '", path, "' is a TorchScript archive of format ", format,
+              ", which this convnn does not read (it was written by a newer convnn)");
+  TORCH_CHECK(format == 1 || has_crc, "checkpoint '", path,
+              "' is damaged: its header has no checksum, which format ", format, " requires");
+  return json;
+}
+
+std::optional<Checksums> checksums_of(const std::string& path, const nlohmann::json& header) {
+  if (header.at("format") == 1) return std::nullopt;
+  try {
+    const auto& crc = header.at("crc32");
+    return Checksums{crc.at("model").get<std::vector<uint32_t>>(), crc.at("optimizer"), crc.at("rng_cpu")};
+  } catch (const nlohmann::json::exception& e) {
+    fail_damaged_header(path, e);
+  }
+}
+
+NamedTensors read_model_tensors(torch::serialize::InputArchive& archive, const std::string& path,
+                                const nlohmann::json& header, const std::optional<Checksums>& checksums) {
+  c10::IValue stored;
+  TORCH_CHECK(archive.try_read("model", stored) && stored.isTensorList(), "checkpoint '", path,
+              "' holds no model tensors");
+  const auto tensors = stored.toTensorList();
+  std::vector<std::string> names;
+  try {
+    names = header.at("tensors").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail_damaged_header(path, e);
+  }
+  TORCH_CHECK(names.size() == tensors.size() && (!checksums || checksums->model.size() == names.size()),
+              "checkpoint '", path, "' is damaged: its header names ", names.size(),
+              " tensors, the file holds ", tensors.size());
+  NamedTensors named;
+  for (size_t i = 0; i < names.size(); ++i) {
+    named.emplace_back(names[i], tensors.get(i));
+    if (checksums) check_crc(path, names[i], crc32_of(named.back().second), checksums->model[i]);
+  }
+  return named;
+}
+
+std::shared_ptr<torch::serialize::InputArchive> read_optimizer(torch::serialize::InputArchive& archive,
+                                                               const std::string& path,
+                                                               const std::optional<Checksums>& checksums) {
+  if (!checksums) {
+    auto nested = std::make_shared<torch::serialize::InputArchive>();
+    TORCH_CHECK(archive.try_read("optimizer", *nested), "checkpoint '", path, "' holds no optimiser state");
+    return nested;
+  }
+  at::Tensor bytes;
+  TORCH_CHECK(archive.try_read("optimizer_archive", bytes, /*is_buffer=*/true), "checkpoint '", path,
+              "' holds no optimiser state");
+  check_crc(path, "optimizer_archive", crc32_of(bytes), checksums->optimizer);
+  return optimizer_archive_from_bytes(path, bytes);
+}
+
+}  // namespace
+
+nlohmann::json read_archive_header(const std::string& path) {
+  auto archive = open_archive(path);
+  return read_header(archive, path);
+}
+
+CheckpointRecords read_archive_records(const std::string& path, const nlohmann::json& header) {
+  auto archive = open_archive(path);
+  const auto checksums = checksums_of(path, header);
+  CheckpointRecords records;
+  records.model = read_model_tensors(archive, path, header, checksums);
+  records.optimizer = read_optimizer(archive, path, checksums);
+  TORCH_CHECK(archive.try_read("rng_cpu", records.rng, /*is_buffer=*/true), "checkpoint '", path,
+              "' holds no RNG state");
+  if (checksums) check_crc(path, "rng_cpu", crc32_of(records.rng), checksums->rng);
+  return records;
+}
+
+}  // namespace convnn::train::detail

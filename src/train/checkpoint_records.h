@@ -1,0 +1,38 @@
+#pragma once
+// What the checkpoint readers of each file format hand to load_checkpoint (checkpoint.cpp): the
+// header, the model tensors by name and the resume records, every checksum already checked.
+#include <ATen/core/Tensor.h>
+#include <torch/serialize/input-archive.h>
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace convnn::train::detail {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct CheckpointRecords {
+  NamedTensors model;  // in the file's order
+  std::shared_ptr<torch::serialize::InputArchive> optimizer;  // null: none (a state_dict alone)
+  at::Tensor rng;                                             // undefined: none
+};
+
+uint32_t crc32_of(const void* data, size_t size);
+uint32_t crc32_of(const at::Tensor& tensor);  // over its bytes laid out contiguously on the CPU
+void check_crc(const std::string& path, const std::string& record, uint32_t actual, uint32_t expected);
+[[noreturn]] void fail_damaged_header(const std::string& path, const std::exception& e);
+
+/// An optimiser archive from the bytes a checkpoint stores it as (formats 2 and 3).
+std::shared_ptr<torch::serialize::InputArchive> optimizer_archive_from_bytes(const std::string& path,
+                                                                             const at::Tensor& bytes);
+
+/// Formats 1 and 2 (TorchScript archives written by torch::serialize::OutputArchive): the header,
+/// its checksum checked, and then all the records.
+nlohmann::json read_archive_header(const std::string& path);
+CheckpointRecords read_archive_records(const std::string& path, const nlohmann::json& header);
+
+}  // namespace convnn::train::detail

@@ -1,0 +1,44 @@
+#pragma once
+// Files in the format of Python's torch.save (a zip of data.pkl and one record per storage), the
+// format convnn checkpoints use so that `torch.load(path, weights_only=True)` reads them, and the
+// format of the state_dicts Python users save.
+//
+// Only plain data crosses: dicts, lists, tuples, strings, numbers, booleans, None and dense
+// tensors, the values weights_only=True accepts. Reading never runs code named in the file.
+#include <ATen/core/ivalue.h>
+#include <nlohmann/json_fwd.hpp>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace convnn::train {
+
+/// The bytes of a torch.save file holding `value`, whose tensors must be on the CPU. Dicts and
+/// lists are written as plain Python dicts and lists, without TorchScript's type tags, which
+/// weights_only=True refuses. `extra_records` (name, bytes) go beside data.pkl; torch.load
+/// ignores them.
+std::string torch_save_bytes(const c10::IValue& value,
+                             const std::vector<std::pair<std::string, std::string>>& extra_records = {});
+
+/// One record of a torch.save file (see torch_save_bytes), or nullopt when it has none by that
+/// name; a c10::Error names `path` when it is not a zip archive or is truncated.
+std::optional<std::string> read_torch_file_record(const std::string& path, const std::string& name);
+
+/// Reads a torch.save file (also one saved by Python: OrderedDicts read as dicts, Parameters as
+/// tensors, every tensor onto the CPU). A c10::Error names `path` when it is not a zip archive,
+/// is truncated, holds a record whose size disagrees with its tensor, or holds anything but plain
+/// data (which torch.load(weights_only=True) would refuse too).
+c10::IValue read_torch_file(const std::string& path);
+
+/// True when `path` is a TorchScript archive (what convnn checkpoints of formats 1 and 2 are)
+/// rather than a torch.save file; false for anything else, including unreadable files.
+bool is_torchscript_archive(const std::string& path);
+
+/// JSON values as plain IValues (objects as dicts with string keys, arrays as lists) and back;
+/// numbers keep their kind (integer or floating point), so a round trip returns the same JSON.
+c10::IValue json_to_ivalue(const nlohmann::json& json);
+nlohmann::json ivalue_to_json(const c10::IValue& value);
+
+}  // namespace convnn::train
