@@ -39,3 +39,24 @@ def test_unfused_ops_count_select_and_aggregate():
     assert counts == {"convnn.knn_select": cosine, "convnn.knn_aggregate": aggregate}
     fused = convnn_flops(ConvNN1d(4, 6, 3), torch.randn(1, 4, n))
     assert fused == {"convnn.knn_attention": cosine + 2 * n * k * c * c_out}
+
+
+def test_a_vit_with_convnn_attention_counts_what_convnn_info_reports():
+    """Model-wide: FlopCounterMode's count of the convnn ops equals the operator rows (similarity,
+    top-k, rho, aggregation) of `convnn info --layers --json` for the same model. (ResNets with
+    padded ConvNN2d layers differ by design: the op computes every padded position as a query,
+    and `convnn info` charges only the output positions; docs/flops.md, "Useful work".)"""
+    import json
+    import subprocess
+
+    from cli_support import BINARY
+
+    options = {"attention": "convnn", "image_size": 32, "patch_size": 4, "depth": 2, "k": 9, "num_classes": 10}
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
+    info = json.loads(subprocess.check_output([BINARY, "info", "--model", "vit_tiny", *flags, "--layers", "--json"]))
+    operator_rows = [row for row in info["layers"] if row["op"] in ("similarity", "topk", "rho", "aggregation")]
+    assert len(operator_rows) == 4 * options["depth"]
+    model = convnn.models.create_model("vit_tiny", **options).eval()
+    with torch.no_grad():
+        counts = convnn_flops(model, torch.randn(1, 3, 32, 32))
+    assert counts == {"convnn.knn_attention": sum(row["flops"] for row in operator_rows)}
