@@ -14,4 +14,5 @@ CONVNN_APT_PACKAGES=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist gnuplot-nox
   libjpeg62-turbo-dev libpng-dev python-matplotlib-data
+  libgloo-dev
 )

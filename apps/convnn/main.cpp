@@ -14,23 +14,30 @@
 
 namespace {
 
-// --threads wins over CONVNN_NUM_THREADS, which wins over all cores.
+// A positive integer environment variable, or 0 when it is unset or empty.
+int positive_variable(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return 0;
+  const std::string text(env);
+  size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TORCH_CHECK(used == text.size() && value >= 1, name, " must be a positive integer, got '", text, "'");
+  return value;
+}
+
+// --threads wins over CONVNN_NUM_THREADS, which wins over all cores, shared among the processes
+// torchrun starts on this machine (LOCAL_WORLD_SIZE) so that they do not oversubscribe it.
 int thread_count(int flag) {
   if (flag > 0) return flag;
-  if (const char* env = std::getenv("CONVNN_NUM_THREADS"); env && *env) {
-    const std::string text(env);
-    size_t used = 0;
-    int value = 0;
-    try {
-      value = std::stoi(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TORCH_CHECK(used == text.size() && value >= 1,
-                "CONVNN_NUM_THREADS must be a positive integer, got '", text, "'");
-    return value;
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (const int value = positive_variable("CONVNN_NUM_THREADS")) return value;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int processes = std::max(1, positive_variable("LOCAL_WORLD_SIZE"));
+  return std::max(1, cores / processes);
 }
 
 std::string typed_command_line;
@@ -60,7 +67,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int threads = 0;
   app.add_option("--threads", threads,
-                 "CPU threads for intra-op parallelism (default: CONVNN_NUM_THREADS, else all cores)")
+                 "CPU threads for intra-op parallelism (default: CONVNN_NUM_THREADS, else all cores, divided among "
+                 "torchrun's processes on this machine)")
       ->check(convnn::cli::explicit_value("CONVNN_NUM_THREADS, else all cores"));
   const std::vector<convnn::cli::Command> commands{
       convnn::cli::add_train_command(app),

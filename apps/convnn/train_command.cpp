@@ -4,11 +4,14 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
+#include <memory>
 #include <csignal>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "convnn/dist/process_group.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
@@ -19,11 +22,34 @@ namespace {
 
 std::atomic<bool> interrupt_requested{false};
 
-// The first Ctrl-C asks for a clean stop; a second one ends the process at once.
-extern "C" void on_interrupt(int) {
+// The first Ctrl-C (or SIGTERM, which torchrun sends its workers when it is interrupted) asks
+// for a clean stop; a second one ends the process at once.
+extern "C" void on_interrupt(int signal) {
   interrupt_requested = true;
-  std::signal(SIGINT, SIG_DFL);
+  std::signal(signal, SIG_DFL);
 }
+
+struct DistArgs {
+  std::string backend = "auto";
+  double timeout_s = 300.0;
+};
+
+// The process group torchrun's environment describes, or none for a single process.
+std::unique_ptr<dist::ProcessGroup> join_group(const DistArgs& a, const c10::Device& device) {
+  const auto environment = dist::environment_from_variables();
+  if (!environment) return nullptr;
+  const auto backend = dist::parse_backend(a.backend, device, "--dist-backend");
+  return dist::ProcessGroup::join(*environment, backend,
+                                  std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
+}
+
+// Under torchrun, "cuda" means this node's GPU of the process: cuda:LOCAL_RANK.
+c10::Device device_of_rank(const c10::Device& device) {
+  const auto environment = dist::environment_from_variables();
+  if (!device.is_cuda() || device.has_index() || !environment) return device;
+  return resolve_device("cuda:" + std::to_string(environment->local_rank), "--device (cuda:LOCAL_RANK)");
+}
+
 
 // --resume continues the same model: flags may change the schedule or the data, not the model.
 void check_same_model(const train::TrainConfig& requested, const std::string& checkpoint) {
@@ -71,6 +97,16 @@ Command add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   add_train_options(sub, *args);
   // Here, not in add_train_options: `convnn compare` loads no checkpoint it did not just write.
+  auto dist_args = std::make_shared<DistArgs>();
+  sub->add_option("--dist-backend", dist_args->backend,
+                  "Data parallel (under torchrun): c10d backend, auto (nccl on CUDA, gloo on the CPU), gloo or nccl")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
+      ->group("Distributed");
+  sub->add_option("--dist-timeout", dist_args->timeout_s,
+                  "Data parallel: seconds to wait for the rendezvous, and for a collective before the other "
+                  "processes count as gone (default 300)")
+      ->check(CLI::PositiveNumber)
+      ->group("Distributed");
   sub->add_flag("--allow-non-finite", args->allow_non_finite,
                 "With --resume: load a checkpoint whose weights or optimiser state hold NaN or Inf "
                 "(refused by default)")
@@ -82,25 +118,39 @@ Command add_train_command(CLI::App& app) {
       "      --warmup-epochs 0.5 --lr 2e-3\n"
       "  convnn train --config configs/fashion-mnist.json --seed 1\n"
       "  convnn train --resume runs/<run>          # after Ctrl-C or a crash\n"
-      "  convnn train --config configs/fashion-mnist.json --initial-checkpoint weights.pt  # fine-tune\n");
-  return {sub, [args] {
+      "  convnn train --config configs/fashion-mnist.json --initial-checkpoint weights.pt  # fine-tune\n"
+      "  torchrun --nproc-per-node 2 --no-python build/bin/convnn train --config configs/fashion-mnist.json\n");
+  return {sub, [args, dist_args] {
             // First: a device that is not there must fail before any file is read or written.
-            const auto device = resolve_device(args->device, "--device");
+            const auto device = device_of_rank(resolve_device(args->device, "--device"));
             if (!args->resume.empty()) check_same_model(args->config, args->resume);
-            fmt::print("device: {}\n", device_name(device));
+            const auto group = join_group(*dist_args, device);
+            const bool main = group == nullptr || group->is_main();
+            if (main) {
+              fmt::print("device: {}, {}\n", device_name(device),
+                         group == nullptr ? "1 process"
+                                          : fmt::format("{} processes ({}, --dist-timeout {} s)", group->world_size(),
+                                                        dist::to_string(group->backend()), dist_args->timeout_s));
+              std::fflush(stdout);
+            }
             interrupt_requested = false;
-            auto previous = std::signal(SIGINT, on_interrupt);
+            auto previous_int = std::signal(SIGINT, on_interrupt);
+            auto previous_term = std::signal(SIGTERM, on_interrupt);
+            const auto restore = [&] {
+              std::signal(SIGINT, previous_int);
+              std::signal(SIGTERM, previous_term);
+            };
             train::TrainHooks hooks;
             hooks.stop = &interrupt_requested;
             train::TrainResult result;
             try {
-              result = train::train(args->config, args->resume, hooks, args->allow_non_finite, device);
+              result = train::train(args->config, args->resume, hooks, args->allow_non_finite, device, group.get());
             } catch (...) {
-              std::signal(SIGINT, previous);
+              restore();
               throw;
             }
-            std::signal(SIGINT, previous);
-            print_summary(result);
+            restore();
+            if (main) print_summary(result);
             return result.interrupted ? 130 : 0;
           }};
 }

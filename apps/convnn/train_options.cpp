@@ -178,8 +178,9 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   group_since(sub, first, "Augmentation and regularization parameters");
 
   first = sub->get_options().size();
-  add_enum_option(sub, "--precision", c.precision, train::parse_precision, {"float32", "bfloat16"},
-           "Compute precision; bfloat16 runs the forward under autocast (default float32)");
+  add_enum_option(sub, "--precision", c.precision, train::parse_precision, {"float32", "bfloat16", "float64"},
+           "Compute precision; bfloat16 runs the forward under autocast; float64 runs everything in double, "
+           "slowly, for numerical checks (default float32)");
   sub->add_flag_callback("--amp", [&c] { c.precision = train::Precision::BFloat16; },
                          "Same as --precision bfloat16");
   add_device_option(sub, args.device, "Device of the model, loss, metrics and optimiser",

@@ -16,15 +16,15 @@ def write_idx(path, magic, dims, payload):
         f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + payload)
 
 
-def make_data_set(workdir):
-    """A Fashion-MNIST-shaped data set of SAMPLES images per split: fast to load, and no
+def make_data_set(workdir, samples=SAMPLES):
+    """A Fashion-MNIST-shaped data set of `samples` images per split: fast to load, and no
     dependence on the installed data set."""
     root = workdir / "fashion-mnist"
     root.mkdir()
     for split in ("train", "t10k"):
-        pixels = bytes((i * 37) % 256 for i in range(SAMPLES * IMAGE_SIDE * IMAGE_SIDE))
-        write_idx(root / f"{split}-images-idx3-ubyte.gz", 0x803, (SAMPLES, IMAGE_SIDE, IMAGE_SIDE), pixels)
-        write_idx(root / f"{split}-labels-idx1-ubyte.gz", 0x801, (SAMPLES,), bytes(i % 10 for i in range(SAMPLES)))
+        pixels = bytes((i * 37) % 256 for i in range(samples * IMAGE_SIDE * IMAGE_SIDE))
+        write_idx(root / f"{split}-images-idx3-ubyte.gz", 0x803, (samples, IMAGE_SIDE, IMAGE_SIDE), pixels)
+        write_idx(root / f"{split}-labels-idx1-ubyte.gz", 0x801, (samples,), bytes(i % 10 for i in range(samples)))
     return root
 
 

@@ -28,12 +28,21 @@ void check_options(const LoaderOptions& o) {
   TORCH_CHECK(o.batch_size >= 1, "DataLoader: batch_size must be >= 1, got ", o.batch_size);
   TORCH_CHECK(o.workers >= 0, "DataLoader: workers must be >= 0, got ", o.workers);
   TORCH_CHECK(o.prefetch >= 1, "DataLoader: prefetch must be >= 1, got ", o.prefetch);
+  TORCH_CHECK(o.shard_count >= 1, "DataLoader: shard_count must be >= 1, got ", o.shard_count);
+  TORCH_CHECK(o.shard_rank >= 0 && o.shard_rank < o.shard_count, "DataLoader: shard_rank must be in [0, ",
+              o.shard_count, "), got ", o.shard_rank);
   // Pinning allocates through the accelerator's host allocator; without a device it would fail in
   // a worker at the first batch instead of here.
   TORCH_CHECK(!o.pin_memory || (at::accelerator::getAccelerator(/*checked=*/false).has_value() &&
                                 at::accelerator::deviceCount() > 0),
               "DataLoader: pin_memory = true needs an accelerator device, and none is available to "
               "this process; leave pin_memory false for CPU training");
+}
+
+// The samples of one shard of an epoch (shard_order's length).
+int64_t shard_size(int64_t size, const LoaderOptions& o) {
+  if (o.pad_shards) return (size + o.shard_count - 1) / o.shard_count;
+  return size / o.shard_count + (o.shard_rank < size % o.shard_count ? 1 : 0);
 }
 
 // Copies the batch into page-locked memory on the worker thread, so the trainer only launches the
@@ -97,7 +106,7 @@ struct DataLoader::State {
 // than its share of the order; MixUp / CutMix then mixes the samples that are there.
 Batch DataLoader::State::build(int64_t index) const {
   const int64_t begin = index * options.batch_size;
-  const int64_t count = std::min(options.batch_size, source->size() - begin);
+  const int64_t count = std::min(options.batch_size, static_cast<int64_t>(order.size()) - begin);
   const auto shape = source->sample_shape();
   const int64_t numel = source->sample_numel();
   Batch batch;
@@ -230,7 +239,7 @@ DataLoader::DataLoader(std::shared_ptr<const SampleSource> source, LoaderOptions
   auto& s = *state_;
   s.source = std::move(source);
   s.options = std::move(options);
-  const int64_t n = s.source->size(), b = s.options.batch_size;
+  const int64_t n = shard_size(s.source->size(), s.options), b = s.options.batch_size;
   s.batches = s.options.drop_last ? n / b : (n + b - 1) / b;
 }
 
@@ -240,6 +249,7 @@ DataLoader::~DataLoader() {
 
 int64_t DataLoader::batches_per_epoch() const { return state_->batches; }
 int64_t DataLoader::size() const { return state_->source->size(); }
+int64_t DataLoader::samples_per_epoch() const { return shard_size(state_->source->size(), state_->options); }
 const SampleSource& DataLoader::source() const { return *state_->source; }
 const LoaderOptions& DataLoader::options() const { return state_->options; }
 int64_t DataLoader::skipped() const { return state_->skipped; }
@@ -252,7 +262,8 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
               first_batch);
   s.stop();
   s.epoch = epoch;
-  s.order = epoch_order(s.source->size(), s.options.shuffle, s.options.seed, epoch);
+  s.order = shard_order(epoch_order(s.source->size(), s.options.shuffle, s.options.seed, epoch),
+                        s.options.shard_rank, s.options.shard_count, s.options.pad_shards);
   s.skipped = 0;
   s.start(first_batch);
 }
@@ -279,6 +290,22 @@ std::vector<int64_t> epoch_order(int64_t size, bool shuffle, uint64_t seed, int6
   Rng rng(kOrderStream, seed, static_cast<uint64_t>(epoch));
   for (int64_t i = size - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
   return order;
+}
+
+}  // namespace convnn::data
+
+namespace convnn::data {
+
+std::vector<int64_t> shard_order(const std::vector<int64_t>& order, int64_t rank, int64_t count, bool pad) {
+  TORCH_CHECK(count >= 1 && rank >= 0 && rank < count, "shard_order: rank must be in [0, count) and count >= 1, "
+              "got rank ", rank, " of ", count);
+  const auto size = static_cast<int64_t>(order.size());
+  const int64_t padded = pad ? (size + count - 1) / count * count : size;
+  std::vector<int64_t> shard;
+  shard.reserve(static_cast<size_t>(padded / count + 1));
+  // Padding repeats the order from its start (again and again when it is shorter than count).
+  for (int64_t i = rank; i < padded && size > 0; i += count) shard.push_back(order[static_cast<size_t>(i % size)]);
+  return shard;
 }
 
 }  // namespace convnn::data

@@ -24,8 +24,9 @@ constexpr detail::NameTable<OptimizerKind, 2> kOptimizers{{{"adamw", OptimizerKi
 constexpr detail::NameTable<DecayOn, 2> kDecayOn{{{"all", DecayOn::All}, {"weights", DecayOn::Weights}}};
 constexpr detail::NameTable<Schedule, 2> kSchedules{{{"cosine", Schedule::Cosine},
                                                       {"constant", Schedule::Constant}}};
-constexpr detail::NameTable<Precision, 2> kPrecisions{{{"float32", Precision::Float32},
-                                                       {"bfloat16", Precision::BFloat16}}};
+constexpr detail::NameTable<Precision, 3> kPrecisions{{{"float32", Precision::Float32},
+                                                       {"bfloat16", Precision::BFloat16},
+                                                       {"float64", Precision::Float64}}};
 constexpr detail::NameTable<Recipe, 2> kRecipes{{{"paper", Recipe::Paper}, {"none", Recipe::None}}};
 
 constexpr const char* kImageFolder = "imagefolder";
@@ -104,6 +105,8 @@ const auto visit_fields = [](auto& c, auto&& visit) {
   visit("experiment", c.experiment);
   visit("seed", c.seed);
   visit("initial_checkpoint", c.initial_checkpoint);
+  visit("world_size", c.world_size);
+  visit("dist_backend", c.dist_backend);
   visit("quiet", c.quiet);
   visit("plots", c.plots);
   visit("log_interval", c.log_interval);
@@ -288,6 +291,7 @@ void validate(const TrainConfig& c) {
               "nesterov needs the sgd optimizer and a momentum > 0 (optimizer ",
               to_string(c.optimizer), ", momentum ", c.momentum, ")");
   TORCH_CHECK(c.epochs >= 1, "epochs must be >= 1, got ", c.epochs);
+  TORCH_CHECK(c.world_size >= 1, "world_size must be >= 1, got ", c.world_size);
   // Checkpoints store the config for Python, whose torch.save integers convnn reads as int64.
   TORCH_CHECK(c.seed <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
               "seed must be below 2^63, got ", c.seed);

@@ -20,8 +20,10 @@ at::Tensor soft_target_cross_entropy(const at::Tensor& logits, const at::Tensor&
   TORCH_CHECK(logits.dim() == 2 && targets.sizes() == logits.sizes(),
               "soft_target_cross_entropy: logits [B,C] and targets [B,C] must have one shape, got ",
               logits.sizes(), " and ", targets.sizes());
-  const auto log_probabilities = at::log_softmax(logits.to(at::kFloat), 1);
-  return -(targets.to(at::kFloat) * log_probabilities).sum(1).mean();
+  // float32 at least (bfloat16 logits under autocast), float64 when the model is (--precision float64).
+  const auto type = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto log_probabilities = at::log_softmax(logits.to(type), 1);
+  return -(targets.to(type) * log_probabilities).sum(1).mean();
 }
 
 int64_t correct_top_k(const at::Tensor& logits, const at::Tensor& labels, int64_t k) {

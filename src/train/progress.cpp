@@ -40,7 +40,7 @@ void EpochProgress::update(int64_t batch, int64_t images, double loss, double lr
     std::fflush(stdout);
     drawn_ = true;
     last_draw_ = now;
-  } else if ((batch + 1) % log_interval_ == 0 || last) {
+  } else if (log_interval_ > 0 && ((batch + 1) % log_interval_ == 0 || last)) {
     std::printf("%s batch %lld/%lld elapsed %s eta %s %.0f img/s loss %.4f lr %.2e\n", label_.c_str(),
                 static_cast<long long>(batch + 1), static_cast<long long>(total_),
                 format_duration(elapsed).c_str(), format_duration(eta).c_str(), rate, loss, lr);

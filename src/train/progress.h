@@ -1,6 +1,7 @@
 #pragma once
 // One epoch's progress on stdout: a live bar (ETA, images/s, loss, lr) on a terminal, plain log
-// lines every `log_interval` batches otherwise or with --quiet.
+// lines every `log_interval` batches otherwise or with --quiet (none when it is 0: the ranks of a
+// data-parallel run other than rank 0).
 #include <chrono>
 #include <cstdint>
 #include <string>

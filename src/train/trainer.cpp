@@ -13,6 +13,7 @@
 #include <string_view>
 #include <nlohmann/json.hpp>
 
+#include "convnn/dist/process_group.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/loss.h"
 #include "convnn/train/optim.h"
@@ -60,10 +61,11 @@ void check_device(const c10::Device& device, std::string_view argument) {
   resolve_device(device_name(device), argument);  // throws when the device is not present
 }
 
-// Where a model's parameters live: the device its inputs must be on.
-c10::Device device_of(models::Model& model) {
+// Where a model's parameters live, and their type: the device and type of its inputs.
+at::TensorOptions inputs_of(models::Model& model) {
   const auto parameters = model.module()->parameters();
-  return parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device();
+  if (parameters.empty()) return at::TensorOptions().dtype(at::kFloat);
+  return at::TensorOptions().device(parameters.front().device()).dtype(parameters.front().scalar_type());
 }
 
 // A loader's batch on the model's device. The copies are non-blocking: from pinned memory they
@@ -72,11 +74,13 @@ struct DeviceBatch {
   at::Tensor images, labels, targets;
 };
 
-DeviceBatch to_device(const data::Batch& batch, const c10::Device& device) {
-  const auto move = [&](const at::Tensor& t) {
-    return t.defined() ? t.to(device, t.scalar_type(), /*non_blocking=*/true) : t;
+// Images and soft targets take the model's floating type (float64 with --precision float64).
+DeviceBatch to_device(const data::Batch& batch, const at::TensorOptions& model) {
+  const auto move = [&](const at::Tensor& t, bool floating) {
+    if (!t.defined()) return t;
+    return t.to(model.device(), floating ? model.dtype().toScalarType() : t.scalar_type(), /*non_blocking=*/true);
   };
-  return {move(batch.images), move(batch.labels), move(batch.targets)};
+  return {move(batch.images, true), move(batch.labels, false), move(batch.targets, true)};
 }
 
 // The first n samples of a seeded shuffle (all of them when n is 0 or at least the size).
@@ -130,15 +134,46 @@ std::string skipped_note(int64_t train, int64_t val) {
   return fmt::format("  skipped {} train / {} val unreadable files (see the warnings)", train, val);
 }
 
+// The counts of every rank's shard, summed exactly (integers; the loss sum in float64).
+void sum_over_ranks(dist::ProcessGroup& group, Evaluation& e, double& loss_sum, int64_t& top1, int64_t& top5) {
+  const auto classes = static_cast<int64_t>(e.confusion.size());
+  auto counts = at::empty({4 + classes * classes}, at::kLong);
+  auto* c = counts.data_ptr<int64_t>();
+  c[0] = e.samples, c[1] = top1, c[2] = top5, c[3] = e.skipped;
+  for (int64_t t = 0; t < classes; ++t) {
+    for (int64_t q = 0; q < classes; ++q) c[4 + t * classes + q] = e.confusion[t][q];
+  }
+  group.all_reduce_sum(counts);
+  e.samples = c[0], top1 = c[1], top5 = c[2], e.skipped = c[3];
+  for (int64_t t = 0; t < classes; ++t) {
+    for (int64_t q = 0; q < classes; ++q) e.confusion[t][q] = c[4 + t * classes + q];
+  }
+  auto loss = at::full({1}, loss_sum, at::kDouble);
+  group.all_reduce_sum(loss);
+  loss_sum = loss.item<double>();
+}
+
+// An epoch's training totals over every rank: sums, and the slowest rank's time.
+EpochTotals sum_over_ranks(dist::ProcessGroup& group, const EpochTotals& t) {
+  auto counts = at::tensor({t.samples, t.correct, t.skipped}, at::kLong);
+  auto sums = at::tensor({t.loss_sum}, at::kDouble);
+  auto seconds = at::tensor({t.seconds}, at::kDouble);
+  group.all_reduce_sum(counts);
+  group.all_reduce_sum(sums);
+  group.all_reduce_max(seconds);
+  const auto* c = counts.data_ptr<int64_t>();
+  return {sums.item<double>(), c[0], c[1], seconds.item<double>(), c[2]};
+}
+
 class Trainer {
  public:
   Trainer(TrainConfig config, SplitData train_data, std::string run_dir, TrainingPosition position,
           const TrainHooks& hooks, const std::string& resume, bool allow_non_finite,
-          const c10::Device& device)
+          const c10::Device& device, dist::ProcessGroup* group)
       : config_(std::move(config)), run_dir_(std::move(run_dir)), position_(position), hooks_(hooks),
-        device_(device),
-        train_loader_(make_loader(std::move(train_data), config_, true, device_)),
-        val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false, device_)),
+        device_(device), group_(group), is_main_(group == nullptr || group->is_main()),
+        train_loader_(make_loader(std::move(train_data), config_, true, device_, group)),
+        val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false, device_, group)),
         // Before the optimiser, which then holds (and keeps its state beside) the moved parameters.
         model_(make_model(config_, device_)),
         optimizer_(make_optimizer(config_, *model_.module())),
@@ -149,6 +184,7 @@ class Trainer {
     } else if (!config_.initial_checkpoint.empty()) {
       load_checkpoint(config_.initial_checkpoint, *model_.module(), nullptr, allow_non_finite);
     }
+    if (group_ != nullptr) join_data_parallel();
   }
 
   TrainResult run() {
@@ -181,8 +217,8 @@ class Trainer {
     const int64_t batches = train_loader_.batches_per_epoch();
     train_loader_.start_epoch(position_.epoch, position_.next_batch);
     EpochProgress progress(fmt::format("epoch {}/{}", position_.epoch + 1, config_.epochs), batches,
-                           position_.next_batch, !config_.quiet && stdout_is_terminal(),
-                           config_.log_interval);
+                           position_.next_batch, is_main_ && !config_.quiet && stdout_is_terminal(),
+                           is_main_ ? config_.log_interval : 0);
     EpochTotals totals{position_.loss_sum, position_.samples, position_.correct, position_.seconds,
                        position_.skipped};
     const int64_t skipped_before = position_.skipped;  // before a resumed epoch's first batch
@@ -196,15 +232,19 @@ class Trainer {
       totals.skipped = skipped_before + train_loader_.skipped();
       // A batch can be empty when all its files were unreadable: nothing to learn from.
       const int64_t b = batch->labels.size(0);
+      const bool step_now = batch->index + 1 == group_start + group_size;
+      // Every rank must take part in each synchronised backward.
+      TORCH_CHECK(b > 0 || group_ == nullptr, "rank ", group_ ? group_->rank() : 0, ": every file of batch ",
+                  batch->index + 1, " of epoch ", position_.epoch + 1,
+                  " is unreadable, and a data-parallel run cannot skip a whole batch (see the warnings)");
       if (b > 0) {
-        const auto [loss, correct] = forward_backward(*batch, group_size);
+        const auto [loss, correct] = forward_backward(*batch, group_size, step_now);
         totals.loss_sum += loss * b;
         totals.samples += b;
         totals.correct += correct;
         images_this_call += b;
         if (hooks_.on_batch) hooks_.on_batch(position_.step, loss);
       }
-      const bool step_now = batch->index + 1 == group_start + group_size;
       if (step_now) optimizer_step();
       progress.update(batch->index, images_this_call,
                       totals.loss_sum / std::max<int64_t>(1, totals.samples), lr);
@@ -212,9 +252,11 @@ class Trainer {
         progress.finish();
         totals.seconds += std::chrono::duration<double>(Clock::now() - start).count();
         save_position(batch->index + 1, totals);
-        std::printf("stopped at epoch %lld batch %lld; resume with --resume %s\n",
-                    static_cast<long long>(position_.epoch + 1),
-                    static_cast<long long>(batch->index + 1), latest_checkpoint_path(run_dir_).c_str());
+        if (is_main_) {
+          std::printf("stopped at epoch %lld batch %lld; resume with --resume %s\n",
+                      static_cast<long long>(position_.epoch + 1),
+                      static_cast<long long>(batch->index + 1), latest_checkpoint_path(run_dir_).c_str());
+        }
         return false;
       }
     }
@@ -224,10 +266,46 @@ class Trainer {
     return true;
   }
 
-  bool stop_requested() const { return hooks_.stop != nullptr && hooks_.stop->load(); }
+  // A stop asked of any rank stops all of them at the same step: they agree by an all-reduce.
+  bool stop_requested() const {
+    const bool here = hooks_.stop != nullptr && hooks_.stop->load();
+    if (group_ == nullptr) return here;
+    auto flag = at::full({1}, here ? 1 : 0, at::kLong);
+    group_->all_reduce_max(flag);
+    return flag.item<int64_t>() != 0;
+  }
 
-  std::pair<double, int64_t> forward_backward(const data::Batch& loaded, int64_t group_size) {
-    const auto batch = to_device(loaded, device_);
+  // Parameters and buffers from rank 0 (every rank built the same model from the same seed, or
+  // loaded the same checkpoint: this makes it so whatever happened), then DDP's reducer.
+  void join_data_parallel() {
+    std::vector<at::Tensor> state;
+    for (const auto& p : model_.module()->parameters()) state.push_back(p.detach());
+    for (const auto& b : model_.module()->buffers()) state.push_back(b.detach());
+    group_->broadcast_from_main(state);
+    std::vector<at::Tensor> trained;
+    for (const auto& p : model_.module()->parameters()) {
+      if (p.requires_grad()) trained.push_back(p);
+    }
+    reducer_ = group_->gradient_reducer(trained);
+  }
+
+  // In a data-parallel run the reducer all-reduces during backward: a peer that died or stopped
+  // answering surfaces here, as Gloo's or NCCL's error, which this names.
+  void backward(const at::Tensor& loss, bool synchronise) {
+    if (!reducer_ || !synchronise) return loss.backward();
+    try {
+      loss.backward();
+    } catch (const std::exception& e) {
+      const auto* error = dynamic_cast<const c10::Error*>(&e);
+      TORCH_CHECK(false, "rank ", group_->rank(), " of ", group_->world_size(),
+                  ": backward with the gradient all-reduce failed: ", error ? error->msg() : e.what(),
+                  " (another process of the group died, or did not answer within --dist-timeout)");
+    }
+  }
+
+  std::pair<double, int64_t> forward_backward(const data::Batch& loaded, int64_t group_size, bool synchronise) {
+    const auto batch = to_device(loaded, inputs_of(model_));
+    if (reducer_) reducer_->before_forward(synchronise);
     at::Tensor logits;
     {
       AutocastGuard autocast(config_.precision, device_.type());
@@ -238,7 +316,8 @@ class Trainer {
                              ? batch.targets
                              : smooth_targets(batch.labels, logits.size(1), config_.smoothing);
     const auto loss = soft_target_cross_entropy(logits, targets);
-    (loss / static_cast<double>(group_size)).backward();
+    if (reducer_) reducer_->before_backward();
+    backward(loss / static_cast<double>(group_size), synchronise);
     const double value = loss.item<double>();
     TORCH_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at epoch ",
                 position_.epoch + 1, " batch ", loaded.index + 1, " (lower --lr or set --clip-grad)");
@@ -261,12 +340,13 @@ class Trainer {
     position_.correct = totals.correct;
     position_.seconds = totals.seconds;
     position_.skipped = totals.skipped;
-    save_checkpoint(latest_checkpoint_path(run_dir_), config_, position_, *model_.module(), *optimizer_);
+    if (is_main_) save_checkpoint(latest_checkpoint_path(run_dir_), config_, position_, *model_.module(), *optimizer_);
+    if (group_ != nullptr) group_->barrier();  // the checkpoint is written before any rank goes on
   }
 
   Evaluation end_epoch() {
-    const auto evaluation = evaluate(model_, val_loader_, config_.precision);
-    const auto& t = epoch_totals_;
+    const auto evaluation = evaluate(model_, val_loader_, config_.precision, group_);
+    const auto t = group_ != nullptr ? sum_over_ranks(*group_, epoch_totals_) : epoch_totals_;
     EpochMetrics m;
     m.epoch = position_.epoch + 1;
     m.train_loss = t.loss_sum / std::max<int64_t>(1, t.samples);
@@ -278,13 +358,7 @@ class Trainer {
     m.epoch_time_s = t.seconds;
     m.images_per_s = t.seconds > 0 ? t.samples / t.seconds : 0.0;
     m.skipped = t.skipped;
-    metrics_.add(m);
-    std::printf("epoch %lld/%lld  train loss %.4f top-1 %.2f%%  val loss %.4f top-1 %.2f%% top-5 %.2f%%  "
-                "lr %.2e  %.0f img/s  %s%s\n",
-                static_cast<long long>(m.epoch), static_cast<long long>(config_.epochs), m.train_loss,
-                m.train_top1, m.val_loss, m.val_top1, m.val_top5, m.lr, m.images_per_s,
-                format_duration(m.epoch_time_s).c_str(), skipped_note(m.skipped, evaluation.skipped).c_str());
-    std::fflush(stdout);
+    if (is_main_) log_epoch(m, evaluation);
     const bool best = evaluation.top1 > position_.best_top1;
     if (best) {
       position_.best_top1 = evaluation.top1;
@@ -296,16 +370,30 @@ class Trainer {
     next.next_batch = 0;
     next.loss_sum = next.seconds = 0.0;
     next.samples = next.correct = next.skipped = 0;
-    save_checkpoint(latest_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
-    if (best) save_checkpoint(best_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
-    if (config_.plots && !plot_metrics(run_dir_) && !warned_no_gnuplot_) {
-      std::printf("note: gnuplot is not installed; no plots drawn (metrics.csv has the numbers)\n");
-      warned_no_gnuplot_ = true;
+    if (is_main_) {
+      save_checkpoint(latest_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
+      if (best) save_checkpoint(best_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
     }
+    if (group_ != nullptr) group_->barrier();  // the checkpoints are written before any rank goes on
     position_.next_batch = 0;
     position_.loss_sum = position_.seconds = 0.0;
     position_.samples = position_.correct = position_.skipped = 0;
     return evaluation;
+  }
+
+  // The epoch's line, metrics files and plots: rank 0's.
+  void log_epoch(const EpochMetrics& m, const Evaluation& evaluation) {
+    metrics_.add(m);
+    std::printf("epoch %lld/%lld  train loss %.4f top-1 %.2f%%  val loss %.4f top-1 %.2f%% top-5 %.2f%%  "
+                "lr %.2e  %.0f img/s  %s%s\n",
+                static_cast<long long>(m.epoch), static_cast<long long>(config_.epochs), m.train_loss,
+                m.train_top1, m.val_loss, m.val_top1, m.val_top5, m.lr, m.images_per_s,
+                format_duration(m.epoch_time_s).c_str(), skipped_note(m.skipped, evaluation.skipped).c_str());
+    std::fflush(stdout);
+    if (config_.plots && !plot_metrics(run_dir_) && !warned_no_gnuplot_) {
+      std::printf("note: gnuplot is not installed; no plots drawn (metrics.csv has the numbers)\n");
+      warned_no_gnuplot_ = true;
+    }
   }
 
   TrainConfig config_;
@@ -313,6 +401,9 @@ class Trainer {
   TrainingPosition position_;
   TrainHooks hooks_;
   c10::Device device_;
+  dist::ProcessGroup* group_;  // null: a single process
+  bool is_main_;               // rank 0 (or a single process): logs and writes files
+  std::unique_ptr<dist::GradientReducer> reducer_;
   data::DataLoader train_loader_, val_loader_;
   models::Model model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -389,9 +480,14 @@ SplitData load_split(const TrainConfig& c, data::Split split) {
 }
 
 data::DataLoader make_loader(SplitData data, const TrainConfig& c, bool training,
-                             const c10::Device& device) {
+                             const c10::Device& device, dist::ProcessGroup* group) {
   auto options = loader_options(c, training);
   options.pin_memory = device.is_cuda();
+  if (group != nullptr) {
+    options.shard_rank = group->rank();
+    options.shard_count = group->world_size();
+    options.pad_shards = training;  // evaluation counts every sample once
+  }
   if (!data.image_folder) return data::DataLoader(std::move(data.set), options);
   return data::DataLoader(std::make_shared<data::ImageFolderSource>(
                               std::move(data.files), image_transform_options(c, training)),
@@ -419,13 +515,16 @@ models::Model make_model(const TrainConfig& config, const c10::Device& device) {
   check_device(device, "device");
   auto model = models::build_model(config.model, config.model_config);
   model.module()->to(device);
+  if (config.precision == Precision::Float64) model.module()->to(at::kDouble);
   return model;
 }
 
-Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision) {
+Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision,
+                    dist::ProcessGroup* group) {
   at::NoGradGuard no_grad;
   model.module()->eval();
-  const auto device = device_of(model);
+  const auto inputs = inputs_of(model);
+  const auto device = inputs.device();
   const int64_t classes = loader.num_classes();
   Evaluation e;
   e.class_names = loader.class_names();
@@ -435,13 +534,13 @@ Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision pr
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
     if (batch->labels.size(0) == 0) continue;  // every file of the batch was unreadable
-    const auto on_device = to_device(*batch, device);
+    const auto on_device = to_device(*batch, inputs);
     at::Tensor logits;
     {
       AutocastGuard autocast(precision, device.type());
       logits = model.forward(on_device.images);
     }
-    logits = logits.to(at::kFloat);
+    if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);  // bfloat16 under autocast
     loss_sum += at::cross_entropy_loss(logits, on_device.labels, {}, at::Reduction::Sum).item<double>();
     top1 += correct_top_k(logits, on_device.labels, 1);
     top5 += correct_top_k(logits, on_device.labels, 5);
@@ -452,6 +551,7 @@ Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision pr
     e.samples += predicted.size(0);
   }
   e.skipped = loader.skipped();
+  if (group != nullptr) sum_over_ranks(*group, e, loss_sum, top1, top5);
   const double n = static_cast<double>(std::max<int64_t>(1, e.samples));
   e.loss = loss_sum / n;
   e.top1 = 100.0 * top1 / n;
@@ -460,7 +560,7 @@ Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision pr
 }
 
 TrainResult train(const TrainConfig& requested, const std::string& resume, const TrainHooks& hooks,
-                  bool allow_non_finite, const c10::Device& device) {
+                  bool allow_non_finite, const c10::Device& device, dist::ProcessGroup* group) {
   check_device(device, "device");
   TrainingPosition position;
   std::string run_dir;
@@ -472,6 +572,8 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
     run_dir = (fs::path(requested.output) /
                (requested.experiment.empty() ? default_experiment(requested) : requested.experiment))
                   .string();
+    // The default name holds the time: every rank takes rank 0's.
+    if (group != nullptr) run_dir = group->share_from_main("run_dir", run_dir);
     TORCH_CHECK(!fs::exists(latest_checkpoint_path(run_dir)), "run directory '", run_dir,
                 "' already holds a run; continue it with --resume ", latest_checkpoint_path(run_dir),
                 " or choose another --experiment");
@@ -481,16 +583,25 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
   if (resume.empty() && !requested.initial_checkpoint.empty()) holds_run(requested.initial_checkpoint);
   auto train_data = load_split(requested, data::Split::Train);
   auto config = resolve_config(requested, train_data);
+  const int64_t stored_world_size = config.world_size;
+  config.world_size = group != nullptr ? group->world_size() : 1;
+  config.dist_backend = group != nullptr ? dist::to_string(group->backend()) : "";
   validate(config);
+  // Within an epoch a position counts this world's batches; an epoch boundary suits any world.
+  TORCH_CHECK(position.next_batch == 0 || stored_world_size == config.world_size, "checkpoint '", resume,
+              "' stopped within epoch ", position.epoch + 1, " of a run of ", stored_world_size,
+              " process(es); resume it with ", stored_world_size, " (a run resumes with another number of "
+              "processes only from the end of an epoch)");
   TORCH_CHECK(position.epoch <= config.epochs, "checkpoint '", resume, "' is at epoch ", position.epoch,
               ", past the run's ", config.epochs, " epochs");
   // The model's initialisation and everything random in training (dropout, random candidates)
   // follow torch's global generator; the loader has its own (seed, epoch, index) streams.
   at::manual_seed(config.seed);
   // Before the run directory is made: a checkpoint that does not load leaves nothing behind.
-  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume, allow_non_finite, device);
+  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume, allow_non_finite, device,
+                  group);
   fs::create_directories(run_dir);
-  write_config(run_dir, config);
+  if (group == nullptr || group->is_main()) write_config(run_dir, config);
   return trainer.run();
 }
 

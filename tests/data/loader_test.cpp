@@ -100,6 +100,63 @@ TEST(LoaderOrder, BadArguments) {
   EXPECT_NE(error_of([] { epoch_order(5, true, 0, -1); }).find("epoch"), std::string::npos);
 }
 
+// Proves the DistributedSampler rule: shards interleave one global order, so that batch b of
+// every shard together is batch b of the whole order with world-size times the batch; padded
+// shards are equally long (the order's first samples again), unpadded ones hold every sample once.
+TEST(LoaderShards, ShardsInterleaveOneGlobalOrder) {
+  const auto order = epoch_order(37, true, 9, 2);
+  for (const int64_t world : {1, 2, 3, 5, 40}) {
+    SCOPED_TRACE(world);
+    std::multiset<int64_t> unpadded, padded;
+    const int64_t padded_size = (37 + world - 1) / world * world;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      const auto shard = shard_order(order, rank, world, /*pad=*/true);
+      EXPECT_EQ(static_cast<int64_t>(shard.size()), padded_size / world);
+      for (size_t i = 0; i < shard.size(); ++i) {
+        EXPECT_EQ(shard[i], order[(rank + static_cast<int64_t>(i) * world) % 37]);
+        padded.insert(shard[i]);
+      }
+      for (const auto sample : shard_order(order, rank, world, /*pad=*/false)) unpadded.insert(sample);
+    }
+    EXPECT_EQ(unpadded, std::multiset<int64_t>(order.begin(), order.end()));
+    EXPECT_EQ(static_cast<int64_t>(padded.size()), padded_size);
+  }
+  EXPECT_NE(error_of([&] { shard_order(order, 2, 2, true); }).find("rank must be in [0, count)"), std::string::npos);
+}
+
+// Proves a sharded loader hands out its shard of each epoch, the same samples with any number
+// of workers, and that two shards' batch b together are the unsharded loader's batch b with
+// twice the batch size.
+TEST(LoaderShards, TwoShardsTogetherAreTheWholeBatches) {
+  auto whole_options = augmenting(0);
+  whole_options.batch_size = 8;
+  DataLoader whole(indexed_set(40), whole_options);
+  const auto expected = epoch(whole, 1);
+  std::vector<std::vector<Batch>> shards;
+  for (const int64_t rank : {0, 1}) {
+    auto options = augmenting(rank + 1);  // workers differ: the batches must not
+    options.batch_size = 4;
+    options.shard_rank = rank;
+    options.shard_count = 2;
+    DataLoader loader(indexed_set(40), options);
+    EXPECT_EQ(loader.samples_per_epoch(), 20);
+    shards.push_back(epoch(loader, 1));
+  }
+  ASSERT_EQ(shards[0].size(), expected.size());
+  for (size_t b = 0; b < expected.size(); ++b) {
+    std::vector<int64_t> together;
+    for (const auto& shard : shards) {
+      const auto labels = shard[b].labels;
+      together.insert(together.end(), labels.data_ptr<int64_t>(), labels.data_ptr<int64_t>() + labels.numel());
+    }
+    std::vector<int64_t> wanted(expected[b].labels.data_ptr<int64_t>(),
+                                expected[b].labels.data_ptr<int64_t>() + expected[b].labels.numel());
+    std::sort(together.begin(), together.end());
+    std::sort(wanted.begin(), wanted.end());
+    EXPECT_EQ(together, wanted) << "batch " << b;
+  }
+}
+
 TEST(DataLoader, BatchesFollowTheEpochOrder) {
   DataLoader loader(indexed_set(37), augmenting(2));
   EXPECT_EQ(loader.size(), 37);

@@ -40,6 +40,11 @@ struct LoaderOptions {
   /// copies them with non_blocking copies that overlap its compute. Needs an accelerator that
   /// this process can use (checked when the loader is made).
   bool pin_memory = false;
+  /// Data parallelism: this process loads shard `shard_rank` of `shard_count` of every epoch's
+  /// order (shard_order), as PyTorch's DistributedSampler does.
+  int64_t shard_rank = 0;
+  int64_t shard_count = 1;
+  bool pad_shards = true;  // training: equal shards; evaluation (false): no sample seen twice
 };
 
 struct Batch {
@@ -61,7 +66,8 @@ class DataLoader {
   DataLoader& operator=(const DataLoader&) = delete;
 
   int64_t batches_per_epoch() const;
-  int64_t size() const;
+  int64_t size() const;                 // samples of the source
+  int64_t samples_per_epoch() const;    // samples of this process's shard of an epoch
   const SampleSource& source() const;
   int64_t num_classes() const { return source().num_classes(); }
   const std::vector<std::string>& class_names() const { return source().class_names(); }
@@ -82,5 +88,12 @@ class DataLoader {
 
 /// The sample indices of `epoch` in loading order (identity when shuffle is off).
 std::vector<int64_t> epoch_order(int64_t size, bool shuffle, uint64_t seed, int64_t epoch);
+
+/// Shard `rank` of `count` of an epoch's `order`: its samples at positions rank, rank + count,
+/// rank + 2 count, ..., so that batch b of every shard together holds the samples of batch b of
+/// the whole order with count times the batch size. With `pad`, the order is first extended by its
+/// own beginning to a multiple of `count` (every shard equally long; a few samples seen twice per
+/// epoch); without, shards differ in length by at most one and every sample is in exactly one.
+std::vector<int64_t> shard_order(const std::vector<int64_t>& order, int64_t rank, int64_t count, bool pad);
 
 }  // namespace convnn::data

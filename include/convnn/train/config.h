@@ -19,7 +19,9 @@ enum class OptimizerKind { AdamW, Sgd };
 /// never biases, normalisation scales, position embeddings or class tokens).
 enum class DecayOn { All, Weights };
 enum class Schedule { Cosine, Constant };
-enum class Precision { Float32, BFloat16 };
+/// float64: the model and its inputs in double precision (slow; for numerical checks, such as
+/// the data-parallel equivalence test).
+enum class Precision { Float32, BFloat16, Float64 };
 /// The augmentation recipe: the paper's (DeiT / Swin through timm: RandAugment, colour jitter,
 /// random erasing, MixUp / CutMix) or none (image folders: RandomResizedCrop and flip only).
 enum class Recipe { Paper, None };
@@ -90,7 +92,7 @@ struct TrainConfig {
   double smoothing = 0.1;
   double clip_grad = 5.0;      // max global L2 norm; 0: off
   int64_t accum_steps = 1;     // batches per optimiser step
-  Precision precision = Precision::Float32;  // bfloat16: autocast
+  Precision precision = Precision::Float32;  // bfloat16: autocast; float64: all in double
 
   // Run.
   std::string output = "runs";  // the run directory is output/experiment
@@ -99,6 +101,10 @@ struct TrainConfig {
   // Weights to start from (a convnn checkpoint or a state_dict saved by Python), with a fresh
   // optimiser at epoch 0: fine-tuning. Empty: the seeded initialisation.
   std::string initial_checkpoint;
+  // Set by the trainer, for the record: the processes of the run and their c10d backend ("" for
+  // a single process). Not options: a run's world is how it is launched (torchrun).
+  int64_t world_size = 1;
+  std::string dist_backend;
   bool quiet = false;           // plain log lines instead of a progress bar
   bool plots = true;            // PNG plots through gnuplot (skipped with a warning if absent)
   int64_t log_interval = 50;    // batches between plain log lines

@@ -22,6 +22,10 @@
 #include "convnn/train/config.h"
 #include "convnn/train/metrics.h"
 
+namespace convnn::dist {
+class ProcessGroup;
+}
+
 namespace convnn::train {
 
 struct Evaluation {
@@ -35,7 +39,10 @@ struct Evaluation {
 };
 
 /// Runs `model` in eval mode over one pass of `loader`, on the device of the model's parameters.
-Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision);
+/// With `group`, each rank passes its shard of the data (a loader from make_loader with the group)
+/// and every rank gets the counts of all shards summed, exactly.
+Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision,
+                    dist::ProcessGroup* group = nullptr);
 
 struct TrainResult {
   std::string run_dir;
@@ -80,9 +87,17 @@ TrainConfig resolve_config(TrainConfig config, const SplitData& train_data);
 /// The model, loss, metrics and optimiser run on `device`, which must be the CPU or an
 /// accelerator present in this process (c10::Error naming it otherwise, before any file is
 /// written). Prints progress to stdout unless config.quiet.
+///
+/// With `group` (data parallelism; every rank calls this with the same config): each rank trains
+/// on its shard of every epoch (shard_order: the same global order for any world size) with its
+/// batch of config.batch_size, DDP's reducer averages the gradients (accumulation steps
+/// accumulate locally), the epoch's metrics and the evaluation are summed over the ranks, and
+/// rank 0 alone prints, writes config.json, metrics, plots and checkpoints, which every rank waits
+/// for. A stop on any rank stops all at the same step. A run stopped within an epoch resumes with
+/// the same number of processes; one stopped at an epoch's end, with any.
 TrainResult train(const TrainConfig& config, const std::string& resume = "",
                   const TrainHooks& hooks = {}, bool allow_non_finite = false,
-                  const c10::Device& device = c10::Device(c10::kCPU));
+                  const c10::Device& device = c10::Device(c10::kCPU), dist::ProcessGroup* group = nullptr);
 
 /// The config's model, initialised on the CPU from torch's global generator (a seed gives the same
 /// weights on every device) and then moved to `device`: the CPU or an accelerator present in this
@@ -100,8 +115,10 @@ data::ImageTransformOptions image_transform_options(const TrainConfig& config, b
 SplitData load_split(const TrainConfig& config, data::Split split);
 /// A loader of `data` with the config's options and transforms (training: augmented), for a model
 /// on `device`: its batches are pinned when that is a CUDA device.
+/// With `group`, the loader of this rank's shard (training: padded to equal shards).
 data::DataLoader make_loader(SplitData data, const TrainConfig& config, bool training,
-                             const c10::Device& device = c10::Device(c10::kCPU));
+                             const c10::Device& device = c10::Device(c10::kCPU),
+                             dist::ProcessGroup* group = nullptr);
 
 /// Evaluates the model of `checkpoint` on `split` of the data `config` names (the checkpoint's
 /// config, possibly with another data_dir, batch size or workers), without augmentation. For a
