@@ -16,6 +16,7 @@
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
 #include "model_options.h"
+#include "sinks.h"
 #include "train_options.h"
 
 namespace convnn::cli {
@@ -183,7 +184,10 @@ int run_compare(CompareArgs& a, const std::string& command) {
         r.final_eval.top1 = r.epochs.back().val_top1;
         r.final_eval.top5 = r.epochs.back().val_top5;
       } else {
-        r = train::train(config, started ? latest : "", {}, /*allow_non_finite=*/false, device);
+        ConsoleSink console(config.quiet, config.log_interval);
+        train::TrainHooks hooks;
+        hooks.sinks.push_back(&console);
+        r = train::train(config, started ? latest : "", hooks, /*allow_non_finite=*/false, device);
       }
       std::vector<double> times;
       for (const auto& e : r.epochs) times.push_back(e.epoch_time_s);

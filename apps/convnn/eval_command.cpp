@@ -9,6 +9,7 @@
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
+#include "plots.h"
 #include "train_options.h"
 
 namespace convnn::cli {
@@ -64,6 +65,7 @@ int run_eval(const EvalArgs& a) {
                           ? (std::filesystem::path(path).parent_path() / ("eval-" + a.split)).string()
                           : a.output;
   train::write_confusion(output, result.class_names, result.confusion);
+  plot_confusion(output, result.class_names);
   fmt::print("{} on {} {} ({} images): top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}\n", path, config.dataset,
              a.split, result.samples, result.top1, result.top5, result.loss);
   if (result.skipped > 0) fmt::print("skipped {} unreadable files (see the warnings)\n", result.skipped);

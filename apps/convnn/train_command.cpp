@@ -15,6 +15,7 @@
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
+#include "sinks.h"
 #include "train_options.h"
 
 namespace convnn::cli {
@@ -142,6 +143,10 @@ Command add_train_command(CLI::App& app) {
             };
             train::TrainHooks hooks;
             hooks.stop = &interrupt_requested;
+            ConsoleSink console(args->config.quiet, args->config.log_interval);
+            PlotSink plots;
+            hooks.sinks.push_back(&console);
+            if (args->config.plots) hooks.sinks.push_back(&plots);
             train::TrainResult result;
             try {
               result = train::train(args->config, args->resume, hooks, args->allow_non_finite, device, group.get());

@@ -19,7 +19,7 @@
 #include "convnn/train/optim.h"
 #include "convnn/train/schedule.h"
 #include "convnn/util/device.h"
-#include "train/progress.h"
+#include "convnn/train/sinks.h"
 
 namespace convnn::train {
 namespace {
@@ -128,12 +128,6 @@ struct EpochTotals {
   int64_t skipped = 0;
 };
 
-// "" when nothing was skipped, else how many unreadable files each split left out.
-std::string skipped_note(int64_t train, int64_t val) {
-  if (train == 0 && val == 0) return "";
-  return fmt::format("  skipped {} train / {} val unreadable files (see the warnings)", train, val);
-}
-
 // The counts of every rank's shard, summed exactly (integers; the loss sum in float64).
 void sum_over_ranks(dist::ProcessGroup& group, Evaluation& e, double& loss_sum, int64_t& top1, int64_t& top5) {
   const auto classes = static_cast<int64_t>(e.confusion.size());
@@ -188,6 +182,7 @@ class Trainer {
   }
 
   TrainResult run() {
+    report([&](TrainingSink& s) { s.run_started(run_dir_); });
     TrainResult result;
     result.run_dir = run_dir_;
     result.parameters = model_.parameter_count();
@@ -216,9 +211,7 @@ class Trainer {
     model_.module()->train();
     const int64_t batches = train_loader_.batches_per_epoch();
     train_loader_.start_epoch(position_.epoch, position_.next_batch);
-    EpochProgress progress(fmt::format("epoch {}/{}", position_.epoch + 1, config_.epochs), batches,
-                           position_.next_batch, is_main_ && !config_.quiet && stdout_is_terminal(),
-                           is_main_ ? config_.log_interval : 0);
+    report([&](TrainingSink& s) { s.epoch_started(position_.epoch + 1, config_.epochs, batches, position_.next_batch); });
     EpochTotals totals{position_.loss_sum, position_.samples, position_.correct, position_.seconds,
                        position_.skipped};
     const int64_t skipped_before = position_.skipped;  // before a resumed epoch's first batch
@@ -246,24 +239,29 @@ class Trainer {
         if (hooks_.on_batch) hooks_.on_batch(position_.step, loss);
       }
       if (step_now) optimizer_step();
-      progress.update(batch->index, images_this_call,
-                      totals.loss_sum / std::max<int64_t>(1, totals.samples), lr);
+      const double mean_loss = totals.loss_sum / std::max<int64_t>(1, totals.samples);
+      report([&](TrainingSink& s) { s.batch_done(batch->index, images_this_call, mean_loss, lr); });
       if (step_now && (++steps_this_call == hooks_.max_steps || stop_requested())) {
-        progress.finish();
+        report([](TrainingSink& s) { s.epoch_trained(); });
         totals.seconds += std::chrono::duration<double>(Clock::now() - start).count();
         save_position(batch->index + 1, totals);
-        if (is_main_) {
-          std::printf("stopped at epoch %lld batch %lld; resume with --resume %s\n",
-                      static_cast<long long>(position_.epoch + 1),
-                      static_cast<long long>(batch->index + 1), latest_checkpoint_path(run_dir_).c_str());
-        }
+        report([&](TrainingSink& s) {
+          s.stopped(position_.epoch + 1, batch->index + 1, latest_checkpoint_path(run_dir_));
+        });
         return false;
       }
     }
-    progress.finish();
+    report([](TrainingSink& s) { s.epoch_trained(); });
     totals.seconds += std::chrono::duration<double>(Clock::now() - start).count();
     epoch_totals_ = totals;
     return true;
+  }
+
+  // The caller's sinks, on rank 0 only.
+  template <typename Call>
+  void report(Call&& call) {
+    if (!is_main_) return;
+    for (auto* sink : hooks_.sinks) call(*sink);
   }
 
   // A stop asked of any rank stops all of them at the same step: they agree by an all-reduce.
@@ -358,7 +356,7 @@ class Trainer {
     m.epoch_time_s = t.seconds;
     m.images_per_s = t.seconds > 0 ? t.samples / t.seconds : 0.0;
     m.skipped = t.skipped;
-    if (is_main_) log_epoch(m, evaluation);
+    if (is_main_) metrics_.add(m);
     const bool best = evaluation.top1 > position_.best_top1;
     if (best) {
       position_.best_top1 = evaluation.top1;
@@ -375,25 +373,11 @@ class Trainer {
       if (best) save_checkpoint(best_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
     }
     if (group_ != nullptr) group_->barrier();  // the checkpoints are written before any rank goes on
+    report([&](TrainingSink& s) { s.epoch_done(m, evaluation, config_.epochs); });
     position_.next_batch = 0;
     position_.loss_sum = position_.seconds = 0.0;
     position_.samples = position_.correct = position_.skipped = 0;
     return evaluation;
-  }
-
-  // The epoch's line, metrics files and plots: rank 0's.
-  void log_epoch(const EpochMetrics& m, const Evaluation& evaluation) {
-    metrics_.add(m);
-    std::printf("epoch %lld/%lld  train loss %.4f top-1 %.2f%%  val loss %.4f top-1 %.2f%% top-5 %.2f%%  "
-                "lr %.2e  %.0f img/s  %s%s\n",
-                static_cast<long long>(m.epoch), static_cast<long long>(config_.epochs), m.train_loss,
-                m.train_top1, m.val_loss, m.val_top1, m.val_top5, m.lr, m.images_per_s,
-                format_duration(m.epoch_time_s).c_str(), skipped_note(m.skipped, evaluation.skipped).c_str());
-    std::fflush(stdout);
-    if (config_.plots && !plot_metrics(run_dir_) && !warned_no_gnuplot_) {
-      std::printf("note: gnuplot is not installed; no plots drawn (metrics.csv has the numbers)\n");
-      warned_no_gnuplot_ = true;
-    }
   }
 
   TrainConfig config_;
@@ -410,7 +394,6 @@ class Trainer {
   LrSchedule schedule_;
   MetricsLog metrics_;
   EpochTotals epoch_totals_;
-  bool warned_no_gnuplot_ = false;
 };
 
 }  // namespace

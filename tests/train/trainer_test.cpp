@@ -11,6 +11,7 @@
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/optim.h"
 #include "convnn/train/trainer.h"
+#include "train/torch_file.h"
 #include "data/fixtures.h"
 
 namespace convnn::train {
@@ -340,23 +341,23 @@ void for_each_stored_tensor(torch::serialize::InputArchive& archive,
 }
 
 // The model and the optimiser state (its own archive, stored as bytes) are CPU tensors.
+// Every storage of the file is recorded as a CPU one (the pickle names each storage's device), and
+// the optimiser archive inside holds CPU tensors.
 void expect_cpu_checkpoint(const std::string& path) {
-  torch::serialize::InputArchive file;
-  file.load_from(path);
-  int64_t tensors = 0;
-  const auto on_cpu = [&](const std::string& key, const at::Tensor& t) {
-    EXPECT_TRUE(t.device().is_cpu()) << path << ": " << key << " is on " << t.device();
-    ++tensors;
-  };
-  for_each_stored_tensor(file, on_cpu);
-  at::Tensor bytes;
-  ASSERT_TRUE(file.try_read("optimizer_archive", bytes, /*is_buffer=*/true));
-  bytes = bytes.contiguous();
+  const auto pickle = read_torch_file_record(path, "data.pkl");
+  ASSERT_TRUE(pickle.has_value()) << path;
+  EXPECT_NE(pickle->find("cpu"), std::string::npos) << path;
+  EXPECT_EQ(pickle->find("cuda"), std::string::npos) << path << " records a CUDA storage";
+  const auto contents = read_torch_file(path).toGenericDict();
+  auto bytes = contents.at("optimizer_archive").toTensor().contiguous();
   torch::serialize::InputArchive optimizer;
   optimizer.load_from(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
-  const int64_t before_optimizer = tensors;
-  for_each_stored_tensor(optimizer, on_cpu);
-  EXPECT_GT(tensors, before_optimizer) << "no optimiser state in " << path;
+  int64_t tensors = 0;
+  for_each_stored_tensor(optimizer, [&](const std::string& key, const at::Tensor& t) {
+    EXPECT_TRUE(t.device().is_cpu()) << path << ": " << key << " is on " << t.device();
+    ++tensors;
+  });
+  EXPECT_GT(tensors, 0) << "no optimiser state in " << path;
 }
 
 TEST(Device, CpuCheckpointsHoldCpuTensors) {

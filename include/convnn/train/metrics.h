@@ -1,6 +1,6 @@
 #pragma once
 // Per-epoch metrics of a run, kept as metrics.csv and metrics.json in the run directory (both
-// rewritten atomically after every epoch), and their plots.
+// rewritten atomically after every epoch). Plots are the command's (apps/convnn/plots.cpp).
 #include <string>
 #include <vector>
 
@@ -35,11 +35,8 @@ class MetricsLog {
 /// Column names of metrics.csv, in order.
 const std::vector<std::string>& metrics_columns();
 
-/// Draws loss.png, accuracy.png and lr.png into `run_dir`/plots with gnuplot from metrics.csv.
-/// Returns false (and writes nothing) when gnuplot is not installed; throws when it fails.
-bool plot_metrics(const std::string& run_dir);
-
-/// confusion.csv (rows: true class, columns: predicted) and, with gnuplot, confusion.png.
+/// confusion.csv (rows: true class, columns: predicted, with the class names) and confusion.dat
+/// (the bare matrix, which `convnn eval` plots).
 void write_confusion(const std::string& dir, const std::vector<std::string>& class_names,
                      const std::vector<std::vector<int64_t>>& counts);
 

@@ -21,6 +21,7 @@
 #include "convnn/models/registry.h"
 #include "convnn/train/config.h"
 #include "convnn/train/metrics.h"
+#include "convnn/train/sinks.h"
 
 namespace convnn::dist {
 class ProcessGroup;
@@ -62,6 +63,8 @@ struct TrainHooks {
   std::function<void(int64_t step, double loss)> on_batch;
   /// Stop after this many optimiser steps in this call, as if interrupted (tests); 0: never.
   int64_t max_steps = 0;
+  /// Told of the run's progress (rank 0 only); not owned. None: the run is silent.
+  std::vector<TrainingSink*> sinks;
 };
 
 /// One split of a config's data before it becomes a loader: an in-memory set, or the file list
@@ -86,7 +89,7 @@ TrainConfig resolve_config(TrainConfig config, const SplitData& train_data);
 /// run directory is reused; `allow_non_finite` as in load_checkpoint), whatever device wrote it.
 /// The model, loss, metrics and optimiser run on `device`, which must be the CPU or an
 /// accelerator present in this process (c10::Error naming it otherwise, before any file is
-/// written). Prints progress to stdout unless config.quiet.
+/// written). Reports its progress to hooks.sinks; prints nothing itself.
 ///
 /// With `group` (data parallelism; every rank calls this with the same config): each rank trains
 /// on its shard of every epoch (shard_order: the same global order for any world size) with its

@@ -1,4 +1,4 @@
-#include "train/progress.h"
+#include "progress.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
-namespace convnn::train {
+namespace convnn::cli {
 
 std::string format_duration(double seconds) {
   const auto total = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
@@ -55,4 +55,4 @@ void EpochProgress::finish() {
   }
 }
 
-}  // namespace convnn::train
+}  // namespace convnn::cli

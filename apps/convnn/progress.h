@@ -1,12 +1,11 @@
 #pragma once
 // One epoch's progress on stdout: a live bar (ETA, images/s, loss, lr) on a terminal, plain log
-// lines every `log_interval` batches otherwise or with --quiet (none when it is 0: the ranks of a
-// data-parallel run other than rank 0).
+// lines every `log_interval` batches otherwise or with --quiet (none when it is 0).
 #include <chrono>
 #include <cstdint>
 #include <string>
 
-namespace convnn::train {
+namespace convnn::cli {
 
 class EpochProgress {
  public:
@@ -32,4 +31,4 @@ std::string format_duration(double seconds);
 /// True when stdout is a terminal.
 bool stdout_is_terminal();
 
-}  // namespace convnn::train
+}  // namespace convnn::cli

@@ -1,0 +1,76 @@
+#include "plots.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "convnn/train/atomic_file.h"
+
+namespace convnn::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool gnuplot_available() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
+
+// Runs a gnuplot script (written next to its outputs, kept so that users can restyle the plots);
+// its messages go to a .log beside it, named in the error when it fails.
+void run_gnuplot(const fs::path& script_path, const std::string& script) {
+  train::write_file_atomically(script_path.string(), script);
+  auto log = script_path;
+  log.replace_extension(".log");
+  const auto command = fmt::format("gnuplot '{}' > '{}' 2>&1", script_path.string(), log.string());
+  TORCH_CHECK(std::system(command.c_str()) == 0, "gnuplot failed on '", script_path.string(), "'; see '",
+              log.string(), "'");
+}
+
+std::string quoted(const fs::path& path) { return "'" + path.string() + "'"; }
+
+}  // namespace
+
+bool plot_metrics(const std::string& run_dir) {
+  if (!gnuplot_available()) return false;
+  const auto plots = fs::path(run_dir) / "plots";
+  fs::create_directories(plots);
+  const auto csv = quoted(fs::path(run_dir) / "metrics.csv");
+  const std::string common =
+      "set datafile separator ','\nset key autotitle columnhead\nset grid\n"
+      "set terminal pngcairo size 800,500 noenhanced\nset xlabel 'epoch'\n";
+  run_gnuplot(plots / "plots.gp",
+              common +
+                  "set output " + quoted(plots / "loss.png") + "\nset ylabel 'loss'\nset title 'Loss'\n"
+                  "plot " + csv + " using 'epoch':'train_loss' with linespoints title 'train', "
+                  "'' using 'epoch':'val_loss' with linespoints title 'validation'\n"
+                  "set output " + quoted(plots / "accuracy.png") +
+                  "\nset ylabel 'accuracy (%)'\nset title 'Validation accuracy'\n"
+                  "plot " + csv + " using 'epoch':'val_top1' with linespoints title 'top-1', "
+                  "'' using 'epoch':'val_top5' with linespoints title 'top-5', "
+                  "'' using 'epoch':'train_top1' with linespoints title 'train top-1'\n"
+                  "set output " + quoted(plots / "lr.png") +
+                  "\nset ylabel 'learning rate'\nset title 'Learning rate (end of epoch)'\n"
+                  "plot " + csv + " using 'epoch':'lr' with linespoints title 'lr'\n");
+  return true;
+}
+
+bool plot_confusion(const std::string& dir, const std::vector<std::string>& class_names) {
+  if (!gnuplot_available()) return false;
+  std::string tics;
+  for (size_t c = 0; c < class_names.size(); ++c) {
+    tics += fmt::format("{}'{}' {}", c ? ", " : "", class_names[c], c);
+  }
+  const int64_t side = std::max<int64_t>(500, 40 * static_cast<int64_t>(class_names.size()) + 200);
+  run_gnuplot(fs::path(dir) / "confusion.gp",
+              fmt::format("set terminal pngcairo size {0},{0} noenhanced\nset output {1}\n"
+                          "set title 'Confusion matrix (rows: true class)'\nset xlabel 'predicted'\n"
+                          "set ylabel 'true'\nset xtics ({2}) rotate by 45 right\nset ytics ({2})\n"
+                          "set yrange [] reverse\nset palette defined (0 'white', 1 'dark-blue')\n"
+                          "set autoscale fix\nplot {3} matrix with image notitle\n",
+                          side, quoted(fs::path(dir) / "confusion.png"), tics,
+                          quoted(fs::path(dir) / "confusion.dat")));
+  return true;
+}
+
+}  // namespace convnn::cli
