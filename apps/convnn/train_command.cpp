@@ -103,6 +103,10 @@ Command add_train_command(CLI::App& app) {
                   "Data parallel (under torchrun): c10d backend, auto (nccl on CUDA, gloo on the CPU), gloo or nccl")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
       ->group("Distributed");
+  sub->add_flag("--sync-bn", args->config.sync_bn,
+                "Data parallel: batch norm with the statistics of every process's batch (PyTorch's SyncBatchNorm) "
+                "instead of each process's own")
+      ->group("Distributed");
   sub->add_option("--dist-timeout", dist_args->timeout_s,
                   "Data parallel: seconds to wait for the rendezvous, and for a collective before the other "
                   "processes count as gone (default 300)")

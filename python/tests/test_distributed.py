@@ -156,3 +156,42 @@ def test_resuming_within_an_epoch_with_another_world_size_is_refused(data):
     single = subprocess.run(convnn_args("train", "--resume", root / "runs" / "mid-epoch"), cwd=root,
                             capture_output=True, text=True, timeout=120)
     assert single.returncode != 0 and "resume it with 2" in single.stderr, single.stderr
+
+
+def test_a_rank_that_cannot_reach_the_rendezvous_fails_naming_the_address(data, tmp_path):
+    root, data_dir = data
+    port = free_port()  # nothing listens there
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    started = time.monotonic()
+    result = subprocess.run(convnn_args("train", *VIT, "--data-dir", data_dir, "--dist-timeout", 2,
+                                        "--output", tmp_path), env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("convnn: error: rank 1 of 2 could not join the process group at 127.0.0.1:"
+                           f"{port} within 2 s"), result.stderr
+    assert time.monotonic() - started < 30
+    assert not any(tmp_path.iterdir()), "a failed join left files"
+
+
+@pytest.mark.parametrize("sync_bn", [True, False])
+def test_synchronised_batch_norm_makes_two_ranks_train_the_weights_of_one(data, sync_bn):
+    """A ResNet: with --sync-bn, two processes normalise with the statistics of the global batch
+    and train the weights (and running statistics) of one process; without it (DDP's default)
+    each normalises its own half, and they do not."""
+    root, data_dir = data
+    flag = ["--sync-bn"] if sync_bn else []
+    name = "sync" if sync_bn else "local"
+    common = ["--model", "resnet18", "--small-stem", "--width", 4, "--workers", 0, "--quiet", "--no-plots",
+              "--warmup-epochs", 0, "--seed", 5, "--data-dir", data_dir, "--train-subset", 48, "--epochs", 1,
+              "--precision", "float64", "--output", root / "runs"]
+    ok(subprocess.run(convnn_args("train", *common, "--batch-size", 16, "--experiment", f"bn-one-{name}"),
+                      cwd=root, capture_output=True, text=True, timeout=120))
+    ok(torchrun(2, "train", *common, *flag, "--batch-size", 8, "--experiment", f"bn-two-{name}", cwd=root))
+    one, two = state(root / "runs" / f"bn-one-{name}"), state(root / "runs" / f"bn-two-{name}")
+    difference = max((one["state_dict"][k].double() - two["state_dict"][k].double()).abs().max().item()
+                     for k in one["state_dict"])
+    if sync_bn:
+        assert two["config"]["sync_bn"]
+        assert difference < EQUIVALENCE_TOLERANCE, difference
+    else:
+        assert difference > 1e-6, difference

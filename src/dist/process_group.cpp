@@ -43,15 +43,15 @@ int64_t integer_variable(const char* name, int64_t min, int64_t max) {
 // c10d's errors are c10::Errors, Gloo's transport errors std::exceptions: both become one
 // c10::Error that says which rank and what it was doing.
 template <typename Function>
-auto collective(const std::string& what, int64_t rank, Function&& function) {
+auto collective(const std::string& what, int64_t rank, int64_t world_size, Function&& function) {
   try {
     return function();
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "rank ", rank, ": ", what, " failed: ", e.msg(),
-                " (another process of the group died or stopped answering)");
+    TORCH_CHECK(false, "rank ", rank, " of ", world_size, ": ", what, " failed: ", e.msg(),
+                " (another process of the group died, or did not answer within --dist-timeout)");
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "rank ", rank, ": ", what, " failed: ", e.what(),
-                " (another process of the group died or stopped answering)");
+    TORCH_CHECK(false, "rank ", rank, " of ", world_size, ": ", what, " failed: ", e.what(),
+                " (another process of the group died, or did not answer within --dist-timeout)");
   }
 }
 
@@ -65,8 +65,8 @@ constexpr size_t kBucketBytes = size_t{25} << 20;
 class DdpReducer final : public GradientReducer {
  public:
   DdpReducer(c10::intrusive_ptr<c10d::ProcessGroup> group, const std::vector<at::Tensor>& parameters,
-             int64_t rank)
-      : rank_(rank) {
+             int64_t rank, int64_t world_size)
+      : rank_(rank), world_size_(world_size) {
     c10d::verify_params_across_processes(group, parameters, std::nullopt);
     // As DDP: buckets in reverse order of the parameters, roughly the order backward fills them.
     auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(parameters, {kFirstBucketBytes, kBucketBytes});
@@ -85,7 +85,7 @@ class DdpReducer final : public GradientReducer {
   void before_forward(bool synchronise) override {
     synchronise_ = synchronise;
     if (!synchronise_) return;
-    collective("rebuilding the gradient buckets", rank_, [&] { return reducer_->rebuild_buckets(); });
+    collective("rebuilding the gradient buckets", rank_, world_size_, [&] { return reducer_->rebuild_buckets(); });
     reducer_->prepare_for_forward();
   }
 
@@ -94,7 +94,7 @@ class DdpReducer final : public GradientReducer {
   }
 
  private:
-  int64_t rank_;
+  int64_t rank_, world_size_;
   bool synchronise_ = false;
   std::unique_ptr<c10d::Reducer> reducer_;
 };
@@ -187,28 +187,28 @@ Backend ProcessGroup::backend() const { return state_->backend; }
 void ProcessGroup::broadcast_from_main(const std::vector<at::Tensor>& tensors) {
   for (const auto& tensor : tensors) {
     std::vector<at::Tensor> one{tensor};
-    collective("broadcast from rank 0", rank(), [&] { return state_->group->broadcast(one)->wait(); });
+    collective("broadcast from rank 0", rank(), world_size(), [&] { return state_->group->broadcast(one)->wait(); });
   }
 }
 
 void ProcessGroup::all_reduce_sum(const at::Tensor& tensor) {
   std::vector<at::Tensor> one{tensor};
-  collective("all-reduce", rank(), [&] { return state_->group->allreduce(one)->wait(); });
+  collective("all-reduce", rank(), world_size(), [&] { return state_->group->allreduce(one)->wait(); });
 }
 
 void ProcessGroup::all_reduce_max(const at::Tensor& tensor) {
   std::vector<at::Tensor> one{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::MAX;
-  collective("all-reduce (max)", rank(), [&] { return state_->group->allreduce(one, options)->wait(); });
+  collective("all-reduce (max)", rank(), world_size(), [&] { return state_->group->allreduce(one, options)->wait(); });
 }
 
 void ProcessGroup::barrier() {
-  collective("barrier", rank(), [&] { return state_->group->barrier()->wait(); });
+  collective("barrier", rank(), world_size(), [&] { return state_->group->barrier()->wait(); });
 }
 
 std::string ProcessGroup::share_from_main(const std::string& key, const std::string& value) {
-  return collective("sharing '" + key + "'", rank(), [&] {
+  return collective("sharing '" + key + "'", rank(), world_size(), [&] {
     if (is_main()) state_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
     const auto bytes = state_->store->get(key);
     return std::string(bytes.begin(), bytes.end());
@@ -216,8 +216,8 @@ std::string ProcessGroup::share_from_main(const std::string& key, const std::str
 }
 
 std::unique_ptr<GradientReducer> ProcessGroup::gradient_reducer(const std::vector<at::Tensor>& parameters) {
-  return collective("checking that every rank has the same model", rank(),
-                    [&] { return std::make_unique<DdpReducer>(state_->group, parameters, rank()); });
+  return collective("checking that every rank has the same model", rank(), world_size(),
+                    [&] { return std::make_unique<DdpReducer>(state_->group, parameters, rank(), world_size()); });
 }
 
 }  // namespace convnn::dist

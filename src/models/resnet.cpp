@@ -68,7 +68,7 @@ void ResidualBlockImpl::reset() {
     const auto& c = layout[i];
     convs.push_back(make_conv(c.in, c.out, c.kernel, c.stride, o.slots()));
     register_module("conv" + std::to_string(i + 1), convs.back().ptr());
-    norms.push_back(register_module("bn" + std::to_string(i + 1), torch::nn::BatchNorm2d(c.out)));
+    norms.push_back(register_module("bn" + std::to_string(i + 1), BatchNorm2d(c.out)));
   }
   if (o.stride() != 1 || o.in_channels() != o.out_channels()) {
     downsample = register_module(
@@ -76,7 +76,7 @@ void ResidualBlockImpl::reset() {
         torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), o.out_channels(), 1)
                                                     .stride(o.stride())
                                                     .bias(false)),
-                              torch::nn::BatchNorm2d(o.out_channels())));
+                              BatchNorm2d(o.out_channels())));
   }
 }
 
@@ -164,7 +164,7 @@ void ResNetImpl::reset() {
                                                 .stride(o.small_stem() ? 1 : 2)
                                                 .padding(stem_kernel / 2)
                                                 .bias(false)));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(o.width()));
+  bn1 = register_module("bn1", BatchNorm2d(o.width()));
   if (!o.small_stem()) {
     maxpool =
         register_module("maxpool", torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2).padding(1)));

@@ -105,6 +105,7 @@ const auto visit_fields = [](auto& c, auto&& visit) {
   visit("experiment", c.experiment);
   visit("seed", c.seed);
   visit("initial_checkpoint", c.initial_checkpoint);
+  visit("sync_bn", c.sync_bn);
   visit("world_size", c.world_size);
   visit("dist_backend", c.dist_backend);
   visit("quiet", c.quiet);

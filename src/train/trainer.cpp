@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "convnn/dist/process_group.h"
+#include "convnn/models/batch_norm.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/loss.h"
 #include "convnn/train/optim.h"
@@ -280,6 +281,9 @@ class Trainer {
     for (const auto& p : model_.module()->parameters()) state.push_back(p.detach());
     for (const auto& b : model_.module()->buffers()) state.push_back(b.detach());
     group_->broadcast_from_main(state);
+    if (config_.sync_bn) {
+      models::synchronise_batch_norms(*model_.module(), [group = group_](const at::Tensor& t) { group->all_reduce_sum(t); });
+    }
     std::vector<at::Tensor> trained;
     for (const auto& p : model_.module()->parameters()) {
       if (p.requires_grad()) trained.push_back(p);

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "convnn/models/batch_norm.h"
 #include "convnn/models/cost.h"
 #include "convnn/nn/options/convnn.h"
 
@@ -69,7 +70,7 @@ class ResidualBlockImpl : public torch::nn::Cloneable<ResidualBlockImpl> {
   ResidualBlockOptions options;
   /// conv1, conv2 (, conv3): Conv2d, or ConvNN2d / BranchingConv2d in stride-1 3x3 slots.
   std::vector<torch::nn::AnyModule> convs;
-  std::vector<torch::nn::BatchNorm2d> norms;
+  std::vector<BatchNorm2d> norms;
   torch::nn::Sequential downsample{nullptr};
 };
 TORCH_MODULE(ResidualBlock);
@@ -112,7 +113,7 @@ class ResNetImpl : public torch::nn::Cloneable<ResNetImpl> {
 
   ResNetOptions options;
   torch::nn::Conv2d conv1{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr};
+  BatchNorm2d bn1{nullptr};
   torch::nn::MaxPool2d maxpool{nullptr};      // none with the small stem
   std::vector<torch::nn::Sequential> stages;  // layer1 .. layer4
   torch::nn::Linear fc{nullptr};

@@ -101,6 +101,9 @@ struct TrainConfig {
   // Weights to start from (a convnn checkpoint or a state_dict saved by Python), with a fresh
   // optimiser at epoch 0: fine-tuning. Empty: the seeded initialisation.
   std::string initial_checkpoint;
+  // Data parallel: batch norm over the batches of every process (synchronised), rather than each
+  // process's own (DDP's default).
+  bool sync_bn = false;
   // Set by the trainer, for the record: the processes of the run and their c10d backend ("" for
   // a single process). Not options: a run's world is how it is launched (torchrun).
   int64_t world_size = 1;
