@@ -84,31 +84,6 @@ DeviceBatch to_device(const data::Batch& batch, const at::TensorOptions& model) 
   return {move(batch.images, true), move(batch.labels, false), move(batch.targets, true)};
 }
 
-// The first n samples of a seeded shuffle (all of them when n is 0 or at least the size).
-std::vector<int64_t> subset_order(int64_t size, int64_t n, uint64_t seed) {
-  const auto order = data::epoch_order(size, /*shuffle=*/true, seed, /*epoch=*/0);
-  return std::vector<int64_t>(order.begin(), order.begin() + n);
-}
-
-data::ImageSet subset(data::ImageSet set, int64_t n, uint64_t seed) {
-  if (n == 0 || n >= set.size()) return set;
-  const auto picked = at::tensor(subset_order(set.size(), n, seed), at::kLong);
-  set.images = set.images.index_select(0, picked).contiguous();
-  set.labels = set.labels.index_select(0, picked).contiguous();
-  return set;
-}
-
-data::FileList subset(data::FileList files, int64_t n, uint64_t seed) {
-  if (n == 0 || n >= files.size()) return files;
-  data::FileList picked;
-  picked.class_names = std::move(files.class_names);
-  for (const int64_t i : subset_order(files.size(), n, seed)) {
-    picked.paths.push_back(std::move(files.paths[static_cast<size_t>(i)]));
-    picked.labels.push_back(files.labels[static_cast<size_t>(i)]);
-  }
-  return picked;
-}
-
 std::string default_experiment(const TrainConfig& c) {
   const auto now = std::time(nullptr);
   char stamp[32];
@@ -401,102 +376,6 @@ class Trainer {
 };
 
 }  // namespace
-
-data::LoaderOptions loader_options(const TrainConfig& c, bool training) {
-  data::LoaderOptions o;
-  o.batch_size = c.batch_size;
-  o.shuffle = training;
-  o.seed = c.seed;
-  o.workers = c.workers;
-  o.prefetch = c.prefetch;
-  o.strict = c.strict_data;
-  if (!is_image_folder(c)) {
-    const auto norm = data::normalisation_of(data::parse_dataset(c.dataset));
-    o.crop_padding = training ? std::max<int64_t>(0, c.crop_padding) : 0;
-    o.hflip = training ? std::max(0.0, c.hflip) : 0.0;
-    o.mean = norm.mean;
-    o.std = norm.std;
-  }
-  if (training && (c.mixup > 0.0 || c.cutmix > 0.0)) {
-    data::MixupOptions mixup;
-    mixup.mixup_alpha = std::max(0.0, c.mixup);
-    mixup.cutmix_alpha = std::max(0.0, c.cutmix);
-    mixup.switch_probability = c.mixup_switch_prob;
-    mixup.label_smoothing = c.smoothing;
-    o.mixup = mixup;
-  }
-  return o;
-}
-
-data::ImageTransformOptions image_transform_options(const TrainConfig& c, bool training) {
-  const auto resolved = apply_recipe(c);  // a no-op on a resolved config
-  data::ImageTransformOptions o;
-  o.training = training;
-  o.image_size = resolved.image_size;
-  o.val_resize = resolved.val_resize;
-  o.scale = {c.scale_min, c.scale_max};
-  o.ratio = {c.ratio_min, c.ratio_max};
-  o.hflip = resolved.hflip;
-  if (resolved.rand_augment > 0.0 && c.rand_augment_ops > 0) {
-    data::RandAugmentOptions ra;
-    ra.magnitude = resolved.rand_augment;
-    ra.num_ops = c.rand_augment_ops;
-    // timm's rule: a standard deviation above 100 means uniform in [0, M].
-    ra.magnitude_std = c.rand_augment_mstd > 100.0 ? std::numeric_limits<double>::infinity()
-                                                   : c.rand_augment_mstd;
-    o.rand_augment = ra;
-  }
-  o.color_jitter = resolved.color_jitter;
-  o.reprob = resolved.reprob;
-  return o;
-}
-
-SplitData load_split(const TrainConfig& c, data::Split split) {
-  const bool train = split == data::Split::Train;
-  const int64_t n = train ? c.train_subset : c.val_subset;
-  SplitData data;
-  data.image_folder = is_image_folder(c);
-  if (data.image_folder) {
-    data.files = subset(data::load_image_folder_split(c.data_dir, train, c.val_labels), n, c.seed);
-    return data;
-  }
-  const auto kind = data::parse_dataset(c.dataset);
-  const auto root = c.data_dir.empty() ? data::default_data_dir(kind) : c.data_dir;
-  data.set = subset(data::load_dataset(kind, root, split), n, c.seed);
-  return data;
-}
-
-data::DataLoader make_loader(SplitData data, const TrainConfig& c, bool training,
-                             const c10::Device& device, dist::ProcessGroup* group) {
-  auto options = loader_options(c, training);
-  options.pin_memory = device.is_cuda();
-  if (group != nullptr) {
-    options.shard_rank = group->rank();
-    options.shard_count = group->world_size();
-    options.pad_shards = training;  // evaluation counts every sample once
-  }
-  if (!data.image_folder) return data::DataLoader(std::move(data.set), options);
-  return data::DataLoader(std::make_shared<data::ImageFolderSource>(
-                              std::move(data.files), image_transform_options(c, training)),
-                          options);
-}
-
-TrainConfig resolve_config(TrainConfig c, const SplitData& train_data) {
-  c = apply_recipe(std::move(c));
-  c.model_config.num_classes = train_data.num_classes();
-  if (train_data.image_folder) {
-    c.model_config.in_channels = 3;  // decoded to RGB
-    c.model_config.image_size = c.image_size;
-    return c;
-  }
-  const auto& set = train_data.set;
-  TORCH_CHECK(set.height() == set.width(), "the models take square images; ", c.dataset, " has ",
-              set.height(), "x", set.width());
-  c.model_config.in_channels = set.channels();
-  c.model_config.image_size = set.height();
-  if (c.crop_padding < 0) c.crop_padding = set.height() >= 32 ? 4 : 2;
-  return c;
-}
 
 models::Model make_model(const TrainConfig& config, const c10::Device& device) {
   check_device(device, "device");
