@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace convnn::cli {
 
@@ -16,6 +17,8 @@ struct Command {
 
 /// The command line of this process, as typed (for reports that must say how they were made).
 const std::string& command_line();
+/// The same, word by word (argv, the program's name first).
+const std::vector<std::string>& command_arguments();
 
 Command add_verify_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);

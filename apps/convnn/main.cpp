@@ -41,6 +41,7 @@ int thread_count(int flag) {
 }
 
 std::string typed_command_line;
+std::vector<std::string> typed_arguments;
 
 // An error is one line on a terminal and one record in a log, whatever the message holds.
 std::string one_line(std::string text) {
@@ -59,8 +60,10 @@ int report_error(const std::string& message) {
 }  // namespace
 
 const std::string& convnn::cli::command_line() { return typed_command_line; }
+const std::vector<std::string>& convnn::cli::command_arguments() { return typed_arguments; }
 
 int main(int argc, char** argv) {
+  typed_arguments.assign(argv, argv + argc);
   typed_command_line = "convnn";
   for (int i = 1; i < argc; ++i) typed_command_line += std::string(" ") + argv[i];
   CLI::App app{"convnn: Convolutional Nearest Neighbors on LibTorch"};

@@ -15,6 +15,7 @@
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
+#include "local_ranks.h"
 #include "sinks.h"
 #include "train_options.h"
 
@@ -103,6 +104,12 @@ Command add_train_command(CLI::App& app) {
                   "Data parallel (under torchrun): c10d backend, auto (nccl on CUDA, gloo on the CPU), gloo or nccl")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
       ->group("Distributed");
+  auto nproc = std::make_shared<int64_t>(0);
+  sub->add_option("--nproc", *nproc,
+                  "Data parallel on this machine without torchrun: start N processes of this command "
+                  "(as torchrun --nproc-per-node N would)")
+      ->check(CLI::PositiveNumber)
+      ->group("Distributed");
   sub->add_flag("--sync-bn", args->config.sync_bn,
                 "Data parallel: batch norm with the statistics of every process's batch (PyTorch's SyncBatchNorm) "
                 "instead of each process's own")
@@ -124,8 +131,14 @@ Command add_train_command(CLI::App& app) {
       "  convnn train --config configs/fashion-mnist.json --seed 1\n"
       "  convnn train --resume runs/<run>          # after Ctrl-C or a crash\n"
       "  convnn train --config configs/fashion-mnist.json --initial-checkpoint weights.pt  # fine-tune\n"
-      "  torchrun --nproc-per-node 2 --no-python build/bin/convnn train --config configs/fashion-mnist.json\n");
-  return {sub, [args, dist_args] {
+      "  torchrun --nproc-per-node 2 --no-python build/bin/convnn train --config configs/fashion-mnist.json --batch-size 64\n"
+      "  convnn train --nproc 2 --config configs/fashion-mnist.json --batch-size 64   # the same, without torchrun\n");
+  return {sub, [args, dist_args, nproc] {
+            if (*nproc > 0) {
+              TORCH_CHECK(!dist::environment_from_variables(), "--nproc starts its own processes; under "
+                          "torchrun (WORLD_SIZE is set) leave it out");
+              return run_local_ranks(*nproc, without_nproc(command_arguments()));
+            }
             // First: a device that is not there must fail before any file is read or written.
             const auto device = device_of_rank(resolve_device(args->device, "--device"));
             if (!args->resume.empty()) check_same_model(args->config, args->resume);

@@ -195,3 +195,28 @@ def test_synchronised_batch_norm_makes_two_ranks_train_the_weights_of_one(data, 
         assert difference < EQUIVALENCE_TOLERANCE, difference
     else:
         assert difference > 1e-6, difference
+
+
+def test_nproc_starts_the_ranks_itself_and_passes_ctrl_c_on(data):
+    """`convnn train --nproc 2` without torchrun: the same weights as one process with the global
+    batch, and a Ctrl-C to it reaches both ranks once (rank 0 saves, all exit 130)."""
+    root, data_dir = data
+    common = [*VIT, "--data-dir", data_dir, "--train-subset", 48, "--epochs", 1, "--precision", "float64",
+              "--output", root / "runs"]
+    ok(subprocess.run(convnn_args("train", *common, "--batch-size", 16, "--experiment", "nproc-one"), cwd=root,
+                      capture_output=True, text=True, timeout=120))
+    two = subprocess.run(convnn_args("train", "--nproc", 2, *common, "--batch-size", 8, "--experiment", "nproc-two"),
+                         cwd=root, capture_output=True, text=True, timeout=120)
+    assert "2 processes (gloo" in ok(two).splitlines()[0]
+    one_state, two_state = state(root / "runs" / "nproc-one"), state(root / "runs" / "nproc-two")
+    difference = max((one_state["state_dict"][k] - two_state["state_dict"][k]).abs().max().item()
+                     for k in one_state["state_dict"])
+    assert difference < EQUIVALENCE_TOLERANCE, difference
+
+    parent = subprocess.Popen(convnn_args(*long_run(data_dir, root, "nproc-stopped"), "--nproc", 2),
+                              cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(root / "runs" / "nproc-stopped" / "checkpoint-latest.pt", [parent])
+    parent.send_signal(signal.SIGINT)
+    stdout, stderr = parent.communicate(timeout=60)
+    assert parent.returncode == 130, stderr
+    assert stdout.count("stopped at epoch") == 1, stdout
