@@ -22,6 +22,7 @@
 #include "convnn/data/loader.h"
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/trainer.h"
+#include "sinks.h"
 
 namespace convnn::cli {
 namespace {
@@ -196,26 +197,28 @@ std::vector<Stage> time_stages(const data::ImageFolderSource& source, int64_t co
   return stages;
 }
 
+// The resolved config's augmentation (apply_recipe has filled every optional).
 std::string recipe_text(const train::TrainConfig& c) {
-  return fmt::format("RRC scale {}-{} ratio {:.2f}-{:.2f} bicubic, flip {}, RandAugment m{} n{} mstd{}, "
-                     "colour jitter {}, erasing {}, mixup {} / cutmix {} (switch {}), label smoothing {}",
-                     c.scale_min, c.scale_max, c.ratio_min, c.ratio_max, c.hflip, c.rand_augment,
-                     c.rand_augment_ops, c.rand_augment_mstd, c.color_jitter, c.reprob, c.mixup, c.cutmix,
-                     c.mixup_switch_prob, c.smoothing);
+  const auto& a = c.augmentation;
+  return fmt::format(
+      "RRC scale {}-{} ratio {:.2f}-{:.2f} bicubic, flip {}, RandAugment m{} n{} mstd{}, "
+      "colour jitter {}, erasing {}, mixup {} / cutmix {} (switch {}), label smoothing {}",
+      a.scale_min, a.scale_max, a.ratio_min, a.ratio_max, *a.hflip, *a.rand_augment, a.rand_augment_ops,
+      a.rand_augment_mstd, *a.color_jitter, *a.reprob, *a.mixup, *a.cutmix, a.mixup_switch_prob,
+      c.optimization.smoothing);
 }
 
 train::TrainConfig bench_config(const DataBenchArgs& a, int64_t batch, uint64_t seed) {
   train::TrainConfig c;
-  c.dataset = "imagefolder";
-  c.data_dir = a.data;
-  c.image_size = a.image_size;
-  c.recipe = train::parse_recipe(a.recipe);
-  c.batch_size = batch;
-  c.workers = a.workers;
-  c.seed = seed;
-  c = train::apply_recipe(c);
+  c.data.dataset = "imagefolder";
+  c.data.data_dir = a.data;
+  c.data.image_size = a.image_size;
+  c.augmentation.recipe = train::parse_recipe(a.recipe);
+  c.optimization.batch_size = batch;
+  c.data.workers = a.workers;
+  c.run.seed = seed;
   train::validate(c);
-  return c;
+  return train::apply_recipe(c);
 }
 
 int measure(const DataBenchArgs& a, int64_t batch, uint64_t seed, bool json) {
@@ -227,7 +230,8 @@ int measure(const DataBenchArgs& a, int64_t batch, uint64_t seed, bool json) {
   const data::ImageFolderSource source(data.files, train::image_transform_options(config, true));
   const auto options = train::loader_options(config, true);
   const auto stages = time_stages(source, std::min(a.stage_images, source.size()), batch, options, seed);
-  auto loader = train::make_loader(std::move(data), config, true);
+  auto loader = train::make_loader(std::move(data), config, true, c10::Device(c10::kCPU), nullptr,
+                                   print_skipped_sample);
   const auto run = time_loader(loader, a.batches);
   double total_ms = 0.0;
   for (const auto& s : stages) total_ms += s.ms;
@@ -240,14 +244,18 @@ int measure(const DataBenchArgs& a, int64_t batch, uint64_t seed, bool json) {
     nlohmann::json out{{"data", a.data},
                        {"training_images", source.size()},
                        {"classes", source.num_classes()},
-                       {"image_size", config.image_size},
-                       {"recipe", train::to_string(*config.recipe)},
+                       {"image_size", *config.data.image_size},
+                       {"recipe", train::to_string(*config.augmentation.recipe)},
                        {"recipe_values", recipe_text(config)},
                        {"batch", batch},
                        {"workers", a.workers},
                        {"hardware_threads", std::thread::hardware_concurrency()},
-                       {"loader", {{"batches", run.batches}, {"images", run.images}, {"skipped", run.skipped},
-                                   {"seconds", run.seconds}, {"images_per_s", rate}}},
+                       {"loader",
+                        {{"batches", run.batches},
+                         {"images", run.images},
+                         {"skipped", run.skipped},
+                         {"seconds", run.seconds},
+                         {"images_per_s", rate}}},
                        {"stages_ms_per_image", stage_json},
                        {"stage_images", staged},
                        {"one_thread_ms_per_image", total_ms},
@@ -255,9 +263,9 @@ int measure(const DataBenchArgs& a, int64_t batch, uint64_t seed, bool json) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  fmt::print("input pipeline: {} ({} training images, {} classes), image size {}, recipe {}\n  {}\n",
-             a.data, source.size(), source.num_classes(), config.image_size, train::to_string(*config.recipe),
-             recipe_text(config));
+  fmt::print("input pipeline: {} ({} training images, {} classes), image size {}, recipe {}\n  {}\n", a.data,
+             source.size(), source.num_classes(), *config.data.image_size,
+             train::to_string(*config.augmentation.recipe), recipe_text(config));
   fmt::print("\nDataLoader, {} workers ({} hardware threads), batch {}: {} batches, {} images in {:.2f} s: "
              "{:.1f} images/s{}\n",
              a.workers, std::thread::hardware_concurrency(), batch, run.batches, run.images, run.seconds, rate,

@@ -54,17 +54,17 @@ std::vector<Cell> grid(const CompareArgs& a) {
   };
   if (has("resnet")) {
     Cell conv{"resnet", "conv", "", 0, a.base.config};
-    conv.config.model_config.layer = models::ResNetLayer::Conv;
+    conv.config.model_config.resnet.layer = models::ResNetLayer::Conv;
     cells.push_back(conv);
     for (const auto layer : {models::ResNetLayer::ConvNN, models::ResNetLayer::Branching}) {
       for (const int64_t k : a.ks) {
         for (const bool random : {false, true}) {
           Cell cell{"resnet", models::to_string(layer), random ? fmt::format("r{}", a.random_candidates) : "all",
                     k, a.base.config};
-          cell.config.model_config.layer = layer;
-          cell.config.model_config.lambda = 0.5;
-          cell.config.model_config.k = k;
-          cell.config.model_config.num_candidates = random ? a.random_candidates : 0;
+          cell.config.model_config.resnet.layer = layer;
+          cell.config.model_config.resnet.lambda = 0.5;
+          cell.config.model_config.convnn.k = k;
+          cell.config.model_config.convnn.num_candidates = random ? a.random_candidates : 0;
           cells.push_back(cell);
         }
       }
@@ -74,17 +74,17 @@ std::vector<Cell> grid(const CompareArgs& a) {
     train::TrainConfig vit = a.base.config;
     vit.model = a.vit_model;
     vit.model_config = models::ModelConfig{};
-    vit.model_config.patch_size = a.vit_patch;
-    vit.model_config.depth = a.vit_depth;
-    vit.model_config.embed_dim = a.vit_embed_dim;
-    vit.model_config.num_heads = a.vit_heads;
+    vit.model_config.vit.patch_size = a.vit_patch;
+    vit.model_config.vit.depth = a.vit_depth;
+    vit.model_config.vit.embed_dim = a.vit_embed_dim;
+    vit.model_config.vit.num_heads = a.vit_heads;
     Cell mhsa{"vit", "mhsa", "", 0, vit};
     cells.push_back(mhsa);
     for (const int64_t k : a.ks) {
       for (const auto attention : {models::ViTAttention::KVT, models::ViTAttention::ConvNN}) {
         Cell cell{"vit", models::to_string(attention), "", k, vit};
-        cell.config.model_config.attention = attention;
-        cell.config.model_config.k = k;
+        cell.config.model_config.vit.attention = attention;
+        cell.config.model_config.convnn.k = k;
         cells.push_back(cell);
       }
     }
@@ -125,13 +125,15 @@ std::string markdown(const std::vector<CellResult>& results, const CompareArgs& 
                       r.cell.candidates.empty() ? "all" : r.cell.candidates, mean(r.top1), stddev(r.top1),
                       seeds, mean(r.top5), r.parameters, r.macs / 1e6, mean(r.seconds_per_epoch));
   }
-  md << fmt::format("\nData: {} ({} training images{}, {} test images{}); {} epochs, batch {}, {} lr {}, "
-                    "warm-up {} epochs, seeds {}.\nCommand: `{}`\n",
-                    c.dataset, c.train_subset ? std::to_string(c.train_subset) : "all",
-                    c.train_subset ? " of a seeded shuffle" : "", c.val_subset ? std::to_string(c.val_subset) : "all",
-                    c.val_subset ? " of a seeded shuffle" : "", c.epochs, c.batch_size,
-                    train::to_string(c.optimizer), c.lr, c.warmup_epochs, fmt::format("{}", fmt::join(a.seeds, ", ")),
-                    command);
+  md << fmt::format(
+      "\nData: {} ({} training images{}, {} test images{}); {} epochs, batch {}, {} lr {}, "
+      "warm-up {} epochs, seeds {}.\nCommand: `{}`\n",
+      c.data.dataset, c.data.train_subset ? std::to_string(c.data.train_subset) : "all",
+      c.data.train_subset ? " of a seeded shuffle" : "",
+      c.data.val_subset ? std::to_string(c.data.val_subset) : "all",
+      c.data.val_subset ? " of a seeded shuffle" : "", c.optimization.epochs, c.optimization.batch_size,
+      train::to_string(c.optimization.optimizer), c.optimization.lr, c.optimization.warmup_epochs,
+      fmt::format("{}", fmt::join(a.seeds, ", ")), command);
   return md.str();
 }
 
@@ -150,9 +152,10 @@ nlohmann::json to_json(const std::vector<CellResult>& results, const CompareArgs
 int run_compare(CompareArgs& a, const std::string& command) {
   const auto device = resolve_device(a.base.device, "--device");
   auto& base = a.base.config;
-  base.quiet = true;
-  base.plots = false;
-  const auto root = fs::path(base.output) / (base.experiment.empty() ? "compare" : base.experiment);
+  base.run.quiet = true;
+  base.run.plots = false;
+  const auto root =
+      fs::path(base.run.output) / (base.run.experiment.empty() ? "compare" : base.run.experiment);
   const auto cells = grid(a);
   // A bad cell fails now rather than after the cells before it have trained.
   for (const auto& cell : cells) train::validate(cell.config);
@@ -164,19 +167,20 @@ int run_compare(CompareArgs& a, const std::string& command) {
     CellResult result{cell};
     for (const int64_t seed : a.seeds) {
       auto config = cell.config;
-      config.seed = static_cast<uint64_t>(seed);
-      config.output = root.string();
-      config.experiment = fmt::format("{}-seed{}", cell_name(cell), seed);
-      const auto run_dir = root / config.experiment;
+      config.run.seed = static_cast<uint64_t>(seed);
+      config.run.output = root.string();
+      config.run.experiment = fmt::format("{}-seed{}", cell_name(cell), seed);
+      const auto run_dir = root / config.run.experiment;
       // A finished cell is reused and an unfinished one resumed, so an interrupted comparison
       // continues where it stopped.
       const auto latest = train::latest_checkpoint_path(run_dir.string());
       const bool started = fs::exists(latest);
-      const bool finished = started && train::read_checkpoint_header(latest).position.epoch >= config.epochs;
+      const bool finished =
+          started && train::read_checkpoint_header(latest).position.epoch >= config.optimization.epochs;
       train::TrainResult r;
       if (finished) {
         fmt::print("  {} seed {}: reusing {}\n", cell_name(cell), seed, run_dir.string());
-        const train::MetricsLog log(run_dir.string(), config.epochs + 1);
+        const train::MetricsLog log(run_dir.string(), config.optimization.epochs + 1);
         r.epochs = log.epochs();
         auto model = models::build_model(config.model, train::read_checkpoint_header(latest).config.model_config);
         r.parameters = model.parameter_count();
@@ -184,9 +188,10 @@ int run_compare(CompareArgs& a, const std::string& command) {
         r.final_eval.top1 = r.epochs.back().val_top1;
         r.final_eval.top5 = r.epochs.back().val_top5;
       } else {
-        ConsoleSink console(config.quiet, config.log_interval);
+        ConsoleSink console(config.run.quiet, config.run.log_interval);
         train::TrainHooks hooks;
         hooks.sinks.push_back(&console);
+        hooks.on_skipped_sample = print_skipped_sample;
         r = train::train(config, started ? latest : "", hooks, /*allow_non_finite=*/false, device);
       }
       std::vector<double> times;

@@ -10,6 +10,7 @@
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
 #include "plots.h"
+#include "sinks.h"
 #include "train_options.h"
 
 namespace convnn::cli {
@@ -51,23 +52,23 @@ int run_eval(const EvalArgs& a) {
   const auto device = resolve_device(a.device, "--device");  // before the checkpoint is read
   const auto path = resume_checkpoint_path(a.checkpoint);
   auto config = config_of(a, path);
-  if (!a.data_dir.empty()) config.data_dir = a.data_dir;
-  if (!a.val_labels.empty()) config.val_labels = a.val_labels;
-  config.batch_size = a.batch_size;
-  config.workers = a.workers;
-  config.val_subset = 0;
-  config.train_subset = 0;
+  if (!a.data_dir.empty()) config.data.data_dir = a.data_dir;
+  if (!a.val_labels.empty()) config.data.val_labels = a.val_labels;
+  config.optimization.batch_size = a.batch_size;
+  config.data.workers = a.workers;
+  config.data.val_subset = 0;
+  config.data.train_subset = 0;
   const auto split = a.split == "train" ? data::Split::Train : data::Split::Test;
-  const auto result =
-      train::evaluate_checkpoint(path, config, split, a.bf16 ? train::Precision::BFloat16 : config.precision,
-                                 a.allow_non_finite, device);
+  const auto result = train::evaluate_checkpoint(
+      path, config, split, a.bf16 ? train::Precision::BFloat16 : config.optimization.precision,
+      a.allow_non_finite, device, print_skipped_sample);
   const auto output = a.output.empty()
                           ? (std::filesystem::path(path).parent_path() / ("eval-" + a.split)).string()
                           : a.output;
   train::write_confusion(output, result.class_names, result.confusion);
   plot_confusion(output, result.class_names);
-  fmt::print("{} on {} {} ({} images): top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}\n", path, config.dataset,
-             a.split, result.samples, result.top1, result.top5, result.loss);
+  fmt::print("{} on {} {} ({} images): top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}\n", path,
+             config.data.dataset, a.split, result.samples, result.top1, result.top5, result.loss);
   if (result.skipped > 0) fmt::print("skipped {} unreadable files (see the warnings)\n", result.skipped);
   fmt::print("confusion matrix: {}/confusion.csv{}\n", output,
              std::filesystem::exists(std::filesystem::path(output) / "confusion.png") ? " and confusion.png" : "");
@@ -81,7 +82,7 @@ void add_weights_only_options(CLI::App* sub, EvalArgs& args) {
       "--config", [&args](const std::string& path) { args.model = train::read_config(path); },
       "Weights alone: JSON config naming the model and data set (keys as in a run's config.json); "
       "flags override it");
-  sub->add_option("--dataset", args.model.dataset, "Weights alone: data set (default fashion-mnist)")
+  sub->add_option("--dataset", args.model.data.dataset, "Weights alone: data set (default fashion-mnist)")
       ->check(CLI::IsMember(train::train_dataset_names()));
   add_trained_model_options(sub, args.model);
   const auto options = sub->get_options();

@@ -63,7 +63,7 @@ std::string describe(const std::string& name, const models::ModelConfig& c) {
                         candidates(a.num_candidates()), convnn::to_string(a.similarity()), to_string(a.rho()),
                         to_string(a.aggregation()));
   }
-  return text + fmt::format(" position={}{}", to_string(o.position_embedding()), c.paper ? " paper" : "");
+  return text + fmt::format(" position={}{}", to_string(o.position_embedding()), c.vit.paper ? " paper" : "");
 }
 
 nlohmann::json cost_json(const models::Cost& cost) {

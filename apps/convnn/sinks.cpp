@@ -48,4 +48,8 @@ void PlotSink::epoch_done(const train::EpochMetrics&, const train::Evaluation&, 
   warned_ = true;
 }
 
+void print_skipped_sample(const std::string& reason) {
+  fmt::print(stderr, "convnn: warning: skipped a sample: {}\n", reason);
+}
+
 }  // namespace convnn::cli

@@ -37,4 +37,8 @@ class PlotSink final : public train::TrainingSink {
   bool warned_ = false;
 };
 
+/// The warning line on stderr for a sample a loader skipped (TrainHooks::on_skipped_sample,
+/// LoaderOptions::on_skipped).
+void print_skipped_sample(const std::string& reason);
+
 }  // namespace convnn::cli

@@ -110,9 +110,10 @@ Command add_train_command(CLI::App& app) {
                   "(as torchrun --nproc-per-node N would)")
       ->check(CLI::PositiveNumber)
       ->group("Distributed");
-  sub->add_flag("--sync-bn", args->config.sync_bn,
-                "Data parallel: batch norm with the statistics of every process's batch (PyTorch's SyncBatchNorm) "
-                "instead of each process's own")
+  sub->add_flag(
+         "--sync-bn", args->config.run.sync_bn,
+         "Data parallel: batch norm with the statistics of every process's batch (PyTorch's SyncBatchNorm) "
+         "instead of each process's own")
       ->group("Distributed");
   sub->add_option("--dist-timeout", dist_args->timeout_s,
                   "Data parallel: seconds to wait for the rendezvous, and for a collective before the other "
@@ -160,10 +161,11 @@ Command add_train_command(CLI::App& app) {
             };
             train::TrainHooks hooks;
             hooks.stop = &interrupt_requested;
-            ConsoleSink console(args->config.quiet, args->config.log_interval);
+            hooks.on_skipped_sample = print_skipped_sample;
+            ConsoleSink console(args->config.run.quiet, args->config.run.log_interval);
             PlotSink plots;
             hooks.sinks.push_back(&console);
-            if (args->config.plots) hooks.sinks.push_back(&plots);
+            if (args->config.run.plots) hooks.sinks.push_back(&plots);
             train::TrainResult result;
             try {
               result = train::train(args->config, args->resume, hooks, args->allow_non_finite, device, group.get());

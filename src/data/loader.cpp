@@ -5,7 +5,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -216,11 +215,11 @@ Batch DataLoader::State::take() {
   return std::move(*slot.batch);
 }
 
-// Warnings are printed as batches are handed out, not as workers build them, so they come once,
+// Skips are reported as batches are handed out, not as workers build them, so they come once,
 // in order, and never for a prefetched batch that a restart throws away.
 Batch DataLoader::State::hand_out(Batch batch) {
-  for (const auto& reason : batch.skipped) {
-    std::fprintf(stderr, "convnn: warning: skipped a sample: %s\n", reason.c_str());
+  if (options.on_skipped) {
+    for (const auto& reason : batch.skipped) options.on_skipped(reason);
   }
   skipped += static_cast<int64_t>(batch.skipped.size());
   return batch;

@@ -15,23 +15,23 @@ namespace {
 
 bool is_resnet(const std::string& name) { return name.rfind("resnet", 0) == 0; }
 
-// Calls visit(key, field) for every field, in the order of the struct: the one list that both
-// JSON directions follow.
-template <typename Config, typename Visitor>
-void visit_fields(Config& c, Visitor&& visit) {
-  visit("num_classes", c.num_classes);
-  visit("in_channels", c.in_channels);
-  visit("image_size", c.image_size);
+// Each part's fields, in the order of its struct: the one list that both JSON directions and the
+// family check follow.
+const auto visit_convnn_fields = [](auto& c, auto&& visit) {
   visit("k", c.k);
   visit("num_candidates", c.num_candidates);
   visit("similarity", c.similarity);
   visit("rho", c.rho);
   visit("aggregation", c.aggregation);
+};
+const auto visit_resnet_fields = [](auto& c, auto&& visit) {
   visit("layer", c.layer);
   visit("lambda", c.lambda);
   visit("padding", c.padding);
   visit("small_stem", c.small_stem);
   visit("width", c.width);
+};
+const auto visit_vit_fields = [](auto& c, auto&& visit) {
   visit("patch_size", c.patch_size);
   visit("attention", c.attention);
   visit("paper", c.paper);
@@ -43,7 +43,16 @@ void visit_fields(Config& c, Visitor&& visit) {
   visit("dropout", c.dropout);
   visit("attention_dropout", c.attention_dropout);
   visit("drop_path", c.drop_path);
-}
+};
+// The model's JSON is flat (the keys of `convnn info` and Python's create_model).
+const auto visit_model_fields = [](auto& c, auto&& visit) {
+  visit("num_classes", c.num_classes);
+  visit("in_channels", c.in_channels);
+  visit("image_size", c.image_size);
+  visit_convnn_fields(c.convnn, visit);
+  visit_resnet_fields(c.resnet, visit);
+  visit_vit_fields(c.vit, visit);
+};
 
 // Enums travel by name (src/util/json_fields.h).
 struct ModelEnums {
@@ -63,10 +72,44 @@ struct ModelEnums {
   }
 };
 
-const auto visit_model_fields = [](auto& config, auto&& visit) { visit_fields(config, visit); };
-
 void check_dropout(double p, const char* option) {
   TORCH_CHECK(p >= 0.0 && p < 1.0, option, " must be in [0, 1), got ", p);
+}
+
+// The other family's options keep their defaults: one given to the wrong family is an error
+// rather than silently ignored. Compared as JSON, so that the message names the option.
+template <typename FamilyConfig, typename VisitFields>
+void check_family_unused(const FamilyConfig& given, VisitFields visit_fields, const std::string& name,
+                         const char* family, const std::string& options_of_name) {
+  const auto json_given = detail::config_to_json(given, visit_fields, ModelEnums{});
+  const auto json_default = detail::config_to_json(FamilyConfig{}, visit_fields, ModelEnums{});
+  for (const auto& item : json_default.items()) {
+    const auto& value = json_given.at(item.key());
+    const auto shown = value.is_string() ? value.template get<std::string>() : value.dump();
+    TORCH_CHECK(value == item.value(), item.key(), " = ", shown, " applies to ", family, " models only; ",
+                name, "'s own options are ", options_of_name);
+  }
+}
+
+// "a, b and c": the options of a family, for messages.
+template <typename FamilyConfig, typename VisitFields>
+std::string option_names(const FamilyConfig& config, VisitFields visit_fields) {
+  std::vector<std::string> keys;
+  visit_fields(config, [&](const char* key, const auto&) { keys.emplace_back(key); });
+  std::string text;
+  for (size_t i = 0; i < keys.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == keys.size() ? " and " : ", ") + keys[i];
+  return text;
+}
+
+// Files written before the options were optional hold 0 for "the preset's".
+nlohmann::json without_legacy_zeros(nlohmann::json json) {
+  if (!json.is_object()) return json;
+  for (const char* key : {"embed_dim", "depth", "num_heads", "mlp_dim"}) {
+    if (json.contains(key) && json[key].is_number_integer() && json[key].get<int64_t>() == 0)
+      json[key] = nullptr;
+  }
+  return json;
 }
 
 }  // namespace
@@ -76,7 +119,8 @@ void to_json(nlohmann::json& json, const ModelConfig& config) {
 }
 
 void from_json(const nlohmann::json& json, ModelConfig& config) {
-  detail::config_from_json(json, config, "model config", visit_model_fields, ModelEnums{});
+  detail::config_from_json(without_legacy_zeros(json), config, "model config", visit_model_fields,
+                           ModelEnums{});
 }
 
 const std::vector<std::string>& model_names() {
@@ -95,81 +139,87 @@ void validate(const std::string& name, const ModelConfig& c) {
   TORCH_CHECK(c.num_classes >= 1, "num_classes must be at least 1, got ", c.num_classes);
   TORCH_CHECK(c.in_channels >= 1, "in_channels must be at least 1, got ", c.in_channels);
   TORCH_CHECK(c.image_size >= 1, "image_size must be at least 1, got ", c.image_size);
-  TORCH_CHECK(c.k >= 1, "k must be at least 1, got ", c.k);
-  TORCH_CHECK(c.num_candidates >= 0, "num_candidates must be 0 (all) or positive, got ", c.num_candidates);
-  TORCH_CHECK(c.num_candidates == 0 || c.k <= c.num_candidates, "k = ", c.k,
-              " must not exceed num_candidates = ", c.num_candidates, " (k of the r random candidates)");
-  check_dropout(c.dropout, "dropout");
-  check_dropout(c.attention_dropout, "attention_dropout");
-  check_dropout(c.drop_path, "drop_path");
+  const auto& v = c.convnn;
+  TORCH_CHECK(v.k >= 1, "k must be at least 1, got ", v.k);
+  TORCH_CHECK(v.num_candidates >= 0, "num_candidates must be 0 (all) or positive, got ", v.num_candidates);
+  TORCH_CHECK(v.num_candidates == 0 || v.k <= v.num_candidates, "k = ", v.k,
+              " must not exceed num_candidates = ", v.num_candidates, " (k of the r random candidates)");
   if (is_resnet(name)) {
-    TORCH_CHECK(c.attention == ViTAttention::MHSA, "attention = ", to_string(c.attention),
-                " applies to ViT models; ", name, " takes layer = conv, convnn or branching");
-    TORCH_CHECK(!c.paper && !c.position_embedding, "paper and position_embedding apply to ViT models, not ",
-                name);
-    TORCH_CHECK(c.lambda >= 0.0 && c.lambda <= 1.0, "lambda must be in [0, 1], got ", c.lambda);
-    TORCH_CHECK(c.padding >= 0, "padding must be non-negative, got ", c.padding);
-    TORCH_CHECK(c.width >= 1, "width must be at least 1, got ", c.width);
-  } else {
-    TORCH_CHECK(c.layer == ResNetLayer::Conv, "layer = ", to_string(c.layer), " applies to ResNet models; ",
-                name, " takes attention = mhsa, kvt or convnn");
-    TORCH_CHECK(!c.small_stem, "small_stem applies to ResNet models; ", name, " takes patch_size");
-    TORCH_CHECK(c.patch_size >= 1, "patch_size must be at least 1, got ", c.patch_size);
-    TORCH_CHECK(c.image_size % c.patch_size == 0, "image_size = ", c.image_size,
-                " must be a multiple of patch_size = ", c.patch_size);
-    for (const auto& [option, value] : {std::pair{"embed_dim", c.embed_dim}, std::pair{"depth", c.depth},
-                                        std::pair{"num_heads", c.num_heads}, std::pair{"mlp_dim", c.mlp_dim}}) {
-      TORCH_CHECK(value >= 0, option, " must be 0 (the preset's) or positive, got ", value);
-    }
+    check_family_unused(c.vit, visit_vit_fields, name, "ViT",
+                        option_names(ResNetConfig{}, visit_resnet_fields));
+    const auto& r = c.resnet;
+    TORCH_CHECK(r.lambda >= 0.0 && r.lambda <= 1.0, "lambda must be in [0, 1], got ", r.lambda);
+    TORCH_CHECK(r.padding >= 0, "padding must be non-negative, got ", r.padding);
+    TORCH_CHECK(r.width >= 1, "width must be at least 1, got ", r.width);
+    return;
+  }
+  check_family_unused(c.resnet, visit_resnet_fields, name, "ResNet",
+                      option_names(ViTConfig{}, visit_vit_fields));
+  const auto& t = c.vit;
+  check_dropout(t.dropout, "dropout");
+  check_dropout(t.attention_dropout, "attention_dropout");
+  check_dropout(t.drop_path, "drop_path");
+  TORCH_CHECK(t.patch_size >= 1, "patch_size must be at least 1, got ", t.patch_size);
+  TORCH_CHECK(c.image_size % t.patch_size == 0, "image_size = ", c.image_size,
+              " must be a multiple of patch_size = ", t.patch_size);
+  for (const auto& [option, value] : {std::pair{"embed_dim", t.embed_dim}, std::pair{"depth", t.depth},
+                                      std::pair{"num_heads", t.num_heads}, std::pair{"mlp_dim", t.mlp_dim}}) {
+    TORCH_CHECK(!value || *value >= 1, option, " must be at least 1 (or unset: the preset's), got ", *value);
   }
 }
 
 ResNetOptions resnet_options(const std::string& name, const ModelConfig& c) {
   validate(name, c);
   const int64_t depth = std::stoll(name.substr(std::string_view("resnet").size()));
-  const auto convnn = nn::ConvNN2dOptions(1, 1, c.k)
-                          .padding(c.padding)
-                          .num_candidates(c.num_candidates)
-                          .similarity(c.similarity.value_or(Similarity::Cosine))
-                          .rho(c.rho.value_or(nn::Rho::Uniform))
-                          .aggregation(c.aggregation.value_or(nn::Aggregation::Standard));
+  const auto& v = c.convnn;
+  const auto& r = c.resnet;
+  const auto convnn = nn::ConvNN2dOptions(1, 1, v.k)
+                          .padding(r.padding)
+                          .num_candidates(v.num_candidates)
+                          .similarity(v.similarity.value_or(Similarity::Cosine))
+                          .rho(v.rho.value_or(nn::Rho::Uniform))
+                          .aggregation(v.aggregation.value_or(nn::Aggregation::Standard));
   return ResNetOptions(depth)
       .num_classes(c.num_classes)
       .in_channels(c.in_channels)
-      .width(c.width)
-      .small_stem(c.small_stem)
-      .slots(ResNetLayerOptions().layer(c.layer).convnn(convnn).lambda(c.lambda));
+      .width(r.width)
+      .small_stem(r.small_stem)
+      .slots(ResNetLayerOptions().layer(r.layer).convnn(convnn).lambda(r.lambda));
 }
 
 VisionTransformerOptions vit_options(const std::string& name, const ModelConfig& c) {
   validate(name, c);
+  const auto& v = c.convnn;
+  const auto& t = c.vit;
   auto o = name == "vit_tiny"    ? VisionTransformerOptions::tiny()
            : name == "vit_small" ? VisionTransformerOptions::small()
                                  : VisionTransformerOptions::base();
-  if (c.embed_dim > 0) o.embed_dim(c.embed_dim);
-  if (c.depth > 0) o.depth(c.depth);
-  if (c.num_heads > 0) o.num_heads(c.num_heads);
+  if (t.embed_dim) o.embed_dim(*t.embed_dim);
+  if (t.depth) o.depth(*t.depth);
+  if (t.num_heads) o.num_heads(*t.num_heads);
+  if (t.mlp_dim) o.mlp_dim(*t.mlp_dim);
   // One of the two may be the preset's, which the user never typed: the message says which.
-  const auto preset_note = [&name](int64_t given) { return given > 0 ? "" : " (" + name + "'s)"; };
-  TORCH_CHECK(o.embed_dim() % o.num_heads() == 0, "num_heads = ", o.num_heads(), preset_note(c.num_heads),
-              " must divide embed_dim = ", o.embed_dim(), preset_note(c.embed_dim));
-  const auto attention = nn::ConvNNAttentionOptions(o.embed_dim(), o.num_heads(), c.k)
-                             .num_candidates(c.num_candidates)
-                             .similarity(c.similarity.value_or(Similarity::ScaledDot))
-                             .rho(c.rho.value_or(nn::Rho::Softmax))
-                             .aggregation(c.aggregation.value_or(nn::Aggregation::Depthwise));
+  const auto preset_note = [&name](const std::optional<int64_t>& given) {
+    return given ? std::string() : " (" + name + "'s)";
+  };
+  TORCH_CHECK(o.embed_dim() % o.num_heads() == 0, "num_heads = ", o.num_heads(), preset_note(t.num_heads),
+              " must divide embed_dim = ", o.embed_dim(), preset_note(t.embed_dim));
+  const auto attention = nn::ConvNNAttentionOptions(o.embed_dim(), o.num_heads(), v.k)
+                             .num_candidates(v.num_candidates)
+                             .similarity(v.similarity.value_or(Similarity::ScaledDot))
+                             .rho(v.rho.value_or(nn::Rho::Softmax))
+                             .aggregation(v.aggregation.value_or(nn::Aggregation::Depthwise));
   o.image_size(c.image_size)
-      .patch_size(c.patch_size)
+      .patch_size(t.patch_size)
       .in_channels(c.in_channels)
       .num_classes(c.num_classes)
-      .mlp_dim(c.mlp_dim)
-      .attention(c.attention)
+      .attention(t.attention)
       .convnn(attention)
-      .dropout(c.dropout)
-      .attention_dropout(c.attention_dropout)
-      .drop_path(c.drop_path);
-  if (c.paper) o.paper_variant();
-  if (c.position_embedding) o.position_embedding(*c.position_embedding);
+      .dropout(t.dropout)
+      .attention_dropout(t.attention_dropout)
+      .drop_path(t.drop_path);
+  if (t.paper) o.paper_variant();
+  if (t.position_embedding) o.position_embedding(*t.position_embedding);
   return o;
 }
 

@@ -31,7 +31,7 @@ constexpr detail::NameTable<Recipe, 2> kRecipes{{{"paper", Recipe::Paper}, {"non
 
 constexpr const char* kImageFolder = "imagefolder";
 
-// The values a recipe gives the augmentation fields left at -1 (label smoothing 0.1 and the
+// The values a recipe gives the unset augmentation fields (label smoothing 0.1 and the
 // validation resize are the same in both). Paper: timm's DeiT / Swin settings.
 struct RecipeValues {
   double rand_augment, color_jitter, reprob, mixup, cutmix;
@@ -53,157 +53,220 @@ struct TrainEnums {
   Recipe parse(const std::string& s, Recipe*) const { return parse_recipe(s); }
 };
 
-// The one list of fields that both JSON directions follow, in the order of the struct.
+// The one list of fields that both JSON directions follow, in the order of the structs. The
+// JSON is flat: a key per option, as the flags name them.
 const auto visit_fields = [](auto& c, auto&& visit) {
   visit("model", c.model);
   visit("model_config", c.model_config);
-  visit("dataset", c.dataset);
-  visit("data_dir", c.data_dir);
-  visit("val_labels", c.val_labels);
-  visit("strict_data", c.strict_data);
-  visit("image_size", c.image_size);
-  visit("val_resize", c.val_resize);
-  visit("train_subset", c.train_subset);
-  visit("val_subset", c.val_subset);
-  visit("workers", c.workers);
-  visit("prefetch", c.prefetch);
-  visit("crop_padding", c.crop_padding);
-  visit("hflip", c.hflip);
-  visit("recipe", c.recipe);
-  visit("scale_min", c.scale_min);
-  visit("scale_max", c.scale_max);
-  visit("ratio_min", c.ratio_min);
-  visit("ratio_max", c.ratio_max);
-  visit("rand_augment", c.rand_augment);
-  visit("rand_augment_ops", c.rand_augment_ops);
-  visit("rand_augment_mstd", c.rand_augment_mstd);
-  visit("color_jitter", c.color_jitter);
-  visit("reprob", c.reprob);
-  visit("mixup", c.mixup);
-  visit("cutmix", c.cutmix);
-  visit("mixup_switch_prob", c.mixup_switch_prob);
-  visit("optimizer", c.optimizer);
-  visit("lr", c.lr);
-  visit("weight_decay", c.weight_decay);
-  visit("decay_on", c.decay_on);
-  visit("beta1", c.beta1);
-  visit("beta2", c.beta2);
-  visit("eps", c.eps);
-  visit("momentum", c.momentum);
-  visit("nesterov", c.nesterov);
-  visit("epochs", c.epochs);
-  visit("batch_size", c.batch_size);
-  visit("schedule", c.schedule);
-  visit("warmup_epochs", c.warmup_epochs);
-  visit("warmup_lr", c.warmup_lr);
-  visit("min_lr", c.min_lr);
-  visit("smoothing", c.smoothing);
-  visit("clip_grad", c.clip_grad);
-  visit("accum_steps", c.accum_steps);
-  visit("precision", c.precision);
-  visit("output", c.output);
-  visit("experiment", c.experiment);
-  visit("seed", c.seed);
-  visit("initial_checkpoint", c.initial_checkpoint);
-  visit("sync_bn", c.sync_bn);
-  visit("world_size", c.world_size);
-  visit("dist_backend", c.dist_backend);
-  visit("quiet", c.quiet);
-  visit("plots", c.plots);
-  visit("log_interval", c.log_interval);
+  visit("dataset", c.data.dataset);
+  visit("data_dir", c.data.data_dir);
+  visit("val_labels", c.data.val_labels);
+  visit("strict_data", c.data.strict_data);
+  visit("image_size", c.data.image_size);
+  visit("val_resize", c.data.val_resize);
+  visit("train_subset", c.data.train_subset);
+  visit("val_subset", c.data.val_subset);
+  visit("workers", c.data.workers);
+  visit("prefetch", c.data.prefetch);
+  visit("crop_padding", c.augmentation.crop_padding);
+  visit("hflip", c.augmentation.hflip);
+  visit("recipe", c.augmentation.recipe);
+  visit("scale_min", c.augmentation.scale_min);
+  visit("scale_max", c.augmentation.scale_max);
+  visit("ratio_min", c.augmentation.ratio_min);
+  visit("ratio_max", c.augmentation.ratio_max);
+  visit("rand_augment", c.augmentation.rand_augment);
+  visit("rand_augment_ops", c.augmentation.rand_augment_ops);
+  visit("rand_augment_mstd", c.augmentation.rand_augment_mstd);
+  visit("color_jitter", c.augmentation.color_jitter);
+  visit("reprob", c.augmentation.reprob);
+  visit("mixup", c.augmentation.mixup);
+  visit("cutmix", c.augmentation.cutmix);
+  visit("mixup_switch_prob", c.augmentation.mixup_switch_prob);
+  visit("optimizer", c.optimization.optimizer);
+  visit("lr", c.optimization.lr);
+  visit("weight_decay", c.optimization.weight_decay);
+  visit("decay_on", c.optimization.decay_on);
+  visit("beta1", c.optimization.beta1);
+  visit("beta2", c.optimization.beta2);
+  visit("eps", c.optimization.eps);
+  visit("momentum", c.optimization.momentum);
+  visit("nesterov", c.optimization.nesterov);
+  visit("epochs", c.optimization.epochs);
+  visit("batch_size", c.optimization.batch_size);
+  visit("schedule", c.optimization.schedule);
+  visit("warmup_epochs", c.optimization.warmup_epochs);
+  visit("warmup_lr", c.optimization.warmup_lr);
+  visit("min_lr", c.optimization.min_lr);
+  visit("smoothing", c.optimization.smoothing);
+  visit("clip_grad", c.optimization.clip_grad);
+  visit("accum_steps", c.optimization.accum_steps);
+  visit("precision", c.optimization.precision);
+  visit("output", c.run.output);
+  visit("experiment", c.run.experiment);
+  visit("seed", c.run.seed);
+  visit("initial_checkpoint", c.run.initial_checkpoint);
+  visit("sync_bn", c.run.sync_bn);
+  visit("world_size", c.run.world_size);
+  visit("dist_backend", c.run.dist_backend);
+  visit("quiet", c.run.quiet);
+  visit("plots", c.run.plots);
+  visit("log_interval", c.run.log_interval);
 };
+
+// Files written before these options were optional hold these values for "unset".
+constexpr std::pair<const char*, double> kLegacyUnset[] = {
+    {"image_size", 0},    {"val_resize", 0}, {"crop_padding", -1}, {"hflip", -1}, {"rand_augment", -1},
+    {"color_jitter", -1}, {"reprob", -1},    {"mixup", -1},        {"cutmix", -1}};
+
+nlohmann::json without_legacy_sentinels(nlohmann::json json) {
+  if (!json.is_object()) return json;
+  for (const auto& [key, unset] : kLegacyUnset) {
+    if (json.contains(key) && json[key].is_number() && json[key].get<double>() == unset) json[key] = nullptr;
+  }
+  return json;
+}
 
 void check_finite_non_negative(double value, const char* option) {
   TORCH_CHECK(std::isfinite(value) && value >= 0.0, option,
               " must be a finite non-negative number, got ", value);
 }
 
-// An augmentation value: -1 (the recipe's), or one that `valid` accepts.
-template <typename Valid>
-void check_recipe_value(double value, const char* option, const char* rule, Valid valid) {
-  TORCH_CHECK(value == -1.0 || (std::isfinite(value) && valid(value)), option, " must be ", rule,
-              " (or -1: the recipe's value), got ", value);
+// An optional value: unset, or one that `valid` accepts.
+template <typename T, typename Valid>
+void check_optional(const std::optional<T>& value, const char* option, const char* rule, const char* unset,
+                    Valid valid) {
+  TORCH_CHECK(!value || (std::isfinite(static_cast<double>(*value)) && valid(*value)), option, " must be ",
+              rule, " (or unset: ", unset, "), got ", value ? fmt::format("{}", *value) : std::string());
 }
 
-void check_dataset(const TrainConfig& c) {
+void check_dataset(const DataConfig& d) {
   const auto& names = train_dataset_names();
-  if (std::find(names.begin(), names.end(), c.dataset) != names.end()) return;
+  if (std::find(names.begin(), names.end(), d.dataset) != names.end()) return;
   std::string allowed;
   for (const auto& name : names) allowed += (allowed.empty() ? "" : ", ") + name;
-  TORCH_CHECK(false, "dataset must be one of ", allowed, "; got '", c.dataset, "'");
+  TORCH_CHECK(false, "dataset must be one of ", allowed, "; got '", d.dataset, "'");
 }
 
-void check_augmentation(const TrainConfig& c) {
-  TORCH_CHECK(c.scale_min >= 0.0 && c.scale_min <= c.scale_max && c.scale_max > 0.0 &&
-                  c.scale_max <= 1.0,
-              "scale must be (min, max) with 0 <= min <= max <= 1 and max > 0, got (", c.scale_min,
-              ", ", c.scale_max, ")");
-  TORCH_CHECK(std::isfinite(c.ratio_max) && c.ratio_min > 0.0 && c.ratio_min <= c.ratio_max,
-              "ratio must be a finite (min, max) with 0 < min <= max, got (", c.ratio_min, ", ",
-              c.ratio_max, ")");
-  check_recipe_value(c.rand_augment, "rand_augment", "a magnitude in [0, 10] (0: off)",
-                     [](double v) { return v >= 0.0 && v <= 10.0; });
-  TORCH_CHECK(c.rand_augment_ops >= 0, "rand_augment_ops must be >= 0 (0: off), got ",
-              c.rand_augment_ops);
-  check_finite_non_negative(c.rand_augment_mstd, "rand_augment_mstd");
+void check_data(const DataConfig& d) {
+  check_dataset(d);
+  check_optional(d.image_size, "image_size", ">= 1", "224", [](int64_t v) { return v >= 1; });
+  check_optional(d.val_resize, "val_resize", ">= 1", "image_size / 0.875", [](int64_t v) { return v >= 1; });
+  TORCH_CHECK(d.train_subset >= 0, "train_subset must be >= 0 (0: all), got ", d.train_subset);
+  TORCH_CHECK(d.val_subset >= 0, "val_subset must be >= 0 (0: all), got ", d.val_subset);
+  TORCH_CHECK(d.workers >= 0, "workers must be >= 0, got ", d.workers);
+  TORCH_CHECK(d.prefetch >= 1, "prefetch must be >= 1, got ", d.prefetch);
+}
+
+void check_augmentation(const AugmentationConfig& a) {
+  TORCH_CHECK(a.scale_min >= 0.0 && a.scale_min <= a.scale_max && a.scale_max > 0.0 && a.scale_max <= 1.0,
+              "scale must be (min, max) with 0 <= min <= max <= 1 and max > 0, got (", a.scale_min, ", ",
+              a.scale_max, ")");
+  TORCH_CHECK(std::isfinite(a.ratio_max) && a.ratio_min > 0.0 && a.ratio_min <= a.ratio_max,
+              "ratio must be a finite (min, max) with 0 < min <= max, got (", a.ratio_min, ", ", a.ratio_max,
+              ")");
   const auto non_negative = [](double v) { return v >= 0.0; };
   const auto probability = [](double v) { return v <= 1.0 && v >= 0.0; };
-  check_recipe_value(c.color_jitter, "color_jitter", ">= 0 (0: off)", non_negative);
-  check_recipe_value(c.reprob, "reprob", "a probability in [0, 1]", probability);
-  check_recipe_value(c.mixup, "mixup", "an alpha >= 0 (0: off)", non_negative);
-  check_recipe_value(c.cutmix, "cutmix", "an alpha >= 0 (0: off)", non_negative);
-  TORCH_CHECK(probability(c.mixup_switch_prob), "mixup_switch_prob must be in [0, 1], got ",
-              c.mixup_switch_prob);
+  check_optional(a.crop_padding, "crop_padding", ">= 0 (0: off)", "the data set's default",
+                 [](int64_t v) { return v >= 0; });
+  check_optional(a.hflip, "hflip", "a probability in [0, 1]", "the data set's default", probability);
+  check_optional(a.rand_augment, "rand_augment", "a magnitude in [0, 10] (0: off)", "the recipe's value",
+                 [](double v) { return v >= 0.0 && v <= 10.0; });
+  TORCH_CHECK(a.rand_augment_ops >= 0, "rand_augment_ops must be >= 0 (0: off), got ", a.rand_augment_ops);
+  check_finite_non_negative(a.rand_augment_mstd, "rand_augment_mstd");
+  check_optional(a.color_jitter, "color_jitter", ">= 0 (0: off)", "the recipe's value", non_negative);
+  check_optional(a.reprob, "reprob", "a probability in [0, 1]", "the recipe's value", probability);
+  check_optional(a.mixup, "mixup", "an alpha >= 0 (0: off)", "the recipe's value", non_negative);
+  check_optional(a.cutmix, "cutmix", "an alpha >= 0 (0: off)", "the recipe's value", non_negative);
+  TORCH_CHECK(probability(a.mixup_switch_prob), "mixup_switch_prob must be in [0, 1], got ",
+              a.mixup_switch_prob);
 }
 
 // Options that mean something for one kind of data set only are errors with the other, rather
 // than silently ignored.
 void check_image_folder_only(const TrainConfig& c) {
   const auto only = [&](bool unset, const char* option, const auto& value) {
-    TORCH_CHECK(unset, option, " applies to dataset imagefolder only (the in-memory data sets keep "
-                "their size and train with crop padding and flip), got ", value, " with dataset ",
-                c.dataset);
+    TORCH_CHECK(unset, option,
+                " applies to dataset imagefolder only (the in-memory data sets keep "
+                "their size and train with crop padding and flip), got ",
+                value, " with dataset ", c.data.dataset);
   };
-  only(c.image_size == 0, "image_size", c.image_size);
-  only(c.val_resize == 0, "val_resize", c.val_resize);
-  only(c.val_labels.empty(), "val_labels", c.val_labels);
-  only(c.recipe != Recipe::Paper, "recipe paper", "paper");
-  only(c.rand_augment <= 0.0, "rand_augment", c.rand_augment);
-  only(c.color_jitter <= 0.0, "color_jitter", c.color_jitter);
-  only(c.reprob <= 0.0, "reprob", c.reprob);
-  const TrainConfig defaults;
-  only(c.scale_min == defaults.scale_min && c.scale_max == defaults.scale_max, "scale",
-       fmt::format("({}, {})", c.scale_min, c.scale_max));
-  only(c.ratio_min == defaults.ratio_min && c.ratio_max == defaults.ratio_max, "ratio",
-       fmt::format("({}, {})", c.ratio_min, c.ratio_max));
+  const auto& a = c.augmentation;
+  const auto off = [](const std::optional<double>& v) { return !v || *v == 0.0; };
+  only(!c.data.image_size, "image_size", c.data.image_size.value_or(0));
+  only(!c.data.val_resize, "val_resize", c.data.val_resize.value_or(0));
+  only(c.data.val_labels.empty(), "val_labels", c.data.val_labels);
+  only(a.recipe != Recipe::Paper, "recipe paper", "paper");
+  only(off(a.rand_augment), "rand_augment", a.rand_augment.value_or(0));
+  only(off(a.color_jitter), "color_jitter", a.color_jitter.value_or(0));
+  only(off(a.reprob), "reprob", a.reprob.value_or(0));
+  const AugmentationConfig defaults;
+  only(a.scale_min == defaults.scale_min && a.scale_max == defaults.scale_max, "scale",
+       fmt::format("({}, {})", a.scale_min, a.scale_max));
+  only(a.ratio_min == defaults.ratio_min && a.ratio_max == defaults.ratio_max, "ratio",
+       fmt::format("({}, {})", a.ratio_min, a.ratio_max));
 }
 
 void check_image_folder(const TrainConfig& c) {
-  TORCH_CHECK(!c.data_dir.empty(),
+  const auto& d = c.data;
+  TORCH_CHECK(!d.data_dir.empty(),
               "data_dir must name the root of the image folders (train/ and val/ inside) for "
               "dataset imagefolder");
-  TORCH_CHECK(c.crop_padding <= 0, "crop_padding applies to the in-memory data sets; dataset "
-              "imagefolder crops with RandomResizedCrop (scale, ratio), got crop_padding ",
-              c.crop_padding);
-  TORCH_CHECK(c.image_size >= 0, "image_size must be >= 1 (or 0: 224), got ", c.image_size);
-  const int64_t size = c.image_size > 0 ? c.image_size : kDefaultImageSize;
-  TORCH_CHECK(c.val_resize == 0 || c.val_resize >= size,
-              "val_resize must be >= image_size (", size, ") or 0 (image_size / 0.875), got ",
-              c.val_resize);
+  TORCH_CHECK(c.augmentation.crop_padding.value_or(0) == 0,
+              "crop_padding applies to the in-memory data "
+              "sets; dataset imagefolder crops with RandomResizedCrop (scale, ratio), got crop_padding ",
+              c.augmentation.crop_padding.value_or(0));
+  const int64_t size = d.image_size.value_or(kDefaultImageSize);
+  TORCH_CHECK(!d.val_resize || *d.val_resize >= size, "val_resize must be >= image_size (", size,
+              ") or unset (image_size / 0.875), got ", d.val_resize.value_or(0));
+}
+
+void check_optimization(const OptimizationConfig& o) {
+  TORCH_CHECK(std::isfinite(o.lr) && o.lr > 0.0, "lr must be a positive finite number, got ", o.lr);
+  check_finite_non_negative(o.weight_decay, "weight_decay");
+  TORCH_CHECK(o.beta1 >= 0.0 && o.beta1 < 1.0, "beta1 must be in [0, 1), got ", o.beta1);
+  TORCH_CHECK(o.beta2 >= 0.0 && o.beta2 < 1.0, "beta2 must be in [0, 1), got ", o.beta2);
+  TORCH_CHECK(std::isfinite(o.eps) && o.eps > 0.0, "eps must be a positive finite number, got ", o.eps);
+  TORCH_CHECK(o.momentum >= 0.0 && o.momentum < 1.0, "momentum must be in [0, 1), got ", o.momentum);
+  TORCH_CHECK(!o.nesterov || (o.optimizer == OptimizerKind::Sgd && o.momentum > 0.0),
+              "nesterov needs the sgd optimizer and a momentum > 0 (optimizer ", to_string(o.optimizer),
+              ", momentum ", o.momentum, ")");
+  TORCH_CHECK(o.epochs >= 1, "epochs must be >= 1, got ", o.epochs);
+  TORCH_CHECK(o.batch_size >= 1, "batch_size must be >= 1, got ", o.batch_size);
+  check_finite_non_negative(o.warmup_epochs, "warmup_epochs");
+  TORCH_CHECK(o.warmup_epochs <= static_cast<double>(o.epochs), "warmup_epochs (", o.warmup_epochs,
+              ") must not exceed epochs (", o.epochs, ")");
+  check_finite_non_negative(o.warmup_lr, "warmup_lr");
+  check_finite_non_negative(o.min_lr, "min_lr");
+  TORCH_CHECK(o.min_lr <= o.lr, "min_lr (", o.min_lr, ") must not exceed lr (", o.lr, ")");
+  TORCH_CHECK(o.smoothing >= 0.0 && o.smoothing < 1.0, "smoothing must be in [0, 1), got ", o.smoothing);
+  check_finite_non_negative(o.clip_grad, "clip_grad");
+  TORCH_CHECK(o.accum_steps >= 1, "accum_steps must be >= 1, got ", o.accum_steps);
+}
+
+void check_run(const RunConfig& r) {
+  TORCH_CHECK(r.world_size >= 1, "world_size must be >= 1, got ", r.world_size);
+  // Checkpoints store the config for Python, whose torch.save integers convnn reads as int64.
+  TORCH_CHECK(r.seed <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+              "seed must be below 2^63, got ", r.seed);
+  TORCH_CHECK(!r.output.empty(), "output must name a directory");
+  TORCH_CHECK(r.experiment.find('/') == std::string::npos && r.experiment != "." && r.experiment != "..",
+              "experiment must be a plain directory name, got '", r.experiment, "'");
+  TORCH_CHECK(r.log_interval >= 1, "log_interval must be >= 1, got ", r.log_interval);
 }
 
 // The model as the data set will make it (resolve_config), so that no message shows a value that
 // neither the user nor the data gave. An image folder's model sees 3 x image_size crops (224 when
-// 0). An in-memory set gives its size only once it is loaded: its model's rules on the image
+// unset). An in-memory set gives its size only once it is loaded: its model's rules on the image
 // size (a ViT's patch_size must divide it) are checked by models::build_model, which the trainer
 // calls with the loaded size; here the size is patch_size itself, which those rules accept.
 models::ModelConfig model_as_built(const TrainConfig& c) {
   auto m = c.model_config;
   if (is_image_folder(c)) {
     m.in_channels = 3;
-    m.image_size = c.image_size > 0 ? c.image_size : kDefaultImageSize;
+    m.image_size = c.data.image_size.value_or(kDefaultImageSize);
   } else {
-    m.image_size = std::max<int64_t>(m.patch_size, 1);
+    m.image_size = std::max<int64_t>(m.vit.patch_size, 1);
   }
   return m;
 }
@@ -234,25 +297,24 @@ const std::vector<std::string>& train_dataset_names() {
   return names;
 }
 
-bool is_image_folder(const TrainConfig& config) { return config.dataset == kImageFolder; }
+bool is_image_folder(const TrainConfig& config) { return config.data.dataset == kImageFolder; }
 
 TrainConfig apply_recipe(TrainConfig c) {
-  if (!c.recipe) c.recipe = is_image_folder(c) ? Recipe::Paper : Recipe::None;
-  const auto& values = *c.recipe == Recipe::Paper ? kPaperRecipe : kNoRecipe;
-  const auto fill = [](double& field, double value) {
-    if (field == -1.0) field = value;
-  };
-  fill(c.rand_augment, values.rand_augment);
-  fill(c.color_jitter, values.color_jitter);
-  fill(c.reprob, values.reprob);
-  fill(c.mixup, values.mixup);
-  fill(c.cutmix, values.cutmix);
+  auto& a = c.augmentation;
+  if (!a.recipe) a.recipe = is_image_folder(c) ? Recipe::Paper : Recipe::None;
+  const auto& values = *a.recipe == Recipe::Paper ? kPaperRecipe : kNoRecipe;
+  if (!a.rand_augment) a.rand_augment = values.rand_augment;
+  if (!a.color_jitter) a.color_jitter = values.color_jitter;
+  if (!a.reprob) a.reprob = values.reprob;
+  if (!a.mixup) a.mixup = values.mixup;
+  if (!a.cutmix) a.cutmix = values.cutmix;
   // Digits are not mirror-symmetric.
-  if (c.hflip < 0) c.hflip = c.dataset == data::to_string(data::DatasetKind::Mnist) ? 0.0 : 0.5;
+  if (!a.hflip) a.hflip = c.data.dataset == data::to_string(data::DatasetKind::Mnist) ? 0.0 : 0.5;
   if (is_image_folder(c)) {
-    if (c.image_size == 0) c.image_size = kDefaultImageSize;
-    if (c.val_resize == 0) c.val_resize = data::default_val_resize(c.image_size);
-    if (c.crop_padding < 0) c.crop_padding = 0;
+    auto& d = c.data;
+    if (!d.image_size) d.image_size = kDefaultImageSize;
+    if (!d.val_resize) d.val_resize = data::default_val_resize(*d.image_size);
+    if (!a.crop_padding) a.crop_padding = 0;
   }
   return c;
 }
@@ -262,54 +324,22 @@ void to_json(nlohmann::json& json, const TrainConfig& config) {
 }
 
 void from_json(const nlohmann::json& json, TrainConfig& config) {
-  detail::config_from_json(json, config, "train config", visit_fields, TrainEnums{});
+  detail::config_from_json(without_legacy_sentinels(json), config, "train config", visit_fields,
+                           TrainEnums{});
 }
 
 void validate(const TrainConfig& c) {
-  check_dataset(c);
+  // Each value's own rule first, then the rules between values.
+  check_data(c.data);
+  check_augmentation(c.augmentation);
   if (is_image_folder(c)) {
     check_image_folder(c);
   } else {
     check_image_folder_only(c);
   }
-  check_augmentation(c);
   models::validate(c.model, model_as_built(c));
-  TORCH_CHECK(c.train_subset >= 0, "train_subset must be >= 0 (0: all), got ", c.train_subset);
-  TORCH_CHECK(c.val_subset >= 0, "val_subset must be >= 0 (0: all), got ", c.val_subset);
-  TORCH_CHECK(c.workers >= 0, "workers must be >= 0, got ", c.workers);
-  TORCH_CHECK(c.prefetch >= 1, "prefetch must be >= 1, got ", c.prefetch);
-  TORCH_CHECK(c.crop_padding >= -1, "crop_padding must be >= 0 (or -1: the data set's default), got ",
-              c.crop_padding);
-  TORCH_CHECK(c.hflip == -1.0 || (c.hflip >= 0.0 && c.hflip <= 1.0),
-              "hflip must be a probability in [0, 1] (or -1: the data set's default), got ", c.hflip);
-  TORCH_CHECK(std::isfinite(c.lr) && c.lr > 0.0, "lr must be a positive finite number, got ", c.lr);
-  check_finite_non_negative(c.weight_decay, "weight_decay");
-  TORCH_CHECK(c.beta1 >= 0.0 && c.beta1 < 1.0, "beta1 must be in [0, 1), got ", c.beta1);
-  TORCH_CHECK(c.beta2 >= 0.0 && c.beta2 < 1.0, "beta2 must be in [0, 1), got ", c.beta2);
-  TORCH_CHECK(std::isfinite(c.eps) && c.eps > 0.0, "eps must be a positive finite number, got ", c.eps);
-  TORCH_CHECK(c.momentum >= 0.0 && c.momentum < 1.0, "momentum must be in [0, 1), got ", c.momentum);
-  TORCH_CHECK(!c.nesterov || (c.optimizer == OptimizerKind::Sgd && c.momentum > 0.0),
-              "nesterov needs the sgd optimizer and a momentum > 0 (optimizer ",
-              to_string(c.optimizer), ", momentum ", c.momentum, ")");
-  TORCH_CHECK(c.epochs >= 1, "epochs must be >= 1, got ", c.epochs);
-  TORCH_CHECK(c.world_size >= 1, "world_size must be >= 1, got ", c.world_size);
-  // Checkpoints store the config for Python, whose torch.save integers convnn reads as int64.
-  TORCH_CHECK(c.seed <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-              "seed must be below 2^63, got ", c.seed);
-  TORCH_CHECK(c.batch_size >= 1, "batch_size must be >= 1, got ", c.batch_size);
-  check_finite_non_negative(c.warmup_epochs, "warmup_epochs");
-  TORCH_CHECK(c.warmup_epochs <= static_cast<double>(c.epochs), "warmup_epochs (", c.warmup_epochs,
-              ") must not exceed epochs (", c.epochs, ")");
-  check_finite_non_negative(c.warmup_lr, "warmup_lr");
-  check_finite_non_negative(c.min_lr, "min_lr");
-  TORCH_CHECK(c.min_lr <= c.lr, "min_lr (", c.min_lr, ") must not exceed lr (", c.lr, ")");
-  TORCH_CHECK(c.smoothing >= 0.0 && c.smoothing < 1.0, "smoothing must be in [0, 1), got ", c.smoothing);
-  check_finite_non_negative(c.clip_grad, "clip_grad");
-  TORCH_CHECK(c.accum_steps >= 1, "accum_steps must be >= 1, got ", c.accum_steps);
-  TORCH_CHECK(!c.output.empty(), "output must name a directory");
-  TORCH_CHECK(c.experiment.find('/') == std::string::npos && c.experiment != "." && c.experiment != "..",
-              "experiment must be a plain directory name, got '", c.experiment, "'");
-  TORCH_CHECK(c.log_interval >= 1, "log_interval must be >= 1, got ", c.log_interval);
+  check_optimization(c.optimization);
+  check_run(c.run);
 }
 
 TrainConfig read_config(const std::string& path) {

@@ -31,7 +31,8 @@ bool is_decay_exempt(const std::string& name, const at::Tensor& parameter) {
          ends_with(name, "cls_token") || ends_with(name, "pos_embed");
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, torch::nn::Module& module) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizationConfig& c,
+                                                        torch::nn::Module& module) {
   std::vector<at::Tensor> decay, exempt;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;

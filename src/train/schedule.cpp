@@ -17,7 +17,7 @@ LrSchedule::LrSchedule(Schedule kind, double lr, double warmup_lr, double min_lr
               warmup_steps);
 }
 
-LrSchedule LrSchedule::from_config(const TrainConfig& c, int64_t steps_per_epoch) {
+LrSchedule LrSchedule::from_config(const OptimizationConfig& c, int64_t steps_per_epoch) {
   const int64_t total = c.epochs * steps_per_epoch;
   const auto warmup = std::min(total, static_cast<int64_t>(std::llround(c.warmup_epochs * steps_per_epoch)));
   return LrSchedule(c.schedule, c.lr, c.warmup_lr, c.min_lr, warmup, total);

@@ -88,7 +88,7 @@ std::string default_experiment(const TrainConfig& c) {
   const auto now = std::time(nullptr);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
-  return fmt::format("{}-{}-{}", c.model, c.dataset, stamp);
+  return fmt::format("{}-{}-{}", c.model, c.data.dataset, stamp);
 }
 
 void write_config(const std::string& run_dir, const TrainConfig& config) {
@@ -140,19 +140,26 @@ class Trainer {
   Trainer(TrainConfig config, SplitData train_data, std::string run_dir, TrainingPosition position,
           const TrainHooks& hooks, const std::string& resume, bool allow_non_finite,
           const c10::Device& device, dist::ProcessGroup* group)
-      : config_(std::move(config)), run_dir_(std::move(run_dir)), position_(position), hooks_(hooks),
-        device_(device), group_(group), is_main_(group == nullptr || group->is_main()),
-        train_loader_(make_loader(std::move(train_data), config_, true, device_, group)),
-        val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false, device_, group)),
+      : config_(std::move(config)),
+        run_dir_(std::move(run_dir)),
+        position_(position),
+        hooks_(hooks),
+        device_(device),
+        group_(group),
+        is_main_(group == nullptr || group->is_main()),
+        train_loader_(
+            make_loader(std::move(train_data), config_, true, device_, group, hooks.on_skipped_sample)),
+        val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false, device_, group,
+                                hooks.on_skipped_sample)),
         // Before the optimiser, which then holds (and keeps its state beside) the moved parameters.
         model_(make_model(config_, device_)),
-        optimizer_(make_optimizer(config_, *model_.module())),
-        schedule_(LrSchedule::from_config(config_, steps_per_epoch())),
+        optimizer_(make_optimizer(config_.optimization, *model_.module())),
+        schedule_(LrSchedule::from_config(config_.optimization, steps_per_epoch())),
         metrics_(run_dir_, position_.epoch + 1) {
     if (!resume.empty()) {
       load_checkpoint(resume, *model_.module(), optimizer_.get(), allow_non_finite);
-    } else if (!config_.initial_checkpoint.empty()) {
-      load_checkpoint(config_.initial_checkpoint, *model_.module(), nullptr, allow_non_finite);
+    } else if (!config_.run.initial_checkpoint.empty()) {
+      load_checkpoint(config_.run.initial_checkpoint, *model_.module(), nullptr, allow_non_finite);
     }
     if (group_ != nullptr) join_data_parallel();
   }
@@ -164,7 +171,7 @@ class Trainer {
     result.parameters = model_.parameter_count();
     result.macs = model_.cost().total().macs;
     int64_t steps_this_call = 0;
-    for (; position_.epoch < config_.epochs; ++position_.epoch) {
+    for (; position_.epoch < config_.optimization.epochs; ++position_.epoch) {
       if (!train_epoch(steps_this_call)) {
         result.interrupted = true;
         break;
@@ -179,7 +186,8 @@ class Trainer {
 
  private:
   int64_t steps_per_epoch() const {
-    return (train_loader_.batches_per_epoch() + config_.accum_steps - 1) / config_.accum_steps;
+    return (train_loader_.batches_per_epoch() + config_.optimization.accum_steps - 1) /
+           config_.optimization.accum_steps;
   }
 
   // Returns false when stopped (checkpoint-latest.pt then holds the position).
@@ -187,15 +195,18 @@ class Trainer {
     model_.module()->train();
     const int64_t batches = train_loader_.batches_per_epoch();
     train_loader_.start_epoch(position_.epoch, position_.next_batch);
-    report([&](TrainingSink& s) { s.epoch_started(position_.epoch + 1, config_.epochs, batches, position_.next_batch); });
+    report([&](TrainingSink& s) {
+      s.epoch_started(position_.epoch + 1, config_.optimization.epochs, batches, position_.next_batch);
+    });
     EpochTotals totals{position_.loss_sum, position_.samples, position_.correct, position_.seconds,
                        position_.skipped};
     const int64_t skipped_before = position_.skipped;  // before a resumed epoch's first batch
     int64_t images_this_call = 0;
     const auto start = Clock::now();
     while (auto batch = train_loader_.next()) {
-      const int64_t group_start = batch->index / config_.accum_steps * config_.accum_steps;
-      const int64_t group_size = std::min(config_.accum_steps, batches - group_start);
+      const int64_t group_start =
+          batch->index / config_.optimization.accum_steps * config_.optimization.accum_steps;
+      const int64_t group_size = std::min(config_.optimization.accum_steps, batches - group_start);
       const double lr = schedule_.at(position_.step);
       set_lr(*optimizer_, lr);
       totals.skipped = skipped_before + train_loader_.skipped();
@@ -256,7 +267,7 @@ class Trainer {
     for (const auto& p : model_.module()->parameters()) state.push_back(p.detach());
     for (const auto& b : model_.module()->buffers()) state.push_back(b.detach());
     group_->broadcast_from_main(state);
-    if (config_.sync_bn) {
+    if (config_.run.sync_bn) {
       models::synchronise_batch_norms(*model_.module(), [group = group_](const at::Tensor& t) { group->all_reduce_sum(t); });
     }
     std::vector<at::Tensor> trained;
@@ -285,13 +296,13 @@ class Trainer {
     if (reducer_) reducer_->before_forward(synchronise);
     at::Tensor logits;
     {
-      AutocastGuard autocast(config_.precision, device_.type());
+      AutocastGuard autocast(config_.optimization.precision, device_.type());
       logits = model_.forward(batch.images);
     }
     // MixUp / CutMix targets come smoothed already.
     const auto targets = batch.targets.defined()
                              ? batch.targets
-                             : smooth_targets(batch.labels, logits.size(1), config_.smoothing);
+                             : smooth_targets(batch.labels, logits.size(1), config_.optimization.smoothing);
     const auto loss = soft_target_cross_entropy(logits, targets);
     if (reducer_) reducer_->before_backward();
     backward(loss / static_cast<double>(group_size), synchronise);
@@ -302,8 +313,8 @@ class Trainer {
   }
 
   void optimizer_step() {
-    if (config_.clip_grad > 0) {
-      torch::nn::utils::clip_grad_norm_(model_.module()->parameters(), config_.clip_grad);
+    if (config_.optimization.clip_grad > 0) {
+      torch::nn::utils::clip_grad_norm_(model_.module()->parameters(), config_.optimization.clip_grad);
     }
     optimizer_->step();
     optimizer_->zero_grad();
@@ -322,7 +333,7 @@ class Trainer {
   }
 
   Evaluation end_epoch() {
-    const auto evaluation = evaluate(model_, val_loader_, config_.precision, group_);
+    const auto evaluation = evaluate(model_, val_loader_, config_.optimization.precision, group_);
     const auto t = group_ != nullptr ? sum_over_ranks(*group_, epoch_totals_) : epoch_totals_;
     EpochMetrics m;
     m.epoch = position_.epoch + 1;
@@ -352,7 +363,7 @@ class Trainer {
       if (best) save_checkpoint(best_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
     }
     if (group_ != nullptr) group_->barrier();  // the checkpoints are written before any rank goes on
-    report([&](TrainingSink& s) { s.epoch_done(m, evaluation, config_.epochs); });
+    report([&](TrainingSink& s) { s.epoch_done(m, evaluation, config_.optimization.epochs); });
     position_.next_batch = 0;
     position_.loss_sum = position_.seconds = 0.0;
     position_.samples = position_.correct = position_.skipped = 0;
@@ -381,7 +392,7 @@ models::Model make_model(const TrainConfig& config, const c10::Device& device) {
   check_device(device, "device");
   auto model = models::build_model(config.model, config.model_config);
   model.module()->to(device);
-  if (config.precision == Precision::Float64) model.module()->to(at::kDouble);
+  if (config.optimization.precision == Precision::Float64) model.module()->to(at::kDouble);
   return model;
 }
 
@@ -435,8 +446,8 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
     run_dir = fs::path(resume).parent_path().string();
     if (run_dir.empty()) run_dir = ".";
   } else {
-    run_dir = (fs::path(requested.output) /
-               (requested.experiment.empty() ? default_experiment(requested) : requested.experiment))
+    run_dir = (fs::path(requested.run.output) /
+               (requested.run.experiment.empty() ? default_experiment(requested) : requested.run.experiment))
                   .string();
     // The default name holds the time: every rank takes rank 0's.
     if (group != nullptr) run_dir = group->share_from_main("run_dir", run_dir);
@@ -446,23 +457,24 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
   }
   validate(requested);
   // Read now, before the data: a missing or damaged file fails at once (holds_run opens it).
-  if (resume.empty() && !requested.initial_checkpoint.empty()) holds_run(requested.initial_checkpoint);
+  if (resume.empty() && !requested.run.initial_checkpoint.empty())
+    holds_run(requested.run.initial_checkpoint);
   auto train_data = load_split(requested, data::Split::Train);
   auto config = resolve_config(requested, train_data);
-  const int64_t stored_world_size = config.world_size;
-  config.world_size = group != nullptr ? group->world_size() : 1;
-  config.dist_backend = group != nullptr ? dist::to_string(group->backend()) : "";
-  validate(config);
+  const int64_t stored_world_size = config.run.world_size;
+  config.run.world_size = group != nullptr ? group->world_size() : 1;
+  config.run.dist_backend = group != nullptr ? dist::to_string(group->backend()) : "";
   // Within an epoch a position counts this world's batches; an epoch boundary suits any world.
-  TORCH_CHECK(position.next_batch == 0 || stored_world_size == config.world_size, "checkpoint '", resume,
+  TORCH_CHECK(position.next_batch == 0 || stored_world_size == config.run.world_size, "checkpoint '", resume,
               "' stopped within epoch ", position.epoch + 1, " of a run of ", stored_world_size,
-              " process(es); resume it with ", stored_world_size, " (a run resumes with another number of "
+              " process(es); resume it with ", stored_world_size,
+              " (a run resumes with another number of "
               "processes only from the end of an epoch)");
-  TORCH_CHECK(position.epoch <= config.epochs, "checkpoint '", resume, "' is at epoch ", position.epoch,
-              ", past the run's ", config.epochs, " epochs");
+  TORCH_CHECK(position.epoch <= config.optimization.epochs, "checkpoint '", resume, "' is at epoch ",
+              position.epoch, ", past the run's ", config.optimization.epochs, " epochs");
   // The model's initialisation and everything random in training (dropout, random candidates)
   // follow torch's global generator; the loader has its own (seed, epoch, index) streams.
-  at::manual_seed(config.seed);
+  at::manual_seed(config.run.seed);
   // Before the run directory is made: a checkpoint that does not load leaves nothing behind.
   Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume, allow_non_finite, device,
                   group);
@@ -471,16 +483,15 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
   return trainer.run();
 }
 
-Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& requested,
-                               data::Split split, Precision precision, bool allow_non_finite,
-                               const c10::Device& device) {
+Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& requested, data::Split split,
+                               Precision precision, bool allow_non_finite, const c10::Device& device,
+                               const std::function<void(const std::string&)>& on_skipped_sample) {
   check_device(device, "device");
+  validate(requested);
   auto data = load_split(requested, split);
   auto config = requested;
-  if (!holds_run(checkpoint)) {  // weights alone: the model takes its sizes from the data, as in training
-    config = resolve_config(config, data);
-    validate(config);
-  }
+  // Weights alone: the model takes its sizes from the data, as in training.
+  if (!holds_run(checkpoint)) config = resolve_config(config, data);
   const auto& m = config.model_config;
   TORCH_CHECK(data.num_classes() == m.num_classes, "checkpoint '", checkpoint, "' was trained on ",
               m.num_classes, " classes; the data set has ", data.num_classes());
@@ -494,7 +505,7 @@ Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig&
   }
   auto model = make_model(config, device);
   load_checkpoint(checkpoint, *model.module(), nullptr, allow_non_finite);
-  auto loader = make_loader(std::move(data), config, /*training=*/false, device);
+  auto loader = make_loader(std::move(data), config, /*training=*/false, device, nullptr, on_skipped_sample);
   return evaluate(model, loader, precision);
 }
 

@@ -21,17 +21,17 @@ Cost total_of(const std::string& name, const ModelConfig& config) {
 
 ModelConfig resnet(ResNetLayer layer, int64_t k = 9, int64_t r = 0) {
   ModelConfig config;
-  config.layer = layer;
-  config.k = k;
-  config.num_candidates = r;
+  config.resnet.layer = layer;
+  config.convnn.k = k;
+  config.convnn.num_candidates = r;
   return config;
 }
 
 ModelConfig vit(ViTAttention attention, int64_t k = 9, bool paper = false) {
   ModelConfig config;
-  config.attention = attention;
-  config.k = k;
-  config.paper = paper;
+  config.vit.attention = attention;
+  config.convnn.k = k;
+  config.vit.paper = paper;
   return config;
 }
 

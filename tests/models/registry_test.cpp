@@ -29,11 +29,11 @@ ModelConfig small_config(const std::string& name) {
   config.image_size = 32;
   config.num_classes = 10;
   if (name.rfind("resnet", 0) == 0) {
-    config.small_stem = true;
-    config.width = 16;
+    config.resnet.small_stem = true;
+    config.resnet.width = 16;
   } else {
-    config.patch_size = 8;
-    config.depth = 2;
+    config.vit.patch_size = 8;
+    config.vit.depth = 2;
   }
   return config;
 }
@@ -46,26 +46,26 @@ std::vector<Case> all_cases() {
       auto config = small_config(name);
       std::string label = name + "_";
       if (resnet) {
-        config.layer = static_cast<ResNetLayer>(choice);
-        label += to_string(config.layer);
+        config.resnet.layer = static_cast<ResNetLayer>(choice);
+        label += to_string(config.resnet.layer);
       } else {
-        config.attention = static_cast<ViTAttention>(choice);
-        label += to_string(config.attention);
+        config.vit.attention = static_cast<ViTAttention>(choice);
+        label += to_string(config.vit.attention);
       }
       cases.push_back({label, name, config});
     }
   }
   // The paper's variants: random candidates in the ResNet, the authors' ViT.
   auto random = small_config("resnet50");
-  random.layer = ResNetLayer::Branching;
-  random.num_candidates = 32;
+  random.resnet.layer = ResNetLayer::Branching;
+  random.convnn.num_candidates = 32;
   cases.push_back({"resnet50_branching_random", "resnet50", random});
   auto paper = small_config("vit_base");
-  paper.attention = ViTAttention::ConvNN;
-  paper.paper = true;
-  paper.dropout = 0.1;
-  paper.attention_dropout = 0.1;
-  paper.drop_path = 0.1;
+  paper.vit.attention = ViTAttention::ConvNN;
+  paper.vit.paper = true;
+  paper.vit.dropout = 0.1;
+  paper.vit.attention_dropout = 0.1;
+  paper.vit.drop_path = 0.1;
   cases.push_back({"vit_base_convnn_paper", "vit_base", paper});
   return cases;
 }
@@ -120,11 +120,12 @@ TEST_P(RegistryModel, PrettyPrintShowsTheModelAndItsLayers) {
   EXPECT_NE(text.find(resnet ? "convnn::models::ResNet(depth=" : "convnn::models::VisionTransformer("),
             std::string::npos)
       << text;
-  const char* layer = resnet ? (c.config.layer == ResNetLayer::ConvNN      ? "convnn::ConvNN2d("
-                                : c.config.layer == ResNetLayer::Branching ? "convnn::BranchingConv2d("
-                                                                           : "torch::nn::Conv2d(")
-                             : (c.config.attention == ViTAttention::MHSA ? "convnn::models::SelfAttention("
-                                                                         : "convnn::ConvNNAttention(");
+  const char* layer = resnet
+                          ? (c.config.resnet.layer == ResNetLayer::ConvNN      ? "convnn::ConvNN2d("
+                             : c.config.resnet.layer == ResNetLayer::Branching ? "convnn::BranchingConv2d("
+                                                                               : "torch::nn::Conv2d(")
+                          : (c.config.vit.attention == ViTAttention::MHSA ? "convnn::models::SelfAttention("
+                                                                          : "convnn::ConvNNAttention(");
   EXPECT_NE(text.find(layer), std::string::npos) << text;
 }
 
@@ -145,8 +146,8 @@ INSTANTIATE_TEST_SUITE_P(AllModels, RegistryModel, ::testing::ValuesIn(all_cases
 // A full-width ResNet-50 with ConvNN layers at 32 px, as the paper's ConvNN-only model.
 TEST(Registry, FullWidthResNet50WithConvNNTrainsOneStep) {
   ModelConfig config;
-  config.layer = ResNetLayer::ConvNN;
-  config.small_stem = true;
+  config.resnet.layer = ResNetLayer::ConvNN;
+  config.resnet.small_stem = true;
   config.image_size = 32;
   config.num_classes = 10;
   auto model = build_model("resnet50", config);
@@ -183,25 +184,25 @@ TEST(Registry, CloneIsADeepCopyWithIdenticalOutputs) {
 TEST(Registry, ConfigJsonRoundTrip) {
   ModelConfig config;
   config.num_classes = 100;
-  config.k = 16;
-  config.num_candidates = 32;
-  config.similarity = convnn::Similarity::Dot;
-  config.layer = ResNetLayer::Branching;
-  config.lambda = 0.25;
-  config.position_embedding = PositionEmbedding::Sinusoidal;
-  config.drop_path = 0.1;
+  config.convnn.k = 16;
+  config.convnn.num_candidates = 32;
+  config.convnn.similarity = convnn::Similarity::Dot;
+  config.resnet.layer = ResNetLayer::Branching;
+  config.resnet.lambda = 0.25;
+  config.vit.position_embedding = PositionEmbedding::Sinusoidal;
+  config.vit.drop_path = 0.1;
   const nlohmann::json json = config;
   EXPECT_EQ(json.at("similarity"), "dot");
   EXPECT_EQ(json.at("layer"), "branching");
   EXPECT_TRUE(json.at("rho").is_null());
   const auto back = json.get<ModelConfig>();
   EXPECT_EQ(nlohmann::json(back), json);
-  EXPECT_FALSE(back.rho.has_value());
-  EXPECT_EQ(back.similarity, convnn::Similarity::Dot);
+  EXPECT_FALSE(back.convnn.rho.has_value());
+  EXPECT_EQ(back.convnn.similarity, convnn::Similarity::Dot);
   // A subset of the keys is a valid config: the rest keep their defaults.
   const auto partial = nlohmann::json{{"layer", "convnn"}, {"k", 4}}.get<ModelConfig>();
-  EXPECT_EQ(partial.layer, ResNetLayer::ConvNN);
-  EXPECT_EQ(partial.k, 4);
+  EXPECT_EQ(partial.resnet.layer, ResNetLayer::ConvNN);
+  EXPECT_EQ(partial.convnn.k, 4);
   EXPECT_EQ(partial.num_classes, 1000);
 }
 
@@ -225,20 +226,42 @@ TEST(Registry, ErrorsNameTheOptionTheValueAndTheRule) {
       {"layer", "conv3", "branching"});
   expect_error_mentions([] { nlohmann::json{{"k", "nine"}}.get<ModelConfig>(); }, {"k", "integer", "nine"});
   ModelConfig config;
-  config.k = 0;
+  config.convnn.k = 0;
   expect_error_mentions([&] { build_model("resnet18", config); }, {"k", "at least 1", "0"});
   config = {};
-  config.num_candidates = 4;
+  config.convnn.num_candidates = 4;
   expect_error_mentions([&] { build_model("resnet18", config); }, {"k = 9", "num_candidates = 4"});
   config = {};
-  config.layer = ResNetLayer::ConvNN;
+  config.resnet.layer = ResNetLayer::ConvNN;
   expect_error_mentions([&] { build_model("vit_tiny", config); }, {"layer = convnn", "ResNet"});
   config = {};
-  config.attention = ViTAttention::KVT;
+  config.vit.attention = ViTAttention::KVT;
   expect_error_mentions([&] { build_model("resnet18", config); }, {"attention = kvt", "ViT"});
   config = {};
-  config.dropout = 1.0;
+  config.vit.dropout = 1.0;
   expect_error_mentions([&] { build_model("vit_tiny", config); }, {"dropout", "[0, 1)"});
+  config = {};
+  config.vit.embed_dim = 0;
+  expect_error_mentions([&] { build_model("vit_tiny", config); },
+                        {"embed_dim", "at least 1", "preset's", "0"});
+}
+
+// Each family's options belong to it: one given to the other family is an error naming it, not
+// an option silently ignored (a ResNet has no dropout).
+TEST(Registry, AnOptionOfTheOtherFamilyIsRefusedByName) {
+  ModelConfig config;
+  config.vit.dropout = 0.3;
+  expect_error_mentions(
+      [&] { build_model("resnet18", config); },
+      {"dropout = 0.3 applies to ViT models only; resnet18's own options are layer, lambda, "
+       "padding, small_stem and width"});
+  config = {};
+  config.resnet.width = 32;
+  expect_error_mentions([&] { build_model("vit_tiny", config); },
+                        {"width = 32 applies to ResNet models only", "patch_size", "drop_path"});
+  config = {};
+  config.vit.depth = 2;
+  expect_error_mentions([&] { build_model("resnet18", config); }, {"depth = 2 applies to ViT models only"});
 }
 
 }  // namespace

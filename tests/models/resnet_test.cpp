@@ -19,8 +19,8 @@ int64_t parameters_of(const std::string& name, const ModelConfig& config = {}) {
 
 ModelConfig with_layer(ResNetLayer layer, int64_t k = 9) {
   ModelConfig config;
-  config.layer = layer;
-  config.k = k;
+  config.resnet.layer = layer;
+  config.convnn.k = k;
   return config;
 }
 
@@ -37,7 +37,7 @@ TEST(ResNet, ParameterCountsOfThePapersResNet50Variants) {
   EXPECT_EQ(parameters_of("resnet50", with_layer(ResNetLayer::ConvNN, 9)), 25'557'032);
   // Random candidates (r = 32) change the search, not the parameters.
   auto random = with_layer(ResNetLayer::Branching, 9);
-  random.num_candidates = 32;
+  random.convnn.num_candidates = 32;
   EXPECT_EQ(parameters_of("resnet50", random), 26'474'760);
 }
 
@@ -77,8 +77,8 @@ TEST(ResNet, ConvNNLayersUseThePapersDefaults) {
 
 TEST(ResNet, BranchingLayerSplitsChannelsByLambda) {
   auto config = with_layer(ResNetLayer::Branching);
-  config.lambda = 0.25;
-  config.num_candidates = 32;
+  config.resnet.lambda = 0.25;
+  config.convnn.num_candidates = 32;
   const auto net = build_model("resnet50", config).get<ResNetImpl>();
   const auto* layer = net->slot_layers().back()->as<cnn::BranchingConv2d>();
   ASSERT_NE(layer, nullptr);
@@ -89,10 +89,10 @@ TEST(ResNet, BranchingLayerSplitsChannelsByLambda) {
 
 TEST(ResNet, SmallStemAndAnyInputChannelCount) {
   ModelConfig config;
-  config.small_stem = true;
+  config.resnet.small_stem = true;
   config.in_channels = 1;
   config.num_classes = 10;
-  config.width = 8;
+  config.resnet.width = 8;
   config.image_size = 28;
   const auto model = build_model("resnet18", config);
   const auto net = model.get<ResNetImpl>();
@@ -116,7 +116,7 @@ TEST(ResNet, TorchvisionInitialisation) {
 
 TEST(ResNet, ClearErrors) {
   auto depthwise = with_layer(ResNetLayer::Branching);
-  depthwise.aggregation = convnn::nn::Aggregation::Depthwise;
+  depthwise.convnn.aggregation = convnn::nn::Aggregation::Depthwise;
   EXPECT_THROW(
       {
         try {
@@ -139,7 +139,7 @@ TEST(ResNet, ClearErrors) {
     EXPECT_NE(message.find("k = 16"), std::string::npos) << message;
   }
   auto bad_lambda = with_layer(ResNetLayer::Branching);
-  bad_lambda.lambda = 1.5;
+  bad_lambda.resnet.lambda = 1.5;
   EXPECT_THROW(build_model("resnet50", bad_lambda), c10::Error);
   EXPECT_THROW(ResNet(ResNetOptions(101)), c10::Error);
 }
@@ -150,7 +150,7 @@ TEST(ResNet, ClearErrors) {
 // names its ConvNN branch.
 TEST(ResNet, CheckImageSizeFindsTheFirstLayerWithTooFewCandidates) {
   auto convnn_config = with_layer(ResNetLayer::ConvNN, 16);
-  convnn_config.small_stem = true;  // no stride in the stem: layer4 sees a (size / 8) map
+  convnn_config.resnet.small_stem = true;  // no stride in the stem: layer4 sees a (size / 8) map
   const ResNet convnn_net(resnet_options("resnet18", convnn_config));
   // layer4.0.conv1 is the stride-2 Conv2d; conv2 is the first ConvNN2d there. Padding 1 makes an
   // s x s map (s+2)^2 candidates: s = 1 gives 9 < 16, s = 2 gives 16.
@@ -165,7 +165,7 @@ TEST(ResNet, CheckImageSizeFindsTheFirstLayerWithTooFewCandidates) {
     EXPECT_NE(message.find("k = 16"), std::string::npos) << message;
   }
   auto branching_config = convnn_config;
-  branching_config.layer = ResNetLayer::Branching;
+  branching_config.resnet.layer = ResNetLayer::Branching;
   const ResNet branching_net(resnet_options("resnet18", branching_config));
   try {
     branching_net->check_image_size(8, 8);
@@ -178,9 +178,9 @@ TEST(ResNet, CheckImageSizeFindsTheFirstLayerWithTooFewCandidates) {
 
 TEST(ResNet, DepthwiseConvNNKeepsChannels) {
   auto config = with_layer(ResNetLayer::ConvNN);
-  config.aggregation = convnn::nn::Aggregation::Depthwise;
-  config.small_stem = true;
-  config.width = 8;
+  config.convnn.aggregation = convnn::nn::Aggregation::Depthwise;
+  config.resnet.small_stem = true;
+  config.resnet.width = 8;
   config.image_size = 16;
   config.num_classes = 3;
   auto model = build_model("resnet18", config);

@@ -17,9 +17,9 @@ using convnn::testing::AllClose;
 
 ModelConfig attention_config(ViTAttention attention, int64_t k = 9, bool paper = false) {
   ModelConfig config;
-  config.attention = attention;
-  config.k = k;
-  config.paper = paper;
+  config.vit.attention = attention;
+  config.convnn.k = k;
+  config.vit.paper = paper;
   return config;
 }
 
@@ -131,10 +131,10 @@ TEST(ViT, ConvNNBlockWithKEqualNIsTheMHSABlock) {
 TEST(ViT, AnyImageSizePatchSizeAndChannels) {
   ModelConfig config;
   config.image_size = 24;
-  config.patch_size = 6;
+  config.vit.patch_size = 6;
   config.in_channels = 1;
   config.num_classes = 7;
-  config.depth = 2;
+  config.vit.depth = 2;
   auto model = build_model("vit_tiny", config);
   model.module()->eval();
   torch::NoGradGuard no_grad;
@@ -171,7 +171,7 @@ TEST(ViT, DropPathDropsWholeSamplesInTrainingOnly) {
 
 TEST(ViT, StochasticDepthGrowsLinearly) {
   ModelConfig config;
-  config.drop_path = 0.1;
+  config.vit.drop_path = 0.1;
   const auto net = build_model("vit_tiny", config).get<VisionTransformerImpl>();
   EXPECT_EQ(net->blocks->at<TransformerBlockImpl>(0).drop_path->probability, 0.0);
   EXPECT_NEAR(net->blocks->at<TransformerBlockImpl>(11).drop_path->probability, 0.1, 1e-12);

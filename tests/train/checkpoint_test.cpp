@@ -70,7 +70,7 @@ struct SmallModel {
     linear->bias.fill_(0.5);
   }
   void step() {
-    optimizer = make_optimizer(TrainConfig{}, *linear.ptr());
+    optimizer = make_optimizer(OptimizationConfig{}, *linear.ptr());
     linear->forward(torch::ones({2, 16})).sum().backward();
     optimizer->step();
   }

@@ -9,22 +9,26 @@
 namespace convnn::train {
 namespace {
 
+std::string message_of_validate(const TrainConfig& c) {
+  return testing::error_of([&] { validate(c); });
+}
+
 TEST(TrainConfig, JsonRoundTripKeepsEveryField) {
   TrainConfig c;
   c.model = "vit_tiny";
-  c.model_config.attention = models::ViTAttention::ConvNN;
-  c.model_config.patch_size = 4;
-  c.optimizer = OptimizerKind::Sgd;
-  c.nesterov = true;
-  c.decay_on = DecayOn::Weights;
-  c.precision = Precision::BFloat16;
-  c.seed = 12345678901ULL;
-  c.warmup_epochs = 0.5;
+  c.model_config.vit.attention = models::ViTAttention::ConvNN;
+  c.model_config.vit.patch_size = 4;
+  c.optimization.optimizer = OptimizerKind::Sgd;
+  c.optimization.nesterov = true;
+  c.optimization.decay_on = DecayOn::Weights;
+  c.optimization.precision = Precision::BFloat16;
+  c.run.seed = 12345678901ULL;
+  c.optimization.warmup_epochs = 0.5;
   const nlohmann::json json = c;
   const auto back = json.get<TrainConfig>();
   EXPECT_EQ(nlohmann::json(back), json);
-  EXPECT_EQ(back.model_config.attention, models::ViTAttention::ConvNN);
-  EXPECT_EQ(back.seed, 12345678901ULL);
+  EXPECT_EQ(back.model_config.vit.attention, models::ViTAttention::ConvNN);
+  EXPECT_EQ(back.run.seed, 12345678901ULL);
 }
 
 TEST(TrainConfig, ReadingRejectsUnknownKeysAndWrongTypes) {
@@ -43,17 +47,75 @@ TEST(TrainConfig, ValidateNamesTheOptionAndItsValue) {
     change(c);
     return testing::error_of([&] { validate(c); });
   };
-  EXPECT_NE(message([](TrainConfig& c) { c.lr = -1; }).find("lr must be a positive finite number, got -1"),
+  EXPECT_NE(message([](TrainConfig& c) {
+              c.optimization.lr = -1;
+            }).find("lr must be a positive finite number, got -1"),
             std::string::npos);
-  EXPECT_NE(message([](TrainConfig& c) { c.epochs = 0; }).find("epochs must be >= 1, got 0"), std::string::npos);
-  EXPECT_NE(message([](TrainConfig& c) { c.warmup_epochs = 400; }).find("warmup_epochs (400)"), std::string::npos);
-  EXPECT_NE(message([](TrainConfig& c) { c.smoothing = 1; }).find("smoothing must be in [0, 1)"), std::string::npos);
-  EXPECT_NE(message([](TrainConfig& c) { c.nesterov = true; }).find("nesterov needs the sgd optimizer"),
+  EXPECT_NE(message([](TrainConfig& c) { c.optimization.epochs = 0; }).find("epochs must be >= 1, got 0"),
             std::string::npos);
-  EXPECT_NE(message([](TrainConfig& c) { c.dataset = "imagenet"; }).find("imagenet"), std::string::npos);
-  EXPECT_NE(message([](TrainConfig& c) { c.experiment = "a/b"; }).find("experiment must be a plain"),
+  EXPECT_NE(message([](TrainConfig& c) { c.optimization.warmup_epochs = 400; }).find("warmup_epochs (400)"),
+            std::string::npos);
+  EXPECT_NE(message([](TrainConfig& c) { c.optimization.smoothing = 1; }).find("smoothing must be in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(message([](TrainConfig& c) {
+              c.optimization.nesterov = true;
+            }).find("nesterov needs the sgd optimizer"),
+            std::string::npos);
+  EXPECT_NE(message([](TrainConfig& c) { c.data.dataset = "imagenet"; }).find("imagenet"), std::string::npos);
+  EXPECT_NE(message([](TrainConfig& c) { c.run.experiment = "a/b"; }).find("experiment must be a plain"),
             std::string::npos);
   EXPECT_EQ(message([](TrainConfig&) {}), "<no error>");
+}
+
+TEST(TrainConfig, UnsetOptionsAreNullInJsonAndTheRecipeFillsThem) {
+  const nlohmann::json json = TrainConfig{};
+  for (const char* key : {"image_size", "val_resize", "crop_padding", "hflip", "recipe", "rand_augment",
+                          "color_jitter", "reprob", "mixup", "cutmix"}) {
+    EXPECT_TRUE(json.at(key).is_null()) << key;
+  }
+  EXPECT_TRUE(json.at("model_config").at("embed_dim").is_null());
+  const auto resolved = apply_recipe(TrainConfig{});  // fashion-mnist: no recipe, flips
+  EXPECT_EQ(resolved.augmentation.recipe, Recipe::None);
+  EXPECT_EQ(resolved.augmentation.hflip, 0.5);
+  EXPECT_EQ(resolved.augmentation.mixup, 0.0);
+  EXPECT_FALSE(resolved.augmentation.crop_padding.has_value());  // from the loaded images' size
+  EXPECT_TRUE(nlohmann::json(resolved).at("crop_padding").is_null());
+}
+
+// config.json files and checkpoints written before the options were optional held -1 or 0 for
+// "the recipe's / the data set's / the preset's"; they still read, as unset.
+TEST(TrainConfig, OlderFilesSentinelsReadAsUnset) {
+  const auto old =
+      nlohmann::json::parse(R"({"image_size": 0, "val_resize": 0, "crop_padding": -1, "hflip": -1,
+      "rand_augment": -1, "color_jitter": -1, "reprob": -1, "mixup": -1, "cutmix": 0.5,
+      "model": "vit_tiny", "model_config": {"embed_dim": 0, "depth": 2, "num_heads": 0, "mlp_dim": 0}})");
+  const auto c = old.get<TrainConfig>();
+  EXPECT_FALSE(c.data.image_size || c.data.val_resize || c.augmentation.crop_padding ||
+               c.augmentation.hflip || c.augmentation.rand_augment || c.augmentation.color_jitter ||
+               c.augmentation.reprob || c.augmentation.mixup);
+  EXPECT_EQ(c.augmentation.cutmix, 0.5);  // a value, not a sentinel
+  EXPECT_FALSE(c.model_config.vit.embed_dim || c.model_config.vit.num_heads || c.model_config.vit.mlp_dim);
+  EXPECT_EQ(c.model_config.vit.depth, 2);
+  EXPECT_EQ(message_of_validate(c), "<no error>");
+}
+
+TEST(TrainConfig, AGivenOptionalValueIsCheckedAndTheMessageSaysWhatUnsetMeans) {
+  TrainConfig c;
+  c.augmentation.hflip = -1.0;
+  EXPECT_NE(message_of_validate(c).find(
+                "hflip must be a probability in [0, 1] (or unset: the data set's default), got -1"),
+            std::string::npos);
+  c = TrainConfig{};
+  c.augmentation.crop_padding = -2;
+  EXPECT_NE(
+      message_of_validate(c).find("crop_padding must be >= 0 (0: off) (or unset: the data set's default), "
+                                  "got -2"),
+      std::string::npos);
+  c = TrainConfig{};
+  c.data.dataset = "imagefolder";
+  c.data.data_dir = "/data";
+  c.data.image_size = 0;
+  EXPECT_NE(message_of_validate(c).find("image_size must be >= 1 (or unset: 224), got 0"), std::string::npos);
 }
 
 TEST(TrainConfig, ReadConfigNamesTheFile) {

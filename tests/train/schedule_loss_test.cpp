@@ -34,9 +34,9 @@ TEST(LrSchedule, ConstantKeepsLrAfterTheWarmup) {
 
 TEST(LrSchedule, FromConfigCountsStepsPerIteration) {
   TrainConfig c;
-  c.epochs = 10;
-  c.warmup_epochs = 1.5;
-  const auto s = LrSchedule::from_config(c, 40);
+  c.optimization.epochs = 10;
+  c.optimization.warmup_epochs = 1.5;
+  const auto s = LrSchedule::from_config(c.optimization, 40);
   EXPECT_EQ(s.total_steps(), 400);
   EXPECT_EQ(s.warmup_steps(), 60);
 }

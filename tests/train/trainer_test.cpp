@@ -24,25 +24,25 @@ const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
 TrainConfig tiny_vit_config(const std::string& output) {
   TrainConfig c;
   c.model = "vit_tiny";
-  c.model_config.attention = models::ViTAttention::ConvNN;
-  c.model_config.k = 4;
-  c.model_config.patch_size = 7;
-  c.model_config.depth = 1;
-  c.model_config.embed_dim = 32;
-  c.model_config.num_heads = 2;
-  c.model_config.dropout = 0.1;
-  c.data_dir = kFashionMnist;
-  c.train_subset = 640;
-  c.val_subset = 200;
-  c.batch_size = 64;
-  c.epochs = 2;
-  c.warmup_epochs = 0.5;
-  c.lr = 3e-3;
-  c.workers = 2;
-  c.quiet = true;
-  c.plots = false;
-  c.output = output;
-  c.experiment = "run";
+  c.model_config.vit.attention = models::ViTAttention::ConvNN;
+  c.model_config.convnn.k = 4;
+  c.model_config.vit.patch_size = 7;
+  c.model_config.vit.depth = 1;
+  c.model_config.vit.embed_dim = 32;
+  c.model_config.vit.num_heads = 2;
+  c.model_config.vit.dropout = 0.1;
+  c.data.data_dir = kFashionMnist;
+  c.data.train_subset = 640;
+  c.data.val_subset = 200;
+  c.optimization.batch_size = 64;
+  c.optimization.epochs = 2;
+  c.optimization.warmup_epochs = 0.5;
+  c.optimization.lr = 3e-3;
+  c.data.workers = 2;
+  c.run.quiet = true;
+  c.run.plots = false;
+  c.run.output = output;
+  c.run.experiment = "run";
   return c;
 }
 
@@ -54,7 +54,7 @@ TEST(Checkpoint, RoundTripRestoresModelOptimizerAndRng) {
   TrainConfig config;
   torch::manual_seed(1);
   auto model = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::LayerNorm(std::vector<int64_t>{3}));
-  auto optimizer = make_optimizer(config, *model.ptr());
+  auto optimizer = make_optimizer(config.optimization, *model.ptr());
   model->forward(torch::randn({2, 4})).sum().backward();
   optimizer->step();
   TrainingPosition position;
@@ -68,7 +68,7 @@ TEST(Checkpoint, RoundTripRestoresModelOptimizerAndRng) {
 
   torch::manual_seed(2);
   auto other = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::LayerNorm(std::vector<int64_t>{3}));
-  auto other_optimizer = make_optimizer(config, *other.ptr());
+  auto other_optimizer = make_optimizer(config.optimization, *other.ptr());
   load_checkpoint(path, *other.ptr(), other_optimizer.get());
   for (size_t i = 0; i < model->parameters().size(); ++i) {
     EXPECT_TRUE(torch::equal(model->parameters()[i], other->parameters()[i]));
@@ -104,7 +104,7 @@ torch::nn::Sequential save_stepped_model(const std::string& path, const c10::Dev
   torch::manual_seed(1);
   auto model = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::LayerNorm(std::vector<int64_t>{3}));
   model->to(device);
-  auto optimizer = make_optimizer(config, *model.ptr());
+  auto optimizer = make_optimizer(config.optimization, *model.ptr());
   model->forward(torch::randn({2, 4}).to(device)).sum().backward();
   optimizer->step();
   save_checkpoint(path, config, {}, *model.ptr(), *optimizer);
@@ -119,7 +119,7 @@ torch::nn::Sequential save_stepped_model(const std::string& path, const c10::Dev
 // The AdamW state of each parameter of `model` after load_checkpoint: on the parameter's device.
 std::vector<torch::optim::AdamWParamState> loaded_state(const std::string& path,
                                                         torch::nn::Sequential model) {
-  auto optimizer = make_optimizer(TrainConfig{}, *model.ptr());
+  auto optimizer = make_optimizer(OptimizationConfig{}, *model.ptr());
   load_checkpoint(path, *model.ptr(), optimizer.get());
   std::vector<torch::optim::AdamWParamState> states;
   for (const auto& p : model->parameters()) {
@@ -159,7 +159,7 @@ TEST(Checkpoint, OptimizerStateFollowsTheParametersToAnotherDevice) {
   const auto path = dir.file("checkpoint.pt");
   save_stepped_model(path, c10::kCPU);
   const auto on_meta = parameters_on(c10::kMeta);
-  auto optimizer = make_optimizer(TrainConfig{}, *on_meta);
+  auto optimizer = make_optimizer(OptimizationConfig{}, *on_meta);
   load_checkpoint(path, *on_meta, optimizer.get());
   const auto parameters = on_meta->parameters();
   ASSERT_EQ(parameters.size(), 4u);
@@ -195,7 +195,7 @@ TEST(Checkpoint, MismatchedModelAndDamagedFilesAreClearErrors) {
   testing::TempDir dir;
   TrainConfig config;
   auto model = torch::nn::Linear(4, 3);
-  auto optimizer = make_optimizer(config, *model.ptr());
+  auto optimizer = make_optimizer(config.optimization, *model.ptr());
   const auto path = dir.file("checkpoint.pt");
   save_checkpoint(path, config, {}, *model.ptr(), *optimizer);
   auto wider = torch::nn::Linear(4, 5);
@@ -238,9 +238,9 @@ TEST(Training, ShortRunBeatsChanceByAWideMargin) {
   SKIP_WITHOUT_FASHION_MNIST();
   testing::TempDir dir;
   auto config = tiny_vit_config(dir.file("runs"));
-  config.train_subset = 2000;
-  config.val_subset = 500;
-  config.epochs = 3;
+  config.data.train_subset = 2000;
+  config.data.val_subset = 500;
+  config.optimization.epochs = 3;
   const auto result = train(config);
   EXPECT_GT(result.final_eval.top1, 30.0) << "chance is 10%";  // measured: 42.8%
   EXPECT_EQ(result.epochs.size(), 3u);
@@ -258,8 +258,8 @@ TEST(Training, StartingOverAFinishedRunIsRefused) {
   SKIP_WITHOUT_FASHION_MNIST();
   testing::TempDir dir;
   auto config = tiny_vit_config(dir.file("runs"));
-  config.epochs = 1;
-  config.train_subset = 64;
+  config.optimization.epochs = 1;
+  config.data.train_subset = 64;
   train(config);
   testing::expect_error([&] { train(config); }, dir.file("runs") + "/run", "already holds a run");
 }
@@ -399,7 +399,7 @@ TEST(Device, ARunMovesBetweenCudaAndCpu) {
 TEST(Training, WrongDatasetPathNamesThePath) {
   testing::TempDir dir;
   auto config = tiny_vit_config(dir.file("runs"));
-  config.data_dir = dir.file("nowhere");
+  config.data.data_dir = dir.file("nowhere");
   testing::expect_error([&] { train(config); }, dir.file("nowhere"), "");
 }
 

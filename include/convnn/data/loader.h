@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,9 +34,13 @@ struct LoaderOptions {
   std::vector<double> mean, std;  // per channel, [0,1] units; empty: no normalisation
   // Batch level, any source.
   std::optional<MixupOptions> mixup;  // MixUp / CutMix with soft targets; nullopt: off
-  /// A sample whose file cannot be read or decoded: skipped with a warning on stderr (the batch
-  /// is one smaller) when false; a c10::Error naming the file when true.
+  /// A sample whose file cannot be read or decoded: skipped (the batch is one smaller, and
+  /// on_skipped is told why) when false; a c10::Error naming the file when true.
   bool strict = false;
+  /// Told why each skipped sample was left out (its file and the error), once, in order, as
+  /// next() hands out its batch, on the thread that calls next(). Unset: skipped silently (the
+  /// count is still in skipped()). The library prints nothing; `convnn` prints these as warnings.
+  std::function<void(const std::string& reason)> on_skipped;
   /// Page-locked (pinned) batch tensors, made by the workers, so that a trainer on a CUDA device
   /// copies them with non_blocking copies that overlap its compute. Needs an accelerator that
   /// this process can use (checked when the loader is made).
@@ -76,7 +81,7 @@ class DataLoader {
   /// Begins epoch `epoch` at batch `first_batch` (resume); stops any epoch in flight.
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   /// The next batch of the current epoch in order, or nullopt when the epoch is done. Rethrows a
-  /// worker's exception. Prints a warning line on stderr for each sample the batch skipped.
+  /// worker's exception. Calls options().on_skipped for each sample the batch skipped.
   std::optional<Batch> next();
   /// Samples skipped in the batches next() has returned since start_epoch.
   int64_t skipped() const;

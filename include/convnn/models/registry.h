@@ -15,45 +15,56 @@
 
 namespace convnn::models {
 
-/// Every option of every model. The family-specific choices (layer, small_stem for ResNet;
-/// attention, paper, position_embedding for ViT) must keep their defaults on the other family.
-struct ModelConfig {
-  // Every model.
-  int64_t num_classes = 1000;
-  int64_t in_channels = 3;
-  /// Side of the square input images in pixels.
-  int64_t image_size = 224;
-
-  // ConvNN: the ResNet slots' layers and the ViT's kvt / convnn attention. Unset options take
-  // the paper's choice for the family.
+/// ConvNN's choices: the layers of the ResNet slots, the ViT's kvt / convnn attention. Unset
+/// options take the paper's choice for the family.
+struct ConvNNConfig {
   int64_t k = 9;
   /// 0: all candidates; r: r random candidates per forward (the paper's ResNet uses 32).
   int64_t num_candidates = 0;
   std::optional<Similarity> similarity;        // ResNet: cosine; ViT: scaled_dot
   std::optional<nn::Rho> rho;                  // ResNet: uniform; ViT: softmax
   std::optional<nn::Aggregation> aggregation;  // ResNet: standard; ViT: depthwise
+};
 
-  // ResNet.
+/// The options of the ResNet family only.
+struct ResNetConfig {
   ResNetLayer layer = ResNetLayer::Conv;
   double lambda = 0.5;
   int64_t padding = 1;
   bool small_stem = false;
   int64_t width = 64;
+};
 
-  // ViT.
+/// The options of the ViT family only. Unset sizes are the preset's (tiny, small, base).
+struct ViTConfig {
   int64_t patch_size = 16;
   ViTAttention attention = ViTAttention::MHSA;
   /// The paper authors' variant (VisionTransformerOptions::paper_variant).
   bool paper = false;
-  std::optional<PositionEmbedding> position_embedding;           // learned; sinusoidal with paper
-  int64_t embed_dim = 0, depth = 0, num_heads = 0, mlp_dim = 0;  // 0: the preset's
+  std::optional<PositionEmbedding> position_embedding;  // learned; sinusoidal with paper
+  std::optional<int64_t> embed_dim, depth, num_heads;
+  std::optional<int64_t> mlp_dim;  // unset: 4 x embed_dim
   double dropout = 0.0;
   double attention_dropout = 0.0;
   double drop_path = 0.0;
 };
 
-/// JSON with one key per field (enums by name, unset options as null). Reading accepts any
-/// subset of the keys and rejects unknown keys and ill-typed or unknown values.
+/// A model's options: those of every model, ConvNN's, and one family's. The other family's
+/// options must keep their defaults (validate names the first that does not).
+struct ModelConfig {
+  int64_t num_classes = 1000;
+  int64_t in_channels = 3;
+  /// Side of the square input images in pixels.
+  int64_t image_size = 224;
+  ConvNNConfig convnn;
+  ResNetConfig resnet;
+  ViTConfig vit;
+};
+
+/// JSON: one flat object, a key per option as `convnn info` and Python's create_model name them
+/// (enums by name, unset options as null). Reading accepts any subset of the keys and rejects
+/// unknown keys and ill-typed or unknown values; the 0 that older files hold for a preset's size
+/// (embed_dim, depth, num_heads, mlp_dim) reads as unset.
 void to_json(nlohmann::json& json, const ModelConfig& config);
 void from_json(const nlohmann::json& json, ModelConfig& config);
 

@@ -1,6 +1,7 @@
 #pragma once
-// Everything a training run is made of, as one struct that the command line, the JSON config
-// file and the run directory's config.json all describe. Defaults are the paper's recipe
+// Everything a training run is made of, in typed sections (data, augmentation, optimisation,
+// run) that the command line, the JSON config file and the run directory's config.json all
+// describe. Unset optional values are the recipe's or the data set's. Defaults are the paper's recipe
 // (AdamW lr 1e-3, wd 0.05, betas (0.9, 0.999), 20 warm-up epochs from 1e-7 then cosine to 5e-6,
 // label smoothing 0.1, gradient clipping 5, bf16 autocast off on the CPU by default).
 #include <nlohmann/json_fwd.hpp>
@@ -41,41 +42,43 @@ std::string to_string(Recipe value);
 /// (ImageNet-style folders of JPEG / PNG files, decoded per sample).
 const std::vector<std::string>& train_dataset_names();
 
-struct TrainConfig {
-  // Model: a registry name and its options (models::ModelConfig). num_classes, in_channels and
-  // image_size are taken from the data set.
-  std::string model = "resnet18";
-  models::ModelConfig model_config;
-
-  // Data.
+/// What a run reads, and how its loader reads it.
+struct DataConfig {
   std::string dataset = "fashion-mnist";  // or imagefolder
-  std::string data_dir;       // empty: data::default_data_dir; imagefolder: the root of train/, val/
-  std::string val_labels;     // imagefolder: labels file of a flat val/ (empty: found beside it)
-  bool strict_data = false;   // imagefolder: stop at the first unreadable file (default: skip it)
-  int64_t image_size = 0;     // imagefolder: side of the crops; 0: 224 (others: their own size)
-  int64_t val_resize = 0;     // imagefolder: shorter side before the centre crop; 0: size / 0.875
-  int64_t train_subset = 0;   // train on the first n samples of a seeded shuffle; 0: all
-  int64_t val_subset = 0;     // evaluate on the first n test samples of a seeded shuffle; 0: all
-  int64_t workers = 2;        // loader threads
-  int64_t prefetch = 4;       // batches held ready
-  int64_t crop_padding = -1;  // random crop from the zero-padded image; -1: 4 for 32 px, 2 for 28 px
-  double hflip = -1;          // flip probability; -1: 0.5, but 0 for MNIST digits
+  std::string data_dir;               // empty: data::default_data_dir; imagefolder: the root of train/, val/
+  std::string val_labels;             // imagefolder: labels file of a flat val/ (empty: found beside it)
+  bool strict_data = false;           // imagefolder: stop at the first unreadable file (default: skip it)
+  std::optional<int64_t> image_size;  // imagefolder: side of the crops; unset: 224 (others: their own)
+  std::optional<int64_t> val_resize;  // imagefolder: shorter side before the centre crop; unset: size / 0.875
+  int64_t train_subset = 0;           // train on the first n samples of a seeded shuffle; 0: all
+  int64_t val_subset = 0;             // evaluate on the first n test samples of a seeded shuffle; 0: all
+  int64_t workers = 2;                // loader threads
+  int64_t prefetch = 4;               // batches held ready
+};
 
-  // Augmentation of image folders. -1: the recipe's value (paper / none). The in-memory sets take
-  // only MixUp / CutMix from here.
+/// The per-sample augmentation. Unset values are the recipe's (paper / none) or the data set's;
+/// apply_recipe and resolve_config fill them, so that a run's config.json says what it used.
+/// Image folders take every field but crop_padding; the in-memory sets take crop_padding, hflip
+/// and MixUp / CutMix.
+struct AugmentationConfig {
+  std::optional<int64_t>
+      crop_padding;              // random crop from the zero-padded image; unset: 4 for 32 px, 2 for 28 px
+  std::optional<double> hflip;   // flip probability; unset: 0.5, but 0 for MNIST digits
   std::optional<Recipe> recipe;  // unset: paper for imagefolder, none for the others
-  double scale_min = 0.08, scale_max = 1.0;          // RandomResizedCrop area fraction
+  double scale_min = 0.08, scale_max = 1.0;             // RandomResizedCrop area fraction
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // RandomResizedCrop aspect ratio
-  double rand_augment = -1;         // RandAugment magnitude M (paper 9); 0: off
-  int64_t rand_augment_ops = 2;     // RandAugment ops per image; 0: off
-  double rand_augment_mstd = 0.5;   // RandAugment magnitude std; > 100: uniform in [0, M]
-  double color_jitter = -1;         // brightness = contrast = saturation strength (paper 0.4)
-  double reprob = -1;               // random erasing probability (paper 0.25)
-  double mixup = -1;                // MixUp alpha (paper 0.8); 0: off
-  double cutmix = -1;               // CutMix alpha (paper 1.0); 0: off
-  double mixup_switch_prob = 0.5;   // CutMix instead of MixUp when both are on
+  std::optional<double> rand_augment;                   // RandAugment magnitude M (paper 9); 0: off
+  int64_t rand_augment_ops = 2;                         // RandAugment ops per image; 0: off
+  double rand_augment_mstd = 0.5;                       // RandAugment magnitude std; > 100: uniform in [0, M]
+  std::optional<double> color_jitter;  // brightness = contrast = saturation strength (paper 0.4)
+  std::optional<double> reprob;        // random erasing probability (paper 0.25)
+  std::optional<double> mixup;         // MixUp alpha (paper 0.8); 0: off
+  std::optional<double> cutmix;        // CutMix alpha (paper 1.0); 0: off
+  double mixup_switch_prob = 0.5;      // CutMix instead of MixUp when both are on
+};
 
-  // Optimisation.
+/// The optimiser, its schedule and the loss.
+struct OptimizationConfig {
   OptimizerKind optimizer = OptimizerKind::AdamW;
   double lr = 1e-3;
   double weight_decay = 0.05;
@@ -84,17 +87,19 @@ struct TrainConfig {
   double momentum = 0.9;                          // SGD
   bool nesterov = false;                          // SGD
   int64_t epochs = 300;
-  int64_t batch_size = 128;
+  int64_t batch_size = 128;  // per process
   Schedule schedule = Schedule::Cosine;
   double warmup_epochs = 20;
   double warmup_lr = 1e-7;
   double min_lr = 5e-6;
   double smoothing = 0.1;
-  double clip_grad = 5.0;      // max global L2 norm; 0: off
-  int64_t accum_steps = 1;     // batches per optimiser step
+  double clip_grad = 5.0;                    // max global L2 norm; 0: off
+  int64_t accum_steps = 1;                   // batches per optimiser step
   Precision precision = Precision::Float32;  // bfloat16: autocast; float64: all in double
+};
 
-  // Run.
+/// Where the run lives, its seed and starting point, and how it is spread over processes.
+struct RunConfig {
   std::string output = "runs";  // the run directory is output/experiment
   std::string experiment;       // empty: <model>-<dataset>-<date>-<time>
   uint64_t seed = 0;
@@ -108,24 +113,43 @@ struct TrainConfig {
   // a single process). Not options: a run's world is how it is launched (torchrun).
   int64_t world_size = 1;
   std::string dist_backend;
-  bool quiet = false;           // plain log lines instead of a progress bar
-  bool plots = true;            // PNG plots through gnuplot (skipped with a warning if absent)
-  int64_t log_interval = 50;    // batches between plain log lines
+  // For the command's sinks (the library prints nothing), kept so that a resumed run reports as
+  // it did.
+  bool quiet = false;         // plain log lines instead of a progress bar
+  bool plots = true;          // PNG plots through gnuplot (skipped with a warning if absent)
+  int64_t log_interval = 50;  // batches between plain log lines
 };
 
-/// One key per field ("model_config" holds the model options); reading accepts any subset and
-/// rejects unknown keys and ill-typed values (c10::Error naming the key).
+/// Everything a training run is made of.
+struct TrainConfig {
+  // A registry name and its options. num_classes, in_channels and image_size are taken from the
+  // data set.
+  std::string model = "resnet18";
+  models::ModelConfig model_config;
+  DataConfig data;
+  AugmentationConfig augmentation;
+  OptimizationConfig optimization;
+  RunConfig run;
+};
+
+/// One flat JSON object with a key per option, named as the flags are (the sections are not
+/// levels; "model_config" holds the model's options, models::ModelConfig's JSON). Unset options
+/// are null. Reading accepts any subset and rejects unknown keys and ill-typed values (c10::Error
+/// naming the key). Files written before the options were optional hold -1 (crop_padding, hflip,
+/// rand_augment, color_jitter, reprob, mixup, cutmix) or 0 (image_size, val_resize) for "unset",
+/// and read as unset.
 void to_json(nlohmann::json& json, const TrainConfig& config);
 void from_json(const nlohmann::json& json, TrainConfig& config);
 
-/// Checks every value (c10::Error naming the option, its value and the rule).
+/// Checks every value (c10::Error naming the option, its value and the rule): train() calls it
+/// once, on the config it is given; what it resolves from there is valid by construction.
 void validate(const TrainConfig& config);
 
 bool is_image_folder(const TrainConfig& config);
 
-/// The recipe's values for every augmentation field left at -1, the recipe itself when unset,
-/// the flip probability, and for imagefolder the image size and validation resize: everything
-/// of train::resolve_config that does not need the data.
+/// The recipe's values for every unset augmentation field, the recipe itself when unset, the
+/// flip probability, and for imagefolder the image size, validation resize and crop padding (0):
+/// everything of train::resolve_config that does not need the data.
 TrainConfig apply_recipe(TrainConfig config);
 
 /// Reads a JSON config file (c10::Error naming the path on a missing file or bad JSON).

@@ -3,6 +3,7 @@
 // run) and their transforms, and the config resolved against the data.
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,8 +47,10 @@ SplitData load_split(const TrainConfig& config, data::Split split);
 /// A loader of `data` with the config's options and transforms (training: augmented), for a model
 /// on `device`: its batches are pinned when that is a CUDA device.
 /// With `group`, the loader of this rank's shard (training: padded to equal shards).
+/// `on_skipped` is told why each unreadable sample was left out (LoaderOptions::on_skipped).
 data::DataLoader make_loader(SplitData data, const TrainConfig& config, bool training,
                              const c10::Device& device = c10::Device(c10::kCPU),
-                             dist::ProcessGroup* group = nullptr);
+                             dist::ProcessGroup* group = nullptr,
+                             std::function<void(const std::string&)> on_skipped = {});
 
 }  // namespace convnn::train

@@ -1,5 +1,5 @@
 #pragma once
-// Optimisers from a TrainConfig, with weight decay on every parameter or only on weights.
+// Optimisers from the optimisation config, with weight decay on every parameter or only on weights.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -16,7 +16,7 @@ bool is_decay_exempt(const std::string& name, const at::Tensor& parameter);
 
 /// AdamW or SGD over `module`'s parameters: one group that decays and, with DecayOn::Weights,
 /// one that does not. The learning rate starts at config.lr; set_lr changes every group.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& config,
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizationConfig& config,
                                                         torch::nn::Module& module);
 void set_lr(torch::optim::Optimizer& optimizer, double lr);
 

@@ -13,7 +13,7 @@ class LrSchedule {
   LrSchedule(Schedule kind, double lr, double warmup_lr, double min_lr, int64_t warmup_steps,
              int64_t total_steps);
   /// From a config and the optimiser steps of one epoch.
-  static LrSchedule from_config(const TrainConfig& config, int64_t steps_per_epoch);
+  static LrSchedule from_config(const OptimizationConfig& config, int64_t steps_per_epoch);
 
   /// The rate of step `step` (0-based); steps past the end keep min_lr.
   double at(int64_t step) const;

@@ -66,6 +66,9 @@ struct TrainHooks {
   int64_t max_steps = 0;
   /// Told of the run's progress (rank 0 only); not owned. None: the run is silent.
   std::vector<TrainingSink*> sinks;
+  /// Told why each sample that could not be read was skipped, on every rank (each reads the
+  /// files of its own shard). Unset: skipped silently; the epoch's metrics count them.
+  std::function<void(const std::string& reason)> on_skipped_sample;
 };
 
 /// Trains as `config` says, in `run_dir`; with `resume`, continues from that checkpoint file (its
@@ -76,7 +79,7 @@ struct TrainHooks {
 ///
 /// With `group` (data parallelism; every rank calls this with the same config): each rank trains
 /// on its shard of every epoch (shard_order: the same global order for any world size) with its
-/// batch of config.batch_size, DDP's reducer averages the gradients (accumulation steps
+/// batch of config.optimization.batch_size, DDP's reducer averages the gradients (accumulation steps
 /// accumulate locally), the epoch's metrics and the evaluation are summed over the ranks, and
 /// rank 0 alone prints, writes config.json, metrics, plots and checkpoints, which every rank waits
 /// for. A stop on any rank stops all at the same step. A run stopped within an epoch resumes with
@@ -97,8 +100,10 @@ models::Model make_model(const TrainConfig& config, const c10::Device& device);
 /// A data set that does not fit the model (classes, channels, size) is an error; so are NaN or
 /// Inf weights unless `allow_non_finite` (load_checkpoint). The model is loaded onto `device` (as
 /// in train) and evaluated there.
-Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config,
-                               data::Split split, Precision precision, bool allow_non_finite = false,
-                               const c10::Device& device = c10::Device(c10::kCPU));
+/// `on_skipped_sample` as in TrainHooks.
+Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config, data::Split split,
+                               Precision precision, bool allow_non_finite = false,
+                               const c10::Device& device = c10::Device(c10::kCPU),
+                               const std::function<void(const std::string&)>& on_skipped_sample = {});
 
 }  // namespace convnn::train

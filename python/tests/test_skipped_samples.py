@@ -1,0 +1,53 @@
+"""`convnn train` and `convnn eval` on an image folder with an unreadable file: the library
+reports the skip, the command prints it, once, as a warning naming the file, and counts it."""
+import subprocess
+
+import pytest
+from PIL import Image
+
+from cli_support import BINARY
+
+SIDE = 32
+COMMON = ["--workers", "0", "--batch-size", "4"]
+
+
+def write_folder(root):
+    """Two classes, four training and two validation JPEGs each."""
+    for split, count in (("train", 4), ("val", 2)):
+        for label in range(2):
+            folder = root / split / f"c{label}"
+            folder.mkdir(parents=True)
+            for i in range(count):
+                colour = (60 + 120 * label, 40 * i, 90)
+                Image.new("RGB", (SIDE + 8, SIDE), colour).save(folder / f"{i}.jpg", quality=90)
+
+
+@pytest.fixture(scope="module")
+def broken_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("folder")
+    write_folder(root)
+    broken = root / "train" / "c1" / "2.jpg"
+    broken.write_bytes(broken.read_bytes()[:100])  # truncated: the decoder fails
+    return root, broken
+
+
+def convnn(*args):
+    return subprocess.run([BINARY, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_train_warns_once_per_skipped_file_and_counts_it(broken_folder, tmp_path):
+    root, broken = broken_folder
+    run = convnn("train", "--dataset", "imagefolder", "--data-dir", root, "--image-size", SIDE, "--model",
+                 "resnet18", "--small-stem", "--width", "4", "--epochs", "1", "--warmup-epochs", "0", "--quiet",
+                 "--no-plots", "--output", tmp_path, "--experiment", "run", *COMMON)
+    assert run.returncode == 0, run.stderr
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("convnn: warning: skipped a sample")]
+    assert len(warnings) == 1, run.stderr
+    assert str(broken) in warnings[0]
+    assert "skipped 1 train / 0 val" in run.stdout, run.stdout
+
+    evaluation = convnn("eval", "--checkpoint", tmp_path / "run" / "checkpoint-latest.pt", "--split", "train",
+                        "--output", tmp_path / "eval", *COMMON)
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert evaluation.stderr.count("convnn: warning: skipped a sample") == 1, evaluation.stderr
+    assert str(broken) in evaluation.stderr
