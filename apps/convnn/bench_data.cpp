@@ -213,7 +213,7 @@ train::TrainConfig bench_config(const DataBenchArgs& a, int64_t batch, uint64_t 
   c.data.dataset = "imagefolder";
   c.data.data_dir = a.data;
   c.data.image_size = a.image_size;
-  c.augmentation.recipe = train::parse_recipe(a.recipe);
+  c.augmentation.recipe = data::parse_recipe(a.recipe);
   c.optimization.batch_size = batch;
   c.data.workers = a.workers;
   c.run.seed = seed;
@@ -227,8 +227,10 @@ int measure(const DataBenchArgs& a, int64_t batch, uint64_t seed, bool json) {
   const auto config = bench_config(a, batch, seed);
   auto data = train::load_split(config, data::Split::Train);
   warm_page_cache(data.files);
-  const data::ImageFolderSource source(data.files, train::image_transform_options(config, true));
-  const auto options = train::loader_options(config, true);
+  const data::ImageFolderSource source(data.files,
+                                       data::image_transform_options(config.data, config.augmentation, true));
+  const auto options =
+      data::loader_options(config.data, config.augmentation, train::loader_setup(config, true));
   const auto stages = time_stages(source, std::min(a.stage_images, source.size()), batch, options, seed);
   auto loader = train::make_loader(std::move(data), config, true, c10::Device(c10::kCPU), nullptr,
                                    print_skipped_sample);
@@ -245,7 +247,7 @@ int measure(const DataBenchArgs& a, int64_t batch, uint64_t seed, bool json) {
                        {"training_images", source.size()},
                        {"classes", source.num_classes()},
                        {"image_size", *config.data.image_size},
-                       {"recipe", train::to_string(*config.augmentation.recipe)},
+                       {"recipe", data::to_string(*config.augmentation.recipe)},
                        {"recipe_values", recipe_text(config)},
                        {"batch", batch},
                        {"workers", a.workers},
@@ -265,7 +267,7 @@ int measure(const DataBenchArgs& a, int64_t batch, uint64_t seed, bool json) {
   }
   fmt::print("input pipeline: {} ({} training images, {} classes), image size {}, recipe {}\n  {}\n", a.data,
              source.size(), source.num_classes(), *config.data.image_size,
-             train::to_string(*config.augmentation.recipe), recipe_text(config));
+             data::to_string(*config.augmentation.recipe), recipe_text(config));
   fmt::print("\nDataLoader, {} workers ({} hardware threads), batch {}: {} batches, {} images in {:.2f} s: "
              "{:.1f} images/s{}\n",
              a.workers, std::thread::hardware_concurrency(), batch, run.batches, run.images, run.seconds, rate,

@@ -83,7 +83,7 @@ void add_weights_only_options(CLI::App* sub, EvalArgs& args) {
       "Weights alone: JSON config naming the model and data set (keys as in a run's config.json); "
       "flags override it");
   sub->add_option("--dataset", args.model.data.dataset, "Weights alone: data set (default fashion-mnist)")
-      ->check(CLI::IsMember(train::train_dataset_names()));
+      ->check(CLI::IsMember(data::config_dataset_names()));
   add_trained_model_options(sub, args.model);
   const auto options = sub->get_options();
   for (size_t i = first; i < options.size(); ++i) {

@@ -44,7 +44,7 @@ void add_rand_augment_option(CLI::App* sub, std::optional<double>& magnitude) {
 
 void add_augmentation_options(CLI::App* sub, train::TrainConfig& c) {
   // Left out: the recipe's value (train::validate checks a given one).
-  add_enum_option(sub, "--recipe", c.augmentation.recipe, train::parse_recipe, {"paper", "none"},
+  add_enum_option(sub, "--recipe", c.augmentation.recipe, data::parse_recipe, {"paper", "none"},
                   "Augmentation recipe: paper (DeiT/Swin: RandAugment, colour jitter 0.4, erasing 0.25, "
                   "mixup 0.8, cutmix 1.0) or none (crop and flip); default paper for imagefolder, none "
                   "otherwise. The options below override it");
@@ -119,7 +119,7 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   size_t first = sub->get_options().size();
   sub->add_option("--dataset", c.data.dataset,
                   "Data set (default fashion-mnist; imagefolder: ImageNet-style folders of JPEG/PNG files)")
-      ->check(CLI::IsMember(train::train_dataset_names()));
+      ->check(CLI::IsMember(data::config_dataset_names()));
   sub->add_option("--data-dir", c.data.data_dir,
                   "Folder of the data set files (default: /usr/share/datasets/fashion-mnist for "
                   "fashion-mnist, data/<dataset> otherwise; imagefolder: the root holding train/ and val/)");

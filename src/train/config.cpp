@@ -15,6 +15,7 @@
 #include "convnn/data/image_folder_source.h"
 #include "util/enum_names.h"
 #include "util/json_fields.h"
+#include "util/value_checks.h"
 
 namespace convnn::train {
 namespace {
@@ -24,33 +25,20 @@ constexpr detail::NameTable<OptimizerKind, 2> kOptimizers{{{"adamw", OptimizerKi
 constexpr detail::NameTable<DecayOn, 2> kDecayOn{{{"all", DecayOn::All}, {"weights", DecayOn::Weights}}};
 constexpr detail::NameTable<Schedule, 2> kSchedules{{{"cosine", Schedule::Cosine},
                                                       {"constant", Schedule::Constant}}};
-constexpr detail::NameTable<Precision, 3> kPrecisions{{{"float32", Precision::Float32},
-                                                       {"bfloat16", Precision::BFloat16},
-                                                       {"float64", Precision::Float64}}};
-constexpr detail::NameTable<Recipe, 2> kRecipes{{{"paper", Recipe::Paper}, {"none", Recipe::None}}};
-
-constexpr const char* kImageFolder = "imagefolder";
-
-// The values a recipe gives the unset augmentation fields (label smoothing 0.1 and the
-// validation resize are the same in both). Paper: timm's DeiT / Swin settings.
-struct RecipeValues {
-  double rand_augment, color_jitter, reprob, mixup, cutmix;
-};
-constexpr RecipeValues kPaperRecipe{9.0, 0.4, 0.25, 0.8, 1.0};
-constexpr RecipeValues kNoRecipe{0.0, 0.0, 0.0, 0.0, 0.0};
-constexpr int64_t kDefaultImageSize = 224;
+constexpr detail::NameTable<Precision, 3> kPrecisions{
+    {{"float32", Precision::Float32}, {"bfloat16", Precision::BFloat16}, {"float64", Precision::Float64}}};
 
 struct TrainEnums {
   std::string name(OptimizerKind v) const { return to_string(v); }
   std::string name(DecayOn v) const { return to_string(v); }
   std::string name(Schedule v) const { return to_string(v); }
   std::string name(Precision v) const { return to_string(v); }
-  std::string name(Recipe v) const { return to_string(v); }
+  std::string name(Recipe v) const { return data::to_string(v); }
   OptimizerKind parse(const std::string& s, OptimizerKind*) const { return parse_optimizer(s); }
   DecayOn parse(const std::string& s, DecayOn*) const { return parse_decay_on(s); }
   Schedule parse(const std::string& s, Schedule*) const { return parse_schedule(s); }
   Precision parse(const std::string& s, Precision*) const { return parse_precision(s); }
-  Recipe parse(const std::string& s, Recipe*) const { return parse_recipe(s); }
+  Recipe parse(const std::string& s, Recipe*) const { return data::parse_recipe(s); }
 };
 
 // The one list of fields that both JSON directions follow, in the order of the structs. The
@@ -127,103 +115,9 @@ nlohmann::json without_legacy_sentinels(nlohmann::json json) {
   return json;
 }
 
-void check_finite_non_negative(double value, const char* option) {
-  TORCH_CHECK(std::isfinite(value) && value >= 0.0, option,
-              " must be a finite non-negative number, got ", value);
-}
-
-// An optional value: unset, or one that `valid` accepts.
-template <typename T, typename Valid>
-void check_optional(const std::optional<T>& value, const char* option, const char* rule, const char* unset,
-                    Valid valid) {
-  TORCH_CHECK(!value || (std::isfinite(static_cast<double>(*value)) && valid(*value)), option, " must be ",
-              rule, " (or unset: ", unset, "), got ", value ? fmt::format("{}", *value) : std::string());
-}
-
-void check_dataset(const DataConfig& d) {
-  const auto& names = train_dataset_names();
-  if (std::find(names.begin(), names.end(), d.dataset) != names.end()) return;
-  std::string allowed;
-  for (const auto& name : names) allowed += (allowed.empty() ? "" : ", ") + name;
-  TORCH_CHECK(false, "dataset must be one of ", allowed, "; got '", d.dataset, "'");
-}
-
-void check_data(const DataConfig& d) {
-  check_dataset(d);
-  check_optional(d.image_size, "image_size", ">= 1", "224", [](int64_t v) { return v >= 1; });
-  check_optional(d.val_resize, "val_resize", ">= 1", "image_size / 0.875", [](int64_t v) { return v >= 1; });
-  TORCH_CHECK(d.train_subset >= 0, "train_subset must be >= 0 (0: all), got ", d.train_subset);
-  TORCH_CHECK(d.val_subset >= 0, "val_subset must be >= 0 (0: all), got ", d.val_subset);
-  TORCH_CHECK(d.workers >= 0, "workers must be >= 0, got ", d.workers);
-  TORCH_CHECK(d.prefetch >= 1, "prefetch must be >= 1, got ", d.prefetch);
-}
-
-void check_augmentation(const AugmentationConfig& a) {
-  TORCH_CHECK(a.scale_min >= 0.0 && a.scale_min <= a.scale_max && a.scale_max > 0.0 && a.scale_max <= 1.0,
-              "scale must be (min, max) with 0 <= min <= max <= 1 and max > 0, got (", a.scale_min, ", ",
-              a.scale_max, ")");
-  TORCH_CHECK(std::isfinite(a.ratio_max) && a.ratio_min > 0.0 && a.ratio_min <= a.ratio_max,
-              "ratio must be a finite (min, max) with 0 < min <= max, got (", a.ratio_min, ", ", a.ratio_max,
-              ")");
-  const auto non_negative = [](double v) { return v >= 0.0; };
-  const auto probability = [](double v) { return v <= 1.0 && v >= 0.0; };
-  check_optional(a.crop_padding, "crop_padding", ">= 0 (0: off)", "the data set's default",
-                 [](int64_t v) { return v >= 0; });
-  check_optional(a.hflip, "hflip", "a probability in [0, 1]", "the data set's default", probability);
-  check_optional(a.rand_augment, "rand_augment", "a magnitude in [0, 10] (0: off)", "the recipe's value",
-                 [](double v) { return v >= 0.0 && v <= 10.0; });
-  TORCH_CHECK(a.rand_augment_ops >= 0, "rand_augment_ops must be >= 0 (0: off), got ", a.rand_augment_ops);
-  check_finite_non_negative(a.rand_augment_mstd, "rand_augment_mstd");
-  check_optional(a.color_jitter, "color_jitter", ">= 0 (0: off)", "the recipe's value", non_negative);
-  check_optional(a.reprob, "reprob", "a probability in [0, 1]", "the recipe's value", probability);
-  check_optional(a.mixup, "mixup", "an alpha >= 0 (0: off)", "the recipe's value", non_negative);
-  check_optional(a.cutmix, "cutmix", "an alpha >= 0 (0: off)", "the recipe's value", non_negative);
-  TORCH_CHECK(probability(a.mixup_switch_prob), "mixup_switch_prob must be in [0, 1], got ",
-              a.mixup_switch_prob);
-}
-
-// Options that mean something for one kind of data set only are errors with the other, rather
-// than silently ignored.
-void check_image_folder_only(const TrainConfig& c) {
-  const auto only = [&](bool unset, const char* option, const auto& value) {
-    TORCH_CHECK(unset, option,
-                " applies to dataset imagefolder only (the in-memory data sets keep "
-                "their size and train with crop padding and flip), got ",
-                value, " with dataset ", c.data.dataset);
-  };
-  const auto& a = c.augmentation;
-  const auto off = [](const std::optional<double>& v) { return !v || *v == 0.0; };
-  only(!c.data.image_size, "image_size", c.data.image_size.value_or(0));
-  only(!c.data.val_resize, "val_resize", c.data.val_resize.value_or(0));
-  only(c.data.val_labels.empty(), "val_labels", c.data.val_labels);
-  only(a.recipe != Recipe::Paper, "recipe paper", "paper");
-  only(off(a.rand_augment), "rand_augment", a.rand_augment.value_or(0));
-  only(off(a.color_jitter), "color_jitter", a.color_jitter.value_or(0));
-  only(off(a.reprob), "reprob", a.reprob.value_or(0));
-  const AugmentationConfig defaults;
-  only(a.scale_min == defaults.scale_min && a.scale_max == defaults.scale_max, "scale",
-       fmt::format("({}, {})", a.scale_min, a.scale_max));
-  only(a.ratio_min == defaults.ratio_min && a.ratio_max == defaults.ratio_max, "ratio",
-       fmt::format("({}, {})", a.ratio_min, a.ratio_max));
-}
-
-void check_image_folder(const TrainConfig& c) {
-  const auto& d = c.data;
-  TORCH_CHECK(!d.data_dir.empty(),
-              "data_dir must name the root of the image folders (train/ and val/ inside) for "
-              "dataset imagefolder");
-  TORCH_CHECK(c.augmentation.crop_padding.value_or(0) == 0,
-              "crop_padding applies to the in-memory data "
-              "sets; dataset imagefolder crops with RandomResizedCrop (scale, ratio), got crop_padding ",
-              c.augmentation.crop_padding.value_or(0));
-  const int64_t size = d.image_size.value_or(kDefaultImageSize);
-  TORCH_CHECK(!d.val_resize || *d.val_resize >= size, "val_resize must be >= image_size (", size,
-              ") or unset (image_size / 0.875), got ", d.val_resize.value_or(0));
-}
-
 void check_optimization(const OptimizationConfig& o) {
   TORCH_CHECK(std::isfinite(o.lr) && o.lr > 0.0, "lr must be a positive finite number, got ", o.lr);
-  check_finite_non_negative(o.weight_decay, "weight_decay");
+  detail::check_finite_non_negative(o.weight_decay, "weight_decay");
   TORCH_CHECK(o.beta1 >= 0.0 && o.beta1 < 1.0, "beta1 must be in [0, 1), got ", o.beta1);
   TORCH_CHECK(o.beta2 >= 0.0 && o.beta2 < 1.0, "beta2 must be in [0, 1), got ", o.beta2);
   TORCH_CHECK(std::isfinite(o.eps) && o.eps > 0.0, "eps must be a positive finite number, got ", o.eps);
@@ -233,14 +127,14 @@ void check_optimization(const OptimizationConfig& o) {
               ", momentum ", o.momentum, ")");
   TORCH_CHECK(o.epochs >= 1, "epochs must be >= 1, got ", o.epochs);
   TORCH_CHECK(o.batch_size >= 1, "batch_size must be >= 1, got ", o.batch_size);
-  check_finite_non_negative(o.warmup_epochs, "warmup_epochs");
+  detail::check_finite_non_negative(o.warmup_epochs, "warmup_epochs");
   TORCH_CHECK(o.warmup_epochs <= static_cast<double>(o.epochs), "warmup_epochs (", o.warmup_epochs,
               ") must not exceed epochs (", o.epochs, ")");
-  check_finite_non_negative(o.warmup_lr, "warmup_lr");
-  check_finite_non_negative(o.min_lr, "min_lr");
+  detail::check_finite_non_negative(o.warmup_lr, "warmup_lr");
+  detail::check_finite_non_negative(o.min_lr, "min_lr");
   TORCH_CHECK(o.min_lr <= o.lr, "min_lr (", o.min_lr, ") must not exceed lr (", o.lr, ")");
   TORCH_CHECK(o.smoothing >= 0.0 && o.smoothing < 1.0, "smoothing must be in [0, 1), got ", o.smoothing);
-  check_finite_non_negative(o.clip_grad, "clip_grad");
+  detail::check_finite_non_negative(o.clip_grad, "clip_grad");
   TORCH_CHECK(o.accum_steps >= 1, "accum_steps must be >= 1, got ", o.accum_steps);
 }
 
@@ -262,9 +156,9 @@ void check_run(const RunConfig& r) {
 // calls with the loaded size; here the size is patch_size itself, which those rules accept.
 models::ModelConfig model_as_built(const TrainConfig& c) {
   auto m = c.model_config;
-  if (is_image_folder(c)) {
+  if (data::is_image_folder(c.data)) {
     m.in_channels = 3;
-    m.image_size = c.data.image_size.value_or(kDefaultImageSize);
+    m.image_size = c.data.image_size.value_or(data::kDefaultFolderImageSize);
   } else {
     m.image_size = std::max<int64_t>(m.vit.patch_size, 1);
   }
@@ -285,38 +179,10 @@ std::string to_string(OptimizerKind value) { return detail::name_of(kOptimizers,
 std::string to_string(DecayOn value) { return detail::name_of(kDecayOn, value); }
 std::string to_string(Schedule value) { return detail::name_of(kSchedules, value); }
 std::string to_string(Precision value) { return detail::name_of(kPrecisions, value); }
-Recipe parse_recipe(const std::string& name) { return detail::parse_name(kRecipes, name, "recipe"); }
-std::string to_string(Recipe value) { return detail::name_of(kRecipes, value); }
 
-const std::vector<std::string>& train_dataset_names() {
-  static const std::vector<std::string> names = [] {
-    auto all = data::dataset_names();
-    all.push_back(kImageFolder);
-    return all;
-  }();
-  return names;
-}
-
-bool is_image_folder(const TrainConfig& config) { return config.data.dataset == kImageFolder; }
-
-TrainConfig apply_recipe(TrainConfig c) {
-  auto& a = c.augmentation;
-  if (!a.recipe) a.recipe = is_image_folder(c) ? Recipe::Paper : Recipe::None;
-  const auto& values = *a.recipe == Recipe::Paper ? kPaperRecipe : kNoRecipe;
-  if (!a.rand_augment) a.rand_augment = values.rand_augment;
-  if (!a.color_jitter) a.color_jitter = values.color_jitter;
-  if (!a.reprob) a.reprob = values.reprob;
-  if (!a.mixup) a.mixup = values.mixup;
-  if (!a.cutmix) a.cutmix = values.cutmix;
-  // Digits are not mirror-symmetric.
-  if (!a.hflip) a.hflip = c.data.dataset == data::to_string(data::DatasetKind::Mnist) ? 0.0 : 0.5;
-  if (is_image_folder(c)) {
-    auto& d = c.data;
-    if (!d.image_size) d.image_size = kDefaultImageSize;
-    if (!d.val_resize) d.val_resize = data::default_val_resize(*d.image_size);
-    if (!a.crop_padding) a.crop_padding = 0;
-  }
-  return c;
+TrainConfig apply_recipe(TrainConfig config) {
+  data::apply_recipe(config.data, config.augmentation);
+  return config;
 }
 
 void to_json(nlohmann::json& json, const TrainConfig& config) {
@@ -329,14 +195,7 @@ void from_json(const nlohmann::json& json, TrainConfig& config) {
 }
 
 void validate(const TrainConfig& c) {
-  // Each value's own rule first, then the rules between values.
-  check_data(c.data);
-  check_augmentation(c.augmentation);
-  if (is_image_folder(c)) {
-    check_image_folder(c);
-  } else {
-    check_image_folder_only(c);
-  }
+  data::validate(c.data, c.augmentation);
   models::validate(c.model, model_as_built(c));
   check_optimization(c.optimization);
   check_run(c.run);

@@ -4,13 +4,13 @@
 // describe. Unset optional values are the recipe's or the data set's. Defaults are the paper's recipe
 // (AdamW lr 1e-3, wd 0.05, betas (0.9, 0.999), 20 warm-up epochs from 1e-7 then cosine to 5e-6,
 // label smoothing 0.1, gradient clipping 5, bf16 autocast off on the CPU by default).
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "convnn/data/config.h"
 #include "convnn/models/registry.h"
 
 namespace convnn::train {
@@ -23,59 +23,19 @@ enum class Schedule { Cosine, Constant };
 /// float64: the model and its inputs in double precision (slow; for numerical checks, such as
 /// the data-parallel equivalence test).
 enum class Precision { Float32, BFloat16, Float64 };
-/// The augmentation recipe: the paper's (DeiT / Swin through timm: RandAugment, colour jitter,
-/// random erasing, MixUp / CutMix) or none (image folders: RandomResizedCrop and flip only).
-enum class Recipe { Paper, None };
+// The data and augmentation sections are the data library's (data/config.h).
+using data::AugmentationConfig;
+using data::DataConfig;
+using data::Recipe;
 
 OptimizerKind parse_optimizer(const std::string& name);
 DecayOn parse_decay_on(const std::string& name);
 Schedule parse_schedule(const std::string& name);
 Precision parse_precision(const std::string& name);
-Recipe parse_recipe(const std::string& name);
 std::string to_string(OptimizerKind value);
 std::string to_string(DecayOn value);
 std::string to_string(Schedule value);
 std::string to_string(Precision value);
-std::string to_string(Recipe value);
-
-/// The data sets `dataset` accepts: data::dataset_names() (held in memory) and "imagefolder"
-/// (ImageNet-style folders of JPEG / PNG files, decoded per sample).
-const std::vector<std::string>& train_dataset_names();
-
-/// What a run reads, and how its loader reads it.
-struct DataConfig {
-  std::string dataset = "fashion-mnist";  // or imagefolder
-  std::string data_dir;               // empty: data::default_data_dir; imagefolder: the root of train/, val/
-  std::string val_labels;             // imagefolder: labels file of a flat val/ (empty: found beside it)
-  bool strict_data = false;           // imagefolder: stop at the first unreadable file (default: skip it)
-  std::optional<int64_t> image_size;  // imagefolder: side of the crops; unset: 224 (others: their own)
-  std::optional<int64_t> val_resize;  // imagefolder: shorter side before the centre crop; unset: size / 0.875
-  int64_t train_subset = 0;           // train on the first n samples of a seeded shuffle; 0: all
-  int64_t val_subset = 0;             // evaluate on the first n test samples of a seeded shuffle; 0: all
-  int64_t workers = 2;                // loader threads
-  int64_t prefetch = 4;               // batches held ready
-};
-
-/// The per-sample augmentation. Unset values are the recipe's (paper / none) or the data set's;
-/// apply_recipe and resolve_config fill them, so that a run's config.json says what it used.
-/// Image folders take every field but crop_padding; the in-memory sets take crop_padding, hflip
-/// and MixUp / CutMix.
-struct AugmentationConfig {
-  std::optional<int64_t>
-      crop_padding;              // random crop from the zero-padded image; unset: 4 for 32 px, 2 for 28 px
-  std::optional<double> hflip;   // flip probability; unset: 0.5, but 0 for MNIST digits
-  std::optional<Recipe> recipe;  // unset: paper for imagefolder, none for the others
-  double scale_min = 0.08, scale_max = 1.0;             // RandomResizedCrop area fraction
-  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // RandomResizedCrop aspect ratio
-  std::optional<double> rand_augment;                   // RandAugment magnitude M (paper 9); 0: off
-  int64_t rand_augment_ops = 2;                         // RandAugment ops per image; 0: off
-  double rand_augment_mstd = 0.5;                       // RandAugment magnitude std; > 100: uniform in [0, M]
-  std::optional<double> color_jitter;  // brightness = contrast = saturation strength (paper 0.4)
-  std::optional<double> reprob;        // random erasing probability (paper 0.25)
-  std::optional<double> mixup;         // MixUp alpha (paper 0.8); 0: off
-  std::optional<double> cutmix;        // CutMix alpha (paper 1.0); 0: off
-  double mixup_switch_prob = 0.5;      // CutMix instead of MixUp when both are on
-};
 
 /// The optimiser, its schedule and the loss.
 struct OptimizationConfig {
@@ -145,11 +105,8 @@ void from_json(const nlohmann::json& json, TrainConfig& config);
 /// once, on the config it is given; what it resolves from there is valid by construction.
 void validate(const TrainConfig& config);
 
-bool is_image_folder(const TrainConfig& config);
-
-/// The recipe's values for every unset augmentation field, the recipe itself when unset, the
-/// flip probability, and for imagefolder the image size, validation resize and crop padding (0):
-/// everything of train::resolve_config that does not need the data.
+/// data::apply_recipe on the config's data and augmentation: everything of
+/// train::resolve_config that does not need the data.
 TrainConfig apply_recipe(TrainConfig config);
 
 /// Reads a JSON config file (c10::Error naming the path on a missing file or bad JSON).
