@@ -1,7 +1,6 @@
 #include "convnn/train/config.h"
 
 #include <c10/util/Exception.h>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "convnn/data/datasets.h"
-#include "convnn/data/image_folder_source.h"
 #include "util/enum_names.h"
 #include "util/json_fields.h"
 #include "util/value_checks.h"
