@@ -6,14 +6,23 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "dist/backends.h"
+#include "dist/store_socket.h"
 
 namespace convnn::dist {
 namespace {
+
+using detail::FileDescriptor;
+using detail::listen_on;
+using detail::wait_for_store;
 
 // ---------------------------------------------------------------------------------------------
 // The environment.
@@ -158,7 +167,22 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const Environment& e, Backend b
     options.numWorkers = static_cast<size_t>(e.world_size);
     options.waitWorkers = false;
     options.timeout = timeout;
+    const auto port = static_cast<uint16_t>(e.master_port);
+    FileDescriptor listener;
+    if (options.isServer) {
+      listener = listen_on(e.master_addr, port, timeout);
+      if (listener.get() >= 0) {
+        // c10d's server owns (and closes) the descriptor it is given: it gets a duplicate, and
+        // convnn closes its own once the store is built, or when the error leaves this block.
+        const int duplicate = ::fcntl(listener.get(), F_DUPFD_CLOEXEC, 0);
+        TORCH_CHECK(duplicate >= 0, "cannot duplicate the store's socket: ", std::strerror(errno));
+        options.masterListenFd = duplicate;
+      }
+    } else {
+      wait_for_store(e.master_addr, port, timeout);
+    }
     auto tcp = c10::make_intrusive<c10d::TCPStore>(e.master_addr, options);
+    listener.reset();
     state->store = c10::make_intrusive<c10d::PrefixStore>("convnn/" + e.restart_count, tcp);
     state->group = c10::make_intrusive<c10d::ProcessGroup>(state->store, e.rank, e.world_size);
     const auto type = c10::DeviceType::CPU;

@@ -45,7 +45,10 @@ class GradientReducer;
 class ProcessGroup {
  public:
   /// Connects to the store at MASTER_ADDR:MASTER_PORT and joins; a rendezvous that does not
-  /// complete within `timeout` is a c10::Error naming the address.
+  /// complete within `timeout` is a c10::Error naming the address, also where something accepts
+  /// connections on that port and never answers. Rank 0's store (unless torchrun's agent serves
+  /// it) listens on MASTER_ADDR's address only, or on every interface where that address is not
+  /// one of this machine's.
   static std::unique_ptr<ProcessGroup> join(const Environment& environment, Backend backend,
                                             std::chrono::milliseconds timeout);
   ~ProcessGroup();

@@ -1,0 +1,139 @@
+"""The data-parallel rendezvous (the c10d TCPStore at MASTER_ADDR:MASTER_PORT) does not hang and
+does not listen wider than asked:
+
+- a rank >= 1 whose MASTER_PORT is held by a program that accepts connections and never answers
+  (c10d's client alone waits for its ping's answer forever) fails within --dist-timeout, with one
+  error line naming the address and the timeout;
+- rank 0's store listens on MASTER_ADDR (127.0.0.1 here) only, not on every interface, and a
+  second rank still joins it and trains.
+
+Every process is bounded by a subprocess timeout, so a regression fails instead of hanging."""
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from cli_support import BINARY, make_data_set, tiny_run_args
+
+TIMEOUT_S = 3
+# Starting the command (loading libtorch) and reading the data set come on top of the timeout;
+# this machine's 2 shared cores have taken a few seconds for that.
+MARGIN_S = 15
+
+
+def rank_environment(rank, port):
+    return {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+
+
+def train_command(data_dir, output, *extra):
+    return [BINARY, "train", *map(str, tiny_run_args(data_dir)), "--output", str(output), *map(str, extra)]
+
+
+class SilentListener:
+    """Accepts every connection on 127.0.0.1 and never sends a byte (as a hung service would)."""
+
+    def __init__(self):
+        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self.accepted = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stopping.is_set():
+            try:
+                connection, _ = self.server.accept()
+            except socket.timeout:
+                continue
+            self.accepted.append(connection)
+
+    def close(self):
+        self.stopping.set()
+        self.thread.join(timeout=5)
+        for connection in self.accepted:
+            connection.close()
+        self.server.close()
+
+
+@pytest.fixture
+def silent_listener():
+    listener = SilentListener()
+    yield listener
+    listener.close()
+
+
+def test_a_rank_whose_master_port_accepts_but_never_answers_fails_within_the_timeout(silent_listener, tmp_path):
+    data_dir = make_data_set(tmp_path)
+    started = time.monotonic()
+    result = subprocess.run(train_command(data_dir, tmp_path / "runs", "--dist-timeout", TIMEOUT_S),
+                            env=rank_environment(1, silent_listener.port), capture_output=True, text=True,
+                            timeout=TIMEOUT_S + MARGIN_S + 30)
+    elapsed = time.monotonic() - started
+    assert silent_listener.accepted, "the rank never connected: this test did not exercise a silent store"
+    assert result.returncode != 0, result.stderr
+    assert TIMEOUT_S <= elapsed < TIMEOUT_S + MARGIN_S, f"{elapsed:.1f} s: --dist-timeout {TIMEOUT_S} was not kept"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("convnn: error: rank 1 of 2 could not join the process group at "
+                               f"127.0.0.1:{silent_listener.port} within {TIMEOUT_S} s"), result.stderr
+    assert "never answered" in lines[0], result.stderr
+
+
+def listening_addresses(port):
+    """The local addresses of the sockets listening on TCP `port`, from /proc/net/tcp{,6}."""
+    addresses = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        if not os.path.exists(table):
+            continue
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                address, local_port = fields[1].split(":")
+                if fields[3] != "0A" or int(local_port, 16) != port:  # 0A: LISTEN
+                    continue
+                # The kernel prints each 32-bit word of the address in host (little-endian) order.
+                raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+                addresses.add(socket.inet_ntop(family, raw))
+    return addresses
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads the listening sockets from Linux's /proc")
+def test_rank_0_store_listens_on_master_addr_only_and_serves_the_group(tmp_path):
+    data_dir = make_data_set(tmp_path)
+    port = free_port()
+    common = ["--dist-timeout", 60, "--experiment", "pair"]
+    rank0 = subprocess.Popen(train_command(data_dir, tmp_path / "runs", *common), env=rank_environment(0, port),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank1 = None
+    try:
+        deadline = time.monotonic() + 30
+        while not listening_addresses(port):  # rank 0 waits for rank 1 in the rendezvous meanwhile
+            assert rank0.poll() is None, rank0.communicate()
+            assert time.monotonic() < deadline, "rank 0 never listened on MASTER_PORT"
+            time.sleep(0.05)
+        assert listening_addresses(port) == {"127.0.0.1"}, "the store listens beyond MASTER_ADDR=127.0.0.1"
+        rank1 = subprocess.Popen(train_command(data_dir, tmp_path / "runs", *common), env=rank_environment(1, port),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        outputs = [rank.communicate(timeout=120) for rank in (rank0, rank1)]
+        assert [rank.returncode for rank in (rank0, rank1)] == [0, 0], outputs
+        assert "2 processes (gloo" in outputs[0][0].splitlines()[0], outputs
+    finally:
+        for rank in (rank0, rank1):
+            if rank is not None and rank.poll() is None:
+                rank.kill()
+                rank.communicate()
