@@ -128,6 +128,9 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
                   "LOC_val_solution.csv beside it)");
   sub->add_flag("--strict-data", c.data.strict_data,
                 "imagefolder: stop at the first unreadable image file (default: skip it with a warning)");
+  sub->add_option("--max-image-pixels", c.data.max_image_pixels,
+                  "imagefolder: an image claiming more pixels (width x height) is unreadable (default "
+                  "178956970, PIL's decompression-bomb limit)");
   sub->add_option("--train-subset", c.data.train_subset, "Train on n samples of a seeded shuffle (0: all)");
   sub->add_option("--val-subset", c.data.val_subset,
                   "Evaluate on n test samples of a seeded shuffle (0: all)");

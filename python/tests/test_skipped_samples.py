@@ -51,3 +51,37 @@ def test_train_warns_once_per_skipped_file_and_counts_it(broken_folder, tmp_path
     assert evaluation.returncode == 0, evaluation.stderr
     assert evaluation.stderr.count("convnn: warning: skipped a sample") == 1, evaluation.stderr
     assert str(broken) in evaluation.stderr
+
+
+def png_claiming(width, height):
+    """A valid 1x1-pixel PNG stream whose header claims width x height (CRCs correct): a
+    decompression bomb's header, a hundred bytes long."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0\0\0\0"))
+            + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_image_claiming_ten_billion_pixels_is_skipped_by_name_or_stops_a_strict_run(tmp_path, strict):
+    """Decoding it would allocate 30 GB at once (std::bad_alloc, naming no file, before the limit):
+    it is refused from its header, like any damaged image."""
+    root = tmp_path / "folder"
+    write_folder(root)
+    bomb = root / "train" / "c0" / "bomb.png"
+    bomb.write_bytes(png_claiming(100000, 100000))
+    run = convnn("train", "--dataset", "imagefolder", "--data-dir", root, "--image-size", SIDE, "--model",
+                 "resnet18", "--small-stem", "--width", "4", "--epochs", "1", "--warmup-epochs", "0", "--quiet",
+                 "--no-plots", "--output", tmp_path / "runs", "--experiment", "run", *COMMON,
+                 *(["--strict-data"] if strict else []))
+    if strict:
+        assert run.returncode == 1, run.stderr
+        assert run.stderr.startswith("convnn: error:") and len(run.stderr.splitlines()) == 1, run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+        assert run.stderr.count("convnn: warning: skipped a sample") == 1, run.stderr
+    assert str(bomb) in run.stderr and "100000x100000" in run.stderr and "max_image_pixels" in run.stderr

@@ -14,6 +14,9 @@ namespace {
 
 constexpr int64_t kChannels = 3, kSide = 32, kPixels = kChannels * kSide * kSide;
 constexpr int64_t kCifar100Coarse = 20;
+// The most records a file may hold: all of CIFAR's 60,000 images (train and test) in one file. A
+// bound for the reader, so that a gzip file inflating to gigabytes is stopped there.
+constexpr int64_t kMaxRecords = 60000;
 
 struct CifarFile {
   std::string path;
@@ -23,7 +26,10 @@ struct CifarFile {
 
 CifarFile read_checked(const std::string& path, int64_t record) {
   const char* what = "CIFAR";
-  CifarFile file{path, detail::read_file_bytes(path, what)};
+  const std::string limit = std::to_string(kMaxRecords) + " records of " + std::to_string(record) +
+                            " bytes, all of CIFAR's images in one file";
+  CifarFile file{path,
+                 detail::read_file_bytes(path, what, static_cast<size_t>(kMaxRecords * record), limit)};
   const auto size = static_cast<int64_t>(file.bytes.size());
   TORCH_CHECK(size > 0, what, " ", path, ": file is empty");
   TORCH_CHECK(size % record == 0, what, " ", path, ": size ", size,

@@ -49,7 +49,12 @@ void check_data(const DataConfig& d) {
   TORCH_CHECK(d.train_subset >= 0, "train_subset must be >= 0 (0: all), got ", d.train_subset);
   TORCH_CHECK(d.val_subset >= 0, "val_subset must be >= 0 (0: all), got ", d.val_subset);
   TORCH_CHECK(d.workers >= 0, "workers must be >= 0, got ", d.workers);
-  TORCH_CHECK(d.prefetch >= 1, "prefetch must be >= 1, got ", d.prefetch);
+  // Each prefetched batch is held in memory: a value past this is a typo (or a hostile file), not
+  // a faster loader.
+  TORCH_CHECK(d.prefetch >= 1 && d.prefetch <= 1024, "prefetch must be in [1, 1024] (batches per loader "
+              "thread), got ", d.prefetch);
+  TORCH_CHECK(d.max_image_pixels >= 1, "max_image_pixels must be >= 1 (default ", kDefaultMaxImagePixels,
+              "), got ", d.max_image_pixels);
 }
 
 void check_augmentation(const AugmentationConfig& a) {
@@ -61,8 +66,9 @@ void check_augmentation(const AugmentationConfig& a) {
               ")");
   const auto non_negative = [](double v) { return v >= 0.0; };
   const auto probability = [](double v) { return v <= 1.0 && v >= 0.0; };
-  check_optional(a.crop_padding, "crop_padding", ">= 0 (0: off)", "the data set's default",
-                 [](int64_t v) { return v >= 0; });
+  // The padded image is allocated per sample: 1024 pixels on each side is past any crop's use.
+  check_optional(a.crop_padding, "crop_padding", "in [0, 1024] (0: off)", "the data set's default",
+                 [](int64_t v) { return v >= 0 && v <= 1024; });
   check_optional(a.hflip, "hflip", "a probability in [0, 1]", "the data set's default", probability);
   check_optional(a.rand_augment, "rand_augment", "a magnitude in [0, 10] (0: off)", "the recipe's value",
                  [](double v) { return v >= 0.0 && v <= 10.0; });

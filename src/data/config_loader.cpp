@@ -80,6 +80,7 @@ ImageTransformOptions image_transform_options(const DataConfig& data, const Augm
   }
   o.color_jitter = *a.color_jitter;
   o.reprob = *a.reprob;
+  o.max_image_pixels = d.max_image_pixels;
   return o;
 }
 

@@ -26,17 +26,28 @@ const char* kind_of_magic(uint32_t magic) {
   return "";
 }
 
+// A file is read in two bounded steps (read_header, read_payload): the header, then at most the
+// payload its sizes promise plus kTrailingProbe bytes, so a gzip file that inflates to gigabytes
+// (a decompression bomb) is inflated only that far.
+
+// Bytes read past the promised payload: enough to count a few stray bytes exactly, few enough
+// that a file inflating to gigabytes costs nothing more.
+constexpr int64_t kTrailingProbe = 4096;
+
 // The header's sizes, after checking the magic number and that the header is complete.
-std::vector<int64_t> read_header(const std::vector<uint8_t>& bytes, const std::string& path,
-                                 const char* what, uint32_t magic, size_t dims) {
-  TORCH_CHECK(!bytes.empty(), what, " ", path, ": file is empty");
+std::vector<int64_t> read_header(detail::FileReader& file, std::vector<uint8_t>& bytes,
+                                 const std::string& path, const char* what, uint32_t magic,
+                                 size_t dims) {
   const size_t header = 4 * (1 + dims);
+  file.read(bytes, 4);
+  TORCH_CHECK(!bytes.empty(), what, " ", path, ": file is empty");
   // The magic number first: a file of the wrong kind should say so, not that it is short.
   TORCH_CHECK(bytes.size() >= 4, what, " ", path, ": truncated header (", bytes.size(),
               " bytes, expected ", header, ")");
   const uint32_t found = big_endian32(bytes.data());
   TORCH_CHECK(found == magic, what, " ", path, ": bad magic number ", detail::hex32(found),
               kind_of_magic(found), ", expected ", detail::hex32(magic));
+  file.read(bytes, header - 4);
   TORCH_CHECK(bytes.size() >= header, what, " ", path, ": truncated header (", bytes.size(),
               " bytes, expected ", header, ")");
   std::vector<int64_t> sizes;
@@ -44,13 +55,20 @@ std::vector<int64_t> read_header(const std::vector<uint8_t>& bytes, const std::s
   return sizes;
 }
 
-// The payload must be exactly what the header promises: a shorter file is truncated, a longer
-// one is not the file its header describes.
-void check_payload(const std::vector<uint8_t>& bytes, size_t header, int64_t expected,
-                   const std::string& path, const char* what, const std::string& promise) {
+// Reads the payload that `expected` says, and kTrailingProbe bytes more at most. It must be
+// exactly what the header promises: a shorter file is truncated, a longer one is not the file its
+// header describes.
+void read_payload(detail::FileReader& file, std::vector<uint8_t>& bytes, size_t header,
+                  int64_t expected, const std::string& path, const char* what,
+                  const std::string& promise) {
+  // expected < 2^63, so this cannot wrap in 64 bits.
+  file.read(bytes, static_cast<size_t>(expected) + kTrailingProbe);
   const auto held = static_cast<int64_t>(bytes.size() - header);
   TORCH_CHECK(held >= expected, what, " ", path, ": truncated: the header promises ", promise,
               " (", expected, " bytes), the file holds ", held, " bytes after the header");
+  TORCH_CHECK(held == expected || file.at_end(), what, " ", path, ": trailing data: ",
+              kTrailingProbe, " bytes or more after the ", promise, " (", expected,
+              " bytes) the header promises; reading stopped there");
   TORCH_CHECK(held == expected, what, " ", path, ": ", held - expected,
               " trailing bytes after the ", promise, " the header promises");
 }
@@ -59,19 +77,20 @@ void check_payload(const std::vector<uint8_t>& bytes, size_t header, int64_t exp
 
 at::Tensor read_idx_images(const std::string& path) {
   const char* what = "IDX images";
-  const auto bytes = detail::read_file_bytes(path, what);
-  const auto sizes = read_header(bytes, path, what, kImagesMagic, 3);
+  detail::FileReader file(path, what);
+  std::vector<uint8_t> bytes;
+  const auto sizes = read_header(file, bytes, path, what, kImagesMagic, 3);
   const int64_t n = sizes[0], rows = sizes[1], cols = sizes[2];
   TORCH_CHECK(n > 0 && rows > 0 && cols > 0, what, " ", path, ": the header declares ", n,
               " images of ", rows, "x", cols, "; expected at least one non-empty image");
   // Each size is below 2^32, so rows * cols fits; n * rows * cols may not.
   const int64_t per_image = rows * cols;
-  TORCH_CHECK(n <= std::numeric_limits<int64_t>::max() / per_image, what, " ", path,
+  TORCH_CHECK(n <= (std::numeric_limits<int64_t>::max() - kTrailingProbe) / per_image, what, " ", path,
               ": the header declares an impossible size (", n, " images of ", rows, "x", cols,
               ")");
   const std::string promise = std::to_string(n) + " images of " + std::to_string(rows) + "x" +
                               std::to_string(cols);
-  check_payload(bytes, 16, n * per_image, path, what, promise);
+  read_payload(file, bytes, 16, n * per_image, path, what, promise);
   auto images = at::empty({n, 1, rows, cols}, at::kByte);
   std::memcpy(images.data_ptr<uint8_t>(), bytes.data() + 16, static_cast<size_t>(n * per_image));
   return images;
@@ -79,10 +98,11 @@ at::Tensor read_idx_images(const std::string& path) {
 
 at::Tensor read_idx_labels(const std::string& path) {
   const char* what = "IDX labels";
-  const auto bytes = detail::read_file_bytes(path, what);
-  const int64_t n = read_header(bytes, path, what, kLabelsMagic, 1)[0];
+  detail::FileReader file(path, what);
+  std::vector<uint8_t> bytes;
+  const int64_t n = read_header(file, bytes, path, what, kLabelsMagic, 1)[0];
   TORCH_CHECK(n > 0, what, " ", path, ": the header declares 0 labels");
-  check_payload(bytes, 8, n, path, what, std::to_string(n) + " labels");
+  read_payload(file, bytes, 8, n, path, what, std::to_string(n) + " labels");
   auto labels = at::empty({n}, at::kLong);
   auto* out = labels.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) out[i] = bytes[8 + i];

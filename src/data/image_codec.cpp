@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <new>
 #include <system_error>
@@ -42,6 +43,43 @@ std::string leading_bytes(const uint8_t* data, size_t size) {
     text += kDigits[data[i] & 0xf];
   }
   return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pixel limit: checked on the size a header claims, before anything of that size exists
+
+// The width and height a header claims, kept for the message when they are refused.
+struct Claimed {
+  uint64_t width = 0, height = 0;
+};
+
+// What the decode_*_into functions return for an image above the limit: they may not allocate
+// (see the top), so the calling frame writes the message.
+constexpr const char* kAboveLimit = "above the pixel limit";
+
+// Whatever the limit, height * width * channels (4 at most, CMYK) must fit in int64_t, which
+// Image's size and row offsets are computed in: beyond this a product would wrap and the buffer
+// would be smaller than the rows written into it.
+constexpr uint64_t kMaxAddressablePixels = uint64_t{std::numeric_limits<int64_t>::max()} / 4;
+
+// Both sides are below 2^32 (JDIMENSION and png_uint_32), so their product fits in 64 bits.
+static_assert(sizeof(JDIMENSION) <= 4 && sizeof(png_uint_32) <= 4);
+
+uint64_t pixel_limit(int64_t max_pixels) {
+  return std::min(static_cast<uint64_t>(max_pixels), kMaxAddressablePixels);
+}
+
+bool within_limit(const Claimed& claimed, int64_t max_pixels) {
+  return claimed.width * claimed.height <= pixel_limit(max_pixels);
+}
+
+void refuse_above_limit(const char* format, const std::string& name, const Claimed& claimed,
+                        int64_t max_pixels) {
+  TORCH_CHECK(false, format, " image ", name, ": its header claims ", claimed.width, "x",
+              claimed.height, " = ", claimed.width * claimed.height, " pixels, more than the limit of ",
+              pixel_limit(max_pixels),
+              " (max_image_pixels, a guard against decompression bombs; raise it with "
+              "--max-image-pixels or the config's max_image_pixels if the image is genuine)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -140,13 +178,19 @@ bool choose_jpeg_output(jpeg_decompress_struct* cinfo) {
   }
 }
 
-// nullptr on success, else what went wrong. Only trivially destructible locals (see the top).
+// nullptr on success, kAboveLimit for an image above the limit (its size in `claimed`), else what
+// went wrong. Only trivially destructible locals (see the top).
 const char* decode_jpeg_into(jpeg_decompress_struct* cinfo, JpegErrorManager* err,
-                             const uint8_t* data, size_t size, Image* out) {
+                             const uint8_t* data, size_t size, int64_t max_pixels, Claimed* claimed,
+                             Image* out) {
   if (setjmp(err->jump)) return err->message;
   jpeg_create_decompress(cinfo);
   jpeg_mem_src(cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(cinfo, TRUE);
+  // Before jpeg_start_decompress, which allocates a progressive file's whole-image coefficient
+  // buffers, and before the image itself.
+  *claimed = Claimed{cinfo->image_width, cinfo->image_height};
+  if (!within_limit(*claimed, max_pixels)) return kAboveLimit;
   if (!choose_jpeg_output(cinfo)) {
     std::snprintf(err->message, sizeof(err->message),
                   "unsupported JPEG colour space (libjpeg J_COLOR_SPACE %d, %d components)",
@@ -164,7 +208,7 @@ const char* decode_jpeg_into(jpeg_decompress_struct* cinfo, JpegErrorManager* er
   return nullptr;
 }
 
-Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name) {
+Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
   JpegErrorManager err;
   init_jpeg_errors(err);
   jpeg_decompress_struct cinfo;
@@ -172,7 +216,9 @@ Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name) {
   cinfo.err = &err.pub;
   JpegDecompressGuard guard{&cinfo};
   Image image;
-  const char* failure = decode_jpeg_into(&cinfo, &err, data, size, &image);
+  Claimed claimed;
+  const char* failure = decode_jpeg_into(&cinfo, &err, data, size, max_pixels, &claimed, &image);
+  if (failure == kAboveLimit) refuse_above_limit("JPEG", name, claimed, max_pixels);
   TORCH_CHECK(failure == nullptr, "JPEG image ", name, ": ", failure);
   return image;
 }
@@ -226,12 +272,16 @@ void set_png_transforms(png_structp png, png_infop info) {
   png_set_strip_alpha(png);
 }
 
-// nullptr on success, else what went wrong. Only trivially destructible locals (see the top).
-const char* decode_png_into(PngReadGuard* guard, PngReadState* state, Image* out) {
+// nullptr on success, kAboveLimit for an image above the limit (its size in `claimed`), else what
+// went wrong. Only trivially destructible locals (see the top).
+const char* decode_png_into(PngReadGuard* guard, PngReadState* state, int64_t max_pixels,
+                            Claimed* claimed, Image* out) {
   png_structp png = guard->png;
   if (setjmp(png_jmpbuf(png))) return state->message;
   png_set_read_fn(png, state, png_read_memory);
   png_read_info(png, guard->info);
+  *claimed = Claimed{png_get_image_width(png, guard->info), png_get_image_height(png, guard->info)};
+  if (!within_limit(*claimed, max_pixels)) return kAboveLimit;
   set_png_transforms(png, guard->info);
   const int passes = png_set_interlace_handling(png);
   png_read_update_info(png, guard->info);
@@ -249,7 +299,7 @@ const char* decode_png_into(PngReadGuard* guard, PngReadState* state, Image* out
   return nullptr;
 }
 
-Image decode_png(const uint8_t* data, size_t size, const std::string& name) {
+Image decode_png(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
   PngReadState state{data, size, 0, {}};
   PngReadGuard guard;
   guard.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &state, png_fail, png_warn);
@@ -257,7 +307,9 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& name) {
   guard.info = png_create_info_struct(guard.png);
   TORCH_CHECK(guard.info != nullptr, "PNG image ", name, ": cannot create a libpng reader");
   Image image;
-  const char* failure = decode_png_into(&guard, &state, &image);
+  Claimed claimed;
+  const char* failure = decode_png_into(&guard, &state, max_pixels, &claimed, &image);
+  if (failure == kAboveLimit) refuse_above_limit("PNG", name, claimed, max_pixels);
   TORCH_CHECK(failure == nullptr, "PNG image ", name, ": ", failure);
   return image;
 }
@@ -438,13 +490,15 @@ ImageFormat sniff_format(const uint8_t* data, size_t size) {
   return ImageFormat::Unknown;
 }
 
-Image decode_image(const uint8_t* data, size_t size, const std::string& name) {
+Image decode_image(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
+  TORCH_CHECK(max_pixels >= 1, "image ", name, ": max_pixels (max_image_pixels) must be >= 1, got ",
+              max_pixels);
   TORCH_CHECK(size > 0, "image ", name, ": file is empty");
   switch (sniff_format(data, size)) {
     case ImageFormat::Jpeg:
-      return decode_jpeg(data, size, name);
+      return decode_jpeg(data, size, name, max_pixels);
     case ImageFormat::Png:
-      return decode_png(data, size, name);
+      return decode_png(data, size, name, max_pixels);
     case ImageFormat::Unknown:
       break;
   }
@@ -452,9 +506,9 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& name) {
               leading_bytes(data, size), "; JPEG starts with ff d8 ff, PNG with 89 50 4e 47)");
 }
 
-Image read_image(const std::string& path) {
+Image read_image(const std::string& path, int64_t max_pixels) {
   const auto bytes = read_raw_file(path);
-  return decode_image(bytes.data(), bytes.size(), path);
+  return decode_image(bytes.data(), bytes.size(), path, max_pixels);
 }
 
 std::vector<uint8_t> encode_jpeg(const Image& image, int quality) {

@@ -55,6 +55,8 @@ void check_options(const ImageTransformOptions& o) {
               o.color_jitter);
   TORCH_CHECK(o.reprob >= 0.0 && o.reprob <= 1.0,
               "ImageFolderSource: reprob must be in [0, 1], got ", o.reprob);
+  TORCH_CHECK(o.max_image_pixels >= 1, "ImageFolderSource: max_image_pixels must be >= 1, got ",
+              o.max_image_pixels);
   for (int c = 0; c < 3; ++c) {
     TORCH_CHECK(std::isfinite(o.mean[c]), "ImageFolderSource: mean[", c,
                 "] must be finite, got ", o.mean[c]);
@@ -89,9 +91,10 @@ bool ImageFolderSource::write_timed(int64_t index, uint64_t seed, int64_t epoch,
                                     std::string& error, StageTimes* times) const {
   StageClock clock(times);
   Image image;
-  // Only reading and decoding are data errors (a damaged file); the transforms' checks are not.
+  // Only reading and decoding are data errors (a damaged file, or one claiming more pixels than
+  // max_image_pixels); the transforms' checks are not.
   try {
-    image = read_image(files_.paths[static_cast<size_t>(index)]);
+    image = read_image(files_.paths[static_cast<size_t>(index)], options_.max_image_pixels);
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
     return false;

@@ -85,6 +85,19 @@ TEST(CifarReader, LabelOutOfRange) {
                dir.file("coarse.bin"), "coarse label 20");
 }
 
+// No CIFAR file holds more than all of CIFAR (60,000 records): a gzip file inflating beyond is
+// refused there. The bomb's trailer is wrong on purpose, so a reader that inflated it to the end
+// would report damaged gzip data instead: the message proves where reading stopped.
+TEST(CifarReader, FileLargerThanAllOfCifarIsRefusedWhereItPassesTheBound) {
+  TempDir dir;
+  const uint64_t records = 60001, record = 1 + 3 * 32 * 32;
+  write_file(dir.file("data_batch_1.bin.gz"), gzip_bomb({}, records * record));
+  expect_error([&] { read_cifar({dir.file("data_batch_1.bin.gz")}, 1, names(10)); },
+               dir.file("data_batch_1.bin.gz"),
+               "holds more than 184380000 bytes (60000 records of 3073 bytes, all of CIFAR's images in "
+               "one file); reading stopped there");
+}
+
 TEST(CifarReader, BadArguments) {
   TempDir dir;
   write_file(dir.file("a.bin"), cifar_records(random_images({1, 3, 32, 32}, 15),

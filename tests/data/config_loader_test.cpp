@@ -105,6 +105,26 @@ TEST(ConfigLoader, OptionsFollowTheConfigAndTheSetup) {
   EXPECT_EQ(t.rand_augment->magnitude, 9.0);
   EXPECT_EQ(t.reprob, 0.25);
   EXPECT_EQ(t.val_resize, 18);  // floor(16 / 0.875)
+  // The pixel limit of the files it reads.
+  EXPECT_EQ(t.max_image_pixels, kDefaultMaxImagePixels);
+  f.max_image_pixels = 1000;
+  EXPECT_EQ(image_transform_options(f, paper, false).max_image_pixels, 1000);
+}
+
+// max_image_pixels (--max-image-pixels) counts pixels: it must be >= 1, and the message names it,
+// its value and its default.
+TEST(ConfigLoader, MaxImagePixelsBelowOneIsRefusedNamingTheField) {
+  for (const auto& config : {DataConfig{}, folder("/data")}) {
+    for (const int64_t value : {int64_t{0}, int64_t{-5}}) {
+      auto d = config;
+      d.max_image_pixels = value;
+      const auto message = testing::error_of([&] { validate(d, AugmentationConfig{}); });
+      EXPECT_NE(message.find("max_image_pixels must be >= 1 (default 178956970), got " + std::to_string(value)),
+                std::string::npos)
+          << message;
+    }
+    EXPECT_EQ(testing::error_of([&] { validate(config, AugmentationConfig{}); }), "<no error>");
+  }
 }
 
 }  // namespace

@@ -204,6 +204,78 @@ Bytes png_by_hand(const PngSpec& spec) {
   return out;
 }
 
+Bytes png_claiming(uint32_t width, uint32_t height) {
+  Bytes header;
+  append32(header, width, true);
+  append32(header, height, true);
+  header.insert(header.end(), {8, 2, 0, 0, 0});  // 8-bit RGB, no interlace
+  Bytes out = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  append_chunk(out, "IHDR", header);
+  // The filter byte and first pixel of row 0 (4 zero bytes) as a zlib stream: header, one stored
+  // block (length 4 and its complement), the bytes, their Adler-32 (1 + 4 * 65536).
+  append_chunk(out, "IDAT", {0x78, 0x01, 0x01, 0x04, 0x00, 0xfb, 0xff, 0, 0, 0, 0, 0x00, 0x04, 0x00, 0x01});
+  append_chunk(out, "IEND", {});
+  return out;
+}
+
+namespace {
+
+// Bits into bytes, least significant first (RFC 1951, 3.1.1): header fields and extra bits go in
+// as numbers (least significant bit first), Huffman codes most significant bit first.
+class BitWriter {
+ public:
+  void number(uint32_t value, int bits) {
+    for (int i = 0; i < bits; ++i) put((value >> i) & 1);
+  }
+  void code(uint32_t code, int bits) {
+    for (int i = bits - 1; i >= 0; --i) put((code >> i) & 1);
+  }
+  Bytes& bytes() { return out_; }
+
+ private:
+  void put(uint32_t bit) {
+    if (used_ == 0) out_.push_back(0);
+    out_.back() = static_cast<uint8_t>(out_.back() | (bit << used_));
+    used_ = (used_ + 1) % 8;
+  }
+  Bytes out_;
+  int used_ = 0;
+};
+
+// The fixed Huffman codes (RFC 1951, 3.2.6) of a literal byte.
+void fixed_literal(BitWriter& w, uint8_t byte) {
+  if (byte < 144) {
+    w.code(0x30u + byte, 8);
+  } else {
+    w.code(0x190u + (byte - 144u), 9);
+  }
+}
+
+}  // namespace
+
+Bytes gzip_bomb(const Bytes& prefix, uint64_t zeros) {
+  BitWriter w;
+  w.number(1, 1);  // BFINAL
+  w.number(1, 2);  // BTYPE 01: fixed Huffman codes
+  for (const uint8_t byte : prefix) fixed_literal(w, byte);
+  uint64_t left = zeros;
+  if (left > 0) {
+    fixed_literal(w, 0);
+    --left;
+  }
+  for (; left >= 258; left -= 258) {
+    w.code(0xc0u + (285 - 280), 8);  // length 258 (symbol 285, no extra bits)
+    w.code(0, 5);                    // distance 1 (code 0, no extra bits)
+  }
+  for (; left > 0; --left) fixed_literal(w, 0);
+  w.code(0, 7);  // end of block (symbol 256)
+  Bytes out = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff};
+  out.insert(out.end(), w.bytes().begin(), w.bytes().end());
+  append32(out, 0, false);  // CRC-32: wrong on purpose
+  append32(out, 0, false);  // ISIZE: wrong on purpose
+  return out;
+}
+
 }  // namespace convnn::testing
 
 namespace convnn::testing {

@@ -61,6 +61,17 @@ struct PngSpec {
 };
 Bytes png_by_hand(const PngSpec& spec);
 
+/// A PNG of about 100 bytes whose header claims width x height 8-bit RGB pixels: signature, IHDR
+/// (valid CRC), an IDAT of a few bytes that holds none of them, IEND. A decoder that allocates
+/// the image its header claims before reading the data runs out of memory on it.
+Bytes png_claiming(uint32_t width, uint32_t height);
+
+/// A gzip bomb: `prefix` then `zeros` zero bytes, deflated as fixed-Huffman matches of 258 bytes
+/// (about 160:1; 64 MiB of zeros take 420 KB), written by hand like gzip_stored. Its trailer is
+/// deliberately wrong (CRC-32 and length 0): a reader that inflates it to the end reports
+/// damaged data there, one that stops early never sees it.
+Bytes gzip_bomb(const Bytes& prefix, uint64_t zeros);
+
 /// The message of the c10::Error that `f` throws; "<no error>" when it throws none.
 std::string error_of(const std::function<void()>& f);
 /// EXPECTs that `f` throws a c10::Error whose message holds both `path` and `what`.

@@ -131,4 +131,38 @@ TEST(IdxReader, ZeroSizes) {
                "declares 0 labels");
 }
 
+// An IDX header promising 10 images of 28x28 (7,840 bytes) followed by 64 MiB of zeros, as a
+// 420 KB gzip file: the reader inflates what the header promises plus a few KB, then refuses the
+// rest. The bomb's trailer is wrong on purpose, so a reader that inflated all 64 MiB would report
+// damaged gzip data, not trailing data: the message proves where reading stopped.
+TEST(IdxReader, GzipBombIsRefusedAfterInflatingOnlyWhatTheHeaderPromises) {
+  TempDir dir;
+  const Bytes header = {0, 0, 8, 3, 0, 0, 0, 10, 0, 0, 0, 28, 0, 0, 0, 28};
+  const auto bomb = gzip_bomb(header, uint64_t{64} << 20);
+  EXPECT_LT(bomb.size(), size_t{1} << 20);
+  write_file(dir.file("train-images-idx3-ubyte.gz"), bomb);
+  const auto message = error_of([&] { read_idx_images(dir.file("train-images-idx3-ubyte.gz")); });
+  EXPECT_NE(message.find(dir.file("train-images-idx3-ubyte.gz")), std::string::npos) << message;
+  EXPECT_NE(message.find("trailing data: 4096 bytes or more after the 10 images of 28x28 (7840 "
+                         "bytes) the header promises; reading stopped there"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("damaged"), std::string::npos) << message;
+  // The same for labels: 5 promised, 64 MiB given.
+  write_file(dir.file("labels.gz"), gzip_bomb({0, 0, 8, 1, 0, 0, 0, 5}, uint64_t{64} << 20));
+  expect_error([&] { read_idx_labels(dir.file("labels.gz")); }, dir.file("labels.gz"),
+               "trailing data: 4096 bytes or more after the 5 labels");
+}
+
+// A header may claim any size: the buffer grows with the data that comes, never to the size
+// claimed, so a 16-byte file claiming a billion 28x28 images (784 GB) is truncated, not an
+// allocation failure.
+TEST(IdxReader, HeaderClaimingTerabytesIsTruncatedWithoutAllocatingTheClaim) {
+  TempDir dir;
+  write_file(dir.file("images"), {0, 0, 8, 3, 0x3b, 0x9a, 0xca, 0x00, 0, 0, 0, 28, 0, 0, 0, 28});
+  expect_error([&] { read_idx_images(dir.file("images")); }, dir.file("images"),
+               "truncated: the header promises 1000000000 images of 28x28 (784000000000 bytes), "
+               "the file holds 0 bytes");
+}
+
 }  // namespace

@@ -21,6 +21,7 @@ using testing::Bytes;
 using testing::TempDir;
 using testing::error_of;
 using testing::expect_error;
+using testing::png_claiming;
 using testing::write_file;
 
 // Debian's python-matplotlib-data (scripts/versions.sh): a photograph and two RGBA PNGs.
@@ -127,6 +128,30 @@ size_t scan_start(const Bytes& jpeg) {
 }
 
 Bytes truncated(const Bytes& bytes, size_t size) { return Bytes(bytes.begin(), bytes.begin() + size); }
+
+// The file with its baseline frame header (SOF0) claiming width x height; the scan data stays the
+// original image's.
+Bytes claiming_size(Bytes jpeg, uint16_t width, uint16_t height) {
+  size_t pos = 2;  // after SOI
+  while (pos + 9 <= jpeg.size() && jpeg[pos] == 0xff && jpeg[pos + 1] != 0xda) {
+    if (jpeg[pos + 1] == 0xc0) {  // length (2), precision (1), height (2), width (2)
+      jpeg[pos + 5] = static_cast<uint8_t>(height >> 8);
+      jpeg[pos + 6] = static_cast<uint8_t>(height & 0xff);
+      jpeg[pos + 7] = static_cast<uint8_t>(width >> 8);
+      jpeg[pos + 8] = static_cast<uint8_t>(width & 0xff);
+      return jpeg;
+    }
+    pos += 2 + (size_t{jpeg[pos + 2]} << 8 | jpeg[pos + 3]);
+  }
+  ADD_FAILURE() << "no SOF0 segment before the scan";
+  return jpeg;
+}
+
+void expect_parts(const std::string& message, const std::vector<std::string>& parts) {
+  for (const auto& part : parts) {
+    EXPECT_NE(message.find(part), std::string::npos) << "expected '" << part << "' in\n" << message;
+  }
+}
 
 TEST(ImageCodec, SniffFormatReadsMagicBytesNotNames) {
   const Bytes jpeg = encode_jpeg(smooth_image(8, 8, 3));
@@ -318,6 +343,59 @@ TEST(ImageCodec, CorruptPngDataIsAnErrorNamingTheFile) {
   bad_crc[idat_crc] ^= 0x01;
   write_file(path, bad_crc);
   expect_error([&] { read_image(path); }, path, "IDAT: CRC error");
+}
+
+// PIL's decompression-bomb threshold (Image.MAX_IMAGE_PIXELS, 89,478,485, warns; twice it
+// refuses): convnn cannot warn, so it refuses where PIL refuses.
+TEST(ImageCodec, DefaultPixelLimitIsPilsRefusalThreshold) {
+  EXPECT_EQ(kDefaultMaxImagePixels, 2 * 89478485);
+}
+
+// A 72-byte PNG claiming 100000x100000 pixels (30 GB of RGB) is refused from its header: a
+// c10::Error naming the file, the claimed size, the limit and how to raise it, where the decoder
+// used to allocate the claimed image and die of std::bad_alloc (or reach the OOM killer).
+TEST(ImageCodec, PngClaimingTenBillionPixelsIsRefusedFromItsHeader) {
+  const auto bomb = png_claiming(100000, 100000);
+  EXPECT_LT(bomb.size(), 100u);
+  expect_parts(error_of([&] { decode_image(bomb.data(), bomb.size(), "bomb.png"); }),
+               {"PNG image bomb.png: its header claims 100000x100000 = 10000000000 pixels, more than the "
+                "limit of 178956970 (max_image_pixels",
+                "raise it with --max-image-pixels or the config's max_image_pixels"});
+  TempDir dir;
+  write_file(dir.file("bomb.png"), bomb);
+  expect_error([&] { read_image(dir.file("bomb.png")); }, dir.file("bomb.png"),
+               "100000x100000 = 10000000000 pixels, more than the limit of 178956970");
+}
+
+// A real 8x8 JPEG whose frame header is patched to claim 65500x65500 (libjpeg's largest, 12.9 GB
+// of RGB) is refused from its header in the same way.
+TEST(ImageCodec, JpegClaiming65500x65500IsRefusedFromItsHeader) {
+  const auto real = encode_jpeg(smooth_image(8, 8, 3), 90);
+  expect_rgb_of_size(decode(real), 8, 8);
+  const auto bomb = claiming_size(real, 65500, 65500);
+  expect_parts(error_of([&] { decode_image(bomb.data(), bomb.size(), "bomb.jpg"); }),
+               {"JPEG image bomb.jpg: its header claims 65500x65500 = 4290250000 pixels, more than the "
+                "limit of 178956970 (max_image_pixels",
+                "--max-image-pixels"});
+  // A claim within the limit is not refused for its size, whatever its data then give.
+  const auto small_claim = claiming_size(real, 24, 24);
+  const auto message = error_of([&] { decode_image(small_claim.data(), small_claim.size(), "x.jpg"); });
+  EXPECT_EQ(message.find("limit"), std::string::npos) << message;
+}
+
+// The limit is the caller's and inclusive: an 8x6 image (48 pixels) decodes with a limit of 48
+// and is refused with 47, as JPEG and as PNG; a limit below 1 is an error naming it.
+TEST(ImageCodec, PixelLimitIsTheCallersAndInclusive) {
+  const auto image = smooth_image(6, 8, 3);
+  const std::vector<std::pair<Bytes, std::string>> files = {{encode_jpeg(image, 95), "JPEG"},
+                                                            {encode_png(image), "PNG"}};
+  for (const auto& [bytes, format] : files) {
+    expect_rgb_of_size(decode_image(bytes.data(), bytes.size(), "small", 48), 6, 8);
+    expect_parts(error_of([&] { decode_image(bytes.data(), bytes.size(), "small", 47); }),
+                 {format + " image small: its header claims 8x6 = 48 pixels, more than the limit of 47"});
+    expect_parts(error_of([&] { decode_image(bytes.data(), bytes.size(), "small", 0); }),
+                 {"image small: max_pixels (max_image_pixels) must be >= 1, got 0"});
+  }
 }
 
 TEST(ImageCodec, EmptyNonImageAndMissingFilesAreErrorsNamingTheFile) {

@@ -190,6 +190,48 @@ TEST(ImageLoader, StrictModeStopsAtTheFirstUnreadableFileNamingIt) {
   }
 }
 
+// A 72-byte PNG claiming 100000x100000 pixels among the training files: refused from its header
+// like any other unreadable file, so skipped and reported by name (where the loader used to die
+// of std::bad_alloc naming no file), or fatal in strict mode, naming it.
+TEST(ImageLoader, ImageClaimingTooManyPixelsIsSkippedNamedOrFatalInStrictMode) {
+  TempDir dir;
+  write_image_folder(dir.path().string());
+  const auto bomb = dir.file("train/c1/train_002.png");
+  write_file(bomb, png_claiming(100000, 100000));
+  auto options = batching(2);
+  std::vector<std::string> reported;
+  options.on_skipped = [&reported](const std::string& reason) { reported.push_back(reason); };
+  DataLoader loader(source(dir.path().string(), true, plain()), options);
+  const auto batches = epoch(loader, 0);
+  EXPECT_EQ(all_labels(batches).numel(), 11);
+  EXPECT_EQ(loader.skipped(), 1);
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_NE(reported[0].find(bomb), std::string::npos) << reported[0];
+  EXPECT_NE(reported[0].find("100000x100000 = 10000000000 pixels, more than the limit of 178956970"),
+            std::string::npos)
+      << reported[0];
+  options.strict = true;
+  DataLoader strict(source(dir.path().string(), true, plain()), options);
+  expect_error([&] { epoch(strict, 0); }, bomb, "more than the limit of 178956970");
+}
+
+// The source reads with its own limit: 40x30 images (1,200 pixels) are read with a limit of
+// 1,200 and refused, by name, with 1,199.
+TEST(ImageLoader, SourceReadsWithItsPixelLimit) {
+  TempDir dir;
+  write_image_folder(dir.path().string(), {1, 1, 1});
+  auto options = plain();
+  options.max_image_pixels = 1200;
+  const auto files = load_image_folder_split(dir.path().string(), true);
+  std::vector<float> out(3 * kSize * kSize);
+  std::string error;
+  EXPECT_TRUE(ImageFolderSource(files, options).write(0, 1, 0, out.data(), error)) << error;
+  options.max_image_pixels = 1199;
+  EXPECT_FALSE(ImageFolderSource(files, options).write(0, 1, 0, out.data(), error));
+  EXPECT_NE(error.find(files.paths[0]), std::string::npos) << error;
+  EXPECT_NE(error.find("40x30 = 1200 pixels, more than the limit of 1199"), std::string::npos) << error;
+}
+
 // No randomness in validation: resize the shorter side to val_resize (bicubic), crop the centre.
 TEST(ImageLoader, ValidationIsTheCentreCropOfTheBicubicResizedImage) {
   TempDir dir;
@@ -246,6 +288,7 @@ TEST(ImageLoader, BadOptionsNameTheOptionAndTheValue) {
       {[](ImageTransformOptions& o) { o.hflip = 2; }, "hflip must be in [0, 1], got 2"},
       {[](ImageTransformOptions& o) { o.reprob = -0.5; }, "reprob must be in [0, 1], got -0.5"},
       {[](ImageTransformOptions& o) { o.color_jitter = -1; }, "color_jitter must be finite and >= 0"},
+      {[](ImageTransformOptions& o) { o.max_image_pixels = 0; }, "max_image_pixels must be >= 1, got 0"},
   };
   for (const auto& [edit, expected] : cases) {
     auto options = plain();

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "convnn/data/image_codec.h"
+
 namespace convnn::data {
 
 /// The augmentation recipe: the paper's (DeiT / Swin through timm: RandAugment, colour jitter,
@@ -28,6 +30,9 @@ struct DataConfig {
   std::string data_dir;                   // empty: default_data_dir; imagefolder: the root of train/, val/
   std::string val_labels;                 // imagefolder: labels file of a flat val/ (empty: found beside it)
   bool strict_data = false;               // imagefolder: stop at the first unreadable file (default: skip it)
+  // imagefolder: an image whose header claims more pixels (width x height) is unreadable (skipped,
+  // or fatal with strict_data); default: PIL's refusal threshold, see kDefaultMaxImagePixels.
+  int64_t max_image_pixels = kDefaultMaxImagePixels;
   std::optional<int64_t> image_size;      // imagefolder: side of the crops; unset: 224 (others: their own)
   std::optional<int64_t> val_resize;  // imagefolder: shorter side before the centre crop; unset: size / 0.875
   int64_t train_subset = 0;           // train on the first n samples of a seeded shuffle; 0: all

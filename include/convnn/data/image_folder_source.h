@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "convnn/data/image_codec.h"
 #include "convnn/data/image_folder.h"
 #include "convnn/data/sample_source.h"
 #include "convnn/data/transforms.h"
@@ -39,6 +40,9 @@ struct ImageTransformOptions {
   int64_t val_resize = 0;  // shorter side before the centre crop; 0: floor(image_size / 0.875)
   // Both.
   std::array<float, 3> mean = kImageNetMean, std = kImageNetStd;
+  // Reading: a file whose header claims more pixels is refused before decoding (read_image), and
+  // so skipped, or fatal in strict mode, like any other unreadable file.
+  int64_t max_image_pixels = kDefaultMaxImagePixels;
 };
 
 /// floor(image_size / 0.875), timm's and torchvision's crop_pct rule: 256 for 224.
