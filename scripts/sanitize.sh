@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The op, nn and data tests under AddressSanitizer + UndefinedBehaviorSanitizer
+# The op, nn, data and train (checkpoint) tests under AddressSanitizer + UndefinedBehaviorSanitizer
 # (CMake option CONVNN_SANITIZE), built in build-sanitize/. Any sanitizer report or failed test
 # makes it exit non-zero. Assumes scripts/setup.sh has run (the venv is at .venv).
 #
@@ -55,7 +55,7 @@ cmake --build "$build_dir" --parallel "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LI
 # The tests to run: every suite with tests under tests/ops, tests/nn or tests/data, read from the
 # binary's own listing (so new suites are picked up without editing this script).
 tests_bin="$build_dir/bin/convnn_tests"
-filter="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" "$tests_bin" ops nn data |
+filter="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" "$tests_bin" ops nn data train |
   sed 's/$/.*/' | paste -sd: -)"
 [ -n "$filter" ] || { log "no op/nn/data tests found in $tests_bin"; exit 1; }
 
@@ -64,7 +64,7 @@ filter="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" "$te
 # (nproc itself honours OMP_NUM_THREADS, hence the count without it.)
 shards="${CONVNN_SANITIZE_SHARDS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-log "running the op, nn and data tests in $shards shards (built in ${SECONDS}s since the start)"
+log "running the op, nn, data and train tests in $shards shards (built in ${SECONDS}s since the start)"
 started=$SECONDS
 pids=()
 rm -f "$build_dir"/sanitize-shard*.log

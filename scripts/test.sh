@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, and runs every C++ and Python test, then
 # the op and identity tests once more on the generic (non-AVX2) kernels and once more through the
-# device-generic path, then the op, nn and data tests under AddressSanitizer and
-# UndefinedBehaviorSanitizer.
+# device-generic path, then the op, nn, data and train tests under AddressSanitizer and
+# UndefinedBehaviorSanitizer, then the fuzz targets of the file readers.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo_root/scripts/setup.sh"
@@ -24,6 +24,9 @@ CONVNN_CPU_ISA=generic ctest --output-on-failure --parallel "$cores" -R "^($op_a
 # whole op matrix (reference and fused comparisons, gradchecks, deterministic backward) proves the
 # code that accelerators run.
 CONVNN_CPU_KERNELS=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
-# The op, nn and data tests under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
+# The op, nn, data and train tests under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
 # build folder (about a minute with ccache warm, about 20 the first time).
 bash "$repo_root/scripts/sanitize.sh"
+# The readers of users' files (checkpoints, JSON configs) under libFuzzer with ASan and UBSan, 60 s
+# per target from a seed corpus written by convnn's own writers (tests/fuzz): any finding fails.
+bash "$repo_root/scripts/fuzz.sh" 60

@@ -15,4 +15,5 @@ CONVNN_APT_PACKAGES=(
   dataset-fashion-mnist gnuplot-nox
   libjpeg62-turbo-dev libpng-dev python-matplotlib-data
   libgloo-dev
+  clang-14 libclang-rt-14-dev
 )

@@ -26,5 +26,6 @@ Command add_info_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
+Command add_checkpoint_command(CLI::App& app);
 
 }  // namespace convnn::cli

@@ -55,6 +55,9 @@ std::vector<Cell> grid(const CompareArgs& a) {
   if (has("resnet")) {
     Cell conv{"resnet", "conv", "", 0, a.base.config};
     conv.config.model_config.resnet.layer = models::ResNetLayer::Conv;
+    // The baseline uses none of ConvNN's options: their values of the grid would be refused.
+    conv.config.model_config.convnn = models::ConvNNConfig{};
+    conv.config.model_config.resnet.padding = models::ResNetConfig{}.padding;
     cells.push_back(conv);
     for (const auto layer : {models::ResNetLayer::ConvNN, models::ResNetLayer::Branching}) {
       for (const int64_t k : a.ks) {
@@ -79,6 +82,7 @@ std::vector<Cell> grid(const CompareArgs& a) {
     vit.model_config.vit.embed_dim = a.vit_embed_dim;
     vit.model_config.vit.num_heads = a.vit_heads;
     Cell mhsa{"vit", "mhsa", "", 0, vit};
+    mhsa.config.model_config.convnn = models::ConvNNConfig{};
     cells.push_back(mhsa);
     for (const int64_t k : a.ks) {
       for (const auto attention : {models::ViTAttention::KVT, models::ViTAttention::ConvNN}) {

@@ -52,8 +52,19 @@ std::string one_line(std::string text) {
   return text;
 }
 
+bool verbose_errors = false;
+
+// convnn's own messages are one line that names the option, the value and the rule. What follows
+// a first line comes from a library underneath (c10d appends its C++ backtrace to a peer's
+// error): it is shown with --verbose only.
 int report_error(const std::string& message) {
-  std::cerr << "convnn: error: " << one_line(message) << "\n";
+  const auto end = message.find('\n');
+  const bool more = end != std::string::npos && message.find_first_not_of(" \n", end) != std::string::npos;
+  if (verbose_errors || !more) {
+    std::cerr << "convnn: error: " << (verbose_errors ? message : one_line(message)) << "\n";
+  } else {
+    std::cerr << "convnn: error: " << one_line(message.substr(0, end)) << " (details: --verbose)\n";
+  }
   return 1;
 }
 
@@ -73,6 +84,8 @@ int main(int argc, char** argv) {
                  "CPU threads for intra-op parallelism (default: CONVNN_NUM_THREADS, else all cores, divided among "
                  "torchrun's processes on this machine)")
       ->check(convnn::cli::explicit_value("CONVNN_NUM_THREADS, else all cores"));
+  app.add_flag("--verbose", verbose_errors,
+               "on an error, print everything the libraries underneath said, not only its first line");
   const std::vector<convnn::cli::Command> commands{
       convnn::cli::add_train_command(app),
       convnn::cli::add_eval_command(app),
@@ -80,6 +93,7 @@ int main(int argc, char** argv) {
       convnn::cli::add_verify_command(app),
       convnn::cli::add_bench_command(app),
       convnn::cli::add_info_command(app),
+      convnn::cli::add_checkpoint_command(app),
   };
   // Every error reaches the user as one line of this form with status 1 (CLI11's own keep their
   // status): convnn's messages already name the option, the value and the rule, so a trace

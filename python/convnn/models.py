@@ -206,10 +206,9 @@ def load_checkpoint(path, map_location="cpu"):
     # Before torch.load, which would hand a TorchScript archive to torch.jit.load.
     if _is_torchscript_archive(path):
         raise RuntimeError(
-            f"checkpoint '{path}' was written by a convnn before its checkpoints were torch.save "
-            "files (formats 1 and 2 are TorchScript archives, which Python cannot read): "
-            "`convnn train --resume` and `convnn eval` still read it, and the run's next "
-            "checkpoint is in the new format")
+            f"checkpoint '{path}' is a TorchScript archive (a convnn checkpoint of format 1 or 2): "
+            "opening one runs the code it may contain, so it is not opened. If you trust where the "
+            f"file came from, convert it once: convnn checkpoint convert {path} NEW.pt --trust-legacy")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch.load's own errors do not always name the file

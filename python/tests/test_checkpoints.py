@@ -54,7 +54,7 @@ def state_of(path):
 
 def test_a_cli_checkpoint_is_a_plain_dict_for_torch_load_weights_only(run):
     checkpoint = torch.load(run.checkpoint, weights_only=True)
-    assert checkpoint["convnn_format"] == 3
+    assert checkpoint["convnn_format"] == 4
     assert checkpoint["config"]["model"] == "resnet18"
     assert checkpoint["config"]["model_config"]["width"] == 4
     assert checkpoint["position"]["epoch"] == 1 and checkpoint["position"]["step"] == 2
@@ -162,9 +162,10 @@ def test_load_checkpoint_errors_name_the_file_and_say_why(run, tmp_path):
     torch.save(state_of(run.checkpoint), weights)
     with pytest.raises(ValueError, match="not a convnn run's checkpoint.*create_model"):
         convnn.models.load_checkpoint(weights)
-    # A TorchScript archive, as convnn wrote checkpoints before format 3 (the C++ side still
-    # reads those: CheckpointIntegrity.Format1StillLoadsAndNewerFormatsAreRefused).
+    # A TorchScript archive, as convnn wrote checkpoints before format 3: opening one runs its code,
+    # so it is refused with the way to convert it (the C++ side likewise:
+    # CheckpointIntegrity.Format1IsRefusedUnlessTrustedThenLoadsAndNewerFormatsAreRefused).
     old = tmp_path / "old.pt"
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), old)
-    with pytest.raises(RuntimeError, match="formats 1 and 2 are TorchScript archives.*convnn eval"):
+    with pytest.raises(RuntimeError, match="TorchScript archive.*convnn checkpoint convert .* --trust-legacy"):
         convnn.models.load_checkpoint(old)

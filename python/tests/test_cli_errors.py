@@ -4,6 +4,7 @@ offending value or file, with a non-zero status and no crash, trace or hang. Eve
 real binary in its own process under a timeout, so a crash or a hang fails that case alone; the
 processes run side by side, as LibTorch's start-up takes most of each one's time."""
 import concurrent.futures
+import gzip
 import os
 import pathlib
 import shutil
@@ -13,7 +14,7 @@ import zipfile
 
 import pytest
 
-from cli_support import BINARY, IMAGE_SIDE, make_data_set, tiny_run_args
+from cli_support import BINARY, IMAGE_SIDE, SAMPLES, make_data_set, tiny_run_args
 
 # Every case fails at parsing or before its first training step; the one real training run (the
 # checkpoint's) takes a few seconds.
@@ -52,12 +53,15 @@ CONFIG_FILES = {
     "missing": (None, []),
     "empty": ("", []),
     "malformed": ('{"epochs": 3,', []),
+    "nested-100000-deep": ('{"epochs": ' + "[" * 100000 + "]" * 100000 + "}", ["nest more than 64 levels"]),
+    "trailing-nul": ('{"epochs": 3}\0', ["NUL byte at offset 13"]),
     "not-an-object": ("[1, 2, 3]", []),
     "unknown-key": ('{"epochs": 3, "bogus_key": 1}', ["bogus_key"]),
     "unknown-model-key": ('{"model_config": {"heads": 2}}', ["heads"]),
     "wrong-type": ('{"epochs": "three"}', ["epochs"]),
     "unknown-enum-name": ('{"optimizer": "adamax"}', ["adamax"]),
     "directory": ("<dir>", []),
+    "dev-zero": ("<dev-zero>", ["larger than 4 MiB"]),
 }
 CONFIG_COMMANDS = ["train", "compare"]
 
@@ -67,7 +71,9 @@ def config_cases(workdir):
     for command in CONFIG_COMMANDS:
         for name, (contents, names) in CONFIG_FILES.items():
             path = workdir / f"config-{command}-{name}.json"
-            if contents == "<dir>":
+            if contents == "<dev-zero>":
+                path = pathlib.Path("/dev/zero")
+            elif contents == "<dir>":
                 path.mkdir()
             elif contents is not None:
                 path.write_text(contents)
@@ -78,7 +84,13 @@ def config_cases(workdir):
 # -------------------------------------------------------------------------------- checkpoints
 
 CHECKPOINT_KINDS = ["missing", "empty", "random-bytes", "json", "truncated", "nan-weights",
-                    "run-folder-without-one"]
+                    "run-folder-without-one", "nested-100000-deep", "self-referencing"]
+
+# Pickles (protocol 2) that crashed the reader with a stack overflow, or made a cycle.
+HOSTILE_PICKLES = {
+    "nested-100000-deep": b"\x80\x02" + b"]" * 100000 + b"a" * 99999 + b".",
+    "self-referencing": b"\x80\x02]q\x00h\x00a.",
+}
 CHECKPOINT_COMMANDS = ["train", "eval", "train-initial"]
 
 
@@ -109,6 +121,11 @@ def bad_checkpoint(kind, workdir, checkpoint):
             name_length, extra_length = struct.unpack("<HH", f.read(4))
             f.seek(record.header_offset + 30 + name_length + extra_length)
             f.write(struct.pack("<f", float("nan")) * 16)
+    elif kind in HOSTILE_PICKLES:
+        import torch  # only here: the other cases need no torch in this process
+        writer = torch._C.PyTorchFileWriter(str(path))
+        writer.write_record("data.pkl", HOSTILE_PICKLES[kind], len(HOSTILE_PICKLES[kind]))
+        writer.write_end_of_file()
     elif kind == "run-folder-without-one":
         path = workdir / "run-without-checkpoint"
         path.mkdir()
@@ -152,6 +169,10 @@ FLAG_CASES = {
                              [f"image_size = {IMAGE_SIDE}", "patch_size = 3"]),
     "k-0": (["train", "--k", "0"], ["k", "0"]),
     "k-0-info": (["info", "--model", "resnet18", "--layer", "convnn", "--k", "0"], ["k", "0"]),
+    "k-on-conv-resnet": (["train", "--model", "resnet18", "--layer", "conv", "--k", "100000000"],
+                         ["k = 100000000 is not used by resnet18 with layer conv"]),
+    "padding-on-conv-resnet": (["info", "--model", "resnet18", "--padding", "100000"],
+                               ["padding = 100000 is not used by resnet18 with layer conv"]),
     "batch-size-negative": (["train", "--batch-size", "-5"], ["batch_size", "-5"]),
     "epochs-negative": (["train", "--epochs", "-1"], ["epochs", "-1"]),
     "epochs-not-a-number": (["train", "--epochs", "three"], ["--epochs", "three"]),
@@ -159,7 +180,10 @@ FLAG_CASES = {
     "mixup-negative": (["train", "--mixup", "-1"], ["mixup must be an alpha >= 0", "-1"]),
     "rand-augment-negative": (["train", "--rand-augment", "-1"], ["rand_augment must be a magnitude", "-1"]),
     "rand-augment-not-a-number": (["train", "--rand-augment", "nine"], ["--rand-augment", "nine"]),
-    "crop-padding-negative": (["train", "--crop-padding", "-1"], ["crop_padding must be >= 0", "-1"]),
+    "crop-padding-negative": (["train", "--crop-padding", "-1"], ["crop_padding must be in [0, 1024]", "-1"]),
+    "crop-padding-huge": (["train", "--crop-padding", "1000000000"], ["crop_padding must be in [0, 1024]",
+                                                                      "1000000000"]),
+    "prefetch-huge": (["train", "--prefetch", "100000000"], ["prefetch must be in [1, 1024]", "100000000"]),
     "hflip-above-1": (["train", "--hflip", "2"], ["hflip", "2"]),
     "scale-not-numbers": (["train", "--scale", "a", "b"], ["--scale", "a"]),
     "image-size-0": (["train", "--image-size", "0"], ["image_size must be >= 1", "0"]),
@@ -170,6 +194,8 @@ FLAG_CASES = {
     "unknown-flag": (["train", "--frobnicate"], ["--frobnicate"]),
     "unknown-subcommand": (["frobnicate"], ["frobnicate"]),
     "experiment-with-slash": (["train", "--experiment", "a/b"], ["a/b"]),
+    "gzip-bomb": (["train", "--data-dir", "<gzip-bomb>", "--workers", "0"],
+                  ["train-images-idx3-ubyte.gz", "trailing data", "reading stopped there"]),
     "eval-batch-size-0": (["eval", "--checkpoint", "x.pt", "--batch-size", "0"], ["--batch-size", "0"]),
     "compare-vit-heads-0": (["compare", "--vit-heads", "0"], ["--vit-heads", "0"]),
     "compare-k-0": (["compare", "--families", "resnet", "--ks", "0", "<data>"], ["k", "0"]),
@@ -182,13 +208,31 @@ FLAG_CASES = {
 }
 
 
+def gzip_bomb(workdir):
+    """A Fashion-MNIST folder whose training images (an IDX header promising 64 images of 28x28)
+    are followed by 256 MiB of zeros: 250 KB compressed. Inflating it whole used to grow a buffer
+    until allocation failed; the reader stops where the header's size ends."""
+    root = workdir / "gzip-bomb"
+    if not root.exists():
+        (workdir / "gzip-bomb-source").mkdir()
+        make_data_set(workdir / "gzip-bomb-source")
+        shutil.copytree(workdir / "gzip-bomb-source" / "fashion-mnist", root)
+        with gzip.open(root / "train-images-idx3-ubyte.gz", "wb", compresslevel=1) as f:
+            f.write(struct.pack(">IIII", 0x803, SAMPLES, IMAGE_SIDE, IMAGE_SIDE))
+            zeros = bytes(1 << 20)
+            for _ in range(256):
+                f.write(zeros)
+    return root
+
+
 def flag_cases(workdir, data_dir):
     missing = workdir / "no-such-folder"
     cases = {}
     for case, (args, names) in FLAG_CASES.items():
         substitute = {"<data>": ["--data-dir", data_dir, "--output", workdir / f"runs-{case}", "--quiet",
                                  "--no-plots", "--workers", "0"],
-                      "<missing>": [missing]}
+                      "<missing>": [missing],
+                      "<gzip-bomb>": [gzip_bomb(workdir)]}
         args = [part for a in args for part in substitute.get(a, [a])]
         cases[("flag", case)] = (args, [missing if n == "<missing>" else n for n in names])
     return cases

@@ -20,6 +20,8 @@
 #include <torch/nn/modules/pooling.h>
 
 #include <nlohmann/json.hpp>
+
+#include "util/json_fields.h"
 #include <string>
 #include <tuple>
 #include <vector>
@@ -101,7 +103,7 @@ std::tuple<Texts, Texts, Texts, Texts, std::vector<at::Tensor>, c10::List<bool>>
   const std::string name(name_view);
   ModelConfig config;
   try {
-    config = json::parse(std::string(config_json)).get<ModelConfig>();
+    config = convnn::detail::parse_json(std::string(config_json), "create_model: the options").get<ModelConfig>();
   } catch (const json::exception& e) {
     TORCH_CHECK(false, "create_model: ", e.what());
   }

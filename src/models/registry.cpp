@@ -76,19 +76,25 @@ void check_dropout(double p, const char* option) {
   TORCH_CHECK(p >= 0.0 && p < 1.0, option, " must be in [0, 1), got ", p);
 }
 
-// The other family's options keep their defaults: one given to the wrong family is an error
-// rather than silently ignored. Compared as JSON, so that the message names the option.
+// Options the model does not use keep their defaults: one given is an error rather than silently
+// ignored. Compared as JSON, so that the message names the option; `why` ends it.
+template <typename Part, typename VisitFields>
+void check_unused(const Part& given, VisitFields visit_fields, const std::string& why) {
+  const auto json_given = detail::config_to_json(given, visit_fields, ModelEnums{});
+  const auto json_default = detail::config_to_json(Part{}, visit_fields, ModelEnums{});
+  for (const auto& item : json_default.items()) {
+    const auto& value = json_given.at(item.key());
+    const auto shown = value.is_string() ? value.template get<std::string>() : detail::shown(value);
+    TORCH_CHECK(value == item.value(), item.key(), " = ", shown, " ", why);
+  }
+}
+
+// The other family's options keep their defaults.
 template <typename FamilyConfig, typename VisitFields>
 void check_family_unused(const FamilyConfig& given, VisitFields visit_fields, const std::string& name,
                          const char* family, const std::string& options_of_name) {
-  const auto json_given = detail::config_to_json(given, visit_fields, ModelEnums{});
-  const auto json_default = detail::config_to_json(FamilyConfig{}, visit_fields, ModelEnums{});
-  for (const auto& item : json_default.items()) {
-    const auto& value = json_given.at(item.key());
-    const auto shown = value.is_string() ? value.template get<std::string>() : value.dump();
-    TORCH_CHECK(value == item.value(), item.key(), " = ", shown, " applies to ", family, " models only; ",
-                name, "'s own options are ", options_of_name);
-  }
+  check_unused(given, visit_fields,
+               std::string("applies to ") + family + " models only; " + name + "'s own options are " + options_of_name);
 }
 
 // "a, b and c": the options of a family, for messages.
@@ -151,11 +157,21 @@ void validate(const std::string& name, const ModelConfig& c) {
     TORCH_CHECK(r.lambda >= 0.0 && r.lambda <= 1.0, "lambda must be in [0, 1], got ", r.lambda);
     TORCH_CHECK(r.padding >= 0, "padding must be non-negative, got ", r.padding);
     TORCH_CHECK(r.width >= 1, "width must be at least 1, got ", r.width);
+    if (r.layer == ResNetLayer::Conv) {
+      check_unused(v, visit_convnn_fields,
+                   "is not used by " + name + " with layer conv (ConvNN's options apply to layers convnn and branching)");
+      TORCH_CHECK(r.padding == ResNetConfig{}.padding, "padding = ", r.padding, " is not used by ", name,
+                  " with layer conv (it pads ConvNN's search in layers convnn and branching)");
+    }
     return;
   }
   check_family_unused(c.resnet, visit_resnet_fields, name, "ResNet",
                       option_names(ViTConfig{}, visit_vit_fields));
   const auto& t = c.vit;
+  if (t.attention == ViTAttention::MHSA) {
+    check_unused(v, visit_convnn_fields,
+                 "is not used by " + name + " with attention mhsa (ConvNN's options apply to attention convnn and kvt)");
+  }
   check_dropout(t.dropout, "dropout");
   check_dropout(t.attention_dropout, "attention_dropout");
   check_dropout(t.drop_path, "drop_path");

@@ -16,7 +16,9 @@
 #include <utility>
 
 #include "checkpoint_records.h"
+#include "optimizer_state.h"
 #include "torch_file.h"
+#include "util/json_fields.h"
 
 namespace convnn::train {
 
@@ -38,19 +40,23 @@ void check_crc(const std::string& path, const std::string& record, uint32_t actu
 }
 
 void fail_damaged_header(const std::string& path, const std::exception& e) {
-  TORCH_CHECK(false, "checkpoint '", path, "' has a damaged header: ", e.what());
+  const auto* error = dynamic_cast<const c10::Error*>(&e);  // its what() holds a C++ backtrace
+  TORCH_CHECK(false, "checkpoint '", path, "' has a damaged header: ", error ? error->msg() : e.what());
 }
 
-std::shared_ptr<torch::serialize::InputArchive> optimizer_archive_from_bytes(const std::string& path,
-                                                                             const at::Tensor& bytes) {
-  const auto contiguous = bytes.contiguous();
-  auto archive = std::make_shared<torch::serialize::InputArchive>();
-  try {
-    archive->load_from(static_cast<const char*>(contiguous.data_ptr()), contiguous.nbytes());
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "checkpoint '", path, "' holds an unreadable optimiser state: ", e.msg());
-  }
-  return archive;
+// A CRC-32 in a header: an unsigned integer that fits 32 bits (get<uint32_t> would cut a wider one).
+uint32_t crc_field(const std::string& path, const nlohmann::json& value) {
+  TORCH_CHECK(value.is_number_unsigned() && value.get<uint64_t>() <= UINT32_MAX, "checkpoint '", path,
+              "' has a damaged header: a CRC-32 of ", value.dump().substr(0, 40), " (it must be 0 to 4294967295)");
+  return value.get<uint32_t>();
+}
+
+[[noreturn]] void fail_legacy(const std::string& path, const std::string& what) {
+  TORCH_CHECK(false, "checkpoint '", path, "' ", what,
+              ", a TorchScript archive: opening one runs the code it may contain, so convnn does not "
+              "open it by default. If you trust where the file came from, convert it once: convnn "
+              "checkpoint convert ", path, " NEW.pt --trust-legacy (that opens it; the new file is plain "
+              "data)");
 }
 
 }  // namespace detail
@@ -61,18 +67,26 @@ namespace fs = std::filesystem;
 using detail::CheckpointRecords;
 using detail::check_crc;
 using detail::crc32_of;
+using detail::crc_field;
+using detail::fail_legacy;
 using detail::fail_damaged_header;
 using detail::NamedTensors;
 
-// Format 3 is a torch.save file, so that Python reads it with torch.load(path, weights_only=True):
-// a dict of "state_dict" (the model's tensors by their names, which the Python package's models
-// share), "config" and "position" (as JSON objects), and the resume records "optimizer_archive"
-// (the bytes of libtorch's optimiser archive) and "rng_cpu". Beside data.pkl, the record
-// convnn_header.json repeats config and position with the tensor names and the CRC-32 of every
-// record (torch's zip reader does not check the archive's own CRCs), so that the header is read
-// without loading the tensors; convnn_header.crc32 guards the header itself. Formats 1 and 2
-// (TorchScript archives) are read by checkpoint_archive.cpp.
-constexpr int64_t kFormatVersion = 3;
+// Format 4 is a torch.save file of plain data only, so that Python reads all of it with
+// torch.load(path, weights_only=True): a dict of "state_dict" (the model's tensors by their names,
+// which the Python package's models share), "config" and "position" (as JSON objects), and the
+// resume records "optimizer" (torch.optim's state_dict layout, optimizer_state.h) and "rng_cpu".
+// Beside data.pkl, the record convnn_header.json repeats config and position with the tensor names
+// and the CRC-32 of every record (torch's zip reader does not check the archive's own CRCs), so
+// that the header is read without loading the tensors; convnn_header.crc32 guards the header
+// itself. Format 3 was the same but stored libtorch's optimiser archive (a TorchScript archive) as
+// "optimizer_archive": its weights still load, its optimiser state only through a conversion that
+// trusts the file. Formats 1 and 2 (TorchScript archives whole) are read only by that conversion
+// (checkpoint_archive.cpp).
+constexpr int64_t kFormatVersion = 4;
+constexpr int64_t kArchiveOptimizerFormat = 3;
+// A header is a config, a position and a name and CRC per tensor: a few hundred KB at most.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;
 constexpr const char* kHeaderRecord = "convnn_header.json";
 constexpr const char* kHeaderCrcRecord = "convnn_header.crc32";
 constexpr int64_t kStateDictOnly = 0;  // a file of weights alone, such as Python's torch.save(model.state_dict())
@@ -84,21 +98,6 @@ void check_finite(const std::string& path, const std::string& what, const at::Te
               tensor.numel(), " values NaN or Inf in ", what,
               " (the run that wrote it diverged, or the file was altered); allow_non_finite "
               "(convnn: --allow-non-finite) loads it anyway");
-}
-
-// Every tensor of an archive and of the archives nested in it, named by its path of keys.
-void for_each_tensor(torch::serialize::InputArchive& archive, const std::string& prefix,
-                     const std::function<void(const std::string&, const at::Tensor&)>& visit) {
-  for (const auto& key : archive.keys()) {
-    c10::IValue value;
-    torch::serialize::InputArchive nested;
-    if (!archive.try_read(key, value)) continue;
-    if (value.isTensor()) {
-      visit(prefix + key, value.toTensor());
-    } else if (value.isObject() && archive.try_read(key, nested)) {
-      for_each_tensor(nested, prefix + key + "/", visit);
-    }
-  }
 }
 
 // The model's tensors by their full names, in the order of PyTorch's state_dict (each module in
@@ -124,90 +123,45 @@ nlohmann::json position_to_json(const TrainingPosition& p) {
           {"skipped", p.skipped}};
 }
 
+// A position field: an integer (or, for the sums, a finite number) in its range, named when not.
+int64_t position_int(const nlohmann::json& j, const char* field, int64_t low, int64_t high) {
+  const auto& value = j.at(field);
+  TORCH_CHECK(value.is_number_integer(), "its position's ", field, " is ", value.dump().substr(0, 40),
+              ", not an integer");
+  const auto number = value.get<int64_t>();
+  TORCH_CHECK(number >= low && number <= high, "its position's ", field, " is ", number, ", outside [", low, ", ",
+              high, "]");
+  return number;
+}
+
+double position_number(const nlohmann::json& j, const char* field, double low, double high) {
+  const auto& value = j.at(field);
+  TORCH_CHECK(value.is_number(), "its position's ", field, " is ", value.dump().substr(0, 40), ", not a number");
+  const auto number = value.get<double>();
+  TORCH_CHECK(std::isfinite(number) && number >= low && number <= high, "its position's ", field, " is ", number,
+              ", outside [", low, ", ", high, "]");
+  return number;
+}
+
+// The position's own rules; those that need the run's data (the batches of an epoch) are checked
+// by the trainer (check_position).
 TrainingPosition position_from_json(const nlohmann::json& j) {
+  constexpr int64_t kMax = int64_t{1} << 53;  // counts a float64 sum holds exactly
   TrainingPosition p;
-  p.epoch = j.at("epoch");
-  p.next_batch = j.at("next_batch");
-  p.step = j.at("step");
-  p.best_top1 = j.at("best_top1");
-  p.best_epoch = j.at("best_epoch");
-  p.loss_sum = j.at("loss_sum");
-  p.samples = j.at("samples");
-  p.correct = j.at("correct");
-  p.seconds = j.at("seconds");
-  p.skipped = j.value("skipped", int64_t{0});  // absent from checkpoints of older versions
+  p.epoch = position_int(j, "epoch", 0, kMax);
+  p.next_batch = position_int(j, "next_batch", 0, kMax);
+  p.step = position_int(j, "step", 0, kMax);
+  const auto& best = j.at("best_top1");
+  p.best_top1 = best.is_number() && best.get<double>() == -1.0 ? -1.0 : position_number(j, "best_top1", 0.0, 100.0);
+  p.best_epoch = position_int(j, "best_epoch", -1, p.epoch);
+  p.samples = position_int(j, "samples", 0, kMax);
+  p.correct = position_int(j, "correct", 0, p.samples);
+  p.loss_sum = position_number(j, "loss_sum", 0.0, std::numeric_limits<double>::max());
+  p.seconds = position_number(j, "seconds", 0.0, std::numeric_limits<double>::max());
+  // absent from checkpoints of older versions
+  p.skipped = j.contains("skipped") ? position_int(j, "skipped", 0, kMax) : 0;
   return p;
 }
-
-// The bytes of an archive as a uint8 tensor, to store one archive inside another.
-at::Tensor archive_bytes(torch::serialize::OutputArchive& archive) {
-  std::ostringstream stream;
-  archive.save_to(stream);
-  const auto bytes = stream.str();
-  auto tensor = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
-  return tensor;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Optimiser state between devices: checkpoints hold it on the CPU, training keeps it beside each
-// parameter.
-
-// One parameter's state with every tensor on `device`, through the state's own serialisation, so
-// that any optimiser's state type moves whole and bit for bit.
-std::unique_ptr<torch::optim::OptimizerParamState> state_on(
-    const torch::optim::OptimizerParamState& state, const c10::Device& device) {
-  torch::serialize::OutputArchive out;
-  state.serialize(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  std::istringstream stream(bytes.str());
-  torch::serialize::InputArchive in;
-  in.load_from(stream, device);
-  auto moved = state.clone();
-  moved->serialize(in);
-  return moved;
-}
-
-bool parameters_on_cpu(const torch::optim::Optimizer& optimizer) {
-  for (const auto& group : optimizer.param_groups()) {
-    for (const auto& parameter : group.params()) {
-      if (!parameter.device().is_cpu()) return false;
-    }
-  }
-  return true;
-}
-
-// optimizer.save with its state on the CPU: a copy of the state is swapped in for the save (and
-// out again, also when the save throws), so training keeps its state on the device.
-void save_optimizer_on_cpu(torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive) {
-  if (parameters_on_cpu(optimizer)) return optimizer.save(archive);  // already there: no copy
-  auto& state = optimizer.state();
-  std::remove_reference_t<decltype(state)> on_cpu;
-  for (const auto& [key, value] : state) on_cpu.emplace(key, state_on(*value, c10::Device(c10::kCPU)));
-  std::swap(state, on_cpu);
-  try {
-    optimizer.save(archive);
-  } catch (...) {
-    std::swap(state, on_cpu);
-    throw;
-  }
-  std::swap(state, on_cpu);
-}
-
-// After optimizer.load (CPU tensors from the file): each parameter's state onto its device.
-void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
-  auto& state = optimizer.state();
-  for (const auto& group : optimizer.param_groups()) {
-    for (const auto& parameter : group.params()) {
-      const auto it = state.find(parameter.unsafeGetTensorImpl());
-      if (it != state.end() && !parameter.device().is_cpu()) {
-        it->second = state_on(*it->second, parameter.device());
-      }
-    }
-  }
-}
-
 
 // ---------------------------------------------------------------------------------------------
 // Opening a checkpoint: which format it is, and its header.
@@ -215,41 +169,52 @@ void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
 struct OpenedCheckpoint {
   std::string path;
   nlohmann::json header;  // format, config, position, tensor names, checksums; null: a state_dict alone
+  LegacyFiles legacy = LegacyFiles::Refuse;
 };
 
 nlohmann::json parse_header(const std::string& path, const std::string& text) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    fail_damaged_header(path, e);
-  }
+  return convnn::detail::parse_json(text, "checkpoint '" + path + "': its header");
 }
 
-nlohmann::json read_format3_header(const std::string& path, const std::string& text) {
-  const auto crc_text = read_torch_file_record(path, kHeaderCrcRecord);
+// The header's CRC-32 as written: decimal digits of a 32-bit value, nothing else.
+uint32_t stored_header_crc(const std::string& path, const std::string& text) {
+  const bool digits = !text.empty() && text.size() <= 10 &&
+                      text.find_first_not_of("0123456789") == std::string::npos;
+  const auto value = digits ? std::stoull(text) : 0;
+  TORCH_CHECK(digits && value <= UINT32_MAX, "checkpoint '", path, "' is damaged: its header's checksum '",
+              text.substr(0, 40), "' is not a CRC-32 (0 to 4294967295)");
+  return static_cast<uint32_t>(value);
+}
+
+nlohmann::json read_torch_file_header(const std::string& path, const std::string& text) {
+  const auto crc_text = read_torch_file_record(path, kHeaderCrcRecord, 16);
   TORCH_CHECK(crc_text.has_value(), "checkpoint '", path, "' is damaged: its header has no checksum");
-  check_crc(path, "convnn_header", crc32_of(text.data(), text.size()),
-            static_cast<uint32_t>(std::strtoul(crc_text->c_str(), nullptr, 10)));
+  check_crc(path, "convnn_header", crc32_of(text.data(), text.size()), stored_header_crc(path, *crc_text));
   auto header = parse_header(path, text);
-  const auto format = header.value("format", int64_t{0});
-  TORCH_CHECK(format == kFormatVersion, "checkpoint '", path, "' has format ", format,
-              "; this convnn reads formats 1 to ", kFormatVersion,
-              format > kFormatVersion ? " (it was written by a newer convnn)" : "");
+  TORCH_CHECK(header.is_object(), "checkpoint '", path, "' has a damaged header: not a JSON object");
+  const auto& format = header.contains("format") ? header["format"] : nlohmann::json();
+  TORCH_CHECK(format == kFormatVersion || format == kArchiveOptimizerFormat, "checkpoint '", path,
+              "' has format ", format.dump().substr(0, 40), "; this convnn reads formats ",
+              kArchiveOptimizerFormat, " and ", kFormatVersion,
+              format.is_number() && format.get<double>() > kFormatVersion ? " (it was written by a newer convnn)" : "");
   return header;
 }
 
-OpenedCheckpoint open_checkpoint(const std::string& path) {
+OpenedCheckpoint open_checkpoint(const std::string& path, LegacyFiles legacy) {
   TORCH_CHECK(fs::is_regular_file(path), "checkpoint '", path, "' does not exist");
-  if (is_torchscript_archive(path)) return {path, detail::read_archive_header(path)};
+  if (is_torchscript_archive(path)) {
+    if (legacy == LegacyFiles::Refuse) fail_legacy(path, "is a checkpoint of format 1 or 2");
+    return {path, detail::read_archive_header(path), legacy};
+  }
   std::optional<std::string> text;
   try {
-    text = read_torch_file_record(path, kHeaderRecord);
+    text = read_torch_file_record(path, kHeaderRecord, kMaxHeaderBytes);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "checkpoint '", path, "' cannot be read (not a checkpoint or a state_dict, or damaged): ",
                 e.msg());
   }
-  if (!text) return {path, nullptr};
-  return {path, read_format3_header(path, *text)};
+  if (!text) return {path, nullptr, legacy};
+  return {path, read_torch_file_header(path, *text), legacy};
 }
 
 int64_t format_of(const OpenedCheckpoint& file) {
@@ -286,7 +251,7 @@ at::Tensor tensor_entry(const std::string& path, const c10::impl::GenericDict& d
   return value.toTensor();
 }
 
-CheckpointRecords read_format3_records(const OpenedCheckpoint& file) {
+CheckpointRecords read_torch_file_records(const OpenedCheckpoint& file, bool with_optimizer) {
   const auto& path = file.path;
   const auto contents = read_contents(path);
   TORCH_CHECK(contents.isGenericDict(), "checkpoint '", path, "' is damaged: it does not hold a dict");
@@ -297,7 +262,8 @@ CheckpointRecords read_format3_records(const OpenedCheckpoint& file) {
   try {
     const auto& crc = file.header.at("crc32");
     const auto names = file.header.at("tensors").get<std::vector<std::string>>();
-    const auto model_crcs = crc.at("model").get<std::vector<uint32_t>>();
+    std::vector<uint32_t> model_crcs;
+    for (const auto& value : crc.at("model")) model_crcs.push_back(crc_field(path, value));
     TORCH_CHECK(names.size() == model_crcs.size() && names.size() == state.toGenericDict().size(),
                 "checkpoint '", path, "' is damaged: its header names ", names.size(),
                 " tensors, the file holds ", state.toGenericDict().size());
@@ -305,11 +271,20 @@ CheckpointRecords read_format3_records(const OpenedCheckpoint& file) {
       records.model.emplace_back(names[i], tensor_entry(path, state.toGenericDict(), names[i]));
       check_crc(path, names[i], crc32_of(records.model.back().second), model_crcs[i]);
     }
-    const auto optimizer = tensor_entry(path, dict, "optimizer_archive");
-    check_crc(path, "optimizer_archive", crc32_of(optimizer), crc.at("optimizer").get<uint32_t>());
-    records.optimizer = detail::optimizer_archive_from_bytes(path, optimizer);
+    if (format_of(file) == kArchiveOptimizerFormat) {
+      // Its checksum is checked; the archive itself is opened only for a conversion that trusts it.
+      const auto archive = tensor_entry(path, dict, "optimizer_archive");
+      check_crc(path, "optimizer_archive", crc32_of(archive), crc_field(path, crc.at("optimizer")));
+      if (with_optimizer && file.legacy == LegacyFiles::Refuse) {
+        fail_legacy(path, "stores its optimiser state (format 3) as libtorch's optimiser archive");
+      }
+      if (with_optimizer) records.optimizer_archive = detail::optimizer_archive_from_bytes(path, archive);
+    } else {
+      records.optimizer = entry(dict, "optimizer");
+      check_crc(path, "optimizer", detail::crc32_of_value(records.optimizer), crc_field(path, crc.at("optimizer")));
+    }
     records.rng = tensor_entry(path, dict, "rng_cpu");
-    check_crc(path, "rng_cpu", crc32_of(records.rng), crc.at("rng_cpu").get<uint32_t>());
+    check_crc(path, "rng_cpu", crc32_of(records.rng), crc_field(path, crc.at("rng_cpu")));
     TORCH_CHECK(ivalue_to_json(entry(dict, "config")) == file.header.at("config") &&
                     ivalue_to_json(entry(dict, "position")) == file.header.at("position"),
                 "checkpoint '", path, "' is damaged: its config or position differ from its header's");
@@ -352,11 +327,12 @@ CheckpointRecords read_state_dict_records(const std::string& path) {
   return records;
 }
 
-CheckpointRecords read_records(const OpenedCheckpoint& file) {
+CheckpointRecords read_records(const OpenedCheckpoint& file, bool with_optimizer) {
   switch (format_of(file)) {
     case kStateDictOnly: return read_state_dict_records(file.path);
-    case kFormatVersion: return read_format3_records(file);
-    default: return detail::read_archive_records(file.path, file.header);
+    case kFormatVersion:
+    case kArchiveOptimizerFormat: return read_torch_file_records(file, with_optimizer);
+    default: return detail::read_archive_records(file.path, file.header);  // opened as LegacyFiles::Trust
   }
 }
 
@@ -375,8 +351,9 @@ std::vector<at::Tensor> fit_to_model(const std::string& path, const NamedTensors
                 "' ", target.sizes(), " (it holds ", stored.size(), " tensors, the model ", state.size(),
                 "): it was written for a different model");
     const auto& source = stored[it->second].second;
-    TORCH_CHECK(source.sizes() == target.sizes(), "checkpoint '", path, "' does not fit the model: it holds '",
-                name, "' ", source.sizes(), " where the model has '", name, "' ", target.sizes());
+    TORCH_CHECK(source.sizes() == target.sizes() && source.scalar_type() == target.scalar_type(), "checkpoint '",
+                path, "' does not fit the model: it holds '", name, "' ", source.scalar_type(), " ", source.sizes(),
+                " where the model has '", name, "' ", target.scalar_type(), " ", target.sizes());
     fitted.push_back(source);
     index.erase(it);
   }
@@ -385,6 +362,30 @@ std::vector<at::Tensor> fit_to_model(const std::string& path, const NamedTensors
                 "' ", source.sizes(), ", which the model does not have: it was written for a different model");
   }
   return fitted;
+}
+
+// Checks the optimiser state of `records` against `optimizer` whole; the function returned loads it.
+std::function<void()> optimizer_loader(torch::optim::Optimizer& optimizer, const CheckpointRecords& records,
+                                       const std::string& path, bool allow_non_finite) {
+  if (records.optimizer_archive) {
+    return detail::archive_optimizer_loader(optimizer, *records.optimizer_archive, path, allow_non_finite);
+  }
+  return detail::prepare_optimizer_state(optimizer, records.optimizer, path, allow_non_finite);
+}
+
+// The rules of a position that the run's config decides; the batches of an epoch, which the data
+// decides, are the trainer's to check.
+void check_position(const std::string& path, const TrainingPosition& p, const TrainConfig& config) {
+  const auto epochs = config.optimization.epochs;
+  TORCH_CHECK(p.epoch < epochs || (p.epoch == epochs && p.next_batch == 0), "checkpoint '", path,
+              "' is damaged: its position's epoch ", p.epoch, " (next batch ", p.next_batch,
+              ") is past the run's ", epochs, " epochs");
+  TORCH_CHECK(p.best_epoch < p.epoch || (p.best_epoch == p.epoch && p.next_batch == 0) || p.best_epoch == -1,
+              "checkpoint '", path, "' is damaged: its position's best_epoch ", p.best_epoch,
+              " is not before its epoch ", p.epoch);
+  TORCH_CHECK((p.best_epoch == -1) == (p.best_top1 == -1.0), "checkpoint '", path,
+              "' is damaged: its position's best_epoch ", p.best_epoch, " and best_top1 ", p.best_top1,
+              " disagree (both are -1 before the first evaluation)");
 }
 
 }  // namespace
@@ -401,9 +402,7 @@ void save_checkpoint(const std::string& path, const TrainConfig& config,
     model_crcs.push_back(crc32_of(stored));
     state.insert(name, stored);
   }
-  torch::serialize::OutputArchive optimizer_archive;
-  save_optimizer_on_cpu(optimizer, optimizer_archive);
-  const auto optimizer_bytes = archive_bytes(optimizer_archive);
+  const auto optimizer_state = detail::optimizer_state_dict(optimizer);
   const auto rng = at::detail::getDefaultCPUGenerator().get_state();
   const nlohmann::json config_json = config;
   const auto position_json = position_to_json(position);
@@ -413,14 +412,14 @@ void save_checkpoint(const std::string& path, const TrainConfig& config,
       {"position", position_json},
       {"tensors", names},
       {"crc32",
-       {{"model", model_crcs}, {"optimizer", crc32_of(optimizer_bytes)}, {"rng_cpu", crc32_of(rng)}}}};
+       {{"model", model_crcs}, {"optimizer", detail::crc32_of_value(optimizer_state)}, {"rng_cpu", crc32_of(rng)}}}};
   const auto header_text = header.dump();
   c10::impl::GenericDict contents(c10::StringType::get(), c10::AnyType::get());
   contents.insert("convnn_format", kFormatVersion);
   contents.insert("state_dict", state);
   contents.insert("config", json_to_ivalue(config_json));
   contents.insert("position", json_to_ivalue(position_json));
-  contents.insert("optimizer_archive", optimizer_bytes);
+  contents.insert("optimizer", optimizer_state);
   contents.insert("rng_cpu", rng);
   write_file_atomically(path, torch_save_bytes(contents, {{kHeaderRecord, header_text},
                                                           {kHeaderCrcRecord, std::to_string(crc32_of(
@@ -430,10 +429,12 @@ void save_checkpoint(const std::string& path, const TrainConfig& config,
   });
 }
 
-bool holds_run(const std::string& path) { return format_of(open_checkpoint(path)) != kStateDictOnly; }
+bool holds_run(const std::string& path, LegacyFiles legacy) {
+  return format_of(open_checkpoint(path, legacy)) != kStateDictOnly;
+}
 
-Checkpoint read_checkpoint_header(const std::string& path) {
-  const auto file = open_checkpoint(path);
+Checkpoint read_checkpoint_header(const std::string& path, LegacyFiles legacy) {
+  const auto file = open_checkpoint(path, legacy);
   if (format_of(file) == kStateDictOnly) fail_weights_only(path, "config and position");
   Checkpoint checkpoint;
   try {
@@ -442,34 +443,38 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   } catch (const std::exception& e) {
     fail_damaged_header(path, e);
   }
+  try {
+    validate(checkpoint.config);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' holds a config that is not valid: ", e.msg());
+  }
+  check_position(path, checkpoint.position, checkpoint.config);
   return checkpoint;
 }
 
 void load_checkpoint(const std::string& path, torch::nn::Module& model,
-                     torch::optim::Optimizer* optimizer, bool allow_non_finite) {
-  const auto file = open_checkpoint(path);
+                     torch::optim::Optimizer* optimizer, bool allow_non_finite, LegacyFiles legacy) {
+  const auto file = open_checkpoint(path, legacy);
   if (optimizer != nullptr && format_of(file) == kStateDictOnly) fail_weights_only(path, "optimiser state");
-  // Every record is checked, even those this call does not load: a damaged file is reported.
-  const auto records = read_records(file);
+  // Every record's checksum is checked, even for those this call does not load: a damaged file is
+  // reported. The optimiser's state is interpreted only when it is loaded.
+  const auto records = read_records(file, optimizer != nullptr);
   auto state = named_state(model);
   const auto fitted = fit_to_model(path, records.model, state);
   if (!allow_non_finite) {
     for (size_t i = 0; i < state.size(); ++i) {
       check_finite(path, "model tensor '" + state[i].first + "'", fitted[i]);
     }
-    if (optimizer != nullptr) {
-      for_each_tensor(*records.optimizer, "", [&](const std::string& key, const at::Tensor& tensor) {
-        check_finite(path, "optimiser state '" + key + "'", tensor);
-      });
-    }
   }
+  // Checked whole before anything changes.
+  const auto load_optimizer = optimizer == nullptr ? std::function<void()>()
+                                                   : optimizer_loader(*optimizer, records, path, allow_non_finite);
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < state.size(); ++i) state[i].second.copy_(fitted[i]);
   }
   if (optimizer == nullptr) return;
-  optimizer->load(*records.optimizer);
-  move_state_to_parameters(*optimizer);
+  load_optimizer();
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_state(records.rng);

@@ -1,12 +1,17 @@
 // Checkpoints of formats 1 and 2: TorchScript archives written by torch::serialize::OutputArchive,
-// which Python's torch.load(weights_only=True) cannot read. Format 3 replaced them; they are still
-// read, so that runs started by an older convnn resume and evaluate.
+// which Python's torch.load(weights_only=True) cannot read, and format 3's optimiser record, an
+// archive of the same kind. Opening a TorchScript archive runs the code in it (its modules'
+// __setstate__), so this file is used only when the caller trusts the file: `convnn checkpoint
+// convert --trust-legacy`, which writes it anew as plain data (format 4).
 //
 // Format 2 stores a CRC-32 of the header, of every model tensor, of the optimiser state (the bytes
 // of its own archive) and of the RNG state. Format 1 has no checksums and nests the optimiser's
 // archive.
+#include <torch/serialize/output-archive.h>
+
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 
 #include "checkpoint_records.h"
 
@@ -63,7 +68,8 @@ std::optional<Checksums> checksums_of(const std::string& path, const nlohmann::j
   if (header.at("format") == 1) return std::nullopt;
   try {
     const auto& crc = header.at("crc32");
-    return Checksums{crc.at("model").get<std::vector<uint32_t>>(), crc.at("optimizer"), crc.at("rng_cpu")};
+    return Checksums{crc.at("model").get<std::vector<uint32_t>>(), crc.at("optimizer").get<uint32_t>(),
+                     crc.at("rng_cpu").get<uint32_t>()};
   } catch (const nlohmann::json::exception& e) {
     fail_damaged_header(path, e);
   }
@@ -107,7 +113,80 @@ std::shared_ptr<torch::serialize::InputArchive> read_optimizer(torch::serialize:
   return optimizer_archive_from_bytes(path, bytes);
 }
 
+// Every tensor of an archive and of the archives nested in it, named by its path of keys.
+void for_each_tensor(torch::serialize::InputArchive& archive, const std::string& prefix,
+                     const std::function<void(const std::string&, const at::Tensor&)>& visit) {
+  for (const auto& key : archive.keys()) {
+    c10::IValue value;
+    torch::serialize::InputArchive nested;
+    if (!archive.try_read(key, value)) continue;
+    if (value.isTensor()) {
+      visit(prefix + key, value.toTensor());
+    } else if (value.isObject() && archive.try_read(key, nested)) {
+      for_each_tensor(nested, prefix + key + "/", visit);
+    }
+  }
+}
+
+// One parameter's state with every tensor on `device`, through the state's own serialisation, so
+// that any optimiser's state type moves whole and bit for bit.
+std::unique_ptr<torch::optim::OptimizerParamState> state_on(const torch::optim::OptimizerParamState& state,
+                                                            const c10::Device& device) {
+  torch::serialize::OutputArchive out;
+  state.serialize(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream stream(bytes.str());
+  torch::serialize::InputArchive in;
+  in.load_from(stream, device);
+  auto moved = state.clone();
+  moved->serialize(in);
+  return moved;
+}
+
+// After optimizer.load (CPU tensors from the file): each parameter's state onto its device.
+void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
+  auto& state = optimizer.state();
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) {
+      const auto it = state.find(parameter.unsafeGetTensorImpl());
+      if (it != state.end() && !parameter.device().is_cpu()) {
+        it->second = state_on(*it->second, parameter.device());
+      }
+    }
+  }
+}
+
 }  // namespace
+
+std::shared_ptr<torch::serialize::InputArchive> optimizer_archive_from_bytes(const std::string& path,
+                                                                             const at::Tensor& bytes) {
+  const auto contiguous = bytes.contiguous();
+  auto archive = std::make_shared<torch::serialize::InputArchive>();
+  try {
+    archive->load_from(static_cast<const char*>(contiguous.data_ptr()), contiguous.nbytes());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' holds an unreadable optimiser state: ", e.msg());
+  }
+  return archive;
+}
+
+std::function<void()> archive_optimizer_loader(torch::optim::Optimizer& optimizer,
+                                               torch::serialize::InputArchive& archive,
+                                               const std::string& path, bool allow_non_finite) {
+  if (!allow_non_finite) {
+    for_each_tensor(archive, "", [&](const std::string& key, const at::Tensor& tensor) {
+      if (!tensor.is_floating_point()) return;
+      TORCH_CHECK(at::isfinite(tensor).all().item<bool>(), "checkpoint '", path, "' holds NaN or Inf values in "
+                  "optimiser state '", key, "' (the run that wrote it diverged, or the file was altered); "
+                  "allow_non_finite (convnn: --allow-non-finite) loads it anyway");
+    });
+  }
+  return [&optimizer, &archive] {
+    optimizer.load(archive);
+    move_state_to_parameters(optimizer);
+  };
+}
 
 nlohmann::json read_archive_header(const std::string& path) {
   auto archive = open_archive(path);
@@ -119,7 +198,7 @@ CheckpointRecords read_archive_records(const std::string& path, const nlohmann::
   const auto checksums = checksums_of(path, header);
   CheckpointRecords records;
   records.model = read_model_tensors(archive, path, header, checksums);
-  records.optimizer = read_optimizer(archive, path, checksums);
+  records.optimizer_archive = read_optimizer(archive, path, checksums);
   TORCH_CHECK(archive.try_read("rng_cpu", records.rng, /*is_buffer=*/true), "checkpoint '", path,
               "' holds no RNG state");
   if (checksums) check_crc(path, "rng_cpu", crc32_of(records.rng), checksums->rng);

@@ -47,6 +47,7 @@ const auto visit_fields = [](auto& c, auto&& visit) {
   visit("data_dir", c.data.data_dir);
   visit("val_labels", c.data.val_labels);
   visit("strict_data", c.data.strict_data);
+  visit("max_image_pixels", c.data.max_image_pixels);
   visit("image_size", c.data.image_size);
   visit("val_resize", c.data.val_resize);
   visit("train_subset", c.data.train_subset);
@@ -199,18 +200,18 @@ void validate(const TrainConfig& c) {
 }
 
 TrainConfig read_config(const std::string& path) {
-  std::ifstream in(path);
+  // A config is a few KB; the cap stops a read of /dev/zero or of a huge file before it costs memory.
+  constexpr std::streamsize kMaxConfigBytes = std::streamsize{4} << 20;
+  std::ifstream in(path, std::ios::binary);
   // A directory opens as an empty stream, which would be reported as bad JSON.
   TORCH_CHECK(in && !std::filesystem::is_directory(path), "config file '", path,
               "' cannot be read (missing, a directory, or not readable)");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    TORCH_CHECK(false, "config file '", path, "' is not valid JSON: ", e.what());
-  }
+  std::string text(static_cast<size_t>(kMaxConfigBytes) + 1, '\0');
+  in.read(text.data(), kMaxConfigBytes + 1);
+  TORCH_CHECK(in.gcount() <= kMaxConfigBytes, "config file '", path, "' is larger than ", kMaxConfigBytes >> 20,
+              " MiB, which no config is");
+  text.resize(static_cast<size_t>(in.gcount()));
+  const auto json = detail::parse_json(text, "config file '" + path + "'");
   TrainConfig config;
   try {
     from_json(json, config);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "convnn/train/checkpoint.h"
+#include "util/json_fields.h"
 
 namespace convnn::train {
 namespace {
@@ -46,9 +47,11 @@ MetricsLog::MetricsLog(std::string run_dir, int64_t first_epoch) : run_dir_(std:
   const auto path = fs::path(run_dir_) / "metrics.json";
   if (!fs::exists(path)) return;
   std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(in);
+    json = convnn::detail::parse_json(text.str(), "metrics file '" + path.string() + "'");
     for (const auto& row : json) {
       EpochMetrics m;
       // Columns added later (skipped) are absent from older runs' files: they keep their default.
@@ -57,6 +60,8 @@ MetricsLog::MetricsLog(std::string run_dir, int64_t first_epoch) : run_dir_(std:
       });
       if (m.epoch < first_epoch) epochs_.push_back(m);
     }
+  } catch (const c10::Error&) {
+    throw;
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "metrics file '", path.string(), "' is damaged: ", e.what());
   }

@@ -7,7 +7,9 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -32,10 +34,30 @@ struct Item {
   Callable callable = Callable::None;
 };
 
+// Plain checkpoint data nests fewer than 10 levels (a dict of optimiser state per parameter in a
+// dict); the cap keeps every recursion over a value (destruction, hashing, JSON conversion) far
+// from the stack's end.
+constexpr int kMaxNesting = 64;
+// A checkpoint's data.pkl lists its values, not their tensors' bytes: a few hundred KB for
+// thousands of tensors. The cap bounds what a hostile pickle can make the reader allocate.
+constexpr uint64_t kMaxPickleBytes = uint64_t{64} << 20;
+
+// The size a record will have once read, from the zip directory, before anything is allocated:
+// torch.save stores records uncompressed, so none is larger than the file, and a deflated record
+// that claims more (a decompression bomb) is refused.
+uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const std::string& record,
+                     uint64_t file_bytes, const std::string& path) {
+  const uint64_t size = reader.getRecordSize(record);
+  TORCH_CHECK(size <= file_bytes, "'", path, "' is not a readable torch.save file: its record ", record,
+              " claims ", size, " bytes, more than the file's ", file_bytes);
+  return size;
+}
+
 class RestrictedUnpickler {
  public:
-  RestrictedUnpickler(std::string path, caffe2::serialize::PyTorchStreamReader& reader, std::string pickle)
-      : path_(std::move(path)), reader_(reader), pickle_(std::move(pickle)) {}
+  RestrictedUnpickler(std::string path, caffe2::serialize::PyTorchStreamReader& reader, std::string pickle,
+                      uint64_t file_bytes)
+      : path_(std::move(path)), reader_(reader), pickle_(std::move(pickle)), file_bytes_(file_bytes) {}
 
   c10::IValue run() {
     while (true) {
@@ -108,7 +130,46 @@ class RestrictedUnpickler {
     auto item = pop();
     TORCH_CHECK(item.callable == Callable::None || item.callable == Callable::StorageType,
                 fail_text("a class used as a value"));
+    seal(item.value);
     return item.value;
+  }
+
+  // Containers (lists, dicts, tuples) are tracked by identity: their nesting depth, and whether
+  // they were used as a value. A container used as a value is complete: changing it afterwards
+  // (through a memo entry) is refused, which is what a reference cycle needs, so the values this
+  // reader returns are trees of bounded depth.
+  struct ContainerState {
+    int depth = 1;
+    bool sealed = false;
+  };
+
+  static const void* identity(const c10::IValue& value) {
+    return value.isList() || value.isGenericDict() || value.isTuple() ? value.internalToPointer() : nullptr;
+  }
+
+  int depth_of(const c10::IValue& value) const {
+    const auto* key = identity(value);
+    if (key == nullptr) return 0;
+    const auto it = containers_.find(key);
+    return it == containers_.end() ? 1 : it->second.depth;
+  }
+
+  void seal(const c10::IValue& value) {
+    if (const auto* key = identity(value)) containers_[key].sealed = true;
+  }
+
+  // Records that `container` holds `child`: the container's depth grows to the child's plus one.
+  void nest(const c10::IValue& container, const c10::IValue& child) {
+    auto& state = containers_[identity(container)];
+    state.depth = std::max(state.depth, depth_of(child) + 1);
+    TORCH_CHECK(state.depth <= kMaxNesting,
+                fail_text("values nested more than " + std::to_string(kMaxNesting) +
+                          " levels deep (checkpoint data nests fewer than 10)"));
+  }
+
+  c10::IValue new_container(c10::IValue container) {
+    containers_[identity(container)] = ContainerState{};
+    return container;
   }
 
   // The values above the last MARK, which is removed.
@@ -120,6 +181,7 @@ class RestrictedUnpickler {
     for (size_t i = start; i < stack_.size(); ++i) {
       TORCH_CHECK(stack_[i].callable == Callable::None || stack_[i].callable == Callable::StorageType,
                   fail_text("a class used as a value"));
+      seal(stack_[i].value);
       values.push_back(stack_[i].value);
     }
     stack_.resize(start);
@@ -131,13 +193,34 @@ class RestrictedUnpickler {
   c10::IValue& top_container(bool dict) {
     TORCH_CHECK(!stack_.empty() && (dict ? stack_.back().value.isGenericDict() : stack_.back().value.isList()),
                 fail_text(dict ? "SETITEM on something not a dict" : "APPEND on something not a list"));
+    const auto it = containers_.find(identity(stack_.back().value));
+    TORCH_CHECK(it == containers_.end() || !it->second.sealed,
+                fail_text("a container changed after it was used as a value (a reference cycle, "
+                          "which plain data does not have)"));
     return stack_.back().value;
+  }
+
+  void append(const std::vector<c10::IValue>& values) {
+    auto& container = top_container(false);
+    auto list = container.toList();
+    for (const auto& v : values) {
+      nest(container, v);
+      list.push_back(v);
+    }
   }
 
   void set_items(const std::vector<c10::IValue>& pairs) {
     TORCH_CHECK(pairs.size() % 2 == 0, fail_text("a dict item without its value"));
-    auto dict = top_container(true).toGenericDict();
-    for (size_t i = 0; i < pairs.size(); i += 2) dict.insert_or_assign(pairs[i], pairs[i + 1]);
+    auto& container = top_container(true);
+    auto dict = container.toGenericDict();
+    for (size_t i = 0; i < pairs.size(); i += 2) {
+      // Only the keys plain data uses: hashing any other value is a recursion the file controls.
+      TORCH_CHECK(pairs[i].isString() || pairs[i].isInt(), fail_text("a dict key of type " +
+                                                                     pairs[i].tagKind() +
+                                                                     " (only strings and integers)"));
+      nest(container, pairs[i + 1]);
+      dict.insert_or_assign(pairs[i], pairs[i + 1]);
+    }
   }
 
   void memo_put(uint64_t index) {
@@ -191,12 +274,18 @@ class RestrictedUnpickler {
     const auto dtype = static_cast<at::ScalarType>(e[1].toInt());
     const auto record = "data/" + key;
     TORCH_CHECK(reader_.hasRecord(record), fail_text("its storage record " + record + " is missing"));
-    auto [data, size] = reader_.getRecord(record);
     const auto item_size = static_cast<uint64_t>(c10::elementSize(dtype));
     const auto numel = static_cast<uint64_t>(e[4].toInt());
-    TORCH_CHECK(size == numel * item_size,
-                fail_text("record " + record + " holds " + std::to_string(size) + " bytes where its " +
-                          std::to_string(numel) + " elements need " + std::to_string(numel * item_size)));
+    uint64_t needed = 0;
+    TORCH_CHECK(!__builtin_mul_overflow(numel, item_size, &needed),
+                fail_text("record " + record + " claims " + std::to_string(numel) + " elements"));
+    // The size the zip directory declares, checked before anything is allocated for it.
+    const auto declared = record_size(reader_, record, file_bytes_, path_);
+    TORCH_CHECK(declared == needed,
+                fail_text("record " + record + " holds " + std::to_string(declared) + " bytes where its " +
+                          std::to_string(numel) + " elements need " + std::to_string(needed)));
+    auto [data, size] = reader_.getRecord(record);
+    TORCH_CHECK(size == needed, fail_text("record " + record + " is truncated"));
     at::Storage storage(c10::Storage::use_byte_size_t(), size, std::move(data), nullptr, false);
     auto tensor = at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage);
     storages_.emplace(key, tensor);
@@ -223,12 +312,15 @@ class RestrictedUnpickler {
     TORCH_CHECK(sizes.size() == strides.size(), fail_text("a tensor's size and stride differ in length"));
     int64_t last = a[1].toInt();
     bool empty = false;
+    bool overflow = false;
     for (size_t d = 0; d < sizes.size(); ++d) {
       empty |= sizes[d] == 0;
-      if (sizes[d] > 0) last += (sizes[d] - 1) * strides[d];
+      int64_t reach = 0;
+      if (sizes[d] > 0) overflow |= __builtin_mul_overflow(sizes[d] - 1, strides[d], &reach) ||
+                                    __builtin_add_overflow(last, reach, &last);
     }
     const auto available = static_cast<int64_t>(storage.storage().nbytes() / storage.element_size());
-    TORCH_CHECK(empty || last < available, fail_text("a tensor reaches past its storage"));
+    TORCH_CHECK(empty || (!overflow && last < available), fail_text("a tensor reaches past its storage"));
     return at::empty({0}, storage.options()).set_(storage.storage(), a[1].toInt(), sizes, strides);
   }
 
@@ -240,7 +332,7 @@ class RestrictedUnpickler {
     switch (callable.callable) {
       case Callable::OrderedDict:
         TORCH_CHECK(a.empty(), fail_text("an OrderedDict built from arguments"));
-        return push(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
+        return push(new_container(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get())));
       case Callable::RebuildTensor:
         return push(rebuild_tensor(a.vec()));
       case Callable::RebuildParameter:
@@ -265,7 +357,13 @@ class RestrictedUnpickler {
     TORCH_CHECK(stack_.size() >= n, fail_text("a tuple longer than the stack"));
     std::vector<c10::IValue> values(n);
     for (size_t i = n; i-- > 0;) values[i] = pop_data();
-    push(c10::ivalue::Tuple::create(std::move(values)));
+    push_tuple(std::move(values));
+  }
+
+  void push_tuple(std::vector<c10::IValue> values) {
+    const auto tuple = new_container(c10::ivalue::Tuple::create(values));
+    for (const auto& v : values) nest(tuple, v);
+    push(tuple);
   }
 
   void step(PickleOpCode opcode) {
@@ -292,20 +390,12 @@ class RestrictedUnpickler {
       case PickleOpCode::TUPLE1: return tuple_of(1);
       case PickleOpCode::TUPLE2: return tuple_of(2);
       case PickleOpCode::TUPLE3: return tuple_of(3);
-      case PickleOpCode::TUPLE: return push(c10::ivalue::Tuple::create(pop_to_mark()));
-      case PickleOpCode::EMPTY_LIST: return push(c10::impl::GenericList(c10::AnyType::get()));
-      case PickleOpCode::APPEND: {
-        auto value = pop_data();
-        top_container(false).toList().push_back(std::move(value));
-        return;
-      }
-      case PickleOpCode::APPENDS: {
-        const auto values = pop_to_mark();
-        auto list = top_container(false).toList();
-        for (const auto& v : values) list.push_back(v);
-        return;
-      }
-      case PickleOpCode::EMPTY_DICT: return push(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
+      case PickleOpCode::TUPLE: return push_tuple(pop_to_mark());
+      case PickleOpCode::EMPTY_LIST: return push(new_container(c10::impl::GenericList(c10::AnyType::get())));
+      case PickleOpCode::APPEND: return append({pop_data()});
+      case PickleOpCode::APPENDS: return append(pop_to_mark());
+      case PickleOpCode::EMPTY_DICT:
+        return push(new_container(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get())));
       case PickleOpCode::SETITEM: {
         auto value = pop_data();
         auto key = pop_data();
@@ -343,16 +433,25 @@ class RestrictedUnpickler {
   std::string path_;
   caffe2::serialize::PyTorchStreamReader& reader_;
   std::string pickle_;
+  uint64_t file_bytes_;
   size_t position_ = 0;
   std::vector<Item> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Item> memo_;
   std::unordered_map<std::string, c10::IValue> storages_;
+  std::unordered_map<const void*, ContainerState> containers_;
 };
 
 std::string error_text(const std::exception& e) {
   const auto* error = dynamic_cast<const c10::Error*>(&e);
   return error ? error->msg() : e.what();
+}
+
+uint64_t file_size(const std::string& path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  TORCH_CHECK(!error, "'", path, "' cannot be read: ", error.message());
+  return size;
 }
 
 std::unique_ptr<caffe2::serialize::PyTorchStreamReader> open_zip(const std::string& path) {
@@ -390,6 +489,7 @@ std::string torch_save_bytes(const c10::IValue& value,
 
 c10::IValue read_torch_file(const std::string& path) {
   auto reader = open_zip(path);
+  const uint64_t file_bytes = file_size(path);
   std::string pickle;
   try {
     TORCH_CHECK(reader->hasRecord("data.pkl"), "it has no data.pkl record");
@@ -398,12 +498,15 @@ c10::IValue read_torch_file(const std::string& path) {
       TORCH_CHECK(std::string(static_cast<const char*>(order.get()), size) == "little",
                   "it was written on a big-endian machine");
     }
+    const auto declared = record_size(*reader, "data.pkl", file_bytes, path);
+    TORCH_CHECK(declared <= kMaxPickleBytes, "its data.pkl claims ", declared, " bytes, more than the ",
+                kMaxPickleBytes, " a checkpoint's list of values needs");
     auto [data, size] = reader->getRecord("data.pkl");
     pickle.assign(static_cast<const char*>(data.get()), size);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "'", path, "' is not a readable torch.save file: ", error_text(e));
   }
-  RestrictedUnpickler unpickler(path, *reader, std::move(pickle));
+  RestrictedUnpickler unpickler(path, *reader, std::move(pickle), file_bytes);
   try {
     return unpickler.run();
   } catch (const c10::Error&) {
@@ -413,10 +516,14 @@ c10::IValue read_torch_file(const std::string& path) {
   }
 }
 
-std::optional<std::string> read_torch_file_record(const std::string& path, const std::string& name) {
+std::optional<std::string> read_torch_file_record(const std::string& path, const std::string& name,
+                                                  uint64_t max_bytes) {
   auto reader = open_zip(path);
   try {
     if (!reader->hasRecord(name)) return std::nullopt;
+    const auto declared = record_size(*reader, name, file_size(path), path);
+    TORCH_CHECK(declared <= max_bytes, "its record ", name, " claims ", declared, " bytes, more than the ",
+                max_bytes, " it may have");
     auto [data, size] = reader->getRecord(name);
     return std::string(static_cast<const char*>(data.get()), size);
   } catch (const std::exception& e) {

@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,13 +24,16 @@ std::string torch_save_bytes(const c10::IValue& value,
                              const std::vector<std::pair<std::string, std::string>>& extra_records = {});
 
 /// One record of a torch.save file (see torch_save_bytes), or nullopt when it has none by that
-/// name; a c10::Error names `path` when it is not a zip archive or is truncated.
-std::optional<std::string> read_torch_file_record(const std::string& path, const std::string& name);
+/// name; a c10::Error names `path` when it is not a zip archive, is truncated, or the record would
+/// be larger than `max_bytes` (checked before it is read).
+std::optional<std::string> read_torch_file_record(const std::string& path, const std::string& name,
+                                                  uint64_t max_bytes);
 
 /// Reads a torch.save file (also one saved by Python: OrderedDicts read as dicts, Parameters as
 /// tensors, every tensor onto the CPU). A c10::Error names `path` when it is not a zip archive,
 /// is truncated, holds a record whose size disagrees with its tensor, or holds anything but plain
-/// data (which torch.load(weights_only=True) would refuse too).
+/// data (which torch.load(weights_only=True) would refuse too), nests values more than 64 deep,
+/// holds a reference cycle, or whose records claim more bytes than the file has.
 c10::IValue read_torch_file(const std::string& path);
 
 /// True when `path` is a TorchScript archive (what convnn checkpoints of formats 1 and 2 are)

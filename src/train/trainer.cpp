@@ -157,6 +157,7 @@ class Trainer {
         schedule_(LrSchedule::from_config(config_.optimization, steps_per_epoch())),
         metrics_(run_dir_, position_.epoch + 1) {
     if (!resume.empty()) {
+      check_position_fits_data(resume);
       load_checkpoint(resume, *model_.module(), optimizer_.get(), allow_non_finite);
     } else if (!config_.run.initial_checkpoint.empty()) {
       load_checkpoint(config_.run.initial_checkpoint, *model_.module(), nullptr, allow_non_finite);
@@ -185,6 +186,17 @@ class Trainer {
   }
 
  private:
+  // The parts of a stored position the data decides (read_checkpoint_header checked the rest): the
+  // next batch is one of this epoch's, and no more steps were taken than the epochs before allow.
+  void check_position_fits_data(const std::string& path) const {
+    const auto batches = train_loader_.batches_per_epoch();
+    TORCH_CHECK(position_.next_batch < batches, "checkpoint '", path, "' is damaged or of another data set: its "
+                "position's next_batch ", position_.next_batch, " is not one of the epoch's ", batches, " batches");
+    const auto most_steps = (position_.epoch + 1) * steps_per_epoch();
+    TORCH_CHECK(position_.step <= most_steps, "checkpoint '", path, "' is damaged: its position's step ",
+                position_.step, " is more than the ", most_steps, " steps of ", position_.epoch + 1, " epochs");
+  }
+
   int64_t steps_per_epoch() const {
     return (train_loader_.batches_per_epoch() + config_.optimization.accum_steps - 1) /
            config_.optimization.accum_steps;

@@ -12,6 +12,34 @@
 
 namespace convnn::detail {
 
+/// Configs and checkpoint headers nest a few levels; the cap keeps every recursion over a parsed
+/// value (conversion, printing, destruction) far from the stack's end whatever a file holds.
+constexpr int kMaxJsonDepth = 64;
+
+/// A JSON value as an error message shows it: its text, cut to a few dozen characters.
+inline std::string shown(const nlohmann::json& value) {
+  constexpr size_t kShown = 40;
+  auto text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (text.size() > kShown) text = text.substr(0, kShown) + "...";
+  return text;
+}
+
+/// `text` parsed as one JSON value nested at most kMaxJsonDepth levels, without NUL bytes (which
+/// some readers take for the end of the text); errors raise a c10::Error that begins with `what`.
+inline nlohmann::json parse_json(const std::string& text, const std::string& what) {
+  const auto nul = text.find('\0');
+  TORCH_CHECK(nul == std::string::npos, what, " is not valid JSON: a NUL byte at offset ", nul);
+  try {
+    return nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      TORCH_CHECK(depth <= kMaxJsonDepth, what, " is not valid here: its values nest more than ",
+                  kMaxJsonDepth, " levels deep");
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e400
+    TORCH_CHECK(false, what, " is not valid JSON: ", e.what());
+  }
+}
+
 template <typename T>
 struct is_optional : std::false_type {};
 template <typename T>
@@ -40,23 +68,23 @@ void field_from_json(const nlohmann::json& json, T& value, const char* what, con
     field_from_json(json, parsed, what, key, enums);
     value = parsed;
   } else if constexpr (std::is_enum_v<T>) {
-    TORCH_CHECK(json.is_string(), what, ": ", key, " must be a name (string), got ", json.dump());
+    TORCH_CHECK(json.is_string(), what, ": ", key, " must be a name (string), got ", shown(json));
     value = enums.parse(json.get<std::string>(), static_cast<T*>(nullptr));
   } else if constexpr (std::is_same_v<T, bool>) {
-    TORCH_CHECK(json.is_boolean(), what, ": ", key, " must be true or false, got ", json.dump());
+    TORCH_CHECK(json.is_boolean(), what, ": ", key, " must be true or false, got ", shown(json));
     value = json.get<bool>();
   } else if constexpr (std::is_same_v<T, std::string>) {
-    TORCH_CHECK(json.is_string(), what, ": ", key, " must be a string, got ", json.dump());
+    TORCH_CHECK(json.is_string(), what, ": ", key, " must be a string, got ", shown(json));
     value = json.get<std::string>();
   } else if constexpr (std::is_unsigned_v<T>) {
     TORCH_CHECK(json.is_number_unsigned(), what, ": ", key,
-                " must be a non-negative integer, got ", json.dump());
+                " must be a non-negative integer, got ", shown(json));
     value = json.get<T>();
   } else if constexpr (std::is_integral_v<T>) {
-    TORCH_CHECK(json.is_number_integer(), what, ": ", key, " must be an integer, got ", json.dump());
+    TORCH_CHECK(json.is_number_integer(), what, ": ", key, " must be an integer, got ", shown(json));
     value = json.get<T>();
   } else if constexpr (std::is_floating_point_v<T>) {
-    TORCH_CHECK(json.is_number(), what, ": ", key, " must be a number, got ", json.dump());
+    TORCH_CHECK(json.is_number(), what, ": ", key, " must be a number, got ", shown(json));
     value = json.get<T>();
   } else {
     from_json(json, value);  // a nested config with its own from_json
@@ -84,7 +112,7 @@ nlohmann::json config_to_json(const Config& config, VisitFields visit_fields, co
 template <typename Config, typename VisitFields, typename Enums>
 void config_from_json(const nlohmann::json& json, Config& config, const char* what,
                       VisitFields visit_fields, const Enums& enums) {
-  TORCH_CHECK(json.is_object(), what, " must be a JSON object, got ", json.dump());
+  TORCH_CHECK(json.is_object(), what, " must be a JSON object, got ", shown(json));
   std::string known;
   visit_fields(config, [&](const char* key, auto& field) {
     known += known.empty() ? key : std::string(", ") + key;

@@ -264,4 +264,24 @@ TEST(Registry, AnOptionOfTheOtherFamilyIsRefusedByName) {
   expect_error_mentions([&] { build_model("resnet18", config); }, {"depth = 2 applies to ViT models only"});
 }
 
+// Proves that ConvNN's options given to a model that does not use them (a ResNet of plain
+// convolutions, a ViT of softmax attention) are refused by name rather than silently ignored: a
+// config's k = 1e8 or padding = 1e5 used to pass unnoticed.
+TEST(Registry, ConvNNOptionsAModelDoesNotUseAreRefusedByName) {
+  ModelConfig config;
+  config.convnn.k = 100000000;
+  expect_error_mentions([&] { build_model("resnet18", config); },
+                        {"k = 100000000 is not used by resnet18 with layer conv"});
+  config = {};
+  config.resnet.padding = 100000;
+  expect_error_mentions([&] { build_model("resnet18", config); },
+                        {"padding = 100000 is not used by resnet18 with layer conv"});
+  config = {};
+  config.convnn.similarity = convnn::Similarity::Dot;
+  expect_error_mentions([&] { build_model("vit_tiny", config); },
+                        {"similarity = dot is not used by vit_tiny with attention mhsa"});
+  config.vit.attention = ViTAttention::ConvNN;
+  EXPECT_NO_THROW(validate("vit_tiny", config));
+}
+
 }  // namespace

@@ -24,6 +24,7 @@
 
 #include "convnn/train/checkpoint.h"
 #include "convnn/train/optim.h"
+#include "convnn/train/trainer.h"
 #include "data/fixtures.h"
 #include "train/checkpoint_records.h"
 #include "train/torch_file.h"
@@ -102,7 +103,7 @@ TEST(CheckpointIntegrity, AByteFlippedInAnyRecordIsAnErrorNamingTheFileAndTheRec
   const auto weight = model.linear->weight.detach().clone();
   const std::vector<std::pair<std::string, std::string>> records{
       {"weight", bytes_of(weight)},
-      {"optimizer_archive", bytes_of(exp_avg)},
+      {"optimizer", bytes_of(exp_avg)},
       {"rng_cpu", ""},  // the state at the save, below
       {"convnn_header", "\"step\":0"}};
   for (const auto& [record, pattern] : records) {
@@ -173,7 +174,7 @@ TEST(CheckpointIntegrity, NonFiniteWeightsAreRefusedUnlessAllowed) {
 }
 
 // Proves that NaN optimiser state is refused when the optimiser is loaded (resume), named by its
-// place in the optimiser's archive, and ignored when only the model is (eval).
+// place in the optimiser's state_dict, and ignored when only the model is (eval).
 TEST(CheckpointIntegrity, NonFiniteOptimizerStateIsRefusedWhenItIsLoaded) {
   testing::TempDir dir;
   SmallModel model;
@@ -184,7 +185,7 @@ TEST(CheckpointIntegrity, NonFiniteOptimizerStateIsRefusedWhenItIsLoaded) {
   SmallModel other;
   other.step();
   testing::expect_error([&] { load_checkpoint(path, *other.linear.ptr(), other.optimizer.get()); },
-                        path, "NaN or Inf in optimiser state '");
+                        path, "its optimiser state 'state[0].exp_avg_sq' holds NaN or Inf");
   EXPECT_NO_THROW(load_checkpoint(path, *other.linear.ptr(), nullptr));
   EXPECT_NO_THROW(load_checkpoint(path, *other.linear.ptr(), other.optimizer.get(), true));
   EXPECT_TRUE(std::isnan(other.adamw_state_of(other.linear->weight).exp_avg_sq()[0][0].item<float>()));
@@ -209,9 +210,10 @@ void save_format1_checkpoint(const std::string& path, int64_t format, SmallModel
   archive.save_to(path);
 }
 
-// Proves that run folders written before the format change still resume (model, optimiser, RNG,
-// position), and that a format from a newer convnn is a clear error rather than a misreading.
-TEST(CheckpointIntegrity, Format1StillLoadsAndNewerFormatsAreRefused) {
+// Proves that run folders written before the format change are refused unless trusted (opening a
+// TorchScript archive can run code), resume when trusted (model, optimiser, RNG, position), and that
+// a format from a newer convnn is a clear error rather than a misreading.
+TEST(CheckpointIntegrity, Format1IsRefusedUnlessTrustedThenLoadsAndNewerFormatsAreRefused) {
   testing::TempDir dir;
   SmallModel model;
   model.step();
@@ -220,17 +222,24 @@ TEST(CheckpointIntegrity, Format1StillLoadsAndNewerFormatsAreRefused) {
   const auto after_save = torch::rand({3});
   SmallModel other;
   other.step();
+  for (auto* optimizer : {other.optimizer.get(), static_cast<torch::optim::Optimizer*>(nullptr)}) {
+    testing::expect_error([&] { load_checkpoint(path, *other.linear.ptr(), optimizer); }, path,
+                          "convnn checkpoint convert " + path + " NEW.pt --trust-legacy");
+  }
+  testing::expect_error([&] { read_checkpoint_header(path); }, path, "runs the code it may contain");
+  testing::expect_error([&] { holds_run(path); }, path, "runs the code it may contain");
   torch::manual_seed(123);
-  load_checkpoint(path, *other.linear.ptr(), other.optimizer.get());
+  load_checkpoint(path, *other.linear.ptr(), other.optimizer.get(), false, LegacyFiles::Trust);
   EXPECT_TRUE(torch::equal(other.linear->weight, model.linear->weight));
   EXPECT_TRUE(torch::equal(other.adamw_state_of(other.linear->weight).exp_avg(),
                            model.adamw_state_of(model.linear->weight).exp_avg()));
   EXPECT_TRUE(torch::equal(torch::rand({3}), after_save));
-  EXPECT_EQ(read_checkpoint_header(path).position.step, 5);
+  EXPECT_EQ(read_checkpoint_header(path, LegacyFiles::Trust).position.step, 5);
 
   const auto newer = dir.file("format3-as-archive.pt");
   save_format1_checkpoint(newer, 3, model);
-  testing::expect_error([&] { read_checkpoint_header(newer); }, newer, "written by a newer convnn");
+  testing::expect_error([&] { read_checkpoint_header(newer, LegacyFiles::Trust); }, newer,
+                        "written by a newer convnn");
 }
 
 // Runs `child` in a forked process (killed after a minute if it hangs) and returns its exit code.
@@ -312,11 +321,21 @@ TEST(CheckpointWrite, StaleTemporaryFilesOfDeadWritersAreSweptAndLiveOnesKept) {
 
 
 // A checkpoint as convnn wrote it in format 2 (a TorchScript archive with CRC-32s), before
-// checkpoints became torch.save files.
-void save_format2_checkpoint(const std::string& path, SmallModel& model) {
-  const std::vector<at::Tensor> tensors{model.linear->weight.detach(), model.linear->bias.detach()};
+// checkpoints became torch.save files, of `module` (its parameters, then its buffers).
+void save_format2_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                             const TrainConfig& config = {}) {
+  std::vector<at::Tensor> tensors;
+  auto names = nlohmann::json::array();
+  for (const auto& item : module.named_parameters()) {
+    names.push_back(item.key());
+    tensors.push_back(item.value().detach());
+  }
+  for (const auto& item : module.named_buffers()) {
+    names.push_back(item.key());
+    tensors.push_back(item.value().detach());
+  }
   torch::serialize::OutputArchive optimizer_archive;
-  model.optimizer->save(optimizer_archive);
+  optimizer.save(optimizer_archive);
   std::ostringstream optimizer_stream;
   optimizer_archive.save_to(optimizer_stream);
   const auto optimizer_text = optimizer_stream.str();
@@ -327,10 +346,10 @@ void save_format2_checkpoint(const std::string& path, SmallModel& model) {
   nlohmann::json position{{"epoch", 1},        {"next_batch", 0},  {"step", 3},
                           {"best_top1", -1.0}, {"best_epoch", -1}, {"loss_sum", 0.0},
                           {"samples", 0},      {"correct", 0},     {"seconds", 0.0}};
-  nlohmann::json header{{"format", 2}, {"config", TrainConfig{}}, {"position", position},
-                        {"tensors", {"weight", "bias"}},
-                        {"crc32", {{"model", {crc(tensors[0]), crc(tensors[1])}},
-                                   {"optimizer", crc(optimizer_bytes)}, {"rng_cpu", crc(rng)}}}};
+  auto crcs = nlohmann::json::array();
+  for (const auto& tensor : tensors) crcs.push_back(crc(tensor));
+  nlohmann::json header{{"format", 2}, {"config", config}, {"position", position}, {"tensors", names},
+                        {"crc32", {{"model", crcs}, {"optimizer", crc(optimizer_bytes)}, {"rng_cpu", crc(rng)}}}};
   const auto text = header.dump();
   torch::serialize::OutputArchive archive;
   archive.write("convnn_header", c10::IValue(text));
@@ -342,20 +361,64 @@ void save_format2_checkpoint(const std::string& path, SmallModel& model) {
   archive.save_to(path);
 }
 
-// Proves that checkpoints of format 2, the last TorchScript-archive format, still resume.
-TEST(CheckpointIntegrity, Format2StillLoads) {
+// Proves that checkpoints of format 2, the last TorchScript-archive format, are refused unless
+// trusted, and then still resume.
+TEST(CheckpointIntegrity, Format2IsRefusedUnlessTrustedThenLoads) {
   testing::TempDir dir;
   SmallModel model;
   model.step();
   const auto path = dir.file("format2.pt");
-  save_format2_checkpoint(path, model);
+  save_format2_checkpoint(path, *model.linear.ptr(), *model.optimizer);
   SmallModel other;
   other.step();
-  load_checkpoint(path, *other.linear.ptr(), other.optimizer.get());
+  testing::expect_error([&] { load_checkpoint(path, *other.linear.ptr(), other.optimizer.get()); }, path,
+                        "--trust-legacy");
+  load_checkpoint(path, *other.linear.ptr(), other.optimizer.get(), false, LegacyFiles::Trust);
   EXPECT_TRUE(torch::equal(other.linear->weight, model.linear->weight));
   EXPECT_TRUE(torch::equal(other.adamw_state_of(other.linear->weight).exp_avg(),
                            model.adamw_state_of(model.linear->weight).exp_avg()));
-  EXPECT_EQ(read_checkpoint_header(path).position.step, 3);
+  EXPECT_EQ(read_checkpoint_header(path, LegacyFiles::Trust).position.step, 3);
+}
+
+// Proves `convnn checkpoint convert` (convert_checkpoint) rewrites a trusted format-2 checkpoint of
+// a real model as plain data from which the run resumes exactly: the same weights, optimiser state,
+// RNG state and position; and that it never overwrites a file.
+TEST(CheckpointConvert, AFormat2RunResumesFromItsConversionExactly) {
+  testing::TempDir dir;
+  TrainConfig config;
+  config.model = "vit_tiny";
+  config.model_config.vit.depth = 1;
+  config.model_config.vit.embed_dim = 32;
+  config.model_config.vit.num_heads = 2;
+  config.model_config.vit.patch_size = 7;
+  config.model_config.num_classes = 10;
+  config.model_config.in_channels = 1;
+  config.model_config.image_size = 28;
+  auto model = make_model(config, c10::kCPU);
+  auto optimizer = make_optimizer(config.optimization, *model.module());
+  for (auto& parameter : model.module()->parameters()) parameter.mutable_grad() = torch::rand_like(parameter);
+  optimizer->step();
+  const auto old = dir.file("format2.pt"), converted = dir.file("converted.pt");
+  save_format2_checkpoint(old, *model.module(), *optimizer, config);
+  const auto rng_after_save = torch::rand({4});
+
+  convert_checkpoint(old, converted);
+  EXPECT_EQ(read_checkpoint_header(converted).position.step, 3);
+  auto resumed = make_model(config, c10::kCPU);
+  auto resumed_optimizer = make_optimizer(config.optimization, *resumed.module());
+  load_checkpoint(converted, *resumed.module(), resumed_optimizer.get());
+  EXPECT_TRUE(torch::equal(torch::rand({4}), rng_after_save)) << "the RNG state was not carried over";
+  const auto parameters = model.module()->parameters(), loaded = resumed.module()->parameters();
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(parameters[i], loaded[i])) << i;
+    const auto& a = dynamic_cast<torch::optim::AdamWParamState&>(
+        *optimizer->state().find(parameters[i].unsafeGetTensorImpl())->second);
+    const auto& b = dynamic_cast<torch::optim::AdamWParamState&>(
+        *resumed_optimizer->state().find(loaded[i].unsafeGetTensorImpl())->second);
+    EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg()) && torch::equal(a.exp_avg_sq(), b.exp_avg_sq())) << i;
+    EXPECT_EQ(a.step(), b.step());
+  }
+  testing::expect_error([&] { convert_checkpoint(old, converted); }, converted, "exists; name a new file");
 }
 
 // Weights alone, as Python's torch.save(model.state_dict(), path) writes them (here through the
@@ -396,7 +459,7 @@ TEST(CheckpointWeightsAlone, AMismatchNamesTheFirstOffendingTensor) {
   const auto weight = model.linear->weight.detach(), bias = model.linear->bias.detach();
   const std::vector<std::tuple<std::string, std::vector<std::pair<std::string, at::Tensor>>, std::string>> cases{
       {"missing", {{"weight", weight}}, "has no 'bias' [16]"},
-      {"shape", {{"weight", weight.t().narrow(0, 0, 8)}, {"bias", bias}}, "holds 'weight' [8, 16] where the model has 'weight' [16, 16]"},
+      {"shape", {{"weight", weight.t().narrow(0, 0, 8)}, {"bias", bias}}, "holds 'weight' Float [8, 16] where the model has 'weight' Float [16, 16]"},
       {"extra", {{"weight", weight}, {"bias", bias}, {"scale", bias}}, "holds 'scale' [16], which the model does not have"},
   };
   for (const auto& [name, entries, message] : cases) {

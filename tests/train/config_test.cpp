@@ -108,8 +108,8 @@ TEST(TrainConfig, AGivenOptionalValueIsCheckedAndTheMessageSaysWhatUnsetMeans) {
   c = TrainConfig{};
   c.augmentation.crop_padding = -2;
   EXPECT_NE(
-      message_of_validate(c).find("crop_padding must be >= 0 (0: off) (or unset: the data set's default), "
-                                  "got -2"),
+      message_of_validate(c).find("crop_padding must be in [0, 1024] (0: off) (or unset: the data set's "
+                                  "default), got -2"),
       std::string::npos);
   c = TrainConfig{};
   c.data.dataset = "imagefolder";

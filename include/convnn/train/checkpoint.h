@@ -4,12 +4,21 @@
 // atomically (temporary file in the same directory, synced, then renamed), so a crash or a power
 // cut never leaves a truncated checkpoint in place of a finished one.
 //
-// The file is a torch.save file (format 3) that Python reads with torch.load(path,
-// weights_only=True): a dict with "state_dict" (the model's tensors, under the names the Python
-// package's models have too), "config" and "position", plus the resume records. A CRC-32 of every
+// The file is a torch.save file (format 4) of plain data only, which Python reads whole with
+// torch.load(path, weights_only=True): a dict with "state_dict" (the model's tensors, under the
+// names the Python package's models have too), "config", "position", "optimizer" (laid out as
+// torch.optim's state_dict(), which torch.optim.AdamW and SGD load) and "rng_cpu". A CRC-32 of every
 // record is kept, because torch's zip reader does not check the archive's own: a flipped byte in a
-// tensor would otherwise load as a wrong weight. Formats 1 and 2 (TorchScript archives, convnn
-// before Python could read its checkpoints) are still read.
+// tensor would otherwise load as a wrong weight.
+//
+// Files from strangers: reading a checkpoint runs nothing named in it (a restricted reader takes
+// only dicts, lists, tuples, strings, numbers and tensors, nested at most 64 deep, without cycles,
+// no record larger than the file), and every value is checked before it is used: tensors against
+// the model's names, shapes and dtypes, the optimiser state against the parameters, the config by
+// its rules, the position against the config. Checkpoints of convnn's formats 1 and 2 (TorchScript
+// archives) and format 3's optimiser record (libtorch's optimiser archive, also TorchScript) can run
+// code when opened: they are refused unless the caller trusts them (LegacyFiles::Trust, which only
+// `convnn checkpoint convert --trust-legacy` passes); format 3's weights still load without it.
 //
 // Loading also accepts weights alone: a state_dict saved by Python (torch.save(model.state_dict(),
 // path), also under a dict's "state_dict" key, also from a model wrapped by DDP or torch.compile).
@@ -47,6 +56,10 @@ struct Checkpoint {
   TrainingPosition position;
 };
 
+/// Whether a TorchScript archive (formats 1 and 2, format 3's optimiser record) may be opened.
+/// Opening one runs the code it may contain: Trust is for files from a trusted source only.
+enum class LegacyFiles { Refuse, Trust };
+
 /// Writes `path` atomically (write_file_atomically), the model's tensors and the optimiser's state
 /// copied to the CPU (the live state stays where it is). Also removes the stale temporary files of
 /// the other checkpoints in its folder (`.<name>.pt.tmp<pid>` of dead processes), so that one left
@@ -55,13 +68,13 @@ void save_checkpoint(const std::string& path, const TrainConfig& config,
                      const TrainingPosition& position, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer);
 
-/// Reads only the config and the position (to build the model and the optimiser first). A file of
-/// weights alone is an error saying how such a file is used.
-Checkpoint read_checkpoint_header(const std::string& path);
+/// Reads only the config and the position (to build the model and the optimiser first), both
+/// checked by their rules. A file of weights alone is an error saying how such a file is used.
+Checkpoint read_checkpoint_header(const std::string& path, LegacyFiles legacy = LegacyFiles::Refuse);
 
 /// True when `path` is a checkpoint of a run (it has a config and a position); false when it holds
 /// weights alone. Errors as read_checkpoint_header for missing, unreadable or damaged files.
-bool holds_run(const std::string& path);
+bool holds_run(const std::string& path, LegacyFiles legacy = LegacyFiles::Refuse);
 
 /// Loads the weights (and, when `optimizer` is not null, the optimiser state and the RNG state,
 /// which a file of weights alone does not have) into objects built from the checkpoint's config:
@@ -71,11 +84,21 @@ bool holds_run(const std::string& path);
 /// - the file is missing, is not a zip archive, or is truncated;
 /// - a record's checksum does not match (the file was damaged after it was written);
 /// - the tensors do not match the model (the first of the model's tensors the file lacks or holds
-///   with another shape, else the first the file holds that the model lacks);
+///   with another shape or dtype, else the first the file holds that the model lacks);
+/// - the optimiser state does not match the optimiser (its groups, parameters, shapes, dtypes);
 /// - a model tensor (or, when loading it, an optimiser state tensor) holds NaN or Inf, unless
-///   `allow_non_finite` (a diverged run's weights evaluate to chance with a NaN loss).
+///   `allow_non_finite` (a diverged run's weights evaluate to chance with a NaN loss);
+/// - the file is a TorchScript archive, or (with an optimiser) of format 3, and `legacy` is Refuse.
+/// Without an optimiser, the optimiser record is not interpreted (its checksum is checked).
 void load_checkpoint(const std::string& path, torch::nn::Module& model,
-                     torch::optim::Optimizer* optimizer, bool allow_non_finite = false);
+                     torch::optim::Optimizer* optimizer, bool allow_non_finite = false,
+                     LegacyFiles legacy = LegacyFiles::Refuse);
+
+/// Rewrites the checkpoint of a run at `from` (any format, TorchScript archives included, which this
+/// opens: for files from a trusted source only) as a format-4 checkpoint at `to`, with the same
+/// weights, optimiser state, RNG state, config and position, so that a run resumes from `to`
+/// exactly as it would have from `from`. `to` must not exist.
+void convert_checkpoint(const std::string& from, const std::string& to);
 
 /// `dir`/checkpoint-latest.pt and `dir`/checkpoint-best.pt.
 std::string latest_checkpoint_path(const std::string& run_dir);
