@@ -20,7 +20,7 @@
 #include "convnn/data/image_codec.h"
 #include "convnn/data/image_folder_source.h"
 #include "convnn/data/loader.h"
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "sinks.h"
 
@@ -91,7 +91,7 @@ void write_split(const fs::path& root, const std::string& split, int64_t count,
     const auto bytes = data::encode_jpeg(image, kQuality);
     const auto dir = root / split / fmt::format("class{}", i % kClasses);
     fs::create_directories(dir);
-    train::write_file_atomically((dir / fmt::format("{}_{:06d}.jpg", split, i)).string(),
+    checkpoint::write_file_atomically((dir / fmt::format("{}_{:06d}.jpg", split, i)).string(),
                                  std::string(bytes.begin(), bytes.end()));
   }
 }

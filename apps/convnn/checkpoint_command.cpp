@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
-#include "convnn/train/checkpoint.h"
+#include "convnn/train/trainer.h"
 
 namespace convnn::cli {
 namespace {

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "commands.h"
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
 #include "model_options.h"
@@ -177,16 +177,16 @@ int run_compare(CompareArgs& a, const std::string& command) {
       const auto run_dir = root / config.run.experiment;
       // A finished cell is reused and an unfinished one resumed, so an interrupted comparison
       // continues where it stopped.
-      const auto latest = train::latest_checkpoint_path(run_dir.string());
+      const auto latest = checkpoint::latest_checkpoint_path(run_dir.string());
       const bool started = fs::exists(latest);
       const bool finished =
-          started && train::read_checkpoint_header(latest).position.epoch >= config.optimization.epochs;
+          started && checkpoint::read_checkpoint_header(latest).position.epoch >= config.optimization.epochs;
       train::TrainResult r;
       if (finished) {
         fmt::print("  {} seed {}: reusing {}\n", cell_name(cell), seed, run_dir.string());
         const train::MetricsLog log(run_dir.string(), config.optimization.epochs + 1);
         r.epochs = log.epochs();
-        auto model = models::build_model(config.model, train::read_checkpoint_header(latest).config.model_config);
+        auto model = models::build_model(config.model, checkpoint::read_checkpoint_header(latest).config.model_config);
         r.parameters = model.parameter_count();
         r.macs = model.cost().total().macs;
         r.final_eval.top1 = r.epochs.back().val_top1;
@@ -195,7 +195,6 @@ int run_compare(CompareArgs& a, const std::string& command) {
         ConsoleSink console(config.run.quiet, config.run.log_interval);
         train::TrainHooks hooks;
         hooks.sinks.push_back(&console);
-        hooks.on_skipped_sample = print_skipped_sample;
         r = train::train(config, started ? latest : "", hooks, /*allow_non_finite=*/false, device);
       }
       std::vector<double> times;
@@ -212,8 +211,8 @@ int run_compare(CompareArgs& a, const std::string& command) {
     results.push_back(result);
   }
   const auto md = markdown(results, a, command);
-  train::write_file_atomically((root / "results.md").string(), md);
-  train::write_file_atomically((root / "results.json").string(), to_json(results, a, command).dump(2) + "\n");
+  checkpoint::write_file_atomically((root / "results.md").string(), md);
+  checkpoint::write_file_atomically((root / "results.json").string(), to_json(results, a, command).dump(2) + "\n");
   fmt::print("\n{}\nwritten: {}/results.md, results.json\n", md, root.string());
   return 0;
 }

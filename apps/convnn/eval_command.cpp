@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "commands.h"
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
 #include "plots.h"
@@ -41,11 +41,11 @@ std::string given_model_flags(const EvalArgs& a) {
 }
 
 train::TrainConfig config_of(const EvalArgs& a, const std::string& path) {
-  if (!train::holds_run(path)) return a.model;
+  if (!checkpoint::holds_run(path)) return a.model;
   const auto flags = given_model_flags(a);
   TORCH_CHECK(flags.empty(), "checkpoint '", path, "' holds its run's model and data set: leave out ", flags,
               " (they describe the model of weights alone, such as a state_dict saved by Python)");
-  return train::read_checkpoint_header(path).config;
+  return checkpoint::read_checkpoint_header(path).config;
 }
 
 int run_eval(const EvalArgs& a) {

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "convnn/train/atomic_file.h"
+#include "convnn/checkpoint/atomic_file.h"
 
 namespace convnn::cli {
 namespace {
@@ -19,7 +19,7 @@ bool gnuplot_available() { return std::system("command -v gnuplot > /dev/null 2>
 // Runs a gnuplot script (written next to its outputs, kept so that users can restyle the plots);
 // its messages go to a .log beside it, named in the error when it fails.
 void run_gnuplot(const fs::path& script_path, const std::string& script) {
-  train::write_file_atomically(script_path.string(), script);
+  checkpoint::write_file_atomically(script_path.string(), script);
   auto log = script_path;
   log.replace_extension(".log");
   const auto command = fmt::format("gnuplot '{}' > '{}' 2>&1", script_path.string(), log.string());

@@ -48,6 +48,8 @@ void PlotSink::epoch_done(const train::EpochMetrics&, const train::Evaluation&, 
   warned_ = true;
 }
 
+void ConsoleSink::sample_skipped(const std::string& reason) { print_skipped_sample(reason); }
+
 void print_skipped_sample(const std::string& reason) {
   fmt::print(stderr, "convnn: warning: skipped a sample: {}\n", reason);
 }

@@ -19,6 +19,7 @@ class ConsoleSink final : public train::TrainingSink {
   void epoch_trained() override;
   void epoch_done(const train::EpochMetrics& m, const train::Evaluation& evaluation, int64_t epochs) override;
   void stopped(int64_t epoch, int64_t batch, const std::string& checkpoint) override;
+  void sample_skipped(const std::string& reason) override;
 
  private:
   bool live_;
@@ -37,7 +38,7 @@ class PlotSink final : public train::TrainingSink {
   bool warned_ = false;
 };
 
-/// The warning line on stderr for a sample a loader skipped (TrainHooks::on_skipped_sample,
+/// The warning line on stderr for a sample a loader skipped (TrainingSink::sample_skipped,
 /// LoaderOptions::on_skipped).
 void print_skipped_sample(const std::string& reason);
 

@@ -12,7 +12,7 @@
 
 #include "commands.h"
 #include "convnn/dist/process_group.h"
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
 #include "local_ranks.h"
@@ -55,7 +55,7 @@ c10::Device device_of_rank(const c10::Device& device) {
 
 // --resume continues the same model: flags may change the schedule or the data, not the model.
 void check_same_model(const train::TrainConfig& requested, const std::string& checkpoint) {
-  const auto stored = train::read_checkpoint_header(checkpoint).config;
+  const auto stored = checkpoint::read_checkpoint_header(checkpoint).config;
   const auto model_of = [](const train::TrainConfig& c) {
     auto m = c.model_config;
     m.num_classes = m.in_channels = m.image_size = 0;  // taken from the data set
@@ -86,9 +86,9 @@ void print_summary(const train::TrainResult& r) {
   if (std::filesystem::exists(plots / "accuracy.png")) {
     fmt::print("  plots:       {}/{{loss,accuracy,lr}}.png\n", plots.string());
   }
-  fmt::print("  checkpoints: {} (best: {})\n", train::latest_checkpoint_path(r.run_dir),
-             train::best_checkpoint_path(r.run_dir));
-  fmt::print("evaluate with: convnn eval --checkpoint {}\n", train::best_checkpoint_path(r.run_dir));
+  fmt::print("  checkpoints: {} (best: {})\n", checkpoint::latest_checkpoint_path(r.run_dir),
+             checkpoint::best_checkpoint_path(r.run_dir));
+  fmt::print("evaluate with: convnn eval --checkpoint {}\n", checkpoint::best_checkpoint_path(r.run_dir));
 }
 
 }  // namespace
@@ -161,7 +161,6 @@ Command add_train_command(CLI::App& app) {
             };
             train::TrainHooks hooks;
             hooks.stop = &interrupt_requested;
-            hooks.on_skipped_sample = print_skipped_sample;
             ConsoleSink console(args->config.run.quiet, args->config.run.log_interval);
             PlotSink plots;
             hooks.sinks.push_back(&console);

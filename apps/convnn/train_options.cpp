@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "model_options.h"
 
 namespace convnn::cli {
@@ -80,7 +80,7 @@ void add_device_option(CLI::App* sub, std::string& device, const std::string& wh
 }
 
 std::string resume_checkpoint_path(const std::string& resume) {
-  return std::filesystem::is_directory(resume) ? train::latest_checkpoint_path(resume) : resume;
+  return std::filesystem::is_directory(resume) ? checkpoint::latest_checkpoint_path(resume) : resume;
 }
 
 void add_trained_model_options(CLI::App* sub, train::TrainConfig& config) {
@@ -106,7 +106,7 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   auto* resume_option = sub->add_option_function<std::string>(
          "--resume", [&args](const std::string& path) {
            args.resume = resume_checkpoint_path(path);
-           args.config = train::read_checkpoint_header(args.resume).config;
+           args.config = checkpoint::read_checkpoint_header(args.resume).config;
          },
          "Continue the run of this checkpoint (or run directory) exactly where it stopped")
       ->excludes(config_option);

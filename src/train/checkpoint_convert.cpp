@@ -3,21 +3,22 @@
 // caller's word that the file is trusted: the command asks for --trust-legacy.
 #include <filesystem>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/optim.h"
 #include "convnn/train/trainer.h"
 
 namespace convnn::train {
 
 void convert_checkpoint(const std::string& from, const std::string& to) {
+  using checkpoint::LegacyFiles;
   TORCH_CHECK(!std::filesystem::exists(to), "convert: '", to, "' exists; name a new file");
-  const auto checkpoint = read_checkpoint_header(from, LegacyFiles::Trust);
+  const auto stored = checkpoint::read_checkpoint_header(from, LegacyFiles::Trust);
   // On the CPU, where checkpoints keep their tensors; in the run's precision, so every tensor keeps
   // its dtype. The file is copied as it is: a diverged run converts too.
-  auto model = make_model(checkpoint.config, c10::Device(c10::kCPU));
-  auto optimizer = make_optimizer(checkpoint.config.optimization, *model.module());
-  load_checkpoint(from, *model.module(), optimizer.get(), /*allow_non_finite=*/true, LegacyFiles::Trust);
-  save_checkpoint(to, checkpoint.config, checkpoint.position, *model.module(), *optimizer);
+  auto model = make_model(stored.config, c10::Device(c10::kCPU));
+  auto optimizer = make_optimizer(stored.config.optimization, *model.module());
+  checkpoint::load_checkpoint(from, *model.module(), optimizer.get(), /*allow_non_finite=*/true, LegacyFiles::Trust);
+  checkpoint::save_checkpoint(to, stored.config, stored.position, *model.module(), *optimizer);
 }
 
 }  // namespace convnn::train

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/atomic_file.h"
 #include "util/json_fields.h"
 
 namespace convnn::train {
@@ -88,8 +88,8 @@ void MetricsLog::write() const {
     json.push_back(row);
     csv << "\n";
   }
-  write_file_atomically((fs::path(run_dir_) / "metrics.json").string(), json.dump(2) + "\n");
-  write_file_atomically((fs::path(run_dir_) / "metrics.csv").string(), csv.str());
+  checkpoint::write_file_atomically((fs::path(run_dir_) / "metrics.json").string(), json.dump(2) + "\n");
+  checkpoint::write_file_atomically((fs::path(run_dir_) / "metrics.csv").string(), csv.str());
 }
 
 void write_confusion(const std::string& dir, const std::vector<std::string>& class_names,
@@ -108,8 +108,8 @@ void write_confusion(const std::string& dir, const std::vector<std::string>& cla
     csv << "\n";
     matrix << "\n";
   }
-  write_file_atomically((fs::path(dir) / "confusion.csv").string(), csv.str());
-  write_file_atomically((fs::path(dir) / "confusion.dat").string(), matrix.str());
+  checkpoint::write_file_atomically((fs::path(dir) / "confusion.csv").string(), csv.str());
+  checkpoint::write_file_atomically((fs::path(dir) / "confusion.dat").string(), matrix.str());
 }
 
 }  // namespace convnn::train

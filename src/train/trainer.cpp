@@ -15,7 +15,7 @@
 
 #include "convnn/dist/process_group.h"
 #include "convnn/models/batch_norm.h"
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/loss.h"
 #include "convnn/train/optim.h"
 #include "convnn/train/schedule.h"
@@ -27,6 +27,21 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using checkpoint::holds_run;
+using checkpoint::latest_checkpoint_path;
+using checkpoint::load_checkpoint;
+using checkpoint::read_checkpoint_header;
+using checkpoint::TrainingPosition;
+using checkpoint::write_file_atomically;
+
+// The loader's report of a skipped sample, told to every sink, on every rank (each reads the files
+// of its own shard). None without sinks: the epoch's metrics still count it.
+std::function<void(const std::string&)> skip_reporter(const TrainHooks& hooks) {
+  if (hooks.sinks.empty()) return {};
+  return [sinks = hooks.sinks](const std::string& reason) {
+    for (auto* sink : sinks) sink->sample_skipped(reason);
+  };
+}
 
 // bfloat16 autocast on the model's device type for the guard's lifetime (no-op for float32).
 class AutocastGuard {
@@ -148,9 +163,9 @@ class Trainer {
         group_(group),
         is_main_(group == nullptr || group->is_main()),
         train_loader_(
-            make_loader(std::move(train_data), config_, true, device_, group, hooks.on_skipped_sample)),
+            make_loader(std::move(train_data), config_, true, device_, group, skip_reporter(hooks))),
         val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false, device_, group,
-                                hooks.on_skipped_sample)),
+                                skip_reporter(hooks))),
         // Before the optimiser, which then holds (and keeps its state beside) the moved parameters.
         model_(make_model(config_, device_)),
         optimizer_(make_optimizer(config_.optimization, *model_.module())),
@@ -235,7 +250,7 @@ class Trainer {
         totals.samples += b;
         totals.correct += correct;
         images_this_call += b;
-        if (hooks_.on_batch) hooks_.on_batch(position_.step, loss);
+        report([&](TrainingSink& s) { s.batch_loss(position_.step, loss); });
       }
       if (step_now) optimizer_step();
       const double mean_loss = totals.loss_sum / std::max<int64_t>(1, totals.samples);
@@ -245,7 +260,7 @@ class Trainer {
         totals.seconds += std::chrono::duration<double>(Clock::now() - start).count();
         save_position(batch->index + 1, totals);
         report([&](TrainingSink& s) {
-          s.stopped(position_.epoch + 1, batch->index + 1, latest_checkpoint_path(run_dir_));
+          s.stopped(position_.epoch + 1, batch->index + 1, saver_.latest());
         });
         return false;
       }
@@ -340,7 +355,7 @@ class Trainer {
     position_.correct = totals.correct;
     position_.seconds = totals.seconds;
     position_.skipped = totals.skipped;
-    if (is_main_) save_checkpoint(latest_checkpoint_path(run_dir_), config_, position_, *model_.module(), *optimizer_);
+    if (is_main_) saver_.stopped(config_, position_, *model_.module(), *optimizer_);
     if (group_ != nullptr) group_->barrier();  // the checkpoint is written before any rank goes on
   }
 
@@ -370,10 +385,7 @@ class Trainer {
     next.next_batch = 0;
     next.loss_sum = next.seconds = 0.0;
     next.samples = next.correct = next.skipped = 0;
-    if (is_main_) {
-      save_checkpoint(latest_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
-      if (best) save_checkpoint(best_checkpoint_path(run_dir_), config_, next, *model_.module(), *optimizer_);
-    }
+    if (is_main_) saver_.epoch_done(config_, next, *model_.module(), *optimizer_, best);
     if (group_ != nullptr) group_->barrier();  // the checkpoints are written before any rank goes on
     report([&](TrainingSink& s) { s.epoch_done(m, evaluation, config_.optimization.epochs); });
     position_.next_batch = 0;
@@ -384,6 +396,7 @@ class Trainer {
 
   TrainConfig config_;
   std::string run_dir_;
+  checkpoint::CheckpointSaver saver_{run_dir_};
   TrainingPosition position_;
   TrainHooks hooks_;
   c10::Device device_;

@@ -7,10 +7,10 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/optim.h"
 #include "fuzz_input_file.h"
-#include "train/torch_file.h"
+#include "checkpoint/torch_file.h"
 
 namespace {
 
@@ -33,9 +33,9 @@ void refused_or_read(F&& f) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Target target;
   const auto& path = convnn::fuzz::write_input(data, size, ".pt");
-  refused_or_read([&] { convnn::train::read_torch_file(path); });
-  refused_or_read([&] { convnn::train::read_checkpoint_header(path); });
-  refused_or_read([&] { convnn::train::load_checkpoint(path, *target.linear.ptr(), nullptr); });
-  refused_or_read([&] { convnn::train::load_checkpoint(path, *target.linear.ptr(), target.optimizer.get()); });
+  refused_or_read([&] { convnn::checkpoint::read_torch_file(path); });
+  refused_or_read([&] { convnn::checkpoint::read_checkpoint_header(path); });
+  refused_or_read([&] { convnn::checkpoint::load_checkpoint(path, *target.linear.ptr(), nullptr); });
+  refused_or_read([&] { convnn::checkpoint::load_checkpoint(path, *target.linear.ptr(), target.optimizer.get()); });
   return 0;
 }

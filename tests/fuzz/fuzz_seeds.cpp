@@ -9,12 +9,13 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/optim.h"
-#include "train/torch_file.h"
+#include "checkpoint/torch_file.h"
 
 namespace fs = std::filesystem;
 using namespace convnn::train;
+using namespace convnn::checkpoint;
 
 int main(int argc, char** argv) {
   if (argc != 3) {

@@ -22,15 +22,17 @@
 #include <sstream>
 #include <tuple>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/optim.h"
 #include "convnn/train/trainer.h"
 #include "data/fixtures.h"
-#include "train/checkpoint_records.h"
-#include "train/torch_file.h"
+#include "checkpoint/records.h"
+#include "checkpoint/torch_file.h"
 
 namespace convnn::train {
 namespace {
+
+using namespace convnn::checkpoint;
 
 namespace fs = std::filesystem;
 using testing::Bytes;

@@ -13,14 +13,16 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/optim.h"
 #include "data/fixtures.h"
-#include "train/checkpoint_records.h"
-#include "train/torch_file.h"
+#include "checkpoint/records.h"
+#include "checkpoint/torch_file.h"
 
 namespace convnn::train {
 namespace {
+
+using namespace convnn::checkpoint;
 
 using Records = std::vector<std::pair<std::string, std::string>>;
 

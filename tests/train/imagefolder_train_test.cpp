@@ -8,12 +8,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "data/fixtures.h"
 
 namespace convnn::train {
 namespace {
+
+using namespace convnn::checkpoint;
 
 namespace fs = std::filesystem;
 
@@ -42,6 +44,16 @@ TrainConfig tiny_run(const std::string& data_dir, const std::string& output) {
   c.run.experiment = "run";
   return c;
 }
+
+// The loss of every trained batch, in order.
+class LossRecorder final : public TrainingSink {
+ public:
+  explicit LossRecorder(std::vector<double>& losses) : losses_(losses) {}
+  void batch_loss(int64_t, double loss) override { losses_.push_back(loss); }
+
+ private:
+  std::vector<double>& losses_;
+};
 
 TEST(ImageFolderTrain, PaperRecipeIsTheImageFolderDefaultAndEachOptionOverridesIt) {
   const auto paper = apply_recipe(folder_config("/data"));
@@ -166,15 +178,16 @@ TEST(ImageFolderTrain, OneEpochWithThePaperRecipeWritesMetricsCheckpointAndSkipC
   // What a sink is told (the command prints it); the library itself prints nothing.
   struct SkipCounts : TrainingSink {
     int64_t train = -1, val = -1;
+    std::vector<std::string> skipped_reasons;
     void epoch_done(const EpochMetrics& m, const Evaluation& evaluation, int64_t) override {
       train = m.skipped;
       val = evaluation.skipped;
     }
+    void sample_skipped(const std::string& reason) override { skipped_reasons.push_back(reason); }
   } reported;
   TrainHooks hooks;
   hooks.sinks.push_back(&reported);
-  std::vector<std::string> skipped;
-  hooks.on_skipped_sample = [&skipped](const std::string& reason) { skipped.push_back(reason); };
+  const auto& skipped = reported.skipped_reasons;
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   const auto result = train(tiny_run(data, dir.file("runs")), "", hooks);
@@ -232,19 +245,20 @@ TEST(ImageFolderTrain, ResumedRunRepeatsTheLossesAndTheSkipCounts) {
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   std::vector<double> whole, resumed;
+  LossRecorder whole_losses(whole), resumed_losses(resumed);
   TrainHooks record;
-  record.on_batch = [&](int64_t, double loss) { whole.push_back(loss); };
+  record.sinks.push_back(&whole_losses);
   auto config = tiny_run(data, dir.file("a"));
   config.optimization.epochs = 2;
   const auto full = train(config, "", record);
 
   TrainHooks first;
-  first.on_batch = [&](int64_t, double loss) { resumed.push_back(loss); };
+  first.sinks.push_back(&resumed_losses);
   first.max_steps = 4;  // stops after the first batch of epoch 2 (3 batches per epoch)
   config.run.output = dir.file("b");
   const bool interrupted = train(config, "", first).interrupted;
   TrainHooks rest;
-  rest.on_batch = first.on_batch;
+  rest.sinks = first.sinks;
   const auto finished = train(config, latest_checkpoint_path(dir.file("b") + "/run"), rest);
   ::testing::internal::GetCapturedStdout();
   ::testing::internal::GetCapturedStderr();

@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "data/fixtures.h"
-#include "train/torch_file.h"
+#include "checkpoint/torch_file.h"
 
 namespace convnn::train {
 namespace {
+
+using namespace convnn::checkpoint;
 
 void write_string(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

@@ -8,14 +8,16 @@
 #include <fstream>
 #include <functional>
 
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/optim.h"
 #include "convnn/train/trainer.h"
-#include "train/torch_file.h"
+#include "checkpoint/torch_file.h"
 #include "data/fixtures.h"
 
 namespace convnn::train {
 namespace {
+
+using namespace convnn::checkpoint;
 
 namespace fs = std::filesystem;
 const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
@@ -209,22 +211,33 @@ TEST(Checkpoint, MismatchedModelAndDamagedFilesAreClearErrors) {
   testing::expect_error([&] { read_checkpoint_header(truncated); }, truncated, "cannot be read");
 }
 
+// The loss of every trained batch, in order.
+class LossRecorder final : public TrainingSink {
+ public:
+  explicit LossRecorder(std::vector<double>& losses) : losses_(losses) {}
+  void batch_loss(int64_t, double loss) override { losses_.push_back(loss); }
+
+ private:
+  std::vector<double>& losses_;
+};
+
 TEST(Training, ResumedRunRepeatsTheUninterruptedLossTrajectory) {
   SKIP_WITHOUT_FASHION_MNIST();
   testing::TempDir dir;
   std::vector<double> whole, resumed;
+  LossRecorder whole_losses(whole), resumed_losses(resumed);
   TrainHooks record;
-  record.on_batch = [&](int64_t, double loss) { whole.push_back(loss); };
+  record.sinks.push_back(&whole_losses);
   const auto full = train(tiny_vit_config(dir.file("a")), "", record);
   ASSERT_FALSE(full.interrupted);
 
   TrainHooks interrupted;
-  interrupted.on_batch = [&](int64_t, double loss) { resumed.push_back(loss); };
+  interrupted.sinks.push_back(&resumed_losses);
   interrupted.max_steps = 13;  // mid-epoch 2 (10 batches per epoch)
   const auto config = tiny_vit_config(dir.file("b"));
   ASSERT_TRUE(train(config, "", interrupted).interrupted);
   TrainHooks rest;
-  rest.on_batch = interrupted.on_batch;
+  rest.sinks = interrupted.sinks;
   const auto finished = train(config, latest_checkpoint_path(dir.file("b") + "/run"), rest);
   ASSERT_FALSE(finished.interrupted);
   ASSERT_EQ(resumed.size(), whole.size());

@@ -60,15 +60,11 @@ struct TrainResult {
 struct TrainHooks {
   /// Checked after every optimiser step; when set, training saves checkpoint-latest.pt and returns.
   const std::atomic<bool>* stop = nullptr;
-  /// Called with the loss of every trained batch (tests observe the trajectory).
-  std::function<void(int64_t step, double loss)> on_batch;
   /// Stop after this many optimiser steps in this call, as if interrupted (tests); 0: never.
   int64_t max_steps = 0;
-  /// Told of the run's progress (rank 0 only); not owned. None: the run is silent.
+  /// Told of the run's progress (rank 0 only, but for skipped samples); not owned. None: the run
+  /// is silent (skipped samples are still counted in the epoch's metrics).
   std::vector<TrainingSink*> sinks;
-  /// Told why each sample that could not be read was skipped, on every rank (each reads the
-  /// files of its own shard). Unset: skipped silently; the epoch's metrics count them.
-  std::function<void(const std::string& reason)> on_skipped_sample;
 };
 
 /// Trains as `config` says, in `run_dir`; with `resume`, continues from that checkpoint file (its
@@ -101,6 +97,12 @@ models::Model make_model(const TrainConfig& config, const c10::Device& device);
 /// Inf weights unless `allow_non_finite` (load_checkpoint). The model is loaded onto `device` (as
 /// in train) and evaluated there.
 /// `on_skipped_sample` as in TrainHooks.
+/// Rewrites the checkpoint of a run at `from` (any format, TorchScript archives included, which this
+/// opens: for files from a trusted source only) as a format-4 checkpoint at `to`, with the same
+/// weights, optimiser state, RNG state, config and position, so that a run resumes from `to`
+/// exactly as it would have from `from`. `to` must not exist.
+void convert_checkpoint(const std::string& from, const std::string& to);
+
 Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config, data::Split split,
                                Precision precision, bool allow_non_finite = false,
                                const c10::Device& device = c10::Device(c10::kCPU),

@@ -1,4 +1,4 @@
-#include "optimizer_state.h"
+#include "checkpoint/optimizer_state.h"
 
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-namespace convnn::train::detail {
+namespace convnn::checkpoint::detail {
 namespace {
 
 using torch::optim::AdamW;
@@ -301,4 +301,4 @@ std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer
 
 uint32_t crc32_of_value(const c10::IValue& value) { return crc32_walk(0, value); }
 
-}  // namespace convnn::train::detail
+}  // namespace convnn::checkpoint::detail

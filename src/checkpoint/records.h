@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace convnn::train::detail {
+namespace convnn::checkpoint::detail {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
@@ -49,4 +49,4 @@ std::function<void()> archive_optimizer_loader(torch::optim::Optimizer& optimize
 nlohmann::json read_archive_header(const std::string& path);
 CheckpointRecords read_archive_records(const std::string& path, const nlohmann::json& header);
 
-}  // namespace convnn::train::detail
+}  // namespace convnn::checkpoint::detail

@@ -1,4 +1,4 @@
-#include "convnn/train/checkpoint.h"
+#include "convnn/checkpoint/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize/input-archive.h>
@@ -15,12 +15,12 @@
 #include <unordered_map>
 #include <utility>
 
-#include "checkpoint_records.h"
-#include "optimizer_state.h"
-#include "torch_file.h"
+#include "checkpoint/records.h"
+#include "checkpoint/optimizer_state.h"
+#include "checkpoint/torch_file.h"
 #include "util/json_fields.h"
 
-namespace convnn::train {
+namespace convnn::checkpoint {
 
 namespace detail {
 
@@ -480,6 +480,22 @@ void load_checkpoint(const std::string& path, torch::nn::Module& model,
   generator.set_state(records.rng);
 }
 
+CheckpointSaver::CheckpointSaver(std::string run_dir) : run_dir_(std::move(run_dir)) {}
+
+void CheckpointSaver::stopped(const TrainConfig& config, const TrainingPosition& position, torch::nn::Module& model,
+                              torch::optim::Optimizer& optimizer) const {
+  save_checkpoint(latest(), config, position, model, optimizer);
+}
+
+void CheckpointSaver::epoch_done(const TrainConfig& config, const TrainingPosition& next, torch::nn::Module& model,
+                                 torch::optim::Optimizer& optimizer, bool best) const {
+  save_checkpoint(latest(), config, next, model, optimizer);
+  if (best) save_checkpoint(this->best(), config, next, model, optimizer);
+}
+
+std::string CheckpointSaver::latest() const { return latest_checkpoint_path(run_dir_); }
+std::string CheckpointSaver::best() const { return best_checkpoint_path(run_dir_); }
+
 std::string latest_checkpoint_path(const std::string& run_dir) {
   return (fs::path(run_dir) / "checkpoint-latest.pt").string();
 }
@@ -488,4 +504,4 @@ std::string best_checkpoint_path(const std::string& run_dir) {
   return (fs::path(run_dir) / "checkpoint-best.pt").string();
 }
 
-}  // namespace convnn::train
+}  // namespace convnn::checkpoint

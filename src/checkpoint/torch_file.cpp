@@ -1,4 +1,4 @@
-#include "torch_file.h"
+#include "checkpoint/torch_file.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace convnn::train {
+namespace convnn::checkpoint {
 namespace {
 
 using torch::jit::PickleOpCode;
@@ -593,4 +593,4 @@ nlohmann::json ivalue_to_json(const c10::IValue& value) {
   TORCH_CHECK(false, "ivalue_to_json: a value of type ", value.tagKind(), " is not JSON");
 }
 
-}  // namespace convnn::train
+}  // namespace convnn::checkpoint

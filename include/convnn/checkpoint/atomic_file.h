@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-namespace convnn::train {
+namespace convnn::checkpoint {
 
 /// Writes `contents` to `path` through the temporary file `.<name>.tmp<pid>` beside it, synced
 /// before the rename, and syncs the folder after it. The temporary file is removed on any
@@ -19,4 +19,4 @@ void write_file_atomically(const std::string& path, const std::string& contents)
 void remove_stale_temporaries(const std::filesystem::path& folder,
                               const std::function<bool(const std::string& target)>& ours);
 
-}  // namespace convnn::train
+}  // namespace convnn::checkpoint

@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-namespace convnn::train::detail {
+namespace convnn::checkpoint::detail {
 
 /// The state of `optimizer` (AdamW or SGD, the optimisers convnn trains with), every tensor copied
 /// to the CPU. AdamW's step is a float64 scalar tensor (torch.optim keeps a float32 one; float64
@@ -32,4 +32,4 @@ std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer
 /// A CRC-32 of a plain value: its tensors' bytes and its scalars, in order.
 uint32_t crc32_of_value(const c10::IValue& value);
 
-}  // namespace convnn::train::detail
+}  // namespace convnn::checkpoint::detail

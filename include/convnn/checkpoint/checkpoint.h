@@ -31,10 +31,12 @@
 #include <cstdint>
 #include <string>
 
-#include "convnn/train/atomic_file.h"
+#include "convnn/checkpoint/atomic_file.h"
 #include "convnn/train/config.h"
 
-namespace convnn::train {
+namespace convnn::checkpoint {
+
+using train::TrainConfig;
 
 struct TrainingPosition {
   int64_t epoch = 0;        // epoch in progress (0-based)
@@ -94,15 +96,29 @@ void load_checkpoint(const std::string& path, torch::nn::Module& model,
                      torch::optim::Optimizer* optimizer, bool allow_non_finite = false,
                      LegacyFiles legacy = LegacyFiles::Refuse);
 
-/// Rewrites the checkpoint of a run at `from` (any format, TorchScript archives included, which this
-/// opens: for files from a trusted source only) as a format-4 checkpoint at `to`, with the same
-/// weights, optimiser state, RNG state, config and position, so that a run resumes from `to`
-/// exactly as it would have from `from`. `to` must not exist.
-void convert_checkpoint(const std::string& from, const std::string& to);
+/// A run's checkpoints in its folder, written as its training loop reaches them (as timm's
+/// CheckpointSaver): checkpoint-latest.pt at every epoch's end and at a stop, checkpoint-best.pt
+/// at the end of an epoch that is the best so far. The loop owns one; nothing else needs the loop.
+class CheckpointSaver {
+ public:
+  explicit CheckpointSaver(std::string run_dir);
+  /// A stop within an epoch: the latest checkpoint holds `position`.
+  void stopped(const TrainConfig& config, const TrainingPosition& position, torch::nn::Module& model,
+               torch::optim::Optimizer& optimizer) const;
+  /// An epoch's end: the latest checkpoint holds `next` (the next epoch's start), and the best one
+  /// too when `best`.
+  void epoch_done(const TrainConfig& config, const TrainingPosition& next, torch::nn::Module& model,
+                  torch::optim::Optimizer& optimizer, bool best) const;
+  [[nodiscard]] std::string latest() const;
+  [[nodiscard]] std::string best() const;
+
+ private:
+  std::string run_dir_;
+};
 
 /// `dir`/checkpoint-latest.pt and `dir`/checkpoint-best.pt.
 std::string latest_checkpoint_path(const std::string& run_dir);
 std::string best_checkpoint_path(const std::string& run_dir);
 
 
-}  // namespace convnn::train
+}  // namespace convnn::checkpoint

@@ -1,4 +1,4 @@
-#include "convnn/train/atomic_file.h"
+#include "convnn/checkpoint/atomic_file.h"
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace convnn::train {
+namespace convnn::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -145,4 +145,4 @@ void write_file_atomically(const std::string& path, const std::string& contents)
   sync_folder(folder, target);
 }
 
-}  // namespace convnn::train
+}  // namespace convnn::checkpoint

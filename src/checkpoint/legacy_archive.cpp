@@ -13,9 +13,9 @@
 #include <optional>
 #include <sstream>
 
-#include "checkpoint_records.h"
+#include "checkpoint/records.h"
 
-namespace convnn::train::detail {
+namespace convnn::checkpoint::detail {
 namespace {
 
 struct Checksums {
@@ -205,4 +205,4 @@ CheckpointRecords read_archive_records(const std::string& path, const nlohmann::
   return records;
 }
 
-}  // namespace convnn::train::detail
+}  // namespace convnn::checkpoint::detail

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace convnn::train {
+namespace convnn::checkpoint {
 
 /// The bytes of a torch.save file holding `value`, whose tensors must be on the CPU. Dicts and
 /// lists are written as plain Python dicts and lists, without TorchScript's type tags, which
@@ -45,4 +45,4 @@ bool is_torchscript_archive(const std::string& path);
 c10::IValue json_to_ivalue(const nlohmann::json& json);
 nlohmann::json ivalue_to_json(const c10::IValue& value);
 
-}  // namespace convnn::train
+}  // namespace convnn::checkpoint
