@@ -315,6 +315,12 @@ bool reads_values_of(const at::Tensor& t) {
   return device_checks;
 }
 
+// The position of the first true element of `mask` (row-major order), as a contiguous CPU tensor:
+// at::nonzero's result is laid out column-major, so its rows cannot be read through a data pointer.
+namespace {
+at::Tensor first_position(const at::Tensor& mask) { return at::nonzero(mask)[0].to(at::kCPU).contiguous(); }
+}  // namespace
+
 void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_view op,
                             std::string_view argument) {
   if (indices.numel() == 0 || !reads_values_of(indices)) return;
@@ -322,7 +328,7 @@ void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_vi
   const auto [low, high] = at::aminmax(indices);
   if (low.item<int64_t>() >= 0 && high.item<int64_t>() < m) return;
   const auto bad = (indices < 0) | (indices >= m);
-  const auto where = at::nonzero(bad)[0].cpu();
+  const auto where = first_position(bad);
   std::vector<int64_t> pos(where.data_ptr<int64_t>(), where.data_ptr<int64_t>() + where.numel());
   int64_t flat = 0;
   for (size_t d = 0; d < pos.size(); ++d) flat = flat * indices.size(d) + pos[d];
@@ -340,7 +346,7 @@ void check_finite(const at::Tensor& t, std::string_view op, std::string_view arg
   if (std::isfinite(t.sum(accumulate).item<double>())) return;
   const auto finite = at::isfinite(t);
   if (finite.all().item<bool>()) return;
-  const auto where = at::nonzero(~finite)[0].cpu();
+  const auto where = first_position(~finite);
   std::vector<int64_t> pos(where.data_ptr<int64_t>(), where.data_ptr<int64_t>() + where.numel());
   auto element = t;
   for (const int64_t p : pos) element = element.select(0, p);

@@ -132,6 +132,18 @@ TEST_F(KnnSelectBadInput, NanOrInfInputsNameTheArgumentAndPosition) {
   }
 }
 
+// Proves the message names the first offending element in row-major order, with its own value,
+// when several are bad (at::nonzero's rows are not contiguous: reading one through its data
+// pointer used to report position [0, 0, 0] and a finite value there).
+TEST_F(KnnSelectBadInput, SeveralNonFiniteInputsNameTheFirstOneAndItsValue) {
+  auto bad_queries = q.clone();
+  bad_queries[0][2][1] = kInf;
+  bad_queries[0][3][0] = kNaN;
+  bad_queries[1][0][2] = -kInf;
+  EXPECT_ERROR(select(bad_queries, k, 2, "dot"), "knn_select: queries must be finite",
+               "found inf at position [0, 2, 1]");
+}
+
 TEST_F(KnnSelectBadInput, PlusInfMaskEntryNamesItsScorePosition) {
   auto mask = at::zeros({4, 5}, at::kDouble);
   mask[2][1] = kInf;
@@ -219,6 +231,12 @@ TEST_F(KnnAggregateBadInput, IndicesOutOfRangeNameTheValueAndPosition) {
   auto negative = indices.clone();
   negative[0][3][1] = -1;
   EXPECT_ERROR(aggregate(values, weights, negative, kernel), "found -1 at position [0, 3, 1]");
+  // Several: the first in row-major order, with its own value.
+  auto several = indices.clone();
+  several[0][2][1] = 7;
+  several[1][0][0] = -3;
+  several[1][3][1] = 9;
+  EXPECT_ERROR(aggregate(values, weights, several, kernel), "found 7 at position [0, 2, 1]");
 }
 
 TEST_F(KnnAggregateBadInput, DtypeMismatchesAreNamed) {
