@@ -8,6 +8,7 @@ slots hold ConvNN or branching layers, strides, widths, the paper variants, the 
 the C++ one, and the state_dict keys are the C++ ones.
 """
 import json
+import os
 import zipfile
 
 import torch
@@ -201,8 +202,11 @@ def load_checkpoint(path, map_location="cpu"):
     the run's model and its options (``config["model"]``, ``config["model_config"]``), which
     :func:`create_model` builds, and whose ``state_dict`` is then loaded strictly. The model is
     returned in training mode, as ``create_model`` returns it; call ``.eval()`` to evaluate.
-    ``convnn eval`` also checks the file's CRC-32 checksums; this does not.
+    ``convnn eval`` also checks the file's CRC-32 checksums; this does not. A run directory stands
+    for its ``checkpoint-latest.pt``, as it does for ``convnn eval --checkpoint``.
     """
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint-latest.pt")
     # Before torch.load, which would hand a TorchScript archive to torch.jit.load.
     if _is_torchscript_archive(path):
         raise RuntimeError(

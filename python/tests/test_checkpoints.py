@@ -70,6 +70,10 @@ def test_load_checkpoint_gives_the_runs_model_with_its_weights(run):
     assert model.model_name == "resnet18" and model.training
     for name, tensor in state_of(run.checkpoint).items():
         assert torch.equal(model.state_dict()[name], tensor), name
+    # A run directory stands for its latest checkpoint, as in `convnn eval --checkpoint DIR`.
+    from_dir = convnn.models.load_checkpoint(run.dir)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(from_dir.state_dict()[name], tensor), name
 
 
 def perturbed_state(run):
