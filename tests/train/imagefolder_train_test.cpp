@@ -11,11 +11,13 @@
 #include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/trainer.h"
 #include "data/fixtures.h"
+#include "train/loss_recorder.h"
 
 namespace convnn::train {
 namespace {
 
 using namespace convnn::checkpoint;
+using testing_support::LossRecorder;
 
 namespace fs = std::filesystem;
 
@@ -44,16 +46,6 @@ TrainConfig tiny_run(const std::string& data_dir, const std::string& output) {
   c.run.experiment = "run";
   return c;
 }
-
-// The loss of every trained batch, in order.
-class LossRecorder final : public TrainingSink {
- public:
-  explicit LossRecorder(std::vector<double>& losses) : losses_(losses) {}
-  void batch_loss(int64_t, double loss) override { losses_.push_back(loss); }
-
- private:
-  std::vector<double>& losses_;
-};
 
 TEST(ImageFolderTrain, PaperRecipeIsTheImageFolderDefaultAndEachOptionOverridesIt) {
   const auto paper = apply_recipe(folder_config("/data"));

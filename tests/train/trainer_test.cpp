@@ -13,11 +13,13 @@
 #include "convnn/train/trainer.h"
 #include "checkpoint/torch_file.h"
 #include "data/fixtures.h"
+#include "train/loss_recorder.h"
 
 namespace convnn::train {
 namespace {
 
 using namespace convnn::checkpoint;
+using testing_support::LossRecorder;
 
 namespace fs = std::filesystem;
 const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
@@ -210,16 +212,6 @@ TEST(Checkpoint, MismatchedModelAndDamagedFilesAreClearErrors) {
   testing::write_file(truncated, testing::Bytes(bytes.begin(), bytes.begin() + bytes.size() / 2));
   testing::expect_error([&] { read_checkpoint_header(truncated); }, truncated, "cannot be read");
 }
-
-// The loss of every trained batch, in order.
-class LossRecorder final : public TrainingSink {
- public:
-  explicit LossRecorder(std::vector<double>& losses) : losses_(losses) {}
-  void batch_loss(int64_t, double loss) override { losses_.push_back(loss); }
-
- private:
-  std::vector<double>& losses_;
-};
 
 TEST(Training, ResumedRunRepeatsTheUninterruptedLossTrajectory) {
   SKIP_WITHOUT_FASHION_MNIST();
