@@ -6,6 +6,7 @@ state_dict keys, shapes and initialisation are the C++ ones and draw from the sa
 generator; forward calls the C++ forward on these tensors (torch.ops.convnn.layer_forward), a
 composite op that autograd, torch.compile and torch.export see through.
 """
+import contextlib
 import inspect
 
 import torch
@@ -63,8 +64,38 @@ class _ConvNNLayer(nn.Module):
 
     def _call(self, input, mask=None, texts=None):
         state = list(self.named_parameters()) + list(self.named_buffers())
-        return _ops.layer_forward(self._layer, texts or self._texts, input, [n for n, _ in state],
-                                  [t for _, t in state], self.training, self._generator, mask)
+        def forward():
+            return _ops.layer_forward(self._layer, texts or self._texts, input, [n for n, _ in state],
+                                      [t for _, t in state], self.training, self._generator, mask)
+        if self._generator is None:  # the default generator: torch.utils.checkpoint restores it
+            return forward()
+        with self._generator_replayed():
+            return forward()
+
+    @contextlib.contextmanager
+    def _generator_replayed(self):
+        """The layer's own generator as activation checkpointing needs it. torch.utils.checkpoint
+        recomputes a forward during backward and restores only the default generators' states
+        first, so a private generator would draw other random candidates in the recompute (other
+        gradients, silently). So each forward outside backward keeps the generator's state, and a
+        forward run during backward (the recompute) draws from that state and then leaves the
+        generator where it was. Exact when the layer runs once per forward pass, the usual case;
+        a layer called several times per pass replays its last call's draw."""
+        generator = self._generator
+        if torch._C._current_graph_task_id() == -1:  # not inside a backward pass
+            self._forward_generator_state = generator.get_state()
+            yield
+            return
+        stored = getattr(self, "_forward_generator_state", None)
+        if stored is None:
+            yield
+            return
+        after = generator.get_state()
+        generator.set_state(stored)
+        try:
+            yield
+        finally:
+            generator.set_state(after)
 
     def extra_repr(self):
         shown = [repr(self.options[name]) for name in layer_fields(self._layer).required]
