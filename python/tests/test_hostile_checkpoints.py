@@ -194,7 +194,7 @@ def test_a_storage_that_lies_about_its_dtype_is_refused_by_eval(run, tmp_path):
 
 @pytest.mark.parametrize("field,value,message", [
     ("next_batch", 2 ** 62, "position's next_batch is 4611686018427387904, outside [0, "),
-    ("next_batch", 1000, "next_batch 1000 is not one of the epoch's 2 batches"),
+    ("next_batch", 1000, "next_batch 1000 is past the epoch's 2 batches"),
     ("step", -2 ** 62, "position's step is -4611686018427387904"),
     ("step", 1000, "step 1000 is more than the 2 steps of 1 epochs"),
 ])

@@ -202,11 +202,12 @@ class Trainer {
 
  private:
   // The parts of a stored position the data decides (read_checkpoint_header checked the rest): the
-  // next batch is one of this epoch's, and no more steps were taken than the epochs before allow.
+  // next batch is within the epoch (equal to its batch count when a stop came after its last batch,
+  // before its evaluation), and no more steps were taken than the epochs allow.
   void check_position_fits_data(const std::string& path) const {
     const auto batches = train_loader_.batches_per_epoch();
-    TORCH_CHECK(position_.next_batch < batches, "checkpoint '", path, "' is damaged or of another data set: its "
-                "position's next_batch ", position_.next_batch, " is not one of the epoch's ", batches, " batches");
+    TORCH_CHECK(position_.next_batch <= batches, "checkpoint '", path, "' is damaged or of another data set: its "
+                "position's next_batch ", position_.next_batch, " is past the epoch's ", batches, " batches");
     const auto most_steps = (position_.epoch + 1) * steps_per_epoch();
     TORCH_CHECK(position_.step <= most_steps, "checkpoint '", path, "' is damaged: its position's step ",
                 position_.step, " is more than the ", most_steps, " steps of ", position_.epoch + 1, " epochs");

@@ -213,6 +213,22 @@ TEST(Checkpoint, MismatchedModelAndDamagedFilesAreClearErrors) {
   testing::expect_error([&] { read_checkpoint_header(truncated); }, truncated, "cannot be read");
 }
 
+// A stop right after an epoch's last batch (before its evaluation) saves next_batch equal to the
+// epoch's batch count, which resume must accept (the position check once refused it).
+TEST(Training, AStopAfterAnEpochsLastBatchResumes) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  testing::TempDir dir;
+  TrainHooks stop;
+  stop.max_steps = 10;  // the last of epoch 1's 10 batches
+  const auto config = tiny_vit_config(dir.file("runs"));
+  ASSERT_TRUE(train(config, "", stop).interrupted);
+  const auto latest = latest_checkpoint_path(dir.file("runs") + "/run");
+  EXPECT_EQ(read_checkpoint_header(latest).position.next_batch, 10);
+  const auto finished = train(config, latest);
+  EXPECT_FALSE(finished.interrupted);
+  EXPECT_EQ(finished.epochs.size(), 2u);
+}
+
 TEST(Training, ResumedRunRepeatsTheUninterruptedLossTrajectory) {
   SKIP_WITHOUT_FASHION_MNIST();
   testing::TempDir dir;
