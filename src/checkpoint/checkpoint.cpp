@@ -44,10 +44,21 @@ void fail_damaged_header(const std::string& path, const std::exception& e) {
   TORCH_CHECK(false, "checkpoint '", path, "' has a damaged header: ", error ? error->msg() : e.what());
 }
 
+}  // namespace detail
+
+namespace {
+
+namespace fs = std::filesystem;
+using detail::CheckpointRecords;
+using detail::check_crc;
+using detail::crc32_of;
+using detail::fail_damaged_header;
+using detail::NamedTensors;
+
 // A CRC-32 in a header: an unsigned integer that fits 32 bits (get<uint32_t> would cut a wider one).
 uint32_t crc_field(const std::string& path, const nlohmann::json& value) {
   TORCH_CHECK(value.is_number_unsigned() && value.get<uint64_t>() <= UINT32_MAX, "checkpoint '", path,
-              "' has a damaged header: a CRC-32 of ", value.dump().substr(0, 40), " (it must be 0 to 4294967295)");
+              "' has a damaged header: a CRC-32 of ", convnn::detail::shown(value), " (it must be 0 to 4294967295)");
   return value.get<uint32_t>();
 }
 
@@ -58,19 +69,6 @@ uint32_t crc_field(const std::string& path, const nlohmann::json& value) {
               "checkpoint convert ", path, " NEW.pt --trust-legacy (that opens it; the new file is plain "
               "data)");
 }
-
-}  // namespace detail
-
-namespace {
-
-namespace fs = std::filesystem;
-using detail::CheckpointRecords;
-using detail::check_crc;
-using detail::crc32_of;
-using detail::crc_field;
-using detail::fail_legacy;
-using detail::fail_damaged_header;
-using detail::NamedTensors;
 
 // Format 4 is a torch.save file of plain data only, so that Python reads all of it with
 // torch.load(path, weights_only=True): a dict of "state_dict" (the model's tensors by their names,
@@ -126,7 +124,7 @@ nlohmann::json position_to_json(const TrainingPosition& p) {
 // A position field: an integer (or, for the sums, a finite number) in its range, named when not.
 int64_t position_int(const nlohmann::json& j, const char* field, int64_t low, int64_t high) {
   const auto& value = j.at(field);
-  TORCH_CHECK(value.is_number_integer(), "its position's ", field, " is ", value.dump().substr(0, 40),
+  TORCH_CHECK(value.is_number_integer(), "its position's ", field, " is ", convnn::detail::shown(value),
               ", not an integer");
   const auto number = value.get<int64_t>();
   TORCH_CHECK(number >= low && number <= high, "its position's ", field, " is ", number, ", outside [", low, ", ",
@@ -136,7 +134,7 @@ int64_t position_int(const nlohmann::json& j, const char* field, int64_t low, in
 
 double position_number(const nlohmann::json& j, const char* field, double low, double high) {
   const auto& value = j.at(field);
-  TORCH_CHECK(value.is_number(), "its position's ", field, " is ", value.dump().substr(0, 40), ", not a number");
+  TORCH_CHECK(value.is_number(), "its position's ", field, " is ", convnn::detail::shown(value), ", not a number");
   const auto number = value.get<double>();
   TORCH_CHECK(std::isfinite(number) && number >= low && number <= high, "its position's ", field, " is ", number,
               ", outside [", low, ", ", high, "]");
@@ -194,7 +192,7 @@ nlohmann::json read_torch_file_header(const std::string& path, const std::string
   TORCH_CHECK(header.is_object(), "checkpoint '", path, "' has a damaged header: not a JSON object");
   const auto& format = header.contains("format") ? header["format"] : nlohmann::json();
   TORCH_CHECK(format == kFormatVersion || format == kArchiveOptimizerFormat, "checkpoint '", path,
-              "' has format ", format.dump().substr(0, 40), "; this convnn reads formats ",
+              "' has format ", convnn::detail::shown(format), "; this convnn reads formats ",
               kArchiveOptimizerFormat, " and ", kFormatVersion,
               format.is_number() && format.get<double>() > kFormatVersion ? " (it was written by a newer convnn)" : "");
   return header;
