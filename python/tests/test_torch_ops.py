@@ -69,22 +69,6 @@ def test_bad_input_raises_a_clear_error():
         ops.knn_select(q, q, 2, "euclid", None, False)
 
 
-def test_double_backward_is_a_clear_error_not_zeros():
-    # A gradient built with create_graph=True may not be differentiated again: each op says so,
-    # as torch's @once_differentiable does, where it once returned zeros with a warning.
-    torch.manual_seed(4)
-    q, k, v = (torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    kernel = torch.ones(4, 3, dtype=torch.float64)
-    out = ops.knn_attention(q, k, v, kernel, None, 3, "dot", None, False, "softmax", 1.0)[0]
-    (grad_q,) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="knn_attention does not support double backward"):
-        grad_q.sum().backward()
-    scores = ops.knn_select(q, k, 3, "dot", None, False)[0]
-    (grad_k,) = torch.autograd.grad(scores.pow(2).sum(), k, create_graph=True)
-    with pytest.raises(RuntimeError, match="knn_select does not support double backward"):
-        grad_k.sum().backward()
-
-
 def test_meta_tensors_give_shapes_and_a_device_mix_is_named():
     q = torch.empty(2, 5, 3, device="meta")
     keys = torch.empty(2, 7, 3, device="meta")

@@ -1,6 +1,7 @@
 #include "ops/checks.h"
 
 #include <ATen/ATen.h>
+#include <ATen/functorch/DynamicLayer.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -305,7 +306,19 @@ AttentionChecked check_attention_backward_inputs(
   return checked;
 }
 
+namespace {
+// Under torch.vmap a tensor holds a batch of samples and reading a value (Tensor.item()) is
+// refused, so the value checks do not run there; a NaN then reaches the output rows it touches.
+bool under_vmap() {
+  for (const auto& layer : at::functorch::getDynamicLayerStack()) {
+    if (layer.key() == at::functorch::TransformType::Vmap) return true;
+  }
+  return false;
+}
+}  // namespace
+
 bool reads_values_of(const at::Tensor& t) {
+  if (under_vmap()) return false;
   if (t.is_cpu()) return true;
   if (t.is_meta()) return false;
   static const bool device_checks = [] {
@@ -355,6 +368,7 @@ void check_finite(const at::Tensor& t, std::string_view op, std::string_view arg
 }
 
 void check_rankable(const at::Tensor& ranking_keys, std::string_view op) {
+  if (under_vmap()) return;
   const auto bad = at::isnan(ranking_keys) | at::isposinf(ranking_keys);
   if (!bad.any().item<bool>()) return;
   const auto where = at::nonzero(bad)[0].cpu();

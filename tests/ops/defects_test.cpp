@@ -1,6 +1,6 @@
 // Defects that bad input found in the ops, each pinned by a test that failed before its fix:
-// a tiny softmax temperature made NaN weights, double backward was silently zero, and a non-finite
-// query or key could pass as "masked".
+// a tiny softmax temperature made NaN weights, double backward was silently zero (then refused), and a
+// non-finite query or key could pass as "masked".
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -86,42 +86,78 @@ TEST(TinyTemperature, BelowTheSmallestNormalFloat32IsRefusedWithTheRule) {
   }
 }
 
-// torch.autograd.grad(..., create_graph=True) then a second backward: each op raises, naming
-// itself, where it once returned zeros with only a warning.
-void expect_double_backward_refused(const std::string& op, const std::function<at::Tensor(const at::Tensor&)>& f,
-                                    const at::Tensor& input) {
+// A Hessian-vector product of L = sum(f(x)^2): d/dx <dL/dx, r>, the first derivative taken with
+// create_graph=true.
+at::Tensor hessian_vector_product(const std::function<at::Tensor(const at::Tensor&)>& f,
+                                  const at::Tensor& input, const at::Tensor& direction) {
   auto x = input.clone().requires_grad_();
-  const auto y = f(x);
-  const auto first = torch::autograd::grad({y.pow(2).sum()}, {x}, {}, /*retain_graph=*/true,
+  const auto first = torch::autograd::grad({f(x).pow(2).sum()}, {x}, {}, /*retain_graph=*/true,
                                            /*create_graph=*/true)[0];
-  EXPECT_TRUE(first.requires_grad()) << op;
-  EXPECT_TRUE(AllClose(first.detach(), torch::autograd::grad({y.pow(2).sum()}, {x})[0], 1e-12)) << op;
-  const auto message = error_of([&] { first.sum().backward(); });
-  EXPECT_NE(message.find(op + " does not support double backward"), std::string::npos) << message;
+  return torch::autograd::grad({(first * direction).sum()}, {x})[0];
 }
 
-TEST(DoubleBackward, EveryOpRaisesInsteadOfReturningZeros) {
+// Differentiating a gradient made with create_graph=true once returned zeros (PyTorch's fill for a
+// disconnected graph), then raised: now each op's second derivative equals ATen autograd's through
+// the reference composition, which holds the selection fixed as the op does.
+void expect_second_derivative_of_reference(const std::string& op,
+                                           const std::function<at::Tensor(const at::Tensor&)>& fused,
+                                           const std::function<at::Tensor(const at::Tensor&)>& reference,
+                                           const at::Tensor& input) {
+  const auto direction = torch::randn_like(input);
+  const auto expected = hessian_vector_product(reference, input, direction);
+  EXPECT_GT(expected.abs().sum().item<double>(), 1e-3) << op << ": the test needs a non-zero Hessian";
+  EXPECT_TRUE(AllClose(hessian_vector_product(fused, input, direction), expected, 1e-10)) << op;
+}
+
+TEST(DoubleBackward, EveryOpsSecondDerivativeEqualsTheReferenceCompositions) {
+  using convnn::Similarity;
   const auto in = attention_inputs(at::kDouble);
-  expect_double_backward_refused(
+  expect_second_derivative_of_reference(
       "knn_select",
       [&](const at::Tensor& q) {
-        return std::get<0>(convnn::ops::knn_select(q, in.k, 3, "dot", c10::nullopt, false));
+        return std::get<0>(convnn::ops::knn_select(q, in.k, 3, "gaussian", c10::nullopt, false));
+      },
+      [&](const at::Tensor& q) {
+        return std::get<0>(convnn::reference::knn_select(q, in.k, 3, Similarity::Gaussian, c10::nullopt, false));
       },
       in.q);
   auto [scores, indices] = convnn::ops::knn_select(in.q, in.k, 5, "dot", c10::nullopt, false);
-  expect_double_backward_refused(
+  const auto weights = scores.softmax(-1);
+  expect_second_derivative_of_reference(
       "knn_aggregate",
-      [&](const at::Tensor& v) {
-        return convnn::ops::knn_aggregate(v, scores.softmax(-1), indices, in.kernel, c10::nullopt);
-      },
-      in.v);
-  expect_double_backward_refused(
+      [&](const at::Tensor& w) { return convnn::ops::knn_aggregate(in.v, w, indices, in.kernel, c10::nullopt); },
+      [&](const at::Tensor& w) { return convnn::reference::knn_aggregate(in.v, w, indices, in.kernel, c10::nullopt); },
+      weights);
+  expect_second_derivative_of_reference(
       "knn_attention",
       [&](const at::Tensor& q) {
         return std::get<0>(convnn::ops::knn_attention(q, in.k, in.v, in.kernel, c10::nullopt, 5, "dot",
                                                       c10::nullopt, false, "softmax", 1.0));
       },
+      [&](const at::Tensor& q) {
+        return std::get<0>(convnn::reference::knn_attention(q, in.k, in.v, in.kernel, c10::nullopt, 5,
+                                                            Similarity::Dot, c10::nullopt, false,
+                                                            Rho::Softmax, 1.0));
+      },
       in.q);
+}
+
+// The attention identity (K = N, scaled_dot, softmax, depthwise ones) holds to second order.
+TEST(DoubleBackward, AttentionHessianVectorProductEqualsScaledDotProductAttentions) {
+  const auto in = attention_inputs(at::kDouble);
+  const auto n = in.k.size(1);
+  const auto ones = torch::ones({in.v.size(2), n}, at::kDouble);
+  const auto direction = torch::randn_like(in.q);
+  const auto knn = hessian_vector_product(
+      [&](const at::Tensor& q) {
+        return std::get<0>(convnn::ops::knn_attention(q, in.k, in.v, ones, c10::nullopt, n, "scaled_dot",
+                                                      c10::nullopt, false, "softmax", 1.0));
+      },
+      in.q, direction);
+  const auto sdpa = hessian_vector_product(
+      [&](const at::Tensor& q) { return at::scaled_dot_product_attention(q, in.k, in.v); }, in.q, direction);
+  EXPECT_GT(sdpa.abs().sum().item<double>(), 1e-3);
+  EXPECT_TRUE(AllClose(knn, sdpa, 1e-10));
 }
 
 TEST(DoubleBackward, AFirstBackwardWithoutCreateGraphBuildsNoGraph) {

@@ -1,6 +1,7 @@
 #include "ops/aten/similarity_forms.h"
 
 #include <ATen/ATen.h>
+#include <ATen/functorch/DynamicLayer.h>
 
 #include <cmath>
 #include <limits>
@@ -13,6 +14,13 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 // |x| from ops that have Meta kernels in C++ (at::abs has none).
 at::Tensor magnitude(const at::Tensor& x) { return x * x.sign(); }
 
+// Whether autograd, forward-mode AD or a torch.func transform tracks `t`: then no op may
+// overwrite it in place.
+bool is_differentiated(const at::Tensor& t) {
+  return t.requires_grad() || t._fw_grad(/*level=*/0).defined() ||
+         at::functorch::maybeCurrentDynamicLayer().has_value();
+}
+
 enum class Reduce { SumOfSquares, SumOfMagnitudes, MaxMagnitude };
 
 // The distance between every query and every key, from exact pairwise differences one coordinate
@@ -22,7 +30,11 @@ at::Tensor pairwise_distance(const at::Tensor& queries, const at::Tensor& keys, 
   at::Tensor total;
   for (int64_t d = 0; d < queries.size(2); ++d) {
     auto diff = queries.select(2, d).unsqueeze(2) - keys.select(2, d).unsqueeze(1);
-    auto term = reduce == Reduce::SumOfSquares ? diff.mul_(diff) : magnitude(diff);
+    // In place saves a [G,N,M] allocation per coordinate; differentiation (torch.func, forward
+    // mode, double backward: src/ops/autograd/aten_autograd.h) needs the difference kept.
+    auto term = reduce != Reduce::SumOfSquares ? magnitude(diff)
+                : is_differentiated(diff)      ? diff * diff
+                                               : diff.mul_(diff);
     if (!total.defined()) {
       total = term;
     } else {
@@ -57,7 +69,8 @@ at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Simil
 
 at::Tensor reported_scores(const at::Tensor& selected_keys, Similarity similarity) {
   if (!is_distance_similarity(similarity)) return selected_keys;
-  return selected_keys.exp().masked_fill_(at::isneginf(selected_keys), kNegInf);
+  // Out of place: exp's backward reads its result.
+  return selected_keys.exp().masked_fill(at::isneginf(selected_keys), kNegInf);
 }
 
 std::tuple<at::Tensor, at::Tensor> pair_gradients(const at::Tensor& q, const at::Tensor& kk,

@@ -1,12 +1,12 @@
 // Autograd kernels of the core ops: the forward redispatches below autograd, the backward calls the
-// matching *_backward op, so a device that adds a fused backward needs no change here.
+// matching *_backward op, so a device that adds a fused backward needs no change here. Under
+// torch.func, forward-mode AD and create_graph=True the ops go through ATen's autograd instead
+// (aten_autograd.h).
 #include <torch/autograd.h>
-#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/library.h>
 
-#include <initializer_list>
-
 #include "convnn/ops/knn_ops.h"
+#include "ops/autograd/aten_autograd.h"
 
 namespace convnn::autograd {
 namespace {
@@ -97,6 +97,9 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const a
                                               int64_t k, c10::string_view similarity,
                                               const c10::optional<at::Tensor>& mask,
                                               bool index_order) {
+  if (needs_aten_autograd({queries, keys})) {
+    return knn_select_aten(queries, keys, k, similarity, mask, index_order);
+  }
   auto out = KnnSelectFunction::apply(queries, keys, k, std::string(similarity), mask, index_order);
   return {out[0], out[1]};
 }
@@ -104,6 +107,9 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const a
 at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
                          const at::Tensor& indices, const at::Tensor& kernel,
                          const c10::optional<at::Tensor>& bias) {
+  if (needs_aten_autograd({values, weights, kernel, bias.value_or(at::Tensor())})) {
+    return knn_aggregate_aten(values, weights, indices, kernel, bias);
+  }
   return KnnAggregateFunction::apply(values, weights, indices, kernel, bias)[0];
 }
 
@@ -112,59 +118,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
     c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
     c10::string_view rho, double temperature) {
+  if (needs_aten_autograd({queries, keys, values, kernel, bias.value_or(at::Tensor())})) {
+    return knn_attention_aten(queries, keys, values, kernel, bias, k, similarity, mask, index_order,
+                              rho, temperature);
+  }
   auto out = KnnAttentionFunction::apply(queries, keys, values, kernel, bias, k,
                                          std::string(similarity), mask, index_order,
                                          std::string(rho), temperature);
   return {out[0], out[1], out[2], out[3]};
 }
 
-// Double backward. The backward ops have no derivative of their own, so a gradient computed with
-// create_graph=True is marked as PyTorch's @once_differentiable marks it: the first backward
-// works, and differentiating its result again raises instead of silently giving zeros.
-bool builds_a_graph(std::initializer_list<at::Tensor> inputs) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const auto& t : inputs) {
-    if (t.defined() && t.requires_grad()) return true;
-  }
-  return false;
-}
-
-std::vector<at::Tensor> once_differentiable(const char* forward_op, std::vector<at::Tensor> grads) {
-  const auto count = static_cast<int64_t>(grads.size());
-  for (auto& g : grads) {
-    if (g.defined()) g = g.detach().requires_grad_(true);
-  }
-  return torch::autograd::DelayedError(
-             std::string(forward_op) + " does not support double backward: its gradient was "
-             "computed with create_graph=True and is now being differentiated again",
-             count)
-      .apply(std::move(grads));
-}
-
+// The backward ops: the fused first-order backward, or, when a graph is being built
+// (create_graph=True), the gradient through ATen's autograd, differentiable again.
 std::tuple<at::Tensor, at::Tensor> knn_select_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& keys,
     const at::Tensor& indices, const at::Tensor& scores, c10::string_view similarity) {
-  auto grads = [&] {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return ops::knn_select_backward(grad_scores, queries, keys, indices, scores,
-                                    std::string(similarity));
-  }();
-  if (!builds_a_graph({grad_scores, queries, keys, scores})) return grads;
-  const auto marked = once_differentiable("knn_select", {std::get<0>(grads), std::get<1>(grads)});
-  return {marked[0], marked[1]};
+  if (builds_a_graph({grad_scores, queries, keys, scores})) {
+    return knn_select_backward_aten(grad_scores, queries, keys, indices, scores, similarity);
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return ops::knn_select_backward(grad_scores, queries, keys, indices, scores, std::string(similarity));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
-  auto grads = [&] {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return ops::knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask);
-  }();
-  if (!builds_a_graph({grad_output, values, weights, kernel})) return grads;
-  const auto marked = once_differentiable(
-      "knn_aggregate", {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<3>(grads)});
-  return {marked[0], marked[1], marked[2], marked[3]};
+  if (builds_a_graph({grad_output, values, weights, kernel})) {
+    return knn_aggregate_backward_aten(grad_output, values, weights, indices, kernel, output_mask);
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return ops::knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
@@ -172,17 +155,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
     const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
     c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
-  auto grads = [&] {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return ops::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices,
-                                       weights, std::string(similarity), std::string(rho),
-                                       temperature, output_mask);
-  }();
-  if (!builds_a_graph({grad_output, queries, keys, values, kernel, scores, weights})) return grads;
-  const auto marked = once_differentiable(
-      "knn_attention", {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads),
-                        std::get<3>(grads), std::get<4>(grads)});
-  return {marked[0], marked[1], marked[2], marked[3], marked[4]};
+  if (builds_a_graph({grad_output, queries, keys, values, kernel, scores, weights})) {
+    return knn_attention_backward_aten(grad_output, queries, keys, values, kernel, scores, indices,
+                                       weights, similarity, rho, temperature, output_mask);
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return ops::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices,
+                                     weights, std::string(similarity), std::string(rho), temperature,
+                                     output_mask);
 }
 
 }  // namespace

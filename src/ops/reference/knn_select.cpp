@@ -43,7 +43,12 @@ at::Tensor selected_scores(const at::Tensor& queries, const at::Tensor& keys,
     case Similarity::ScaledDot: return (q * kk).sum(-1) / std::sqrt(static_cast<double>(queries.size(2)));
     case Similarity::Cosine: return (aten_forms::unit_rows(q) * aten_forms::unit_rows(kk)).sum(-1);
     case Similarity::Gaussian: return (-(q - kk).square().sum(-1)).exp();
-    case Similarity::Chebyshev: return (-(q - kk).abs().amax(-1)).exp();
+    case Similarity::Chebyshev: {
+      // The distance read at the first largest coordinate, not amax: at a tie the gradient goes to
+      // that coordinate alone, as in the fused kernels (amax would split it among the tied ones).
+      const auto magnitudes = (q - kk).abs();
+      return (-magnitudes.gather(-1, magnitudes.argmax(-1, /*keepdim=*/true)).squeeze(-1)).exp();
+    }
     case Similarity::L1: return (-(q - kk).abs().sum(-1)).exp();
   }
   TORCH_CHECK(false, "selected_scores: unknown similarity");
