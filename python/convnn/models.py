@@ -12,12 +12,29 @@ import os
 import zipfile
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from . import _library
 from .nn.modules import BranchingConv2d, ConvNN2d, ConvNNAttention
 
 _ops = torch.ops.convnn
+
+
+class _GradCheckpointing:
+    """timm's set_grad_checkpointing: each block's activations are recomputed in backward instead
+    of stored (torch.utils.checkpoint, non-reentrant, which restores the default generator; the
+    ConvNN layers replay their own generators), with the gradients of the plain run."""
+
+    grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable=True):
+        self.grad_checkpointing = bool(enable)
+
+    def _block(self, block, x):
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return block(x)
 
 
 class ResidualBlock(nn.Module):
@@ -34,7 +51,7 @@ class ResidualBlock(nn.Module):
         return torch.relu(out + shortcut)
 
 
-class ResNet(nn.Module):
+class ResNet(_GradCheckpointing, nn.Module):
     """ResNet-18/34/50 (torchvision's layout); images [B, C, H, W] -> logits [B, classes]."""
 
     def forward(self, images):
@@ -42,7 +59,8 @@ class ResNet(nn.Module):
         if "maxpool" in self._modules:
             x = self.maxpool(x)
         for stage in ("layer1", "layer2", "layer3", "layer4"):
-            x = getattr(self, stage)(x)
+            for block in getattr(self, stage):
+                x = self._block(block, x)
         return self.fc(x.mean((2, 3)))
 
 
@@ -84,7 +102,7 @@ class TransformerBlock(nn.Module):
         return x + self.drop_path(self.dropout(mlp))
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(_GradCheckpointing, nn.Module):
     """timm's layout: patch embedding, class token, position embedding, pre-norm blocks, head."""
 
     def __init__(self, image_size, in_channels):
@@ -101,7 +119,7 @@ class VisionTransformer(nn.Module):
             x = self.patch_norm(x)
         x = self.pos_drop(torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed)
         for block in self.blocks:
-            x = block(x)
+            x = self._block(block, x)
         cls = x.select(1, 0)
         if "norm" in self._modules:
             cls = self.norm(cls)
