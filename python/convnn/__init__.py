@@ -9,7 +9,9 @@ _library.load()
 
 from . import _build_info  # noqa: E402
 
-from . import flops, models, nn, timm_models  # noqa: E402,F401  (flops registers FlopCounterMode's formulas)
+from . import _vmap, flops, models, nn, timm_models  # noqa: E402,F401  (flops registers FlopCounterMode's formulas)
+
+_vmap.register()
 
 timm_models.register()
 

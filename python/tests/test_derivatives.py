@@ -161,16 +161,49 @@ def test_func_transforms_on_the_ops_equal_autograds_results():
     torch.testing.assert_close(torch.func.jacfwd(output)(*inputs), expected_jacobian, rtol=0, atol=1e-10)
 
 
-def test_vmap_of_the_ops_equals_a_loop_over_samples():
+def loop_over_samples(fn, args, in_dims):
+    """fn once per sample, each output stacked: what torch.vmap must equal."""
+    batch = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+    results = [fn(*[a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)]) for i in range(batch)]
+    if isinstance(results[0], tuple):
+        return tuple(torch.stack(parts) for parts in zip(*results))
+    return torch.stack(results)
+
+
+@pytest.fixture
+def without_vmap_fallback():
+    """PyTorch's per-sample fallback for ops without a batching rule turned off: such an op raises."""
+    torch._C._functorch._set_vmap_fallback_enabled(False)
+    yield
+    torch._C._functorch._set_vmap_fallback_enabled(True)
+
+
+def test_vmap_of_the_ops_equals_a_loop_over_samples_bitwise_without_the_fallback(without_vmap_fallback):
+    """The batching rules (python/convnn/_vmap.py) fold the vmapped dimension into the slices: one
+    call, no per-sample fallback (which warns), bitwise the loop's results; a vmapped kernel loops."""
     torch.manual_seed(17)
-    qs = torch.randn(3, G, N, D, dtype=F64)
-    k, v, kernel = torch.randn(G, M, D, dtype=F64), torch.randn(G, M, C, dtype=F64), torch.randn(C, K, dtype=F64)
-    def output(q):
-        return ops.knn_attention(q, k, v, kernel, None, K, "cosine", None, False, "softmax", 1.0)[0]
-    torch.testing.assert_close(torch.vmap(output)(qs), torch.stack([output(q) for q in qs]), rtol=0, atol=0)
-    select = torch.vmap(lambda q: ops.knn_select(q, k, K, "l1", None, False))(qs)
-    for got, want in zip(select, zip(*[ops.knn_select(q, k, K, "l1", None, False) for q in qs])):
-        torch.testing.assert_close(got, torch.stack(want), rtol=0, atol=0)
+    b = 3
+    qs, k = torch.randn(b, G, N, D, dtype=F64), torch.randn(G, M, D, dtype=F64)
+    vs = torch.randn(G, M, C, b, dtype=F64)  # vmapped over its last dimension
+    kernel, kernels = torch.randn(C, K, dtype=F64), torch.randn(b, C, K, dtype=F64)
+    masks = torch.rand(b, N, M) > 0.3  # one [N,M] mask per sample
+
+    def attention(q, v, ker, mask):
+        return ops.knn_attention(q, k, v, ker, None, K, "cosine", mask, False, "softmax", 1.0)
+
+    cases = {
+        "queries and values": (lambda q, v: attention(q, v, kernel, None), (qs, vs), (0, 3)),
+        "queries and a mask per sample": (lambda q, m: attention(q, vs[..., 0], kernel, m), (qs, masks), (0, 0)),
+        "queries and a kernel per sample": (lambda q, ker: attention(q, vs[..., 0], ker, None), (qs, kernels), (0, 0)),
+        "select": (lambda q: ops.knn_select(q, k, K, "l1", MASKS["bool_nm"], True), (qs,), (0,)),
+        "aggregate": (lambda w: ops.knn_aggregate(vs[..., 0], w, torch.arange(K).expand(G, N, K), kernel, None),
+                      (torch.randn(b, G, N, K, dtype=F64),), (0,)),
+    }
+    for name, (fn, args, in_dims) in cases.items():
+        got = torch.vmap(fn, in_dims=in_dims)(*args)
+        want = loop_over_samples(fn, args, in_dims)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert torch.equal(g, w), name
 
 
 class TinyAttentionModel(torch.nn.Module):
@@ -293,3 +326,4 @@ def test_compiled_double_backward_is_refused_by_aot_autograd_not_zero():
     (g,) = torch.autograd.grad(compiled(q), q, create_graph=True)
     with pytest.raises(RuntimeError, match="does not currently support double backward"):
         torch.autograd.grad(g.pow(2).sum(), q)
+
