@@ -2,8 +2,9 @@
 // Pieces shared by the generic ops (src/ops/generic/generic.h). Every function uses only ATen ops
 // that have kernels on every device, Meta included (no at::where, abs, logical_not, cdist,
 // index_select, searchsorted, segment_reduce or conv1d: their Meta kernels exist only in Python),
-// and takes the
-// device of every tensor it creates from its inputs.
+// and takes the device of every tensor it creates from its inputs. The one exception,
+// segment_reduce in sum_into_rows, is used only where it has a kernel (CPU, CUDA), beside a
+// fallback that runs everywhere.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
@@ -34,7 +35,8 @@ at::Tensor block_of(const at::Tensor& t, const RowBlock& block);
 at::Tensor gather_rows(const at::Tensor& rows, const at::Tensor& indices);
 
 // The adjoint of gather_rows, deterministic: per_slot [G,N,K,C] summed into the rows of a zero
-// [G,M,C] that `indices` name, each row's terms added in a fixed order (see rows.cpp).
+// [G,M,C] that `indices` name, each row's terms added in a fixed order (see rows.cpp): one
+// segmented-reduction pass on CPU and CUDA, log2(slots) doubling passes on other devices.
 at::Tensor sum_into_rows(const at::Tensor& per_slot, const at::Tensor& indices, int64_t m);
 
 // The select inputs as every block reads them: queries and keys in the accumulation type (unit
