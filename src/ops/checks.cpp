@@ -317,15 +317,31 @@ bool under_vmap() {
 }
 }  // namespace
 
-bool reads_values_of(const at::Tensor& t) {
-  if (under_vmap()) return false;
-  if (t.is_cpu()) return true;
-  if (t.is_meta()) return false;
-  static const bool device_checks = [] {
+namespace {
+enum class ValueReads { kCpuOnly, kEverywhere, kNowhere };
+
+ValueReads value_reads() {
+  static const ValueReads reads = [] {
     const char* value = std::getenv("CONVNN_DEVICE_VALUE_CHECKS");
-    return value != nullptr && std::string_view(value) == "1";
+    if (value == nullptr || std::string_view(value).empty()) return ValueReads::kCpuOnly;
+    if (std::string_view(value) == "1") return ValueReads::kEverywhere;
+    if (std::string_view(value) == "0") return ValueReads::kNowhere;
+    TORCH_WARN("CONVNN_DEVICE_VALUE_CHECKS must be 1 (read values on every device) or 0 (on none), "
+               "got '", value, "'; reading them on CPU tensors only");
+    return ValueReads::kCpuOnly;
   }();
-  return device_checks;
+  return reads;
+}
+}  // namespace
+
+bool reads_values_of(const at::Tensor& t) {
+  if (under_vmap() || t.is_meta()) return false;
+  switch (value_reads()) {
+    case ValueReads::kEverywhere: return true;
+    case ValueReads::kNowhere: return false;
+    case ValueReads::kCpuOnly: return t.is_cpu();
+  }
+  return t.is_cpu();
 }
 
 // The position of the first true element of `mask` (row-major order), as a contiguous CPU tensor:

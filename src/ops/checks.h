@@ -90,12 +90,15 @@ void check_temperature(double temperature, std::string_view where);
 
 // Checks that read values (finiteness, index ranges, mask contents) run where reading a value
 // costs nothing: on CPU tensors, always. On an accelerator each read would stall the host until
-// the device catches up, on every call, so there they run only when CONVNN_DEVICE_VALUE_CHECKS=1
-// is set (a debugging switch: the CPU's messages, at the price of a synchronisation per check).
-// Without it a NaN or +inf input still fails clearly, through the forward's one read of its
-// unrankable flag, and an out-of-range index fails ATen's device-side bounds check. Meta tensors
-// have shapes but no values and always pass. The Meta kernels do not get here at all: they check
-// with Scope::kShapesOnly (a FakeTensor may report device cpu, so this test cannot tell).
+// the device catches up, on every call (and a CUDA graph cannot capture it), so there they run
+// only when CONVNN_DEVICE_VALUE_CHECKS=1 is set (a debugging switch: the CPU's messages, at the
+// price of a synchronisation per check). Without it a NaN or +inf input makes the rows it cannot
+// rank come out NaN (the generic path's settle_unrankable_rows), and an out-of-range index fails
+// ATen's device-side bounds check. CONVNN_DEVICE_VALUE_CHECKS=0 reads no values on any device,
+// CPU included: what an accelerator does by default, so that the CPU tests can run it. Meta
+// tensors have shapes but no values and always pass, and under torch.vmap no value can be read.
+// The Meta kernels do not get here at all: they check with Scope::kShapesOnly (a FakeTensor may
+// report device cpu, so this test cannot tell).
 bool reads_values_of(const at::Tensor& t);
 
 // indices [G,N,K] int64 all in [0, m). `op` and `argument` name the caller in the message.

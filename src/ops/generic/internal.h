@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <initializer_list>
+
 #include <cstdint>
 #include <functional>
 #include <tuple>
@@ -46,9 +48,10 @@ struct SelectOperands {
                  const c10::optional<at::Tensor>& mask, Similarity similarity);
   at::Tensor queries, keys, mask;
   Similarity similarity;
-  // Whether a block met a NaN or +inf score: a 0-dim bool on the inputs' device, read once after
-  // the last block (raise_if_unrankable), so that the blocks never wait for the host.
-  at::Tensor unrankable;
+  // [G,N] bool on the inputs' device: the query rows whose ranking met a NaN or +inf score, set
+  // block by block and settled after the last one (settle_unrankable_rows), so that the blocks
+  // never wait for the host.
+  at::Tensor unrankable_rows;
 };
 
 // Bytes the select step keeps live per score entry of a block in the accumulation type `acc`.
@@ -59,9 +62,14 @@ int64_t select_bytes_per_score(at::ScalarType acc);
 std::tuple<at::Tensor, at::Tensor> select_block(SelectOperands& in, int64_t k, bool index_order,
                                                 const RowBlock& block);
 
-// Raises the NaN/+inf error of checks::check_rankable, naming the first bad [g, i, j], when a block
-// met one. Meta tensors have no values and pass.
-void raise_if_unrankable(const SelectOperands& in, const char* op);
+// The rows whose ranking met a NaN or +inf score. Where values are read (checks::reads_values_of:
+// CPU tensors; an accelerator's only with CONVNN_DEVICE_VALUE_CHECKS=1) the op raises the error of
+// checks::check_rankable, naming the first bad [g, i, j]. Elsewhere a host read would stall every
+// call and break CUDA graph capture, so the rows' entries of `row_outputs` ([G,N,...] floating)
+// become NaN on the device instead, and the NaN reaches everything computed from them. Meta
+// tensors have no values and pass.
+void settle_unrankable_rows(const SelectOperands& in, const char* op,
+                            std::initializer_list<at::Tensor> row_outputs);
 
 // The aggregation of a block: values [G',M,C] of the block's slices, weights and indices
 // [G',rows,K] -> [G',rows,C'].

@@ -55,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     block_of(output, block).copy_(aggregate_block(values.narrow(0, block.slice, block.slices),
                                                   block_weights, block_indices, kernel, bias));
   });
-  raise_if_unrankable(in, "knn_attention");
+  settle_unrankable_rows(in, "knn_attention", {output, scores, weights});
   return {output, scores, indices, weights};
 }
 

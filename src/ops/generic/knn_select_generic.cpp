@@ -72,7 +72,7 @@ SelectOperands::SelectOperands(const at::Tensor& queries_in, const at::Tensor& k
   if (mask_in.has_value() && mask_in->defined()) {
     mask = mask_in->scalar_type() == at::kBool ? *mask_in : mask_in->to(acc);
   }
-  unrankable = at::zeros({}, queries_in.options().dtype(at::kBool));
+  unrankable_rows = at::zeros({queries_in.size(0), queries_in.size(1)}, queries_in.options().dtype(at::kBool));
 }
 
 int64_t select_bytes_per_score(at::ScalarType acc) {
@@ -84,7 +84,8 @@ int64_t select_bytes_per_score(at::ScalarType acc) {
 std::tuple<at::Tensor, at::Tensor> select_block(SelectOperands& in, int64_t k, bool index_order,
                                                 const RowBlock& block) {
   const auto ranking_keys = block_ranking_keys(in, block);
-  in.unrankable.bitwise_or_(ranking_keys.ne(ranking_keys).bitwise_or_(at::isposinf(ranking_keys)).any());
+  block_of(in.unrankable_rows, block)
+      .copy_(ranking_keys.ne(ranking_keys).bitwise_or_(at::isposinf(ranking_keys)).any(-1));
   auto positions = top_k_positions(ranking_keys, k);
   auto top_keys = ranking_keys.gather(-1, positions);
   if (!index_order) {
@@ -96,10 +97,20 @@ std::tuple<at::Tensor, at::Tensor> select_block(SelectOperands& in, int64_t k, b
   return {aten_forms::reported_scores(top_keys, in.similarity), positions};
 }
 
-void raise_if_unrankable(const SelectOperands& in, const char* op) {
-  if (in.unrankable.is_meta()) return;  // a meta tensor has a shape but no values
-  // The forward's one host read: an unrankable score must raise, and only the host can.
-  if (!in.unrankable.item<bool>()) return;
+void settle_unrankable_rows(const SelectOperands& in, const char* op,
+                            std::initializer_list<at::Tensor> row_outputs) {
+  const auto& rows = in.unrankable_rows;
+  if (rows.is_meta()) return;  // a meta tensor has a shape but no values
+  if (!checks::reads_values_of(rows)) {
+    for (auto output : row_outputs) {
+      auto row_shape = rows.sizes().vec();
+      row_shape.resize(output.dim(), 1);
+      output.masked_fill_(rows.view(row_shape), std::numeric_limits<double>::quiet_NaN());
+    }
+    return;
+  }
+  // The forward's one host read where reading is cheap or asked for.
+  if (!rows.any().item<bool>()) return;
   // The error path may hold the whole matrix: it names the first bad [g, i, j] as every backend does.
   const RowBlock everything{0, in.queries.size(0), 0, in.queries.size(1)};
   checks::check_rankable(block_ranking_keys(in, everything), op);
@@ -121,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const a
     block_of(scores, block).copy_(block_scores);
     block_of(indices, block).copy_(block_indices);
   });
-  raise_if_unrankable(in, "knn_select");
+  settle_unrankable_rows(in, "knn_select", {scores});
   return {scores, indices};
 }
 
