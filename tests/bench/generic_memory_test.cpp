@@ -72,8 +72,9 @@ Peaks measure(int64_t budget) {
 //   scores N*K*4 and indices N*K*8 bytes.
 // - backward: nothing of size N*M. It holds per-slot [N,K,D] float tensors (36 MiB each here):
 //   the two pair gradients and their two products with the upstream gradient, while the
-//   inverse-index sum (sum_into_rows) holds its sorted copy, that copy's clone and a masked
-//   temporary of the doubling scan: seven at the peak, counted as 8*N*K*D*4 bytes. Beside them a
+//   inverse-index sum (sum_into_rows) holds its sorted copy (on CPU segment_reduce then writes only
+//   the [M,D] sums; the doubling scan of other devices adds a clone and a masked temporary):
+//   seven at the peak, counted as 8*N*K*D*4 bytes. Beside them a
 //   few int64 per-slot tensors (sort keys, sorted keys, order, ones for the counts), counted as
 //   8*N*K*8. Its outputs are grad_queries N*D*4 and grad_keys M*D*4 bytes (here M = N).
 // Forward and backward do not overlap, so B + both per-slot terms + all outputs bounds the whole.

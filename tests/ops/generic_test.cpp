@@ -467,6 +467,39 @@ TEST(GenericBlocks, ManySmallBlocksGiveTheOneBlockResult) {
   EXPECT_TRUE(AllClose(aggregate(), aggregate_one, 0, 4e-16));
 }
 
+// The backward runs block by block too: row gradients are copied, the key, value, kernel and bias
+// sums over rows are added block after block in the accumulation type. Float64 and bfloat16.
+TEST(GenericBlocks, AttentionBackwardInManyBlocksEqualsOneBlock) {
+  const Case c{3, 40, 30, 5, 4, 5, false, true, MaskKind::AdditivePerSlice, Similarity::Gaussian,
+               Rho::Softmax, true};
+  for (const auto dtype : {at::kDouble, at::kBFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    auto in = make_inputs(c, 81);
+    for (auto* t : {&in.queries, &in.keys, &in.values, &in.kernel, &in.bias, &in.mask}) *t = t->to(dtype);
+    const auto [output, scores, indices, weights] = generic_attention(c, in);
+    const auto grad_output = torch::randn_like(output);
+    const auto backward = [&] {
+      return generic::knn_attention_backward(grad_output, in.queries, in.keys, in.values, in.kernel, scores,
+                                             indices, weights, "gaussian", "softmax", kTemperature,
+                                             {true, true, true, true, true});
+    };
+    const auto one_block = backward();
+    const BlockBudget tiny(1024);  // every block a single row of a single slice
+    const auto many_blocks = backward();
+    // Rows sum in another order, and reductions over another shape may round differently: equal
+    // to rounding (bfloat16 keeps its sums over blocks in float32).
+    const double tolerance = dtype == at::kDouble ? 1e-14 : 1e-2;
+    for (const auto& [many, one] : {std::pair{std::get<0>(many_blocks), std::get<0>(one_block)},
+                                    std::pair{std::get<1>(many_blocks), std::get<1>(one_block)},
+                                    std::pair{std::get<2>(many_blocks), std::get<2>(one_block)},
+                                    std::pair{std::get<3>(many_blocks), std::get<3>(one_block)},
+                                    std::pair{std::get<4>(many_blocks), std::get<4>(one_block)}}) {
+      EXPECT_EQ(many.scalar_type(), dtype);
+      EXPECT_TRUE(AllClose(many.to(at::kDouble), one.to(at::kDouble), tolerance, tolerance));
+    }
+  }
+}
+
 TEST(GenericBlocks, BudgetMustBePositive) {
   EXPECT_THROW(generic::set_block_bytes(0), c10::Error);
   EXPECT_GT(generic::block_bytes(), 0);

@@ -1,11 +1,13 @@
 // Generic knn_attention and its backward (src/ops/generic/generic.h): per block of query rows the
 // select step, rho and the aggregation, so neither the [G,N,M] scores nor all the gathered
 // neighbourhoods exist at once. The backward is the shared composition
-// (ops/composite/knn_attention_backward.h) of the generic steps.
+// (ops/composite/knn_attention_backward.h) of the generic steps, also per block of query rows, so
+// its per-slot [rows,K,C] tensors stay within the block budget too.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "ops/aten/rho_forms.h"
@@ -59,6 +61,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
   return {output, scores, indices, weights};
 }
 
+namespace {
+
+// Bytes the backward keeps live per query row of one slice: about eight per-slot tensors of K
+// channels in the accumulation type (the gathered neighbourhoods, the gradient pulled back through
+// the kernel, their products, the pair gradients and the inverse index's sorted copy), and the
+// int64 sort keys and order of the inverse index.
+int64_t backward_bytes_per_row(const at::Tensor& queries, const at::Tensor& values,
+                               const at::Tensor& kernel, int64_t k) {
+  const int64_t widest = std::max({queries.size(2), values.size(2), checks::output_channels(values, kernel)});
+  const int64_t element = c10::elementSize(at::toOpMathType(values.scalar_type()));
+  return 8 * k * widest * element + 4 * k * static_cast<int64_t>(sizeof(int64_t));
+}
+
+// One gradient of the whole backward, filled block by block: rows of a [G,N,..] gradient are
+// copied, sums over rows (keys, values, kernel, bias) are added in the accumulation type, in the
+// fixed order of the blocks.
+class BlockedGradient {
+ public:
+  void copy_rows(const at::Tensor& block_grad, const at::Tensor& like, const RowBlock& block) {
+    if (!block_grad.defined()) return;
+    if (!total_.defined()) {
+      dtype_ = like.scalar_type();
+      total_ = at::empty_like(like);  // every row is copied once
+    }
+    block_of(total_, block).copy_(block_grad);
+  }
+  void add_slices(const at::Tensor& block_grad, const at::Tensor& like, const RowBlock& block) {
+    if (!block_grad.defined()) return;
+    accumulator_for(like).narrow(0, block.slice, block.slices).add_(block_grad);
+  }
+  void add_whole(const at::Tensor& block_grad, const at::Tensor& like) {
+    if (block_grad.defined()) accumulator_for(like).add_(block_grad);
+  }
+  at::Tensor result() const { return total_.defined() ? total_.to(dtype_) : total_; }
+
+ private:
+  at::Tensor& accumulator_for(const at::Tensor& like) {
+    if (!total_.defined()) {
+      dtype_ = like.scalar_type();
+      total_ = at::zeros_like(like, like.options().dtype(at::toOpMathType(dtype_)));
+    }
+    return total_;
+  }
+  at::Tensor total_;
+  at::ScalarType dtype_ = at::kFloat;
+};
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
     const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
@@ -70,9 +121,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
   // The generic steps, called directly: a direct call on CPU tensors stays on this path.
   static constexpr composite::AttentionBackwardSteps kGenericSteps{
       &knn_aggregate_backward, &softmax_rho_backward, &knn_select_backward};
-  return composite::knn_attention_backward(kGenericSteps, grad_output, queries, keys, values, kernel,
-                                           scores, indices, weights, similarity, checked.rho,
-                                           temperature, output_mask);
+  const int64_t k = indices.size(2);
+  if (queries.size(0) == 0 || queries.size(1) == 0) {  // no rows to block: the zero gradients
+    return composite::knn_attention_backward(kGenericSteps, grad_output, queries, keys, values, kernel,
+                                             scores, indices, weights, similarity, checked.rho,
+                                             temperature, output_mask);
+  }
+  BlockedGradient grad_queries, grad_keys, grad_values, grad_kernel, grad_bias;
+  const auto bias_like = at::empty({checks::output_channels(values, kernel)}, values.options());
+  for_each_row_block(queries.size(0), queries.size(1), backward_bytes_per_row(queries, values, kernel, k),
+                     [&](const RowBlock& block) {
+    const auto slices = [&](const at::Tensor& t) { return t.narrow(0, block.slice, block.slices); };
+    const auto [gq, gk, gv, gkernel, gbias] = composite::knn_attention_backward(
+        kGenericSteps, block_of(grad_output, block), block_of(queries, block), slices(keys),
+        slices(values), kernel, block_of(scores, block), block_of(indices, block),
+        block_of(weights, block), similarity, checked.rho, temperature, output_mask);
+    grad_queries.copy_rows(gq, queries, block);
+    grad_keys.add_slices(gk, keys, block);
+    grad_values.add_slices(gv, values, block);
+    grad_kernel.add_whole(gkernel, kernel);
+    grad_bias.add_whole(gbias, bias_like);
+  });
+  return {grad_queries.result(), grad_keys.result(), grad_values.result(), grad_kernel.result(),
+          grad_bias.result()};
 }
 
 TORCH_LIBRARY_IMPL(convnn, CompositeExplicitAutograd, m) {
