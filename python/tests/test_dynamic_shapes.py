@@ -204,6 +204,16 @@ def test_functional_form_compiles_fullgraph_once_for_every_size(case):
     assert graphs_compiled(function, [example] + others, dynamic=True) == 1
 
 
+def test_functional_form_options_may_be_arguments_of_the_compiled_function():
+    """Options passed in (here k and temperature) are constants of the graph: each new value gives
+    eager's result, through a graph of its own."""
+    def attend(tokens, kernel, k, temperature):
+        return F.conv_nn(tokens, tokens, tokens, kernel, None, k=k, rho="softmax", temperature=temperature)
+
+    calls = [(torch.randn(2, 12, 4), torch.ones(4, k), k, t) for k, t in [(3, 0.5), (5, 2.0), (7, 1.0)]]
+    assert graphs_compiled(attend, calls) == 3
+
+
 def test_functional_form_options_are_still_checked_by_cpp_under_compile():
     """The option rules stay C++'s: a bad value or an unknown name gives eager's message."""
     x, kernel = torch.randn(2, 4, 8), torch.randn(4, 4, 3)
