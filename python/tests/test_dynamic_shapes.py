@@ -86,9 +86,11 @@ def test_branching_conv2d_exports_with_dynamic_batch_height_and_width():
     export_runs_at_other_sizes(layer, randn(3, 4, 6, 7), shapes, [randn(5, 4, 8, 5), randn(2, 4, 3, 9)])
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_attention_exports_with_dynamic_batch_and_tokens(causal):
-    layer = ConvNNAttention(8, 2, 5, causal=causal).eval()
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(kernel_per_head=True, fused=False),
+                                     dict(slot_order="index", rho="mean", fused=False)],
+                         ids=["fused", "causal", "kernel-per-head", "unfused-index-order"])
+def test_attention_exports_with_dynamic_batch_and_tokens(options):
+    layer = ConvNNAttention(8, 2, 5, **options).eval()
     shapes = {"x": {0: Dim("batch", min=2, max=64), 1: Dim("tokens", min=5, max=256)}}
     export_runs_at_other_sizes(layer, randn(3, 12, 8), shapes, [randn(5, 20, 8), randn(2, 5, 8)])
 
