@@ -66,9 +66,9 @@ void check_candidates(const ConvNNFuncOptions& o, const c10::SymInt& m, std::str
                   ": num_candidates (r) must be in [0, M] with M = ", m,
                   " candidates (0 = all), got r = ", o.num_candidates());
   const c10::SymInt candidates = o.num_candidates() == 0 ? m : c10::SymInt(o.num_candidates());
-  TORCH_SYM_CHECK(c10::SymBool(o.k() >= 1) & candidates.sym_ge(o.k()), where, ": k must be in [1, ", candidates,
-              "] (the number of candidates", o.num_candidates() ? ", r" : ", M",
-              "), got k = ", o.k());
+  TORCH_SYM_CHECK(c10::SymBool(o.k() >= 1) & candidates.sym_ge(o.k()), where, ": k must be in [1, ",
+                  candidates, "] (the number of candidates", o.num_candidates() ? ", r" : ", M",
+                  "), got k = ", o.k());
 }
 
 }  // namespace detail
@@ -86,16 +86,16 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
               keys.defined() ? shape_string(keys) : "undefined");
   TORCH_CHECK(values.defined() && values.dim() == 3, op, ": values must be 3-D [B,M,C], got ",
               values.defined() ? shape_string(values) : "undefined");
-  TORCH_SYM_CHECK(keys.sym_size(1).sym_eq(values.sym_size(1)) & keys.sym_size(0).sym_eq(values.sym_size(0)), op,
-                  ": keys ", shape_string(keys), " and values ", shape_string(values),
+  TORCH_SYM_CHECK(keys.sym_size(1).sym_eq(values.sym_size(1)) & keys.sym_size(0).sym_eq(values.sym_size(0)),
+                  op, ": keys ", shape_string(keys), " and values ", shape_string(values),
                   " must have the same B and M");
   TORCH_SYM_CHECK(queries.sym_size(0).sym_eq(keys.sym_size(0)), op, ": queries ", shape_string(queries),
                   " and keys ", shape_string(keys), " must have the same batch size B");
   const int64_t h = o.heads();
   TORCH_CHECK(h >= 1, op, ": heads must be at least 1, got ", h);
-  TORCH_SYM_CHECK((queries.sym_size(2) % h).sym_eq(0) & (values.sym_size(2) % h).sym_eq(0), op, ": heads = ", h,
-                  " must divide the query channels (", queries.sym_size(2), ") and value channels (",
-                  values.sym_size(2), ")");
+  TORCH_SYM_CHECK((queries.sym_size(2) % h).sym_eq(0) & (values.sym_size(2) % h).sym_eq(0), op,
+                  ": heads = ", h, " must divide the query channels (", queries.sym_size(2),
+                  ") and value channels (", values.sym_size(2), ")");
   TORCH_CHECK(o.padding() == 0, op, ": padding = ", o.padding(),
               " applies to spatial inputs only (conv_nn1d / conv_nn2d); token inputs take 0");
   TORCH_CHECK(o.alpha() >= 0.0 && o.alpha() <= 1.0, op, ": alpha must be in [0, 1], got ",
@@ -104,8 +104,8 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
   const c10::SymInt n = queries.sym_size(1), m = keys.sym_size(1);
   detail::check_candidates(o, m, op);
   TORCH_SYM_CHECK(c10::SymBool(!o.include_self()) | n.sym_eq(m), op,
-              ": include_self needs queries and keys from the same tokens (N == M), got N = ", n,
-              " and M = ", m);
+                  ": include_self needs queries and keys from the same tokens (N == M), got N = ", n,
+                  " and M = ", m);
   if (o.mask().defined()) {
     // Checked here, not only in knn_select: random candidates slice the mask before the op sees it.
     const auto& mask = o.mask();
@@ -117,13 +117,14 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
       for (const auto& size : shape) equal = equal & mask.sym_size(d++).sym_eq(size);
       return equal;
     };
-    TORCH_SYM_CHECK(has_shape({n, m}) | has_shape({g, n, m}), op, ": mask must be [N,M] = [", n, ", ", m, "] or [B*heads,N,M] = [", g,
-                ", ", n, ", ", m, "], got shape ", shape_string(mask));
+    TORCH_SYM_CHECK(has_shape({n, m}) | has_shape({g, n, m}), op, ": mask must be [N,M] = [", n, ", ", m,
+                    "] or [B*heads,N,M] = [", g, ", ", n, ", ", m, "], got shape ", shape_string(mask));
   }
   if (coordinates.defined()) {
-    TORCH_SYM_CHECK(coordinates.dim() == 2 ? n.sym_eq(m) & coordinates.sym_size(0).sym_eq(n) : c10::SymBool(false), op,
-                ": coordinates must be [N,P] with N = M = ", n, ", got ",
-                shape_string(coordinates), " (N = ", n, ", M = ", m, ")");
+    const auto shape_ok =
+        coordinates.dim() == 2 ? n.sym_eq(m) & coordinates.sym_size(0).sym_eq(n) : c10::SymBool(false);
+    TORCH_SYM_CHECK(shape_ok, op, ": coordinates must be [N,P] with N = M = ", n, ", got ",
+                    shape_string(coordinates), " (N = ", n, ", M = ", m, ")");
   } else {
     TORCH_CHECK(o.alpha() == 1.0, op, ": alpha = ", o.alpha(),
                 " blends feature and positional similarity, but no coordinates were given");
@@ -135,7 +136,7 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
               ", got ", kernel.defined() ? shape_string(kernel) : "undefined");
   if (o.kernel_per_head()) {
     TORCH_SYM_CHECK(kernel.sym_size(0).sym_eq(h), op, ": kernel_per_head needs kernel.size(0) == heads = ", h,
-                ", got kernel ", shape_string(kernel));
+                    ", got kernel ", shape_string(kernel));
   }
   if (bias.defined()) {
     TORCH_CHECK(bias.dim() == (o.kernel_per_head() ? 2 : 1), op, ": bias must be ",
@@ -294,7 +295,8 @@ at::Tensor draw_candidates_symint(const c10::SymInt& m, int64_t r, c10::optional
                                   const at::Device& device) {
   TORCH_SYM_CHECK(c10::SymBool(r >= 1) & m.sym_ge(r), "draw_candidates: r must be in [1, m] with m = ", m,
                   ", got r = ", r);
-  auto drawn = at::randperm_symint(m, std::move(generator), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, r);
+  auto drawn = at::randperm_symint(m, std::move(generator), at::TensorOptions().dtype(at::kLong));
+  drawn = drawn.narrow(0, 0, r);
   return std::get<0>(reference::stable_sort(drawn, /*descending=*/false)).to(device);
 }
 

@@ -31,8 +31,9 @@ at::Tensor attention_mask(const ConvNNAttentionOptions& o, const at::Tensor& fix
                           const at::Device& device) {
   at::Tensor mask = fixed;
   if (mask.defined()) {
-    TORCH_SYM_CHECK(mask.dim() == 2 ? mask.sym_size(0).sym_eq(n) & mask.sym_size(1).sym_eq(n) : c10::SymBool(false),
-                    "ConvNNAttention: mask must be [N,N] = [", n, ", ", n, "] for this input, got ",
+    const auto shape_ok =
+        mask.dim() == 2 ? mask.sym_size(0).sym_eq(n) & mask.sym_size(1).sym_eq(n) : c10::SymBool(false);
+    TORCH_SYM_CHECK(shape_ok, "ConvNNAttention: mask must be [N,N] = [", n, ", ", n, "] for this input, got ",
                     mask.sym_sizes());
     mask = mask.to(device);
   }
@@ -92,8 +93,9 @@ template at::Tensor convnn_forward(const ConvNNOptions<2>&, const at::Tensor&, c
 at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& input,
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
                              bool training) {
-  TORCH_CHECK(input.defined() && input.dim() == 3, "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ",
-              o.embed_dim(), ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
+  TORCH_CHECK(input.defined() && input.dim() == 3,
+              "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
+              input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
   TORCH_SYM_CHECK(input.sym_size(2).sym_eq(o.embed_dim()),
                   "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
                   input.sym_sizes());
@@ -127,11 +129,12 @@ ConvNN2dOptions convnn_branch_options(const BranchingConv2dOptions& options) {
 
 at::Tensor branching_forward(const BranchingConv2dOptions& options, const at::Tensor& input,
                              const BranchingTensors& tensors, c10::optional<at::Generator> generator) {
-  TORCH_CHECK(input.defined() && input.dim() == 4, "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ",
-              options.in_channels(), ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
+  TORCH_CHECK(input.defined() && input.dim() == 4,
+              "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
+              ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
   TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()),
-                  "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(), ", got ",
-                  input.sym_sizes());
+                  "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
+                  ", got ", input.sym_sizes());
   std::vector<at::Tensor> branches;
   if (tensors.convnn) {
     branches.push_back(convnn_forward(convnn_branch_options(options), input, *tensors.convnn, std::move(generator)));
