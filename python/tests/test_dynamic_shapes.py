@@ -196,8 +196,10 @@ def test_functional_form_exports_with_dynamic_sizes_and_equals_eager(case, stric
     function, example, others, shapes = FUNCTIONAL_CASES[case]
     program = export_runs_at_other_sizes(Functional(function), example, (shapes,), [tuple(o) for o in others],
                                          strict=strict)
-    # The option texts are constants of the graph, built once when it was traced.
-    assert any(f"convnn.{case}" in str(node.target) for node in program.graph.nodes)
+    # The op is one node of the graph, its option texts a constant argument built at trace time.
+    [node] = [node for node in program.graph.nodes if f"convnn.{case}" in str(node.target)]
+    texts = [arg for arg in node.args if isinstance(arg, (list, tuple)) and all(isinstance(t, str) for t in arg)]
+    assert len(texts) == 1 and any(text.startswith("k=") for text in texts[0])
 
 
 @pytest.mark.parametrize("case", FUNCTIONAL_CASES)
