@@ -4,18 +4,41 @@ torch.ops.convnn.conv_nn / conv_nn1d / conv_nn2d. Options are the C++ ConvNNFunc
 slot_order, rho, temperature, kernel_per_head, fused; their defaults are C++'s
 (convnn.nn.functional.option_defaults())."""
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from .._options import functional_fields
 
 _ops = torch.ops.convnn
 
+# The fields are read from C++ (a dispatcher op returning strings) here, at import, and never while
+# a caller is traced: torch.export's non-strict tracer cannot carry an op's string outputs.
+_FIELDS = functional_fields()
+
 
 def option_defaults():
-    return dict(functional_fields().defaults)
+    return dict(_FIELDS.defaults)
+
+
+# The "name=value" texts of a call's options, with C++'s defaults filled in; C++ parses and validates
+# them when the op runs. Marked a constant result so that torch.compile and strict torch.export run
+# it once at trace time, on the (constant) option values, and put the texts into the graph as
+# constants: tracing through it would meet inspect's signature binding, which Dynamo cannot trace
+# ("Unexpected type in sourceless builder"). This rather than a cache keyed by the options: Dynamo
+# would still trace the cache's lookup, and a miss would run the binding inside the traced code.
+# Eagerly and under non-strict export it is plain Python on plain values.
+@torch.compiler.assume_constant_result
+def _option_texts(where, options):
+    return _FIELDS.texts(_FIELDS.bind(where, (), options))
 
 
 def _texts(where, options):
-    return functional_fields().texts(functional_fields().bind(where, (), options))
+    if torch.compiler.is_compiling():
+        # An option passed into the compiled function (k=k) becomes a SymInt once Dynamo has seen
+        # two values of it, and a constant-result function takes constants only: guard_scalar
+        # makes it one again (a new value compiles a new graph, as any Python constant does).
+        options = {name: value if value is None or isinstance(value, str) else guard_scalar(value)
+                   for name, value in options.items()}
+    return _option_texts(where, options)
 
 
 def conv_nn(queries, keys, values, kernel, bias=None, *, mask=None, coordinates=None, generator=None, **options):

@@ -7,6 +7,7 @@
 
 #include "convnn/ops/knn_ops.h"
 #include "nn/functional/spatial.h"
+#include "nn/functional/symint_forms.h"
 #include "ops/checks.h"
 #include "ops/reference/indexing.h"
 #include "ops/reference/reference.h"
@@ -16,24 +17,39 @@ namespace {
 
 using checks::shape_string;
 
-// [B,N,H*d] -> [B*H,N,d]
+// This file's forms run inside the CompositeImplicitAutograd layer ops, which torch.compile and
+// torch.export trace with symbolic sizes. So sizes are read only as SymInts (sym_size) or left to
+// ATen to infer (unflatten with -1): a concrete size() would specialise the traced program to this
+// call's batch and token counts. On concrete tensors a SymInt is a plain int.
+
+// [A,B,...] -> [A*B,...], contiguous. Not flatten(0, 1): under tracing its view's stride is
+// min(stride(0), stride(1)), e.g. Min(8*N, 4*N), which PyTorch's shape solver cannot simplify, so
+// the next view of the tensor guards on it and fixes the token count N. A contiguous tensor's merged
+// view is known: the strides of its dimensions 1, 2, ... (as_strided keeps its storage offset).
+at::Tensor merge_leading_dims(const at::Tensor& t) {
+  const auto c = t.contiguous();
+  auto sizes = c.sym_sizes().slice(1).vec();
+  sizes[0] *= c.sym_size(0);
+  return c.as_strided_symint(sizes, c.sym_strides().slice(1));
+}
+
+// [B,N,H*d] -> [B*H,N,d]. One head is a view of x (as reshape gave), more a contiguous copy.
 at::Tensor fold_heads(const at::Tensor& x, int64_t heads) {
-  const auto b = x.size(0), n = x.size(1), d = x.size(2) / heads;
-  return x.reshape({b, n, heads, d}).permute({0, 2, 1, 3}).reshape({b * heads, n, d});
+  const auto split = x.unflatten(2, {heads, -1}).transpose(1, 2);  // [B,H,N,d]
+  return heads == 1 ? split.squeeze(1) : merge_leading_dims(split);
 }
 
 // [B*H,N,d] -> [B,N,H*d]
 at::Tensor unfold_heads(const at::Tensor& x, int64_t heads) {
-  const auto b = x.size(0) / heads, n = x.size(1), d = x.size(2);
-  return x.reshape({b, heads, n, d}).permute({0, 2, 1, 3}).reshape({b, n, heads * d});
+  return x.unflatten(0, {-1, heads}).transpose(1, 2).flatten(2);
 }
 
 // Similarity features [sqrt(alpha) x, sqrt(1-alpha) p]; exactly x or p at the ends, so that
 // alpha = 0 is pure convolution and alpha = 1 pure attention.
 at::Tensor blend_coordinates(const at::Tensor& x, const at::Tensor& coordinates, double alpha) {
   if (!coordinates.defined() || alpha == 1.0) return x;
-  const auto p = coordinates.to(x.scalar_type()).unsqueeze(0).expand(
-      {x.size(0), coordinates.size(0), coordinates.size(1)});
+  const auto p = coordinates.to(x.scalar_type()).unsqueeze(0).expand_symint(
+      {x.sym_size(0), coordinates.sym_size(0), coordinates.sym_size(1)});
   if (alpha == 0.0) return p.contiguous();
   return at::cat({x * std::sqrt(alpha), p * std::sqrt(1.0 - alpha)}, -1);
 }
@@ -42,14 +58,17 @@ at::Tensor blend_coordinates(const at::Tensor& x, const at::Tensor& coordinates,
 
 namespace detail {
 
-void check_candidates(const ConvNNFuncOptions& o, int64_t m, std::string_view where) {
-  TORCH_CHECK(o.num_candidates() >= 0 && o.num_candidates() <= m, where,
-              ": num_candidates (r) must be in [0, M] with M = ", m,
-              " candidates (0 = all), got r = ", o.num_candidates());
-  const int64_t candidates = o.num_candidates() == 0 ? m : o.num_candidates();
-  TORCH_CHECK(o.k() >= 1 && o.k() <= candidates, where, ": k must be in [1, ", candidates,
-              "] (the number of candidates", o.num_candidates() ? ", r" : ", M",
-              "), got k = ", o.k());
+// The shape rules below are TORCH_SYM_CHECKs, as the core ops' (src/ops/checks.cpp): a plain check
+// eagerly, and under tracing a runtime assertion of the traced program rather than a guard that
+// would narrow (or specialise) the dynamic dimensions.
+void check_candidates(const ConvNNFuncOptions& o, const c10::SymInt& m, std::string_view where) {
+  TORCH_SYM_CHECK(c10::SymBool(o.num_candidates() >= 0) & m.sym_ge(o.num_candidates()), where,
+                  ": num_candidates (r) must be in [0, M] with M = ", m,
+                  " candidates (0 = all), got r = ", o.num_candidates());
+  const c10::SymInt candidates = o.num_candidates() == 0 ? m : c10::SymInt(o.num_candidates());
+  TORCH_SYM_CHECK(c10::SymBool(o.k() >= 1) & candidates.sym_ge(o.k()), where, ": k must be in [1, ",
+                  candidates, "] (the number of candidates", o.num_candidates() ? ", r" : ", M",
+                  "), got k = ", o.k());
 }
 
 }  // namespace detail
@@ -67,39 +86,45 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
               keys.defined() ? shape_string(keys) : "undefined");
   TORCH_CHECK(values.defined() && values.dim() == 3, op, ": values must be 3-D [B,M,C], got ",
               values.defined() ? shape_string(values) : "undefined");
-  TORCH_CHECK(keys.size(1) == values.size(1) && keys.size(0) == values.size(0), op,
-              ": keys ", shape_string(keys), " and values ", shape_string(values),
-              " must have the same B and M");
-  TORCH_CHECK(queries.size(0) == keys.size(0), op, ": queries ", shape_string(queries),
-              " and keys ", shape_string(keys), " must have the same batch size B");
+  TORCH_SYM_CHECK(keys.sym_size(1).sym_eq(values.sym_size(1)) & keys.sym_size(0).sym_eq(values.sym_size(0)),
+                  op, ": keys ", shape_string(keys), " and values ", shape_string(values),
+                  " must have the same B and M");
+  TORCH_SYM_CHECK(queries.sym_size(0).sym_eq(keys.sym_size(0)), op, ": queries ", shape_string(queries),
+                  " and keys ", shape_string(keys), " must have the same batch size B");
   const int64_t h = o.heads();
   TORCH_CHECK(h >= 1, op, ": heads must be at least 1, got ", h);
-  TORCH_CHECK(queries.size(2) % h == 0 && values.size(2) % h == 0, op, ": heads = ", h,
-              " must divide the query channels (", queries.size(2), ") and value channels (",
-              values.size(2), ")");
+  TORCH_SYM_CHECK((queries.sym_size(2) % h).sym_eq(0) & (values.sym_size(2) % h).sym_eq(0), op,
+                  ": heads = ", h, " must divide the query channels (", queries.sym_size(2),
+                  ") and value channels (", values.sym_size(2), ")");
   TORCH_CHECK(o.padding() == 0, op, ": padding = ", o.padding(),
               " applies to spatial inputs only (conv_nn1d / conv_nn2d); token inputs take 0");
   TORCH_CHECK(o.alpha() >= 0.0 && o.alpha() <= 1.0, op, ": alpha must be in [0, 1], got ",
               o.alpha());
   checks::check_temperature(o.temperature(), op);
-  const int64_t n = queries.size(1), m = keys.size(1);
+  const c10::SymInt n = queries.sym_size(1), m = keys.sym_size(1);
   detail::check_candidates(o, m, op);
-  TORCH_CHECK(!o.include_self() || n == m, op,
-              ": include_self needs queries and keys from the same tokens (N == M), got N = ", n,
-              " and M = ", m);
+  TORCH_SYM_CHECK(c10::SymBool(!o.include_self()) | n.sym_eq(m), op,
+                  ": include_self needs queries and keys from the same tokens (N == M), got N = ", n,
+                  " and M = ", m);
   if (o.mask().defined()) {
     // Checked here, not only in knn_select: random candidates slice the mask before the op sees it.
     const auto& mask = o.mask();
-    const int64_t g = queries.size(0) * h;
-    const bool shape_ok = (mask.dim() == 2 && mask.size(0) == n && mask.size(1) == m) ||
-                          (mask.dim() == 3 && mask.size(0) == g && mask.size(1) == n && mask.size(2) == m);
-    TORCH_CHECK(shape_ok, op, ": mask must be [N,M] = [", n, ", ", m, "] or [B*heads,N,M] = [", g,
-                ", ", n, ", ", m, "], got shape ", shape_string(mask));
+    const c10::SymInt g = queries.sym_size(0) * h;
+    const auto has_shape = [&](std::initializer_list<c10::SymInt> shape) {
+      if (mask.dim() != static_cast<int64_t>(shape.size())) return c10::SymBool(false);
+      c10::SymBool equal(true);
+      int64_t d = 0;
+      for (const auto& size : shape) equal = equal & mask.sym_size(d++).sym_eq(size);
+      return equal;
+    };
+    TORCH_SYM_CHECK(has_shape({n, m}) | has_shape({g, n, m}), op, ": mask must be [N,M] = [", n, ", ", m,
+                    "] or [B*heads,N,M] = [", g, ", ", n, ", ", m, "], got shape ", shape_string(mask));
   }
   if (coordinates.defined()) {
-    TORCH_CHECK(n == m && coordinates.dim() == 2 && coordinates.size(0) == n, op,
-                ": coordinates must be [N,P] with N = M = ", n, ", got ",
-                shape_string(coordinates), " (N = ", n, ", M = ", m, ")");
+    const auto shape_ok =
+        coordinates.dim() == 2 ? n.sym_eq(m) & coordinates.sym_size(0).sym_eq(n) : c10::SymBool(false);
+    TORCH_SYM_CHECK(shape_ok, op, ": coordinates must be [N,P] with N = M = ", n, ", got ",
+                    shape_string(coordinates), " (N = ", n, ", M = ", m, ")");
   } else {
     TORCH_CHECK(o.alpha() == 1.0, op, ": alpha = ", o.alpha(),
                 " blends feature and positional similarity, but no coordinates were given");
@@ -110,8 +135,8 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
               ": kernel must be [dv,K] or [dv',dv,K]", o.kernel_per_head() ? " with a leading head dimension H" : "",
               ", got ", kernel.defined() ? shape_string(kernel) : "undefined");
   if (o.kernel_per_head()) {
-    TORCH_CHECK(kernel.size(0) == h, op, ": kernel_per_head needs kernel.size(0) == heads = ", h,
-                ", got kernel ", shape_string(kernel));
+    TORCH_SYM_CHECK(kernel.sym_size(0).sym_eq(h), op, ": kernel_per_head needs kernel.size(0) == heads = ", h,
+                    ", got kernel ", shape_string(kernel));
   }
   if (bias.defined()) {
     TORCH_CHECK(bias.dim() == (o.kernel_per_head() ? 2 : 1), op, ": bias must be ",
@@ -126,18 +151,22 @@ std::pair<at::Tensor, at::Tensor> merge_self(const at::Tensor& q, const at::Tens
                                              const at::Tensor& scores, const at::Tensor& indices,
                                              const at::Tensor& drawn, const at::Tensor& mask,
                                              const ConvNNFuncOptions& o) {
-  const auto g = q.size(0), n = q.size(1), d = q.size(2);
+  const c10::SymInt g = q.sym_size(0), n = q.sym_size(1);
   at::Tensor self_mask;
   if (mask.defined()) {
-    self_mask = mask.diagonal(0, -2, -1).expand({g, n}).reshape({g * n, 1, 1});
+    self_mask = mask.diagonal(0, -2, -1).expand_symint({g, n}).reshape({-1, 1, 1});
   }
+  // Each (query, itself) pair as its own group of one query and one key: [G*N,1,D].
+  const auto pairs = [](const at::Tensor& t) { return t.flatten(0, 1).unsqueeze(1); };
   auto [self_scores, unused] = ops::knn_select(
-      q.reshape({g * n, 1, d}), k.reshape({g * n, 1, d}), 1, to_string(o.similarity()),
+      pairs(q), pairs(k), 1, to_string(o.similarity()),
       self_mask.defined() ? c10::optional<at::Tensor>(self_mask) : c10::nullopt, false);
-  auto self_index = at::arange(n, indices.options()).expand({g, n}).unsqueeze(-1);
-  const auto already_drawn = at::isin(at::arange(n, drawn.options()), drawn).view({1, n, 1});
+  // at::arange takes the token count as a Scalar, which holds a SymInt under tracing.
+  const auto tokens = at::arange(c10::Scalar(n), indices.options());
+  auto self_index = tokens.expand_symint({g, n}).unsqueeze(-1);
+  const auto already_drawn = at::isin(tokens.to(drawn.options()), drawn).view({1, -1, 1});
   const auto neg_inf = at::scalar_tensor(-std::numeric_limits<double>::infinity(), scores.options());
-  auto self_score = at::where(already_drawn, neg_inf, self_scores.view({g, n, 1}));
+  auto self_score = at::where(already_drawn, neg_inf, self_scores.view_symint({g, n, 1}));
 
   auto all_scores = at::cat({scores, self_score}, -1);
   auto all_indices = at::cat({indices, self_index}, -1);
@@ -166,18 +195,15 @@ at::Tensor aggregate(const at::Tensor& values, const at::Tensor& weights, const 
     return ops::knn_aggregate(values, weights, indices, kernel, optional_bias(bias));
   }
   // One call per head on that head's slices of the folded batch.
-  const int64_t h = o.heads(), b = values.size(0) / h;
+  const int64_t h = o.heads();
   std::vector<at::Tensor> outputs;
   for (int64_t head = 0; head < h; ++head) {
-    const auto slice = [&](const at::Tensor& t) {
-      return t.view({b, h, t.size(1), t.size(2)}).select(1, head);
-    };
+    const auto slice = [&](const at::Tensor& t) { return t.unflatten(0, {-1, h}).select(1, head); };
     outputs.push_back(ops::knn_aggregate(slice(values), slice(weights), slice(indices),
                                          kernel[head],
                                          optional_bias(bias.defined() ? bias[head] : bias)));
   }
-  const auto out = at::stack(outputs, 1);  // [B,H,N,dv']
-  return out.reshape({b * h, out.size(2), out.size(3)});
+  return merge_leading_dims(at::stack(outputs, 1));  // [B,H,N,dv'] -> [B*H,N,dv']
 }
 
 }  // namespace
@@ -186,7 +212,8 @@ at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::
                    const at::Tensor& kernel, const at::Tensor& bias,
                    const ConvNNFuncOptions& o, const at::Tensor& coordinates) {
   check_conv_nn_inputs(queries, keys, values, kernel, bias, o, coordinates);
-  const int64_t h = o.heads(), m = keys.size(1);
+  const int64_t h = o.heads();
+  const c10::SymInt m = keys.sym_size(1);
   const auto q = blend_coordinates(fold_heads(queries, h), coordinates, o.alpha());
   const auto k = blend_coordinates(fold_heads(keys, h), coordinates, o.alpha());
   const auto v = fold_heads(values, h);
@@ -196,7 +223,7 @@ at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::
   const bool index_order = o.slot_order() == SlotOrder::Index;
   at::Tensor drawn, candidate_keys = k, candidate_mask = o.mask();
   if (random) {
-    drawn = draw_candidates(m, o.num_candidates(), o.generator(), keys.device());
+    drawn = detail::draw_candidates_symint(m, o.num_candidates(), o.generator(), keys.device());
     candidate_keys = k.index_select(1, drawn);
     if (candidate_mask.defined()) candidate_mask = candidate_mask.index_select(-1, drawn);
   }
@@ -218,7 +245,7 @@ at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::
   if (merge) {
     // Candidate slot -> token index (drawn is sorted, so slot order is index order); the query
     // itself is then a token outside the candidates.
-    indices = drawn.index_select(0, indices.reshape({-1})).view(indices.sizes());
+    indices = drawn.index_select(0, indices.reshape({-1})).view_as(indices);
     std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, o.mask(), o);
     if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
   }
@@ -235,25 +262,45 @@ at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
 }
 
 at::Tensor grid_coordinates(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  return detail::grid_coordinates_symint(c10::fromIntArrayRefSlow(sizes), options);
+}
+
+at::Tensor draw_candidates(int64_t m, int64_t r, c10::optional<at::Generator> generator,
+                           const at::Device& device) {
+  return detail::draw_candidates_symint(m, r, std::move(generator), device);
+}
+
+namespace detail {
+
+// The step is 1/(longest-1) computed in double, as a SymFloat under tracing (a plain double
+// otherwise), so the coordinates, and with them the ties between equally distant neighbours, are
+// the same bits as ever.
+at::Tensor grid_coordinates_symint(c10::SymIntArrayRef sizes, const at::TensorOptions& options) {
   TORCH_CHECK(!sizes.empty(), "grid_coordinates: sizes must not be empty");
-  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
-  const double step = longest > 1 ? 1.0 / static_cast<double>(longest - 1) : 0.0;
-  std::vector<at::Tensor> axes;
-  for (const auto s : sizes) {
-    TORCH_CHECK(s >= 1, "grid_coordinates: every size must be at least 1, got ", sizes);
-    axes.push_back(at::arange(s, options.dtype(at::kDouble)) * step);
+  c10::SymInt longest = sizes[0];
+  for (const auto& s : sizes) {
+    TORCH_SYM_CHECK(s.sym_ge(1), "grid_coordinates: every size must be at least 1, got ", sizes);
+    longest = longest.max(s);
   }
+  const c10::Scalar step = longest > 1 ? c10::Scalar(c10::SymFloat(1.0) / c10::SymFloat(longest - 1))
+                                       : c10::Scalar(0.0);
+  std::vector<at::Tensor> axes;
+  for (const auto& s : sizes) axes.push_back(at::arange(c10::Scalar(s), options.dtype(at::kDouble)) * step);
   std::vector<at::Tensor> columns;
   for (const auto& axis : at::meshgrid(axes, "ij")) columns.push_back(axis.reshape({-1}));
   return at::stack(columns, 1).to(options);
 }
 
-at::Tensor draw_candidates(int64_t m, int64_t r, c10::optional<at::Generator> generator,
-                           const at::Device& device) {
-  TORCH_CHECK(r >= 1 && r <= m, "draw_candidates: r must be in [1, m] with m = ", m, ", got r = ", r);
-  auto drawn = at::randperm(m, generator, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, r);
+at::Tensor draw_candidates_symint(const c10::SymInt& m, int64_t r, c10::optional<at::Generator> generator,
+                                  const at::Device& device) {
+  TORCH_SYM_CHECK(c10::SymBool(r >= 1) & m.sym_ge(r), "draw_candidates: r must be in [1, m] with m = ", m,
+                  ", got r = ", r);
+  auto drawn = at::randperm_symint(m, std::move(generator), at::TensorOptions().dtype(at::kLong));
+  drawn = drawn.narrow(0, 0, r);
   return std::get<0>(reference::stable_sort(drawn, /*descending=*/false)).to(device);
 }
+
+}  // namespace detail
 
 at::Tensor conv_nn1d(const at::Tensor& input, const at::Tensor& kernel, const at::Tensor& bias,
                      const ConvNNFuncOptions& options) {

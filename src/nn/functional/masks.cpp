@@ -1,6 +1,7 @@
 #include <ATen/ATen.h>
 
 #include "convnn/nn/functional/convnn.h"
+#include "nn/functional/symint_forms.h"
 
 namespace convnn::nn::functional {
 namespace {
@@ -15,9 +16,19 @@ std::pair<at::Tensor, at::Tensor> row_col(int64_t n, const at::Device& device) {
 
 at::Tensor causal_mask(int64_t n, const at::Device& device) {
   TORCH_CHECK(n >= 0, "causal_mask: n must be non-negative, got ", n);
-  const auto [i, j] = row_col(n, device);
-  return j <= i;
+  return detail::causal_mask_symint(n, device);
 }
+
+namespace detail {
+
+// The token count as a Scalar, which holds a SymInt under tracing (row_col's view({n, 1}) would
+// need a concrete n).
+at::Tensor causal_mask_symint(const c10::SymInt& n, const at::Device& device) {
+  const auto i = at::arange(c10::Scalar(n), at::TensorOptions().dtype(at::kLong).device(device));
+  return i.unsqueeze(0) <= i.unsqueeze(1);  // [r, c] = (c <= r)
+}
+
+}  // namespace detail
 
 at::Tensor bigbird_mask(int64_t n, int64_t window, int64_t num_global, int64_t num_random,
                         c10::optional<at::Generator> generator, const at::Device& device) {

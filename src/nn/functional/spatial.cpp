@@ -5,6 +5,7 @@
 #include <string>
 
 #include "convnn/nn/functional/convnn.h"
+#include "nn/functional/symint_forms.h"
 #include "ops/checks.h"
 
 namespace convnn::nn::functional::detail {
@@ -23,22 +24,21 @@ at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
 
   const auto padded = pad > 0 ? at::constant_pad_nd(input, std::vector<int64_t>(2 * spatial_dims, pad))
                               : input;
-  const auto grid = padded.sizes().slice(2).vec();
+  // Symbolic sizes throughout (see convnn.cpp): H and W stay dynamic under torch.export.
+  const auto grid = padded.sym_sizes().slice(2).vec();
   const auto tokens = padded.flatten(2).transpose(1, 2);  // [B, prod(grid), C]
   const auto apply = [&](const auto& f) { return f ? f(tokens) : tokens; };
   const auto coordinates =
-      options.coordinates() ? grid_coordinates(grid, tokens.options()) : at::Tensor();
+      options.coordinates() ? grid_coordinates_symint(grid, tokens.options()) : at::Tensor();
 
   auto token_options = options;
   token_options.padding(0);
   const auto out = conv_nn(apply(projections.query), apply(projections.key),
                            apply(projections.value), kernel, bias, token_options, coordinates);
 
-  std::vector<int64_t> shape{out.size(0), out.size(2)};
-  shape.insert(shape.end(), grid.begin(), grid.end());
-  auto y = out.transpose(1, 2).reshape(shape);
+  auto y = out.transpose(1, 2).unflatten_symint(2, grid);
   for (int64_t d = 0; d < spatial_dims && pad > 0; ++d) {
-    y = y.narrow(2 + d, pad, grid[d] - 2 * pad);
+    y = y.narrow_symint(2 + d, pad, grid[d] - 2 * pad);
   }
   return y.contiguous();
 }

@@ -3,6 +3,7 @@
 // run the token form with grid coordinates, reshape back and crop.
 #include <ATen/core/Tensor.h>
 
+#include <c10/core/SymInt.h>
 #include <c10/util/ArrayRef.h>
 
 #include <functional>
@@ -23,7 +24,8 @@ at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
 
 // The candidate rule of every ConvNN form, in one place: 0 <= num_candidates <= m and
 // 1 <= k <= the candidates each query ranks (num_candidates, or all m). `where` leads the message.
-void check_candidates(const ConvNNFuncOptions& options, int64_t m, std::string_view where);
+// m is a SymInt: under torch.compile / torch.export the token count is symbolic.
+void check_candidates(const ConvNNFuncOptions& options, const c10::SymInt& m, std::string_view where);
 
 // The same rule for a spatial input of these sizes before padding: m is the padded grid's size.
 // Lets a model check every layer when it is built, before any data flows.

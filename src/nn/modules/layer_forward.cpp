@@ -8,6 +8,7 @@
 
 #include "convnn/nn/functional/convnn.h"
 #include "nn/functional/spatial.h"
+#include "nn/functional/symint_forms.h"
 
 namespace convnn::nn::detail {
 namespace {
@@ -21,18 +22,23 @@ at::Tensor apply_conv2d(const LinearTensors& conv, const at::Tensor& x, int64_t 
                     /*stride=*/{1, 1}, /*padding=*/{padding, padding});
 }
 
+// The shapes of the input (the batch B, the tokens N, for the spatial layers H and W) are read as
+// SymInts only, so that torch.compile and torch.export keep them dynamic (see
+// src/nn/functional/convnn.cpp); size() would specialise the traced program to one shape.
+
 // [N,N] mask for the input's N: the fixed mask of the options, the causal one, or both combined.
-at::Tensor attention_mask(const ConvNNAttentionOptions& o, const at::Tensor& fixed, int64_t n,
+at::Tensor attention_mask(const ConvNNAttentionOptions& o, const at::Tensor& fixed, const c10::SymInt& n,
                           const at::Device& device) {
   at::Tensor mask = fixed;
   if (mask.defined()) {
-    TORCH_CHECK(mask.dim() == 2 && mask.size(0) == n && mask.size(1) == n,
-                "ConvNNAttention: mask must be [N,N] = [", n, ", ", n, "] for this input, got ",
-                mask.sizes());
+    const auto shape_ok =
+        mask.dim() == 2 ? mask.sym_size(0).sym_eq(n) & mask.sym_size(1).sym_eq(n) : c10::SymBool(false);
+    TORCH_SYM_CHECK(shape_ok, "ConvNNAttention: mask must be [N,N] = [", n, ", ", n, "] for this input, got ",
+                    mask.sym_sizes());
     mask = mask.to(device);
   }
   if (!o.causal()) return mask;
-  const auto causal = functional::causal_mask(n, device);
+  const auto causal = functional::detail::causal_mask_symint(n, device);
   if (!mask.defined()) return causal;
   if (mask.scalar_type() == at::kBool) return mask & causal;
   return mask.masked_fill(~causal, -std::numeric_limits<double>::infinity());
@@ -63,9 +69,9 @@ at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& inp
   const char* name = D == 1 ? "ConvNN1d" : "ConvNN2d";
   TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ",
               D + 2, "-D ", D == 1 ? "[B,C,L]" : "[B,C,H,W]", ", got ",
-              input.defined() ? input.sizes() : c10::IntArrayRef{});
-  TORCH_CHECK(input.size(1) == options.in_channels(), name, ": input has ", input.size(1),
-              " channels (dim 1), but in_channels = ", options.in_channels());
+              input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
+  TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()), name, ": input has ", input.sym_size(1),
+                  " channels (dim 1), but in_channels = ", options.in_channels());
   functional::detail::Projections projections;
   if (options.projection() == Projection::Linear) {
     projections.query = [&](const at::Tensor& t) { return apply_linear(tensors.query, t); };
@@ -87,13 +93,16 @@ template at::Tensor convnn_forward(const ConvNNOptions<2>&, const at::Tensor&, c
 at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& input,
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
                              bool training) {
-  TORCH_CHECK(input.defined() && input.dim() == 3 && input.size(2) == o.embed_dim(),
+  TORCH_CHECK(input.defined() && input.dim() == 3,
               "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
-              input.defined() ? input.sizes() : c10::IntArrayRef{});
+              input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
+  TORCH_SYM_CHECK(input.sym_size(2).sym_eq(o.embed_dim()),
+                  "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
+                  input.sym_sizes());
   const auto func = functional::ConvNNFuncOptions(o.k())
                         .similarity(o.similarity())
                         .heads(o.num_heads())
-                        .mask(attention_mask(o, tensors.mask, input.size(1), input.device()))
+                        .mask(attention_mask(o, tensors.mask, input.sym_size(1), input.device()))
                         .num_candidates(o.num_candidates())
                         .include_self(o.include_self())
                         .generator(std::move(generator))
@@ -120,9 +129,12 @@ ConvNN2dOptions convnn_branch_options(const BranchingConv2dOptions& options) {
 
 at::Tensor branching_forward(const BranchingConv2dOptions& options, const at::Tensor& input,
                              const BranchingTensors& tensors, c10::optional<at::Generator> generator) {
-  TORCH_CHECK(input.defined() && input.dim() == 4 && input.size(1) == options.in_channels(),
+  TORCH_CHECK(input.defined() && input.dim() == 4,
               "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
-              ", got ", input.defined() ? input.sizes() : c10::IntArrayRef{});
+              ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
+  TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()),
+                  "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
+                  ", got ", input.sym_sizes());
   std::vector<at::Tensor> branches;
   if (tensors.convnn) {
     branches.push_back(convnn_forward(convnn_branch_options(options), input, *tensors.convnn, std::move(generator)));
