@@ -327,3 +327,16 @@ def test_compiled_double_backward_is_refused_by_aot_autograd_not_zero():
     with pytest.raises(RuntimeError, match="does not currently support double backward"):
         torch.autograd.grad(g.pow(2).sum(), q)
 
+
+
+def test_vmap_over_stacked_module_states_is_an_ensemble(without_vmap_fallback):
+    """torch.func.stack_module_state + vmap(functional_call): each member's output (to rounding:
+    vmap batches the members' projections into one matrix product)."""
+    torch.manual_seed(21)
+    members = [ConvNNAttention(4, 2, 3).double() for _ in range(3)]
+    params, buffers = torch.func.stack_module_state(members)
+    x = torch.randn(2, 5, 4, dtype=F64)
+    base = ConvNNAttention(4, 2, 3).double().to("meta")
+    outputs = torch.vmap(lambda p, b: torch.func.functional_call(base, (p, b), (x,)))(params, buffers)
+    for i, member in enumerate(members):
+        torch.testing.assert_close(outputs[i], member(x), rtol=0, atol=1e-12, msg=str(i))

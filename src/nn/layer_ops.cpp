@@ -285,4 +285,14 @@ TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
   m.impl("conv_nn2d", &conv_nn2d_op);
 }
 
+// torch.vmap meets an op before its composite kernel runs, and PyTorch's per-sample fallback
+// cannot take a Tensor[] argument; under this key vmap decomposes the composites instead, into
+// ATen ops and the core ops, which have batching rules (python/convnn/_vmap.py).
+TORCH_LIBRARY_IMPL(convnn, FuncTorchBatchedDecomposition, m) {
+  m.impl("layer_forward", &layer_forward);
+  m.impl("conv_nn", &conv_nn_op);
+  m.impl("conv_nn1d", &conv_nn1d_op);
+  m.impl("conv_nn2d", &conv_nn2d_op);
+}
+
 }  // namespace convnn::nn
