@@ -340,3 +340,25 @@ def test_vmap_over_stacked_module_states_is_an_ensemble(without_vmap_fallback):
     outputs = torch.vmap(lambda p, b: torch.func.functional_call(base, (p, b), (x,)))(params, buffers)
     for i, member in enumerate(members):
         torch.testing.assert_close(outputs[i], member(x), rtol=0, atol=1e-12, msg=str(i))
+
+
+def test_double_backward_through_a_ddp_wrapped_layer_equals_the_plain_layers(tmp_path):
+    """DistributedDataParallel (one gloo process): a gradient penalty's second derivative with
+    respect to the input flows through the wrapped layer as through the plain one."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(22)
+        layer = ConvNNAttention(4, 2, 3).double()
+        wrapped = torch.nn.parallel.DistributedDataParallel(layer)
+        x = torch.randn(2, 5, 4, dtype=F64, requires_grad=True)
+
+        def penalty_gradient(module):
+            (g,) = torch.autograd.grad(module(x).pow(2).sum(), x, create_graph=True)
+            return torch.autograd.grad(g.pow(2).sum(), x)[0]
+
+        expected = penalty_gradient(layer)
+        assert expected.abs().sum() > 1e-3
+        torch.testing.assert_close(penalty_gradient(wrapped), expected, rtol=0, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
