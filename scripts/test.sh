@@ -24,6 +24,10 @@ CONVNN_CPU_ISA=generic ctest --output-on-failure --parallel "$cores" -R "^($op_a
 # whole op matrix (reference and fused comparisons, gradchecks, deterministic backward) proves the
 # code that accelerators run.
 CONVNN_CPU_KERNELS=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
+# The Triton kernels (python/convnn/_triton), compiled for sm_80 and sm_90 without a GPU: a compile
+# error, a register spill or a shared-memory overflow fails the run (their logic runs under Triton's
+# interpreter in ctest's python.triton_interpreter).
+"$repo_root/.venv/bin/python" "$repo_root/scripts/triton_compile_check.py" > /dev/null
 # The op, nn, data and train tests under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
 # build folder (about a minute with ccache warm, about 20 the first time).
 bash "$repo_root/scripts/sanitize.sh"

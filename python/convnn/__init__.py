@@ -13,6 +13,10 @@ from . import _vmap, flops, models, nn, timm_models  # noqa: E402,F401  (flops r
 
 _vmap.register()
 
+from ._triton import register as _triton_kernels  # noqa: E402
+
+_triton_kernels.register()  # the CUDA kernels of knn_aggregate (Triton compiles on first use)
+
 timm_models.register()
 
 ops = __import__("torch").ops.convnn

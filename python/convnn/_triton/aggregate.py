@@ -1,0 +1,192 @@
+"""Fused GPU kernels of the depthwise knn_aggregate, in Triton (issue 25, first kernels).
+
+    output[g, i, c] = sum_k weights[g, i, k] * values[g, indices[g, i, k], c] * kernel[c, k] + bias[c]
+
+and its backward. Written so that what Triton's CPU interpreter (TRITON_INTERPRET=1, which the
+tests use on this project's GPU-less machines) cannot check cannot happen on a GPU:
+- every output element is written by exactly one program instance, no atomics, no communication
+  between programs: the gradients of the values go through an inverse index (the slots sorted
+  stably by the row they read, as the generic path's), each row's terms added in slot order, so
+  two backward passes are bitwise equal;
+- every load and store is masked to its tensor's extent (the interpreter does not catch an
+  out-of-bounds access; the tests run the kernels on outputs with guard regions);
+- loops over runtime bounds are `while` loops: with numpy 2.4 the interpreter fails on a `range`
+  with a runtime bound (triton-lang/triton#9171, fixed after Triton 3.6.0).
+Accumulation is float32 for float32, bfloat16 and float16 inputs, float64 for float64.
+
+The launchers take contiguous tensors that the callers (python/convnn/_triton/register.py) have
+checked through the C++ op's own checks.
+"""
+import torch
+import triton
+import triton.language as tl
+
+ROWS = 32       # query rows (of the flattened G*N) per program
+CHANNELS = 32   # channels per program
+
+
+@triton.jit
+def _forward_kernel(values_ptr, weights_ptr, indices_ptr, kernel_ptr, bias_ptr, output_ptr,
+                    rows_total, n, m, c, k, HAS_BIAS: tl.constexpr,
+                    ROWS: tl.constexpr, CHANNELS: tl.constexpr, ACC: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    channels = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
+    row_ok = rows < rows_total
+    channel_ok = channels < c
+    both_ok = row_ok[:, None] & channel_ok[None, :]
+    slice_start = (rows // n).to(tl.int64) * m  # first values row of each query row's slice
+    acc = tl.zeros([ROWS, CHANNELS], dtype=ACC)
+    slot = 0
+    while slot < k:
+        index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
+        weight = tl.load(weights_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0.0).to(ACC)
+        neighbour = tl.load(values_ptr + (slice_start + index)[:, None] * c + channels[None, :],
+                            mask=both_ok, other=0.0).to(ACC)
+        tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok, other=0.0).to(ACC)
+        acc += weight[:, None] * neighbour * tap[None, :]
+        slot += 1
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + channels, mask=channel_ok, other=0.0).to(ACC)[None, :]
+    tl.store(output_ptr + rows.to(tl.int64)[:, None] * c + channels[None, :],
+             acc.to(output_ptr.dtype.element_ty), mask=both_ok)
+
+
+@triton.jit
+def _weights_gradient_kernel(grad_output_ptr, values_ptr, indices_ptr, kernel_ptr, grad_weights_ptr,
+                             rows_total, n, m, c, k, ROWS: tl.constexpr, CHANNELS: tl.constexpr, ACC: tl.constexpr):
+    """grad_weights[row, slot] = sum_c dy[row, c] * kernel[c, slot] * values[slice, index, c]: one
+    program per block of rows and one slot; the channels in blocks, in order."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    slot = tl.program_id(1)
+    row_ok = rows < rows_total
+    slice_start = (rows // n).to(tl.int64) * m
+    index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
+    acc = tl.zeros([ROWS], dtype=ACC)
+    first = 0
+    while first < c:
+        channels = first + tl.arange(0, CHANNELS)
+        channel_ok = channels < c
+        both_ok = row_ok[:, None] & channel_ok[None, :]
+        dy = tl.load(grad_output_ptr + rows.to(tl.int64)[:, None] * c + channels[None, :],
+                     mask=both_ok, other=0.0).to(ACC)
+        neighbour = tl.load(values_ptr + (slice_start + index)[:, None] * c + channels[None, :],
+                            mask=both_ok, other=0.0).to(ACC)
+        tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok, other=0.0).to(ACC)
+        acc += tl.sum(dy * neighbour * tap[None, :], axis=1)
+        first += CHANNELS
+    tl.store(grad_weights_ptr + rows.to(tl.int64) * k + slot, acc.to(grad_weights_ptr.dtype.element_ty),
+             mask=row_ok)
+
+
+@triton.jit
+def _kernel_gradient_kernel(grad_output_ptr, values_ptr, weights_ptr, indices_ptr, grad_kernel_ptr,
+                            rows_total, n, m, c, k, ROWS: tl.constexpr, CHANNELS: tl.constexpr, ACC: tl.constexpr):
+    """grad_kernel[c, slot] = sum over rows of w * values[slice, index, c] * dy[row, c]: one program
+    per block of channels and one slot, walking every row block in order (no atomics)."""
+    channels = tl.program_id(0) * CHANNELS + tl.arange(0, CHANNELS)
+    slot = tl.program_id(1)
+    channel_ok = channels < c
+    acc = tl.zeros([CHANNELS], dtype=ACC)
+    first = 0
+    while first < rows_total:
+        rows = first + tl.arange(0, ROWS)
+        row_ok = rows < rows_total
+        both_ok = row_ok[:, None] & channel_ok[None, :]
+        slice_start = (rows // n).to(tl.int64) * m
+        index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
+        weight = tl.load(weights_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0.0).to(ACC)
+        neighbour = tl.load(values_ptr + (slice_start + index)[:, None] * c + channels[None, :],
+                            mask=both_ok, other=0.0).to(ACC)
+        dy = tl.load(grad_output_ptr + rows.to(tl.int64)[:, None] * c + channels[None, :],
+                     mask=both_ok, other=0.0).to(ACC)
+        acc += tl.sum(weight[:, None] * neighbour * dy, axis=0)
+        first += ROWS
+    tl.store(grad_kernel_ptr + channels * k + slot, acc.to(grad_kernel_ptr.dtype.element_ty), mask=channel_ok)
+
+
+@triton.jit
+def _values_gradient_kernel(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, run_start_ptr,
+                            grad_values_ptr, c, k, CHANNELS: tl.constexpr, ACC: tl.constexpr):
+    """grad_values[slice, row, c] = sum over the slots that read this row, in slot order, of
+    w[slot] * kernel[c, slot % k] * dy[slot // k, c]: one program per values row and block of
+    channels, its slots the run [run_start[row], run_start[row + 1]) of the inverse index."""
+    value_row = tl.program_id(0)
+    channels = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
+    channel_ok = channels < c
+    position = tl.load(run_start_ptr + value_row)
+    end = tl.load(run_start_ptr + value_row + 1)
+    acc = tl.zeros([CHANNELS], dtype=ACC)
+    while position < end:
+        slot_index = tl.load(order_ptr + position)  # a flattened [G*N*K] slot
+        query_row = slot_index // k
+        weight = tl.load(weights_ptr + slot_index).to(ACC)
+        tap = tl.load(kernel_ptr + channels * k + slot_index % k, mask=channel_ok, other=0.0).to(ACC)
+        dy = tl.load(grad_output_ptr + query_row * c + channels, mask=channel_ok, other=0.0).to(ACC)
+        acc += weight * tap * dy
+        position += 1
+    tl.store(grad_values_ptr + value_row.to(tl.int64) * c + channels, acc.to(grad_values_ptr.dtype.element_ty),
+             mask=channel_ok)
+
+
+def _accumulation(dtype):
+    """float32 for float32, bfloat16 and float16; float64 for float64 (what the tests check with)."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _grid_blocks(total, block):
+    return max(1, triton.cdiv(total, block))
+
+
+def aggregate_forward(values, weights, indices, kernel, bias):
+    """values [G,M,C], weights and indices [G,N,K], kernel [C,K], bias [C] or None: contiguous."""
+    g, m, c = values.shape
+    n, k = weights.shape[1], weights.shape[2]
+    output = torch.empty((g, n, c), dtype=values.dtype, device=values.device)
+    if output.numel() == 0:
+        return output.copy_(bias.expand_as(output)) if bias is not None else output.zero_()
+    grid = (_grid_blocks(g * n, ROWS), _grid_blocks(c, CHANNELS))
+    _forward_kernel[grid](values, weights, indices, kernel, bias if bias is not None else values, output,
+                          g * n, n, m, c, k, HAS_BIAS=bias is not None, ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+    return output
+
+
+def inverse_index(indices, m):
+    """(order, run_start): the [G*N*K] slots sorted stably by the values row they read (g*M +
+    index), and where each of the G*M rows' runs starts ([G*M + 1], the last entry the slot count)."""
+    g = indices.shape[0]
+    target = (indices + torch.arange(g, device=indices.device).view(g, 1, 1) * m).reshape(-1)
+    _, order = torch.sort(target, stable=True)
+    counts = torch.zeros(g * m + 1, dtype=torch.int64, device=indices.device)
+    counts[1:] = torch.bincount(target, minlength=g * m)
+    return order, counts.cumsum(0)
+
+
+def aggregate_backward(grad_output, values, weights, indices, kernel, output_mask):
+    """(grad_values, grad_weights, grad_kernel, grad_bias) as convnn::knn_aggregate_backward, the
+    ones output_mask does not ask for None. Inputs contiguous; kernel depthwise [C,K]."""
+    want_values, want_weights, want_kernel, want_bias = output_mask
+    g, m, c = values.shape
+    n, k = weights.shape[1], weights.shape[2]
+    rows_total = g * n
+    grad_values = grad_weights = grad_kernel = grad_bias = None
+    if want_values:
+        grad_values = torch.empty_like(values)
+        if grad_values.numel():
+            order, run_start = inverse_index(indices, m)
+            _values_gradient_kernel[(g * m, _grid_blocks(c, CHANNELS))](
+                grad_output, weights, kernel, order, run_start, grad_values, c, k, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+    if want_weights:
+        grad_weights = torch.zeros_like(weights)
+        if grad_weights.numel() and c:
+            _weights_gradient_kernel[(_grid_blocks(rows_total, ROWS), k)](
+                grad_output, values, indices, kernel, grad_weights, rows_total, n, m, c, k,
+                ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+    if want_kernel:
+        grad_kernel = torch.zeros_like(kernel)
+        if grad_kernel.numel() and rows_total:
+            _kernel_gradient_kernel[(_grid_blocks(c, CHANNELS), k)](
+                grad_output, values, weights, indices, grad_kernel, rows_total, n, m, c, k,
+                ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+    if want_bias:
+        grad_bias = grad_output.sum((0, 1))
+    return grad_values, grad_weights, grad_kernel, grad_bias

@@ -1,0 +1,118 @@
+"""The Triton kernels as the CUDA kernels of the core ops, registered from Python (issue 25 §3's
+Python route): on a CUDA tensor, torch.ops.convnn.knn_aggregate and knn_aggregate_backward run
+python/convnn/_triton/aggregate.py where it applies (a depthwise kernel; float32, bfloat16 or
+float16; every tensor on the values' device) and the device-generic path (the op's
+CompositeExplicitAutograd kernel, src/ops/generic) everywhere else, so no legal input is refused.
+The op's C++ shape rules run first, through its Meta kernel on meta copies, with the C++ messages.
+
+A safety net where the code meets a real GPU (the kernels are tested under Triton's CPU
+interpreter here, and have never run on a GPU in this project's CI): the first call on each CUDA
+device and dtype checks the fused forward and backward against the generic path on a small random
+input; a disagreement turns the fused kernels off for that device, with one warning naming the
+kernel. CONVNN_CUDA_KERNELS=generic turns them off by choice.
+"""
+import os
+import warnings
+
+import torch
+
+_ops = torch.ops.convnn
+_GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd  # the device-generic kernels
+_META = torch._C.DispatchKey.Meta
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Per (device, dtype): True when the fused kernels passed their first-call check, False when they
+# failed it. What the tests reset.
+verified = {}
+
+
+def generic(op, *args):
+    """The op's device-generic kernel, whatever kernel the device has (a private PyTorch entry: the
+    dispatcher's call of one dispatch key's kernel)."""
+    return op._op_dk(_GENERIC, *args)
+
+
+def check_shapes(op, *args):
+    """The op's C++ shape, dtype and option rules, through its Meta kernel on meta copies."""
+    op._op_dk(_META, *[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def fused_kernels_chosen():
+    choice = os.environ.get("CONVNN_CUDA_KERNELS", "fused")
+    if choice not in ("fused", "generic"):
+        raise ValueError(f"CONVNN_CUDA_KERNELS must be 'fused' or 'generic', got '{choice}'")
+    return choice == "fused"
+
+
+def _fused_applies(values, kernel, tensors):
+    return (fused_kernels_chosen() and kernel.dim() == 2 and values.dtype in _FUSED_DTYPES
+            and all(t is None or t.device == values.device for t in tensors)
+            and _device_verified(values.device, values.dtype))
+
+
+def _device_verified(device, dtype):
+    key = (str(device), dtype)
+    if key not in verified:
+        try:
+            failure = first_call_check(device, dtype)
+        except Exception as error:  # a kernel that does not compile or launch on this device
+            failure = f"knn_aggregate ({type(error).__name__}: {error})"
+        verified[key] = failure is None
+        if failure is not None:
+            warnings.warn(f"convnn: the fused Triton kernel {failure} disagrees with the generic path on "
+                          f"{device} ({dtype}); convnn uses the generic path there from now on")
+    return verified[key]
+
+
+def first_call_check(device, dtype):
+    """The name of the first fused kernel whose results differ from the generic path's on a small
+    random input on `device`, or None when all agree."""
+    from . import aggregate
+
+    generator = torch.Generator().manual_seed(0)
+    g, n, m, c, k = 2, 7, 9, 5, 3
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    values, weights, kernel, bias = draw(g, m, c), draw(g, n, k), draw(c, k), draw(c)
+    indices = torch.randint(0, m, (g, n, k), generator=generator).to(device)
+    grad_output = draw(g, n, c)
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
+    fused = aggregate.aggregate_forward(values, weights, indices, kernel, bias)
+    if not torch.allclose(fused.float(), generic(_ops.knn_aggregate.default, values, weights, indices, kernel,
+                                                 bias).float(), **tolerance):
+        return "knn_aggregate (forward)"
+    mask = [True, True, True, True]
+    fused = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, mask)
+    expected = generic(_ops.knn_aggregate_backward.default, grad_output, values, weights, indices, kernel, mask)
+    for name, got, want in zip(("values", "weights", "kernel", "bias"), fused, expected):
+        if not torch.allclose(got.float(), want.float(), **tolerance):
+            return f"knn_aggregate_backward (d {name})"
+    return None
+
+
+def knn_aggregate(values, weights, indices, kernel, bias):
+    if not _fused_applies(values, kernel, (weights, indices, kernel, bias)):
+        return generic(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
+    check_shapes(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
+    from . import aggregate
+
+    return aggregate.aggregate_forward(values.contiguous(), weights.contiguous(), indices.contiguous(),
+                                       kernel.contiguous(), None if bias is None else bias.contiguous())
+
+
+def knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask):
+    if not _fused_applies(values, kernel, (grad_output, weights, indices, kernel)):
+        return generic(_ops.knn_aggregate_backward.default, grad_output, values, weights, indices, kernel,
+                       output_mask)
+    check_shapes(_ops.knn_aggregate_backward.default, grad_output, values, weights, indices, kernel, output_mask)
+    from . import aggregate
+
+    return aggregate.aggregate_backward(grad_output.contiguous(), values.contiguous(), weights.contiguous(),
+                                        indices.contiguous(), kernel.contiguous(), output_mask)
+
+
+def register():
+    """The CUDA kernels of knn_aggregate and its backward. Triton compiles on first use."""
+    torch.library.register_kernel("convnn::knn_aggregate", "cuda", knn_aggregate)
+    torch.library.register_kernel("convnn::knn_aggregate_backward", "cuda", knn_aggregate_backward)

@@ -1,0 +1,189 @@
+"""convnn's Triton kernels (python/convnn/_triton) executed by Triton's CPU interpreter on CPU
+tensors: this project's machines have no GPU, so this is where their logic is proven. Each kernel
+is compared with the device-generic path (the op's CompositeExplicitAutograd kernel) and the fused
+CPU op, in float64 (exact to rounding: the kernels accumulate in float64 there), float32 and
+bfloat16; the backward is bitwise repeatable and passes gradcheck; every output element is written
+and no byte outside a tensor is touched (guard regions); the first-call safety net turns a wrong
+kernel off with one warning. scripts/triton_compile_check.py compiles the same kernels for
+sm_80 and sm_90.
+"""
+import os
+
+import pytest
+
+# Triton's interpreter must be chosen before triton is first imported in the process, so ctest runs
+# this file in a process of its own with TRITON_INTERPRET=1 (python.triton_interpreter in
+# tests/CMakeLists.txt); in the shared pytest run it is skipped.
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run with TRITON_INTERPRET=1 in the environment (ctest: python.triton_interpreter)",
+                allow_module_level=True)
+
+import torch  # noqa: E402
+
+import convnn  # noqa: E402,F401
+from convnn._triton import aggregate, register  # noqa: E402
+
+ops = torch.ops.convnn
+GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
+
+def inputs(dtype, g=2, n=5, m=6, c=4, k=3, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(g, m, c, generator=generator).to(dtype)
+    weights = torch.randn(g, n, k, generator=generator).to(dtype)
+    indices = torch.randint(0, m, (g, n, k), generator=generator)
+    indices[0, 1] = 2  # one row gathered by every slot of a query, and by other queries
+    kernel = torch.randn(c, k, generator=generator).to(dtype)
+    bias = torch.randn(c, generator=generator).to(dtype)
+    return values, weights, indices, kernel, bias
+
+
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_forward_equals_the_generic_path_and_the_fused_cpu_op(dtype, with_bias):
+    values, weights, indices, kernel, bias = inputs(dtype)
+    bias = bias if with_bias else None
+    got = aggregate.aggregate_forward(values, weights, indices, kernel, bias)
+    tolerance = TOLERANCE[dtype]
+    for want in (ops.knn_aggregate.default._op_dk(GENERIC, values, weights, indices, kernel, bias),
+                 ops.knn_aggregate(values, weights, indices, kernel, bias)):
+        torch.testing.assert_close(got.double(), want.double(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+def test_every_gradient_equals_the_generic_path_and_only_the_asked_ones_come_back(dtype):
+    values, weights, indices, kernel, _ = inputs(dtype, seed=1)
+    grad_output = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(2)).to(dtype)
+    everything = [True, True, True, True]
+    got = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, everything)
+    want = ops.knn_aggregate_backward.default._op_dk(GENERIC, grad_output, values, weights, indices, kernel,
+                                                     everything)
+    tolerance = TOLERANCE[dtype]
+    for name, a, b in zip(("values", "weights", "kernel", "bias"), got, want):
+        torch.testing.assert_close(a.double(), b.double(), rtol=tolerance, atol=tolerance, msg=name)
+    only_values = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel,
+                                               [True, False, False, False])
+    assert torch.equal(only_values[0], got[0]) and only_values[1:] == (None, None, None)
+
+
+def test_backward_is_bitwise_repeatable():
+    values, weights, indices, kernel, _ = inputs(torch.float32, g=3, n=9, m=4, seed=3)  # many slots per row
+    grad_output = torch.randn(3, 9, 4, generator=torch.Generator().manual_seed(4))
+    first = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, [True] * 4)
+    second = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, [True] * 4)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+class TritonAggregate(torch.autograd.Function):
+    """The Triton forward and backward as one differentiable function, for gradcheck."""
+
+    @staticmethod
+    def forward(ctx, values, weights, kernel, bias, indices):
+        ctx.save_for_backward(values, weights, kernel, indices)
+        return aggregate.aggregate_forward(values, weights, indices, kernel, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        values, weights, kernel, indices = ctx.saved_tensors
+        grad_values, grad_weights, grad_kernel, grad_bias = aggregate.aggregate_backward(
+            grad_output.contiguous(), values, weights, indices, kernel, [True] * 4)
+        return grad_values, grad_weights, grad_kernel, grad_bias, None
+
+
+def test_gradcheck_in_float64():
+    values, weights, indices, kernel, bias = inputs(torch.float64, n=3, m=4, c=2, seed=5)
+    tensors = [t.requires_grad_() for t in (values, weights, kernel, bias)]
+    assert torch.autograd.gradcheck(lambda v, w, ker, b: TritonAggregate.apply(v, w, ker, b, indices), tensors)
+
+
+def guarded(shape, dtype, fill):
+    """A tensor of `shape` inside a flat buffer with 64 guard elements before and after, all
+    `fill`: (buffer, tensor view)."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    buffer = torch.full((numel + 128,), fill, dtype=dtype)
+    return buffer, buffer[64:64 + numel].view(shape)
+
+
+def test_every_output_element_is_written_once_and_no_guard_byte_changes():
+    """Outputs start as NaN inside guards of a canary value: afterwards no NaN is left (every
+    element written) and every guard still holds the canary. Inputs sit between NaN guards: a read
+    outside a tensor would carry a NaN into the results."""
+    values, weights, indices, kernel, bias = inputs(torch.float32, g=3, n=7, m=5, c=6, k=4, seed=6)
+    placed = []
+    for t in (values, weights, kernel, bias):
+        buffer, view = guarded(t.shape, t.dtype, float("nan"))
+        view.copy_(t)
+        placed.append(view)
+    values, weights, kernel, bias = placed
+    canary = 12345.0
+    output_buffer, output = guarded((3, 7, 6), torch.float32, canary)
+    output.fill_(float("nan"))
+    aggregate._forward_kernel[(aggregate._grid_blocks(21, aggregate.ROWS), aggregate._grid_blocks(6, aggregate.CHANNELS))](
+        values, weights, indices, kernel, bias, output, 21, 7, 5, 6, 4, HAS_BIAS=True,
+        ROWS=aggregate.ROWS, CHANNELS=aggregate.CHANNELS, ACC=aggregate._accumulation(torch.float32))
+    assert not output.isnan().any()
+    assert (output_buffer[:64] == canary).all() and (output_buffer[-64:] == canary).all()
+    torch.testing.assert_close(output, ops.knn_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
+    # The values' gradient through the inverse index, the same way.
+    grad_output = torch.randn(3, 7, 6)
+    order, run_start = aggregate.inverse_index(indices, 5)
+    grad_buffer, grad_values = guarded((3, 5, 6), torch.float32, canary)
+    grad_values.fill_(float("nan"))
+    aggregate._values_gradient_kernel[(15, aggregate._grid_blocks(6, aggregate.CHANNELS))](
+        grad_output, weights, kernel, order, run_start, grad_values, 6, 4,
+        CHANNELS=aggregate.CHANNELS, ACC=aggregate._accumulation(torch.float32))
+    assert not grad_values.isnan().any()
+    assert (grad_buffer[:64] == canary).all() and (grad_buffer[-64:] == canary).all()
+
+
+def test_the_cuda_registration_routes_what_the_kernels_do_not_cover_to_the_generic_path(monkeypatch):
+    """register.knn_aggregate (what a CUDA tensor runs) on CPU tensors: a standard kernel and float64
+    go to the generic path; a depthwise float32 call runs the Triton kernel, after its first-call
+    check; CONVNN_CUDA_KERNELS=generic turns the kernels off."""
+    monkeypatch.setattr(register, "verified", {})
+    values, weights, indices, kernel, bias = inputs(torch.float32, seed=7)
+    standard = torch.randn(3, 4, 3)
+    launched = []
+    monkeypatch.setattr(aggregate, "aggregate_forward",
+                        lambda *args, original=aggregate.aggregate_forward: launched.append(1) or original(*args))
+    torch.testing.assert_close(register.knn_aggregate(values, weights, indices, standard, None),
+                               ops.knn_aggregate(values, weights, indices, standard, None))
+    assert not launched
+    torch.testing.assert_close(register.knn_aggregate(values.double(), weights.double(), indices, kernel.double(), None),
+                               ops.knn_aggregate(values.double(), weights.double(), indices, kernel.double(), None))
+    assert not launched
+    torch.testing.assert_close(register.knn_aggregate(values, weights, indices, kernel, bias),
+                               ops.knn_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
+    assert len(launched) == 2  # the first-call check's and the call's own
+    monkeypatch.setenv("CONVNN_CUDA_KERNELS", "generic")
+    register.knn_aggregate(values, weights, indices, kernel, bias)
+    assert len(launched) == 2
+    # The C++ shape rules, with the C++ message, before any kernel runs.
+    monkeypatch.delenv("CONVNN_CUDA_KERNELS")
+    with pytest.raises(RuntimeError, match="knn_aggregate"):
+        register.knn_aggregate(values, weights[:, :, :2], indices, kernel, bias)
+
+
+def test_a_kernel_that_disagrees_on_first_use_is_turned_off_with_one_warning(monkeypatch):
+    monkeypatch.setattr(register, "verified", {})
+    monkeypatch.setattr(aggregate, "aggregate_forward",
+                        lambda values, weights, indices, kernel, bias: torch.zeros(
+                            values.shape[0], weights.shape[1], values.shape[2], dtype=values.dtype))
+    values, weights, indices, kernel, bias = inputs(torch.float32, seed=8)
+    with pytest.warns(UserWarning, match=r"knn_aggregate \(forward\) disagrees with the generic path"):
+        out = register.knn_aggregate(values, weights, indices, kernel, bias)
+    torch.testing.assert_close(out, ops.knn_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        register.knn_aggregate(values, weights, indices, kernel, bias)
+    assert register.verified == {("cpu", torch.float32): False}
+
+
+def test_the_kernels_are_registered_for_cuda_tensors():
+    for op in (ops.knn_aggregate.default, ops.knn_aggregate_backward.default):
+        assert op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CUDA), op

@@ -1,0 +1,103 @@
+"""Compiles every shipped specialisation of convnn's Triton kernels (python/convnn/_triton) for
+sm_80 and sm_90 without a GPU, and fails on a compile error, a register spill or a shared-memory
+overflow. Registers and spills come from the ptxas that ships inside the triton wheel (`ptxas -v`
+on the kernel's PTX), shared memory from Triton's metadata. Prints a Markdown table
+(BENCHMARKS.md lists it).
+
+    .venv/bin/python scripts/triton_compile_check.py
+"""
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("triton_compile_check: TRITON_INTERPRET=1 is set; unset it to compile for a GPU")
+
+import triton  # noqa: E402
+import triton.compiler  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ARCHITECTURES = {80: ("sm_80", 163 * 1024), 90: ("sm_90a", 227 * 1024)}  # name for ptxas, shared-memory limit
+NUM_WARPS = 4
+POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
+
+
+def load_kernels():
+    spec = importlib.util.spec_from_file_location("convnn_triton_aggregate", REPO / "python/convnn/_triton/aggregate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def specialisations(module):
+    """(kernel name, kernel, signature, constexprs) of every launch the package makes."""
+    blocks = {"ROWS": module.ROWS, "CHANNELS": module.CHANNELS, "ACC": tl.float32}
+    for dtype, pointer in POINTER.items():
+        sizes = {"rows_total": "i32", "n": "i32", "m": "i32", "c": "i32", "k": "i32"}
+        for has_bias in (False, True):
+            yield (f"forward {dtype}{' bias' if has_bias else ''}", module._forward_kernel,
+                   {"values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64", "kernel_ptr": pointer,
+                    "bias_ptr": pointer, "output_ptr": pointer, **sizes},
+                   {"HAS_BIAS": has_bias, **blocks})
+        yield (f"d weights {dtype}", module._weights_gradient_kernel,
+               {"grad_output_ptr": pointer, "values_ptr": pointer, "indices_ptr": "*i64", "kernel_ptr": pointer,
+                "grad_weights_ptr": pointer, **sizes}, blocks)
+        yield (f"d kernel {dtype}", module._kernel_gradient_kernel,
+               {"grad_output_ptr": pointer, "values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64",
+                "grad_kernel_ptr": pointer, **sizes}, blocks)
+        yield (f"d values {dtype}", module._values_gradient_kernel,
+               {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
+                "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "k": "i32"},
+               {"CHANNELS": module.CHANNELS, "ACC": tl.float32})
+
+
+def ptxas_usage(ptx, gpu_name):
+    """(registers, spill bytes) from `ptxas -v`."""
+    ptxas = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+    with tempfile.TemporaryDirectory() as folder:
+        source = pathlib.Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        result = subprocess.run([str(ptxas), "-v", f"--gpu-name={gpu_name}", str(source), "-o",
+                                 str(pathlib.Path(folder) / "kernel.cubin")], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"ptxas failed:\n{result.stderr}")
+    registers = int(re.search(r"Used (\d+) registers", result.stderr).group(1))
+    spills = sum(int(b) for b in re.findall(r"(\d+) bytes spill (?:stores|loads)", result.stderr))
+    return registers, spills
+
+
+def main():
+    module = load_kernels()
+    failures, rows = [], []
+    for name, kernel, signature, constexprs in specialisations(module):
+        for arch, (gpu_name, shared_limit) in ARCHITECTURES.items():
+            target = GPUTarget("cuda", arch, 32)
+            options = triton.compiler.make_backend(target).parse_options({"num_warps": NUM_WARPS})
+            full_signature = {**signature, **{key: "constexpr" for key in constexprs}}
+            try:
+                compiled = triton.compile(triton.compiler.ASTSource(fn=kernel, constexprs=constexprs,
+                                                                    signature=full_signature),
+                                          target=target, options=options.__dict__)
+                registers, spills = ptxas_usage(compiled.asm["ptx"], gpu_name)
+            except Exception as error:  # report every kernel, then fail
+                failures.append(f"{name} sm_{arch}: {type(error).__name__}: {error}")
+                continue
+            shared = compiled.metadata.shared
+            rows.append(f"| {name} | sm_{arch} | {registers} | {spills} | {shared} |")
+            if spills:
+                failures.append(f"{name} sm_{arch}: {spills} bytes of register spills")
+            if shared > shared_limit:
+                failures.append(f"{name} sm_{arch}: {shared} bytes of shared memory, over {shared_limit}")
+    print(f"| kernel | arch | registers | spill bytes | shared bytes |\n|---|---|---|---|---|\n" + "\n".join(rows))
+    if failures:
+        sys.exit("triton_compile_check failed:\n  " + "\n  ".join(failures))
+
+
+if __name__ == "__main__":
+    main()
