@@ -2,7 +2,8 @@
 # convnn as another project sees it: installs the built build/ tree into a scratch prefix, builds
 # the example consumer (examples/cpp) against that prefix alone with find_package(convnn), trains a
 # tiny model with the installed `convnn` command and has the example load its checkpoint, and checks
-# that a consumer of convnn::ops alone pulls none of the image codecs, zlib or nlohmann-json.
+# that a consumer of convnn::ops alone pulls none of the image codecs, zlib or nlohmann-json, that
+# the package refuses another LibTorch, and that the README's consumer lines are the example's.
 # Assumes scripts/setup.sh has built build/. Any failed step stops the run with a message.
 #
 # The prefix and the example's build folder are wiped at every run, but kept at a fixed path under
@@ -37,6 +38,16 @@ mkdir -p "$work"
 log "installing build/ into $prefix"
 quietly "cmake --install build --prefix $prefix" cmake --install "$repo_root/build" --prefix "$prefix"
 [ -f "$prefix/lib/cmake/convnn/convnnConfig.cmake" ] || fail "the install has no lib/cmake/convnn/convnnConfig.cmake"
+
+# The README's consumer lines (its C++ section's cmake block) are the example's, so they cannot rot.
+strip_cmake() { sed 's/#.*//; s/[[:space:]]*$//' | grep -v '^$' || true; }
+mapfile -t readme_lines < <(awk '/^## Using it from C\+\+/ { section = 1 } section && /^```cmake/ { block = 1; next }
+                                 block && /^```/ { exit } block { print }' "$repo_root/README.md" | strip_cmake)
+[ "${#readme_lines[@]}" -ge 3 ] || fail "README.md's C++ section has no cmake block of the consumer's lines"
+example_lines="$(strip_cmake <"$repo_root/examples/cpp/CMakeLists.txt")"
+for line in "${readme_lines[@]}"; do
+  grep -qxF "$line" <<<"$example_lines" || fail "README.md's consumer line '$line' is not in examples/cpp/CMakeLists.txt"
+done
 
 log "configuring examples/cpp against the prefix"
 quietly "configuring examples/cpp with find_package(convnn)" \
