@@ -125,7 +125,8 @@ if cmake -S "$work/mismatch" -B "$work/mismatch/build" \
     -DCMAKE_PREFIX_PATH="$prefix;$work/other-torch" >"$work/step.log" 2>&1; then
   fail "find_package(convnn) accepted LibTorch $other_torch (built against $built_torch)"
 fi
-tr -s ' \n' ' ' <"$work/step.log" | grep -q "built against LibTorch $built_torch, but find_package(Torch) found LibTorch $other_torch" || {
+refusal="$(tr -s ' \n' ' ' <"$work/step.log")"  # CMake wraps the message's lines
+grep -q "built against LibTorch $built_torch, but find_package(Torch) found LibTorch $other_torch" <<<"$refusal" || {
   cat "$work/step.log" >&2
   fail "find_package(convnn) refused LibTorch $other_torch without naming both versions"
 }
