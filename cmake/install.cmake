@@ -20,11 +20,7 @@ install(TARGETS ${convnn_libraries} EXPORT convnnTargets
 install(DIRECTORY include/convnn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
 install(FILES "${PROJECT_BINARY_DIR}/include/convnn/version.h" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/convnn)
 
-# The command: its libraries are in ../lib (relative, so the prefix can move), LibTorch where it was
-# linked (as for the libraries, src/CMakeLists.txt).
-file(RELATIVE_PATH convnn_bin_to_lib "${CMAKE_INSTALL_FULL_BINDIR}" "${CMAKE_INSTALL_FULL_LIBDIR}")
-set_target_properties(convnn_cli PROPERTIES INSTALL_RPATH "$ORIGIN/${convnn_bin_to_lib};${CONVNN_TORCH_LIBRARY_DIR}")
-install(TARGETS convnn_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The command's install rule is beside it, in apps/convnn/CMakeLists.txt.
 
 install(FILES README.md RESULTS.md BENCHMARKS.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR})
