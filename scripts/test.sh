@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, and runs every C++ and Python test, then
 # the op and identity tests once more on the generic (non-AVX2) kernels and once more through the
-# device-generic path, then the op, nn, data and train tests under AddressSanitizer and
+# device-generic path, then installs convnn and builds the example consumer against it
+# (scripts/install-check.sh), then the op, nn, data and train tests under AddressSanitizer and
 # UndefinedBehaviorSanitizer, then the fuzz targets of the file readers.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +29,10 @@ CONVNN_CPU_KERNELS=generic ctest --output-on-failure --parallel "$cores" -R "^($
 # error, a register spill or a shared-memory overflow fails the run (their logic runs under Triton's
 # interpreter in ctest's python.triton_interpreter).
 "$repo_root/.venv/bin/python" "$repo_root/scripts/triton_compile_check.py" > /dev/null
+# convnn as a dependency: install build/ into a scratch prefix, build examples/cpp against it with
+# find_package(convnn), run it on a checkpoint of the installed `convnn train`, and check that
+# convnn::ops alone pulls no image codec, zlib or nlohmann-json.
+bash "$repo_root/scripts/install-check.sh"
 # The op, nn, data and train tests under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
 # build folder (about a minute with ccache warm, about 20 the first time).
 bash "$repo_root/scripts/sanitize.sh"
