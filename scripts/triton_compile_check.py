@@ -55,6 +55,22 @@ def specialisations(module):
                {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
                 "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "k": "i32"},
                {"CHANNELS": module.CHANNELS, "ACC": tl.float32})
+        standard_sizes = {"rows_total": "i32", "n": "i32", "m": "i32", "c": "i32", "c_out": "i32", "k": "i32"}
+        for has_bias in (False, True):
+            yield (f"standard forward {dtype}{' bias' if has_bias else ''}", module._standard_forward_kernel,
+                   {"values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64", "kernel_ptr": pointer,
+                    "bias_ptr": pointer, "output_ptr": pointer, **standard_sizes},
+                   {"HAS_BIAS": has_bias, **blocks})
+        yield (f"standard d weights {dtype}", module._standard_weights_gradient_kernel,
+               {"grad_output_ptr": pointer, "values_ptr": pointer, "indices_ptr": "*i64", "kernel_ptr": pointer,
+                "grad_weights_ptr": pointer, **standard_sizes}, blocks)
+        yield (f"standard d kernel {dtype}", module._standard_kernel_gradient_kernel,
+               {"grad_output_ptr": pointer, "values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64",
+                "grad_kernel_ptr": pointer, **standard_sizes}, blocks)
+        yield (f"standard d values {dtype}", module._standard_values_gradient_kernel,
+               {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
+                "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "c_out": "i32", "k": "i32"},
+               {"CHANNELS": module.CHANNELS, "ACC": tl.float32})
 
 
 def ptxas_usage(ptx, gpu_name):

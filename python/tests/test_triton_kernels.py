@@ -26,24 +26,30 @@ from convnn._triton import aggregate, register  # noqa: E402
 ops = torch.ops.convnn
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 
-def inputs(dtype, g=2, n=5, m=6, c=4, k=3, seed=0):
+def inputs(dtype, g=2, n=5, m=6, c=4, k=3, seed=0, kind="depthwise"):
+    """Depthwise kernel [C,K], or standard [C+3,C,K] (more output than input channels)."""
     generator = torch.Generator().manual_seed(seed)
     values = torch.randn(g, m, c, generator=generator).to(dtype)
     weights = torch.randn(g, n, k, generator=generator).to(dtype)
     indices = torch.randint(0, m, (g, n, k), generator=generator)
     indices[0, 1] = 2  # one row gathered by every slot of a query, and by other queries
-    kernel = torch.randn(c, k, generator=generator).to(dtype)
-    bias = torch.randn(c, generator=generator).to(dtype)
+    shape = (c, k) if kind == "depthwise" else (c + 3, c, k)
+    kernel = torch.randn(*shape, generator=generator).to(dtype)
+    bias = torch.randn(shape[0], generator=generator).to(dtype)
     return values, weights, indices, kernel, bias
+
+
+KINDS = ["depthwise", "standard"]
 
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_forward_equals_the_generic_path_and_the_fused_cpu_op(dtype, with_bias):
-    values, weights, indices, kernel, bias = inputs(dtype)
+def test_forward_equals_the_generic_path_and_the_fused_cpu_op(kind, dtype, with_bias):
+    values, weights, indices, kernel, bias = inputs(dtype, kind=kind)
     bias = bias if with_bias else None
     got = aggregate.aggregate_forward(values, weights, indices, kernel, bias)
     tolerance = TOLERANCE[dtype]
@@ -52,10 +58,11 @@ def test_forward_equals_the_generic_path_and_the_fused_cpu_op(dtype, with_bias):
         torch.testing.assert_close(got.double(), want.double(), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
-def test_every_gradient_equals_the_generic_path_and_only_the_asked_ones_come_back(dtype):
-    values, weights, indices, kernel, _ = inputs(dtype, seed=1)
-    grad_output = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(2)).to(dtype)
+def test_every_gradient_equals_the_generic_path_and_only_the_asked_ones_come_back(kind, dtype):
+    values, weights, indices, kernel, _ = inputs(dtype, seed=1, kind=kind)
+    grad_output = torch.randn(2, 5, kernel.shape[0], generator=torch.Generator().manual_seed(2)).to(dtype)
     everything = [True, True, True, True]
     got = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, everything)
     want = ops.knn_aggregate_backward.default._op_dk(GENERIC, grad_output, values, weights, indices, kernel,
@@ -68,9 +75,10 @@ def test_every_gradient_equals_the_generic_path_and_only_the_asked_ones_come_bac
     assert torch.equal(only_values[0], got[0]) and only_values[1:] == (None, None, None)
 
 
-def test_backward_is_bitwise_repeatable():
-    values, weights, indices, kernel, _ = inputs(torch.float32, g=3, n=9, m=4, seed=3)  # many slots per row
-    grad_output = torch.randn(3, 9, 4, generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward_is_bitwise_repeatable(kind):
+    values, weights, indices, kernel, _ = inputs(torch.float32, g=3, n=9, m=4, seed=3, kind=kind)  # many slots per row
+    grad_output = torch.randn(3, 9, kernel.shape[0], generator=torch.Generator().manual_seed(4))
     first = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, [True] * 4)
     second = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, [True] * 4)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
@@ -92,8 +100,9 @@ class TritonAggregate(torch.autograd.Function):
         return grad_values, grad_weights, grad_kernel, grad_bias, None
 
 
-def test_gradcheck_in_float64():
-    values, weights, indices, kernel, bias = inputs(torch.float64, n=3, m=4, c=2, seed=5)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck_in_float64(kind):
+    values, weights, indices, kernel, bias = inputs(torch.float64, n=3, m=4, c=2, seed=5, kind=kind)
     tensors = [t.requires_grad_() for t in (values, weights, kernel, bias)]
     assert torch.autograd.gradcheck(lambda v, w, ker, b: TritonAggregate.apply(v, w, ker, b, indices), tensors)
 
@@ -141,27 +150,27 @@ def test_every_output_element_is_written_once_and_no_guard_byte_changes():
 
 
 def test_the_cuda_registration_routes_what_the_kernels_do_not_cover_to_the_generic_path(monkeypatch):
-    """register.knn_aggregate (what a CUDA tensor runs) on CPU tensors: a standard kernel and float64
-    go to the generic path; a depthwise float32 call runs the Triton kernel, after its first-call
-    check; CONVNN_CUDA_KERNELS=generic turns the kernels off."""
+    """register.knn_aggregate (what a CUDA tensor runs) on CPU tensors: float64 and mixed devices go
+    to the generic path; a float32 call runs the Triton kernel (depthwise or standard), after the
+    first-call check; CONVNN_CUDA_KERNELS=generic turns the kernels off."""
     monkeypatch.setattr(register, "verified", {})
     values, weights, indices, kernel, bias = inputs(torch.float32, seed=7)
     standard = torch.randn(3, 4, 3)
     launched = []
     monkeypatch.setattr(aggregate, "aggregate_forward",
                         lambda *args, original=aggregate.aggregate_forward: launched.append(1) or original(*args))
-    torch.testing.assert_close(register.knn_aggregate(values, weights, indices, standard, None),
-                               ops.knn_aggregate(values, weights, indices, standard, None))
-    assert not launched
     torch.testing.assert_close(register.knn_aggregate(values.double(), weights.double(), indices, kernel.double(), None),
                                ops.knn_aggregate(values.double(), weights.double(), indices, kernel.double(), None))
     assert not launched
     torch.testing.assert_close(register.knn_aggregate(values, weights, indices, kernel, bias),
                                ops.knn_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
-    assert len(launched) == 2  # the first-call check's and the call's own
+    assert len(launched) == 3  # the first-call check's two (depthwise, standard) and the call's own
+    torch.testing.assert_close(register.knn_aggregate(values, weights, indices, standard, None),
+                               ops.knn_aggregate(values, weights, indices, standard, None), rtol=1e-5, atol=1e-5)
+    assert len(launched) == 4
     monkeypatch.setenv("CONVNN_CUDA_KERNELS", "generic")
     register.knn_aggregate(values, weights, indices, kernel, bias)
-    assert len(launched) == 2
+    assert len(launched) == 4
     # The C++ shape rules, with the C++ message, before any kernel runs.
     monkeypatch.delenv("CONVNN_CUDA_KERNELS")
     with pytest.raises(RuntimeError, match="knn_aggregate"):
@@ -174,7 +183,7 @@ def test_a_kernel_that_disagrees_on_first_use_is_turned_off_with_one_warning(mon
                         lambda values, weights, indices, kernel, bias: torch.zeros(
                             values.shape[0], weights.shape[1], values.shape[2], dtype=values.dtype))
     values, weights, indices, kernel, bias = inputs(torch.float32, seed=8)
-    with pytest.warns(UserWarning, match=r"knn_aggregate \(forward\) disagrees with the generic path"):
+    with pytest.warns(UserWarning, match=r"knn_aggregate \(depthwise, forward\) disagrees with the generic path"):
         out = register.knn_aggregate(values, weights, indices, kernel, bias)
     torch.testing.assert_close(out, ops.knn_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
     import warnings

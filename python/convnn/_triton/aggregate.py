@@ -1,8 +1,9 @@
-"""Fused GPU kernels of the depthwise knn_aggregate, in Triton (issue 25, first kernels).
+"""Fused GPU kernels of knn_aggregate, in Triton (issue 25, first kernels): depthwise,
 
-    output[g, i, c] = sum_k weights[g, i, k] * values[g, indices[g, i, k], c] * kernel[c, k] + bias[c]
+    output[g, i, c] = sum_k weights[g, i, k] * values[g, indices[g, i, k], c] * kernel[c, k] + bias[c],
 
-and its backward. Written so that what Triton's CPU interpreter (TRITON_INTERPRET=1, which the
+and standard (kernel [C', C, K], the matrix products by tl.dot in IEEE float32: the neighbours are
+weighted exactly as on the CPU, not in TF32), and their backward. Written so that what Triton's CPU interpreter (TRITON_INTERPRET=1, which the
 tests use on this project's GPU-less machines) cannot check cannot happen on a GPU:
 - every output element is written by exactly one program instance, no atomics, no communication
   between programs: the gradients of the values go through an inverse index (the slots sorted
@@ -128,6 +129,140 @@ def _values_gradient_kernel(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr,
              mask=channel_ok)
 
 
+@triton.jit
+def _standard_forward_kernel(values_ptr, weights_ptr, indices_ptr, kernel_ptr, bias_ptr, output_ptr,
+                             rows_total, n, m, c, c_out, k, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
+                             CHANNELS: tl.constexpr, ACC: tl.constexpr):
+    """output[row, o] = sum_k sum_c w[row, k] * values[slice, index, c] * kernel[o, c, k] (+ bias[o]):
+    one program per block of rows and block of output channels; the input channels in blocks, each
+    a matrix product of the weighted neighbourhoods [ROWS, CHANNELS] with the slot's kernel tile."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    outs = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
+    row_ok = rows < rows_total
+    out_ok = outs < c_out
+    slice_start = (rows // n).to(tl.int64) * m
+    acc = tl.zeros([ROWS, CHANNELS], dtype=ACC)
+    slot = 0
+    while slot < k:
+        index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
+        weight = tl.load(weights_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0.0).to(ACC)
+        first = 0
+        while first < c:
+            ins = first + tl.arange(0, CHANNELS)
+            in_ok = ins < c
+            neighbour = tl.load(values_ptr + (slice_start + index)[:, None] * c + ins[None, :],
+                                mask=row_ok[:, None] & in_ok[None, :], other=0.0).to(ACC)
+            taps = tl.load(kernel_ptr + outs[None, :].to(tl.int64) * c * k + ins[:, None] * k + slot,
+                           mask=in_ok[:, None] & out_ok[None, :], other=0.0).to(ACC)
+            acc += tl.dot(neighbour * weight[:, None], taps, input_precision="ieee")
+            first += CHANNELS
+        slot += 1
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + outs, mask=out_ok, other=0.0).to(ACC)[None, :]
+    tl.store(output_ptr + rows.to(tl.int64)[:, None] * c_out + outs[None, :], acc.to(output_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & out_ok[None, :])
+
+
+@triton.jit
+def _standard_through_kernel(grad_output_ptr, kernel_ptr, rows, row_ok, ins, in_ok, slot, c, c_out, k,
+                             ROWS: tl.constexpr, CHANNELS: tl.constexpr, ACC: tl.constexpr):
+    """[ROWS, CHANNELS]: dy pulled back through the slot's kernel, sum_o dy[row, o] * kernel[o, c, slot]."""
+    pulled = tl.zeros([ROWS, CHANNELS], dtype=ACC)
+    first = 0
+    while first < c_out:
+        outs = first + tl.arange(0, CHANNELS)
+        out_ok = outs < c_out
+        dy = tl.load(grad_output_ptr + rows.to(tl.int64)[:, None] * c_out + outs[None, :],
+                     mask=row_ok[:, None] & out_ok[None, :], other=0.0).to(ACC)
+        taps = tl.load(kernel_ptr + outs[:, None].to(tl.int64) * c * k + ins[None, :] * k + slot,
+                       mask=out_ok[:, None] & in_ok[None, :], other=0.0).to(ACC)
+        pulled += tl.dot(dy, taps, input_precision="ieee")
+        first += CHANNELS
+    return pulled
+
+
+@triton.jit
+def _standard_weights_gradient_kernel(grad_output_ptr, values_ptr, indices_ptr, kernel_ptr, grad_weights_ptr,
+                                      rows_total, n, m, c, c_out, k, ROWS: tl.constexpr, CHANNELS: tl.constexpr,
+                                      ACC: tl.constexpr):
+    """grad_weights[row, slot] = sum_c values[slice, index, c] * sum_o dy[row, o] * kernel[o, c, slot]."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    slot = tl.program_id(1)
+    row_ok = rows < rows_total
+    slice_start = (rows // n).to(tl.int64) * m
+    index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
+    acc = tl.zeros([ROWS], dtype=ACC)
+    first = 0
+    while first < c:
+        ins = first + tl.arange(0, CHANNELS)
+        in_ok = ins < c
+        pulled = _standard_through_kernel(grad_output_ptr, kernel_ptr, rows, row_ok, ins, in_ok, slot, c, c_out, k,
+                                          ROWS, CHANNELS, ACC)
+        neighbour = tl.load(values_ptr + (slice_start + index)[:, None] * c + ins[None, :],
+                            mask=row_ok[:, None] & in_ok[None, :], other=0.0).to(ACC)
+        acc += tl.sum(pulled * neighbour, axis=1)
+        first += CHANNELS
+    tl.store(grad_weights_ptr + rows.to(tl.int64) * k + slot, acc.to(grad_weights_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _standard_kernel_gradient_kernel(grad_output_ptr, values_ptr, weights_ptr, indices_ptr, grad_kernel_ptr,
+                                     rows_total, n, m, c, c_out, k, ROWS: tl.constexpr, CHANNELS: tl.constexpr,
+                                     ACC: tl.constexpr):
+    """grad_kernel[o, c, slot] = sum over rows of dy[row, o] * w[row, slot] * values[slice, index, c]: one
+    program per block of output and input channels and one slot, every row block in order."""
+    outs = tl.program_id(0) * CHANNELS + tl.arange(0, CHANNELS)
+    ins = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
+    slot = tl.program_id(2)
+    out_ok = outs < c_out
+    in_ok = ins < c
+    acc = tl.zeros([CHANNELS, CHANNELS], dtype=ACC)
+    first = 0
+    while first < rows_total:
+        rows = first + tl.arange(0, ROWS)
+        row_ok = rows < rows_total
+        slice_start = (rows // n).to(tl.int64) * m
+        index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
+        weight = tl.load(weights_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0.0).to(ACC)
+        neighbour = tl.load(values_ptr + (slice_start + index)[:, None] * c + ins[None, :],
+                            mask=row_ok[:, None] & in_ok[None, :], other=0.0).to(ACC)
+        dy = tl.load(grad_output_ptr + rows.to(tl.int64)[:, None] * c_out + outs[None, :],
+                     mask=row_ok[:, None] & out_ok[None, :], other=0.0).to(ACC)
+        acc += tl.dot(tl.trans(dy), neighbour * weight[:, None], input_precision="ieee")
+        first += ROWS
+    tl.store(grad_kernel_ptr + outs[:, None].to(tl.int64) * c * k + ins[None, :] * k + slot,
+             acc.to(grad_kernel_ptr.dtype.element_ty), mask=out_ok[:, None] & in_ok[None, :])
+
+
+@triton.jit
+def _standard_values_gradient_kernel(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, run_start_ptr,
+                                     grad_values_ptr, c, c_out, k, CHANNELS: tl.constexpr, ACC: tl.constexpr):
+    """grad_values[slice, row, c] = sum over the slots that read this row, in slot order, of
+    w[slot] * sum_o dy[slot // k, o] * kernel[o, c, slot % k]."""
+    value_row = tl.program_id(0)
+    ins = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
+    in_ok = ins < c
+    position = tl.load(run_start_ptr + value_row)
+    end = tl.load(run_start_ptr + value_row + 1)
+    acc = tl.zeros([CHANNELS], dtype=ACC)
+    while position < end:
+        slot_index = tl.load(order_ptr + position)
+        query_row = slot_index // k
+        slot = slot_index % k
+        weight = tl.load(weights_ptr + slot_index).to(ACC)
+        first = 0
+        while first < c_out:
+            outs = first + tl.arange(0, CHANNELS)
+            out_ok = outs < c_out
+            dy = tl.load(grad_output_ptr + query_row * c_out + outs, mask=out_ok, other=0.0).to(ACC)
+            taps = tl.load(kernel_ptr + outs[:, None].to(tl.int64) * c * k + ins[None, :] * k + slot,
+                           mask=out_ok[:, None] & in_ok[None, :], other=0.0).to(ACC)
+            acc += weight * tl.sum(dy[:, None] * taps, axis=0)
+            first += CHANNELS
+        position += 1
+    tl.store(grad_values_ptr + value_row.to(tl.int64) * c + ins, acc.to(grad_values_ptr.dtype.element_ty), mask=in_ok)
+
+
 def _accumulation(dtype):
     """float32 for float32, bfloat16 and float16; float64 for float64 (what the tests check with)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
@@ -138,15 +273,23 @@ def _grid_blocks(total, block):
 
 
 def aggregate_forward(values, weights, indices, kernel, bias):
-    """values [G,M,C], weights and indices [G,N,K], kernel [C,K], bias [C] or None: contiguous."""
+    """values [G,M,C], weights and indices [G,N,K], kernel depthwise [C,K] or standard [C',C,K],
+    bias [C'] or None: contiguous."""
     g, m, c = values.shape
     n, k = weights.shape[1], weights.shape[2]
-    output = torch.empty((g, n, c), dtype=values.dtype, device=values.device)
-    if output.numel() == 0:
+    standard = kernel.dim() == 3
+    c_out = kernel.shape[0] if standard else c
+    output = torch.empty((g, n, c_out), dtype=values.dtype, device=values.device)
+    if output.numel() == 0 or c == 0:
         return output.copy_(bias.expand_as(output)) if bias is not None else output.zero_()
-    grid = (_grid_blocks(g * n, ROWS), _grid_blocks(c, CHANNELS))
-    _forward_kernel[grid](values, weights, indices, kernel, bias if bias is not None else values, output,
-                          g * n, n, m, c, k, HAS_BIAS=bias is not None, ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+    grid = (_grid_blocks(g * n, ROWS), _grid_blocks(c_out, CHANNELS))
+    common = dict(HAS_BIAS=bias is not None, ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+    bias_or_any = bias if bias is not None else values  # not read without HAS_BIAS
+    if standard:
+        _standard_forward_kernel[grid](values, weights, indices, kernel, bias_or_any, output,
+                                       g * n, n, m, c, c_out, k, **common)
+    else:
+        _forward_kernel[grid](values, weights, indices, kernel, bias_or_any, output, g * n, n, m, c, k, **common)
     return output
 
 
@@ -163,30 +306,40 @@ def inverse_index(indices, m):
 
 def aggregate_backward(grad_output, values, weights, indices, kernel, output_mask):
     """(grad_values, grad_weights, grad_kernel, grad_bias) as convnn::knn_aggregate_backward, the
-    ones output_mask does not ask for None. Inputs contiguous; kernel depthwise [C,K]."""
+    ones output_mask does not ask for None. Inputs contiguous; kernel [C,K] or [C',C,K]."""
     want_values, want_weights, want_kernel, want_bias = output_mask
     g, m, c = values.shape
     n, k = weights.shape[1], weights.shape[2]
+    standard = kernel.dim() == 3
+    c_out = kernel.shape[0] if standard else c
+    sizes = (c, c_out, k) if standard else (c, k)
     rows_total = g * n
+    blocks = dict(ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
     grad_values = grad_weights = grad_kernel = grad_bias = None
     if want_values:
         grad_values = torch.empty_like(values)
         if grad_values.numel():
             order, run_start = inverse_index(indices, m)
-            _values_gradient_kernel[(g * m, _grid_blocks(c, CHANNELS))](
-                grad_output, weights, kernel, order, run_start, grad_values, c, k, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+            launch = _standard_values_gradient_kernel if standard else _values_gradient_kernel
+            launch[(g * m, _grid_blocks(c, CHANNELS))](grad_output, weights, kernel, order, run_start, grad_values,
+                                                       *sizes, CHANNELS=CHANNELS, ACC=blocks["ACC"])
     if want_weights:
         grad_weights = torch.zeros_like(weights)
-        if grad_weights.numel() and c:
-            _weights_gradient_kernel[(_grid_blocks(rows_total, ROWS), k)](
-                grad_output, values, indices, kernel, grad_weights, rows_total, n, m, c, k,
-                ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+        if grad_weights.numel() and c and c_out:
+            launch = _standard_weights_gradient_kernel if standard else _weights_gradient_kernel
+            launch[(_grid_blocks(rows_total, ROWS), k)](grad_output, values, indices, kernel, grad_weights,
+                                                        rows_total, n, m, *sizes, **blocks)
     if want_kernel:
         grad_kernel = torch.zeros_like(kernel)
         if grad_kernel.numel() and rows_total:
-            _kernel_gradient_kernel[(_grid_blocks(c, CHANNELS), k)](
-                grad_output, values, weights, indices, grad_kernel, rows_total, n, m, c, k,
-                ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
+            if standard:
+                grid = (_grid_blocks(c_out, CHANNELS), _grid_blocks(c, CHANNELS), k)
+                _standard_kernel_gradient_kernel[grid](grad_output, values, weights, indices, grad_kernel,
+                                                       rows_total, n, m, *sizes, **blocks)
+            else:
+                _kernel_gradient_kernel[(_grid_blocks(c, CHANNELS), k)](grad_output, values, weights, indices,
+                                                                        grad_kernel, rows_total, n, m, *sizes,
+                                                                        **blocks)
     if want_bias:
         grad_bias = grad_output.sum((0, 1))
     return grad_values, grad_weights, grad_kernel, grad_bias

@@ -1,7 +1,7 @@
 """The Triton kernels as the CUDA kernels of the core ops, registered from Python (issue 25 §3's
 Python route): on a CUDA tensor, torch.ops.convnn.knn_aggregate and knn_aggregate_backward run
-python/convnn/_triton/aggregate.py where it applies (a depthwise kernel; float32, bfloat16 or
-float16; every tensor on the values' device) and the device-generic path (the op's
+python/convnn/_triton/aggregate.py where it applies (float32, bfloat16 or float16; every tensor on
+the values' device; depthwise and standard kernels) and the device-generic path (the op's
 CompositeExplicitAutograd kernel, src/ops/generic) everywhere else, so no legal input is refused.
 The op's C++ shape rules run first, through its Meta kernel on meta copies, with the C++ messages.
 
@@ -43,8 +43,8 @@ def fused_kernels_chosen():
     return choice == "fused"
 
 
-def _fused_applies(values, kernel, tensors):
-    return (fused_kernels_chosen() and kernel.dim() == 2 and values.dtype in _FUSED_DTYPES
+def _fused_applies(values, tensors):
+    return (fused_kernels_chosen() and values.dtype in _FUSED_DTYPES
             and all(t is None or t.device == values.device for t in tensors)
             and _device_verified(values.device, values.dtype))
 
@@ -74,25 +74,26 @@ def first_call_check(device, dtype):
     def draw(*shape):
         return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
 
-    values, weights, kernel, bias = draw(g, m, c), draw(g, n, k), draw(c, k), draw(c)
+    values, weights = draw(g, m, c), draw(g, n, k)
     indices = torch.randint(0, m, (g, n, k), generator=generator).to(device)
-    grad_output = draw(g, n, c)
     tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
-    fused = aggregate.aggregate_forward(values, weights, indices, kernel, bias)
-    if not torch.allclose(fused.float(), generic(_ops.knn_aggregate.default, values, weights, indices, kernel,
-                                                 bias).float(), **tolerance):
-        return "knn_aggregate (forward)"
-    mask = [True, True, True, True]
-    fused = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, mask)
-    expected = generic(_ops.knn_aggregate_backward.default, grad_output, values, weights, indices, kernel, mask)
-    for name, got, want in zip(("values", "weights", "kernel", "bias"), fused, expected):
-        if not torch.allclose(got.float(), want.float(), **tolerance):
-            return f"knn_aggregate_backward (d {name})"
+    for kind, kernel in (("depthwise", draw(c, k)), ("standard", draw(c + 2, c, k))):
+        bias, grad_output = draw(kernel.shape[0]), draw(g, n, kernel.shape[0])
+        fused = aggregate.aggregate_forward(values, weights, indices, kernel, bias)
+        expected = generic(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
+        if not torch.allclose(fused.float(), expected.float(), **tolerance):
+            return f"knn_aggregate ({kind}, forward)"
+        mask = [True, True, True, True]
+        fused = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, mask)
+        expected = generic(_ops.knn_aggregate_backward.default, grad_output, values, weights, indices, kernel, mask)
+        for name, got, want in zip(("values", "weights", "kernel", "bias"), fused, expected):
+            if not torch.allclose(got.float(), want.float(), **tolerance):
+                return f"knn_aggregate_backward ({kind}, d {name})"
     return None
 
 
 def knn_aggregate(values, weights, indices, kernel, bias):
-    if not _fused_applies(values, kernel, (weights, indices, kernel, bias)):
+    if not _fused_applies(values, (weights, indices, kernel, bias)):
         return generic(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
     check_shapes(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
     from . import aggregate
@@ -102,7 +103,7 @@ def knn_aggregate(values, weights, indices, kernel, bias):
 
 
 def knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask):
-    if not _fused_applies(values, kernel, (grad_output, weights, indices, kernel)):
+    if not _fused_applies(values, (grad_output, weights, indices, kernel)):
         return generic(_ops.knn_aggregate_backward.default, grad_output, values, weights, indices, kernel,
                        output_mask)
     check_shapes(_ops.knn_aggregate_backward.default, grad_output, values, weights, indices, kernel, output_mask)
