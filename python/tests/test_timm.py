@@ -1,6 +1,7 @@
 """convnn.nn.ConvNNAttention as the attention layer of timm's VisionTransformer: timm's Block
 builds it with its own arguments (checked against the pinned timm), each honoured or refused with
 a clear error, and calls it with attn_mask / is_causal."""
+import copy
 import inspect
 
 import pytest
@@ -87,3 +88,19 @@ def test_the_convnn_models_are_in_timms_registry():
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="no pretrained weights"):
         timm.create_model("convnn_resnet18", pretrained=True)
+
+
+def test_a_timm_model_built_with_with_options_is_saved_and_loaded_whole(tmp_path):
+    """torch.save(model) of the README's timm recipe: with_options' subclass exists only in this
+    process, so its layers pickle as ConvNNAttention, with their options (before: PicklingError)."""
+    torch.manual_seed(4)
+    vit = timm.models.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4,
+                                        num_classes=3, attn_layer=ConvNNAttention.with_options(k=9, similarity="cosine"))
+    torch.save(vit, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.equal(loaded.eval()(x), vit.eval()(x))
+    attn = loaded.blocks[0].attn
+    assert type(attn) is ConvNNAttention and attn.options["k"] == 9 and attn.options["similarity"] == "cosine"
+    copied = copy.deepcopy(vit)
+    assert torch.equal(copied(x), vit(x))

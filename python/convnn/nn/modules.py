@@ -105,6 +105,11 @@ class _ConvNNLayer(nn.Module):
         return ", ".join(shown)
 
 
+def _new_layer(cls):
+    """An empty layer of `cls` that unpickling fills with its state."""
+    return cls.__new__(cls)
+
+
 def _with_signature(cls):
     """Gives the class the C++ options as its constructor signature (help(), IDEs)."""
     fields = layer_fields(cls._layer)
@@ -170,8 +175,18 @@ class ConvNNAttention(_ConvNNLayer):
 
     @classmethod
     def with_options(cls, **options):
-        """A subclass whose constructor has these options fixed (e.g. k), for timm's attn_layer."""
+        """A subclass whose constructor has these options fixed (e.g. k), for timm's attn_layer
+        (timm wants a class). Its layers pickle as ConvNNAttention (see __reduce_ex__)."""
         return type(cls.__name__, (cls,), {"_bound": {**cls._bound, **options}, "__module__": cls.__module__})
+
+    def __reduce_ex__(self, protocol):
+        # A with_options subclass exists only in the process that made it, so pickle (torch.save of
+        # a whole model) could not find it by name; its layers pickle as the named class they
+        # derive from: the options are in the layer's state already.
+        reduced = super().__reduce_ex__(protocol)
+        if type(self) is ConvNNAttention:
+            return reduced
+        return (_new_layer, (ConvNNAttention,), *reduced[2:])
 
     def forward(self, x, attn_mask=None, is_causal=False):
         """attn_mask: an optional [N, N] mask, bool (True = may be selected, as in
