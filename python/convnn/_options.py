@@ -7,6 +7,7 @@ them. Options travel back to C++ as "name=value" texts, which C++ parses and val
 import functools
 import inspect
 import keyword
+import numbers
 
 import torch
 
@@ -17,6 +18,25 @@ _PARSERS = {
     "bool": lambda text: text == "true",
     "str": str,
 }
+
+
+_TYPE_NAMES = {"int": "an integer", "int?": "an integer or None", "float": "a number", "bool": "True or False",
+               "str": "a string"}
+
+
+def _has_type(value, kind):
+    """Whether a Python value fits a C++ field of this type (bool is not taken for a number; a
+    SymInt or SymFloat, which torch.compile passes, is)."""
+    integral = isinstance(value, (numbers.Integral, torch.SymInt)) and not isinstance(value, bool)
+    if kind == "int":
+        return integral
+    if kind == "int?":
+        return value is None or integral
+    if kind == "float":
+        return integral or isinstance(value, (numbers.Real, torch.SymFloat))
+    if kind == "bool":
+        return isinstance(value, bool)
+    return isinstance(value, str)
 
 
 def _text(value):
@@ -57,12 +77,22 @@ class OptionFields:
         return inspect.Signature(params)
 
     def bind(self, where, args, kwargs):
-        """The complete options from a call's arguments, with the defaults filled in."""
+        """The complete options from a call's arguments, with the defaults filled in. An unknown
+        keyword is named before any missing one (ConvNN2d(8, 8, kernel_size=3) is told that
+        kernel_size is not an option, not that k is missing), and each value must have its C++
+        field's type (ConvNN2d(8, 8, "9") is refused, not stored as k="9")."""
+        unknown = [name for name in kwargs if name not in self.cpp_names]
+        if unknown:
+            raise TypeError(f"{where}: {unknown[0]} is not an option; its options are {', '.join(self.names)}")
         try:
             bound = self.signature().bind(*args, **kwargs)
         except TypeError as error:
             raise TypeError(f"{where}: {error}; its options are {', '.join(self.names)}") from None
         bound.apply_defaults()
+        for name, value in bound.arguments.items():
+            if not _has_type(value, self.types[name]):
+                raise TypeError(f"{where}: option {name} must be {_TYPE_NAMES[self.types[name]]}, "
+                                f"got {value!r} ({type(value).__name__})")
         return dict(bound.arguments)
 
     def from_texts(self, texts):

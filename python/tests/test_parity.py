@@ -93,14 +93,23 @@ def test_options_are_the_cpp_ones_with_clear_errors():
     assert ConvNN2d(4, 8, 9).options["similarity"] == "cosine"
     assert ConvNNAttention(8, 2, 3).options["similarity"] == "scaled_dot"
     assert BranchingConv2d(4, 8).options["padding"] == 1  # the branching layer's own default
-    with pytest.raises(TypeError, match="unexpected keyword argument 'paddin'"):
+    with pytest.raises(TypeError, match="ConvNN2d: paddin is not an option; its options are in_channels"):
         ConvNN2d(4, 8, 9, paddin=1)
+    # An unknown keyword is named before a missing option (it was "missing a required argument: 'k'").
+    with pytest.raises(TypeError, match="ConvNN2d: kernel_size is not an option"):
+        ConvNN2d(8, 8, kernel_size=3)
     with pytest.raises(TypeError, match="missing a required argument: 'k'"):
         ConvNN2d(4, 8)
     with pytest.raises(RuntimeError, match="similarity must be one of"):
         ConvNN2d(4, 8, 9, similarity="cos")
-    with pytest.raises(RuntimeError, match="option k must be an integer, got 'true'"):
+    # Each value has its C++ field's type: "9" was stored as k="9", True as k=1.
+    with pytest.raises(TypeError, match=r"ConvNN2d: option k must be an integer, got '9' \(str\)"):
+        ConvNN2d(8, 8, "9")
+    with pytest.raises(TypeError, match=r"option k must be an integer, got True \(bool\)"):
         ConvNN2d(4, 8, True)
+    with pytest.raises(TypeError, match=r"option include_self must be True or False, got 1 \(int\)"):
+        ConvNN2d(4, 8, 9, include_self=1)
+    assert ConvNN2d(4, 8, 9, alpha=1).options["alpha"] == 1  # an integer is a number
     with pytest.raises(RuntimeError, match="heads = 3 must be at least 1 and divide"):
         ConvNN2d(4, 8, 9, heads=3)
     with pytest.raises(RuntimeError, match=r"k must be in \[1, 9\]"):
