@@ -123,3 +123,11 @@ def test_functional_forms_equal_the_module():
     expected = layer(x)
     got = convnn.nn.functional.conv_nn2d(x, layer.kernel, None, k=9, padding=1, similarity="chebyshev")
     assert torch.equal(got, expected)
+
+
+def test_an_unbatched_input_is_one_sample_as_torch_nn_convolutions_take_it():
+    torch.manual_seed(13)
+    cases = [(ConvNN1d(3, 4, 3, padding=1), torch.randn(3, 7)), (ConvNN2d(3, 4, 9, padding=1), torch.randn(3, 5, 6)),
+             (BranchingConv2d(3, 6, k=9), torch.randn(3, 5, 6)), (ConvNNAttention(8, 2, 3), torch.randn(6, 8))]
+    for layer, sample in cases:
+        assert torch.equal(layer(sample), layer(sample.unsqueeze(0)).squeeze(0)), type(layer).__name__

@@ -37,6 +37,22 @@ void expect_save_load_round_trip(ModuleHolder original, ModuleHolder fresh, cons
   EXPECT_TRUE(AllClose(fresh(input), original(input), 0.0));
 }
 
+// As torch.nn's Conv1d, Conv2d and MultiheadAttention: an input without its batch dimension is one
+// sample, with the output of the batch of one, bit for bit.
+TEST(Layers, AnUnbatchedInputIsOneSampleAsTorchNnConvolutionsTakeIt) {
+  torch::manual_seed(12);
+  ConvNN1d conv1d(ConvNN1dOptions(3, 4, 3).padding(1));
+  ConvNN2d conv2d(ConvNN2dOptions(3, 4, 9).padding(1));
+  BranchingConv2d branching(BranchingConv2dOptions(3, 6, 9));
+  ConvNNAttention attention(ConvNNAttentionOptions(8, 2, 3));
+  const auto line = torch::randn({3, 7}), image = torch::randn({3, 5, 6}), tokens = torch::randn({6, 8});
+  EXPECT_TRUE(torch::equal(conv1d(line), conv1d(line.unsqueeze(0)).squeeze(0)));
+  EXPECT_TRUE(torch::equal(conv2d(image), conv2d(image.unsqueeze(0)).squeeze(0)));
+  EXPECT_TRUE(torch::equal(branching(image), branching(image.unsqueeze(0)).squeeze(0)));
+  EXPECT_TRUE(torch::equal(attention(tokens), attention(tokens.unsqueeze(0)).squeeze(0)));
+  EXPECT_EQ(conv2d(image).sizes(), (std::vector<int64_t>{4, 5, 6}));
+}
+
 TEST(ConvNN2d, PaperDefaultsAreIdentityCosineUniformStandardWithoutBias) {
   ConvNN2d layer(ConvNN2dOptions(8, 16, 9).padding(1));
   EXPECT_EQ(layer->options.similarity(), Similarity::Cosine);

@@ -477,14 +477,14 @@ TEST(ConvNNLayerBadInput, ConstructorsRejectInvalidOptions) {
 
 TEST(ConvNNLayerBadInput, ForwardRejectsWrongRankChannelsAndSizes) {
   ConvNN1d conv1d(ConvNN1dOptions(4, 4, 3));
-  EXPECT_ERROR(conv1d(randn({4, 5}, at::kFloat)),
-               "ConvNN1d: input must be 3-D [B,C,L], got [4, 5]");
+  EXPECT_ERROR(conv1d(randn({5}, at::kFloat)),
+               "ConvNN1d: input must be 3-D [B,C,L] (or 2-D [C,L] for one sample), got [5]");
   EXPECT_ERROR(conv1d(randn({2, 3, 5}, at::kFloat)),
                "ConvNN1d: input has 3 channels (dim 1), but in_channels = 4");
   EXPECT_ERROR(conv1d(randn({2, 4, 2}, at::kFloat)), "k must be in [1, 2]", "got k = 3");
   ConvNN2d conv2d(ConvNN2dOptions(4, 4, 3).num_candidates(10));
-  EXPECT_ERROR(conv2d(randn({2, 4, 5}, at::kFloat)),
-               "ConvNN2d: input must be 4-D [B,C,H,W], got [2, 4, 5]");
+  EXPECT_ERROR(conv2d(randn({4, 5}, at::kFloat)),
+               "ConvNN2d: input must be 4-D [B,C,H,W] (or 3-D [C,H,W] for one sample), got [4, 5]");
   EXPECT_ERROR(conv2d(randn({1, 4, 3, 3}, at::kFloat)),
                "num_candidates (r) must be in [0, M] with M = 9", "got r = 10");
   EXPECT_ERROR(conv2d(at::Tensor()), "ConvNN2d: input must be 4-D [B,C,H,W]");
@@ -515,7 +515,7 @@ TEST(ConvNNAttentionBadInput, ForwardRejectsWrongShapesAndMasks) {
   ConvNNAttention attention(ConvNNAttentionOptions(6, 2, 3));
   EXPECT_ERROR(attention(randn({2, 5, 4}, at::kFloat)),
                "ConvNNAttention: input must be [B,N,C] with C = embed_dim = 6, got [2, 5, 4]");
-  EXPECT_ERROR(attention(randn({5, 6}, at::kFloat)), "got [5, 6]");
+  EXPECT_ERROR(attention(randn({6}, at::kFloat)), "(or [N,C] for one sample)", "got [6]");
   EXPECT_ERROR(attention(randn({2, 2, 6}, at::kFloat)), "k must be in [1, 2]", "got k = 3");
   ConvNNAttention masked(ConvNNAttentionOptions(6, 2, 3).mask(at::ones({4, 4}, at::kBool)));
   EXPECT_ERROR(masked(randn({2, 5, 6}, at::kFloat)),

@@ -44,6 +44,13 @@ at::Tensor attention_mask(const ConvNNAttentionOptions& o, const at::Tensor& fix
   return mask.masked_fill(~causal, -std::numeric_limits<double>::infinity());
 }
 
+
+// As torch.nn's Conv1d, Conv2d and MultiheadAttention: an input without the batch dimension is one
+// sample, run as a batch of one, and its output comes back without the batch dimension too.
+bool is_one_sample(const at::Tensor& input, int64_t batched_dims) {
+  return input.defined() && input.dim() == batched_dims - 1;
+}
+
 }  // namespace
 
 template <size_t D>
@@ -67,8 +74,12 @@ template <size_t D>
 at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& input,
                           const ConvNNTensors& tensors, c10::optional<at::Generator> generator) {
   const char* name = D == 1 ? "ConvNN1d" : "ConvNN2d";
+  if (is_one_sample(input, D + 2)) {
+    return convnn_forward(options, input.unsqueeze(0), tensors, std::move(generator)).squeeze(0);
+  }
   TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ",
-              D + 2, "-D ", D == 1 ? "[B,C,L]" : "[B,C,H,W]", ", got ",
+              D + 2, "-D ", D == 1 ? "[B,C,L]" : "[B,C,H,W]", " (or ", D + 1, "-D ",
+              D == 1 ? "[C,L]" : "[C,H,W]", " for one sample), got ",
               input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
   TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()), name, ": input has ", input.sym_size(1),
                   " channels (dim 1), but in_channels = ", options.in_channels());
@@ -93,9 +104,12 @@ template at::Tensor convnn_forward(const ConvNNOptions<2>&, const at::Tensor&, c
 at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& input,
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
                              bool training) {
+  if (is_one_sample(input, 3)) {
+    return attention_forward(o, input.unsqueeze(0), tensors, std::move(generator), training).squeeze(0);
+  }
   TORCH_CHECK(input.defined() && input.dim() == 3,
-              "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
-              input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
+              "ConvNNAttention: input must be [B,N,C] (or [N,C] for one sample) with C = embed_dim = ",
+              o.embed_dim(), ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
   TORCH_SYM_CHECK(input.sym_size(2).sym_eq(o.embed_dim()),
                   "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
                   input.sym_sizes());
@@ -129,9 +143,12 @@ ConvNN2dOptions convnn_branch_options(const BranchingConv2dOptions& options) {
 
 at::Tensor branching_forward(const BranchingConv2dOptions& options, const at::Tensor& input,
                              const BranchingTensors& tensors, c10::optional<at::Generator> generator) {
+  if (is_one_sample(input, 4)) {
+    return branching_forward(options, input.unsqueeze(0), tensors, std::move(generator)).squeeze(0);
+  }
   TORCH_CHECK(input.defined() && input.dim() == 4,
-              "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
-              ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
+              "BranchingConv2d: input must be [B,C,H,W] (or [C,H,W] for one sample) with C = in_channels = ",
+              options.in_channels(), ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
   TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()),
                   "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
                   ", got ", input.sym_sizes());
