@@ -55,3 +55,15 @@ def test_export_runs_and_equals_eager(net):
     assert any("convnn.layer_forward" in str(node.target) for node in program.graph.nodes)
     torch.testing.assert_close(program.module()(x), net(x), rtol=0, atol=0)
     net.train()
+
+
+def test_torchscript_is_refused_with_one_message_naming_convnn_and_what_to_use():
+    """TorchScript cannot carry the layers' option texts (it failed with "unsupported input list
+    type: str"); script and trace, of a layer or of a model holding one, say so and point to
+    torch.compile / torch.export."""
+    layer = ConvNN2d(3, 4, 9, padding=1)
+    with pytest.raises(RuntimeError, match=r"ConvNN2d: convnn layers do not support TorchScript \(torch.jit.script\); "
+                                           r"use torch.compile or torch.export"):
+        torch.jit.script(layer)
+    with pytest.raises(RuntimeError, match=r"ConvNNAttention: convnn layers do not support TorchScript \(torch.jit.trace\)"):
+        torch.jit.trace(torch.nn.Sequential(ConvNNAttention(8, 2, 3)), torch.randn(1, 5, 8))

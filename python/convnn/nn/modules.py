@@ -17,6 +17,12 @@ from .._options import layer_fields
 _ops = torch.ops.convnn
 
 
+# TorchScript cannot carry the layers' option texts (a str[] argument of their dispatcher op) and is
+# deprecated in PyTorch; torch.compile and torch.export trace the layers, dynamic shapes included.
+_NO_TORCHSCRIPT = ("{name}: convnn layers do not support TorchScript ({how}); use torch.compile or "
+                   "torch.export, which trace them (README, \"Using it from Python\")")
+
+
 class _Tensors(nn.Module):
     """A sub-layer's parameters under the C++ module's names (e.g. query_projection.weight)."""
 
@@ -62,7 +68,12 @@ class _ConvNNLayer(nn.Module):
             owner = getattr(owner, part)
         return owner, leaf
 
+    def __prepare_scriptable__(self):
+        raise RuntimeError(_NO_TORCHSCRIPT.format(name=type(self).__name__, how="torch.jit.script"))
+
     def _call(self, input, mask=None, texts=None):
+        if torch.jit.is_tracing():
+            raise RuntimeError(_NO_TORCHSCRIPT.format(name=type(self).__name__, how="torch.jit.trace"))
         state = list(self.named_parameters()) + list(self.named_buffers())
         def forward():
             return _ops.layer_forward(self._layer, texts or self._texts, input, [n for n, _ in state],
