@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-import convnn  # noqa: F401  (registers torch.ops.convnn)
+import convnn  # registers torch.ops.convnn
 ops = torch.ops.convnn
 
 
@@ -107,3 +107,14 @@ def test_import_works_from_any_directory(tmp_path):
     code = "import convnn, torch; print(torch.ops.convnn.knn_select.default.name())"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "convnn::knn_select"
+
+
+def test_the_package_version_is_the_cmake_projects():
+    """pyproject.toml reads the version from project(VERSION) in CMakeLists.txt; the compiled
+    library reports the same (convnn.__version__ comes from CMake at build time)."""
+    import importlib.metadata
+    import pathlib
+
+    cmake = (pathlib.Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
+    declared = re.search(r"project\(convnn VERSION ([0-9.]+)", cmake).group(1)
+    assert importlib.metadata.version("convnn") == convnn.__version__ == declared
