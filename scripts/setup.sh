@@ -9,7 +9,7 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo_root/scripts/versions.sh"
 
-log() { printf '[setup] %s\n' "$*" >&2; }
+log() { printf '[setup, %d s] %s\n' "$SECONDS" "$*" >&2; }
 
 install_apt_packages() {
   local missing=()
@@ -62,7 +62,7 @@ build() {
       -DCMAKE_PREFIX_PATH="$torch_cmake" \
       -DPython3_EXECUTABLE="$repo_root/.venv/bin/python"
   fi
-  log "building"
+  log "building (the venv is ready)"
   cmake --build "$build_dir" --parallel "$(nproc)"
 }
 
@@ -82,4 +82,5 @@ install_venv
 if [ "${CONVNN_SKIP_BUILD:-0}" != 1 ]; then
   build
   install_python_package
+  log "done"
 fi

@@ -6,7 +6,14 @@
 # UndefinedBehaviorSanitizer, then the fuzz targets of the file readers.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Each phase's wall time, so that a slow CI run says where its minutes went (README, "CI time").
+phase_started=$SECONDS
+phase_done() {
+  printf '[test] %s: %d s (%d s since the start)\n' "$1" $((SECONDS - phase_started)) "$SECONDS" >&2
+  phase_started=$SECONDS
+}
 bash "$repo_root/scripts/setup.sh"
+phase_done "set-up and build"
 cd "$repo_root/build"
 # CTest runs one test process per core, so each process keeps to one intra-op thread; tests that
 # check multi-threaded kernels set their own thread count. (Cores are counted first: GNU nproc
@@ -14,28 +21,35 @@ cd "$repo_root/build"
 cores="$(nproc)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 ctest --output-on-failure --parallel "$cores" "$@"
+phase_done "ctest"
 # The kernels are compiled for AVX2 and for generic x86-64, and the CPU picks one at run time
 # (src/ops/cpu/isa.h): without this pass the generic build, which CPUs without AVX2 run, could
 # rot unseen. It runs the suites of tests/ops and tests/verify.
 op_and_identity_suites="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" \
   bin/convnn_tests ops verify | paste -sd'|' -)"
 CONVNN_CPU_ISA=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
+phase_done "op and identity tests on the generic ISA"
 # The same suites through the device-generic path (src/ops/generic/, what CUDA, MPS, ... run): with
 # CONVNN_CPU_KERNELS=generic the fused CPU kernels are not registered and CPU calls take it, so the
 # whole op matrix (reference and fused comparisons, gradchecks, deterministic backward) proves the
 # code that accelerators run.
 CONVNN_CPU_KERNELS=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
+phase_done "op and identity tests on the device-generic path"
 # The Triton kernels (python/convnn/_triton), compiled for sm_80 and sm_90 without a GPU: a compile
 # error, a register spill or a shared-memory overflow fails the run (their logic runs under Triton's
 # interpreter in ctest's python.triton_interpreter).
 "$repo_root/.venv/bin/python" "$repo_root/scripts/triton_compile_check.py" > /dev/null
+phase_done "Triton compile check"
 # convnn as a dependency: install build/ into a scratch prefix, build examples/cpp against it with
 # find_package(convnn), run it on a checkpoint of the installed `convnn train`, and check that
 # convnn::ops alone pulls no image codec, zlib or nlohmann-json.
 bash "$repo_root/scripts/install-check.sh"
+phase_done "install check"
 # The op, nn, data and train tests under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
 # build folder (about a minute with ccache warm, about 20 the first time).
 bash "$repo_root/scripts/sanitize.sh"
+phase_done "sanitizers (build and tests)"
 # The readers of users' files (checkpoints, JSON configs) under libFuzzer with ASan and UBSan, 60 s
 # per target from a seed corpus written by convnn's own writers (tests/fuzz): any finding fails.
 bash "$repo_root/scripts/fuzz.sh" 60
+phase_done "fuzzing (build and run)"

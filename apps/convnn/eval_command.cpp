@@ -41,8 +41,15 @@ std::string given_model_flags(const EvalArgs& a) {
 }
 
 train::TrainConfig config_of(const EvalArgs& a, const std::string& path) {
-  if (!checkpoint::holds_run(path)) return a.model;
   const auto flags = given_model_flags(a);
+  if (!checkpoint::holds_run(path)) {
+    // Evaluating weights alone against the default model would only fail on the first mismatched
+    // tensor (or, worse, fit by chance): the user must say which model they are.
+    TORCH_CHECK(!flags.empty(), "checkpoint '", path,
+                "' holds weights alone (a state_dict, with no run config naming its model): pass --config "
+                "runs/<run>/config.json, or the model flags (--model, --dataset, ...), to say which model they are");
+    return a.model;
+  }
   TORCH_CHECK(flags.empty(), "checkpoint '", path, "' holds its run's model and data set: leave out ", flags,
               " (they describe the model of weights alone, such as a state_dict saved by Python)");
   return checkpoint::read_checkpoint_header(path).config;

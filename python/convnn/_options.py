@@ -81,6 +81,7 @@ class OptionFields:
         keyword is named before any missing one (ConvNN2d(8, 8, kernel_size=3) is told that
         kernel_size is not an option, not that k is missing), and each value must have its C++
         field's type (ConvNN2d(8, 8, "9") is refused, not stored as k="9")."""
+        kwargs = self._resolve_aliases(where, kwargs)
         unknown = [name for name in kwargs if name not in self.cpp_names]
         if unknown:
             raise TypeError(f"{where}: {unknown[0]} is not an option; its options are {', '.join(self.names)}")
@@ -95,6 +96,17 @@ class OptionFields:
                                 f"got {value!r} ({type(value).__name__})")
         return dict(bound.arguments)
 
+    def _resolve_aliases(self, where, kwargs):
+        """kwargs with the names PyTorch/timm/NATTEN use (num_heads, is_causal) under this layer's
+        own (the C++ alias table, torch.ops.convnn.option_aliases)."""
+        resolved = dict(kwargs)
+        for alias, option in zip(*_aliases()):
+            if alias in resolved and alias not in self.cpp_names and option in self.cpp_names:
+                if option in resolved:
+                    raise TypeError(f"{where}: {alias} and {option} are the same option; give one")
+                resolved[option] = resolved.pop(alias)
+        return resolved
+
     def from_texts(self, texts):
         """The Python options of C++ "name=value" texts (e.g. a model's layers, from the registry)."""
         python_names = {cpp: name for name, cpp in self.cpp_names.items()}
@@ -107,6 +119,11 @@ class OptionFields:
 
     def texts(self, options):
         return [f"{self.cpp_names[name]}={_text(value)}" for name, value in options.items()]
+
+
+@functools.lru_cache(maxsize=None)
+def _aliases():
+    return torch.ops.convnn.option_aliases()
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,7 @@
-"""Runs the README's Python section, in order, as one script, so that it cannot rot: its Python
-examples, and its `build/bin/convnn` commands (the checkpoint round trip) at their place between
-them, in a scratch folder."""
+"""Runs the README's Python section in order, so that it cannot rot: each Python example alone, in a
+namespace of its own (a block that needs a name another block defines fails with NameError, as it
+would for a reader who copies that block alone), and its `build/bin/convnn` commands (the
+checkpoint round trip) at their place between them, in a scratch folder."""
 import os
 import pathlib
 import re
@@ -37,17 +38,20 @@ def run_commands(commands):
         assert result.returncode == 0, f"{shlex.join(argv)} failed:\n{result.stdout}\n{result.stderr}"
 
 
-def test_the_readme_python_section_runs(tmp_path, monkeypatch):
+def test_each_readme_python_block_runs_alone(tmp_path, monkeypatch):
     blocks = python_section_blocks()
     assert sum(language == "python" for language, _ in blocks) >= 5
     commands = [convnn_commands(text) for language, text in blocks if language == "bash"]
     assert sum(len(c) for c in commands) >= 2, "the checkpoint round trip's commands are gone"
-    # One script in which each bash block's commands run at their place; a real file, so that
-    # torch.compile (which reads the source of what it traces) finds it.
-    parts = []
-    for language, text in blocks:
-        parts.append(text if language == "python" else f"_run_commands({convnn_commands(text)!r})\n")
-    script = tmp_path / "readme_examples.py"
-    script.write_text("\n".join(parts))
     monkeypatch.chdir(tmp_path)
-    runpy.run_path(str(script), init_globals={"_run_commands": run_commands}, run_name="__main__")
+    for index, (language, text) in enumerate(blocks):
+        if language == "bash":
+            run_commands(convnn_commands(text))
+            continue
+        # A real file, so that torch.compile (which reads the source of what it traces) finds it.
+        script = tmp_path / f"readme_block_{index}.py"
+        script.write_text(text)
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except NameError as error:
+            raise AssertionError(f"README Python block {index} does not run alone: {error}\n{text}") from error

@@ -7,6 +7,8 @@
 //   convnn::layer_parameters(layer, options)    the C++ module's parameters and buffers, as built
 //                                               and initialised by its reset()
 //   convnn::layer_forward(layer, options, ...)  the C++ module's forward on the given tensors
+//   convnn::attention_aggregate(options, q, k, v, ...)  ConvNNAttention's forward between its
+//                                               projections; attention_check_input its input rule
 //   convnn::conv_nn / conv_nn1d / conv_nn2d     the functional forms
 //
 // layer is ConvNN1d, ConvNN2d, ConvNNAttention or BranchingConv2d. The forward ops are
@@ -32,6 +34,11 @@ namespace {
 using detail::FieldText;
 using OptionTexts = std::vector<std::string>;
 
+// Whether `name` is one of a comma-separated list of field names.
+bool known_field(const std::string& known, const std::string& name) {
+  return (", " + known + ", ").find(", " + name + ", ") != std::string::npos;
+}
+
 // Options built from "name=value" texts over `options` (which holds the defaults). Every name must
 // be a field; the first `required` fields must be given.
 template <typename Options>
@@ -44,9 +51,17 @@ void apply_option_texts(Options& options, const OptionTexts& texts, int64_t requ
                 text.substr(0, eq), " is given twice");
   }
   std::string known;
+  detail::visit_option_fields(options, [&](const char* name, auto&) { known += (known.empty() ? "" : ", ") + std::string(name); });
+  for (const auto& [alias, option] : detail::kOptionAliases) {
+    const auto it = given.find(alias);
+    const bool has_alias = known_field(known, alias), has_option = known_field(known, option);
+    if (it == given.end() || has_alias || !has_option) continue;
+    TORCH_CHECK(!given.count(option), where, ": ", alias, " and ", option, " are the same option; give one");
+    given.emplace(option, it->second);
+    given.erase(it);
+  }
   int64_t index = 0;
   detail::visit_option_fields(options, [&](const char* name, auto& field) {
-    known += (known.empty() ? "" : ", ") + std::string(name);
     const auto it = given.find(name);
     if (it == given.end()) {
       TORCH_CHECK(index >= required, where, ": the required option ", name, " is missing");
@@ -165,6 +180,35 @@ class NamedTensors {
   std::unordered_map<std::string, at::Tensor> by_name_;
 };
 
+// ConvNNAttention's tensors by their state_dict names.
+detail::AttentionTensors attention_tensors(const NamedTensors& named, const c10::optional<at::Tensor>& mask) {
+  return {named("kernel"),
+          named("bias"),
+          named.linear("query_projection"),
+          named.linear("key_projection"),
+          named.linear("value_projection"),
+          named.linear("output_projection"),
+          mask.value_or(at::Tensor())};
+}
+
+ConvNNAttentionOptions attention_options(const OptionTexts& texts) {
+  return layer_options(AttentionLayer{}, texts, "ConvNNAttention");
+}
+
+at::Tensor attention_aggregate_op(const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys,
+                                  const at::Tensor& values, const std::vector<std::string>& names,
+                                  const std::vector<at::Tensor>& tensors, bool training,
+                                  c10::optional<at::Generator> generator, const c10::optional<at::Tensor>& mask) {
+  const auto options = attention_options(texts);
+  const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
+  return detail::attention_aggregate(options, queries, keys, values, attention_tensors(NamedTensors(names, tensors), mask),
+                                     draw.generator(training), training);
+}
+
+void attention_check_input_op(const OptionTexts& texts, const at::Tensor& input, const at::Tensor& weight) {
+  detail::check_attention_input(attention_options(texts), input, weight);
+}
+
 at::Tensor layer_forward(c10::string_view layer_name, const OptionTexts& texts, const at::Tensor& input,
                          const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
                          bool training, c10::optional<at::Generator> generator,
@@ -175,11 +219,9 @@ at::Tensor layer_forward(c10::string_view layer_name, const OptionTexts& texts, 
     using Layer = decltype(kind);
     const auto options = layer_options(kind, texts, layer);
     if constexpr (std::is_same_v<Layer, AttentionLayer>) {
-      const detail::AttentionTensors t{named("kernel"), named("bias"), named.linear("query_projection"),
-                                       named.linear("key_projection"), named.linear("value_projection"),
-                                       named.linear("output_projection"), mask.value_or(at::Tensor())};
       const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
-      return detail::attention_forward(options, input, t, draw.generator(training), training);
+      return detail::attention_forward(options, input, attention_tensors(named, mask), draw.generator(training),
+                                       training);
     } else if constexpr (std::is_same_v<Layer, BranchingLayer>) {
       detail::BranchingTensors t;
       if (detail::convnn_branch_channels(options) > 0) t.convnn = named.convnn("convnn_branch.");
@@ -266,12 +308,23 @@ torch::nn::AnyModule make_layer(const std::string& layer, const std::vector<std:
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("layer_option_fields(str layer) -> (str[] names, str[] types, str[] defaults, int required)",
         [](c10::string_view layer) { return layer_option_fields(std::string(layer)); });
+  m.def("option_aliases() -> (str[] aliases, str[] options)", [] {
+    std::vector<std::string> aliases, options;
+    for (const auto& [alias, option] : detail::kOptionAliases) {
+      aliases.emplace_back(alias);
+      options.emplace_back(option);
+    }
+    return std::make_tuple(aliases, options);
+  });
   m.def("functional_option_fields() -> (str[] names, str[] types, str[] defaults, int required)",
         &functional_option_fields);
   m.def("layer_parameters(str layer, str[] options) -> (str[] names, Tensor[] tensors, bool[] trainable)",
         [](c10::string_view layer, const OptionTexts& texts) { return layer_parameters(std::string(layer), texts); });
   m.def("layer_forward(str layer, str[] options, Tensor input, str[] names, Tensor[] tensors, bool training, "
         "Generator? generator=None, Tensor? mask=None) -> Tensor");
+  m.def("attention_aggregate(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, "
+        "Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None) -> Tensor");
+  m.def("attention_check_input(str[] options, Tensor input, Tensor weight) -> ()");
   m.def("conv_nn(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias, str[] options, "
         "Tensor? mask=None, Tensor? coordinates=None, Generator? generator=None) -> Tensor");
   m.def("conv_nn1d(Tensor input, Tensor kernel, Tensor? bias, str[] options, Generator? generator=None) -> Tensor");
@@ -280,6 +333,8 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
 
 TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
   m.impl("layer_forward", &layer_forward);
+  m.impl("attention_aggregate", &attention_aggregate_op);
+  m.impl("attention_check_input", &attention_check_input_op);
   m.impl("conv_nn", &conv_nn_op);
   m.impl("conv_nn1d", &conv_nn1d_op);
   m.impl("conv_nn2d", &conv_nn2d_op);
@@ -290,6 +345,8 @@ TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
 // ATen ops and the core ops, which have batching rules (python/convnn/_vmap.py).
 TORCH_LIBRARY_IMPL(convnn, FuncTorchBatchedDecomposition, m) {
   m.impl("layer_forward", &layer_forward);
+  m.impl("attention_aggregate", &attention_aggregate_op);
+  m.impl("attention_check_input", &attention_check_input_op);
   m.impl("conv_nn", &conv_nn_op);
   m.impl("conv_nn1d", &conv_nn1d_op);
   m.impl("conv_nn2d", &conv_nn2d_op);

@@ -9,10 +9,19 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "convnn/nn/options/convnn.h"
 
 namespace convnn::nn::detail {
+
+// Other names options go by in PyTorch, timm and NATTEN, accepted wherever options are given by
+// name (the layer ops, hence the Python layers): {alias, option}. An alias applies to a layer that
+// has the option and not the alias (ConvNN2d's heads may be given as num_heads).
+inline constexpr std::pair<const char*, const char*> kOptionAliases[] = {
+    {"num_heads", "heads"},
+    {"is_causal", "causal"},
+};
 
 // The operator's options (functional forms); the mask and generator travel as op arguments.
 template <typename Visit>

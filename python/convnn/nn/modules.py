@@ -8,6 +8,7 @@ composite op that autograd, torch.compile and torch.export see through.
 """
 import contextlib
 import inspect
+import typing
 
 import torch
 from torch import nn
@@ -31,8 +32,19 @@ class _Tensors(nn.Module):
                          list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False)))
 
 
+def _as_linear(holder):
+    """An nn.Linear holding a _Tensors holder's weight [out, in] and bias (the same Parameters)."""
+    bias = holder._parameters.get("bias")
+    linear = nn.Linear(holder.weight.shape[1], holder.weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = holder.weight
+    if bias is not None:
+        linear.bias = bias
+    return linear
+
+
 class _ConvNNLayer(nn.Module):
     _layer = ""  # the C++ layer's name
+    _linear_submodules = ()  # C++ sub-layers that are nn.Linear modules here, run by the Python forward
 
     def __init__(self, *args, device=None, dtype=None, **kwargs):
         super().__init__()
@@ -47,6 +59,8 @@ class _ConvNNLayer(nn.Module):
                 owner.register_parameter(leaf, nn.Parameter(tensor))
             else:
                 owner.register_buffer(leaf, tensor)
+        for name in self._linear_submodules:
+            setattr(self, name, _as_linear(getattr(self, name)))
         # The layer's own generator for random candidates when a seed is given (as in C++);
         # otherwise the default one.
         seed = self.options.get("seed")
@@ -72,12 +86,17 @@ class _ConvNNLayer(nn.Module):
         raise RuntimeError(_NO_TORCHSCRIPT.format(name=type(self).__name__, how="torch.jit.script"))
 
     def _call(self, input, mask=None, texts=None):
+        state = list(self.named_parameters()) + list(self.named_buffers())
+        return self._run(lambda: _ops.layer_forward(self._layer, texts or self._texts, input, [n for n, _ in state],
+                                                    [t for _, t in state], self.training, self._generator, mask))
+
+    def _refuse_tracing(self):
         if torch.jit.is_tracing():
             raise RuntimeError(_NO_TORCHSCRIPT.format(name=type(self).__name__, how="torch.jit.trace"))
-        state = list(self.named_parameters()) + list(self.named_buffers())
-        def forward():
-            return _ops.layer_forward(self._layer, texts or self._texts, input, [n for n, _ in state],
-                                      [t for _, t in state], self.training, self._generator, mask)
+
+    def _run(self, forward):
+        """forward() with the layer's random candidates drawn as activation checkpointing needs."""
+        self._refuse_tracing()
         if self._generator is None:  # the default generator: torch.utils.checkpoint restores it
             return forward()
         with self._generator_replayed():
@@ -121,12 +140,65 @@ def _new_layer(cls):
     return cls.__new__(cls)
 
 
+# What each option does, for help(): prose only. The names, types, defaults and the similarity and
+# rho values are read from the C++ library when the docstring is built.
+_OPTION_DOCS = {
+    "in_channels": "channels C of the input",
+    "out_channels": "channels of the output",
+    "embed_dim": "width C of the tokens [B, N, C]",
+    "num_heads": "attention heads; embed_dim is split among them",
+    "heads": "heads: the channels are split into this many groups, each selecting its own neighbours",
+    "k": "K, the number of neighbours each position aggregates",
+    "similarity": "how candidates are ranked against a query (one of: {similarities})",
+    "coordinates": "append each position's coordinates to the features used for selection",
+    "alpha": "weight of the coordinates against the features in the similarity",
+    "padding": "zero padding of the spatial input on each side, as in nn.Conv2d",
+    "num_candidates": "candidates drawn at random per forward (0: every position is a candidate)",
+    "include_self": "a query is always among its own candidates",
+    "eval_candidates": "in eval mode, the random candidates are fixed (drawn from eval_seed) or drawn anew",
+    "eval_seed": "seed of the fixed candidates in eval mode",
+    "seed": "seed of the layer's own generator for random candidates (None: the default generator)",
+    "slot_order": "order of the K selected neighbours: by score, or by index (convolution's window order)",
+    "rho": "rho, the weighting of the K selected neighbours' values by their scores (one of: {rhos})",
+    "temperature": "scale of the scores before rho (e.g. softmax(score / temperature))",
+    "aggregation": "standard (a C x C' kernel per slot, as a convolution) or depthwise (one weight per channel)",
+    "learnable_kernel": "the aggregation kernel is a Parameter (else a fixed buffer)",
+    "kernel_init": "initialisation of the aggregation kernel",
+    "kernel_per_head": "one kernel per head instead of one shared by all heads",
+    "fused": "use the fused kernels (False: the plain-ATen composition, for checking)",
+    "bias": "add a learnable bias to the aggregated output",
+    "projection": "features used for selection: the input itself (identity) or linear projections",
+    "qk_channels": "channels of the query/key projections (0: in_channels)",
+    "projection_bias": "the projections have a bias",
+    "qkv_bias": "the query, key and value projections have a bias",
+    "out_bias": "the output projection has a bias",
+    "dropout": "dropout on the aggregated values, before the output projection",
+    "causal": "a token may select only itself and earlier tokens",
+    "lambda_": "share of the output channels given to the ConvNN branch (C++'s lambda)",
+    "kernel_size": "kernel size of the convolution branch",
+}
+
+
+def _options_doc(cls):
+    """The Options section of a layer's docstring, from the C++ field list."""
+    fields = layer_fields(cls._layer)
+    values = {"similarities": ", ".join(_ops.similarity_names()), "rhos": ", ".join(_ops.rho_names())}
+    lines = ["", "    Options (the C++ layer's; required ones first, the others by keyword):"]
+    for name in fields.names:
+        default = "required" if name in fields.required else f"default {fields.defaults[name]!r}"
+        what = _OPTION_DOCS.get(name, "").format(**values)
+        lines.append(f"        {name} ({fields.types[name]}, {default}){': ' + what if what else ''}")
+    return "\n".join(lines) + "\n"
+
+
 def _with_signature(cls):
-    """Gives the class the C++ options as its constructor signature (help(), IDEs)."""
+    """Gives the class the C++ options as its constructor signature and its docstring's Options
+    section (help(), IDEs)."""
     fields = layer_fields(cls._layer)
     device = inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default=None)
     dtype = inspect.Parameter("dtype", inspect.Parameter.KEYWORD_ONLY, default=None)
     cls.__signature__ = fields.signature(trailing=(device, dtype))
+    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + _options_doc(cls)
     return cls
 
 
@@ -135,7 +207,8 @@ class ConvNN1d(_ConvNNLayer):
     """ConvNN on [B, C, L] -> [B, C', L]: ConvNN1d(in_channels, out_channels, k, **options)."""
     _layer = "ConvNN1d"
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """[B, C, L] (or [C, L]) -> [B, out_channels, L], in the input's dtype and memory format."""
         return self._call(input)
 
 
@@ -144,7 +217,8 @@ class ConvNN2d(_ConvNNLayer):
     """ConvNN on [B, C, H, W] -> [B, C', H, W]: ConvNN2d(in_channels, out_channels, k, **options)."""
     _layer = "ConvNN2d"
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """[B, C, H, W] (or [C, H, W]) -> [B, out_channels, H, W], in the input's dtype and memory format."""
         return self._call(input)
 
 
@@ -161,8 +235,14 @@ class ConvNNAttention(_ConvNNLayer):
     is the option of that name, proj_bias sets out_bias, proj_drop is a dropout after the output
     projection (as in timm); qk_norm, scale_norm and attn_drop have no ConvNN counterpart and are
     refused unless off; norm_layer is used by timm only with those, and ignored.
+
+    The projections query_projection, key_projection, value_projection and output_projection are
+    nn.Linear modules that forward calls, so timm's weight init, LoRA/PEFT, quantisation and
+    type-based weight-decay rules see them, and a replaced or wrapped projection takes effect;
+    `proj` is the output projection under timm's name (timm's fix_init rescales attn.proj).
     """
     _layer = "ConvNNAttention"
+    _linear_submodules = ("query_projection", "key_projection", "value_projection", "output_projection")
     _bound = {}  # options fixed by with_options
 
     def __init__(self, *args, qk_norm=False, scale_norm=False, proj_bias=None, attn_drop=0.0, proj_drop=0.0,
@@ -199,13 +279,29 @@ class ConvNNAttention(_ConvNNLayer):
             return reduced
         return (_new_layer, (ConvNNAttention,), *reduced[2:])
 
-    def forward(self, x, attn_mask=None, is_causal=False):
-        """attn_mask: an optional [N, N] mask, bool (True = may be selected, as in
-        scaled_dot_product_attention) or additive float; is_causal adds the causal mask."""
+    def forward(self, x: torch.Tensor, attn_mask: typing.Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        """[B, N, embed_dim] (or [N, embed_dim]) -> the same shape. attn_mask: an optional [N, N]
+        mask, bool (True = may be selected, as in scaled_dot_product_attention) or additive float;
+        is_causal adds the causal mask."""
         if attn_mask is not None and attn_mask.dim() != 2:
             raise ValueError(f"ConvNNAttention: attn_mask must be [N, N] (one mask for every batch element and "
                              f"head), got shape {tuple(attn_mask.shape)}")
-        return self.proj_drop(self._call(x, attn_mask, self._causal_texts if is_causal else None))
+        self._refuse_tracing()
+        texts = self._causal_texts if is_causal else self._texts
+        _ops.attention_check_input(texts, x, self.kernel)
+        state = list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False))
+
+        def aggregate():
+            return _ops.attention_aggregate(texts, self.query_projection(x), self.key_projection(x),
+                                            self.value_projection(x), [n for n, _ in state], [t for _, t in state],
+                                            self.training, self._generator, attn_mask)
+        return self.proj_drop(self.output_projection(self._run(aggregate)))
+
+    @property
+    def proj(self):
+        """The output projection under timm's name (timm's fix_init reads attn.proj.weight)."""
+        return self.output_projection
 
 
 @_with_signature
@@ -216,5 +312,6 @@ class BranchingConv2d(_ConvNNLayer):
     (C++'s `lambda`, a Python keyword, is `lambda_`)."""
     _layer = "BranchingConv2d"
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """[B, C, H, W] (or [C, H, W]) -> [B, out_channels, H, W], in the input's dtype and memory format."""
         return self._call(input)

@@ -1,6 +1,7 @@
 #include "nn/modules/layer_forward.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <limits>
@@ -45,6 +46,13 @@ at::Tensor attention_mask(const ConvNNAttentionOptions& o, const at::Tensor& fix
 }
 
 
+// As nn.Conv2d does: a channels_last input gives a channels_last output (the kernels' tokens
+// come back NCHW-contiguous).
+at::Tensor in_memory_format_of(const at::Tensor& input, const at::Tensor& output) {
+  if (input.dim() != 4 || input.suggest_memory_format() != at::MemoryFormat::ChannelsLast) return output;
+  return output.contiguous(at::MemoryFormat::ChannelsLast);
+}
+
 // As torch.nn's Conv1d, Conv2d and MultiheadAttention: an input without the batch dimension is one
 // sample, run as a batch of one, and its output comes back without the batch dimension too.
 bool is_one_sample(const at::Tensor& input, int64_t batched_dims) {
@@ -52,6 +60,15 @@ bool is_one_sample(const at::Tensor& input, int64_t batched_dims) {
 }
 
 }  // namespace
+
+void check_input_dtype(const char* layer, const at::Tensor& input, const at::Tensor& parameter) {
+  // Under autocast the layer's ops cast their inputs themselves (an input may be bfloat16 while the
+  // parameters stay float32), so the dtypes need not agree there.
+  if (!input.defined() || !parameter.defined() || at::autocast::is_autocast_enabled(input.device().type())) return;
+  TORCH_CHECK(input.scalar_type() == parameter.scalar_type(), layer, ": input is ", input.scalar_type(),
+              " but the layer's parameters are ", parameter.scalar_type(),
+              "; convert the input or the layer (module.to(dtype)) so that they match");
+}
 
 template <size_t D>
 functional::ConvNNFuncOptions func_options(const ConvNNOptions<D>& o) {
@@ -83,6 +100,7 @@ at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& inp
               input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
   TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()), name, ": input has ", input.sym_size(1),
                   " channels (dim 1), but in_channels = ", options.in_channels());
+  check_input_dtype(name, input, tensors.kernel);
   functional::detail::Projections projections;
   if (options.projection() == Projection::Linear) {
     projections.query = [&](const at::Tensor& t) { return apply_linear(tensors.query, t); };
@@ -91,7 +109,8 @@ at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& inp
   }
   auto o = func_options(options);
   o.generator(std::move(generator));
-  return functional::detail::conv_nn_spatial(input, tensors.kernel, tensors.bias, o, D, projections);
+  return in_memory_format_of(input,
+                             functional::detail::conv_nn_spatial(input, tensors.kernel, tensors.bias, o, D, projections));
 }
 
 template functional::ConvNNFuncOptions func_options(const ConvNNOptions<1>&);
@@ -101,22 +120,30 @@ template at::Tensor convnn_forward(const ConvNNOptions<1>&, const at::Tensor&, c
 template at::Tensor convnn_forward(const ConvNNOptions<2>&, const at::Tensor&, const ConvNNTensors&,
                                    c10::optional<at::Generator>);
 
-at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& input,
-                             const AttentionTensors& tensors, c10::optional<at::Generator> generator,
-                             bool training) {
-  if (is_one_sample(input, 3)) {
-    return attention_forward(o, input.unsqueeze(0), tensors, std::move(generator), training).squeeze(0);
-  }
-  TORCH_CHECK(input.defined() && input.dim() == 3,
+void check_attention_input(const ConvNNAttentionOptions& o, const at::Tensor& input, const at::Tensor& weight) {
+  TORCH_CHECK(input.defined() && (input.dim() == 3 || input.dim() == 2),
               "ConvNNAttention: input must be [B,N,C] (or [N,C] for one sample) with C = embed_dim = ",
               o.embed_dim(), ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
-  TORCH_SYM_CHECK(input.sym_size(2).sym_eq(o.embed_dim()),
+  TORCH_SYM_CHECK(input.sym_size(-1).sym_eq(o.embed_dim()),
                   "ConvNNAttention: input must be [B,N,C] with C = embed_dim = ", o.embed_dim(), ", got ",
                   input.sym_sizes());
+  check_input_dtype("ConvNNAttention", input, weight);
+}
+
+at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor& queries, const at::Tensor& keys,
+                               const at::Tensor& values, const AttentionTensors& tensors,
+                               c10::optional<at::Generator> generator, bool training) {
+  if (is_one_sample(queries, 3)) {
+    return attention_aggregate(o, queries.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), tensors,
+                               std::move(generator), training)
+        .squeeze(0);
+  }
+  TORCH_CHECK(queries.dim() == 3, "ConvNNAttention: the projected queries must be [B,N,C], got ",
+              queries.sym_sizes());
   const auto func = functional::ConvNNFuncOptions(o.k())
                         .similarity(o.similarity())
                         .heads(o.num_heads())
-                        .mask(attention_mask(o, tensors.mask, input.sym_size(1), input.device()))
+                        .mask(attention_mask(o, tensors.mask, queries.sym_size(1), queries.device()))
                         .num_candidates(o.num_candidates())
                         .include_self(o.include_self())
                         .generator(std::move(generator))
@@ -125,10 +152,21 @@ at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& 
                         .temperature(o.temperature())
                         .kernel_per_head(o.kernel_per_head())
                         .fused(o.fused());
-  const auto aggregated =
-      functional::conv_nn(apply_linear(tensors.query, input), apply_linear(tensors.key, input),
-                          apply_linear(tensors.value, input), tensors.kernel, tensors.bias, func);
-  return apply_linear(tensors.output, at::dropout(aggregated, o.dropout(), training));
+  const auto aggregated = functional::conv_nn(queries, keys, values, tensors.kernel, tensors.bias, func);
+  return at::dropout(aggregated, o.dropout(), training);
+}
+
+at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& input,
+                             const AttentionTensors& tensors, c10::optional<at::Generator> generator,
+                             bool training) {
+  check_attention_input(o, input, tensors.kernel);
+  // In this order, as the Python layer runs its projections (C++ leaves the order of a call's
+  // arguments open): autograd sums the input's three gradients in the reverse order, bitwise the same.
+  const auto queries = apply_linear(tensors.query, input);
+  const auto keys = apply_linear(tensors.key, input);
+  const auto values = apply_linear(tensors.value, input);
+  const auto aggregated = attention_aggregate(o, queries, keys, values, tensors, std::move(generator), training);
+  return apply_linear(tensors.output, aggregated);
 }
 
 int64_t convnn_branch_channels(const BranchingConv2dOptions& options) {
@@ -152,12 +190,13 @@ at::Tensor branching_forward(const BranchingConv2dOptions& options, const at::Te
   TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()),
                   "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
                   ", got ", input.sym_sizes());
+  check_input_dtype("BranchingConv2d", input, tensors.mix.weight);
   std::vector<at::Tensor> branches;
   if (tensors.convnn) {
     branches.push_back(convnn_forward(convnn_branch_options(options), input, *tensors.convnn, std::move(generator)));
   }
   if (tensors.conv.weight.defined()) branches.push_back(apply_conv2d(tensors.conv, input, options.kernel_size() / 2));
-  return apply_conv2d(tensors.mix, branches.size() == 1 ? branches[0] : at::cat(branches, 1), 0);
+  return in_memory_format_of(input, apply_conv2d(tensors.mix, branches.size() == 1 ? branches[0] : at::cat(branches, 1), 0));
 }
 
 }  // namespace convnn::nn::detail

@@ -41,6 +41,20 @@ template <size_t D>
 at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& input,
                           const ConvNNTensors& tensors, c10::optional<at::Generator> generator);
 
+// A layer's input must have its parameters' dtype, except under autocast; the message names the layer.
+void check_input_dtype(const char* layer, const at::Tensor& input, const at::Tensor& parameter);
+
+// ConvNNAttention's input: [B,N,C] or [N,C] with C = embed_dim, of the dtype of its kernel (`weight`).
+void check_attention_input(const ConvNNAttentionOptions& options, const at::Tensor& input, const at::Tensor& weight);
+
+// ConvNNAttention's forward between its projections: the projected queries, keys and values
+// ([B,N,C] or [N,C]) -> the aggregated values after dropout, before the output projection. The
+// Python layer runs its projections as nn.Linear modules around it (so that a replaced or wrapped
+// projection, e.g. LoRA, takes effect).
+at::Tensor attention_aggregate(const ConvNNAttentionOptions& options, const at::Tensor& queries,
+                               const at::Tensor& keys, const at::Tensor& values, const AttentionTensors& tensors,
+                               c10::optional<at::Generator> generator, bool training);
+
 at::Tensor attention_forward(const ConvNNAttentionOptions& options, const at::Tensor& input,
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
                              bool training);

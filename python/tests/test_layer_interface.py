@@ -1,0 +1,196 @@
+"""What a PyTorch/timm user expects of the layers' interface (issue 27 §5): projections that are
+real nn.Linear modules which timm's init, fix_init and module replacement (LoRA, quantisation)
+reach, the names PyTorch/timm/NATTEN use, errors that name the layer, the memory format kept,
+type hints."""
+import inspect
+import math
+import typing
+from importlib import resources
+
+import pytest
+import torch
+from torch import nn
+
+import convnn
+from convnn.nn import BranchingConv2d, ConvNN1d, ConvNN2d, ConvNNAttention
+
+timm = pytest.importorskip("timm")
+from timm.models.vision_transformer import VisionTransformer  # noqa: E402
+
+PROJECTIONS = ("query_projection", "key_projection", "value_projection", "output_projection")
+
+
+def test_attention_projections_are_linear_modules_with_the_cpp_state_dict_keys():
+    attention = ConvNNAttention(8, 2, 3, qkv_bias=True)
+    for name in PROJECTIONS:
+        assert type(getattr(attention, name)) is nn.Linear
+    keys = set(attention.state_dict())
+    names, _, _ = torch.ops.convnn.layer_parameters("ConvNNAttention", attention._texts)
+    assert keys == set(names)
+    assert {"query_projection.weight", "query_projection.bias", "output_projection.weight"} <= keys
+    assert attention.proj is attention.output_projection
+
+
+class _LowRankDelta(nn.Module):
+    """A LoRA-style wrapper: the base projection plus a low-rank update (what PEFT substitutes)."""
+
+    def __init__(self, base, rank=2):
+        super().__init__()
+        self.base = base
+        self.down = nn.Linear(base.in_features, rank, bias=False, dtype=base.weight.dtype)
+        self.up = nn.Linear(rank, base.out_features, bias=False, dtype=base.weight.dtype)
+        nn.init.normal_(self.up.weight)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+
+def test_a_wrapped_projection_takes_effect_and_equals_its_merged_weight():
+    torch.manual_seed(0)
+    attention = ConvNNAttention(8, 2, 3).double()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    before = attention(x)
+    attention.value_projection = _LowRankDelta(attention.value_projection)
+    wrapped = attention(x)
+    assert not torch.allclose(before, wrapped)
+    # Merging the update into the weight (as PEFT's merge does) gives the same layer.
+    delta = attention.value_projection.up.weight @ attention.value_projection.down.weight
+    merged = ConvNNAttention(8, 2, 3).double()
+    merged.load_state_dict({**{k: v for k, v in attention.state_dict().items() if not k.startswith("value_")},
+                            "value_projection.weight": attention.value_projection.base.weight + delta})
+    torch.testing.assert_close(merged(x), wrapped, rtol=1e-12, atol=1e-12)
+    wrapped.sum().backward()
+    assert attention.value_projection.down.weight.grad.abs().sum() > 0
+
+
+def _timm_vit(**kwargs):
+    return VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=5,
+                             attn_layer=ConvNNAttention.with_options(k=4), **kwargs)
+
+
+def test_timm_weight_init_reaches_the_projections():
+    torch.manual_seed(0)
+    vit = _timm_vit()
+    weights = torch.cat([getattr(block.attn, name).weight.flatten() for block in vit.blocks for name in PROJECTIONS])
+    # timm's init: trunc_normal_(std=0.02) on every nn.Linear (the C++ default is PyTorch's
+    # kaiming-uniform, std 1/sqrt(3 * 32) = 0.10 here).
+    assert abs(weights.std().item() - 0.02) < 0.002
+
+
+def test_timm_fix_init_rescales_the_output_projection():
+    torch.manual_seed(0)
+    plain = _timm_vit()
+    torch.manual_seed(0)
+    fixed = _timm_vit(fix_init=True)
+    for layer_id, (a, b) in enumerate(zip(plain.blocks, fixed.blocks)):
+        torch.testing.assert_close(b.attn.proj.weight, a.attn.proj.weight / math.sqrt(2.0 * (layer_id + 1)))
+        torch.testing.assert_close(b.attn.query_projection.weight, a.attn.query_projection.weight)
+
+
+def test_type_based_weight_decay_rules_see_the_projections():
+    """timm's param_groups_weight_decay and the usual `isinstance(m, nn.Linear)` rules."""
+    vit = _timm_vit()
+    linear = {name for name, module in vit.named_modules() if isinstance(module, nn.Linear)}
+    assert {f"blocks.0.attn.{name}" for name in PROJECTIONS} <= linear
+
+
+@pytest.mark.parametrize("layer, alias, option, value", [
+    (lambda **kw: ConvNN2d(8, 8, 3, **kw), "num_heads", "heads", 2),
+    (lambda **kw: ConvNN1d(8, 8, 3, **kw), "num_heads", "heads", 4),
+    (lambda **kw: ConvNNAttention(8, 2, 3, **kw), "is_causal", "causal", True),
+])
+def test_pytorch_names_are_accepted_for_the_same_options(layer, alias, option, value):
+    assert layer(**{alias: value}).options[option] == value
+    with pytest.raises(TypeError, match=f"{alias} and {option} are the same option; give one"):
+        layer(**{alias: value, option: value})
+
+
+def test_is_causal_option_equals_the_causal_mask_at_forward():
+    torch.manual_seed(0)
+    built_causal = ConvNNAttention(8, 2, 3, is_causal=True).double()
+    plain = ConvNNAttention(8, 2, 3).double()
+    plain.load_state_dict(built_causal.state_dict())
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    assert torch.equal(built_causal(x), plain(x, is_causal=True))
+
+
+@pytest.mark.parametrize("build, shape", [
+    (lambda: ConvNN1d(4, 6, 3), (2, 4, 9)),
+    (lambda: ConvNN2d(4, 6, 3), (2, 4, 5, 5)),
+    (lambda: ConvNNAttention(8, 2, 3), (2, 5, 8)),
+    (lambda: BranchingConv2d(4, 6), (2, 4, 5, 5)),
+])
+def test_a_dtype_mismatch_names_the_layer(build, shape):
+    layer = build()
+    with pytest.raises(RuntimeError, match=rf"{type(layer).__name__}: input is Double but the layer's parameters "
+                                           r"are Float"):
+        layer(torch.randn(*shape, dtype=torch.float64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts; no mismatch to report there
+        layer(torch.randn(*shape, dtype=torch.float64).float())
+
+
+@pytest.mark.parametrize("build", [lambda: ConvNN2d(4, 6, 3, padding=1), lambda: BranchingConv2d(4, 6)])
+def test_a_channels_last_input_gives_a_channels_last_output_as_conv2d_does(build):
+    torch.manual_seed(0)
+    layer = build().double()
+    x = torch.randn(2, 4, 5, 6, dtype=torch.float64)
+    out = layer(x.to(memory_format=torch.channels_last))
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert nn.Conv2d(4, 6, 3)(x.float().to(memory_format=torch.channels_last)).is_contiguous(
+        memory_format=torch.channels_last)
+    # The same values (the convolutions of the branching layer sum in another order in channels_last).
+    torch.testing.assert_close(out, layer(x), rtol=1e-12, atol=1e-12)
+
+
+def test_the_branching_layer_builds_as_its_docstring_shows():
+    signature = inspect.signature(BranchingConv2d)
+    assert list(signature.parameters)[:2] == ["in_channels", "out_channels"]
+    layer = BranchingConv2d(8, 16, lambda_=0.5, k=9, similarity="cosine")
+    assert layer(torch.randn(1, 8, 6, 6)).shape == (1, 16, 6, 6)
+    for word in ("lambda_", "k=9"):
+        assert word in BranchingConv2d.__doc__
+
+
+def test_the_package_ships_type_hints():
+    assert resources.files("convnn").joinpath("py.typed").is_file()
+    for layer in (ConvNN1d, ConvNN2d, ConvNNAttention, BranchingConv2d):
+        hints = typing.get_type_hints(layer.forward)
+        assert hints["return"] is torch.Tensor
+        assert layer.forward.__doc__, f"{layer.__name__}.forward has no docstring"
+    assert typing.get_type_hints(convnn.models.create_model)["return"] is nn.Module
+
+
+def _tiny_vit(attn_layer=None, **kwargs):
+    extra = {} if attn_layer is None else {"attn_layer": attn_layer}
+    return VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5,
+                             **extra, **kwargs)
+
+
+def test_an_mhsa_vit_converted_at_k_equal_n_computes_what_the_mhsa_vit_does():
+    """The converter maps timm's qkv/proj onto the four projections; with K = the token count and
+    the layer's defaults (scaled_dot, softmax, kernel of ones) ConvNN attention is attention."""
+    torch.manual_seed(0)
+    mhsa = _tiny_vit().double().eval()
+    tokens = (16 // 4) ** 2 + 1
+    converted = _tiny_vit(ConvNNAttention.with_options(k=tokens)).double().eval()
+    converted.load_state_dict(convnn.pretrained.mhsa_to_convnn_state_dict(mhsa.state_dict(), converted))
+    images = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    torch.testing.assert_close(converted(images), mhsa(images), rtol=1e-10, atol=1e-10)
+    for block, source in zip(converted.blocks, mhsa.blocks):
+        assert torch.equal(block.attn.proj.weight, source.attn.proj.weight)
+        assert torch.equal(torch.cat([block.attn.query_projection.bias, block.attn.key_projection.bias,
+                                      block.attn.value_projection.bias]), source.attn.qkv.bias)
+
+
+def test_the_converter_names_what_does_not_fit():
+    mhsa = _tiny_vit(qkv_bias=False)
+    with_bias = _tiny_vit(ConvNNAttention.with_options(k=4))
+    with pytest.raises(ValueError, match=r"no blocks\.0\.attn\.qkv\.bias for blocks\.0\.attn"):
+        convnn.pretrained.mhsa_to_convnn_state_dict(mhsa.state_dict(), with_bias)
+    state = _tiny_vit().state_dict()
+    state["blocks.1.attn.qkv.weight"] = state["blocks.1.attn.qkv.weight"][:48]
+    with pytest.raises(ValueError, match=r"blocks\.1\.attn\.qkv\.weight has shape \(48, 32\), but blocks\.1\.attn "
+                                         r"has embed_dim 32"):
+        convnn.pretrained.mhsa_to_convnn_state_dict(state, with_bias)
+    with pytest.raises(ValueError, match="no ConvNNAttention layer"):
+        convnn.pretrained.mhsa_to_convnn_state_dict(state, _tiny_vit())
