@@ -109,13 +109,14 @@ def test_options_are_checked_by_the_cpp_registry():
 
 # ------------------------------------------------------------------------ the registry's table
 
-def run_cli(*args):
+def run_cli(*args, check=True):
     from cli_support import BINARY
 
     if not os.path.exists(BINARY):
         pytest.skip(f"the convnn command is not built ({BINARY})")
-    return subprocess.run([BINARY, *args], capture_output=True, text=True, check=True,
-                          env={**os.environ, "CONVNN_NUM_THREADS": "1"}).stdout
+    result = subprocess.run([BINARY, *args], capture_output=True, text=True, check=check,
+                            env={**os.environ, "CONVNN_NUM_THREADS": "1"})
+    return result.stdout if check else result
 
 
 def test_the_cpp_table_is_the_one_list_of_models():
@@ -148,3 +149,11 @@ def test_an_unknown_model_is_refused_with_the_valid_names():
     valid = ", ".join(models.model_names())
     with pytest.raises(RuntimeError, match=re.escape(f"model must be one of {valid}; got 'vit_huge'")):
         models.create_model("vit_huge")
+    valid = ",".join(models.model_names())
+    result = run_cli("info", "--model", "vit_huge", check=False)
+    assert result.returncode != 0 and f"vit_huge not in {{{valid}}}" in result.stderr
+    result = run_cli("info", check=False)
+    assert result.returncode == 1 and result.stderr.strip() == (
+        "convnn: error: info: --model is required (convnn info --list names the models)")
+    result = run_cli("info", "--list", "--model", "resnet18", check=False)
+    assert result.returncode != 0 and "excludes --list" in result.stderr

@@ -198,6 +198,11 @@ def test_a_new_classifier_trains_and_keeps_the_device_and_dtype():
     assert ours.head.weight.grad is not None
     features = ours.forward_features(x.double())
     assert torch.equal(ours.forward_head(features, pre_logits=True), features[:, 1:].mean(1))
+    # timm's global_pool argument sets the pooling at creation.
+    pooled = timm.create_model("convnn_vit_tiny_patch4", depth=1, num_classes=4, global_pool="avg")
+    assert pooled.global_pool == "avg" and pooled(x).shape == (2, 4)
+    with pytest.raises(ValueError, match="global_pool must be one of"):
+        timm.create_model("convnn_resnet18", global_pool="map")
 
 
 @pytest.mark.parametrize("family", ["resnet", "vit"])
