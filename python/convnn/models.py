@@ -72,17 +72,14 @@ def _take_indices(count, indices):
     return taken, max(taken)
 
 
-def _pool_tokens(x, pool, prefix_tokens):
-    """A ViT head's pooling of tokens [B, N, C] (timm's global_pool values)."""
-    if pool == "token":
-        return x[:, 0]
-    patches = x[:, prefix_tokens:]
+def _pool(x, pool, dims):
+    """timm's global pooling over `dims`: avg, max, avgmax; '' pools nothing."""
     if pool == "avg":
-        return patches.mean(1)
+        return x.mean(dims)
     if pool == "max":
-        return patches.amax(1)
+        return x.amax(dims)
     if pool == "avgmax":
-        return 0.5 * (patches.amax(1) + patches.mean(1))
+        return 0.5 * (x.mean(dims) + x.amax(dims))
     return x
 
 
@@ -149,12 +146,7 @@ class ResNet(_GradCheckpointing, nn.Module):
 
     def forward_head(self, x, pre_logits=False):
         """The map [B, C, H, W] pooled (global_pool) to [B, C], then the classifier unless pre_logits."""
-        if self.global_pool == "avg":
-            x = x.mean((2, 3))
-        elif self.global_pool == "max":
-            x = x.amax((2, 3))
-        elif self.global_pool == "avgmax":
-            x = 0.5 * (x.mean((2, 3)) + x.amax((2, 3)))
+        x = _pool(x, self.global_pool, (2, 3))
         return x if pre_logits else self.fc(x)
 
     def forward(self, images):
@@ -288,18 +280,24 @@ class VisionTransformer(_GradCheckpointing, nn.Module):
     def _norm(self, x):
         return self.norm(x) if "norm" in self._modules else x
 
-    def forward_features(self, images):
-        """images [B, C, H, W] -> tokens [B, 1 + patches, embed_dim] (class token first), after the
-        final norm (the paper variant has none)."""
+    def _tokens(self, images):
         x = self._embed(images)
         for block in self.blocks:
             x = self._block(block, x)
-        return self._norm(x)
+        return x
+
+    def forward_features(self, images):
+        """images [B, C, H, W] -> tokens [B, 1 + patches, embed_dim] (class token first), after the
+        final norm (the paper variant has none)."""
+        return self._norm(self._tokens(images))
 
     def forward_head(self, x, pre_logits=False):
         """Tokens [B, N, C] pooled (global_pool: the class token by default) to [B, C], then the head
         unless pre_logits."""
-        x = _pool_tokens(x, self.global_pool, self.num_prefix_tokens)
+        if self.global_pool == "token":
+            x = x[:, 0]
+        elif self.global_pool:
+            x = _pool(x[:, self.num_prefix_tokens:], self.global_pool, 1)
         return x if pre_logits else self.head(x)
 
     def forward(self, images):
@@ -307,10 +305,7 @@ class VisionTransformer(_GradCheckpointing, nn.Module):
             return self.forward_head(self.forward_features(images))
         # The class token alone through the final norm (a per-token LayerNorm): the C++ model's
         # computation, equal to forward_head(forward_features(images)).
-        x = self._embed(images)
-        for block in self.blocks:
-            x = self._block(block, x)
-        return self.head(self._norm(x.select(1, 0)))
+        return self.head(self._norm(self._tokens(images).select(1, 0)))
 
     def get_classifier(self):
         return self.head
