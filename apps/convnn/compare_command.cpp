@@ -238,9 +238,9 @@ Command add_compare_command(CLI::App& app) {
       ->check(explicit_value("32"))
       ->group("Compare");
   sub->add_option("--families", args->families, "resnet, vit or both (default resnet,vit)")
-      ->delimiter(',')->check(CLI::IsMember({"resnet", "vit"}))->group("Compare");
+      ->delimiter(',')->check(CLI::IsMember(models::model_family_names()))->group("Compare");
   sub->add_option("--vit-model", args->vit_model, "ViT preset of the attention cells (default vit_tiny)")
-      ->check(CLI::IsMember({"vit_tiny", "vit_small", "vit_base"}))
+      ->check(CLI::IsMember(models::model_names(models::ModelFamily::ViT)))
       ->group("Compare");
   sub->add_option("--vit-patch", args->vit_patch, "ViT patch size (default 4)")
       ->check(explicit_value("4"))

@@ -1,5 +1,6 @@
 // `convnn info`: a registry model's parameters, MACs, FLOPs and comparisons, per stage (and per
 // operation with --layers), as a table or as JSON. The counting rules are docs/flops.md.
+// `convnn info --list`: the registry's rows (name, family, preset).
 #include <fmt/format.h>
 
 #include <iostream>
@@ -17,6 +18,7 @@ struct InfoArgs {
   models::ModelConfig config;
   bool json = false;
   bool layers = false;
+  bool list = false;
 };
 
 // 25557032 -> "25,557,032"
@@ -41,7 +43,7 @@ std::string describe(const std::string& name, const models::ModelConfig& c) {
   using models::to_string;
   using nn::to_string;
   const auto candidates = [](int64_t r) { return r > 0 ? std::to_string(r) : std::string("all"); };
-  if (name.rfind("resnet", 0) == 0) {
+  if (models::model_entry(name).family == models::ModelFamily::ResNet) {
     const auto o = models::resnet_options(name, c);
     const auto& slots = o.slots();
     auto text = fmt::format("layer={}", to_string(slots.layer()));
@@ -133,7 +135,28 @@ void print_table(const models::Model& model, const models::CostReport& report, b
   }
 }
 
+// One line a model: name, family and the sizes its name stands for; or the rows as JSON.
+void print_list(bool json) {
+  const auto& entries = models::model_entries();
+  if (json) {
+    std::cout << nlohmann::json(entries).dump(2) << "\n";
+    return;
+  }
+  for (const auto& entry : entries) {
+    const nlohmann::json row = entry;
+    std::string preset;
+    for (const auto& item : row.at("preset").items())
+      preset += fmt::format("{}{}={}", preset.empty() ? "" : " ", item.key(), item.value().dump());
+    std::cout << fmt::format("{:<12} {:<7} {}\n", entry.name, models::to_string(entry.family), preset);
+  }
+}
+
 int run_info(const InfoArgs& args) {
+  if (args.list) {
+    print_list(args.json);
+    return 0;
+  }
+  TORCH_CHECK(!args.model.empty(), "info: --model is required (convnn info --list names the models)");
   const auto model = models::build_model(args.model, args.config);
   const auto report = model.cost();
   if (args.json) {
@@ -152,6 +175,9 @@ Command add_info_command(CLI::App& app) {
                                  "Parameters, MACs, FLOPs and comparisons of a model, per stage "
                                  "(counting rules: docs/flops.md)");
   add_model_options(sub, args->model, args->config);
+  sub->get_option("--model")->required(false);
+  sub->add_flag("--list", args->list, "List the registry's models (name, family, preset); with --json as JSON")
+      ->excludes("--model");
   sub->add_flag("--json", args->json, "Print everything, per operation included, as JSON");
   sub->add_flag("--layers", args->layers, "Also list every operation of every layer");
   return {sub, [args] { return run_info(*args); }};

@@ -51,17 +51,159 @@ class ResidualBlock(nn.Module):
         return torch.relu(out + shortcut)
 
 
-class ResNet(_GradCheckpointing, nn.Module):
-    """ResNet-18/34/50 (torchvision's layout); images [B, C, H, W] -> logits [B, classes]."""
+def _take_indices(count, indices):
+    """timm's feature_take_indices: the features to keep of `count` (None: all; an int n: the last
+    n; a sequence: those positions, negative ones from the end), and the largest."""
+    if indices is None:
+        indices = count
+    if isinstance(indices, int):
+        if not 0 < indices <= count:
+            raise ValueError(f"indices = {indices}: the last n features must have n in [1, {count}]")
+        taken = list(range(count - indices, count))
+    else:
+        taken = []
+        for index in indices:
+            absolute = count + index if index < 0 else index
+            if not 0 <= absolute < count:
+                raise ValueError(f"indices: feature {index} is out of range (there are {count}, 0 to {count - 1})")
+            taken.append(absolute)
+        if not taken:
+            raise ValueError("indices: an empty sequence takes no feature")
+    return taken, max(taken)
 
-    def forward(self, images):
-        x = torch.relu(self.bn1(self.conv1(images)))
+
+def _pool(x, pool, dims):
+    """timm's global pooling over `dims`: avg, max, avgmax; '' pools nothing."""
+    if pool == "avg":
+        return x.mean(dims)
+    if pool == "max":
+        return x.amax(dims)
+    if pool == "avgmax":
+        return 0.5 * (x.mean(dims) + x.amax(dims))
+    return x
+
+
+def _new_head(old, in_features, num_classes):
+    """timm's reset_classifier head: Linear(in_features, num_classes) (torch's initialisation) on the
+    old head's device and dtype, or Identity for num_classes 0."""
+    if num_classes == 0:
+        return nn.Identity()
+    reference = next(old.parameters(), None)
+    kwargs = {} if reference is None else dict(device=reference.device, dtype=reference.dtype)
+    return nn.Linear(in_features, num_classes, **kwargs)
+
+
+def _check_pool(model, global_pool, allowed):
+    if global_pool not in allowed:
+        raise ValueError(f"{type(model).__name__}: global_pool must be one of "
+                         f"{', '.join(repr(p) for p in allowed)}, got {global_pool!r}")
+
+
+class ResNet(_GradCheckpointing, nn.Module):
+    """ResNet-18/34/50 (torchvision's layout); images [B, C, H, W] -> logits [B, classes].
+
+    timm's model interface: forward_features (the last stage's map), forward_head(x, pre_logits),
+    get_classifier / reset_classifier(num_classes, global_pool), forward_intermediates (five maps:
+    the stem after its ReLU, then layer1-4), prune_intermediate_layers, feature_info,
+    set_grad_checkpointing, no_weight_decay, group_matcher."""
+
+    _POOLS = ("avg", "max", "avgmax", "")
+
+    def _init_interface(self):
+        self.num_classes = self.fc.out_features
+        self.num_features = self.head_hidden_size = self.fc.in_features
+        self.global_pool = "avg"
+        # Each map's channels and stride: the stem's (and max pool's), then each stage's first block.
+        reduction = self.conv1.stride[0]
+        info = [dict(num_chs=self.bn1.num_features, reduction=reduction, module="bn1")]
+        if "maxpool" in self._modules:
+            reduction *= self.maxpool.stride
+        for stage in ("layer1", "layer2", "layer3", "layer4"):
+            blocks = getattr(self, stage)
+            if "downsample" in blocks[0]._modules:
+                reduction *= blocks[0].downsample[0].stride[0]
+            last = blocks[len(blocks) - 1]
+            channels = [m.num_features for name, m in last.named_children() if name.startswith("bn")][-1]
+            info.append(dict(num_chs=channels, reduction=reduction, module=stage))
+        self.feature_info = info
+
+    def _stem(self, images):
+        return torch.relu(self.bn1(self.conv1(images)))
+
+    def _stage(self, name, x):
+        for block in getattr(self, name):
+            x = self._block(block, x)
+        return x
+
+    def forward_features(self, images):
+        """images [B, C, H, W] -> the last stage's map [B, num_features, H', W']."""
+        x = self._stem(images)
         if "maxpool" in self._modules:
             x = self.maxpool(x)
         for stage in ("layer1", "layer2", "layer3", "layer4"):
-            for block in getattr(self, stage):
-                x = self._block(block, x)
-        return self.fc(x.mean((2, 3)))
+            x = self._stage(stage, x)
+        return x
+
+    def forward_head(self, x, pre_logits=False):
+        """The map [B, C, H, W] pooled (global_pool) to [B, C], then the classifier unless pre_logits."""
+        x = _pool(x, self.global_pool, (2, 3))
+        return x if pre_logits else self.fc(x)
+
+    def forward(self, images):
+        return self.forward_head(self.forward_features(images))
+
+    def get_classifier(self):
+        return self.fc
+
+    def reset_classifier(self, num_classes, global_pool="avg"):
+        """A new classifier of num_classes (0: none, forward returns the pooled features)."""
+        global_pool = self.global_pool if global_pool is None else global_pool
+        _check_pool(self, global_pool, self._POOLS)
+        if global_pool == "" and num_classes > 0:
+            raise ValueError("ResNet: global_pool '' (no pooling) leaves a map, which a classifier of "
+                             f"num_classes = {num_classes} cannot take; use num_classes=0")
+        self.global_pool, self.num_classes = global_pool, num_classes
+        self.fc = _new_head(self.fc, self.num_features, num_classes)
+
+    def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt="NCHW",
+                              intermediates_only=False):
+        """timm's forward_intermediates: the maps of `indices` among the five (0: the stem after
+        its ReLU, 1-4: layer1-4; None: all, an int n: the last n), as [B, C, H, W]; with the final
+        map unless intermediates_only. `norm` has no effect (a ResNet has no final norm), as in timm."""
+        if output_fmt != "NCHW":
+            raise ValueError(f"ResNet: output_fmt must be 'NCHW', got {output_fmt!r}")
+        taken, last = _take_indices(5, indices)
+        intermediates = []
+        x = self._stem(x)
+        if 0 in taken:
+            intermediates.append(x)
+        if "maxpool" in self._modules:
+            x = self.maxpool(x)
+        stages = ("layer1", "layer2", "layer3", "layer4")
+        for i, stage in enumerate(stages[:last] if stop_early else stages, start=1):
+            x = self._stage(stage, x)
+            if i in taken:
+                intermediates.append(x)
+        return intermediates if intermediates_only else (x, intermediates)
+
+    def prune_intermediate_layers(self, indices=1, prune_norm=False, prune_head=True):
+        """Drops the stages after the last of `indices` (and the head): timm's features_only."""
+        taken, last = _take_indices(5, indices)
+        for stage in ("layer1", "layer2", "layer3", "layer4")[last:]:
+            setattr(self, stage, nn.Sequential())
+        if last == 0 and "maxpool" in self._modules:
+            self.maxpool = nn.Identity()
+        if last < 4:
+            self.num_features = self.head_hidden_size = self.feature_info[last]["num_chs"]
+        if prune_head or last < 4:
+            self.reset_classifier(0, "")
+        return taken
+
+    def no_weight_decay(self):
+        return set()
+
+    def group_matcher(self, coarse=False):
+        return dict(stem=r"^conv1|bn1|maxpool", blocks=r"^layer(\d+)" if coarse else r"^layer(\d+)\.(\d+)")
 
 
 class SelfAttention(nn.Module):
@@ -103,13 +245,29 @@ class TransformerBlock(nn.Module):
 
 
 class VisionTransformer(_GradCheckpointing, nn.Module):
-    """timm's layout: patch embedding, class token, position embedding, pre-norm blocks, head."""
+    """timm's layout: patch embedding, class token, position embedding, pre-norm blocks, head.
+
+    timm's model interface: forward_features (every token, after the final norm), forward_head(x,
+    pre_logits), get_classifier / reset_classifier(num_classes, global_pool), forward_intermediates
+    (each block's tokens), prune_intermediate_layers, feature_info, set_grad_checkpointing,
+    no_weight_decay (pos_embed, cls_token), group_matcher."""
+
+    _POOLS = ("token", "avg", "max", "avgmax", "")
+    num_prefix_tokens = 1
 
     def __init__(self, image_size, in_channels):
         super().__init__()
         self.image_size, self.in_channels = image_size, in_channels
 
-    def forward(self, images):
+    def _init_interface(self):
+        self.num_classes = self.head.out_features
+        self.embed_dim = self.num_features = self.head_hidden_size = self.head.in_features
+        self.global_pool = "token"
+        self.patch_size = self.patch_embed.stride[0]
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=self.embed_dim, reduction=self.patch_size)
+                             for i in range(len(self.blocks))]
+
+    def _embed(self, images):
         expected = (self.in_channels, self.image_size, self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"VisionTransformer: images must be [B, {expected[0]}, {expected[1]}, {expected[2]}] "
@@ -117,13 +275,103 @@ class VisionTransformer(_GradCheckpointing, nn.Module):
         x = self.patch_embed(images).flatten(2).transpose(1, 2)
         if "patch_norm" in self._modules:
             x = self.patch_norm(x)
-        x = self.pos_drop(torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed)
+        return self.pos_drop(torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed)
+
+    def _norm(self, x):
+        return self.norm(x) if "norm" in self._modules else x
+
+    def _tokens(self, images):
+        x = self._embed(images)
         for block in self.blocks:
             x = self._block(block, x)
-        cls = x.select(1, 0)
-        if "norm" in self._modules:
-            cls = self.norm(cls)
-        return self.head(cls)
+        return x
+
+    def forward_features(self, images):
+        """images [B, C, H, W] -> tokens [B, 1 + patches, embed_dim] (class token first), after the
+        final norm (the paper variant has none)."""
+        return self._norm(self._tokens(images))
+
+    def forward_head(self, x, pre_logits=False):
+        """Tokens [B, N, C] pooled (global_pool: the class token by default) to [B, C], then the head
+        unless pre_logits."""
+        if self.global_pool == "token":
+            x = x[:, 0]
+        elif self.global_pool:
+            x = _pool(x[:, self.num_prefix_tokens:], self.global_pool, 1)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, images):
+        if self.global_pool != "token":
+            return self.forward_head(self.forward_features(images))
+        # The class token alone through the final norm (a per-token LayerNorm): the C++ model's
+        # computation, equal to forward_head(forward_features(images)).
+        return self.head(self._norm(self._tokens(images).select(1, 0)))
+
+    def get_classifier(self):
+        return self.head
+
+    def reset_classifier(self, num_classes, global_pool=None):
+        """A new head of num_classes (0: none, forward returns the pooled features); global_pool
+        None keeps the pooling."""
+        if global_pool is not None:
+            _check_pool(self, global_pool, self._POOLS)
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        self.head = _new_head(self.head, self.embed_dim, num_classes)
+
+    def forward_intermediates(self, x, indices=None, return_prefix_tokens=False, norm=False, stop_early=False,
+                              output_fmt="NCHW", intermediates_only=False, output_dict=False):
+        """timm's forward_intermediates: the tokens after the blocks of `indices` (None: all, an
+        int n: the last n), without the class token, as [B, C, H, W] maps (output_fmt 'NCHW') or
+        [B, patches, C] ('NLC'); with norm, through the final norm. Returns them with the final
+        tokens (after the norm) unless intermediates_only; return_prefix_tokens pairs each with
+        its class token [B, 1, C]; output_dict returns timm's dict instead."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"VisionTransformer: output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        taken, last = _take_indices(len(self.blocks), indices)
+        batch = x.shape[0]
+        x = self._embed(x)
+        intermediates = []
+        blocks = list(self.blocks)
+        for i, block in enumerate(blocks[:last + 1] if stop_early else blocks):
+            x = self._block(block, x)
+            if i in taken:
+                intermediates.append(self._norm(x) if norm else x)
+        prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
+        intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
+        if output_fmt == "NCHW":
+            side = self.image_size // self.patch_size
+            intermediates = [y.reshape(batch, side, side, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+        if output_dict:
+            result = {"image_intermediates": intermediates}
+            if return_prefix_tokens:
+                result["image_intermediates_prefix"] = prefix
+            if not intermediates_only:
+                result["image_features"] = self._norm(x)
+            return result
+        if return_prefix_tokens:
+            intermediates = list(zip(intermediates, prefix))
+        return intermediates if intermediates_only else (self._norm(x), intermediates)
+
+    def prune_intermediate_layers(self, indices=1, prune_norm=False, prune_head=True):
+        """Drops the blocks after the last of `indices` (and the final norm, the head): timm's
+        features_only."""
+        taken, last = _take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:last + 1]
+        if prune_norm and "norm" in self._modules:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return taken
+
+    def no_weight_decay(self):
+        """The class token and a learned position embedding (a sinusoidal one is a buffer)."""
+        parameters = dict(self.named_parameters(recurse=False))
+        return {name for name in ("pos_embed", "cls_token") if name in parameters}
+
+    def group_matcher(self, coarse=False):
+        return dict(stem=r"^cls_token|pos_embed|patch_embed|patch_norm",
+                    blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
 
 def _on_meta(cls, **kwargs):
@@ -162,17 +410,30 @@ _BUILDERS = {
 _LAYERS = (ConvNN2d, BranchingConv2d, ConvNNAttention)
 
 
-def model_names():
-    return list(_ops.model_names())
-
-
-def create_model(name, **options):
-    """The model `name` (resnet18/34/50, vit_tiny/small/base) with the model options of `convnn
-    info`; the options' names, defaults and checks are the C++ registry's."""
+def _require_models():
     if not _library.has_models():
         raise RuntimeError("this convnn package was built without its models (nlohmann-json's headers "
                            "were missing at build time: install them, e.g. Debian's nlohmann-json3-dev, "
                            "and reinstall convnn)")
+
+
+def model_table():
+    """The C++ registry's rows, in order (what `convnn info --list --json` prints): dicts with the
+    model's name, its family ("resnet" or "vit") and its preset (the sizes the name stands for)."""
+    _require_models()
+    return json.loads(_ops.model_table())
+
+
+def model_names():
+    """The registry's model names, in the table's order."""
+    return [row["name"] for row in model_table()]
+
+
+def create_model(name, **options):
+    """The model `name` (one of model_names(): resnet18/34/50, vit_tiny/small/base/large) with the
+    model options of `convnn info`; the names, options, defaults and checks are the C++ registry's
+    (an unknown name is refused with the valid ones)."""
+    _require_models()
     paths, kinds, arguments, names, tensors, trainable = _ops.model_build(name, json.dumps(options))
     root = None
     for path, kind, argument in zip(paths, kinds, arguments):
@@ -196,6 +457,7 @@ def create_model(name, **options):
         else:
             owner.register_buffer(leaf, tensor)
     root.model_name, root.options = name, options
+    root._init_interface()
     return root
 
 

@@ -1,53 +1,78 @@
 """The convnn models in timm's model registry, registered when timm is installed (`import convnn`
 does it): timm.create_model("convnn_vit_tiny_patch4", num_classes=10) and friends.
 
-  convnn_vit_{tiny,small,base}_patch{4,16}  ViT with ConvNN attention (K = 9 by default); patch 4
-                                            for 32 px images, patch 16 for 224 px
-  convnn_resnet{18,34,50}                   ResNet with branching layers (K = 9, lambda 0.5)
+The names come from the C++ registry's table (convnn.models.model_table(), which `convnn info
+--list` prints), by family:
+
+  ViT     convnn_<name>_patch{4,16}  with ConvNN attention (K = 9 by default); patch 4 for 32 px
+                                     images, patch 16 for 224 px (convnn_vit_large_patch16, ...)
+  ResNet  convnn_<name>              with branching layers (K = 9, lambda 0.5)
 
 timm's arguments map onto the model options of `convnn info`: num_classes, in_chans ->
 in_channels, img_size -> image_size, drop_rate -> dropout, drop_path_rate -> drop_path; any other
-keyword is a model option (e.g. k=16, attention="kvt"). There are no pretrained weights.
+keyword is a model option (e.g. k=16, attention="kvt"). global_pool sets the head's pooling (as
+reset_classifier does). features_only=True (with out_indices) returns timm's FeatureGetterNet over
+the model's forward_intermediates, as timm's own ViTs do: a ResNet's five maps (stem, layer1-4;
+default all), a ViT's blocks (default the last 3). There are no pretrained weights.
 """
 import functools
 
-from . import models
+from . import _library, models
 
 _TIMM_ARGUMENTS = {"in_chans": "in_channels", "img_size": "image_size", "drop_rate": "dropout",
                    "drop_path_rate": "drop_path"}
-
-# name -> (registry model, its defaults)
-_MODELS = {
-    **{f"convnn_vit_{size}_patch{patch}": (f"vit_{size}", dict(attention="convnn", patch_size=patch,
-                                                              image_size=32 if patch == 4 else 224))
-       for size in ("tiny", "small", "base") for patch in (4, 16)},
-    **{f"convnn_resnet{depth}": (f"resnet{depth}", dict(layer="branching")) for depth in (18, 34, 50)},
+# What each family of the C++ table becomes in timm: name suffix -> the defaults of that variant.
+_VARIANTS = {
+    "vit": {f"_patch{patch}": dict(attention="convnn", patch_size=patch, image_size=32 if patch == 4 else 224)
+            for patch in (4, 16)},
+    "resnet": {"": dict(layer="branching")},
 }
+# timm's default feature taps: every ResNet stage (stem included), the last 3 ViT blocks.
+_DEFAULT_OUT_INDICES = {"resnet": (0, 1, 2, 3, 4), "vit": 3}
 
 
-def _default_cfg(model_name, defaults):
+@functools.lru_cache(maxsize=None)
+def timm_models():
+    """timm name -> (registry model, its family, the variant's defaults), from the C++ table."""
+    if not _library.has_models():
+        return {}
+    return {f"convnn_{row['name']}{suffix}": (row["name"], row["family"], defaults)
+            for row in models.model_table() for suffix, defaults in _VARIANTS[row["family"]].items()}
+
+
+def _default_cfg(family, defaults):
     """timm's default config of a model: its input size and class count (no weights to fetch)."""
     size = defaults.get("image_size", 224)
+    vit = family == "vit"
     return {"url": "", "num_classes": 1000, "input_size": (3, size, size), "pool_size": None,
             "crop_pct": 1.0 if size <= 32 else 0.875, "interpolation": "bicubic",
             "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "patch_embed" if model_name.startswith("vit") else "conv1",
-            "classifier": "head" if model_name.startswith("vit") else "fc"}
+            "first_conv": "patch_embed" if vit else "conv1", "classifier": "head" if vit else "fc"}
 
 
-# Read by timm's register_model from this module (timm's convention).
-default_cfgs = {name: _default_cfg(*entry) for name, entry in _MODELS.items()}
+# Read by timm's register_model from this module (timm's convention); filled by register().
+default_cfgs = {}
 
 
 def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=None, **kwargs):
     if pretrained:
         raise ValueError(f"{name}: convnn has no pretrained weights; use pretrained=False")
-    model_name, defaults = _MODELS[name]
+    model_name, family, defaults = timm_models()[name]
+    features_only = kwargs.pop("features_only", False)
+    if features_only:
+        out_indices = kwargs.pop("out_indices", _DEFAULT_OUT_INDICES[family])
+        feature_cls = kwargs.pop("feature_cls", "getter")
+        if feature_cls != "getter":
+            raise ValueError(f"{name}: features_only takes feature_cls='getter' (timm's FeatureGetterNet over "
+                             f"forward_intermediates), got feature_cls={feature_cls!r}")
+    global_pool = kwargs.pop("global_pool", None)
     options = dict(defaults)
     for key, value in kwargs.items():
         if value is not None:
             options[_TIMM_ARGUMENTS.get(key, key)] = value
     model = models.create_model(model_name, **options)
+    if global_pool is not None:
+        model.reset_classifier(model.num_classes, global_pool)
     cfg = dict(default_cfgs[name])
     if pretrained_cfg is not None:
         cfg.update(pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg))
@@ -55,6 +80,13 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
     image_size, channels = options.get("image_size", 224), options.get("in_channels", 3)
     cfg.update(num_classes=options.get("num_classes", 1000), input_size=(channels, image_size, image_size))
     model.pretrained_cfg = model.default_cfg = cfg
+    if features_only:
+        from timm.models._features import FeatureGetterNet
+
+        model = FeatureGetterNet(model, out_indices=out_indices)
+        # As timm's build_model_with_cfg: a backbone's config has no classifier.
+        cfg = {key: value for key, value in cfg.items() if key not in ("num_classes", "classifier", "global_pool")}
+        model.pretrained_cfg = model.default_cfg = cfg
     return model
 
 
@@ -63,7 +95,9 @@ def register():
         from timm.models import register_model
     except ImportError:
         return False
-    for name in _MODELS:
+    entries = timm_models()
+    default_cfgs.update({name: _default_cfg(family, defaults) for name, (_, family, defaults) in entries.items()})
+    for name in entries:
         function = functools.partial(_create, name)
         function.__name__ = name
         function.__module__ = __name__

@@ -4,6 +4,7 @@ model on the same weights (convnn_layer_parity in model mode)."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -104,3 +105,55 @@ def test_options_are_checked_by_the_cpp_registry():
     with pytest.raises(ValueError, match="position embedding fixes the size"):
         models.create_model("vit_tiny", **VIT)(torch.randn(1, 3, 32, 32))
     assert "resnet50" in models.model_names()
+
+
+# ------------------------------------------------------------------------ the registry's table
+
+def run_cli(*args, check=True):
+    from cli_support import BINARY
+
+    if not os.path.exists(BINARY):
+        pytest.skip(f"the convnn command is not built ({BINARY})")
+    result = subprocess.run([BINARY, *args], capture_output=True, text=True, check=check,
+                            env={**os.environ, "CONVNN_NUM_THREADS": "1"})
+    return result.stdout if check else result
+
+
+def test_the_cpp_table_is_the_one_list_of_models():
+    """create_model, `convnn info --list` and compare's choices read one C++ table (test_timm.py
+    checks timm's names against it too)."""
+    table = models.model_table()
+    names = [row["name"] for row in table]
+    assert names == models.model_names() == list(torch.ops.convnn.model_names())
+    assert names == ["resnet18", "resnet34", "resnet50", "vit_tiny", "vit_small", "vit_base", "vit_large"]
+    assert {row["family"] for row in table} == {"resnet", "vit"}
+    assert json.loads(run_cli("info", "--list", "--json")) == table
+    listed = [line.split()[:2] for line in run_cli("info", "--list").splitlines()]
+    assert listed == [[row["name"], row["family"]] for row in table]
+    # compare's --families and --vit-model choices: CLI11 prints them as TEXT:{a,b,...}.
+    help_text = run_cli("compare", "--help")
+    choices = {flag: set(values.split(",")) for flag, values in re.findall(r"(--[a-z-]+) TEXT:\{([^}]*)\}", help_text)}
+    assert choices["--vit-model"] == {row["name"] for row in table if row["family"] == "vit"}
+    assert choices["--families"] == {row["family"] for row in table}
+
+
+def test_vit_large_is_one_row_with_timms_parameter_count():
+    row = next(row for row in models.model_table() if row["name"] == "vit_large")
+    assert row == {"name": "vit_large", "family": "vit",
+                   "preset": {"embed_dim": 1024, "depth": 24, "num_heads": 16, "mlp_dim": 4096}}
+    # timm's vit_large_patch16_224: 304,326,632 (plain attention, 224 px, 1000 classes).
+    assert parameters(models.create_model("vit_large")) == 304_326_632
+
+
+def test_an_unknown_model_is_refused_with_the_valid_names():
+    valid = ", ".join(models.model_names())
+    with pytest.raises(RuntimeError, match=re.escape(f"model must be one of {valid}; got 'vit_huge'")):
+        models.create_model("vit_huge")
+    valid = ",".join(models.model_names())
+    result = run_cli("info", "--model", "vit_huge", check=False)
+    assert result.returncode != 0 and f"vit_huge not in {{{valid}}}" in result.stderr
+    result = run_cli("info", check=False)
+    assert result.returncode == 1 and result.stderr.strip() == (
+        "convnn: error: info: --model is required (convnn info --list names the models)")
+    result = run_cli("info", "--list", "--model", "resnet18", check=False)
+    assert result.returncode != 0 and "excludes --list" in result.stderr

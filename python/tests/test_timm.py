@@ -104,3 +104,196 @@ def test_a_timm_model_built_with_with_options_is_saved_and_loaded_whole(tmp_path
     assert type(attn) is ConvNNAttention and attn.options["k"] == 9 and attn.options["similarity"] == "cosine"
     copied = copy.deepcopy(vit)
     assert torch.equal(copied(x), vit(x))
+
+
+# ------------------------------------------------------------------------ the registry's table
+
+def test_timms_convnn_names_come_from_the_cpp_table():
+    import convnn.models
+
+    expected = []
+    for row in convnn.models.model_table():
+        if row["family"] == "vit":
+            expected += [f"convnn_{row['name']}_patch4", f"convnn_{row['name']}_patch16"]
+        else:
+            expected.append(f"convnn_{row['name']}")
+    assert sorted(timm.list_models("convnn_*")) == sorted(expected)
+    assert "convnn_vit_large_patch16" in expected
+    cfg = timm.models.get_pretrained_cfg("convnn_vit_large_patch16")
+    assert cfg.input_size == (3, 224, 224) and cfg.classifier == "head"
+    with pytest.raises(RuntimeError, match="Unknown model"):
+        timm.create_model("convnn_vit_huge_patch16")
+
+
+def test_convnn_vit_large_patch16_has_timms_parameter_count():
+    """ConvNN attention's depthwise kernel adds 24 blocks x 64 x K to timm's vit_large_patch16_224
+    (304,326,632 parameters); its plain-attention build is exactly timm's count."""
+    with torch.device("meta"):
+        reference = sum(p.numel() for p in timm.create_model("vit_large_patch16_224").parameters())
+    assert reference == 304_326_632
+    model = timm.create_model("convnn_vit_large_patch16", attention="mhsa")
+    assert sum(p.numel() for p in model.parameters()) == reference
+    assert model.blocks[0].attn.num_heads == 16 and len(model.blocks) == 24
+
+
+# ------------------------------------------------------------------- timm's model interface
+
+def _interface_pair(family):
+    """(convnn's timm model, timm's own) of the same shape, small enough for a CPU test."""
+    torch.manual_seed(0)
+    if family == "resnet":
+        ours = timm.create_model("convnn_resnet18", layer="conv", num_classes=10, img_size=64)
+        theirs = timm.create_model("resnet18", num_classes=10)
+        return ours, theirs, torch.randn(2, 3, 64, 64)
+    ours = timm.create_model("convnn_vit_tiny_patch4", depth=3, num_classes=10)
+    theirs = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=3, num_classes=10)
+    return ours, theirs, torch.randn(2, 3, 32, 32)
+
+
+@pytest.mark.parametrize("family", ["resnet", "vit"])
+def test_forward_features_head_and_classifier_behave_as_timms(family):
+    ours, theirs, x = _interface_pair(family)
+    ours.eval(), theirs.eval()
+    with torch.no_grad():
+        for model in (ours, theirs):
+            features = model.forward_features(x)
+            assert torch.equal(model.forward_head(features), model(x))
+        assert ours.forward_features(x).shape == theirs.forward_features(x).shape
+        features = ours.forward_features(x)
+        assert ours.forward_head(features, pre_logits=True).shape == (2, theirs.num_features)
+        assert ours.num_features == ours.head_hidden_size == theirs.num_features
+        assert ours.num_classes == theirs.num_classes == 10
+        assert ours.global_pool == ("avg" if family == "resnet" else "token")
+        head = ours.get_classifier()
+        assert isinstance(head, torch.nn.Linear) and head.in_features == theirs.get_classifier().in_features
+        head_name = ours.pretrained_cfg["classifier"]
+        assert ours.get_submodule(head_name) is head
+        # A new classifier: another size; 0 returns the pooled features, as timm's does.
+        for model in (ours, theirs):
+            model.reset_classifier(5)
+            assert model.get_classifier().out_features == 5 and model.num_classes == 5
+            assert model(x).shape == (2, 5)
+            model.reset_classifier(0)
+            assert isinstance(model.get_classifier(), torch.nn.Identity)
+            assert model(x).shape == (2, model.num_features)
+        assert torch.equal(ours(x), ours.forward_head(features, pre_logits=True))
+        # Another pooling: the head's input changes with it.
+        ours.reset_classifier(3, "max")
+        theirs.reset_classifier(3, "max")
+        assert ours.global_pool == "max" and ours(x).shape == theirs(x).shape == (2, 3)
+        pooled = features.amax((2, 3)) if family == "resnet" else features[:, 1:].amax(1)
+        assert torch.equal(ours.forward_head(features, pre_logits=True), pooled)
+        with pytest.raises(ValueError, match="global_pool must be one of"):
+            ours.reset_classifier(3, "bogus")
+
+
+def test_a_new_classifier_trains_and_keeps_the_device_and_dtype():
+    ours, _, x = _interface_pair("vit")
+    ours = ours.double()
+    ours.reset_classifier(7, "avg")
+    assert ours.head.weight.dtype == torch.float64
+    out = ours(x.double())
+    assert out.shape == (2, 7)
+    out.sum().backward()
+    assert ours.head.weight.grad is not None
+    features = ours.forward_features(x.double())
+    assert torch.equal(ours.forward_head(features, pre_logits=True), features[:, 1:].mean(1))
+    # timm's global_pool argument sets the pooling at creation.
+    pooled = timm.create_model("convnn_vit_tiny_patch4", depth=1, num_classes=4, global_pool="avg")
+    assert pooled.global_pool == "avg" and pooled(x).shape == (2, 4)
+    with pytest.raises(ValueError, match="global_pool must be one of"):
+        timm.create_model("convnn_resnet18", global_pool="map")
+
+
+@pytest.mark.parametrize("family", ["resnet", "vit"])
+def test_forward_intermediates_behave_as_timms(family):
+    ours, theirs, x = _interface_pair(family)
+    ours.eval(), theirs.eval()
+    count = 5 if family == "resnet" else 3
+    with torch.no_grad():
+        for kwargs in (dict(), dict(indices=2), dict(indices=[0, -1]), dict(indices=1, stop_early=True)):
+            final, maps = ours.forward_intermediates(x, **kwargs)
+            their_final, their_maps = theirs.forward_intermediates(x, **kwargs)
+            assert final.shape == their_final.shape, kwargs
+            assert [m.shape for m in maps] == [m.shape for m in their_maps], kwargs
+        # The intermediates alone; the last is the final map (ResNet) / tokens before the norm (ViT).
+        maps = ours.forward_intermediates(x, intermediates_only=True)
+        assert len(maps) == count
+        if family == "resnet":
+            assert torch.equal(maps[-1], ours.forward_features(x))
+            with pytest.raises(ValueError, match="output_fmt"):
+                ours.forward_intermediates(x, output_fmt="NLC")
+        else:
+            tokens = ours.forward_intermediates(x, indices=1, norm=True, output_fmt="NLC", intermediates_only=True)[0]
+            assert torch.equal(tokens, ours.forward_features(x)[:, 1:])
+            assert torch.equal(maps[-1], ours.forward_intermediates(x, indices=1, output_fmt="NLC",
+                                                                     intermediates_only=True)[0]
+                               .reshape(2, 8, 8, -1).permute(0, 3, 1, 2))
+            pairs = ours.forward_intermediates(x, indices=2, return_prefix_tokens=True, intermediates_only=True)
+            their_pairs = theirs.forward_intermediates(x, indices=2, return_prefix_tokens=True, intermediates_only=True)
+            assert [(a.shape, b.shape) for a, b in pairs] == [(a.shape, b.shape) for a, b in their_pairs]
+            result = ours.forward_intermediates(x, output_dict=True)
+            assert set(result) == set(theirs.forward_intermediates(x, output_dict=True))
+        with pytest.raises(ValueError, match="out of range"):
+            ours.forward_intermediates(x, indices=[count])
+
+
+@pytest.mark.parametrize("family", ["resnet", "vit"])
+def test_features_only_gives_timms_feature_maps(family):
+    ours, theirs, x = _interface_pair(family)
+    name = "convnn_resnet18" if family == "resnet" else "convnn_vit_tiny_patch4"
+    options = dict(layer="conv", img_size=64) if family == "resnet" else dict(depth=3)
+    their_name, their_options = (("resnet18", {}) if family == "resnet" else
+                                 ("vit_tiny_patch16_224", dict(img_size=32, patch_size=4, depth=3)))
+    for out_indices in (None, (1, 2)):
+        extra = {} if out_indices is None else dict(out_indices=out_indices)
+        backbone = timm.create_model(name, features_only=True, **options, **extra)
+        reference = timm.create_model(their_name, features_only=True, **their_options, **extra)
+        assert backbone.feature_info.channels() == reference.feature_info.channels()
+        assert backbone.feature_info.reduction() == reference.feature_info.reduction()
+        if family == "vit":
+            assert backbone.feature_info.module_name() == reference.feature_info.module_name()
+        backbone.eval()
+        with torch.no_grad():
+            maps = backbone(x)
+            assert [m.shape for m in maps] == [m.shape for m in reference.eval()(x)]
+            # The maps are the model's own intermediates (the backbone has the same weights).
+            ours.load_state_dict(backbone.model.state_dict(), strict=False)
+            expected = ours.eval().forward_intermediates(x, indices=backbone.out_indices, intermediates_only=True)
+            for got, want in zip(maps, expected):
+                assert torch.equal(got, want)
+        assert "classifier" not in backbone.pretrained_cfg
+        # The backbone holds no head (timm prunes it, and what follows the last tap).
+        assert isinstance(backbone.model.get_classifier(), torch.nn.Identity)
+    with pytest.raises(ValueError, match="feature_cls"):
+        timm.create_model(name, features_only=True, feature_cls="hook", **options)
+
+
+def test_no_weight_decay_and_group_matcher_drive_timms_optimizer():
+    from timm.optim import create_optimizer_v2
+
+    ours, theirs, _ = _interface_pair("vit")
+    assert ours.no_weight_decay() == {"pos_embed", "cls_token"} <= theirs.no_weight_decay()
+    paper = timm.create_model("convnn_vit_tiny_patch4", depth=2, paper=True)
+    assert paper.no_weight_decay() == {"cls_token"}  # its sinusoidal position encoding is a buffer
+    optimizer = create_optimizer_v2(ours, "adamw", weight_decay=0.05)
+    no_decay = {id(p) for group in optimizer.param_groups if group["weight_decay"] == 0.0 for p in group["params"]}
+    assert id(ours.pos_embed) in no_decay and id(ours.cls_token) in no_decay
+    assert id(ours.blocks[0].fc1.weight) not in no_decay
+    # Layer-wise decay reads group_matcher: one scale per block, the stem below them.
+    layered = create_optimizer_v2(ours, "adamw", weight_decay=0.05, layer_decay=0.5)
+    assert len({group["lr_scale"] for group in layered.param_groups}) == len(ours.blocks) + 2
+    resnet, _, _ = _interface_pair("resnet")
+    assert resnet.no_weight_decay() == set()
+    create_optimizer_v2(resnet, "sgd", weight_decay=1e-4, layer_decay=0.5)
+
+
+def test_set_grad_checkpointing_keeps_forward_intermediates():
+    ours, _, x = _interface_pair("vit")
+    expected = ours.forward_intermediates(x, intermediates_only=True)
+    ours.set_grad_checkpointing(True)
+    got = ours.forward_intermediates(x.requires_grad_(), intermediates_only=True)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+    sum(m.sum() for m in got).backward()
+    assert x.grad is not None

@@ -1,6 +1,7 @@
 // The model registry as dispatcher ops, for the Python package (python/convnn/models.py):
 //
 //   convnn::model_names()                 the registry's names
+//   convnn::model_table()                 the registry's rows (name, family, preset), as JSON
 //   convnn::model_config_defaults()       ModelConfig's defaults, as JSON
 //   convnn::model_build(name, config)     the C++ model built once: each module's path, kind and
 //                                         constructor arguments (in registration order), and its
@@ -138,10 +139,13 @@ std::tuple<Texts, Texts, Texts, Texts, std::vector<at::Tensor>, c10::List<bool>>
 
 std::string model_config_defaults() { return json(ModelConfig{}).dump(); }
 
+std::string model_table() { return json(model_entries()).dump(); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("model_names() -> str[]", [] { return model_names(); });
+  m.def("model_table() -> str", &model_table);
   m.def("model_config_defaults() -> str", &model_config_defaults);
   m.def("model_build(str name, str config) -> (str[] paths, str[] kinds, str[] arguments, str[] names, "
         "Tensor[] tensors, bool[] trainable)",

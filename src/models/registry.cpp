@@ -8,12 +8,14 @@
 #include <type_traits>
 #include <utility>
 
+#include "util/enum_names.h"
 #include "util/json_fields.h"
 
 namespace convnn::models {
 namespace {
 
-bool is_resnet(const std::string& name) { return name.rfind("resnet", 0) == 0; }
+constexpr detail::NameTable<ModelFamily, 2> kFamilies{
+    {{"resnet", ModelFamily::ResNet}, {"vit", ModelFamily::ViT}}};
 
 // Each part's fields, in the order of its struct: the one list that both JSON directions and the
 // family check follow.
@@ -129,19 +131,102 @@ void from_json(const nlohmann::json& json, ModelConfig& config) {
                            ModelEnums{});
 }
 
-const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names{"resnet18", "resnet34",  "resnet50",
-                                              "vit_tiny", "vit_small", "vit_base"};
+namespace {
+
+Model build_resnet(const ModelEntry& entry, const ModelConfig& config) {
+  ResNet net(resnet_options(entry.name, config));
+  Model model(entry.name, config, torch::nn::AnyModule(net),
+              [net](int64_t h, int64_t w) { return net->cost(h, w); });
+  net->check_image_size(config.image_size, config.image_size);
+  return model;
+}
+
+Model build_vit(const ModelEntry& entry, const ModelConfig& config) {
+  VisionTransformer net(vit_options(entry.name, config));
+  return Model(entry.name, config, torch::nn::AnyModule(net),
+               [net](int64_t h, int64_t w) { return net->cost(h, w); });
+}
+
+ModelEntry resnet(std::string name, int64_t depth) {
+  return {std::move(name), ModelFamily::ResNet, ResNetOptions(depth), &build_resnet};
+}
+
+ModelEntry vit(std::string name, VisionTransformerOptions preset) {
+  return {std::move(name), ModelFamily::ViT, std::move(preset), &build_vit};
+}
+
+}  // namespace
+
+const char* to_string(ModelFamily family) { return detail::name_of(kFamilies, family); }
+
+ModelFamily parse_model_family(std::string_view name) { return detail::parse_name(kFamilies, name, "family"); }
+
+const std::vector<std::string>& model_family_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const auto& [name, family] : kFamilies) all.emplace_back(name);
+    return all;
+  }();
   return names;
 }
 
-void validate(const std::string& name, const ModelConfig& c) {
-  const auto& names = model_names();
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
-    std::string known;
-    for (const auto& n : names) known += known.empty() ? n : ", " + n;
-    TORCH_CHECK(false, "model must be one of ", known, "; got '", name, "'");
+// Adding a model is adding its row.
+const std::vector<ModelEntry>& model_entries() {
+  static const std::vector<ModelEntry> entries{
+      resnet("resnet18", 18),
+      resnet("resnet34", 34),
+      resnet("resnet50", 50),
+      vit("vit_tiny", VisionTransformerOptions::tiny()),
+      vit("vit_small", VisionTransformerOptions::small()),
+      vit("vit_base", VisionTransformerOptions::base()),
+      vit("vit_large", VisionTransformerOptions::large()),
+  };
+  return entries;
+}
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const auto& entry : model_entries()) all.push_back(entry.name);
+    return all;
+  }();
+  return names;
+}
+
+std::vector<std::string> model_names(ModelFamily family) {
+  std::vector<std::string> names;
+  for (const auto& entry : model_entries()) {
+    if (entry.family == family) names.push_back(entry.name);
   }
+  return names;
+}
+
+const ModelEntry& model_entry(const std::string& name) {
+  const auto& entries = model_entries();
+  const auto found =
+      std::find_if(entries.begin(), entries.end(), [&](const ModelEntry& e) { return e.name == name; });
+  if (found != entries.end()) return *found;
+  std::string known;
+  for (const auto& entry : entries) known += known.empty() ? entry.name : ", " + entry.name;
+  TORCH_CHECK(false, "model must be one of ", known, "; got '", name, "'");
+}
+
+void to_json(nlohmann::json& json, const ModelEntry& entry) {
+  nlohmann::json preset;
+  if (const auto* r = std::get_if<ResNetOptions>(&entry.preset)) {
+    preset = {{"depth", r->depth()}};
+  } else {
+    const auto& v = std::get<VisionTransformerOptions>(entry.preset);
+    preset = {{"embed_dim", v.embed_dim()},
+              {"depth", v.depth()},
+              {"num_heads", v.num_heads()},
+              {"mlp_dim", v.mlp_dim() > 0 ? v.mlp_dim() : 4 * v.embed_dim()}};
+  }
+  json = {{"name", entry.name}, {"family", to_string(entry.family)}, {"preset", preset}};
+}
+
+void validate(const std::string& name, const ModelConfig& c) {
+  const auto& entry = model_entry(name);
   TORCH_CHECK(c.num_classes >= 1, "num_classes must be at least 1, got ", c.num_classes);
   TORCH_CHECK(c.in_channels >= 1, "in_channels must be at least 1, got ", c.in_channels);
   TORCH_CHECK(c.image_size >= 1, "image_size must be at least 1, got ", c.image_size);
@@ -150,7 +235,7 @@ void validate(const std::string& name, const ModelConfig& c) {
   TORCH_CHECK(v.num_candidates >= 0, "num_candidates must be 0 (all) or positive, got ", v.num_candidates);
   TORCH_CHECK(v.num_candidates == 0 || v.k <= v.num_candidates, "k = ", v.k,
               " must not exceed num_candidates = ", v.num_candidates, " (k of the r random candidates)");
-  if (is_resnet(name)) {
+  if (entry.family == ModelFamily::ResNet) {
     check_family_unused(c.vit, visit_vit_fields, name, "ViT",
                         option_names(ResNetConfig{}, visit_resnet_fields));
     const auto& r = c.resnet;
@@ -186,7 +271,9 @@ void validate(const std::string& name, const ModelConfig& c) {
 
 ResNetOptions resnet_options(const std::string& name, const ModelConfig& c) {
   validate(name, c);
-  const int64_t depth = std::stoll(name.substr(std::string_view("resnet").size()));
+  const auto& entry = model_entry(name);
+  TORCH_CHECK(entry.family == ModelFamily::ResNet, name, " is not a ResNet (its family is ",
+              to_string(entry.family), ")");
   const auto& v = c.convnn;
   const auto& r = c.resnet;
   const auto convnn = nn::ConvNN2dOptions(1, 1, v.k)
@@ -195,7 +282,7 @@ ResNetOptions resnet_options(const std::string& name, const ModelConfig& c) {
                           .similarity(v.similarity.value_or(Similarity::Cosine))
                           .rho(v.rho.value_or(nn::Rho::Uniform))
                           .aggregation(v.aggregation.value_or(nn::Aggregation::Standard));
-  return ResNetOptions(depth)
+  return ResNetOptions(std::get<ResNetOptions>(entry.preset))
       .num_classes(c.num_classes)
       .in_channels(c.in_channels)
       .width(r.width)
@@ -207,9 +294,10 @@ VisionTransformerOptions vit_options(const std::string& name, const ModelConfig&
   validate(name, c);
   const auto& v = c.convnn;
   const auto& t = c.vit;
-  auto o = name == "vit_tiny"    ? VisionTransformerOptions::tiny()
-           : name == "vit_small" ? VisionTransformerOptions::small()
-                                 : VisionTransformerOptions::base();
+  const auto& entry = model_entry(name);
+  TORCH_CHECK(entry.family == ModelFamily::ViT, name, " is not a ViT (its family is ", to_string(entry.family),
+              ")");
+  auto o = std::get<VisionTransformerOptions>(entry.preset);
   if (t.embed_dim) o.embed_dim(*t.embed_dim);
   if (t.depth) o.depth(*t.depth);
   if (t.num_heads) o.num_heads(*t.num_heads);
@@ -253,16 +341,8 @@ int64_t Model::parameter_count() const {
 }
 
 Model build_model(const std::string& name, const ModelConfig& config) {
-  if (is_resnet(name)) {
-    ResNet net(resnet_options(name, config));
-    Model model(name, config, torch::nn::AnyModule(net),
-                [net](int64_t h, int64_t w) { return net->cost(h, w); });
-    net->check_image_size(config.image_size, config.image_size);
-    return model;
-  }
-  VisionTransformer net(vit_options(name, config));
-  return Model(name, config, torch::nn::AnyModule(net),
-               [net](int64_t h, int64_t w) { return net->cost(h, w); });
+  const auto& entry = model_entry(name);
+  return entry.build(entry, config);
 }
 
 }  // namespace convnn::models

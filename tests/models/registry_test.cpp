@@ -28,7 +28,7 @@ ModelConfig small_config(const std::string& name) {
   ModelConfig config;
   config.image_size = 32;
   config.num_classes = 10;
-  if (name.rfind("resnet", 0) == 0) {
+  if (model_entry(name).family == ModelFamily::ResNet) {
     config.resnet.small_stem = true;
     config.resnet.width = 16;
   } else {
@@ -41,7 +41,7 @@ ModelConfig small_config(const std::string& name) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const auto& name : model_names()) {
-    const bool resnet = name.rfind("resnet", 0) == 0;
+    const bool resnet = model_entry(name).family == ModelFamily::ResNet;
     for (int choice = 0; choice < 3; ++choice) {
       auto config = small_config(name);
       std::string label = name + "_";
@@ -116,7 +116,7 @@ TEST_P(RegistryModel, PrettyPrintShowsTheModelAndItsLayers) {
   std::ostringstream stream;
   stream << *build_model(c.name, c.config).module();
   const auto text = stream.str();
-  const bool resnet = c.name.rfind("resnet", 0) == 0;
+  const bool resnet = model_entry(c.name).family == ModelFamily::ResNet;
   EXPECT_NE(text.find(resnet ? "convnn::models::ResNet(depth=" : "convnn::models::VisionTransformer("),
             std::string::npos)
       << text;
@@ -217,7 +217,9 @@ void expect_error_mentions(const std::function<void()>& f, const std::vector<std
 }
 
 TEST(Registry, ErrorsNameTheOptionTheValueAndTheRule) {
-  expect_error_mentions([] { build_model("resnet99"); }, {"model", "resnet99", "resnet50", "vit_base"});
+  expect_error_mentions([] { build_model("resnet99"); },
+                        {"model must be one of resnet18, resnet34, resnet50, vit_tiny, vit_small, vit_base, vit_large",
+                         "got 'resnet99'"});
   expect_error_mentions([] { nlohmann::json{{"kk", 3}}.get<ModelConfig>(); }, {"unknown option", "kk"});
   expect_error_mentions(
       [] {
@@ -282,6 +284,49 @@ TEST(Registry, ConvNNOptionsAModelDoesNotUseAreRefusedByName) {
                         {"similarity = dot is not used by vit_tiny with attention mhsa"});
   config.vit.attention = ViTAttention::ConvNN;
   EXPECT_NO_THROW(validate("vit_tiny", config));
+}
+
+// The registry is one table: the names, the families and the builders all come from its rows, and
+// every other list (convnn info --list, compare's choices, Python's create_model, timm's names)
+// reads it (python/tests/test_models.py compares them).
+TEST(Registry, IsOneTableOfNamedRows) {
+  const auto& entries = model_entries();
+  std::vector<std::string> names;
+  for (const auto& entry : entries) {
+    names.push_back(entry.name);
+    EXPECT_EQ(&model_entry(entry.name), &entry) << entry.name;
+    // The preset is the family's options; the builder builds that family's module.
+    EXPECT_EQ(std::holds_alternative<ResNetOptions>(entry.preset), entry.family == ModelFamily::ResNet) << entry.name;
+    const nlohmann::json row = entry;
+    EXPECT_EQ(row.at("name"), entry.name);
+    EXPECT_EQ(row.at("family"), to_string(entry.family));
+    EXPECT_EQ(parse_model_family(row.at("family").get<std::string>()), entry.family);
+  }
+  EXPECT_EQ(names, model_names());
+  EXPECT_EQ(names, (std::vector<std::string>{"resnet18", "resnet34", "resnet50", "vit_tiny", "vit_small", "vit_base",
+                                             "vit_large"}));
+  EXPECT_EQ(model_names(ModelFamily::ViT),
+            (std::vector<std::string>{"vit_tiny", "vit_small", "vit_base", "vit_large"}));
+  EXPECT_EQ(model_family_names(), (std::vector<std::string>{"resnet", "vit"}));
+  EXPECT_EQ(nlohmann::json(model_entry("resnet50")).at("preset"), (nlohmann::json{{"depth", 50}}));
+  EXPECT_EQ(nlohmann::json(model_entry("vit_large")).at("preset"),
+            (nlohmann::json{{"embed_dim", 1024}, {"depth", 24}, {"num_heads", 16}, {"mlp_dim", 4096}}));
+  expect_error_mentions([] { model_entry("vit_huge"); }, {"model must be one of", "vit_large", "'vit_huge'"});
+  expect_error_mentions([] { resnet_options("vit_tiny", {}); }, {"vit_tiny is not a ResNet"});
+  expect_error_mentions([] { parse_model_family("convnext"); }, {"family", "resnet, vit", "convnext"});
+}
+
+// vit_large is one row: ViT-L/16 with plain attention at 224 px and 1000 classes has the parameters
+// of timm's vit_large_patch16_224.
+TEST(Registry, VitLargeHasTimmsParameterCount) {
+  const auto model = build_model("vit_large");
+  EXPECT_EQ(model.parameter_count(), 304'326'632);
+  const auto& o = model.get<VisionTransformerImpl>()->options;
+  EXPECT_EQ(o.embed_dim(), 1024);
+  EXPECT_EQ(o.depth(), 24);
+  EXPECT_EQ(o.num_heads(), 16);
+  EXPECT_EQ(o.patch_size(), 16);
+  EXPECT_EQ(model.get<VisionTransformerImpl>()->blocks->size(), 24u);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "convnn/models/cost.h"
@@ -68,11 +70,42 @@ struct ModelConfig {
 void to_json(nlohmann::json& json, const ModelConfig& config);
 void from_json(const nlohmann::json& json, ModelConfig& config);
 
-/// resnet18, resnet34, resnet50, vit_tiny, vit_small, vit_base.
+/// Which options a model takes (ModelConfig's resnet or vit part) and how it is built.
+enum class ModelFamily { ResNet, ViT };
+const char* to_string(ModelFamily family);
+ModelFamily parse_model_family(std::string_view name);
+/// "resnet", "vit": the families in value order.
+const std::vector<std::string>& model_family_names();
+
+class Model;
+
+/// One row of the registry, as timm's model entrypoints: a name, its family, the architecture the
+/// name stands for (its default config, on which a ModelConfig's options apply) and its builder.
+struct ModelEntry {
+  std::string name;
+  ModelFamily family;
+  /// ResNetOptions (the depth) for a ResNet, VisionTransformerOptions (embed_dim, depth, num_heads,
+  /// mlp_dim) for a ViT.
+  std::variant<ResNetOptions, VisionTransformerOptions> preset;
+  /// Builds the model `entry` names with a config (validated first).
+  Model (*build)(const ModelEntry& entry, const ModelConfig& config);
+};
+
+/// The registry: one row per model, in the order `convnn info --list` shows them. Every list of
+/// model names (the command line, the Python package, timm's registration) is read from it.
+const std::vector<ModelEntry>& model_entries();
+/// The row of `name`; c10::Error naming the valid names for an unknown one.
+const ModelEntry& model_entry(const std::string& name);
+/// The names of model_entries(), in order.
 const std::vector<std::string>& model_names();
+/// The names of one family's rows, in order.
+std::vector<std::string> model_names(ModelFamily family);
+/// {"name", "family", "preset": the preset's sizes}: a row for `convnn info --list --json` and Python.
+void to_json(nlohmann::json& json, const ModelEntry& entry);
+
 /// Checks every option's value (c10::Error naming the option, its value and the rule).
 void validate(const std::string& name, const ModelConfig& config);
-/// The options build_model uses for a ResNet / ViT name.
+/// The options build_model uses for a ResNet / ViT name (c10::Error for a name of the other family).
 ResNetOptions resnet_options(const std::string& name, const ModelConfig& config);
 VisionTransformerOptions vit_options(const std::string& name, const ModelConfig& config);
 
@@ -105,7 +138,7 @@ class Model {
   std::function<CostReport(int64_t, int64_t)> cost_;
 };
 
-/// The model `name` (see model_names) with `config`; c10::Error for an unknown name or a bad
+/// The model `name` (see model_entries) with `config`; c10::Error for an unknown name or a bad
 /// option, including a K larger than the tokens some layer sees at this image size.
 Model build_model(const std::string& name, const ModelConfig& config = {});
 

@@ -112,6 +112,8 @@ struct VisionTransformerOptions {
   static VisionTransformerOptions small() { return {384, 12, 6}; }
   /// ViT-B: 768 wide, 12 deep, 12 heads.
   static VisionTransformerOptions base() { return {768, 12, 12}; }
+  /// ViT-L: 1024 wide, 24 deep, 16 heads.
+  static VisionTransformerOptions large() { return {1024, 24, 16}; }
 
   TORCH_ARG(int64_t, embed_dim);
   TORCH_ARG(int64_t, depth);
