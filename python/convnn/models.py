@@ -9,6 +9,7 @@ the C++ one, and the state_dict keys are the C++ ones.
 """
 import json
 import os
+import typing
 import zipfile
 
 import torch
@@ -417,19 +418,19 @@ def _require_models():
                            "and reinstall convnn)")
 
 
-def model_table():
+def model_table() -> typing.List[typing.Dict[str, typing.Any]]:
     """The C++ registry's rows, in order (what `convnn info --list --json` prints): dicts with the
     model's name, its family ("resnet" or "vit") and its preset (the sizes the name stands for)."""
     _require_models()
     return json.loads(_ops.model_table())
 
 
-def model_names():
+def model_names() -> typing.List[str]:
     """The registry's model names, in the table's order."""
     return [row["name"] for row in model_table()]
 
 
-def create_model(name, **options):
+def create_model(name: str, **options: typing.Any) -> nn.Module:
     """The model `name` (one of model_names(): resnet18/34/50, vit_tiny/small/base/large) with the
     model options of `convnn info`; the names, options, defaults and checks are the C++ registry's
     (an unknown name is refused with the valid ones)."""
@@ -475,7 +476,7 @@ def _state_of(root, name):
     return state[name]
 
 
-def load_checkpoint(path, map_location="cpu"):
+def load_checkpoint(path: typing.Union[str, os.PathLike], map_location: typing.Any = "cpu") -> nn.Module:
     """The model of a `convnn train` checkpoint, with its weights.
 
     The file is read with ``torch.load(path, weights_only=True)``: a dict whose ``config`` names

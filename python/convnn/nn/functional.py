@@ -3,6 +3,8 @@ torch.ops.convnn.conv_nn / conv_nn1d / conv_nn2d. Options are the C++ ConvNNFunc
 (required), similarity, heads, alpha, coordinates, padding, num_candidates, include_self,
 slot_order, rho, temperature, kernel_per_head, fused; their defaults are C++'s
 (convnn.nn.functional.option_defaults())."""
+import typing
+
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_scalar
 
@@ -41,17 +43,20 @@ def _texts(where, options):
     return _option_texts(where, options)
 
 
-def conv_nn(queries, keys, values, kernel, bias=None, *, mask=None, coordinates=None, generator=None, **options):
+def conv_nn(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kernel: torch.Tensor, bias: typing.Optional[torch.Tensor] = None, *, mask: typing.Optional[torch.Tensor] = None,
+            coordinates: typing.Optional[torch.Tensor] = None, generator: typing.Optional[torch.Generator] = None, **options: typing.Any) -> torch.Tensor:
     """ConvNN over tokens: queries [B,N,H*dq], keys [B,M,H*dq], values [B,M,H*dv] -> [B,N,H*dv']."""
     return _ops.conv_nn(queries, keys, values, kernel, bias, _texts("conv_nn", options), mask, coordinates,
                         generator)
 
 
-def conv_nn1d(input, kernel, bias=None, *, generator=None, **options):
+def conv_nn1d(input: torch.Tensor, kernel: torch.Tensor, bias: typing.Optional[torch.Tensor] = None, *, generator: typing.Optional[torch.Generator] = None,
+              **options: typing.Any) -> torch.Tensor:
     """ConvNN on [B,C,L] with identity projections -> [B,C',L]."""
     return _ops.conv_nn1d(input, kernel, bias, _texts("conv_nn1d", options), generator)
 
 
-def conv_nn2d(input, kernel, bias=None, *, generator=None, **options):
+def conv_nn2d(input: torch.Tensor, kernel: torch.Tensor, bias: typing.Optional[torch.Tensor] = None, *, generator: typing.Optional[torch.Generator] = None,
+              **options: typing.Any) -> torch.Tensor:
     """ConvNN on [B,C,H,W] with identity projections -> [B,C',H,W]."""
     return _ops.conv_nn2d(input, kernel, bias, _texts("conv_nn2d", options), generator)
