@@ -30,13 +30,19 @@ using bench::Phase;
 using bench::PhaseCost;
 using bench::PhaseResult;
 
+// The flags, by name as typed; their defaults are bench::BenchConfig's (what --help shows).
+const bench::BenchConfig kDefaults;
+
 struct BenchArgs {
-  std::string level = "module";
-  int64_t batch = 32, tokens = 197, channels = 768, heads = 12, k = 8;
-  std::string aggregation = "depthwise", similarity = "scaled_dot", dtype = "float32";
+  std::string level = bench::to_string(kDefaults.level);
+  int64_t batch = kDefaults.batch, tokens = kDefaults.tokens, channels = kDefaults.channels,
+          heads = kDefaults.heads, k = kDefaults.k;
+  std::string aggregation = nn::to_string(kDefaults.aggregation), similarity = to_string(kDefaults.similarity),
+              dtype = bench::dtype_name(kDefaults.dtype);
+  // auto: the impl follows the device (config_of), as the device follows the machine.
   std::string impl = "auto", device = "auto";
-  int64_t iters = 10, warmup = 2, seed = 0;
-  double memory_cap_gib = 8.0;
+  int64_t iters = kDefaults.iters, warmup = kDefaults.warmup, seed = static_cast<int64_t>(kDefaults.seed);
+  double memory_cap_gib = kDefaults.reference_memory_cap / (1ull << 30);
   bool json = false;
   bool sweep = false;
   std::vector<int64_t> sweep_n{197, 1024, 3136, 4096}, sweep_k{8, 9, 16, 25, 100};
@@ -379,43 +385,45 @@ Command add_bench_command(CLI::App& app) {
                                           "ATen) and fused ConvNN paths side by side; with --data, the input "
                                           "pipeline's images/s");
   sub->add_option("--level", args->level, "op: knn_select + softmax + knn_aggregate on [G,N,d]; module: "
-                                          "ConvNNAttention, the reference layer and MHSA (default: module)")
-      ->check(CLI::IsMember({"op", "module"}));
-  sub->add_option("--batch", args->batch, "Batch size B (default: 32; with --data, the loader's batch)");
-  sub->add_option("--tokens", args->tokens, "Sequence length N (default: 197)");
-  sub->add_option("--channels", args->channels, "Embedding dimension C (default: 768)");
-  sub->add_option("--heads", args->heads, "Heads H, must divide C (default: 12)");
-  sub->add_option("--k", args->k, "Neighbours K (default: 8)");
-  sub->add_option("--aggregation", args->aggregation, "depthwise or standard (default: depthwise)")
-      ->check(CLI::IsMember({"depthwise", "standard"}));
-  sub->add_option("--similarity", args->similarity, "scaled_dot or dot (default: scaled_dot)")
-      ->check(CLI::IsMember({"scaled_dot", "dot"}));
-  sub->add_option("--dtype", args->dtype, "float32, float64 or bfloat16 (default: float32)")
-      ->check(CLI::IsMember({"float32", "float64", "bfloat16"}));
+                                          "ConvNNAttention, the reference layer and MHSA")
+      ->check(CLI::IsMember(bench::level_names()));
+  sub->add_option("--batch", args->batch, "Batch size B (with --data, the loader's batch)");
+  sub->add_option("--tokens", args->tokens, "Sequence length N");
+  sub->add_option("--channels", args->channels, "Embedding dimension C");
+  sub->add_option("--heads", args->heads, "Heads H, must divide C");
+  sub->add_option("--k", args->k, "Neighbours K");
+  sub->add_option("--aggregation", args->aggregation, "Aggregation of the ConvNN paths")
+      ->check(CLI::IsMember(nn::aggregation_names()));
+  sub->add_option("--similarity", args->similarity, "Similarity (those of the reference, Algorithm 1)")
+      ->check(CLI::IsMember(bench::similarity_names()));
+  sub->add_option("--dtype", args->dtype, "Dtype of the inputs and weights")
+      ->check(CLI::IsMember(bench::dtype_names()));
+  auto impls = bench::impl_names();
+  impls.insert(impls.begin(), "auto");
   sub->add_option("--impl", args->impl,
                   "fused: convnn's CPU kernels; generic: the device-generic plain-ATen ops, called directly at "
                   "op level, what the dispatcher runs off the CPU at module level; auto: fused on the CPU, generic "
-                  "elsewhere (default: auto)")
-      ->check(CLI::IsMember({"auto", "fused", "generic"}));
+                  "elsewhere")
+      ->check(CLI::IsMember(impls));
   sub->add_option("--device", args->device,
                   "cpu, cuda, cuda:N, ... or auto, the accelerator when one is present, else the CPU; off the "
-                  "CPU only --impl generic runs (default: auto)");
-  sub->add_option("--iters", args->iters, "Timed iterations per phase (default: 10)");
-  sub->add_option("--warmup", args->warmup, "Untimed iterations before them (default: 2)");
-  sub->add_option("--seed", args->seed, "Seed of the inputs and weights (default: 0)");
+                  "CPU only --impl generic runs");
+  sub->add_option("--iters", args->iters, "Timed iterations per phase");
+  sub->add_option("--warmup", args->warmup, "Untimed iterations before them");
+  sub->add_option("--seed", args->seed, "Seed of the inputs and weights");
   sub->add_option("--memory-cap", args->memory_cap_gib,
-                  "Skip the reference when its [G,N,N] score matrix exceeds this many GiB (default: 8)");
+                  "Skip the reference when its [G,N,N] score matrix exceeds this many GiB");
   sub->add_flag("--json", args->json, "Print every number as JSON");
   sub->add_flag("--sweep", args->sweep,
                 "Op-level sweep over --sweep-n x --sweep-k (replaces --level, --batch, --tokens, --k, "
                 "--iters and --warmup by the --sweep-* options)");
-  sub->add_option("--sweep-n", args->sweep_n, "Sequence lengths of the sweep (default: 197 1024 3136 4096)")
+  sub->add_option("--sweep-n", args->sweep_n, "Sequence lengths of the sweep")
       ->delimiter(',');
-  sub->add_option("--sweep-k", args->sweep_k, "Neighbour counts of the sweep (default: 8 9 16 25 100)")
+  sub->add_option("--sweep-k", args->sweep_k, "Neighbour counts of the sweep")
       ->delimiter(',');
-  sub->add_option("--sweep-batch", args->sweep_batch, "Batch size of the sweep (default: 1)");
-  sub->add_option("--sweep-iters", args->sweep_iters, "Timed iterations per phase in the sweep (default: 3)");
-  sub->add_option("--sweep-warmup", args->sweep_warmup, "Warm-up iterations in the sweep (default: 1)");
+  sub->add_option("--sweep-batch", args->sweep_batch, "Batch size of the sweep");
+  sub->add_option("--sweep-iters", args->sweep_iters, "Timed iterations per phase in the sweep");
+  sub->add_option("--sweep-warmup", args->sweep_warmup, "Warm-up iterations in the sweep");
   add_data_bench_options(sub, *data_args);
   return {sub, [args, data_args] {
             if (!data_bench_requested(*data_args)) return run_bench(*args);

@@ -292,15 +292,15 @@ void add_data_bench_options(CLI::App* sub, DataBenchArgs& a) {
                   "Write an ImageFolder (train/, val/, 4 classes) of 500x375 JPEGs (quality 90) made from "
                   "crops of a real photograph, to measure with --data")
       ->group(group);
-  sub->add_option("--images", a.images, "--make-data: training images (default 1000; validation: a tenth)")
+  sub->add_option("--images", a.images, "--make-data: training images (validation: a tenth)")
       ->group(group);
-  sub->add_option("--workers", a.workers, "--data: loader threads (default 2)")->group(group);
-  sub->add_option("--batches", a.batches, "--data: batches timed (default 30; --batch images each)")->group(group);
-  sub->add_option("--image-size", a.image_size, "--data: crop size (default 224)")->group(group);
-  sub->add_option("--recipe", a.recipe, "--data: augmentation recipe (default paper)")
-      ->check(CLI::IsMember({"paper", "none"}))
+  sub->add_option("--workers", a.workers, "--data: loader threads")->group(group);
+  sub->add_option("--batches", a.batches, "--data: batches timed (--batch images each)")->group(group);
+  sub->add_option("--image-size", a.image_size, "--data: crop size")->group(group);
+  sub->add_option("--recipe", a.recipe, "--data: augmentation recipe")
+      ->check(CLI::IsMember(data::recipe_names()))
       ->group(group);
-  sub->add_option("--stage-images", a.stage_images, "--data: images of the per-stage breakdown (default 200)")
+  sub->add_option("--stage-images", a.stage_images, "--data: images of the per-stage breakdown")
       ->group(group);
 }
 

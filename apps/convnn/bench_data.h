@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "convnn/data/config.h"
+
 namespace convnn::cli {
 
 struct DataBenchArgs {
@@ -16,8 +18,8 @@ struct DataBenchArgs {
   int64_t images = 1000;  // --make-data: training images (validation: a tenth more)
   int64_t workers = 2;
   int64_t batches = 30;
-  int64_t image_size = 224;
-  std::string recipe = "paper";
+  int64_t image_size = data::kDefaultFolderImageSize;
+  std::string recipe = data::to_string(data::Recipe::Paper);
   int64_t stage_images = 200;  // images of the one-thread per-stage breakdown
 };
 

@@ -227,32 +227,32 @@ Command add_compare_command(CLI::App& app) {
   add_train_options(sub, args->base);
   // The cells are different models: no one set of weights starts them all.
   sub->remove_option(sub->get_option("--initial-checkpoint"));
-  sub->add_option("--seeds", args->seeds, "Seeds of every cell (default 0)")
+  sub->add_option("--seeds", args->seeds, "Seeds of every cell")
       ->delimiter(',')
-      ->check(explicit_value("seed 0", /*allow_zero=*/true))
+      ->check(explicit_value(fmt::format("seed {}", args->seeds.front()), /*allow_zero=*/true))
       ->group("Compare");
-  sub->add_option("--ks", args->ks, "ConvNN K values (default 4,9,16)")->delimiter(',')->group("Compare");
+  sub->add_option("--ks", args->ks, "ConvNN K values")->delimiter(',')->group("Compare");
   // 0 in the model config means "all candidates" or "the preset's value": given here it would
   // silently turn a cell into another one.
-  sub->add_option("--random-candidates", args->random_candidates, "r of the random-candidate cells (default 32)")
-      ->check(explicit_value("32"))
+  sub->add_option("--random-candidates", args->random_candidates, "r of the random-candidate cells")
+      ->check(explicit_value(std::to_string(args->random_candidates)))
       ->group("Compare");
   sub->add_option("--families", args->families, "resnet, vit or both (default resnet,vit)")
       ->delimiter(',')->check(CLI::IsMember(models::model_family_names()))->group("Compare");
   sub->add_option("--vit-model", args->vit_model, "ViT preset of the attention cells (default vit_tiny)")
       ->check(CLI::IsMember(models::model_names(models::ModelFamily::ViT)))
       ->group("Compare");
-  sub->add_option("--vit-patch", args->vit_patch, "ViT patch size (default 4)")
-      ->check(explicit_value("4"))
+  sub->add_option("--vit-patch", args->vit_patch, "ViT patch size")
+      ->check(explicit_value(std::to_string(args->vit_patch)))
       ->group("Compare");
-  sub->add_option("--vit-depth", args->vit_depth, "ViT blocks (default 4)")
-      ->check(explicit_value("4"))
+  sub->add_option("--vit-depth", args->vit_depth, "ViT blocks")
+      ->check(explicit_value(std::to_string(args->vit_depth)))
       ->group("Compare");
-  sub->add_option("--vit-embed-dim", args->vit_embed_dim, "ViT width (default 96)")
-      ->check(explicit_value("96"))
+  sub->add_option("--vit-embed-dim", args->vit_embed_dim, "ViT width")
+      ->check(explicit_value(std::to_string(args->vit_embed_dim)))
       ->group("Compare");
-  sub->add_option("--vit-heads", args->vit_heads, "ViT heads (default 3)")
-      ->check(explicit_value("3"))
+  sub->add_option("--vit-heads", args->vit_heads, "ViT heads")
+      ->check(explicit_value(std::to_string(args->vit_heads)))
       ->group("Compare");
   return {sub, [args] { return run_compare(*args, command_line()); }};
 }

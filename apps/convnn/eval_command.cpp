@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "convnn/checkpoint/checkpoint.h"
+#include "convnn/data/datasets.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
 #include "plots.h"
@@ -21,7 +22,7 @@ struct EvalArgs {
   train::TrainConfig model;  // --config, --dataset and the model flags: for weights alone
   std::string data_dir;
   std::string val_labels;
-  std::string split = "test";
+  std::string split = data::to_string(data::Split::Test);
   std::string output;
   int64_t batch_size = 256;
   int64_t workers = 2;
@@ -65,7 +66,7 @@ int run_eval(const EvalArgs& a) {
   config.data.workers = a.workers;
   config.data.val_subset = 0;
   config.data.train_subset = 0;
-  const auto split = a.split == "train" ? data::Split::Train : data::Split::Test;
+  const auto split = data::parse_split(a.split);
   const auto result = train::evaluate_checkpoint(
       path, config, split, a.bf16 ? train::Precision::BFloat16 : config.optimization.precision,
       a.allow_non_finite, device, print_skipped_sample);
@@ -89,7 +90,7 @@ void add_weights_only_options(CLI::App* sub, EvalArgs& args) {
       "--config", [&args](const std::string& path) { args.model = train::read_config(path); },
       "Weights alone: JSON config naming the model and data set (keys as in a run's config.json); "
       "flags override it");
-  sub->add_option("--dataset", args.model.data.dataset, "Weights alone: data set (default fashion-mnist)")
+  sub->add_option("--dataset", args.model.data.dataset, "Weights alone: data set")
       ->check(CLI::IsMember(data::config_dataset_names()));
   add_trained_model_options(sub, args.model);
   const auto options = sub->get_options();
@@ -108,14 +109,14 @@ Command add_eval_command(CLI::App& app) {
                   "Checkpoint file, a run directory (its latest), or a state_dict saved by Python's "
                   "torch.save (then give the model with --config or the model flags)")
       ->required();
-  sub->add_option("--data-dir", args->data_dir, "Folder of the data set (default: the run's)");
+  sub->add_option("--data-dir", args->data_dir, "Folder of the data set (unset: the run's)");
   sub->add_option("--val-labels", args->val_labels,
-                  "imagefolder: labels file of a flat val/ folder (default: the run's, else found beside it)");
-  sub->add_option("--split", args->split, "Split to evaluate (default test; the val/ folder of an imagefolder)")
-      ->check(CLI::IsMember({"test", "train"}));
-  sub->add_option("--output", args->output, "Folder for confusion.csv/png (default <run>/eval-<split>)");
-  sub->add_option("-b,--batch-size", args->batch_size, "Batch size (default 256)")->check(CLI::PositiveNumber);
-  sub->add_option("-j,--workers", args->workers, "Data loader threads (default 2)")->check(CLI::NonNegativeNumber);
+                  "imagefolder: labels file of a flat val/ folder (unset: the run's, else found beside it)");
+  sub->add_option("--split", args->split, "Split to evaluate (test: the val/ folder of an imagefolder)")
+      ->check(CLI::IsMember(data::split_names()));
+  sub->add_option("--output", args->output, "Folder for confusion.csv/png (unset: <run>/eval-<split>)");
+  sub->add_option("-b,--batch-size", args->batch_size, "Batch size")->check(CLI::PositiveNumber);
+  sub->add_option("-j,--workers", args->workers, "Data loader threads")->check(CLI::NonNegativeNumber);
   sub->add_flag("--amp", args->bf16, "Evaluate under bfloat16 autocast");
   add_device_option(sub, args->device, "Device to load the checkpoint onto and evaluate on");
   sub->add_flag("--allow-non-finite", args->allow_non_finite,

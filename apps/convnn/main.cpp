@@ -79,11 +79,15 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) typed_command_line += std::string(" ") + argv[i];
   CLI::App app{"convnn: Convolutional Nearest Neighbors on LibTorch"};
   app.require_subcommand(1);
-  int threads = 0;
+  // --help shows every option's default from the field it is bound to (the library's structs),
+  // so that no help text restates one; subcommands inherit this.
+  app.option_defaults()->always_capture_default();
+  int threads = 0;  // 0: not given
   app.add_option("--threads", threads,
-                 "CPU threads for intra-op parallelism (default: CONVNN_NUM_THREADS, else all cores, divided among "
+                 "CPU threads for intra-op parallelism (unset: CONVNN_NUM_THREADS, else all cores, divided among "
                  "torchrun's processes on this machine)")
-      ->check(convnn::cli::explicit_value("CONVNN_NUM_THREADS, else all cores"));
+      ->check(convnn::cli::explicit_value("CONVNN_NUM_THREADS, else all cores"))
+      ->default_str("");  // its 0 means "not given", which the help says
   app.add_flag("--verbose", verbose_errors,
                "on an error, print everything the libraries underneath said, not only its first line");
   const std::vector<convnn::cli::Command> commands{

@@ -4,6 +4,7 @@
 // that every option with a "leave it out" default shares.
 #include <CLI/CLI.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "convnn/models/registry.h"
@@ -11,13 +12,19 @@
 namespace convnn::cli {
 
 /// An option given by name (of an enum field, or of an optional one): CLI11 checks the name
-/// against `names`, `parse` turns it into the value.
+/// against `names` (the library's list of the enum, e.g. nn::aggregation_names()), `parse` turns
+/// it into the value. An enum field shows its struct default in --help, as CLI11 shows a bound
+/// field's; an optional one shows none (unset: the help says what it becomes).
 template <typename Target, typename Parse>
-void add_enum_option(CLI::App* sub, const std::string& flag, Target& target, Parse parse,
-                     std::vector<std::string> names, const std::string& help) {
-  sub->add_option_function<std::string>(
-         flag, [&target, parse](const std::string& s) { target = parse(s); }, help)
-      ->check(CLI::IsMember(std::move(names)));
+CLI::Option* add_enum_option(CLI::App* sub, const std::string& flag, Target& target, Parse parse,
+                             std::vector<std::string> names, const std::string& help) {
+  auto* option = sub->add_option_function<std::string>(
+                        flag, [&target, parse](const std::string& s) { target = parse(s); }, help)
+                     ->check(CLI::IsMember(std::move(names)));
+  if constexpr (std::is_enum_v<Target>) {
+    option->default_function([&target] { return std::string(to_string(target)); })->capture_default_str();
+  }
+  return option;
 }
 
 /// For options whose 0 (or -1) stands for a default: accepts only positive numbers

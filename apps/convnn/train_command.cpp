@@ -100,15 +100,18 @@ Command add_train_command(CLI::App& app) {
   add_train_options(sub, *args);
   // Here, not in add_train_options: `convnn compare` loads no checkpoint it did not just write.
   auto dist_args = std::make_shared<DistArgs>();
+  auto backends = dist::backend_names();
+  backends.insert(backends.begin(), "auto");
   sub->add_option("--dist-backend", dist_args->backend,
-                  "Data parallel (under torchrun): c10d backend, auto (nccl on CUDA, gloo on the CPU), gloo or nccl")
-      ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
+                  "Data parallel (under torchrun): c10d backend; auto: nccl on CUDA, gloo on the CPU")
+      ->check(CLI::IsMember(backends))
       ->group("Distributed");
   auto nproc = std::make_shared<int64_t>(0);
   sub->add_option("--nproc", *nproc,
                   "Data parallel on this machine without torchrun: start N processes of this command "
                   "(as torchrun --nproc-per-node N would)")
       ->check(CLI::PositiveNumber)
+      ->default_str("")  // its 0 means "not given"
       ->group("Distributed");
   sub->add_flag(
          "--sync-bn", args->config.run.sync_bn,
@@ -117,7 +120,7 @@ Command add_train_command(CLI::App& app) {
       ->group("Distributed");
   sub->add_option("--dist-timeout", dist_args->timeout_s,
                   "Data parallel: seconds to wait for the rendezvous, and for a collective before the other "
-                  "processes count as gone (default 300)")
+                  "processes count as gone")
       ->check(CLI::PositiveNumber)
       ->group("Distributed");
   sub->add_flag("--allow-non-finite", args->allow_non_finite,

@@ -16,13 +16,9 @@ namespace {
 
 struct VerifyArgs {
   bool json = false;
-  std::vector<std::string> dtypes{"float32", "float64"};
+  std::vector<std::string> dtypes = verify::dtype_names();
   int64_t seed = -1;  // -1: fresh
 };
-
-c10::ScalarType dtype_named(const std::string& name) {
-  return name == "float64" ? c10::ScalarType::Double : c10::ScalarType::Float;
-}
 
 void print_table(const std::vector<std::pair<std::string, verify::IdentityResult>>& rows) {
   size_t identity_width = 8, config_width = 13;
@@ -44,7 +40,7 @@ int run_verify(const VerifyArgs& args) {
   const uint64_t seed = args.seed >= 0 ? static_cast<uint64_t>(args.seed) : std::random_device{}();
   std::vector<std::pair<std::string, verify::IdentityResult>> rows;
   for (const auto& dtype : args.dtypes) {
-    for (auto& r : verify::run_identities(dtype_named(dtype), seed)) rows.emplace_back(dtype, std::move(r));
+    for (auto& r : verify::run_identities(verify::parse_dtype(dtype), seed)) rows.emplace_back(dtype, std::move(r));
   }
   TORCH_CHECK(!rows.empty(), "verify: no identity was run");
   size_t failed = 0;
@@ -76,10 +72,11 @@ Command add_verify_command(CLI::App& app) {
   auto* sub = app.add_subcommand("verify", "Check every ConvNN identity (convolution, attention, "
                                            "KVT, masks, multi-head) on fresh random inputs");
   sub->add_flag("--json", args->json, "Print the results as JSON");
-  sub->add_option("--dtype", args->dtypes, "Dtypes to check (default: float32 float64)")
-      ->check(CLI::IsMember({"float32", "float64"}));
-  sub->add_option("--seed", args->seed, "Seed of the random inputs (default: fresh)")
-      ->check(explicit_value("a fresh seed", /*allow_zero=*/true));
+  sub->add_option("--dtype", args->dtypes, "Dtypes to check")
+      ->check(CLI::IsMember(verify::dtype_names()));
+  sub->add_option("--seed", args->seed, "Seed of the random inputs (unset: fresh)")
+      ->check(explicit_value("a fresh seed", /*allow_zero=*/true))
+      ->default_str("");  // its -1 means "not given", which the help says
   return {sub, [args] { return run_verify(*args); }};
 }
 

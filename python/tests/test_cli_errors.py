@@ -60,6 +60,7 @@ CONFIG_FILES = {
     "unknown-model-key": ('{"model_config": {"heads": 2}}', ["heads"]),
     "wrong-type": ('{"epochs": "three"}', ["epochs"]),
     "unknown-enum-name": ('{"optimizer": "adamax"}', ["adamax"]),
+    "former-key-beside-current": ('{"optimizer": "sgd", "opt": "adamw"}', ["'optimizer'", "'opt'"]),
     "directory": ("<dir>", []),
     "dev-zero": ("<dev-zero>", ["larger than 4 MiB"]),
 }

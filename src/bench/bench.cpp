@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
@@ -19,9 +20,22 @@
 #include "convnn/nn/modules/convnn.h"
 #include "convnn/ops/knn_ops.h"
 #include "ops/generic/generic.h"
+#include "util/enum_names.h"
 
 namespace convnn::bench {
 namespace {
+
+constexpr detail::NameTable<Level, 2> kLevels{{{"op", Level::Op}, {"module", Level::Module}}};
+constexpr detail::NameTable<Impl, 2> kImpls{{{"fused", Impl::Fused}, {"generic", Impl::Generic}}};
+constexpr detail::NameTable<Phase, 3> kPhaseNames{
+    {{"forward", Phase::Forward}, {"backward", Phase::Backward}, {"forward+backward", Phase::ForwardBackward}}};
+constexpr detail::NameTable<c10::ScalarType, 3> kDtypes{
+    {{"float32", c10::ScalarType::Float}, {"float64", c10::ScalarType::Double}, {"bfloat16", c10::ScalarType::BFloat16}}};
+
+// The reference path is the paper's Algorithm 1 with dot-product scores: the similarities it has.
+bool is_measured(Similarity similarity) {
+  return similarity == Similarity::Dot || similarity == Similarity::ScaledDot;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -286,13 +300,9 @@ std::string bytes_text(double bytes) {
 
 }  // namespace
 
-Level parse_level(const std::string& name) {
-  if (name == "op") return Level::Op;
-  if (name == "module") return Level::Module;
-  TORCH_CHECK(false, "bench: level must be op or module, got '", name, "'");
-}
-
-const char* to_string(Level level) { return level == Level::Op ? "op" : "module"; }
+Level parse_level(const std::string& name) { return detail::parse_name(kLevels, name, "bench: level"); }
+const char* to_string(Level level) { return detail::name_of(kLevels, level); }
+const std::vector<std::string>& level_names() { return detail::table_names<kLevels>(); }
 
 at::Tensor convnn_op(Impl impl, bool composed, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& kernel, int64_t neighbours, Similarity similarity) {
@@ -301,38 +311,34 @@ at::Tensor convnn_op(Impl impl, bool composed, const at::Tensor& q, const at::Te
                                : fused_op(composed, q, k, v, kernel, neighbours, name);
 }
 
-Impl parse_impl(const std::string& name) {
-  if (name == "fused") return Impl::Fused;
-  if (name == "generic") return Impl::Generic;
-  TORCH_CHECK(false, "bench: impl must be fused or generic, got '", name, "'");
+Impl parse_impl(const std::string& name) { return detail::parse_name(kImpls, name, "bench: impl"); }
+const char* to_string(Impl impl) { return detail::name_of(kImpls, impl); }
+const std::vector<std::string>& impl_names() { return detail::table_names<kImpls>(); }
+
+const char* to_string(Phase phase) { return detail::name_of(kPhaseNames, phase); }
+const std::vector<std::string>& phase_names() { return detail::table_names<kPhaseNames>(); }
+
+const std::vector<std::string>& similarity_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> measured;
+    for (const auto& name : convnn::similarity_names()) {
+      if (is_measured(parse_similarity(name))) measured.push_back(name);
+    }
+    return measured;
+  }();
+  return names;
 }
 
-const char* to_string(Impl impl) { return impl == Impl::Fused ? "fused" : "generic"; }
-
-const char* to_string(Phase phase) {
-  switch (phase) {
-    case Phase::Forward: return "forward";
-    case Phase::Backward: return "backward";
-    case Phase::ForwardBackward: return "forward+backward";
-  }
-  return "?";
-}
-
-c10::ScalarType parse_dtype(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "float64") return at::kDouble;
-  if (name == "bfloat16") return at::kBFloat16;
-  TORCH_CHECK(false, "bench: dtype must be float32, float64 or bfloat16, got '", name, "'");
-}
+c10::ScalarType parse_dtype(const std::string& name) { return detail::parse_name(kDtypes, name, "bench: dtype"); }
 
 const char* dtype_name(c10::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kBFloat16: return "bfloat16";
-    default: return c10::toString(dtype);
+  for (const auto& [name, value] : kDtypes) {
+    if (value == dtype) return name;
   }
+  return c10::toString(dtype);  // for a message about a dtype the bench does not measure
 }
+
+const std::vector<std::string>& dtype_names() { return detail::table_names<kDtypes>(); }
 
 void validate(const BenchConfig& c) {
   TORCH_CHECK(c.batch >= 1, "bench: batch must be at least 1, got ", c.batch);
@@ -343,11 +349,11 @@ void validate(const BenchConfig& c) {
   TORCH_CHECK(c.k >= 1 && c.k <= c.tokens, "bench: k must be in [1, tokens = ", c.tokens, "], got ", c.k);
   TORCH_CHECK(c.iters >= 1, "bench: iters must be at least 1, got ", c.iters);
   TORCH_CHECK(c.warmup >= 0, "bench: warmup must be non-negative, got ", c.warmup);
-  TORCH_CHECK(c.similarity == Similarity::Dot || c.similarity == Similarity::ScaledDot,
-              "bench: similarity must be dot or scaled_dot (the reference is Algorithm 1), got ",
-              to_string(c.similarity));
-  TORCH_CHECK(c.dtype == at::kFloat || c.dtype == at::kDouble || c.dtype == at::kBFloat16,
-              "bench: dtype must be float32, float64 or bfloat16, got ", c10::toString(c.dtype));
+  TORCH_CHECK(is_measured(c.similarity), "bench: similarity must be one of ", c10::Join(", ", similarity_names()),
+              " (the reference is Algorithm 1), got ", to_string(c.similarity));
+  const auto& dtypes = dtype_names();
+  TORCH_CHECK(std::find(dtypes.begin(), dtypes.end(), dtype_name(c.dtype)) != dtypes.end(),
+              "bench: dtype must be one of ", c10::Join(", ", dtypes), ", got ", c10::toString(c.dtype));
   TORCH_CHECK(c.reference_memory_cap > 0, "bench: the reference memory cap must be positive, got ",
               c.reference_memory_cap);
   TORCH_CHECK(c.device.is_cpu() || c.device.has_index(), "bench: device ", c.device.str(),

@@ -123,6 +123,7 @@ void check_image_folder(const DataConfig& d, const AugmentationConfig& a) {
 
 Recipe parse_recipe(const std::string& name) { return detail::parse_name(kRecipes, name, "recipe"); }
 std::string to_string(Recipe value) { return detail::name_of(kRecipes, value); }
+const std::vector<std::string>& recipe_names() { return detail::table_names<kRecipes>(); }
 
 const std::vector<std::string>& config_dataset_names() {
   static const std::vector<std::string> names = [] {

@@ -13,7 +13,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const detail::NameTable<DatasetKind, 4> kDatasetNames = {{
+constexpr detail::NameTable<Split, 2> kSplits{{{"train", Split::Train}, {"test", Split::Test}}};
+
+constexpr detail::NameTable<DatasetKind, 4> kDatasetNames = {{
     {"fashion-mnist", DatasetKind::FashionMnist},
     {"mnist", DatasetKind::Mnist},
     {"cifar10", DatasetKind::Cifar10},
@@ -160,14 +162,11 @@ DatasetKind parse_dataset(const std::string& name) {
 
 std::string to_string(DatasetKind kind) { return detail::name_of(kDatasetNames, kind); }
 
-const std::vector<std::string>& dataset_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> all;
-    for (const auto& entry : kDatasetNames) all.push_back(entry.first);
-    return all;
-  }();
-  return names;
-}
+const std::vector<std::string>& dataset_names() { return detail::table_names<kDatasetNames>(); }
+
+Split parse_split(const std::string& name) { return detail::parse_name(kSplits, name, "split"); }
+std::string to_string(Split split) { return detail::name_of(kSplits, split); }
+const std::vector<std::string>& split_names() { return detail::table_names<kSplits>(); }
 
 std::string default_data_dir(DatasetKind kind) {
   if (kind == DatasetKind::FashionMnist) return "/usr/share/datasets/fashion-mnist";

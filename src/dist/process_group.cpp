@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <c10/util/StringUtil.h>
 
 #include <fcntl.h>
 
@@ -16,9 +17,12 @@
 
 #include "dist/backends.h"
 #include "dist/store_socket.h"
+#include "util/enum_names.h"
 
 namespace convnn::dist {
 namespace {
+
+constexpr convnn::detail::NameTable<Backend, 2> kBackends{{{"gloo", Backend::Gloo}, {"nccl", Backend::Nccl}}};
 
 using detail::FileDescriptor;
 using detail::listen_on;
@@ -110,20 +114,19 @@ class DdpReducer final : public GradientReducer {
 
 }  // namespace
 
-std::string to_string(Backend backend) {
-  switch (backend) {
-    case Backend::Gloo: return "gloo";
-    case Backend::Nccl: return "nccl";
-  }
-  return "?";
-}
+std::string to_string(Backend backend) { return convnn::detail::name_of(kBackends, backend); }
+
+const std::vector<std::string>& backend_names() { return convnn::detail::table_names<kBackends>(); }
 
 Backend parse_backend(const std::string& name, const c10::Device& device, const std::string& argument) {
   if (name == "auto") return device.is_cuda() ? Backend::Nccl : Backend::Gloo;
-  TORCH_CHECK(name == "gloo" || name == "nccl", argument, " must be auto, gloo or nccl, got '", name, "'");
-  TORCH_CHECK(name == "gloo" || device.is_cuda(), argument, " nccl needs a CUDA device, got ", device.str(),
-              " (gloo runs on the CPU)");
-  return name == "gloo" ? Backend::Gloo : Backend::Nccl;
+  const auto& names = backend_names();
+  TORCH_CHECK(std::find(names.begin(), names.end(), name) != names.end(), argument, " must be auto or one of ",
+              c10::Join(", ", names), ", got '", name, "'");
+  const auto backend = convnn::detail::parse_name(kBackends, name, argument.c_str());
+  TORCH_CHECK(backend == Backend::Gloo || device.is_cuda(), argument, " nccl needs a CUDA device, got ",
+              device.str(), " (gloo runs on the CPU)");
+  return backend;
 }
 
 std::optional<Environment> environment_from_variables() {

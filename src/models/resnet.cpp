@@ -41,6 +41,7 @@ bool is_slot(const torch::nn::Module& module) {
 
 ResNetLayer parse_resnet_layer(std::string_view name) { return convnn::detail::parse_name(kLayers, name, "layer"); }
 const char* to_string(ResNetLayer layer) { return convnn::detail::name_of(kLayers, layer); }
+const std::vector<std::string>& resnet_layer_names() { return convnn::detail::table_names<kLayers>(); }
 
 // ----------------------------------------------------------------------------- ResidualBlock
 

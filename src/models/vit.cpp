@@ -42,6 +42,10 @@ PositionEmbedding parse_position_embedding(std::string_view name) {
 }
 const char* to_string(ViTAttention attention) { return convnn::detail::name_of(kAttention, attention); }
 const char* to_string(PositionEmbedding embedding) { return convnn::detail::name_of(kPositionEmbedding, embedding); }
+const std::vector<std::string>& vit_attention_names() { return convnn::detail::table_names<kAttention>(); }
+const std::vector<std::string>& position_embedding_names() {
+  return convnn::detail::table_names<kPositionEmbedding>();
+}
 
 at::Tensor sinusoidal_position_encoding(int64_t tokens, int64_t dim) {
   const auto position = at::arange(tokens, at::kDouble).unsqueeze(1);

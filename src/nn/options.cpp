@@ -11,6 +11,7 @@ namespace {
 
 using convnn::detail::name_of;
 using convnn::detail::NameTable;
+using convnn::detail::table_names;
 using convnn::detail::parse_name;
 
 constexpr NameTable<SlotOrder, 2> kSlotOrder{
@@ -38,5 +39,10 @@ const char* to_string(Aggregation v) { return name_of(kAggregation, v); }
 const char* to_string(EvalCandidates v) { return name_of(kEvalCandidates, v); }
 const char* to_string(KernelInit v) { return name_of(kKernelInit, v); }
 const char* to_string(Projection v) { return name_of(kProjection, v); }
+const std::vector<std::string>& slot_order_names() { return table_names<kSlotOrder>(); }
+const std::vector<std::string>& aggregation_names() { return table_names<kAggregation>(); }
+const std::vector<std::string>& eval_candidates_names() { return table_names<kEvalCandidates>(); }
+const std::vector<std::string>& kernel_init_names() { return table_names<kKernelInit>(); }
+const std::vector<std::string>& projection_names() { return table_names<kProjection>(); }
 
 }  // namespace convnn::nn

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <iterator>
 #include <sstream>
+#include <utility>
 
 #include "util/enum_names.h"
 #include "util/json_fields.h"
@@ -39,7 +41,8 @@ struct TrainEnums {
 };
 
 // The one list of fields that both JSON directions follow, in the order of the structs. The
-// JSON is flat: a key per option, as the flags name them.
+// JSON is flat: a key per option, named as its flag with '_' for '-' (as timm's args.yaml);
+// kFormerKeys lists the names files written before held.
 const auto visit_fields = [](auto& c, auto&& visit) {
   visit("model", c.model);
   visit("model_config", c.model_config);
@@ -57,10 +60,8 @@ const auto visit_fields = [](auto& c, auto&& visit) {
   visit("crop_padding", c.augmentation.crop_padding);
   visit("hflip", c.augmentation.hflip);
   visit("recipe", c.augmentation.recipe);
-  visit("scale_min", c.augmentation.scale_min);
-  visit("scale_max", c.augmentation.scale_max);
-  visit("ratio_min", c.augmentation.ratio_min);
-  visit("ratio_max", c.augmentation.ratio_max);
+  visit("scale", detail::field_pair(c.augmentation.scale_min, c.augmentation.scale_max));
+  visit("ratio", detail::field_pair(c.augmentation.ratio_min, c.augmentation.ratio_max));
   visit("rand_augment", c.augmentation.rand_augment);
   visit("rand_augment_ops", c.augmentation.rand_augment_ops);
   visit("rand_augment_mstd", c.augmentation.rand_augment_mstd);
@@ -69,24 +70,23 @@ const auto visit_fields = [](auto& c, auto&& visit) {
   visit("mixup", c.augmentation.mixup);
   visit("cutmix", c.augmentation.cutmix);
   visit("mixup_switch_prob", c.augmentation.mixup_switch_prob);
-  visit("optimizer", c.optimization.optimizer);
+  visit("opt", c.optimization.optimizer);
   visit("lr", c.optimization.lr);
   visit("weight_decay", c.optimization.weight_decay);
   visit("decay_on", c.optimization.decay_on);
-  visit("beta1", c.optimization.beta1);
-  visit("beta2", c.optimization.beta2);
-  visit("eps", c.optimization.eps);
+  visit("opt_betas", detail::field_pair(c.optimization.beta1, c.optimization.beta2));
+  visit("opt_eps", c.optimization.eps);
   visit("momentum", c.optimization.momentum);
   visit("nesterov", c.optimization.nesterov);
   visit("epochs", c.optimization.epochs);
   visit("batch_size", c.optimization.batch_size);
-  visit("schedule", c.optimization.schedule);
+  visit("sched", c.optimization.schedule);
   visit("warmup_epochs", c.optimization.warmup_epochs);
   visit("warmup_lr", c.optimization.warmup_lr);
   visit("min_lr", c.optimization.min_lr);
   visit("smoothing", c.optimization.smoothing);
   visit("clip_grad", c.optimization.clip_grad);
-  visit("accum_steps", c.optimization.accum_steps);
+  visit("grad_accum_steps", c.optimization.accum_steps);
   visit("precision", c.optimization.precision);
   visit("output", c.run.output);
   visit("experiment", c.run.experiment);
@@ -109,6 +109,56 @@ nlohmann::json without_legacy_sentinels(nlohmann::json json) {
   if (!json.is_object()) return json;
   for (const auto& [key, unset] : kLegacyUnset) {
     if (json.contains(key) && json[key].is_number() && json[key].get<double>() == unset) json[key] = nullptr;
+  }
+  return json;
+}
+
+// Keys that files written before the keys were named as the flags hold, with the key each became.
+// A pair's two former keys (beta1, beta2) became one key of two numbers (opt_betas).
+struct FormerKey {
+  const char* former;
+  const char* key;
+};
+constexpr FormerKey kFormerKeys[] = {{"optimizer", "opt"}, {"schedule", "sched"}, {"accum_steps", "grad_accum_steps"},
+                                     {"eps", "opt_eps"}};
+struct FormerPair {
+  const char *first, *second, *key;
+};
+constexpr FormerPair kFormerPairs[] = {
+    {"beta1", "beta2", "opt_betas"}, {"scale_min", "scale_max", "scale"}, {"ratio_min", "ratio_max", "ratio"}};
+
+void check_not_both(const nlohmann::json& json, const char* former, const char* key) {
+  TORCH_CHECK(!json.contains(key), "train config: '", former, "' is the former name of '", key,
+              "'; give only '", key, "'");
+}
+
+// `json` with the former keys under their keys. A pair's former key that is missing keeps
+// `config`'s value, as any key left out does.
+nlohmann::json with_current_keys(nlohmann::json json, const TrainConfig& config) {
+  if (!json.is_object()) return json;
+  for (const auto& [former, key] : kFormerKeys) {
+    if (!json.contains(former)) continue;
+    check_not_both(json, former, key);
+    json[key] = json[former];
+    json.erase(former);
+  }
+  const auto& o = config.optimization;
+  const auto& a = config.augmentation;
+  const std::pair<double, double> current[] = {{o.beta1, o.beta2}, {a.scale_min, a.scale_max}, {a.ratio_min, a.ratio_max}};
+  for (size_t i = 0; i < std::size(kFormerPairs); ++i) {
+    const auto& [first, second, key] = kFormerPairs[i];
+    auto pair = nlohmann::json::array({current[i].first, current[i].second});
+    bool given = false;
+    for (const auto* former : {first, second}) {
+      if (!json.contains(former)) continue;
+      check_not_both(json, former, key);
+      TORCH_CHECK(json[former].is_number(), "train config: ", former, " must be a number, got ",
+                  detail::shown(json[former]));
+      pair[former == first ? 0 : 1] = json[former];
+      json.erase(former);
+      given = true;
+    }
+    if (given) json[key] = pair;
   }
   return json;
 }
@@ -177,6 +227,10 @@ std::string to_string(OptimizerKind value) { return detail::name_of(kOptimizers,
 std::string to_string(DecayOn value) { return detail::name_of(kDecayOn, value); }
 std::string to_string(Schedule value) { return detail::name_of(kSchedules, value); }
 std::string to_string(Precision value) { return detail::name_of(kPrecisions, value); }
+const std::vector<std::string>& optimizer_names() { return detail::table_names<kOptimizers>(); }
+const std::vector<std::string>& decay_on_names() { return detail::table_names<kDecayOn>(); }
+const std::vector<std::string>& schedule_names() { return detail::table_names<kSchedules>(); }
+const std::vector<std::string>& precision_names() { return detail::table_names<kPrecisions>(); }
 
 TrainConfig apply_recipe(TrainConfig config) {
   data::apply_recipe(config.data, config.augmentation);
@@ -188,8 +242,8 @@ void to_json(nlohmann::json& json, const TrainConfig& config) {
 }
 
 void from_json(const nlohmann::json& json, TrainConfig& config) {
-  detail::config_from_json(without_legacy_sentinels(json), config, "train config", visit_fields,
-                           TrainEnums{});
+  detail::config_from_json(with_current_keys(without_legacy_sentinels(json), config), config, "train config",
+                           visit_fields, TrainEnums{});
 }
 
 void validate(const TrainConfig& c) {

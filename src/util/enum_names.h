@@ -25,6 +25,23 @@ Enum parse_name(const NameTable<Enum, N>& names, std::string_view text, const ch
   TORCH_CHECK(false, option, " must be one of ", allowed, "; got '", text, "'");
 }
 
+/// The names of `names` in table order: the list a command line's choices, a public
+/// xxx_names() function and the tests read, so that no caller restates them.
+template <typename Enum, size_t N>
+std::vector<std::string> names_of(const NameTable<Enum, N>& names) {
+  std::vector<std::string> all;
+  all.reserve(N);
+  for (const auto& entry : names) all.emplace_back(entry.first);
+  return all;
+}
+
+/// names_of(Table), built once: what a public xxx_names() function returns.
+template <const auto& Table>
+const std::vector<std::string>& table_names() {
+  static const std::vector<std::string> names = names_of(Table);
+  return names;
+}
+
 template <typename Enum, size_t N>
 const char* name_of(const NameTable<Enum, N>& names, Enum value) {
   for (const auto& [name, v] : names) {

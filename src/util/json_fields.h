@@ -45,10 +45,29 @@ struct is_optional : std::false_type {};
 template <typename T>
 struct is_optional<std::optional<T>> : std::true_type {};
 
+/// Two numbers a struct keeps in two fields and the command line gives as one option of two values
+/// (timm's --opt-betas, --scale, --ratio): one JSON key holding [first, second], so that the key
+/// and the flag match. `T` is double or const double (writing).
+template <typename T>
+struct FieldPair {
+  T& first;
+  T& second;
+};
+template <typename T>
+FieldPair<T> field_pair(T& first, T& second) {
+  return {first, second};
+}
+template <typename T>
+struct is_field_pair : std::false_type {};
+template <typename T>
+struct is_field_pair<FieldPair<T>> : std::true_type {};
+
 template <typename T, typename Enums>
 nlohmann::json field_to_json(const T& value, const Enums& enums) {
   if constexpr (is_optional<T>::value) {
     return value ? field_to_json(*value, enums) : nlohmann::json(nullptr);
+  } else if constexpr (is_field_pair<T>::value) {
+    return nlohmann::json::array({value.first, value.second});
   } else if constexpr (std::is_enum_v<T>) {
     return enums.name(value);
   } else {
@@ -67,6 +86,11 @@ void field_from_json(const nlohmann::json& json, T& value, const char* what, con
     typename T::value_type parsed{};
     field_from_json(json, parsed, what, key, enums);
     value = parsed;
+  } else if constexpr (is_field_pair<T>::value) {
+    TORCH_CHECK(json.is_array() && json.size() == 2 && json[0].is_number() && json[1].is_number(), what, ": ",
+                key, " must be two numbers [first, second], got ", shown(json));
+    value.first = json[0].template get<double>();
+    value.second = json[1].template get<double>();
   } else if constexpr (std::is_enum_v<T>) {
     TORCH_CHECK(json.is_string(), what, ": ", key, " must be a name (string), got ", shown(json));
     value = enums.parse(json.get<std::string>(), static_cast<T*>(nullptr));
@@ -98,6 +122,7 @@ nlohmann::json config_to_json(const Config& config, VisitFields visit_fields, co
   visit_fields(config, [&](const char* key, const auto& field) {
     if constexpr (std::is_enum_v<std::decay_t<decltype(field)>> ||
                   is_optional<std::decay_t<decltype(field)>>::value ||
+                  is_field_pair<std::decay_t<decltype(field)>>::value ||
                   std::is_arithmetic_v<std::decay_t<decltype(field)>> ||
                   std::is_same_v<std::decay_t<decltype(field)>, std::string>) {
       json[key] = field_to_json(field, enums);
@@ -114,7 +139,8 @@ void config_from_json(const nlohmann::json& json, Config& config, const char* wh
                       VisitFields visit_fields, const Enums& enums) {
   TORCH_CHECK(json.is_object(), what, " must be a JSON object, got ", shown(json));
   std::string known;
-  visit_fields(config, [&](const char* key, auto& field) {
+  // auto&&: a FieldPair arrives as a temporary.
+  visit_fields(config, [&](const char* key, auto&& field) {
     known += known.empty() ? key : std::string(", ") + key;
     if (json.contains(key)) field_from_json(json.at(key), field, what, key, enums);
   });

@@ -15,9 +15,13 @@
 
 #include "convnn/nn/functional/convnn.h"
 #include "convnn/nn/modules/convnn.h"
+#include "util/enum_names.h"
 
 namespace convnn::verify {
 namespace {
+
+constexpr detail::NameTable<c10::ScalarType, 2> kDtypes{
+    {{"float32", c10::ScalarType::Float}, {"float64", c10::ScalarType::Double}}};
 
 namespace F = nn::functional;
 using nn::Aggregation;
@@ -525,6 +529,9 @@ void add_multihead_rows(Report& report, Sampler& sampler) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& dtype_names() { return detail::table_names<kDtypes>(); }
+c10::ScalarType parse_dtype(const std::string& name) { return detail::parse_name(kDtypes, name, "verify: dtype"); }
 
 double identity_tolerance(c10::ScalarType dtype) {
   return dtype == c10::ScalarType::Double ? 1e-10 : 1e-5;

@@ -111,7 +111,9 @@ TEST_F(KnnSelectBadInput, MaskOfWrongRankShapeOrDtype) {
 TEST_F(KnnSelectBadInput, DistanceSimilaritiesRejectAdditiveMasksOtherThanZeroAndMinusInf) {
   auto mask = at::zeros({4, 5}, at::kDouble);
   mask[1][2] = -0.5;
-  for (const auto* similarity : {"gaussian", "chebyshev", "l1"}) {
+  // Every distance similarity of the library's list (similarity_names()).
+  for (const auto& similarity : convnn::similarity_names()) {
+    if (!convnn::is_distance_similarity(convnn::parse_similarity(similarity))) continue;
     EXPECT_ERROR(select(q, k, 2, similarity, mask), "additive mask with similarity '", similarity,
                  "must hold only 0 and -inf");
   }

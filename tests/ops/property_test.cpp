@@ -127,7 +127,11 @@ TEST(KnnSelectProperties, EdgeShapesNEqualsOneKEqualsOneKEqualsMAndEmptyBatch) {
 TEST(KnnSelectProperties, KEqualsOneWithDistanceSimilarityAndSelfKeysPicksEachQueryItself) {
   Random random(3);
   const auto x = random.normal({2, 7, 3});
-  for (const auto* s : {"gaussian", "chebyshev", "l1", "cosine"}) {
+  // Every similarity under which a point is most similar to itself: the distances and cosine (the
+  // dot products prefer longer vectors).
+  for (const auto similarity : kSimilarities) {
+    if (!convnn::is_distance_similarity(similarity) && similarity != Similarity::Cosine) continue;
+    const auto* s = convnn::to_string(similarity);
     const auto indices = std::get<1>(convnn::ops::knn_select(x, x, 1, s, c10::nullopt, false));
     EXPECT_TRUE(at::equal(indices.squeeze(-1), at::arange(7, at::kLong).expand({2, 7}))) << s;
   }

@@ -41,6 +41,58 @@ TEST(TrainConfig, ReadingRejectsUnknownKeysAndWrongTypes) {
   EXPECT_NE(message(R"({"model_config": {"k": 1.5}})").find("k must be an integer"), std::string::npos);
 }
 
+TEST(TrainConfig, KeysAreTheFlagsAndPairsAreArrays) {
+  TrainConfig c;
+  c.optimization.beta1 = 0.8;
+  c.augmentation.scale_min = 0.25;
+  const nlohmann::json json = c;
+  EXPECT_EQ(json.at("opt"), "adamw");
+  EXPECT_EQ(json.at("sched"), "cosine");
+  EXPECT_EQ(json.at("grad_accum_steps"), 1);
+  EXPECT_EQ(json.at("opt_eps"), 1e-8);
+  EXPECT_EQ(json.at("opt_betas"), nlohmann::json::array({0.8, 0.999}));
+  EXPECT_EQ(json.at("scale"), nlohmann::json::array({0.25, 1.0}));
+  EXPECT_EQ(json.at("ratio"), nlohmann::json::array({3.0 / 4.0, 4.0 / 3.0}));
+  for (const char* former : {"optimizer", "schedule", "accum_steps", "eps", "beta1", "beta2", "scale_min",
+                             "scale_max", "ratio_min", "ratio_max"}) {
+    EXPECT_FALSE(json.contains(former)) << former;
+  }
+  const auto message = [](const char* text) {
+    return testing::error_of([&] { nlohmann::json::parse(text).get<TrainConfig>(); });
+  };
+  EXPECT_NE(message(R"({"opt_betas": [0.9]})").find("opt_betas must be two numbers [first, second], got [0.9]"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"scale": 0.5})").find("scale must be two numbers"), std::string::npos);
+}
+
+TEST(TrainConfig, FormerKeysStillReadAndNotBesideTheirCurrentOnes) {
+  // A config.json written before the keys were the flags' names.
+  const auto c = nlohmann::json::parse(R"({"optimizer": "sgd", "schedule": "constant", "accum_steps": 3,
+      "eps": 1e-6, "beta1": 0.8, "scale_min": 0.5, "ratio_max": 2.0})").get<TrainConfig>();
+  EXPECT_EQ(c.optimization.optimizer, OptimizerKind::Sgd);
+  EXPECT_EQ(c.optimization.schedule, Schedule::Constant);
+  EXPECT_EQ(c.optimization.accum_steps, 3);
+  EXPECT_EQ(c.optimization.eps, 1e-6);
+  // A pair's missing half keeps its value, as any key left out does.
+  EXPECT_EQ(c.optimization.beta1, 0.8);
+  EXPECT_EQ(c.optimization.beta2, OptimizationConfig{}.beta2);
+  EXPECT_EQ(c.augmentation.scale_min, 0.5);
+  EXPECT_EQ(c.augmentation.scale_max, AugmentationConfig{}.scale_max);
+  EXPECT_EQ(c.augmentation.ratio_min, AugmentationConfig{}.ratio_min);
+  EXPECT_EQ(c.augmentation.ratio_max, 2.0);
+  const auto message = [](const char* text) {
+    return testing::error_of([&] { nlohmann::json::parse(text).get<TrainConfig>(); });
+  };
+  EXPECT_NE(message(R"({"optimizer": "sgd", "opt": "adamw"})")
+                .find("'optimizer' is the former name of 'opt'; give only 'opt'"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"beta2": 0.99, "opt_betas": [0.9, 0.99]})")
+                .find("'beta2' is the former name of 'opt_betas'; give only 'opt_betas'"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"ratio_min": "wide"})").find("ratio_min must be a number, got \"wide\""),
+            std::string::npos);
+}
+
 TEST(TrainConfig, ValidateNamesTheOptionAndItsValue) {
   const auto message = [](auto change) {
     TrainConfig c;

@@ -24,6 +24,8 @@ namespace convnn::bench {
 enum class Level { Op, Module };
 Level parse_level(const std::string& name);
 const char* to_string(Level level);
+/// The levels' names (op, module): the one table parse_level and to_string read.
+const std::vector<std::string>& level_names();
 
 /// Which implementation of the ConvNN ops is measured. fused: convnn's CPU kernels, reached through
 /// the dispatcher (CPU only). generic: the device-generic plain-ATen ops (convnn::ops::generic); at
@@ -34,6 +36,8 @@ enum class Impl { Fused, Generic };
 Impl parse_impl(const std::string& name);
 /// Also the name of that implementation's path in a CaseResult.
 const char* to_string(Impl impl);
+/// fused, generic: the one table parse_impl and to_string read (a command line adds "auto").
+const std::vector<std::string>& impl_names();
 
 /// What the op level times for `impl` on queries, keys, values [G,N,d] and a shared kernel: the
 /// impl's knn_attention (select, softmax rho and aggregation in one), or with `composed` its
@@ -44,6 +48,12 @@ at::Tensor convnn_op(Impl impl, bool composed, const at::Tensor& queries, const 
 
 enum class Phase { Forward, Backward, ForwardBackward };
 const char* to_string(Phase phase);
+/// forward, backward, forward+backward, in kPhases order.
+const std::vector<std::string>& phase_names();
+
+/// The similarities the bench measures, in convnn::similarity_names() order: those of the
+/// reference path (Algorithm 1 with dot-product scores), dot and scaled_dot.
+const std::vector<std::string>& similarity_names();
 inline constexpr Phase kPhases[] = {Phase::Forward, Phase::Backward, Phase::ForwardBackward};
 
 struct BenchConfig {
@@ -119,8 +129,11 @@ CaseResult run_case(const BenchConfig& config);
 /// and the best of a few copies of a 256 MiB tensor (bandwidth counts read + write bytes).
 MachinePeaks measure_machine(c10::ScalarType dtype, c10::Device device = c10::Device(c10::kCPU));
 
-/// "float32", "float64", "bfloat16".
+/// A name of dtype_names(); anything else throws c10::Error naming the text and the choices.
 c10::ScalarType parse_dtype(const std::string& name);
+/// The name dtype_names() gives `dtype` (c10's name for a dtype the bench does not measure).
 const char* dtype_name(c10::ScalarType dtype);
+/// float32, float64, bfloat16: the dtypes the bench measures, from the table parse_dtype reads.
+const std::vector<std::string>& dtype_names();
 
 }  // namespace convnn::bench

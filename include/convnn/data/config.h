@@ -16,6 +16,8 @@ namespace convnn::data {
 enum class Recipe { Paper, None };
 Recipe parse_recipe(const std::string& name);
 std::string to_string(Recipe value);
+/// The recipes' names in enum order (the one table parse_recipe and to_string read).
+const std::vector<std::string>& recipe_names();
 
 /// The data sets a DataConfig names: dataset_names() (held in memory) and "imagefolder"
 /// (ImageNet-style folders of JPEG / PNG files, decoded per sample).

@@ -17,6 +17,10 @@ enum class Split { Train, Test };
 DatasetKind parse_dataset(const std::string& name);
 std::string to_string(DatasetKind kind);
 const std::vector<std::string>& dataset_names();
+/// train, test (the val/ folder of an image folder).
+Split parse_split(const std::string& name);
+std::string to_string(Split split);
+const std::vector<std::string>& split_names();
 
 /// images uint8 [N,C,H,W] contiguous, labels int64 [N] in [0, class_names.size()).
 struct ImageSet {

@@ -19,7 +19,10 @@ namespace convnn::dist {
 
 enum class Backend { Gloo, Nccl };
 std::string to_string(Backend backend);
-/// "gloo" or "nccl"; "auto": NCCL for a CUDA device, Gloo otherwise (c10::Error naming
+/// The backends' names in enum order (gloo, nccl): the one table that parse_backend and to_string
+/// read. A command line adds "auto".
+const std::vector<std::string>& backend_names();
+/// A name of backend_names(); "auto": NCCL for a CUDA device, Gloo otherwise (c10::Error naming
 /// `argument` for another name, or NCCL for a device that is not CUDA).
 Backend parse_backend(const std::string& name, const c10::Device& device, const std::string& argument);
 

@@ -25,6 +25,8 @@ namespace convnn::models {
 enum class ResNetLayer { Conv, ConvNN, Branching };
 ResNetLayer parse_resnet_layer(std::string_view name);
 const char* to_string(ResNetLayer layer);
+/// The layers' names in enum order (the one table parse_resnet_layer and to_string read).
+const std::vector<std::string>& resnet_layer_names();
 
 /// The layer that fills a 3x3 slot, and its options.
 struct ResNetLayerOptions {

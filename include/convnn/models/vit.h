@@ -27,6 +27,9 @@ ViTAttention parse_vit_attention(std::string_view name);
 PositionEmbedding parse_position_embedding(std::string_view name);
 const char* to_string(ViTAttention attention);
 const char* to_string(PositionEmbedding embedding);
+/// The names in enum order (the one table the parse_* and to_string functions read).
+const std::vector<std::string>& vit_attention_names();
+const std::vector<std::string>& position_embedding_names();
 
 struct SelfAttentionOptions {
   SelfAttentionOptions(int64_t embed_dim, int64_t num_heads) : embed_dim_(embed_dim), num_heads_(num_heads) {}

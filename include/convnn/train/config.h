@@ -36,6 +36,12 @@ std::string to_string(OptimizerKind value);
 std::string to_string(DecayOn value);
 std::string to_string(Schedule value);
 std::string to_string(Precision value);
+/// Each enum's names in enum order, from the one table that its parse_* and to_string read: what
+/// the command line's choices and the tests read.
+const std::vector<std::string>& optimizer_names();
+const std::vector<std::string>& decay_on_names();
+const std::vector<std::string>& schedule_names();
+const std::vector<std::string>& precision_names();
 
 /// The optimiser, its schedule and the loss.
 struct OptimizationConfig {
@@ -92,9 +98,14 @@ struct TrainConfig {
   RunConfig run;
 };
 
-/// One flat JSON object with a key per option, named as the flags are (the sections are not
-/// levels; "model_config" holds the model's options, models::ModelConfig's JSON). Unset options
-/// are null. Reading accepts any subset and rejects unknown keys and ill-typed values (c10::Error
+/// One flat JSON object with a key per option, named as its flag with '_' for '-' (--opt-betas:
+/// "opt_betas"; a pair of numbers is an array [first, second]). The sections are not levels;
+/// "model_config" holds the model's options (models::ModelConfig's JSON, keys as the model flags).
+/// Where a key is not a flag: "plots" is the negation of --no-plots, and "world_size",
+/// "dist_backend" are records of how the run was launched. Files written before the keys matched
+/// the flags hold "optimizer", "schedule", "accum_steps", "eps", "beta1"/"beta2",
+/// "scale_min"/"scale_max" and "ratio_min"/"ratio_max": they read as before, and a file giving a
+/// former key beside its current one is refused. Unset options are null. Reading accepts any subset and rejects unknown keys and ill-typed values (c10::Error
 /// naming the key). Files written before the options were optional hold -1 (crop_padding, hflip,
 /// rand_augment, color_jitter, reprob, mixup, cutmix) or 0 (image_size, val_resize) for "unset",
 /// and read as unset.

@@ -18,6 +18,11 @@ struct IdentityResult {
   bool passed = false;
 };
 
+/// The dtypes the identities run in (float32, float64): the one table parse_dtype reads.
+const std::vector<std::string>& dtype_names();
+/// A name of dtype_names(); anything else throws c10::Error naming the text and the choices.
+c10::ScalarType parse_dtype(const std::string& name);
+
 /// Tolerance used for every identity in `dtype`: 1e-5 for float32, 1e-10 for float64.
 double identity_tolerance(c10::ScalarType dtype);
 

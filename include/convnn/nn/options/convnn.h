@@ -42,6 +42,13 @@ const char* to_string(Aggregation value);
 const char* to_string(EvalCandidates value);
 const char* to_string(KernelInit value);
 const char* to_string(Projection value);
+/// Each enum's names in enum order, from the one table that parse_* and to_string read: the list
+/// the command line's choices, configs and the tests read.
+const std::vector<std::string>& slot_order_names();
+const std::vector<std::string>& aggregation_names();
+const std::vector<std::string>& eval_candidates_names();
+const std::vector<std::string>& kernel_init_names();
+const std::vector<std::string>& projection_names();
 
 namespace functional {
 
