@@ -44,6 +44,7 @@ log "configuring $build_dir"
 # LibTorch's headers compile the same inline code as in the library it was built with.
 cmake -S "$repo_root" -B "$build_dir" -G Ninja \
   -DCONVNN_SANITIZE=ON \
+  -DCONVNN_TEST_DIRS="ops;nn;data;train" \
   -DCONVNN_WITH_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \

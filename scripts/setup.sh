@@ -73,7 +73,16 @@ install_python_package() {
   log "installing the convnn Python package into the venv"
   export CCACHE_BASEDIR="$repo_root"
   export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
-  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$repo_root/.venv/bin/python" -m pip install -q \
+  # The compiler build/ uses, by the same path: ccache keys on the compiler's name, and pip's build
+  # would otherwise pick Python's (x86_64-linux-gnu-g++) and miss on every object (measured: 6 of
+  # the cold CI run's minutes went to compiling the package's libraries a second time).
+  local compiler
+  compiler="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$repo_root/build/CMakeCache.txt" 2>/dev/null)"
+  local python_cache="$repo_root/build-python/CMakeCache.txt"
+  if [ -n "$compiler" ] && [ -f "$python_cache" ] && ! grep -qx "CMAKE_CXX_COMPILER:FILEPATH=$compiler" "$python_cache"; then
+    rm -rf "$repo_root/build-python"  # configured with another compiler (CMake keeps the first)
+  fi
+  CXX="${compiler:-${CXX:-c++}}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$repo_root/.venv/bin/python" -m pip install -q \
     --no-build-isolation "$repo_root"
 }
 

@@ -29,7 +29,7 @@ struct CompareArgs {
   std::vector<int64_t> seeds{0};
   std::vector<int64_t> ks{4, 9, 16};
   int64_t random_candidates = 32;
-  std::vector<std::string> families{"resnet", "vit"};
+  std::vector<std::string> families = models::model_family_names();  // every family of the registry
   std::string vit_model = "vit_tiny";
   int64_t vit_patch = 4, vit_depth = 4, vit_embed_dim = 96, vit_heads = 3;
 };
@@ -237,9 +237,9 @@ Command add_compare_command(CLI::App& app) {
   sub->add_option("--random-candidates", args->random_candidates, "r of the random-candidate cells")
       ->check(explicit_value(std::to_string(args->random_candidates)))
       ->group("Compare");
-  sub->add_option("--families", args->families, "resnet, vit or both (default resnet,vit)")
+  sub->add_option("--families", args->families, "Model families to compare (comma-separated)")
       ->delimiter(',')->check(CLI::IsMember(models::model_family_names()))->group("Compare");
-  sub->add_option("--vit-model", args->vit_model, "ViT preset of the attention cells (default vit_tiny)")
+  sub->add_option("--vit-model", args->vit_model, "ViT preset of the attention cells")
       ->check(CLI::IsMember(models::model_names(models::ModelFamily::ViT)))
       ->group("Compare");
   sub->add_option("--vit-patch", args->vit_patch, "ViT patch size")

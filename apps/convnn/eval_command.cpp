@@ -43,14 +43,7 @@ std::string given_model_flags(const EvalArgs& a) {
 
 train::TrainConfig config_of(const EvalArgs& a, const std::string& path) {
   const auto flags = given_model_flags(a);
-  if (!checkpoint::holds_run(path)) {
-    // Evaluating weights alone against the default model would only fail on the first mismatched
-    // tensor (or, worse, fit by chance): the user must say which model they are.
-    TORCH_CHECK(!flags.empty(), "checkpoint '", path,
-                "' holds weights alone (a state_dict, with no run config naming its model): pass --config "
-                "runs/<run>/config.json, or the model flags (--model, --dataset, ...), to say which model they are");
-    return a.model;
-  }
+  if (!checkpoint::holds_run(path)) return a.model;
   TORCH_CHECK(flags.empty(), "checkpoint '", path, "' holds its run's model and data set: leave out ", flags,
               " (they describe the model of weights alone, such as a state_dict saved by Python)");
   return checkpoint::read_checkpoint_header(path).config;
@@ -67,9 +60,25 @@ int run_eval(const EvalArgs& a) {
   config.data.val_subset = 0;
   config.data.train_subset = 0;
   const auto split = data::parse_split(a.split);
-  const auto result = train::evaluate_checkpoint(
-      path, config, split, a.bf16 ? train::Precision::BFloat16 : config.optimization.precision,
-      a.allow_non_finite, device, print_skipped_sample);
+  // Weights alone with neither --config nor a model flag are tried on the default model; when they
+  // do not fit it (or cannot be read), the error says how to name their model.
+  const bool default_model = given_model_flags(a).empty() && !checkpoint::holds_run(path);
+  const auto result = [&] {
+    try {
+      return train::evaluate_checkpoint(path, config, split,
+                                        a.bf16 ? train::Precision::BFloat16 : config.optimization.precision,
+                                        a.allow_non_finite, device, print_skipped_sample);
+    } catch (const c10::Error& error) {
+      if (!default_model) throw;
+      // On the message's first line, which is what the command line shows without --verbose.
+      const std::string message = error.what_without_backtrace();
+      const auto line_end = message.find('\n');
+      TORCH_CHECK(false, message.substr(0, line_end), "; the file holds weights alone (no run config naming ",
+                  "its model), tried on the default model ", config.model, " for ", config.data.dataset,
+                  ": pass --config runs/<run>/config.json, or the model flags (--model, --dataset, ...), to say ",
+                  "which model the weights are", line_end == std::string::npos ? "" : message.substr(line_end));
+    }
+  }();
   const auto output = a.output.empty()
                           ? (std::filesystem::path(path).parent_path() / ("eval-" + a.split)).string()
                           : a.output;

@@ -102,6 +102,17 @@ def test_convnn_eval_reads_a_state_dict_saved_by_python_as_the_checkpoint(run, w
     assert eval_numbers(from_flags.stdout) == eval_numbers(original.stdout)
 
 
+def test_convnn_eval_of_weights_alone_without_their_model_says_to_pass_config(run):
+    """A state_dict that does not fit the default model: the error names the mismatch and says how
+    to name the weights' model (before: only the mismatch)."""
+    path = run.root / "weights-without-config.pt"
+    torch.save(convnn.models.load_checkpoint(run.checkpoint).state_dict(), path)
+    result = run.eval(path)
+    assert result.returncode != 0
+    assert "does not fit the model" in result.stderr, result.stderr
+    assert "holds weights alone" in result.stderr and "pass --config runs/<run>/config.json" in result.stderr
+
+
 def test_train_initial_checkpoint_starts_from_exactly_the_python_weights(run):
     """C++ -> Python -> C++: the fine-tuning run's parameters, after one step of SGD with a
     learning rate too small to move them, are bitwise the weights Python saved."""

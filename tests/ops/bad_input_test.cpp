@@ -495,7 +495,10 @@ TEST(ConvNNLayerBadInput, ForwardRejectsWrongRankChannelsAndSizes) {
 TEST(ConvNNLayerBadInput, ForwardRejectsAnInputOfAnotherDtype) {
   ConvNN1d layer(ConvNN1dOptions(4, 4, 3));
   EXPECT_ERROR(layer(randn({2, 4, 5}, at::kDouble)),
-               "must have the same dtype, got Double and Float");
+               "ConvNN1d: input is Double but the layer's parameters are Float");
+  ConvNNAttention attention(ConvNNAttentionOptions(8, 2, 3));
+  EXPECT_ERROR(attention(randn({2, 5, 8}, at::kDouble)),
+               "ConvNNAttention: input is Double but the layer's parameters are Float");
 }
 
 TEST(ConvNNAttentionBadInput, ConstructorRejectsInvalidOptions) {
