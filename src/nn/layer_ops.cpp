@@ -34,11 +34,6 @@ namespace {
 using detail::FieldText;
 using OptionTexts = std::vector<std::string>;
 
-// Whether `name` is one of a comma-separated list of field names.
-bool known_field(const std::string& known, const std::string& name) {
-  return (", " + known + ", ").find(", " + name + ", ") != std::string::npos;
-}
-
 // Options built from "name=value" texts over `options` (which holds the defaults). Every name must
 // be a field; the first `required` fields must be given.
 template <typename Options>
@@ -50,12 +45,15 @@ void apply_option_texts(Options& options, const OptionTexts& texts, int64_t requ
     TORCH_CHECK(given.emplace(text.substr(0, eq), text.substr(eq + 1)).second, where, ": option ",
                 text.substr(0, eq), " is given twice");
   }
+  std::set<std::string> fields;
   std::string known;
-  detail::visit_option_fields(options, [&](const char* name, auto&) { known += (known.empty() ? "" : ", ") + std::string(name); });
+  detail::visit_option_fields(options, [&](const char* name, auto&) {
+    fields.insert(name);
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  });
   for (const auto& [alias, option] : detail::kOptionAliases) {
     const auto it = given.find(alias);
-    const bool has_alias = known_field(known, alias), has_option = known_field(known, option);
-    if (it == given.end() || has_alias || !has_option) continue;
+    if (it == given.end() || fields.count(alias) || !fields.count(option)) continue;
     TORCH_CHECK(!given.count(option), where, ": ", alias, " and ", option, " are the same option; give one");
     given.emplace(option, it->second);
     given.erase(it);

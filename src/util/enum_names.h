@@ -26,7 +26,7 @@ Enum parse_name(const NameTable<Enum, N>& names, std::string_view text, const ch
 }
 
 /// The names of `names` in table order: the list a command line's choices, a public
-/// xxx_names() function and the tests read, so that no caller restates them.
+/// <enum>_names() function and the tests read, so that no caller restates them.
 template <typename Enum, size_t N>
 std::vector<std::string> names_of(const NameTable<Enum, N>& names) {
   std::vector<std::string> all;
@@ -35,7 +35,7 @@ std::vector<std::string> names_of(const NameTable<Enum, N>& names) {
   return all;
 }
 
-/// names_of(Table), built once: what a public xxx_names() function returns.
+/// names_of(Table), built once: what a public <enum>_names() function returns.
 template <const auto& Table>
 const std::vector<std::string>& table_names() {
   static const std::vector<std::string> names = names_of(Table);
