@@ -1,5 +1,7 @@
 """convnn's Triton kernels (python/convnn/_triton) executed by Triton's CPU interpreter on CPU
-tensors: this project's machines have no GPU, so this is where their logic is proven. Each kernel
+tensors (TRITON_INTERPRET=1): this project's machines have no GPU, so this is where their logic is
+proven. On a machine with a CUDA device and without TRITON_INTERPRET, the same tests run the
+compiled kernels on the GPU (scripts/gpu-check.sh). Each kernel
 is compared with the device-generic path (the op's CompositeExplicitAutograd kernel) and the fused
 CPU op, in float64 (exact to rounding: the kernels accumulate in float64 there), float32 and
 bfloat16; the backward is bitwise repeatable and passes gradcheck; every output element is written
@@ -11,14 +13,17 @@ import os
 
 import pytest
 
+import torch  # noqa: E402
+
 # Triton's interpreter must be chosen before triton is first imported in the process, so ctest runs
 # this file in a process of its own with TRITON_INTERPRET=1 (python.triton_interpreter in
-# tests/CMakeLists.txt); in the shared pytest run it is skipped.
-if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run with TRITON_INTERPRET=1 in the environment (ctest: python.triton_interpreter)",
-                allow_module_level=True)
-
-import torch  # noqa: E402
+# tests/CMakeLists.txt); in the shared pytest run on a machine without a GPU it is skipped.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip("run with TRITON_INTERPRET=1 in the environment (ctest: python.triton_interpreter), "
+                "or on a CUDA device", allow_module_level=True)
+# Where the kernels run: CPU tensors under the interpreter, else the GPU.
+DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda", torch.cuda.current_device())
 
 import convnn  # noqa: E402,F401
 from convnn._triton import aggregate, register  # noqa: E402
@@ -36,7 +41,17 @@ def inputs(dtype, g=2, n=5, m=6, c=4, k=3, seed=0, kind="depthwise"):
     shape = (c, k) if kind == "depthwise" else (c + 3, c, k)
     kernel = torch.randn(*shape, generator=generator).to(dtype)
     bias = torch.randn(shape[0], generator=generator).to(dtype)
-    return values, weights, indices, kernel, bias
+    return tuple(t.to(DEVICE) for t in (values, weights, indices, kernel, bias))
+
+
+def generic_aggregate(*args):
+    """The device-generic path on any device (on a CUDA tensor, ops.knn_aggregate would run the
+    Triton kernels under test)."""
+    return ops.knn_aggregate.default._op_dk(GENERIC, *args)
+
+
+def on_cpu(*tensors):
+    return tuple(None if t is None else t.cpu() for t in tensors)
 
 
 KINDS = ["depthwise", "standard"]
@@ -54,15 +69,15 @@ def test_forward_equals_the_generic_path_and_the_fused_cpu_op(kind, dtype, with_
     got = aggregate.aggregate_forward(values, weights, indices, kernel, bias)
     tolerance = TOLERANCE[dtype]
     for want in (ops.knn_aggregate.default._op_dk(GENERIC, values, weights, indices, kernel, bias),
-                 ops.knn_aggregate(values, weights, indices, kernel, bias)):
-        torch.testing.assert_close(got.double(), want.double(), rtol=tolerance, atol=tolerance)
+                 ops.knn_aggregate(*on_cpu(values, weights, indices, kernel, bias))):  # the fused CPU op
+        torch.testing.assert_close(got.double().cpu(), want.double().cpu(), rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
 def test_every_gradient_equals_the_generic_path_and_only_the_asked_ones_come_back(kind, dtype):
     values, weights, indices, kernel, _ = inputs(dtype, seed=1, kind=kind)
-    grad_output = torch.randn(2, 5, kernel.shape[0], generator=torch.Generator().manual_seed(2)).to(dtype)
+    grad_output = torch.randn(2, 5, kernel.shape[0], generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
     everything = [True, True, True, True]
     got = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, everything)
     want = ops.knn_aggregate_backward.default._op_dk(GENERIC, grad_output, values, weights, indices, kernel,
@@ -78,7 +93,7 @@ def test_every_gradient_equals_the_generic_path_and_only_the_asked_ones_come_bac
 @pytest.mark.parametrize("kind", KINDS)
 def test_backward_is_bitwise_repeatable(kind):
     values, weights, indices, kernel, _ = inputs(torch.float32, g=3, n=9, m=4, seed=3, kind=kind)  # many slots per row
-    grad_output = torch.randn(3, 9, kernel.shape[0], generator=torch.Generator().manual_seed(4))
+    grad_output = torch.randn(3, 9, kernel.shape[0], generator=torch.Generator().manual_seed(4)).to(DEVICE)
     first = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, [True] * 4)
     second = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, [True] * 4)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
@@ -113,7 +128,7 @@ def guarded(shape, dtype, fill):
     numel = 1
     for size in shape:
         numel *= size
-    buffer = torch.full((numel + 128,), fill, dtype=dtype)
+    buffer = torch.full((numel + 128,), fill, dtype=dtype, device=DEVICE)
     return buffer, buffer[64:64 + numel].view(shape)
 
 
@@ -136,9 +151,10 @@ def test_every_output_element_is_written_once_and_no_guard_byte_changes():
         ROWS=aggregate.ROWS, CHANNELS=aggregate.CHANNELS, ACC=aggregate._accumulation(torch.float32))
     assert not output.isnan().any()
     assert (output_buffer[:64] == canary).all() and (output_buffer[-64:] == canary).all()
-    torch.testing.assert_close(output, ops.knn_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(output.cpu(), ops.knn_aggregate(*on_cpu(values, weights, indices, kernel, bias)),
+                               rtol=1e-5, atol=1e-5)
     # The values' gradient through the inverse index, the same way.
-    grad_output = torch.randn(3, 7, 6)
+    grad_output = torch.randn(3, 7, 6, device=DEVICE)
     order, run_start = aggregate.inverse_index(indices, 5)
     grad_buffer, grad_values = guarded((3, 5, 6), torch.float32, canary)
     grad_values.fill_(float("nan"))
@@ -155,18 +171,18 @@ def test_the_cuda_registration_routes_what_the_kernels_do_not_cover_to_the_gener
     first-call check; CONVNN_CUDA_KERNELS=generic turns the kernels off."""
     monkeypatch.setattr(register, "verified", {})
     values, weights, indices, kernel, bias = inputs(torch.float32, seed=7)
-    standard = torch.randn(3, 4, 3)
+    standard = torch.randn(3, 4, 3, device=DEVICE)
     launched = []
     monkeypatch.setattr(aggregate, "aggregate_forward",
                         lambda *args, original=aggregate.aggregate_forward: launched.append(1) or original(*args))
     torch.testing.assert_close(register.knn_aggregate(values.double(), weights.double(), indices, kernel.double(), None),
-                               ops.knn_aggregate(values.double(), weights.double(), indices, kernel.double(), None))
+                               generic_aggregate(values.double(), weights.double(), indices, kernel.double(), None))
     assert not launched
     torch.testing.assert_close(register.knn_aggregate(values, weights, indices, kernel, bias),
-                               ops.knn_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
+                               generic_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
     assert len(launched) == 3  # the first-call check's two (depthwise, standard) and the call's own
     torch.testing.assert_close(register.knn_aggregate(values, weights, indices, standard, None),
-                               ops.knn_aggregate(values, weights, indices, standard, None), rtol=1e-5, atol=1e-5)
+                               generic_aggregate(values, weights, indices, standard, None), rtol=1e-5, atol=1e-5)
     assert len(launched) == 4
     monkeypatch.setenv("CONVNN_CUDA_KERNELS", "generic")
     register.knn_aggregate(values, weights, indices, kernel, bias)
@@ -181,16 +197,17 @@ def test_a_kernel_that_disagrees_on_first_use_is_turned_off_with_one_warning(mon
     monkeypatch.setattr(register, "verified", {})
     monkeypatch.setattr(aggregate, "aggregate_forward",
                         lambda values, weights, indices, kernel, bias: torch.zeros(
-                            values.shape[0], weights.shape[1], values.shape[2], dtype=values.dtype))
+                            values.shape[0], weights.shape[1], values.shape[2], dtype=values.dtype,
+                            device=values.device))
     values, weights, indices, kernel, bias = inputs(torch.float32, seed=8)
     with pytest.warns(UserWarning, match=r"knn_aggregate \(depthwise, forward\) disagrees with the generic path"):
         out = register.knn_aggregate(values, weights, indices, kernel, bias)
-    torch.testing.assert_close(out, ops.knn_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, generic_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         register.knn_aggregate(values, weights, indices, kernel, bias)
-    assert register.verified == {("cpu", torch.float32): False}
+    assert register.verified == {(str(DEVICE), torch.float32): False}
 
 
 def test_the_kernels_are_registered_for_cuda_tensors():

@@ -1,0 +1,172 @@
+"""convnn on a CUDA device, through the public Python API: the layers and models on the GPU equal
+the same modules on the CPU (float64, to rounding), in float32 (the Triton aggregation kernels
+where they apply) against float64, under autocast, under torch.compile(fullgraph=True), and a
+training step captured by a CUDA graph (no host read inside a step). Skipped without a CUDA
+device: this project's CI machines have none; scripts/gpu-check.sh runs this file where one is
+lent."""
+import copy
+
+import pytest
+import torch
+
+import convnn
+from convnn.nn import BranchingConv2d, ConvNN1d, ConvNN2d, ConvNNAttention
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+CUDA = torch.device("cuda", torch.cuda.current_device())
+
+
+def layers():
+    """(name, module, input shape) of each public layer, with options that reach every op."""
+    return [
+        ("ConvNN1d", ConvNN1d(6, 8, 5, padding=2), (2, 6, 17)),
+        ("ConvNN2d", ConvNN2d(4, 6, 9, padding=1), (2, 4, 7, 6)),
+        ("ConvNN2d standard, cosine", ConvNN2d(4, 6, 5, similarity="cosine", aggregation="standard"), (2, 4, 6, 6)),
+        ("ConvNNAttention", ConvNNAttention(16, 2, 6), (2, 11, 16)),
+        ("ConvNNAttention causal", ConvNNAttention(16, 4, 3, causal=True), (2, 9, 16)),
+        ("BranchingConv2d", BranchingConv2d(4, 6, k=9), (2, 4, 6, 7)),
+    ]
+
+
+def forward_backward(module, x):
+    x = x.clone().requires_grad_()
+    out = module(x)
+    out.backward(torch.arange(out.numel(), dtype=out.dtype, device=out.device).reshape(out.shape).sin())
+    grads = {name: p.grad for name, p in module.named_parameters()}
+    return out.detach(), x.grad, grads
+
+
+@pytest.mark.parametrize("name, module, shape", layers(), ids=[entry[0] for entry in layers()])
+def test_each_layer_on_cuda_equals_the_cpu_in_float64(name, module, shape):
+    torch.manual_seed(0)
+    module = module.double()
+    x = torch.randn(*shape, dtype=torch.float64)
+    cpu_out, cpu_dx, cpu_grads = forward_backward(module, x)
+    cuda_out, cuda_dx, cuda_grads = forward_backward(copy.deepcopy(module).to(CUDA), x.to(CUDA))
+    torch.testing.assert_close(cuda_out.cpu(), cpu_out, rtol=1e-10, atol=1e-10, msg=name)
+    torch.testing.assert_close(cuda_dx.cpu(), cpu_dx, rtol=1e-10, atol=1e-10, msg=name)
+    for parameter, grad in cpu_grads.items():
+        torch.testing.assert_close(cuda_grads[parameter].cpu(), grad, rtol=1e-10, atol=1e-10,
+                                   msg=f"{name}: {parameter}")
+
+
+@pytest.mark.parametrize("name, module, shape", layers(), ids=[entry[0] for entry in layers()])
+def test_each_layer_in_float32_on_cuda_is_within_float32_rounding_of_float64(name, module, shape):
+    """Through the Triton aggregation kernels (float32). Relative to the float64 result's norm."""
+    torch.manual_seed(1)
+    x = torch.randn(*shape)
+    cuda_out, cuda_dx, _ = forward_backward(copy.deepcopy(module).to(CUDA), x.to(CUDA))
+    ref_out, ref_dx, _ = forward_backward(copy.deepcopy(module).double().to(CUDA), x.double().to(CUDA))
+    for got, want in ((cuda_out, ref_out), (cuda_dx, ref_dx)):
+        error = (got.double() - want).norm() / want.norm()
+        assert error < 1e-5, f"{name}: relative error {error:.2e}"
+
+
+def test_the_dispatcher_runs_the_triton_aggregation_on_cuda_and_gradcheck_passes():
+    from convnn._triton import register
+
+    g, n, m, c, k = 2, 5, 7, 3, 4
+    values = torch.randn(g, m, c, device=CUDA, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(g, n, k, device=CUDA, dtype=torch.float64, requires_grad=True)
+    kernel = torch.randn(c, k, device=CUDA, dtype=torch.float64, requires_grad=True)
+    indices = torch.randint(0, m, (g, n, k), device=CUDA)
+    assert torch.autograd.gradcheck(lambda v, w, ker: convnn.ops.knn_aggregate(v, w, indices, ker, None),
+                                    (values, weights, kernel))
+    out = convnn.ops.knn_aggregate(values.float(), weights.float(), indices, kernel.float(), None)
+    assert register.verified.get((str(CUDA), torch.float32)) is True  # the fused kernels passed their first-call check
+    expected = convnn.ops.knn_aggregate(values, weights, indices, kernel, None)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+class SmallNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = ConvNN2d(3, 8, 9, padding=1)
+        self.branch = BranchingConv2d(8, 8, k=9)
+        self.attn = ConvNNAttention(8, 2, 5)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.branch(self.conv(x))
+        return self.head(self.attn(y.flatten(2).transpose(1, 2)).mean(1))
+
+
+def test_compile_fullgraph_on_cuda_equals_eager():
+    torch.manual_seed(2)
+    net = SmallNet().to(CUDA)
+    x = torch.randn(2, 3, 8, 8, device=CUDA)
+    eager_out, eager_dx, eager_grads = forward_backward(net, x)
+    net.zero_grad()
+    compiled_out, compiled_dx, _ = forward_backward(torch.compile(net, fullgraph=True), x)
+    compiled_grads = {name: p.grad for name, p in net.named_parameters()}
+    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(compiled_dx, eager_dx, rtol=1e-4, atol=1e-5)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_autocast_bfloat16_on_cuda_runs_the_layers_in_bfloat16_and_stays_near_float32():
+    torch.manual_seed(3)
+    net = SmallNet().to(CUDA)
+    x = torch.randn(2, 3, 8, 8, device=CUDA)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        low = net(x)
+    full = net(x)
+    assert low.dtype == torch.bfloat16
+    error = (low.float() - full).norm() / full.norm()
+    assert error < 5e-2, f"relative error {error:.2e}"
+
+
+def test_a_training_step_is_captured_by_a_cuda_graph_and_replays_like_eager():
+    """A CUDA graph cannot capture a host read: this fails if any op of a step reads a value back
+    to the host (the NaN/+inf flag of the forward did, before issue 25 §4)."""
+    torch.manual_seed(4)
+    net = SmallNet().to(CUDA)
+    reference = copy.deepcopy(net)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    static_x = torch.randn(2, 3, 8, 8, device=CUDA)
+
+    def step(model, opt, x):
+        opt.zero_grad(set_to_none=False)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up on a side stream, as torch.cuda.graphs asks
+            step(net, optimizer, static_x)
+            step(reference, reference_optimizer, static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step(net, optimizer, static_x)
+    for _ in range(3):
+        static_x.copy_(torch.randn_like(static_x))
+        graph.replay()
+        eager_loss = step(reference, reference_optimizer, static_x)
+        torch.testing.assert_close(static_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(net.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "vit_tiny"])
+def test_a_registered_model_trains_one_step_on_cuda_like_on_the_cpu(name):
+    torch.manual_seed(5)
+    model = convnn.models.create_model(name, num_classes=10).double()
+    on_cuda = copy.deepcopy(model).to(CUDA)
+    size = 32 if name.startswith("resnet") else 224
+    x = torch.randn(2, 3, size, size, dtype=torch.float64)
+    cpu_loss = model(x).logsumexp(1).mean()
+    cpu_loss.backward()
+    cuda_loss = on_cuda(x.to(CUDA)).logsumexp(1).mean()
+    cuda_loss.backward()
+    torch.testing.assert_close(cuda_loss.cpu(), cpu_loss, rtol=1e-9, atol=1e-9)
+    for (parameter, p), q in zip(model.named_parameters(), on_cuda.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-7, atol=1e-9, msg=parameter)
