@@ -50,7 +50,7 @@ def specialisations(module):
                 "grad_weights_ptr": pointer, **sizes}, blocks)
         yield (f"d kernel {dtype}", module._kernel_gradient_kernel,
                {"grad_output_ptr": pointer, "values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64",
-                "grad_kernel_ptr": pointer, **sizes}, blocks)
+                "partial_ptr": "*fp32", **sizes, "rows_per_chunk": "i32"}, blocks)
         yield (f"d values {dtype}", module._values_gradient_kernel,
                {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
                 "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "k": "i32"},
@@ -66,7 +66,7 @@ def specialisations(module):
                 "grad_weights_ptr": pointer, **standard_sizes}, blocks)
         yield (f"standard d kernel {dtype}", module._standard_kernel_gradient_kernel,
                {"grad_output_ptr": pointer, "values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64",
-                "grad_kernel_ptr": pointer, **standard_sizes}, blocks)
+                "partial_ptr": "*fp32", **standard_sizes, "rows_per_chunk": "i32"}, blocks)
         yield (f"standard d values {dtype}", module._standard_values_gradient_kernel,
                {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
                 "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "c_out": "i32", "k": "i32"},

@@ -172,7 +172,9 @@ nlohmann::json case_json(const CaseResult& r, const MachinePeaks& machine) {
                    {"seed", c.seed},
                    {"reference_memory_cap_bytes", c.reference_memory_cap}};
   out["check"] = {{"max_abs_diff_" + measured(r) + "_vs_reference", r.max_abs_diff},
-                  {"max_abs_reference", r.max_abs_reference}};
+                  {"max_abs_reference", r.max_abs_reference},
+                  {"rows_beyond_rounding", r.rows_beyond_rounding},
+                  {"rows", r.rows}};
   out["costs"] = {{"convnn", cost_json(r.convnn_cost)}};
   if (c.level == bench::Level::Module) out["costs"]["mhsa"] = cost_json(r.mhsa_cost);
   out["paths"] = nlohmann::json::array();
@@ -229,8 +231,9 @@ void print_case(const CaseResult& r, const MachinePeaks& machine) {
   if (std::isnan(r.max_abs_diff)) {
     std::cout << fmt::format("check: reference skipped, {} output not compared\n\n", measured(r));
   } else {
-    std::cout << fmt::format("check: max |{} - reference| = {:.3e} (max |reference| = {:.3e})\n\n",
-                             measured(r), r.max_abs_diff, r.max_abs_reference);
+    std::cout << fmt::format("check: max |{} - reference| = {:.3e} (max |reference| = {:.3e}); output rows "
+                             "beyond rounding: {} of {} (near-tied K-th neighbours, picked apart by rounding)\n\n",
+                             measured(r), r.max_abs_diff, r.max_abs_reference, r.rows_beyond_rounding, r.rows);
   }
   const auto header = fmt::format("{:<17} {:<10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9}", "phase",
                                   "path", "median ms", "p10 ms", "p90 ms", "peak MiB", "GFLOP/s", "GB/s",

@@ -91,6 +91,18 @@ def test_every_gradient_equals_the_generic_path_and_only_the_asked_ones_come_bac
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_the_kernel_gradient_summed_over_several_chunks_of_rows_equals_the_generic_path(kind, monkeypatch):
+    """130 rows in chunks of 32 (the last one short): each chunk's partial sum, then their sum."""
+    monkeypatch.setattr(aggregate, "KERNEL_GRADIENT_CHUNKS", 5)
+    values, weights, indices, kernel, _ = inputs(torch.float64, g=2, n=65, m=9, c=3, k=2, seed=9, kind=kind)
+    grad_output = torch.randn(2, 65, kernel.shape[0], generator=torch.Generator().manual_seed(10)).to(DEVICE, torch.float64)
+    mask = [False, False, True, False]
+    got = aggregate.aggregate_backward(grad_output, values, weights, indices, kernel, mask)[2]
+    want = ops.knn_aggregate_backward.default._op_dk(GENERIC, grad_output, values, weights, indices, kernel, mask)[2]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_backward_is_bitwise_repeatable(kind):
     values, weights, indices, kernel, _ = inputs(torch.float32, g=3, n=9, m=4, seed=3, kind=kind)  # many slots per row
     grad_output = torch.randn(3, 9, kernel.shape[0], generator=torch.Generator().manual_seed(4)).to(DEVICE)

@@ -422,8 +422,14 @@ CaseResult run_case(const BenchConfig& config) {
     at::NoGradGuard no_grad;
     const auto reference = setup.paths[0].forward().to(at::kDouble);
     const auto measured = setup.paths[1].forward().to(at::kDouble);
-    result.max_abs_diff = (measured - reference).abs().max().item<double>();
+    const auto difference = (measured - reference).abs();
+    result.max_abs_diff = difference.max().item<double>();
     result.max_abs_reference = reference.abs().max().item<double>();
+    // Relative rounding of the dtype's sums, generous: a row beyond it picked other neighbours.
+    const double tolerance = (config.dtype == at::kBFloat16 ? 5e-2 : 1e-4) * result.max_abs_reference;
+    const auto per_row = difference.flatten(0, -2).amax(-1);
+    result.rows = per_row.numel();
+    result.rows_beyond_rounding = per_row.gt(tolerance).sum().item<int64_t>();
   }
 
   const Meter meter(config.device, scoped.tracker());

@@ -132,6 +132,8 @@ TEST(BenchImpl, GenericOpLevelCaseRunsUnderItsOwnName) {
   EXPECT_EQ(result.paths[1].name, "generic");
   EXPECT_EQ(result.paths[2].name, "composed");
   EXPECT_LT(result.max_abs_diff, 1e-4);  // float32: generic against Algorithm 1 on the same inputs
+  EXPECT_EQ(result.rows, 2 * 24);  // one output row per (slice, query)
+  EXPECT_EQ(result.rows_beyond_rounding, 0);
   for (const auto& path : result.paths) {
     ASSERT_EQ(path.phases.size(), 3u) << path.name;
     for (const auto& phase : path.phases) {

@@ -505,6 +505,38 @@ TEST(GenericBlocks, BudgetMustBePositive) {
   EXPECT_GT(generic::block_bytes(), 0);
 }
 
+// Every output of the generic kernels is contiguous, as the Meta kernels declare, whatever the
+// inputs' strides: torch.compile checks each output's strides against the Meta kernel's (found on
+// an H100, where a transposed input gave the values' gradient the input's strides).
+TEST(GenericLayout, EveryOutputIsContiguousAsTheMetaKernelsSayForTransposedInputs) {
+  const int64_t g = 2, n = 6, d = 5, k = 3;
+  const auto transposed = [&](int64_t rows, int64_t cols) { return torch::randn({g, cols, rows}).transpose(1, 2); };
+  const auto x = transposed(n, d);  // [g, n, d] with strides (n*d, 1, n): queries, keys and values
+  ASSERT_FALSE(x.is_contiguous());
+  const auto expect_contiguous = [](const std::vector<torch::Tensor>& outputs, const char* op) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].defined()) EXPECT_TRUE(outputs[i].is_contiguous()) << op << " output " << i;
+    }
+  };
+  for (const auto& kernel : {torch::randn({d, k}), torch::randn({d + 1, d, k}).transpose(0, 1).contiguous().transpose(0, 1)}) {
+    const auto [output, scores, indices, weights] =
+        generic::knn_attention(x, x, x, kernel, c10::nullopt, k, "cosine", c10::nullopt, false, "softmax", 1.0);
+    expect_contiguous({output, scores, indices, weights}, "knn_attention");
+    const auto dy = torch::randn_like(output).transpose(1, 2).contiguous().transpose(1, 2);
+    const auto [dq, dk, dv, dkernel, dbias] = generic::knn_attention_backward(
+        dy, x, x, x, kernel, scores, indices, weights, "cosine", "softmax", 1.0, {true, true, true, true, false});
+    expect_contiguous({dq, dk, dv, dkernel}, "knn_attention_backward");
+    const auto [select_scores, select_indices] = generic::knn_select(x, x, k, "dot", c10::nullopt, false);
+    expect_contiguous({select_scores, select_indices}, "knn_select");
+    const auto [sq, sk] = generic::knn_select_backward(select_scores.transpose(1, 2).contiguous().transpose(1, 2), x,
+                                                       x, select_indices, select_scores, "dot");
+    expect_contiguous({sq, sk}, "knn_select_backward");
+    expect_contiguous({generic::knn_aggregate(x, weights, indices, kernel, c10::nullopt)}, "knn_aggregate");
+    const auto [av, aw, ak, ab] = generic::knn_aggregate_backward(dy, x, weights, indices, kernel, {true, true, true, true});
+    expect_contiguous({av, aw, ak, ab}, "knn_aggregate_backward");
+  }
+}
+
 TEST(GenericMeta, ForwardAndBackwardRunOnMetaTensors) {
   const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat);
   const int64_t g = 2, n = 5, m = 7, d = 3, c = 4, k = 3;

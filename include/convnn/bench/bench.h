@@ -120,6 +120,12 @@ struct CaseResult {
   /// any timing: max |impl - reference| and max |reference| (NaN when the reference was skipped).
   double max_abs_diff = 0.0;
   double max_abs_reference = 0.0;
+  /// Output rows (one query's channels) whose difference exceeds the dtype's rounding
+  /// (kRowTolerance x max |reference|), of all rows: a row picks other neighbours where its K-th
+  /// and (K+1)-th scores tie to rounding, and two GEMMs round differently (seen on an H100: one
+  /// row in 75,648 at the paper's op-level configuration in float32).
+  int64_t rows_beyond_rounding = 0;
+  int64_t rows = 0;
 };
 
 /// Runs every path of one configuration with the tracking allocator installed.

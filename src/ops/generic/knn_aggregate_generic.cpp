@@ -64,6 +64,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
                             : at::einsum("gio,gik,gikc->ock", {dy, weights, neighbourhoods});
   }
   if (want_bias) grad_bias = dy.sum(std::vector<int64_t>{0, 1});
+  // einsum may answer a permuted view; the Meta kernel (and torch.compile's check) says contiguous.
+  if (grad_kernel.defined()) grad_kernel = grad_kernel.contiguous();
   return {grad_values, grad_weights, grad_kernel, grad_bias};
 }
 

@@ -83,7 +83,8 @@ class BlockedGradient {
     if (!block_grad.defined()) return;
     if (!total_.defined()) {
       dtype_ = like.scalar_type();
-      total_ = at::empty_like(like);  // every row is copied once
+      // Contiguous whatever `like`'s strides, as the Meta kernel says (torch.compile checks it).
+      total_ = at::empty_like(like, at::MemoryFormat::Contiguous);  // every row is copied once
     }
     block_of(total_, block).copy_(block_grad);
   }
@@ -100,7 +101,7 @@ class BlockedGradient {
   at::Tensor& accumulator_for(const at::Tensor& like) {
     if (!total_.defined()) {
       dtype_ = like.scalar_type();
-      total_ = at::zeros_like(like, like.options().dtype(at::toOpMathType(dtype_)));
+      total_ = at::zeros_like(like, like.options().dtype(at::toOpMathType(dtype_)), at::MemoryFormat::Contiguous);
     }
     return total_;
   }
