@@ -28,11 +28,42 @@ NUM_WARPS = 4
 POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
 
 
-def load_kernels():
-    spec = importlib.util.spec_from_file_location("convnn_triton_aggregate", REPO / "python/convnn/_triton/aggregate.py")
+def load_kernels(name="aggregate"):
+    spec = importlib.util.spec_from_file_location(f"convnn_triton_{name}", REPO / f"python/convnn/_triton/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def select_specialisations(module):
+    """knn_select: each similarity at each width of the running top-K (2 to 64 slots), with an
+    additive mask and index order (the most code); the bool mask, no mask and score order at the
+    widest; the half-precision inputs at the widest, for a dot product and a distance. The other
+    combinations differ from these in a load's type or a branch taken, not in what is live."""
+    def signature(pointer, mask_pointer):
+        return {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": pointer,
+                "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
+                "root": "fp32"}
+
+    def constexprs(similarity, mask, index_order, slots):
+        return {"SIMILARITY": similarity, "MASK": mask, "INDEX_ORDER": index_order, "ROWS": module.ROWS,
+                "CANDIDATES": module.CANDIDATES, "SLOTS": slots}
+
+    widest = module.slots_for(module.MAX_SLOTS)
+    for name, code in module.SIMILARITY_CODES.items():
+        slots = 2
+        while slots <= widest:
+            yield (f"select {name} K<={slots} float32", module._select_kernel, signature("*fp32", "*fp32"),
+                   constexprs(code, module.ADDITIVE_MASK, True, slots))
+            slots *= 2
+    for mask, mask_name, mask_pointer in ((module.NO_MASK, "no mask", "*fp32"), (module.BOOL_MASK, "bool mask", "*i1")):
+        yield (f"select dot K<={widest} float32 {mask_name}, score order", module._select_kernel,
+               signature("*fp32", mask_pointer), constexprs(0, mask, False, widest))
+    for dtype in ("bfloat16", "float16"):
+        for name in ("dot", "gaussian"):
+            yield (f"select {name} K<={widest} {dtype}", module._select_kernel,
+                   signature(POINTER[dtype], "*fp32"),
+                   constexprs(module.SIMILARITY_CODES[name], module.ADDITIVE_MASK, True, widest))
 
 
 def specialisations(module):
@@ -91,7 +122,8 @@ def ptxas_usage(ptx, gpu_name):
 def main():
     module = load_kernels()
     failures, rows = [], []
-    for name, kernel, signature, constexprs in specialisations(module):
+    every = list(specialisations(module)) + list(select_specialisations(load_kernels("select")))
+    for name, kernel, signature, constexprs in every:
         for arch, (gpu_name, shared_limit) in ARCHITECTURES.items():
             target = GPUTarget("cuda", arch, 32)
             options = triton.compiler.make_backend(target).parse_options({"num_warps": NUM_WARPS})

@@ -26,7 +26,7 @@ if not INTERPRETED and not torch.cuda.is_available():
 DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda", torch.cuda.current_device())
 
 import convnn  # noqa: E402,F401
-from convnn._triton import aggregate, register  # noqa: E402
+from convnn._triton import aggregate, register, select  # noqa: E402
 
 ops = torch.ops.convnn
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -223,5 +223,125 @@ def test_a_kernel_that_disagrees_on_first_use_is_turned_off_with_one_warning(mon
 
 
 def test_the_kernels_are_registered_for_cuda_tensors():
-    for op in (ops.knn_aggregate.default, ops.knn_aggregate_backward.default):
+    for op in (ops.knn_select.default, ops.knn_aggregate.default, ops.knn_aggregate_backward.default):
         assert op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CUDA), op
+
+
+# knn_select (python/convnn/_triton/select.py). Integer-valued features make every score and
+# distance exact on every path, ties included, so the selected indices must be equal, not close.
+SIMILARITIES = ["dot", "scaled_dot", "cosine", "gaussian", "chebyshev", "l1"]
+
+
+def select_inputs(dtype, g=2, n=9, m=70, d=5, seed=11, axis_rows=False):
+    """M = 70: two candidate tiles, the second short; values in [-3, 3]: many exact ties. With
+    axis_rows (for cosine), each row has one nonzero coordinate, a power of two: the unit rows and
+    so every cosine are exact too (parallel rows of other integers tie in exact arithmetic only)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(rows):
+        if not axis_rows:
+            return torch.randint(-3, 4, (g, rows, d), generator=generator).to(DEVICE, dtype)
+        scale = 2.0 ** torch.randint(0, 3, (g, rows, 1), generator=generator)
+        sign = torch.randint(0, 2, (g, rows, 1), generator=generator) * 2.0 - 1
+        axis = torch.nn.functional.one_hot(torch.randint(0, d, (g, rows), generator=generator), d)
+        return (axis * scale * sign).to(DEVICE, dtype)
+
+    return draw(n), draw(m), generator
+
+
+def select_masks(g, n, m, generator):
+    short = torch.rand(g, n, m, generator=generator) > 0.4
+    short[0, 0, :] = False  # no valid candidate at all
+    short[1, 2, :] = False
+    short[1, 2, 60:63] = True  # fewer valid candidates than K, in the second tile
+    additive = torch.where(torch.rand(n, m, generator=generator) > 0.5, 0.0, float("-inf"))
+    return {"none": None, "bool [G,N,M] with short rows": short.to(DEVICE),
+            "additive 0/-inf [N,M]": additive.to(DEVICE)}
+
+
+@pytest.mark.parametrize("index_order", [False, True])
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_select_picks_the_generic_paths_indices_and_scores_with_every_similarity_and_mask(similarity, index_order):
+    queries, keys, generator = select_inputs(torch.float32, axis_rows=similarity == "cosine")
+    for name, mask in select_masks(2, 9, 70, generator).items():
+        got = select.select_forward(queries, keys, 6, similarity, mask, index_order)
+        want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, similarity, mask, index_order)
+        assert torch.equal(got[1], want[1]), f"{similarity}, {name}: indices"
+        torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0, msg=lambda m: f"{similarity}, {name}: {m}")
+
+
+@pytest.mark.parametrize("similarity", ["dot", "scaled_dot"])
+def test_select_adds_a_general_additive_mask_to_dot_scores(similarity):
+    queries, keys, generator = select_inputs(torch.float32, seed=12)
+    mask = torch.randint(-4, 3, (2, 9, 70), generator=generator).float().to(DEVICE)
+    got = select.select_forward(queries, keys, 5, similarity, mask, False)
+    want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 5, similarity, mask, False)
+    assert torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("k", [1, 9, 64])
+def test_select_at_every_k_the_kernel_holds_and_in_bfloat16(k):
+    for dtype in (torch.float32, torch.bfloat16):
+        queries, keys, _ = select_inputs(dtype, g=1, n=33, m=80, d=3, seed=13)  # three row blocks
+        for similarity in ("dot", "gaussian"):
+            got = select.select_forward(queries, keys, k, similarity, None, False)
+            want = ops.knn_select.default._op_dk(GENERIC, queries, keys, k, similarity, None, False)
+            assert torch.equal(got[1], want[1]), (dtype, similarity)
+
+
+def test_select_on_random_features_is_optimal_to_rounding():
+    """Random float32 features: the two paths' GEMMs round differently, so near-tied candidates
+    may be picked apart; each reported score is its own candidate's (float64) and the K-th is the
+    generic path's K-th to rounding."""
+    generator = torch.Generator().manual_seed(14)
+    queries = torch.randn(2, 20, 16, generator=generator).to(DEVICE)
+    keys = torch.randn(2, 90, 16, generator=generator).to(DEVICE)
+    scores, indices = select.select_forward(queries, keys, 7, "scaled_dot", None, False)
+    exact = torch.einsum("gnd,gmd->gnm", queries.double(), keys.double()) / 4.0
+    torch.testing.assert_close(scores.double(), exact.gather(2, indices), rtol=1e-5, atol=1e-5)
+    want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 7, "scaled_dot", None, False)[0]
+    torch.testing.assert_close(scores[..., -1], want[..., -1], rtol=1e-5, atol=1e-5)
+
+
+def test_select_writes_every_output_element_once_and_no_guard_byte_changes():
+    queries, keys, generator = select_inputs(torch.float32, n=40, seed=15)
+    placed = []
+    for t in (queries, keys):
+        buffer, view = guarded(t.shape, t.dtype, float("nan"))
+        view.copy_(t)
+        placed.append(view)
+    queries, keys = placed
+    mask_buffer, mask = guarded((40, 70), torch.float32, float("nan"))
+    mask.copy_(torch.where(torch.rand(40, 70, generator=generator) > 0.5, 0.0, float("-inf")))
+    canary = 777.0
+    score_buffer, scores = guarded((2, 40, 6), torch.float32, canary)
+    scores.fill_(float("nan"))
+    index_buffer = torch.full((2 * 40 * 6 + 128,), -5, dtype=torch.int64, device=DEVICE)
+    indices = index_buffer[64:-64].view(2, 40, 6)
+    indices.fill_(-1)
+    select._select_kernel[(3, 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0,
+                                  SIMILARITY=0, MASK=select.ADDITIVE_MASK, INDEX_ORDER=False, ROWS=select.ROWS,
+                                  CANDIDATES=select.CANDIDATES, SLOTS=8)
+    assert not scores.isnan().any() and (indices >= 0).all()
+    assert (score_buffer[:64] == canary).all() and (score_buffer[-64:] == canary).all()
+    assert (index_buffer[:64] == -5).all() and (index_buffer[-64:] == -5).all()
+    want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, "dot", mask, False)
+    assert torch.equal(indices, want[1])
+
+
+def test_the_select_registration_routes_what_the_kernel_does_not_cover_to_the_generic_path(monkeypatch):
+    monkeypatch.setattr(register, "verified", {})
+    launched = []
+    monkeypatch.setattr(select, "select_forward",
+                        lambda *args, original=select.select_forward: launched.append(1) or original(*args))
+    queries, keys, _ = select_inputs(torch.float32, seed=16)
+    want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, "l1", None, True)
+    got = register.knn_select(queries, keys, 6, "l1", None, True)
+    assert torch.equal(got[1], want[1]) and launched  # the first-call check's and the call's own
+    launched.clear()
+    register.knn_select(queries.double(), keys.double(), 6, "l1", None, True)  # float64: generic
+    register.knn_select(queries, keys, 65, "l1", None, True)  # K above the kernel's 64: generic
+    assert not launched
+    with pytest.raises(RuntimeError, match="knn_select"):
+        register.knn_select(queries, keys, 71, "l1", None, True)  # the C++ rule, K <= M

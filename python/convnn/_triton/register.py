@@ -1,5 +1,6 @@
 """The Triton kernels as the CUDA kernels of the core ops, registered from Python (issue 25 §3's
-Python route): on a CUDA tensor, torch.ops.convnn.knn_aggregate and knn_aggregate_backward run
+Python route): on a CUDA tensor, torch.ops.convnn.knn_select runs python/convnn/_triton/select.py
+(K up to 64), and knn_aggregate and knn_aggregate_backward run
 python/convnn/_triton/aggregate.py where it applies (float32, bfloat16 or float16; every tensor on
 the values' device; depthwise and standard kernels) and the device-generic path (the op's
 CompositeExplicitAutograd kernel, src/ops/generic) everywhere else, so no legal input is refused.
@@ -68,6 +69,10 @@ def first_call_check(device, dtype):
     random input on `device`, or None when all agree."""
     from . import aggregate
 
+    failure = _select_check(device, dtype)
+    if failure is not None:
+        return failure
+
     generator = torch.Generator().manual_seed(0)
     g, n, m, c, k = 2, 7, 9, 5, 3
 
@@ -92,6 +97,35 @@ def first_call_check(device, dtype):
     return None
 
 
+def _select_check(device, dtype):
+    """knn_select on integer-valued features (every score exact, ties included): the same indices
+    and scores as the generic path, for a dot product and a distance, with a bool mask."""
+    from . import select
+
+    generator = torch.Generator().manual_seed(1)
+    queries = torch.randint(-3, 4, (2, 9, 5), generator=generator).to(device=device, dtype=dtype)
+    keys = torch.randint(-3, 4, (2, 70, 5), generator=generator).to(device=device, dtype=dtype)
+    mask = (torch.rand(9, 70, generator=generator) > 0.3).to(device)
+    for similarity in ("dot", "l1"):
+        fused = select.select_forward(queries, keys, 6, similarity, mask, False)
+        expected = generic(_ops.knn_select.default, queries, keys, 6, similarity, mask, False)
+        # Indices exactly; scores to rounding (exp(-distance) is Triton's exp, not the C++ one).
+        if not (torch.equal(fused[1], expected[1])
+                and torch.allclose(fused[0].float(), expected[0].float(), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=0)):
+            return f"knn_select ({similarity})"
+    return None
+
+
+def knn_select(queries, keys, k, similarity, mask, index_order):
+    from . import select
+
+    if not (_fused_applies(queries, (keys, mask)) and select.applies(queries, keys, k, similarity)):
+        return generic(_ops.knn_select.default, queries, keys, k, similarity, mask, index_order)
+    check_shapes(_ops.knn_select.default, queries, keys, k, similarity, mask, index_order)
+    return select.select_forward(queries.contiguous(), keys.contiguous(), k, similarity,
+                                 None if mask is None else mask.contiguous(), index_order)
+
+
 def knn_aggregate(values, weights, indices, kernel, bias):
     if not _fused_applies(values, (weights, indices, kernel, bias)):
         return generic(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
@@ -114,6 +148,7 @@ def knn_aggregate_backward(grad_output, values, weights, indices, kernel, output
 
 
 def register():
-    """The CUDA kernels of knn_aggregate and its backward. Triton compiles on first use."""
+    """The CUDA kernels of knn_select, knn_aggregate and its backward. Triton compiles on first use."""
+    torch.library.register_kernel("convnn::knn_select", "cuda", knn_select)
     torch.library.register_kernel("convnn::knn_aggregate", "cuda", knn_aggregate)
     torch.library.register_kernel("convnn::knn_aggregate_backward", "cuda", knn_aggregate_backward)

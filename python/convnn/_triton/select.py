@@ -1,0 +1,189 @@
+"""Fused GPU kernel of knn_select, in Triton (issue 25 §1): per program, one slice and a block of
+query rows; score tiles against blocks of candidates feed a running top-K held on chip, so the
+[G,N,M] score matrix is never written to memory.
+
+The selection rule is docs/operator.md's, the one every path follows:
+- candidates rank by their key (larger is more similar), the lower candidate index winning ties;
+  masked candidates (a false bool entry, or a -inf key) rank last, lower index first, and fill the
+  slots of rows with fewer than K valid candidates;
+- slots by descending key, or with index_order by ascending index;
+- dot, scaled_dot and cosine rank by the score; gaussian, chebyshev and l1 by minus the distance,
+  from exact pairwise differences, and report exp(key).
+The similarities' arithmetic is restated here (a Triton kernel cannot call the C++ policies of
+src/ops/kernels/similarity.h); the tests hold the two to the same indices on inputs whose scores
+are exact (integer-valued), and to rounding elsewhere.
+
+As in aggregate.py: each output element is written by one program, no atomics; every load and
+store is masked to its tensor's extent; loops over runtime bounds are `while` loops (the
+interpreter's numpy 2.4 issue); the scores that rank candidates come from `tl.dot` with
+input_precision="ieee" (a GPU's float32 default is TF32, which would rank by other scores than
+the ones the tests verify) and divisions by tl.math.div_rn (IEEE, as the CPU's).
+"""
+import torch
+import triton
+import triton.language as tl
+
+# Query rows per program: with 32, ptxas (sm_90, 4 warps) used all 255 registers and spilled at
+# some widths of the running top-K; with 16, 150-235 registers and no spill at any width.
+ROWS = 16
+CANDIDATES = 64    # candidates per score tile
+MAX_SLOTS = 64     # the largest K the kernel holds on chip; a larger K takes the generic path
+
+
+def slots_for(k):
+    return max(2, triton.next_power_of_2(k))
+
+SIMILARITY_CODES = {"dot": 0, "scaled_dot": 1, "cosine": 2, "gaussian": 3, "chebyshev": 4, "l1": 5}
+NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
+
+
+@triton.jit
+def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
+               SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr):
+    """[ROWS, CANDIDATES] ranking keys, in float32."""
+    # One feature at a time, for every similarity: exact pairwise differences for the distances,
+    # and for the dot products the same float32 sums (a tl.dot tile in IEEE float32 compiled for
+    # sm_90 to 32 registers and 19 KB of spills; measured with ptxas -v).
+    keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
+    j = 0
+    while j < d:
+        qj = tl.load(q_ptr + q_rows.to(tl.int64) * d + j, mask=row_ok, other=0.0).to(tl.float32)
+        kj = tl.load(k_ptr + cand.to(tl.int64) * d + j, mask=cand_ok, other=0.0).to(tl.float32)
+        if SIMILARITY <= 2:  # cosine's rows were scaled to unit length by the launcher
+            keys += qj[:, None] * kj[None, :]
+        else:
+            diff = qj[:, None] - kj[None, :]
+            if SIMILARITY == 3:
+                keys += diff * diff
+            elif SIMILARITY == 4:
+                keys = tl.maximum(keys, tl.abs(diff))
+            else:
+                keys += tl.abs(diff)
+        j += 1
+    if SIMILARITY == 1:
+        keys = tl.math.div_rn(keys, tl.full([ROWS, CANDIDATES], root, tl.float32))
+    elif SIMILARITY >= 3:
+        keys = -keys
+    return keys
+
+
+@triton.jit
+def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k,
+                   mask_slice_stride, root,
+                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, INDEX_ORDER: tl.constexpr,
+                   ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr):
+    block = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n
+    q_rows = g * n + rows
+    slots = tl.arange(0, SLOTS)
+    none = m  # the index of an empty slot: after every candidate, so any candidate beats it
+    # The running top-K, best first: keys and indices; empty slots hold (-inf, none).
+    top_keys = tl.full([ROWS, SLOTS], float("-inf"), tl.float32)
+    top_index = tl.full([ROWS, SLOTS], none, tl.int32)
+    first = 0
+    while first < m:
+        cand = first + tl.arange(0, CANDIDATES)
+        cand_ok = cand < m
+        keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand_ok, d, root,
+                          SIMILARITY, ROWS, CANDIDATES)
+        both_ok = row_ok[:, None] & cand_ok[None, :]
+        if MASK == 1:
+            allowed = tl.load(mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :],
+                              mask=both_ok, other=0)
+            keys = tl.where(allowed != 0, keys, float("-inf"))
+        elif MASK == 2:
+            keys += tl.load(mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :],
+                            mask=both_ok, other=0.0).to(tl.float32)
+        cand_index = tl.where(cand_ok, cand, none)[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)
+        keys = tl.where(cand_ok[None, :], keys, float("-inf"))
+        # Skip the merge when no candidate of the tile beats a row's K-th slot (its index is lower
+        # than the tile's, so an equal key loses, unless the slot is still empty).
+        kth_key = tl.min(tl.where(slots[None, :] < k, top_keys, float("inf")), 1)
+        kth_index = tl.max(tl.where(slots[None, :] < k, top_index, -1), 1)
+        beats = (keys > kth_key[:, None]) | ((keys == kth_key[:, None]) & (kth_index[:, None] == none))
+        beats = beats & cand_ok[None, :] & row_ok[:, None]
+        if tl.sum(beats.to(tl.int32)) > 0:
+            merged_keys = tl.full([ROWS, SLOTS], float("-inf"), tl.float32)
+            merged_index = tl.full([ROWS, SLOTS], none, tl.int32)
+            slot = 0
+            while slot < k:  # K rounds: the best of (running top-K, tile) moves to slot `slot`
+                best_top = tl.max(top_keys, 1)
+                best_top_index = tl.min(tl.where(top_keys == best_top[:, None], top_index, none + 1), 1)
+                best_tile = tl.max(keys, 1)
+                best_tile_index = tl.min(tl.where(keys == best_tile[:, None], cand_index, none + 1), 1)
+                from_top = (best_top > best_tile) | ((best_top == best_tile) & (best_top_index < best_tile_index))
+                key = tl.where(from_top, best_top, best_tile)
+                index = tl.where(from_top, best_top_index, best_tile_index)
+                here = slots[None, :] == slot
+                merged_keys = tl.where(here, key[:, None], merged_keys)
+                merged_index = tl.where(here, index[:, None], merged_index)
+                # Take the chosen one out of its source (the key -inf and the index past every
+                # other: it cannot be chosen again before a real candidate).
+                taken_top = from_top[:, None] & (top_index == best_top_index[:, None])
+                top_keys = tl.where(taken_top, float("-inf"), top_keys)
+                top_index = tl.where(taken_top, none + 1, top_index)
+                taken_tile = (~from_top)[:, None] & (cand_index == best_tile_index[:, None])
+                keys = tl.where(taken_tile, float("-inf"), keys)
+                cand_index = tl.where(taken_tile, none + 1, cand_index)
+                slot += 1
+            top_keys, top_index = merged_keys, merged_index
+        first += CANDIDATES
+    if INDEX_ORDER:  # the same K candidates, by ascending index
+        ordered_keys = tl.full([ROWS, SLOTS], float("-inf"), tl.float32)
+        ordered_index = tl.full([ROWS, SLOTS], none, tl.int32)
+        pending = tl.where(slots[None, :] < k, top_index, none + 1)
+        slot = 0
+        while slot < k:
+            lowest = tl.min(pending, 1)
+            at = pending == lowest[:, None]
+            key = tl.max(tl.where(at, top_keys, float("-inf")), 1)
+            here = slots[None, :] == slot
+            ordered_keys = tl.where(here, key[:, None], ordered_keys)
+            ordered_index = tl.where(here, lowest[:, None], ordered_index)
+            pending = tl.where(at, none + 1, pending)
+            slot += 1
+        top_keys, top_index = ordered_keys, ordered_index
+    scores = top_keys
+    if SIMILARITY >= 3:  # exp(-distance); a masked slot reports -inf on every path
+        scores = tl.where(top_keys == float("-inf"), float("-inf"), tl.exp(top_keys))
+    out = q_rows[:, None] * k + slots[None, :]
+    written = row_ok[:, None] & (slots[None, :] < k)
+    tl.store(scores_ptr + out, scores.to(scores_ptr.dtype.element_ty), mask=written)
+    tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)
+
+
+def applies(queries, keys, k, similarity):
+    """Whether the kernel covers this call (the rest takes the generic path)."""
+    return similarity in SIMILARITY_CODES and 1 <= k <= MAX_SLOTS and keys.shape[1] < 2**31 - 2
+
+
+def unit_rows(x):
+    """Rows scaled to unit length, as the cosine similarity of the other paths does
+    (src/ops/aten/similarity_forms.cpp: x / max(|x|, 1e-8))."""
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-8)
+
+
+def select_forward(queries, keys, k, similarity, mask, index_order):
+    """(scores, indices) as convnn::knn_select, for inputs the caller checked (contiguous
+    queries [G,N,D] and keys [G,M,D] of one float dtype; mask None, bool or floating, [N,M] or
+    [G,N,M], contiguous)."""
+    g, n, d = queries.shape
+    m = keys.shape[1]
+    scores = torch.empty((g, n, k), dtype=queries.dtype, device=queries.device)
+    indices = torch.empty((g, n, k), dtype=torch.int64, device=queries.device)
+    if scores.numel() == 0:
+        return scores, indices
+    code = SIMILARITY_CODES[similarity]
+    if code == SIMILARITY_CODES["cosine"]:
+        queries, keys = unit_rows(queries), unit_rows(keys)
+    mask_kind = NO_MASK if mask is None else BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
+    mask_slice_stride = 0 if mask is None or mask.dim() == 2 else n * m
+    # sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)) (exact in the float32 argument).
+    root = float(torch.tensor(float(d), dtype=torch.float32).sqrt()) if code == 1 else 1.0
+    _select_kernel[(triton.cdiv(n, ROWS), g)](queries, keys, mask if mask is not None else queries, scores, indices,
+                                             n, m, d, k, mask_slice_stride, root, SIMILARITY=code, MASK=mask_kind,
+                                             INDEX_ORDER=bool(index_order), ROWS=ROWS, CANDIDATES=CANDIDATES,
+                                             SLOTS=slots_for(k))
+    return scores, indices
