@@ -102,7 +102,7 @@ print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0
   step "bench --device cuda --sweep (K = 9)" 150 bench.log \
     "$bin/convnn" bench --device cuda --impl generic --sweep --sweep-n 197 1024 4096 16384 --sweep-k 9 \
     --memory-cap 40 --sweep-batch 1 --sweep-iters 5 --sweep-warmup 2
-  step "Triton knn_aggregate against generic" 120 bench.log \
+  step "Triton kernels and op-level paths" 200 bench.log \
     "$python" scripts/gpu_bench.py --json "$report/gpu-bench.json"
   # compute-sanitizer: out-of-bounds and misaligned accesses, shared-memory races.
   step "memcheck: C++ GenericCuda (2 cases)" 120 sanitizer.log \
@@ -110,10 +110,10 @@ print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0
     --gtest_filter='AttentionSweep/GenericCuda.*/0:AttentionSweep/GenericCuda.*/5'
   step "memcheck: Triton kernels" 150 sanitizer.log \
     compute-sanitizer --tool memcheck --error-exitcode 3 "$python" -m pytest -q -p no:cacheprovider \
-    -o addopts= python/tests/test_triton_kernels.py -k "forward or repeatable or guard"
+    -o addopts= python/tests/test_triton_kernels.py -k "forward or repeatable or guard or select_picks"
   step "racecheck: Triton kernels" 150 sanitizer.log \
     compute-sanitizer --tool racecheck --error-exitcode 3 "$python" -m pytest -q -p no:cacheprovider \
-    -o addopts= python/tests/test_triton_kernels.py -k "forward or repeatable"
+    -o addopts= python/tests/test_triton_kernels.py -k "forward or repeatable or select_picks"
   echo "gpu-check: report in $report"
   grep -E "FAILED|TIMED OUT" "$report/summary.txt" > /dev/null && return 1
   return 0

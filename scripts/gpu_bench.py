@@ -1,10 +1,15 @@
-"""Times convnn's Triton knn_aggregate kernels (python/convnn/_triton) against the device-generic
-path on a CUDA device, at the paper's configuration (G = 384 slices, N = M = 197, d = 64, K = 8,
-depthwise) and at N = 197, 1024, 4096, 16384 (G = 12, K = 9), in float32 and bfloat16. The C++
-`convnn bench --device cuda` times the generic attention paths; the Triton kernels are registered
-from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events), peak
-memory from the caching allocator, bytes moved by the forward's minimum (every gathered row read
-once per slot, weights and indices read, the output written) over the measured time.
+"""Times convnn's Triton kernels (python/convnn/_triton) on a CUDA device, at the paper's
+configuration (G = 384 slices, N = M = 197, d = 64, K = 8, depthwise, scaled_dot) and at N = 197,
+1024, 4096, 16384 (G = 12, K = 9), in float32 and bfloat16:
+- each kernel against the device-generic path: knn_aggregate forward and backward, knn_select;
+- the op-level paths, forward and forward+backward: the reference (Algorithm 1 in PyTorch: full
+  QK^T, topk, softmax, gather), the generic knn_attention op, the Triton path (knn_select, softmax,
+  knn_aggregate through the dispatcher, whose CUDA kernels are the Triton ones, with autograd), and
+  scaled_dot_product_attention on the same [G,N,d] tensors for scale.
+The C++ `convnn bench --device cuda` times the generic paths; the Triton kernels are registered
+from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events); peak memory
+from the caching allocator over one call of its own; GB/s of the aggregation forward counts its
+minimum bytes (every gathered row read once per slot, weights and indices read, output written).
 
     python scripts/gpu_bench.py [--json FILE]
 """
@@ -15,7 +20,7 @@ import torch
 import triton.testing
 
 import convnn  # noqa: F401  (registers the ops and the Triton CUDA kernels)
-from convnn._triton import aggregate
+from convnn._triton import aggregate, select
 
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 ops = torch.ops.convnn
@@ -66,6 +71,64 @@ def one(g, n, c, k, dtype, device):
     return row
 
 
+def reference_attention(q, k, v, kernel, neighbours):
+    """Algorithm 1 in PyTorch: the full score matrix, topk, softmax, gather, depthwise taps."""
+    scores = q @ k.transpose(1, 2) / q.shape[-1] ** 0.5
+    top, indices = scores.topk(neighbours, dim=-1)
+    weights = top.softmax(-1)
+    gathered = v.gather(1, indices.flatten(1).unsqueeze(-1).expand(-1, -1, v.shape[-1])).view(
+        *indices.shape, v.shape[-1])
+    return (weights.unsqueeze(-1) * gathered * kernel.t()).sum(2)
+
+
+def triton_attention(q, k, v, kernel, neighbours):
+    scores, indices = ops.knn_select(q, k, neighbours, "scaled_dot", None, False)
+    return ops.knn_aggregate(v, scores.softmax(-1), indices, kernel, None)
+
+
+def generic_attention(q, k, v, kernel, neighbours):
+    return ops.knn_attention(q, k, v, kernel, None, neighbours, "scaled_dot", None, False, "softmax", 1.0)[0]
+
+
+def sdpa(q, k, v, kernel, neighbours):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+PATHS = {"reference": reference_attention, "generic": generic_attention, "triton": triton_attention, "sdpa": sdpa}
+
+
+def op_paths(g, n, d, neighbours, dtype, device):
+    generator = torch.Generator(device=device).manual_seed(1)
+    leaves = [torch.randn(g, n, d, device=device, generator=generator).to(dtype).requires_grad_() for _ in range(3)]
+    kernel = torch.randn(d, neighbours, device=device, generator=generator).to(dtype).requires_grad_()
+    grad = torch.randn(g, n, d, device=device, generator=generator).to(dtype)
+    row = {"G": g, "N": n, "d": d, "K": neighbours, "dtype": str(dtype).replace("torch.", "")}
+    select_fused = select.select_forward(leaves[0].detach(), leaves[1].detach(), neighbours, "scaled_dot", None, False)
+    select_generic = ops.knn_select.default._op_dk(GENERIC, leaves[0].detach(), leaves[1].detach(), neighbours,
+                                                   "scaled_dot", None, False)
+    row["select_indices_differing"] = int((select_fused[1] != select_generic[1]).any(-1).sum())
+    row["select_triton_ms"], row["select_triton_mib"] = timed(
+        lambda: select.select_forward(leaves[0].detach(), leaves[1].detach(), neighbours, "scaled_dot", None, False))
+    row["select_generic_ms"], row["select_generic_mib"] = timed(
+        lambda: ops.knn_select.default._op_dk(GENERIC, leaves[0].detach(), leaves[1].detach(), neighbours,
+                                              "scaled_dot", None, False))
+    for name, path in PATHS.items():
+        if name == "reference" and g * n * n * 4 > 8 * 2**30:
+            continue  # the [G,N,N] scores alone above 8 GiB
+
+        def forward(path=path):
+            with torch.no_grad():
+                return path(*leaves, kernel, neighbours)
+
+        def forward_backward(path=path):
+            out = path(*leaves, kernel, neighbours)
+            torch.autograd.grad(out, leaves + [kernel] if name != "sdpa" else leaves, grad)
+
+        row[f"{name}_forward_ms"], row[f"{name}_forward_mib"] = timed(forward)
+        row[f"{name}_fb_ms"], row[f"{name}_fb_mib"] = timed(forward_backward)
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows to this file")
@@ -76,6 +139,7 @@ def main():
     shapes = [(384, 197, 64, 8)] + [(12, n, 64, 9) for n in (197, 1024, 4096, 16384)]
     rows = [one(*shape, dtype, device) for dtype in (torch.float32, torch.bfloat16) for shape in shapes]
     print(f"device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; triton {triton.__version__}")
+    print("knn_aggregate, depthwise:")
     print("| dtype | G | N | K | rel. error | Triton fwd ms (GB/s) / bwd ms | generic fwd ms / bwd ms | "
           "peak MiB Triton fwd/bwd | generic fwd/bwd |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -85,9 +149,19 @@ def main():
               f"{r['generic_forward_ms']:.3f} / {r['generic_backward_ms']:.3f} | "
               f"{r['triton_forward_mib']:.1f} / {r['triton_backward_mib']:.1f} | "
               f"{r['generic_forward_mib']:.1f} / {r['generic_backward_mib']:.1f} |")
+    paths = [op_paths(*shape, dtype, device) for dtype in (torch.float32, torch.bfloat16) for shape in shapes]
+    print("\nop level (scaled_dot, softmax, depthwise), ms forward / forward+backward, peak MiB of forward+backward:")
+    print("| dtype | G | N | K | select Triton / generic ms (rows picked apart) | " + " | ".join(PATHS) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(PATHS))
+    for r in paths:
+        cells = [f"{r[f'{p}_forward_ms']:.3f} / {r[f'{p}_fb_ms']:.3f} ({r[f'{p}_fb_mib']:.0f})"
+                 if f"{p}_fb_ms" in r else "skipped" for p in PATHS]
+        print(f"| {r['dtype']} | {r['G']} | {r['N']} | {r['K']} | {r['select_triton_ms']:.3f} / "
+              f"{r['select_generic_ms']:.3f} ({r['select_indices_differing']}) | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(device), "rows": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(device), "aggregate": rows, "op_paths": paths}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":
