@@ -181,3 +181,22 @@ def test_a_registered_convnn_model_gives_the_cpu_loss_and_gradients_on_cuda(vari
         if p.grad is not None:
             torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-7, atol=1e-9,
                                        msg=lambda message, parameter=parameter: f"{variant}, {parameter}: {message}")
+
+
+def test_convnn_attention_on_cuda_runs_the_triton_select_and_aggregation(monkeypatch):
+    """knn_attention's CUDA kernel (src/ops/cuda/knn_attention_composed.cpp) composes the core ops
+    through the dispatcher, whose CUDA kernels are the Triton ones."""
+    from convnn._triton import aggregate, select
+
+    calls = []
+    for module, name in ((select, "select_forward"), (aggregate, "aggregate_forward"),
+                         (aggregate, "aggregate_backward")):
+        monkeypatch.setattr(module, name, lambda *args, f=getattr(module, name), name=name: calls.append(name) or f(*args))
+    torch.manual_seed(6)
+    layer = ConvNNAttention(16, 2, 4).to(CUDA)
+    x = torch.randn(2, 9, 16, device=CUDA, requires_grad=True)
+    out = layer(x)
+    out.sum().backward()
+    assert {"select_forward", "aggregate_forward", "aggregate_backward"} <= set(calls), calls
+    reference = copy.deepcopy(layer).double()
+    torch.testing.assert_close(out.double(), reference(x.detach().double()), rtol=1e-5, atol=1e-5)

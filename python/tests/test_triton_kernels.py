@@ -342,6 +342,28 @@ def test_the_select_registration_routes_what_the_kernel_does_not_cover_to_the_ge
     launched.clear()
     register.knn_select(queries.double(), keys.double(), 6, "l1", None, True)  # float64: generic
     register.knn_select(queries, keys, 65, "l1", None, True)  # K above the kernel's 64: generic
+    monkeypatch.setenv("CONVNN_DEVICE_VALUE_CHECKS", "1")  # the debug switch: the generic path raises
+    register.knn_select(queries, keys, 6, "l1", None, True)
+    monkeypatch.delenv("CONVNN_DEVICE_VALUE_CHECKS")
     assert not launched
     with pytest.raises(RuntimeError, match="knn_select"):
         register.knn_select(queries, keys, 71, "l1", None, True)  # the C++ rule, K <= M
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # numpy inside the interpreter
+def test_select_gives_nan_scores_in_rows_that_met_a_nan_or_plus_inf_score_as_the_generic_path():
+    """Where values are not read (an accelerator's default), a row that cannot be ranked comes out
+    with NaN scores; the other rows are untouched."""
+    queries, keys, _ = select_inputs(torch.float32, seed=17)
+    queries[0, 3, 1] = float("nan")
+    mask = torch.zeros(2, 9, 70, device=DEVICE)
+    mask[1, 5, 66] = float("inf")  # in the second tile
+    got = select.select_forward(queries, keys, 6, "dot", mask, False)
+    assert got[0][0, 3].isnan().all() and got[0][1, 5].isnan().all()
+    assert not got[0][0, :3].isnan().any() and not got[0][1, 6:].isnan().any()
+    clean = queries.clone()
+    clean[0, 3, 1] = 0
+    want = ops.knn_select.default._op_dk(GENERIC, clean, keys, 6, "dot", None, False)
+    rows = torch.ones(2, 9, dtype=torch.bool, device=DEVICE)
+    rows[0, 3] = rows[1, 5] = False
+    assert torch.equal(got[1][rows], want[1][rows])

@@ -18,6 +18,7 @@
 
 #include "convnn/ops/knn_ops.h"
 #include "ops/checks.h"
+#include "ops/cuda/knn_attention_composed.h"
 #include "ops/generic/generic.h"
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
@@ -598,6 +599,51 @@ TEST(GenericErrors, UnrankableScoreRaisesTheFusedOpsMessage) {
             message_of([&] { convnn::ops::knn_select(queries, keys, 6, "dot", c10::nullopt, false); }));
 }
 
+// knn_attention's CUDA composition (select -> rho -> aggregate through the dispatcher) equals the
+// generic path; on CPU tensors its steps are the fused CPU kernels. Without device kernels of its
+// own, the CUDA kernel is the generic path (this process registers none for CUDA).
+TEST(CudaComposition, EqualsTheGenericPathForwardAndBackwardAndStandsAsideWithoutDeviceKernels) {
+  EXPECT_FALSE(convnn::ops::cuda::has_device_kernels(c10::DispatchKey::CUDA));
+  EXPECT_TRUE(convnn::ops::cuda::has_device_kernels(c10::DispatchKey::CPU));
+  torch::manual_seed(31);
+  const int64_t g = 3, n = 7, m = 9, d = 4, k = 4;
+  const auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  const auto queries = torch::randn({g, n, d}, opts), keys = torch::randn({g, m, d}, opts);
+  const auto values = torch::randn({g, m, d}, opts);
+  const auto mask = torch::rand({n, m}) > 0.3;
+  for (const auto& kernel : {torch::randn({d, k}, opts), torch::randn({d + 2, d, k}, opts)}) {
+    const auto bias = torch::randn({kernel.size(0)}, opts);
+    for (const char* similarity : {"cosine", "l1"}) {
+      for (const char* rho : {"softmax", "uniform"}) {
+        SCOPED_TRACE(std::string(similarity) + " " + rho + " kernel " + std::to_string(kernel.dim()) + "-D");
+        const auto composed = convnn::ops::cuda::composed_attention(queries, keys, values, kernel, bias, k,
+                                                                    similarity, mask, false, rho, 0.7);
+        const auto expected = generic::knn_attention(queries, keys, values, kernel, bias, k, similarity, mask,
+                                                     false, rho, 0.7);
+        EXPECT_TRUE(torch::equal(std::get<2>(composed), std::get<2>(expected)));
+        EXPECT_TRUE(AllClose(std::get<0>(composed), std::get<0>(expected), 1e-12, 1e-12));
+        EXPECT_TRUE(AllClose(std::get<3>(composed), std::get<3>(expected), 1e-12, 1e-12));
+        const auto dy = torch::randn_like(std::get<0>(expected));
+        const auto grads = convnn::ops::cuda::composed_attention_backward(
+            dy, queries, keys, values, kernel, std::get<1>(expected), std::get<2>(expected),
+            std::get<3>(expected), similarity, rho, 0.7, {true, true, true, true, true});
+        const auto want = generic::knn_attention_backward(dy, queries, keys, values, kernel, std::get<1>(expected),
+                                                          std::get<2>(expected), std::get<3>(expected), similarity,
+                                                          rho, 0.7, {true, true, true, true, true});
+        const auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+          ASSERT_EQ(a.defined(), b.defined());
+          if (a.defined()) EXPECT_TRUE(AllClose(a, b, 1e-12, 1e-12));
+        };
+        same(std::get<0>(grads), std::get<0>(want));
+        same(std::get<1>(grads), std::get<1>(want));
+        same(std::get<2>(grads), std::get<2>(want));
+        same(std::get<3>(grads), std::get<3>(want));
+        same(std::get<4>(grads), std::get<4>(want));
+      }
+    }
+  }
+}
+
 TEST(GenericDispatch, EveryBackendWithoutAFusedKernelGetsTheGenericOne) {
   for (const char* op : {"convnn::knn_select", "convnn::knn_select_backward", "convnn::knn_aggregate",
                          "convnn::knn_aggregate_backward", "convnn::knn_attention",
@@ -608,7 +654,10 @@ TEST(GenericDispatch, EveryBackendWithoutAFusedKernelGetsTheGenericOne) {
     // The fused kernels serve the CPU unless CONVNN_CPU_KERNELS=generic routes it here.
     EXPECT_EQ(handle.hasKernelForDispatchKey(c10::DispatchKey::CPU), !convnn::ops::generic::serves_cpu());
     EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::Meta));
-    EXPECT_FALSE(handle.hasKernelForDispatchKey(c10::DispatchKey::CUDA));  // nothing shadows the generic one
+    // The core ops' CUDA kernels come from the Python package (Triton); knn_attention's CUDA kernel
+    // composes them where they exist and is the generic path where they do not.
+    const bool attention = std::string(op).find("attention") != std::string::npos;
+    EXPECT_EQ(handle.hasKernelForDispatchKey(c10::DispatchKey::CUDA), attention);
     EXPECT_TRUE(handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
     EXPECT_TRUE(handle.hasComputedKernelForDispatchKey(c10::DispatchKey::MPS));
   }

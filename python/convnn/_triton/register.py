@@ -116,10 +116,18 @@ def _select_check(device, dtype):
     return None
 
 
+def device_value_checks():
+    """Whether the ops read values on accelerators too (CONVNN_DEVICE_VALUE_CHECKS=1, the debug
+    switch of src/ops/checks.cpp): then an unrankable score raises, which only the generic path
+    can do; the Triton kernel gives the default's NaN rows."""
+    return os.environ.get("CONVNN_DEVICE_VALUE_CHECKS") == "1"
+
+
 def knn_select(queries, keys, k, similarity, mask, index_order):
     from . import select
 
-    if not (_fused_applies(queries, (keys, mask)) and select.applies(queries, keys, k, similarity)):
+    if not (_fused_applies(queries, (keys, mask)) and select.applies(queries, keys, k, similarity)
+            and not device_value_checks()):
         return generic(_ops.knn_select.default, queries, keys, k, similarity, mask, index_order)
     check_shapes(_ops.knn_select.default, queries, keys, k, similarity, mask, index_order)
     return select.select_forward(queries.contiguous(), keys.contiguous(), k, similarity,

@@ -82,6 +82,9 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k,
     # The running top-K, best first: keys and indices; empty slots hold (-inf, none).
     top_keys = tl.full([ROWS, SLOTS], float("-inf"), tl.float32)
     top_index = tl.full([ROWS, SLOTS], none, tl.int32)
+    # Rows that met a NaN or +inf key cannot be ranked: their scores come out NaN, as the generic
+    # path's where values are not read (docs/operator.md, "NaN and Inf rule").
+    unrankable = tl.zeros([ROWS], dtype=tl.int32)
     first = 0
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)
@@ -98,6 +101,7 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k,
                             mask=both_ok, other=0.0).to(tl.float32)
         cand_index = tl.where(cand_ok, cand, none)[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)
         keys = tl.where(cand_ok[None, :], keys, float("-inf"))
+        unrankable |= tl.max(((keys != keys) | (keys == float("inf"))).to(tl.int32), 1)
         # Skip the merge when no candidate of the tile beats a row's K-th slot (its index is lower
         # than the tile's, so an equal key loses, unless the slot is still empty).
         kth_key = tl.min(tl.where(slots[None, :] < k, top_keys, float("inf")), 1)
@@ -148,6 +152,7 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k,
     scores = top_keys
     if SIMILARITY >= 3:  # exp(-distance); a masked slot reports -inf on every path
         scores = tl.where(top_keys == float("-inf"), float("-inf"), tl.exp(top_keys))
+    scores = tl.where(unrankable[:, None] != 0, float("nan"), scores)
     out = q_rows[:, None] * k + slots[None, :]
     written = row_ok[:, None] & (slots[None, :] < k)
     tl.store(scores_ptr + out, scores.to(scores_ptr.dtype.element_ty), mask=written)

@@ -66,4 +66,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
     const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
     c10::string_view rho, double temperature, std::array<bool, 5> output_mask);
 
+// d(scores) from d(weights) for softmax rho, w (g - sum w g) / T per row, in the accumulation type:
+// masked slots have w = 0 and get 0.
+at::Tensor softmax_rho_backward(const at::Tensor& weights, const at::Tensor& grad_weights,
+                                double temperature);
+
 }  // namespace convnn::ops::generic

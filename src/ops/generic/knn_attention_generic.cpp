@@ -17,10 +17,7 @@
 #include "ops/generic/internal.h"
 
 namespace convnn::ops::generic {
-namespace {
 
-// d(scores) from d(weights) for softmax rho, w (g - sum w g) / T per row, in the accumulation type:
-// masked slots have w = 0 and get 0.
 at::Tensor softmax_rho_backward(const at::Tensor& weights, const at::Tensor& grad_weights,
                                 double temperature) {
   const auto acc = at::toOpMathType(weights.scalar_type());
@@ -28,8 +25,6 @@ at::Tensor softmax_rho_backward(const at::Tensor& weights, const at::Tensor& gra
   const auto centred = g - (w * g).sum(-1, /*keepdim=*/true);
   return (w * centred).div_(temperature).to(weights.scalar_type());
 }
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,

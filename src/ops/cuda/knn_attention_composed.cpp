@@ -1,0 +1,115 @@
+// knn_attention and its backward under the CUDA dispatch key. Where the device has kernels of its
+// own for the core ops (today the Triton kernels that python/convnn/_triton/register.py registers
+// from Python), the attention is their composition through the dispatcher, so that a layer on a GPU
+// runs them; where it has none (a LibTorch program without the Python package), the device-generic
+// path, as before. ATen calls only, no CUDA code: it builds and registers in every build.
+#include "ops/cuda/knn_attention_composed.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <string>
+
+#include "convnn/ops/knn_ops.h"
+#include "ops/aten/rho_forms.h"
+#include "ops/checks.h"
+#include "ops/composite/knn_attention_backward.h"
+#include "ops/generic/generic.h"
+
+namespace convnn::ops::cuda {
+
+bool has_device_kernels(c10::DispatchKey key) {
+  static const auto select = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_select", "");
+  static const auto aggregate = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_aggregate", "");
+  return select.hasKernelForDispatchKey(key) && aggregate.hasKernelForDispatchKey(key);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho, double temperature) {
+  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k,
+                                                      similarity, mask, rho, temperature);
+  auto [scores, indices] = ops::knn_select(queries, keys, k, std::string(similarity), mask, index_order);
+  auto weights = aten_forms::rho_weights(scores, checked.rho, temperature);
+  auto output = ops::knn_aggregate(values, weights, indices, kernel, bias);
+  // A row the select step could not rank has NaN scores (where values are not read); its weights
+  // and output are NaN too, as on the generic path.
+  const auto unrankable = scores.isnan().any(-1, /*keepdim=*/true);
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  weights.masked_fill_(unrankable, kNaN);
+  output.masked_fill_(unrankable, kNaN);
+  return {output, scores, indices, weights};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatched_aggregate_backward(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
+  return ops::knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask);
+}
+
+std::tuple<at::Tensor, at::Tensor> dispatched_select_backward(
+    const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& indices, const at::Tensor& scores, c10::string_view similarity) {
+  return ops::knn_select_backward(grad_scores, queries, keys, indices, scores, std::string(similarity));
+}
+
+constexpr composite::AttentionBackwardSteps kDispatchedSteps{
+    &dispatched_aggregate_backward, &generic::softmax_rho_backward, &dispatched_select_backward};
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_backward(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
+    c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
+  const auto checked = checks::check_attention_backward_inputs(
+      grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho,
+      temperature);
+  return composite::knn_attention_backward(kDispatchedSteps, grad_output, queries, keys, values, kernel,
+                                           scores, indices, weights, similarity, checked.rho,
+                                           temperature, output_mask);
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho, double temperature) {
+  if (!has_device_kernels(c10::DispatchKey::CUDA)) {
+    return generic::knn_attention(queries, keys, values, kernel, bias, k, similarity, mask,
+                                  index_order, rho, temperature);
+  }
+  return composed_attention(queries, keys, values, kernel, bias, k, similarity, mask, index_order,
+                            rho, temperature);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_attention_backward(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
+    c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
+  if (!has_device_kernels(c10::DispatchKey::CUDA)) {
+    return generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices,
+                                           weights, similarity, rho, temperature, output_mask);
+  }
+  return composed_attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights,
+                                     similarity, rho, temperature, output_mask);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
+  m.impl("knn_attention", &cuda_attention);
+  m.impl("knn_attention_backward", &cuda_attention_backward);
+}
+
+}  // namespace convnn::ops::cuda

@@ -1,0 +1,34 @@
+#pragma once
+// knn_attention and its backward on CUDA tensors (src/ops/cuda/knn_attention_composed.cpp).
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
+
+#include <array>
+#include <tuple>
+
+namespace convnn::ops::cuda {
+
+// Whether the device has kernels of its own for knn_select and knn_aggregate (the Triton kernels
+// the Python package registers for CUDA tensors). Asked at every call: they may be registered
+// after the first one.
+bool has_device_kernels(c10::DispatchKey key);
+
+// knn_select -> rho -> knn_aggregate through the dispatcher, each step the device's kernel (the
+// same arguments and results as convnn::knn_attention). Takes tensors of any device, so that the
+// tests can run it on the CPU.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho, double temperature);
+
+// Its backward: the shared composition (ops/composite) of the dispatched aggregation and select
+// backward ops and the generic softmax-rho backward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_backward(
+    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
+    c10::string_view rho, double temperature, std::array<bool, 5> output_mask);
+
+}  // namespace convnn::ops::cuda
