@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ARCHITECTURES = {80: ("sm_80", 163 * 1024), 90: ("sm_90a", 227 * 1024)}  # name for ptxas, shared-memory limit
-NUM_WARPS = 4
+NUM_WARPS = 4  # aggregate.py's kernels launch with Triton's default; select.py names its own
 POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
 
 
@@ -36,34 +36,35 @@ def load_kernels(name="aggregate"):
 
 
 def select_specialisations(module):
-    """knn_select: each similarity at each width of the running top-K (2 to 64 slots), with an
-    additive mask and index order (the most code); the bool mask, no mask and score order at the
-    widest; the half-precision inputs at the widest, for a dot product and a distance. The other
-    combinations differ from these in a load's type or a branch taken, not in what is live."""
+    """knn_select: each similarity at each width of the running top-K (2 to 64 slots) and each
+    tile width of the dot products (16 to 64 features, and the loop), with an additive mask and
+    index order (the most code); the bool mask, no mask and score order at the widest; the
+    half-precision inputs at the widest, for a dot product and a distance. The other combinations
+    differ from these in a load's type or a branch taken, not in what is live."""
     def signature(pointer, mask_pointer):
         return {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": pointer,
                 "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
                 "root": "fp32"}
 
-    def constexprs(similarity, mask, index_order, slots):
+    def constexprs(similarity, mask, index_order, slots, features):
         return {"SIMILARITY": similarity, "MASK": mask, "INDEX_ORDER": index_order, "ROWS": module.ROWS,
-                "CANDIDATES": module.CANDIDATES, "SLOTS": slots}
+                "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "FEATURES": features}
 
     widest = module.slots_for(module.MAX_SLOTS)
     for name, code in module.SIMILARITY_CODES.items():
-        slots = 2
-        while slots <= widest:
-            yield (f"select {name} K<={slots} float32", module._select_kernel, signature("*fp32", "*fp32"),
-                   constexprs(code, module.ADDITIVE_MASK, True, slots))
-            slots *= 2
+        for features in sorted({module.features_for(d) for d in (1, 64)}):
+            slots = 2
+            while slots <= widest:
+                yield (f"select {name} K<={slots} {features}-feature chunks float32", module._select_kernel,
+                       signature("*fp32", "*fp32"), constexprs(code, module.ADDITIVE_MASK, True, slots, features))
+                slots *= 2
     for mask, mask_name, mask_pointer in ((module.NO_MASK, "no mask", "*fp32"), (module.BOOL_MASK, "bool mask", "*i1")):
         yield (f"select dot K<={widest} float32 {mask_name}, score order", module._select_kernel,
-               signature("*fp32", mask_pointer), constexprs(0, mask, False, widest))
+               signature("*fp32", mask_pointer), constexprs(0, mask, False, widest, module.features_for(64)))
     for dtype in ("bfloat16", "float16"):
         for name in ("dot", "gaussian"):
-            yield (f"select {name} K<={widest} {dtype}", module._select_kernel,
-                   signature(POINTER[dtype], "*fp32"),
-                   constexprs(module.SIMILARITY_CODES[name], module.ADDITIVE_MASK, True, widest))
+            yield (f"select {name} K<={widest} {dtype}", module._select_kernel, signature(POINTER[dtype], "*fp32"),
+                   constexprs(module.SIMILARITY_CODES[name], module.ADDITIVE_MASK, True, widest, module.features_for(64)))
 
 
 def specialisations(module):
@@ -122,11 +123,13 @@ def ptxas_usage(ptx, gpu_name):
 def main():
     module = load_kernels()
     failures, rows = [], []
-    every = list(specialisations(module)) + list(select_specialisations(load_kernels("select")))
-    for name, kernel, signature, constexprs in every:
+    select = load_kernels("select")
+    every = [(*spec, NUM_WARPS) for spec in specialisations(module)]
+    every += [(*spec, select.NUM_WARPS) for spec in select_specialisations(select)]
+    for name, kernel, signature, constexprs, num_warps in every:
         for arch, (gpu_name, shared_limit) in ARCHITECTURES.items():
             target = GPUTarget("cuda", arch, 32)
-            options = triton.compiler.make_backend(target).parse_options({"num_warps": NUM_WARPS})
+            options = triton.compiler.make_backend(target).parse_options({"num_warps": num_warps})
             full_signature = {**signature, **{key: "constexpr" for key in constexprs}}
             try:
                 compiled = triton.compile(triton.compiler.ASTSource(fn=kernel, constexprs=constexprs,

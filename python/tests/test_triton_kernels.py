@@ -267,7 +267,9 @@ def test_select_picks_the_generic_paths_indices_and_scores_with_every_similarity
         got = select.select_forward(queries, keys, 6, similarity, mask, index_order)
         want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, similarity, mask, index_order)
         assert torch.equal(got[1], want[1]), f"{similarity}, {name}: indices"
-        torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0, msg=lambda m: f"{similarity}, {name}: {m}")
+        # The distances' scores are exp(-distance): Triton's exp on a GPU is within 1e-5 of the C++ one
+        # (measured on an H100: 1.8e-6), not correctly rounded.
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=0, msg=lambda m: f"{similarity}, {name}: {m}")
 
 
 @pytest.mark.parametrize("similarity", ["dot", "scaled_dot"])
@@ -322,7 +324,7 @@ def test_select_writes_every_output_element_once_and_no_guard_byte_changes():
     indices.fill_(-1)
     select._select_kernel[(3, 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0,
                                   SIMILARITY=0, MASK=select.ADDITIVE_MASK, INDEX_ORDER=False, ROWS=select.ROWS,
-                                  CANDIDATES=select.CANDIDATES, SLOTS=8)
+                                  CANDIDATES=select.CANDIDATES, SLOTS=8, FEATURES=16)
     assert not scores.isnan().any() and (indices >= 0).all()
     assert (score_buffer[:64] == canary).all() and (score_buffer[-64:] == canary).all()
     assert (index_buffer[:64] == -5).all() and (index_buffer[-64:] == -5).all()

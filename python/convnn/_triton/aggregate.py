@@ -302,13 +302,14 @@ def aggregate_forward(values, weights, indices, kernel, bias):
 
 def inverse_index(indices, m):
     """(order, run_start): the [G*N*K] slots sorted stably by the values row they read (g*M +
-    index), and where each of the G*M rows' runs starts ([G*M + 1], the last entry the slot count)."""
+    index), and where each of the G*M rows' runs starts ([G*M + 1], the last entry the slot count).
+    From the sorted targets by searchsorted: torch.bincount reads its input's maximum back to the
+    host, which a CUDA graph cannot capture (found on an H100)."""
     g = indices.shape[0]
     target = (indices + torch.arange(g, device=indices.device).view(g, 1, 1) * m).reshape(-1)
-    _, order = torch.sort(target, stable=True)
-    counts = torch.zeros(g * m + 1, dtype=torch.int64, device=indices.device)
-    counts[1:] = torch.bincount(target, minlength=g * m)
-    return order, counts.cumsum(0)
+    sorted_target, order = torch.sort(target, stable=True)
+    rows = torch.arange(g * m + 1, dtype=sorted_target.dtype, device=indices.device)
+    return order, torch.searchsorted(sorted_target, rows)
 
 
 # The kernel's gradient sums over all G*N rows: split into about this many chunks of rows, so that

@@ -30,8 +30,18 @@ CANDIDATES = 64    # candidates per score tile
 MAX_SLOTS = 64     # the largest K the kernel holds on chip; a larger K takes the generic path
 
 
+NUM_WARPS = 8
+
+
 def slots_for(k):
     return max(2, triton.next_power_of_2(k))
+
+
+def features_for(d):
+    """Features per tl.dot chunk of the dot products: 16, the least tl.dot takes (with 32, ptxas
+    spilled at some widths of the running top-K on sm_80 and sm_90)."""
+    return 16
+
 
 SIMILARITY_CODES = {"dot": 0, "scaled_dot": 1, "cosine": 2, "gaussian": 3, "chebyshev": 4, "l1": 5}
 NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
@@ -39,11 +49,27 @@ NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
 
 @triton.jit
 def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
-               SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr):
+               SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr):
     """[ROWS, CANDIDATES] ranking keys, in float32."""
-    # One feature at a time, for every similarity: exact pairwise differences for the distances,
-    # and for the dot products the same float32 sums (a tl.dot tile in IEEE float32 compiled for
-    # sm_90 to 32 registers and 19 KB of spills; measured with ptxas -v).
+    # Dot products as tl.dot tiles in IEEE float32, FEATURES features at a time; the distances
+    # (exact pairwise differences) one feature at a time. Register use measured with ptxas -v
+    # (sm_80, sm_90): 32 query rows and a tile of all 64 features spilled kilobytes; 16 rows,
+    # 8 warps and 16-feature chunks, none (scripts/triton_compile_check.py fails on a spill).
+    if SIMILARITY <= 2:  # dot products: tl.dot over chunks of FEATURES features
+        keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
+        first = 0
+        while first < d:
+            features = first + tl.arange(0, FEATURES)
+            feature_ok = features < d
+            q = tl.load(q_ptr + q_rows.to(tl.int64)[:, None] * d + features[None, :],
+                        mask=row_ok[:, None] & feature_ok[None, :], other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + cand.to(tl.int64)[:, None] * d + features[None, :],
+                        mask=cand_ok[:, None] & feature_ok[None, :], other=0.0).to(tl.float32)
+            keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
+            first += FEATURES
+        if SIMILARITY == 1:
+            keys = tl.math.div_rn(keys, tl.full([ROWS, CANDIDATES], root, tl.float32))
+        return keys
     keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
     j = 0
     while j < d:
@@ -71,7 +97,7 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
 def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k,
                    mask_slice_stride, root,
                    SIMILARITY: tl.constexpr, MASK: tl.constexpr, INDEX_ORDER: tl.constexpr,
-                   ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr):
+                   ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr):
     block = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
@@ -90,7 +116,7 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k,
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
         keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand_ok, d, root,
-                          SIMILARITY, ROWS, CANDIDATES)
+                          SIMILARITY, ROWS, CANDIDATES, FEATURES)
         both_ok = row_ok[:, None] & cand_ok[None, :]
         if MASK == 1:
             allowed = tl.load(mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :],
@@ -190,5 +216,5 @@ def select_forward(queries, keys, k, similarity, mask, index_order):
     _select_kernel[(triton.cdiv(n, ROWS), g)](queries, keys, mask if mask is not None else queries, scores, indices,
                                              n, m, d, k, mask_slice_stride, root, SIMILARITY=code, MASK=mask_kind,
                                              INDEX_ORDER=bool(index_order), ROWS=ROWS, CANDIDATES=CANDIDATES,
-                                             SLOTS=slots_for(k))
+                                             SLOTS=slots_for(k), FEATURES=features_for(d), num_warps=NUM_WARPS)
     return scores, indices
