@@ -24,7 +24,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention(
     c10::string_view rho, double temperature);
 
 // Its backward: the shared composition (ops/composite) of the dispatched aggregation and select
-// backward ops and the generic softmax-rho backward.
+// backward ops and the generic softmax-rho backward, per block of query rows as the generic one.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_backward(
     const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,

@@ -16,6 +16,7 @@
 
 #include "convnn/ops/rho.h"
 #include "convnn/ops/similarity.h"
+#include "ops/composite/knn_attention_backward.h"
 
 namespace convnn::ops::generic {
 
@@ -79,5 +80,14 @@ at::Tensor aggregate_block(const at::Tensor& values, const at::Tensor& weights,
 
 // Bytes aggregate_block keeps live per query row of one slice.
 int64_t aggregate_bytes_per_row(const at::Tensor& values, int64_t k, const at::Tensor& kernel);
+
+// knn_attention's backward as the shared composition of `steps` (ops/composite), one block of
+// query rows at a time under the block budget, its gradients summed in block order: the generic
+// backward with the generic steps, CUDA's composition with the device's (src/ops/cuda).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> blocked_attention_backward(
+    const composite::AttentionBackwardSteps& steps, const at::Tensor& grad_output, const at::Tensor& queries,
+    const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity, Rho rho,
+    double temperature, std::array<bool, 5> output_mask);
 
 }  // namespace convnn::ops::generic

@@ -106,6 +106,35 @@ class BlockedGradient {
 
 }  // namespace
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> blocked_attention_backward(
+    const composite::AttentionBackwardSteps& steps, const at::Tensor& grad_output, const at::Tensor& queries,
+    const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity, Rho rho,
+    double temperature, std::array<bool, 5> output_mask) {
+  const int64_t k = indices.size(2);
+  if (queries.size(0) == 0 || queries.size(1) == 0) {  // no rows to block: the zero gradients
+    return composite::knn_attention_backward(steps, grad_output, queries, keys, values, kernel, scores,
+                                             indices, weights, similarity, rho, temperature, output_mask);
+  }
+  BlockedGradient grad_queries, grad_keys, grad_values, grad_kernel, grad_bias;
+  const auto bias_like = at::empty({checks::output_channels(values, kernel)}, values.options());
+  for_each_row_block(queries.size(0), queries.size(1), backward_bytes_per_row(queries, values, kernel, k),
+                     [&](const RowBlock& block) {
+    const auto slices = [&](const at::Tensor& t) { return t.narrow(0, block.slice, block.slices); };
+    const auto [gq, gk, gv, gkernel, gbias] = composite::knn_attention_backward(
+        steps, block_of(grad_output, block), block_of(queries, block), slices(keys), slices(values), kernel,
+        block_of(scores, block), block_of(indices, block), block_of(weights, block), similarity, rho,
+        temperature, output_mask);
+    grad_queries.copy_rows(gq, queries, block);
+    grad_keys.add_slices(gk, keys, block);
+    grad_values.add_slices(gv, values, block);
+    grad_kernel.add_whole(gkernel, kernel);
+    grad_bias.add_whole(gbias, bias_like);
+  });
+  return {grad_queries.result(), grad_keys.result(), grad_values.result(), grad_kernel.result(),
+          grad_bias.result()};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
     const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
@@ -117,29 +146,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
   // The generic steps, called directly: a direct call on CPU tensors stays on this path.
   static constexpr composite::AttentionBackwardSteps kGenericSteps{
       &knn_aggregate_backward, &softmax_rho_backward, &knn_select_backward};
-  const int64_t k = indices.size(2);
-  if (queries.size(0) == 0 || queries.size(1) == 0) {  // no rows to block: the zero gradients
-    return composite::knn_attention_backward(kGenericSteps, grad_output, queries, keys, values, kernel,
-                                             scores, indices, weights, similarity, checked.rho,
-                                             temperature, output_mask);
-  }
-  BlockedGradient grad_queries, grad_keys, grad_values, grad_kernel, grad_bias;
-  const auto bias_like = at::empty({checks::output_channels(values, kernel)}, values.options());
-  for_each_row_block(queries.size(0), queries.size(1), backward_bytes_per_row(queries, values, kernel, k),
-                     [&](const RowBlock& block) {
-    const auto slices = [&](const at::Tensor& t) { return t.narrow(0, block.slice, block.slices); };
-    const auto [gq, gk, gv, gkernel, gbias] = composite::knn_attention_backward(
-        kGenericSteps, block_of(grad_output, block), block_of(queries, block), slices(keys),
-        slices(values), kernel, block_of(scores, block), block_of(indices, block),
-        block_of(weights, block), similarity, checked.rho, temperature, output_mask);
-    grad_queries.copy_rows(gq, queries, block);
-    grad_keys.add_slices(gk, keys, block);
-    grad_values.add_slices(gv, values, block);
-    grad_kernel.add_whole(gkernel, kernel);
-    grad_bias.add_whole(gbias, bias_like);
-  });
-  return {grad_queries.result(), grad_keys.result(), grad_values.result(), grad_kernel.result(),
-          grad_bias.result()};
+  return blocked_attention_backward(kGenericSteps, grad_output, queries, keys, values, kernel, scores, indices,
+                                    weights, similarity, checked.rho, temperature, output_mask);
 }
 
 TORCH_LIBRARY_IMPL(convnn, CompositeExplicitAutograd, m) {
