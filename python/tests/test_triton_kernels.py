@@ -192,13 +192,14 @@ def test_the_cuda_registration_routes_what_the_kernels_do_not_cover_to_the_gener
     assert not launched
     torch.testing.assert_close(register.knn_aggregate(values, weights, indices, kernel, bias),
                                generic_aggregate(values, weights, indices, kernel, bias), rtol=1e-5, atol=1e-5)
-    assert len(launched) == 3  # the first-call check's two (depthwise, standard) and the call's own
+    # The first-call check's three (depthwise, standard, the select backward's) and the call's own.
+    assert len(launched) == 4
     torch.testing.assert_close(register.knn_aggregate(values, weights, indices, standard, None),
                                generic_aggregate(values, weights, indices, standard, None), rtol=1e-5, atol=1e-5)
-    assert len(launched) == 4
+    assert len(launched) == 5
     monkeypatch.setenv("CONVNN_CUDA_KERNELS", "generic")
     register.knn_aggregate(values, weights, indices, kernel, bias)
-    assert len(launched) == 4
+    assert len(launched) == 5
     # The C++ shape rules, with the C++ message, before any kernel runs.
     monkeypatch.delenv("CONVNN_CUDA_KERNELS")
     with pytest.raises(RuntimeError, match="knn_aggregate"):
@@ -223,7 +224,8 @@ def test_a_kernel_that_disagrees_on_first_use_is_turned_off_with_one_warning(mon
 
 
 def test_the_kernels_are_registered_for_cuda_tensors():
-    for op in (ops.knn_select.default, ops.knn_aggregate.default, ops.knn_aggregate_backward.default):
+    for op in (ops.knn_select.default, ops.knn_select_backward.default, ops.knn_aggregate.default,
+               ops.knn_aggregate_backward.default):
         assert op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CUDA), op
 
 
@@ -369,3 +371,39 @@ def test_select_gives_nan_scores_in_rows_that_met_a_nan_or_plus_inf_score_as_the
     rows = torch.ones(2, 9, dtype=torch.bool, device=DEVICE)
     rows[0, 3] = rows[1, 5] = False
     assert torch.equal(got[1][rows], want[1][rows])
+
+
+@pytest.mark.parametrize("similarity", ["dot", "scaled_dot"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_select_backward_equals_the_generic_path_and_masked_slots_get_nothing(similarity, dtype):
+    """Through the aggregation kernels with a kernel of ones; a row with fewer valid candidates
+    than K (masked slots, score -inf) passes no gradient through them."""
+    generator = torch.Generator().manual_seed(18)
+    queries = torch.randn(2, 9, 5, generator=generator).to(DEVICE, dtype)
+    keys = torch.randn(2, 70, 5, generator=generator).to(DEVICE, dtype)
+    mask = torch.rand(2, 9, 70, generator=generator) > 0.2
+    mask[1, 2, :] = False
+    mask[1, 2, 3:5] = True
+    scores, indices = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, similarity, mask.to(DEVICE), False)
+    grad_scores = torch.randn(2, 9, 6, generator=generator).to(DEVICE, dtype)
+    got = select.select_backward(grad_scores, queries, keys, indices, scores, similarity)
+    want = ops.knn_select_backward.default._op_dk(GENERIC, grad_scores, queries, keys, indices, scores, similarity)
+    tolerance = TOLERANCE[dtype]
+    for name, a, b in zip(("queries", "keys"), got, want):
+        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_the_select_backward_registration_covers_dot_products_only(monkeypatch):
+    monkeypatch.setattr(register, "verified", {})
+    launched = []
+    monkeypatch.setattr(select, "select_backward",
+                        lambda *args, original=select.select_backward: launched.append(args[-1]) or original(*args))
+    queries, keys, _ = select_inputs(torch.float32, seed=19)
+    for similarity in ("scaled_dot", "cosine", "l1"):
+        scores, indices = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, similarity, None, False)
+        got = register.knn_select_backward(torch.ones_like(scores), queries, keys, indices, scores, similarity)
+        want = ops.knn_select_backward.default._op_dk(GENERIC, torch.ones_like(scores), queries, keys, indices,
+                                                      scores, similarity)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert launched == ["scaled_dot", "scaled_dot"]  # the first-call check's and the call's own

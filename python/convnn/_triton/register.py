@@ -1,6 +1,6 @@
 """The Triton kernels as the CUDA kernels of the core ops, registered from Python (issue 25 §3's
 Python route): on a CUDA tensor, torch.ops.convnn.knn_select runs python/convnn/_triton/select.py
-(K up to 64), and knn_aggregate and knn_aggregate_backward run
+(K up to 64) and its backward, for dot and scaled_dot, the aggregation kernels; knn_aggregate and knn_aggregate_backward run
 python/convnn/_triton/aggregate.py where it applies (float32, bfloat16 or float16; every tensor on
 the values' device; depthwise and standard kernels) and the device-generic path (the op's
 CompositeExplicitAutograd kernel, src/ops/generic) everywhere else, so no legal input is refused.
@@ -69,10 +69,6 @@ def first_call_check(device, dtype):
     random input on `device`, or None when all agree."""
     from . import aggregate
 
-    failure = _select_check(device, dtype)
-    if failure is not None:
-        return failure
-
     generator = torch.Generator().manual_seed(0)
     g, n, m, c, k = 2, 7, 9, 5, 3
 
@@ -94,7 +90,7 @@ def first_call_check(device, dtype):
         for name, got, want in zip(("values", "weights", "kernel", "bias"), fused, expected):
             if not torch.allclose(got.float(), want.float(), **tolerance):
                 return f"knn_aggregate_backward ({kind}, d {name})"
-    return None
+    return _select_check(device, dtype)  # after the aggregation's: its backward runs on them
 
 
 def _select_check(device, dtype):
@@ -113,6 +109,13 @@ def _select_check(device, dtype):
         if not (torch.equal(fused[1], expected[1])
                 and torch.allclose(fused[0].float(), expected[0].float(), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=0)):
             return f"knn_select ({similarity})"
+    grad_scores = torch.randn(fused[0].shape, generator=generator).to(device=device, dtype=dtype)
+    fused = select.select_backward(grad_scores, queries, keys, expected[1], expected[0], "scaled_dot")
+    expected = generic(_ops.knn_select_backward.default, grad_scores, queries, keys, expected[1], expected[0],
+                       "scaled_dot")
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    if not all(torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance) for a, b in zip(fused, expected)):
+        return "knn_select_backward (scaled_dot)"
     return None
 
 
@@ -132,6 +135,16 @@ def knn_select(queries, keys, k, similarity, mask, index_order):
     check_shapes(_ops.knn_select.default, queries, keys, k, similarity, mask, index_order)
     return select.select_forward(queries.contiguous(), keys.contiguous(), k, similarity,
                                  None if mask is None else mask.contiguous(), index_order)
+
+
+def knn_select_backward(grad_scores, queries, keys, indices, scores, similarity):
+    from . import select
+
+    if not (similarity in ("dot", "scaled_dot") and _fused_applies(queries, (grad_scores, keys, indices, scores))):
+        return generic(_ops.knn_select_backward.default, grad_scores, queries, keys, indices, scores, similarity)
+    check_shapes(_ops.knn_select_backward.default, grad_scores, queries, keys, indices, scores, similarity)
+    return select.select_backward(grad_scores.contiguous(), queries.contiguous(), keys.contiguous(),
+                                  indices.contiguous(), scores.contiguous(), similarity)
 
 
 def knn_aggregate(values, weights, indices, kernel, bias):
@@ -156,7 +169,9 @@ def knn_aggregate_backward(grad_output, values, weights, indices, kernel, output
 
 
 def register():
-    """The CUDA kernels of knn_select, knn_aggregate and its backward. Triton compiles on first use."""
+    """The CUDA kernels of knn_select and its backward, knn_aggregate and its backward. Triton
+    compiles on first use."""
     torch.library.register_kernel("convnn::knn_select", "cuda", knn_select)
+    torch.library.register_kernel("convnn::knn_select_backward", "cuda", knn_select_backward)
     torch.library.register_kernel("convnn::knn_aggregate", "cuda", knn_aggregate)
     torch.library.register_kernel("convnn::knn_aggregate_backward", "cuda", knn_aggregate_backward)

@@ -218,3 +218,26 @@ def select_forward(queries, keys, k, similarity, mask, index_order):
                                              INDEX_ORDER=bool(index_order), ROWS=ROWS, CANDIDATES=CANDIDATES,
                                              SLOTS=slots_for(k), FEATURES=features_for(d), num_warps=NUM_WARPS)
     return scores, indices
+
+
+def select_backward(grad_scores, queries, keys, indices, scores, similarity):
+    """(grad_queries, grad_keys) as convnn::knn_select_backward for dot and scaled_dot, through the
+    aggregation kernels (aggregate.py) with a kernel of ones: d(q.k)/dq = k and /dk = q, so
+
+        grad_queries[i] = sum over slots of g * keys[index]      (the aggregation's forward)
+        grad_keys[j]    = sum over the slots that chose j of g * queries[i]
+                                                                 (its values' gradient: inverse index,
+                                                                  slot order, no atomics)
+
+    with g the incoming gradient, 0 on masked slots (score -inf), divided by sqrt(D) rounded to
+    float32 for scaled_dot. Inputs contiguous, as the caller checked."""
+    from . import aggregate
+
+    live = grad_scores.masked_fill(scores == float("-inf"), 0)
+    if similarity == "scaled_dot":  # sqrt(D) in the accumulation type, as the C++ policies
+        accumulation = torch.float64 if queries.dtype == torch.float64 else torch.float32
+        live = live / float(torch.tensor(float(queries.shape[2]), dtype=accumulation).sqrt())
+    ones = torch.ones(queries.shape[2], indices.shape[2], dtype=queries.dtype, device=queries.device)
+    grad_queries = aggregate.aggregate_forward(keys, live, indices, ones, None)
+    grad_keys = aggregate.aggregate_backward(queries, keys, live, indices, ones, [True, False, False, False])[0]
+    return grad_queries, grad_keys
