@@ -501,6 +501,45 @@ TEST(GenericBlocks, AttentionBackwardInManyBlocksEqualsOneBlock) {
   }
 }
 
+TEST(GenericBlocks, SelectBackwardInManyBlocksEqualsOneBlockForEverySimilarity) {
+  const Case c{3, 40, 30, 5, 4, 5, false, true, MaskKind::AdditivePerSlice, Similarity::Gaussian,
+               Rho::Softmax, true};
+  const auto in = make_inputs(c, 82);
+  for (const auto similarity : kSimilarities) {
+    const auto name = convnn::to_string(similarity);
+    SCOPED_TRACE(name);
+    const auto [scores, indices] = generic::knn_select(in.queries, in.keys, c.k, name, in.optional_mask(), false);
+    const auto grad_scores = torch::randn_like(scores);
+    const auto one_block = generic::knn_select_backward(grad_scores, in.queries, in.keys, indices, scores, name);
+    const BlockBudget tiny(1024);  // every block a single row of a single slice
+    const auto many_blocks = generic::knn_select_backward(grad_scores, in.queries, in.keys, indices, scores, name);
+    EXPECT_TRUE(AllClose(std::get<0>(many_blocks), std::get<0>(one_block), 1e-14, 1e-14));
+    EXPECT_TRUE(AllClose(std::get<1>(many_blocks), std::get<1>(one_block), 1e-14, 1e-14));
+    EXPECT_TRUE(std::get<0>(many_blocks).is_contiguous() && std::get<1>(many_blocks).is_contiguous());
+  }
+}
+
+TEST(GenericBlocks, AggregateBackwardInManyBlocksEqualsOneBlockForBothKernels) {
+  torch::manual_seed(83);
+  const int64_t g = 3, n = 40, m = 30, c = 5, k = 4;
+  const auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  const auto values = torch::randn({g, m, c}, opts), weights = torch::randn({g, n, k}, opts);
+  const auto indices = torch::randint(0, m, {g, n, k});
+  for (const auto& kernel : {torch::randn({c, k}, opts), torch::randn({c + 2, c, k}, opts)}) {
+    const auto dy = torch::randn({g, n, kernel.size(0)}, opts);
+    const auto backward = [&] {
+      return generic::knn_aggregate_backward(dy, values, weights, indices, kernel, {true, true, true, true});
+    };
+    const auto one_block = backward();
+    const BlockBudget tiny(1024);  // every block a single row of a single slice
+    const auto many_blocks = backward();
+    EXPECT_TRUE(AllClose(std::get<0>(many_blocks), std::get<0>(one_block), 1e-14, 1e-14));
+    EXPECT_TRUE(AllClose(std::get<1>(many_blocks), std::get<1>(one_block), 1e-14, 1e-14));
+    EXPECT_TRUE(AllClose(std::get<2>(many_blocks), std::get<2>(one_block), 1e-14, 1e-14));
+    EXPECT_TRUE(AllClose(std::get<3>(many_blocks), std::get<3>(one_block), 1e-14, 1e-14));
+  }
+}
+
 TEST(GenericBlocks, BudgetMustBePositive) {
   EXPECT_THROW(generic::set_block_bytes(0), c10::Error);
   EXPECT_GT(generic::block_bytes(), 0);
@@ -604,7 +643,8 @@ TEST(GenericErrors, UnrankableScoreRaisesTheFusedOpsMessage) {
 // own, the CUDA kernel is the generic path (this process registers none for CUDA).
 TEST(CudaComposition, EqualsTheGenericPathForwardAndBackwardAndStandsAsideWithoutDeviceKernels) {
   EXPECT_FALSE(convnn::ops::cuda::has_device_kernels(c10::DispatchKey::CUDA));
-  EXPECT_TRUE(convnn::ops::cuda::has_device_kernels(c10::DispatchKey::CPU));
+  // The CPU has kernels of its own, unless CONVNN_CPU_KERNELS=generic keeps them unregistered.
+  EXPECT_EQ(convnn::ops::cuda::has_device_kernels(c10::DispatchKey::CPU), !generic::serves_cpu());
   torch::manual_seed(31);
   const int64_t g = 3, n = 7, m = 9, d = 4, k = 4;
   const auto opts = torch::TensorOptions().dtype(torch::kDouble);

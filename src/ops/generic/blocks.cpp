@@ -1,4 +1,5 @@
 // The block budget and the walk over blocks of query rows (src/ops/generic/internal.h).
+#include <ATen/OpMathType.h>
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -77,6 +78,34 @@ void for_each_row_block(int64_t g, int64_t n, int64_t bytes_per_slice_row,
 
 at::Tensor block_of(const at::Tensor& t, const RowBlock& block) {
   return t.narrow(0, block.slice, block.slices).narrow(1, block.row, block.rows);
+}
+
+void BlockedGradient::copy_rows(const at::Tensor& block_grad, const at::Tensor& like, const RowBlock& block) {
+  if (!block_grad.defined()) return;
+  if (!total_.defined()) {
+    dtype_ = like.scalar_type();
+    total_ = at::empty_like(like, at::MemoryFormat::Contiguous);  // every row is copied once
+  }
+  block_of(total_, block).copy_(block_grad);
+}
+
+void BlockedGradient::add_slices(const at::Tensor& block_grad, const at::Tensor& like, const RowBlock& block) {
+  if (!block_grad.defined()) return;
+  accumulator_for(like).narrow(0, block.slice, block.slices).add_(block_grad);
+}
+
+void BlockedGradient::add_whole(const at::Tensor& block_grad, const at::Tensor& like) {
+  if (block_grad.defined()) accumulator_for(like).add_(block_grad);
+}
+
+at::Tensor BlockedGradient::result() const { return total_.defined() ? total_.to(dtype_) : total_; }
+
+at::Tensor& BlockedGradient::accumulator_for(const at::Tensor& like) {
+  if (!total_.defined()) {
+    dtype_ = like.scalar_type();
+    total_ = at::zeros_like(like, like.options().dtype(at::toOpMathType(dtype_)), at::MemoryFormat::Contiguous);
+  }
+  return total_;
 }
 
 }  // namespace convnn::ops::generic

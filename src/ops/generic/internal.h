@@ -81,6 +81,23 @@ at::Tensor aggregate_block(const at::Tensor& values, const at::Tensor& weights,
 // Bytes aggregate_block keeps live per query row of one slice.
 int64_t aggregate_bytes_per_row(const at::Tensor& values, int64_t k, const at::Tensor& kernel);
 
+// One gradient of a blocked backward, filled block by block: rows of a [G,N,..] gradient are
+// copied, sums over rows (keys, values, kernel, bias) are added in the accumulation type, in the
+// fixed order of the blocks. Contiguous whatever `like`'s strides, as the Meta kernels say
+// (torch.compile checks it).
+class BlockedGradient {
+ public:
+  void copy_rows(const at::Tensor& block_grad, const at::Tensor& like, const RowBlock& block);
+  void add_slices(const at::Tensor& block_grad, const at::Tensor& like, const RowBlock& block);
+  void add_whole(const at::Tensor& block_grad, const at::Tensor& like);
+  at::Tensor result() const;
+
+ private:
+  at::Tensor& accumulator_for(const at::Tensor& like);
+  at::Tensor total_;
+  at::ScalarType dtype_ = at::kFloat;
+};
+
 // knn_attention's backward as the shared composition of `steps` (ops/composite), one block of
 // query rows at a time under the block budget, its gradients summed in block order: the generic
 // backward with the generic steps, CUDA's composition with the device's (src/ops/cuda).

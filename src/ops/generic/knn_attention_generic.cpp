@@ -69,41 +69,6 @@ int64_t backward_bytes_per_row(const at::Tensor& queries, const at::Tensor& valu
   return 8 * k * widest * element + 4 * k * static_cast<int64_t>(sizeof(int64_t));
 }
 
-// One gradient of the whole backward, filled block by block: rows of a [G,N,..] gradient are
-// copied, sums over rows (keys, values, kernel, bias) are added in the accumulation type, in the
-// fixed order of the blocks.
-class BlockedGradient {
- public:
-  void copy_rows(const at::Tensor& block_grad, const at::Tensor& like, const RowBlock& block) {
-    if (!block_grad.defined()) return;
-    if (!total_.defined()) {
-      dtype_ = like.scalar_type();
-      // Contiguous whatever `like`'s strides, as the Meta kernel says (torch.compile checks it).
-      total_ = at::empty_like(like, at::MemoryFormat::Contiguous);  // every row is copied once
-    }
-    block_of(total_, block).copy_(block_grad);
-  }
-  void add_slices(const at::Tensor& block_grad, const at::Tensor& like, const RowBlock& block) {
-    if (!block_grad.defined()) return;
-    accumulator_for(like).narrow(0, block.slice, block.slices).add_(block_grad);
-  }
-  void add_whole(const at::Tensor& block_grad, const at::Tensor& like) {
-    if (block_grad.defined()) accumulator_for(like).add_(block_grad);
-  }
-  at::Tensor result() const { return total_.defined() ? total_.to(dtype_) : total_; }
-
- private:
-  at::Tensor& accumulator_for(const at::Tensor& like) {
-    if (!total_.defined()) {
-      dtype_ = like.scalar_type();
-      total_ = at::zeros_like(like, like.options().dtype(at::toOpMathType(dtype_)), at::MemoryFormat::Contiguous);
-    }
-    return total_;
-  }
-  at::Tensor total_;
-  at::ScalarType dtype_ = at::kFloat;
-};
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> blocked_attention_backward(

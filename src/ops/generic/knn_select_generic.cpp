@@ -146,9 +146,26 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
                                                                scores, similarity_name);
   // Masked slots have a constant score (-inf): no gradient flows through them.
   const auto live = grad_scores.masked_fill(at::isneginf(scores), 0).unsqueeze(-1);  // [G,N,K,1]
-  const auto [d_queries, d_keys] =
-      aten_forms::pair_gradients(queries.unsqueeze(2), gather_rows(keys, indices), similarity);
-  return {(live * d_queries).sum(2), sum_into_rows(live * d_keys, indices, keys.size(1))};
+  // Per block of query rows, so that the per-slot [rows,K,D] tensors (the gathered keys, the pair
+  // gradients, their products, the inverse index's copies) stay within the block budget; the key
+  // gradient's block sums are added in block order (deterministic).
+  const int64_t k = indices.size(2);
+  const int64_t element = c10::elementSize(at::toOpMathType(queries.scalar_type()));
+  const int64_t bytes_per_row = 6 * k * queries.size(2) * element + 4 * k * static_cast<int64_t>(sizeof(int64_t));
+  if (queries.size(0) == 0 || queries.size(1) == 0) {  // no rows to block: zero gradients
+    return {at::zeros(queries.sizes(), queries.options()), at::zeros(keys.sizes(), keys.options())};
+  }
+  BlockedGradient grad_queries, grad_keys;
+  for_each_row_block(queries.size(0), queries.size(1), bytes_per_row, [&](const RowBlock& block) {
+    const auto block_indices = block_of(indices, block);
+    const auto block_live = block_of(live, block);
+    const auto block_keys = keys.narrow(0, block.slice, block.slices);
+    const auto [d_queries, d_keys] = aten_forms::pair_gradients(
+        block_of(queries, block).unsqueeze(2), gather_rows(block_keys, block_indices), similarity);
+    grad_queries.copy_rows((block_live * d_queries).sum(2), queries, block);
+    grad_keys.add_slices(sum_into_rows(block_live * d_keys, block_indices, keys.size(1)), keys, block);
+  });
+  return {grad_queries.result(), grad_keys.result()};
 }
 
 TORCH_LIBRARY_IMPL(convnn, CompositeExplicitAutograd, m) {
