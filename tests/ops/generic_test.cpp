@@ -9,6 +9,7 @@
 // without a fused one.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <limits>
@@ -703,12 +704,14 @@ TEST(GenericDispatch, EveryBackendWithoutAFusedKernelGetsTheGenericOne) {
   }
 }
 
-TEST(GenericDispatch, AutocastCoversCpuAndCuda) {
+TEST(GenericDispatch, AutocastCoversEveryDeviceTheGenericPathServesByAtensOwnKeys) {
   for (const char* op : {"convnn::knn_select", "convnn::knn_aggregate", "convnn::knn_attention"}) {
     SCOPED_TRACE(op);
     const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(op, "");
-    EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::AutocastCPU));
-    EXPECT_TRUE(handle.hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA));
+    for (const auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::XPU, c10::DeviceType::MPS}) {
+      EXPECT_TRUE(handle.hasKernelForDispatchKey(at::autocast::get_autocast_dispatch_key_from_device_type(device)))
+          << device;
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-// Autocast kernels of the core ops, for CPU and CUDA autocast: under autocast (e.g. `convnn train
+// Autocast kernels of the core ops, for the CPU's, CUDA's, XPU's and MPS's autocast: under autocast (e.g. `convnn train
 // --amp`, or torch.autocast("cuda")) the ops run in the autocast dtype (bfloat16 or float16), as
 // ATen's convolutions and matmuls do, so that a ConvNN layer accepts the low-precision activations
 // of the layers before it together with its float32 parameters. One template per device type.
@@ -21,9 +21,10 @@ c10::optional<at::Tensor> to_autocast_dtype(const c10::optional<at::Tensor>& t) 
   return t.has_value() && t->defined() ? c10::optional<at::Tensor>(to_autocast_dtype<kDevice>(*t)) : t;
 }
 
+// The device's autocast key, from ATen's own mapping.
 template <c10::DeviceType kDevice>
 c10::DispatchKey autocast_key() {
-  return kDevice == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU;
+  return at::autocast::get_autocast_dispatch_key_from_device_type(kDevice);
 }
 
 template <c10::DeviceType kDevice>
@@ -57,20 +58,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
                             std::string(rho), temperature);
 }
 
+template <c10::DeviceType kDevice>
+void register_autocast(torch::Library& m) {
+  m.impl("knn_select", &knn_select<kDevice>);
+  m.impl("knn_aggregate", &knn_aggregate<kDevice>);
+  m.impl("knn_attention", &knn_attention<kDevice>);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(convnn, AutocastCPU, m) {
-  m.impl("knn_select", &knn_select<c10::DeviceType::CPU>);
-  m.impl("knn_aggregate", &knn_aggregate<c10::DeviceType::CPU>);
-  m.impl("knn_attention", &knn_attention<c10::DeviceType::CPU>);
-}
-
-// Registered whether or not this build has CUDA kernels: under CUDA autocast the generic path
-// runs in the autocast dtype, as a fused CUDA kernel would.
-TORCH_LIBRARY_IMPL(convnn, AutocastCUDA, m) {
-  m.impl("knn_select", &knn_select<c10::DeviceType::CUDA>);
-  m.impl("knn_aggregate", &knn_aggregate<c10::DeviceType::CUDA>);
-  m.impl("knn_attention", &knn_attention<c10::DeviceType::CUDA>);
-}
+// Every device with an autocast of its own whose ops the generic path serves, registered whether
+// or not this build has kernels for it: under autocast the generic path runs in the autocast
+// dtype, as a fused kernel would. The keys are the ones ATen maps these device types to.
+TORCH_LIBRARY_IMPL(convnn, AutocastCPU, m) { register_autocast<c10::DeviceType::CPU>(m); }
+TORCH_LIBRARY_IMPL(convnn, AutocastCUDA, m) { register_autocast<c10::DeviceType::CUDA>(m); }
+TORCH_LIBRARY_IMPL(convnn, AutocastXPU, m) { register_autocast<c10::DeviceType::XPU>(m); }
+TORCH_LIBRARY_IMPL(convnn, AutocastMPS, m) { register_autocast<c10::DeviceType::MPS>(m); }
 
 }  // namespace convnn::autocast
