@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, and runs every C++ and Python test, then
-# the op and identity tests once more on the generic (non-AVX2) kernels and once more through the
+# the op and identity tests once more on the baseline (non-AVX2) kernels and once more through the
 # device-generic path, then installs convnn and builds the example consumer against it
 # (scripts/install-check.sh), then the op, nn, data and train tests under AddressSanitizer and
 # UndefinedBehaviorSanitizer, then the fuzz targets of the file readers.
@@ -22,13 +22,13 @@ cores="$(nproc)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 ctest --output-on-failure --parallel "$cores" "$@"
 phase_done "ctest"
-# The kernels are compiled for AVX2 and for generic x86-64, and the CPU picks one at run time
-# (src/ops/cpu/isa.h): without this pass the generic build, which CPUs without AVX2 run, could
+# The kernels are compiled for AVX2 and for baseline x86-64, and the CPU picks one at run time
+# (src/ops/cpu/isa.h): without this pass the baseline build, which CPUs without AVX2 run, could
 # rot unseen. It runs the suites of tests/ops and tests/verify.
 op_and_identity_suites="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" \
   bin/convnn_tests ops verify | paste -sd'|' -)"
-CONVNN_CPU_ISA=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
-phase_done "op and identity tests on the generic ISA"
+CONVNN_CPU_ISA=baseline ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
+phase_done "op and identity tests on the baseline ISA"
 # The same suites through the device-generic path (src/ops/generic/, what CUDA, MPS, ... run): with
 # CONVNN_CPU_KERNELS=generic the fused CPU kernels are not registered and CPU calls take it, so the
 # whole op matrix (reference and fused comparisons, gradchecks, deterministic backward) proves the

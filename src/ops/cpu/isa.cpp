@@ -1,5 +1,7 @@
 #include "ops/cpu/isa.h"
 
+#include <c10/util/Exception.h>
+
 #include <cstdlib>
 #include <string_view>
 
@@ -8,9 +10,13 @@ namespace convnn::cpu {
 Isa runtime_isa() {
   static const Isa isa = [] {
     const char* forced = std::getenv("CONVNN_CPU_ISA");
-    if (forced && std::string_view(forced) == "generic") return Isa::Generic;
+    if (forced != nullptr && std::string_view(forced) == "baseline") return Isa::Baseline;
+    if (forced != nullptr && !std::string_view(forced).empty()) {
+      TORCH_WARN("CONVNN_CPU_ISA must be 'baseline' (force the kernels built for baseline x86-64), got '",
+                 forced, "'; choosing by the CPU");
+    }
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::Avx2 : Isa::Generic;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::Avx2 : Isa::Baseline;
   }();
   return isa;
 }

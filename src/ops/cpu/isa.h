@@ -1,10 +1,12 @@
 #pragma once
-// CPU kernels are compiled twice, as ATen does: once for AVX2+FMA and once generic, each into its
-// own namespace convnn::cpu::<isa> (the CONVNN_CPU_ISA macro, set by src/CMakeLists.txt), and the
-// entry picks one at run time. CONVNN_CPU_ISA=generic in the environment forces the generic code.
+// CPU kernels are compiled twice, as ATen does: once for AVX2+FMA and once for baseline x86-64
+// (what a CPU without AVX2 runs), each into its own namespace convnn::cpu::<isa> (the CONVNN_CPU_ISA
+// macro, set by src/CMakeLists.txt), and the entry picks one at run time. CONVNN_CPU_ISA=baseline
+// in the environment forces the baseline code. ("baseline", not "generic": the device-generic
+// path, src/ops/generic, is another thing.)
 namespace convnn::cpu {
 
-enum class Isa { Generic, Avx2 };
+enum class Isa { Baseline, Avx2 };
 
 // Detected once: AVX2 and FMA present and not overridden by the environment.
 Isa runtime_isa();
@@ -13,7 +15,7 @@ Isa runtime_isa();
 
 // Declares a kernel function template in both ISA namespaces.
 #define CONVNN_DECLARE_CPU_KERNEL(...) \
-  namespace generic {                  \
+  namespace baseline {                 \
   __VA_ARGS__;                         \
   }                                    \
   namespace avx2 {                     \

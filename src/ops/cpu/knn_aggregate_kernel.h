@@ -39,19 +39,19 @@ template <typename scalar_t>
 PreparedForwardKernel<at::opmath_type<scalar_t>> prepare_forward_kernel(
     const AggregateForwardParams<scalar_t>& p, at::opmath_type<scalar_t>* storage) {
   return runtime_isa() == Isa::Avx2 ? avx2::prepare_forward_kernel(p, storage)
-                                    : generic::prepare_forward_kernel(p, storage);
+                                    : baseline::prepare_forward_kernel(p, storage);
 }
 
 template <typename scalar_t>
 void knn_aggregate_forward_kernel(const AggregateForwardParams<scalar_t>& p) {
   runtime_isa() == Isa::Avx2 ? avx2::knn_aggregate_forward_kernel(p)
-                             : generic::knn_aggregate_forward_kernel(p);
+                             : baseline::knn_aggregate_forward_kernel(p);
 }
 
 template <typename scalar_t>
 void knn_aggregate_backward_kernel(const AggregateBackwardParams<scalar_t>& p) {
   runtime_isa() == Isa::Avx2 ? avx2::knn_aggregate_backward_kernel(p)
-                             : generic::knn_aggregate_backward_kernel(p);
+                             : baseline::knn_aggregate_backward_kernel(p);
 }
 
 }  // namespace convnn::cpu

@@ -20,7 +20,7 @@ CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t, typename acc_t> void knn_
 template <typename scalar_t, typename acc_t>
 void knn_select_backward(const KnnSelectBackwardParams<scalar_t, acc_t>& params) {
   runtime_isa() == Isa::Avx2 ? avx2::knn_select_backward(params)
-                             : generic::knn_select_backward(params);
+                             : baseline::knn_select_backward(params);
 }
 
 CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t, typename acc_t> bool knn_select_forward(
@@ -30,7 +30,7 @@ CONVNN_DECLARE_CPU_KERNEL(template <typename scalar_t, typename acc_t> bool knn_
 template <typename scalar_t, typename acc_t>
 bool knn_select_forward(const KnnSelectParams<scalar_t, acc_t>& params) {
   return runtime_isa() == Isa::Avx2 ? avx2::knn_select_forward(params)
-                                    : generic::knn_select_forward(params);
+                                    : baseline::knn_select_forward(params);
 }
 
 }  // namespace convnn::cpu
