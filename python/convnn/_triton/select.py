@@ -192,7 +192,7 @@ def applies(queries, keys, k, similarity):
 
 def unit_rows(x):
     """Rows scaled to unit length, as the cosine similarity of the other paths does
-    (src/ops/aten/similarity_forms.cpp: x / max(|x|, 1e-8))."""
+    (src/ops/reference/similarity_forms.cpp: x / max(|x|, 1e-8))."""
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-8)
 
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "convnn/ops/knn_ops.h"
-#include "ops/aten/rho_forms.h"
+#include "ops/reference/rho_forms.h"
 #include "ops/checks.h"
 #include "ops/composite/knn_attention_backward.h"
 #include "ops/generic/generic.h"
@@ -35,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention(
   const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k,
                                                       similarity, mask, rho, temperature);
   auto [scores, indices] = ops::knn_select(queries, keys, k, std::string(similarity), mask, index_order);
-  auto weights = aten_forms::rho_weights(scores, checked.rho, temperature);
+  auto weights = reference::rho_weights(scores, checked.rho, temperature);
   auto output = ops::knn_aggregate(values, weights, indices, kernel, bias);
   // A row the select step could not rank has NaN scores (where values are not read); its weights
   // and output are NaN too, as on the generic path.

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "ops/aten/rho_forms.h"
+#include "ops/reference/rho_forms.h"
 #include "ops/checks.h"
 #include "ops/composite/knn_attention_backward.h"
 #include "ops/generic/generic.h"
@@ -46,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     // rho sees the scores as returned (in the inputs' dtype), as in the composed ops.
     auto reported = block_of(scores, block);
     reported.copy_(block_scores);
-    const auto block_weights = aten_forms::rho_weights(reported, checked.rho, temperature);
+    const auto block_weights = reference::rho_weights(reported, checked.rho, temperature);
     block_of(indices, block).copy_(block_indices);
     block_of(weights, block).copy_(block_weights);
     block_of(output, block).copy_(aggregate_block(values.narrow(0, block.slice, block.slices),

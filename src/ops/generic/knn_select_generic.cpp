@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "ops/aten/similarity_forms.h"
+#include "ops/reference/similarity_forms.h"
 #include "ops/checks.h"
 #include "ops/generic/generic.h"
 #include "ops/generic/internal.h"
@@ -35,7 +35,7 @@ void apply_mask(at::Tensor& ranking_keys, const at::Tensor& mask, const RowBlock
 at::Tensor block_ranking_keys(const SelectOperands& in, const RowBlock& block) {
   const auto queries = block_of(in.queries, block);
   const auto keys = in.keys.narrow(0, block.slice, block.slices);
-  auto ranking_keys = aten_forms::ranking_keys(queries, keys, in.similarity);
+  auto ranking_keys = reference::ranking_keys(queries, keys, in.similarity);
   apply_mask(ranking_keys, in.mask, block);
   return ranking_keys;
 }
@@ -66,8 +66,8 @@ SelectOperands::SelectOperands(const at::Tensor& queries_in, const at::Tensor& k
   queries = queries_in.to(acc);
   keys = keys_in.to(acc);
   if (similarity == Similarity::Cosine) {
-    queries = aten_forms::unit_rows(queries);
-    keys = aten_forms::unit_rows(keys);
+    queries = reference::unit_rows(queries);
+    keys = reference::unit_rows(keys);
   }
   if (mask_in.has_value() && mask_in->defined()) {
     mask = mask_in->scalar_type() == at::kBool ? *mask_in : mask_in->to(acc);
@@ -94,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor> select_block(SelectOperands& in, int64_t k, b
     top_keys = by_score;
     positions = positions.gather(-1, permutation);
   }
-  return {aten_forms::reported_scores(top_keys, in.similarity), positions};
+  return {reference::reported_scores(top_keys, in.similarity), positions};
 }
 
 void settle_unrankable_rows(const SelectOperands& in, const char* op,
@@ -160,7 +160,7 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
     const auto block_indices = block_of(indices, block);
     const auto block_live = block_of(live, block);
     const auto block_keys = keys.narrow(0, block.slice, block.slices);
-    const auto [d_queries, d_keys] = aten_forms::pair_gradients(
+    const auto [d_queries, d_keys] = reference::pair_gradients(
         block_of(queries, block).unsqueeze(2), gather_rows(block_keys, block_indices), similarity);
     grad_queries.copy_rows((block_live * d_queries).sum(2), queries, block);
     grad_keys.add_slices(sum_into_rows(block_live * d_keys, block_indices, keys.size(1)), keys, block);

@@ -3,14 +3,10 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
-#include "ops/aten/rho_forms.h"
+#include "ops/reference/rho_forms.h"
 #include "ops/reference/reference.h"
 
 namespace convnn::reference {
-
-at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
-  return aten_forms::rho_weights(scores, rho, temperature);
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,

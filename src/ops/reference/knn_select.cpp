@@ -1,12 +1,12 @@
 // Reference knn_select: the full [G,N,M] similarity matrix (the ATen forms of
-// ops/aten/similarity_forms.h), a stable descending sort (so the lower index wins ties) and the
+// ops/reference/similarity_forms.h), a stable descending sort (so the lower index wins ties) and the
 // first k columns. Its backward recomputes only the k selected scores.
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <limits>
 
-#include "ops/aten/similarity_forms.h"
+#include "ops/reference/similarity_forms.h"
 #include "ops/checks.h"
 #include "ops/reference/indexing.h"
 #include "ops/reference/reference.h"
@@ -29,8 +29,8 @@ at::Tensor apply_mask(at::Tensor keys_matrix, const c10::optional<at::Tensor>& m
 at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity,
                         const c10::optional<at::Tensor>& mask) {
   const bool unit = similarity == Similarity::Cosine;
-  return apply_mask(aten_forms::ranking_keys(unit ? aten_forms::unit_rows(queries) : queries,
-                                             unit ? aten_forms::unit_rows(keys) : keys, similarity),
+  return apply_mask(reference::ranking_keys(unit ? reference::unit_rows(queries) : queries,
+                                             unit ? reference::unit_rows(keys) : keys, similarity),
                     mask);
 }
 
@@ -41,7 +41,7 @@ at::Tensor selected_scores(const at::Tensor& queries, const at::Tensor& keys,
   switch (similarity) {
     case Similarity::Dot: return (q * kk).sum(-1);
     case Similarity::ScaledDot: return (q * kk).sum(-1) / std::sqrt(static_cast<double>(queries.size(2)));
-    case Similarity::Cosine: return (aten_forms::unit_rows(q) * aten_forms::unit_rows(kk)).sum(-1);
+    case Similarity::Cosine: return (reference::unit_rows(q) * reference::unit_rows(kk)).sum(-1);
     case Similarity::Gaussian: return (-(q - kk).square().sum(-1)).exp();
     case Similarity::Chebyshev: {
       // The distance read at the first largest coordinate, not amax: at a tie the gradient goes to
@@ -68,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const a
     top_keys = top_keys.gather(-1, permutation);
     top_indices = by_index;
   }
-  return {aten_forms::reported_scores(top_keys, similarity).contiguous(), top_indices.contiguous()};
+  return {reference::reported_scores(top_keys, similarity).contiguous(), top_indices.contiguous()};
 }
 
 std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
@@ -81,7 +81,7 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
   const auto g = at::where(at::isneginf(scores), at::zeros_like(grad_scores), grad_scores)
                      .unsqueeze(-1);                                  // [G,N,K,1]
   const auto [d_q, d_k] =                                             // per slot, [G,N,K,D]
-      aten_forms::pair_gradients(queries.unsqueeze(2), gather_rows(keys, indices), similarity);
+      reference::pair_gradients(queries.unsqueeze(2), gather_rows(keys, indices), similarity);
   const auto grad_queries = (g * d_q).sum(2);
   const auto grad_keys = scatter_rows(g * d_k, indices, keys.size(1));
   return {grad_queries, grad_keys};

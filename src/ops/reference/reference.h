@@ -10,6 +10,7 @@
 
 #include "convnn/ops/rho.h"
 #include "convnn/ops/similarity.h"
+#include "ops/reference/rho_forms.h"
 
 namespace convnn::reference {
 
@@ -44,9 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
 
-// rho applied to the selected scores [..,K], differentiable through ATen autograd; -inf (masked)
-// slots weigh exactly 0, and a row with no valid slot weighs 0 everywhere.
-at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature);
+// rho_weights (rho applied to the selected scores): ops/reference/rho_forms.h, included above.
 
 // knn_select, rho_weights and knn_aggregate composed: (output, scores, indices, weights).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(

@@ -1,11 +1,11 @@
-#include "ops/aten/rho_forms.h"
+#include "ops/reference/rho_forms.h"
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
 #include <limits>
 
-namespace convnn::aten_forms {
+namespace convnn::reference {
 
 at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
   const auto masked = at::isneginf(scores);
@@ -36,4 +36,4 @@ at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
   TORCH_INTERNAL_ASSERT(false, "rho_weights: unknown rho ", static_cast<int>(rho));
 }
 
-}  // namespace convnn::aten_forms
+}  // namespace convnn::reference

@@ -6,9 +6,9 @@
 
 #include "convnn/ops/rho.h"
 
-namespace convnn::aten_forms {
+namespace convnn::reference {
 
 /// rho on scores [..,K]: masked (-inf) slots weigh exactly 0, a row with no valid slot weighs 0.
 at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature);
 
-}  // namespace convnn::aten_forms
+}  // namespace convnn::reference

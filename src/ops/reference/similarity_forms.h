@@ -9,7 +9,7 @@
 
 #include "convnn/ops/similarity.h"
 
-namespace convnn::aten_forms {
+namespace convnn::reference {
 
 /// x / max(|x|, eps) along the last dim (cosine's unit rows).
 at::Tensor unit_rows(const at::Tensor& x);
@@ -28,4 +28,4 @@ at::Tensor reported_scores(const at::Tensor& selected_keys, Similarity similarit
 std::tuple<at::Tensor, at::Tensor> pair_gradients(const at::Tensor& q, const at::Tensor& kk,
                                                   Similarity similarity);
 
-}  // namespace convnn::aten_forms
+}  // namespace convnn::reference

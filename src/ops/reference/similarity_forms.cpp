@@ -1,4 +1,4 @@
-#include "ops/aten/similarity_forms.h"
+#include "ops/reference/similarity_forms.h"
 
 #include <ATen/ATen.h>
 #include <ATen/functorch/DynamicLayer.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-namespace convnn::aten_forms {
+namespace convnn::reference {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -112,4 +112,4 @@ std::tuple<at::Tensor, at::Tensor> pair_gradients(const at::Tensor& q, const at:
   TORCH_INTERNAL_ASSERT(false, "pair_gradients: unknown similarity ", static_cast<int>(similarity));
 }
 
-}  // namespace convnn::aten_forms
+}  // namespace convnn::reference
