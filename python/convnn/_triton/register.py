@@ -1,7 +1,7 @@
 """The Triton kernels as the CUDA kernels of the core ops, registered from Python (issue 25 §3's
 Python route): on a CUDA tensor, torch.ops.convnn.knn_select runs python/convnn/_triton/select.py
-(K up to 64) and its backward, for dot and scaled_dot, the aggregation kernels; knn_aggregate and knn_aggregate_backward run
-python/convnn/_triton/aggregate.py where it applies (float32, bfloat16 or float16; every tensor on
+(K up to 64), its backward the aggregation kernels (dot and scaled_dot), and knn_aggregate and
+knn_aggregate_backward run python/convnn/_triton/aggregate.py where it applies (float32, bfloat16 or float16; every tensor on
 the values' device; depthwise and standard kernels) and the device-generic path (the op's
 CompositeExplicitAutograd kernel, src/ops/generic) everywhere else, so no legal input is refused.
 The op's C++ shape rules run first, through its Meta kernel on meta copies, with the C++ messages.
@@ -102,17 +102,18 @@ def _select_check(device, dtype):
     queries = torch.randint(-3, 4, (2, 9, 5), generator=generator).to(device=device, dtype=dtype)
     keys = torch.randint(-3, 4, (2, 70, 5), generator=generator).to(device=device, dtype=dtype)
     mask = (torch.rand(9, 70, generator=generator) > 0.3).to(device)
+    score_rtol = 1e-5 if dtype == torch.float32 else 1e-2
     for similarity in ("dot", "l1"):
-        fused = select.select_forward(queries, keys, 6, similarity, mask, False)
-        expected = generic(_ops.knn_select.default, queries, keys, 6, similarity, mask, False)
+        scores, indices = select.select_forward(queries, keys, 6, similarity, mask, False)
+        want_scores, want_indices = generic(_ops.knn_select.default, queries, keys, 6, similarity, mask, False)
         # Indices exactly; scores to rounding (exp(-distance) is Triton's exp, not the C++ one).
-        if not (torch.equal(fused[1], expected[1])
-                and torch.allclose(fused[0].float(), expected[0].float(), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=0)):
+        if not (torch.equal(indices, want_indices)
+                and torch.allclose(scores.float(), want_scores.float(), rtol=score_rtol, atol=0)):
             return f"knn_select ({similarity})"
-    grad_scores = torch.randn(fused[0].shape, generator=generator).to(device=device, dtype=dtype)
-    fused = select.select_backward(grad_scores, queries, keys, expected[1], expected[0], "scaled_dot")
-    expected = generic(_ops.knn_select_backward.default, grad_scores, queries, keys, expected[1], expected[0],
-                       "scaled_dot")
+    scores, indices = generic(_ops.knn_select.default, queries, keys, 6, "scaled_dot", mask, False)
+    grad_scores = torch.randn(scores.shape, generator=generator).to(device=device, dtype=dtype)
+    fused = select.select_backward(grad_scores, queries, keys, indices, scores, "scaled_dot")
+    expected = generic(_ops.knn_select_backward.default, grad_scores, queries, keys, indices, scores, "scaled_dot")
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     if not all(torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance) for a, b in zip(fused, expected)):
         return "knn_select_backward (scaled_dot)"

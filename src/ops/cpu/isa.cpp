@@ -10,7 +10,10 @@ namespace convnn::cpu {
 Isa runtime_isa() {
   static const Isa isa = [] {
     const char* forced = std::getenv("CONVNN_CPU_ISA");
-    if (forced != nullptr && std::string_view(forced) == "baseline") return Isa::Baseline;
+    // "generic" is the switch's former value, still honoured for scripts that set it.
+    if (forced != nullptr && (std::string_view(forced) == "baseline" || std::string_view(forced) == "generic")) {
+      return Isa::Baseline;
+    }
     if (forced != nullptr && !std::string_view(forced).empty()) {
       TORCH_WARN("CONVNN_CPU_ISA must be 'baseline' (force the kernels built for baseline x86-64), got '",
                  forced, "'; choosing by the CPU");

@@ -2,8 +2,8 @@
 // CPU kernels are compiled twice, as ATen does: once for AVX2+FMA and once for baseline x86-64
 // (what a CPU without AVX2 runs), each into its own namespace convnn::cpu::<isa> (the CONVNN_CPU_ISA
 // macro, set by src/CMakeLists.txt), and the entry picks one at run time. CONVNN_CPU_ISA=baseline
-// in the environment forces the baseline code. ("baseline", not "generic": the device-generic
-// path, src/ops/generic, is another thing.)
+// in the environment forces the baseline code; its former value, "generic", still does. (Renamed
+// "baseline" because the device-generic path, src/ops/generic, is another thing.)
 namespace convnn::cpu {
 
 enum class Isa { Baseline, Avx2 };
