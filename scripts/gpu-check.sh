@@ -85,9 +85,9 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "triton", tr
 print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'; nproc; } > "$report/env.txt" 2>&1
 
   # The C++ tests that take a CUDA device when one is present, and the generic path's suites.
-  step "C++ CUDA tests (GenericCuda, Device, ...)" 150 cpp-tests.log \
+  step "C++ CUDA tests (GenericCuda, RegisteredDeviceSweep, Device, ...)" 150 cpp-tests.log \
     "$bin/convnn_tests" --gtest_brief=1 \
-    --gtest_filter='*Cuda*:*CUDA*:Device.*:Checkpoint.*:Generic*:Bench*'
+    --gtest_filter='*Cuda*:*CUDA*:*Registered*:Device.*:Checkpoint.*:Generic*:Bench*'
   step "Python: Triton kernels on the GPU, CUDA API" 240 python-tests.log \
     "$python" -m pytest -q -p no:cacheprovider -o addopts= python/tests/test_triton_kernels.py \
     python/tests/test_cuda.py python/tests/test_opcheck.py

@@ -1,6 +1,6 @@
 #pragma once
 // The core ops differentiated by ATen's own autograd, through the plain-ATen reference composition
-// (src/ops/reference/). The Autograd kernels (knn_ops_autograd.cpp) use it where their fused
+// (src/ops/reference/). The Autograd kernels (src/ops/autograd/knn_*.cpp) use it where their fused
 // first-order autograd::Function cannot serve, so training speed is unchanged everywhere else:
 //  - under a torch.func transform (grad, vjp, jacrev, jacfwd, hessian, vmap over grad): functorch
 //    cannot run a C++ torch::autograd::Function, and every ATen op of the composition has its

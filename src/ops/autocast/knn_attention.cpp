@@ -1,0 +1,33 @@
+// knn_attention under the autocast keys of the CPU, CUDA, XPU and MPS: it runs in the autocast dtype
+// (src/ops/autocast/autocast_cast.h).
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include "convnn/ops/knn_ops.h"
+#include "ops/autocast/autocast_cast.h"
+
+namespace convnn::autocast {
+namespace {
+
+template <c10::DeviceType kDevice>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
+    c10::string_view rho, double temperature) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key<kDevice>());
+  return ops::knn_attention(to_autocast_dtype<kDevice>(queries), to_autocast_dtype<kDevice>(keys),
+                            to_autocast_dtype<kDevice>(values), to_autocast_dtype<kDevice>(kernel),
+                            to_autocast_dtype<kDevice>(bias), k, std::string(similarity), mask, index_order,
+                            std::string(rho), temperature);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(convnn, AutocastCPU, m) { m.impl("knn_attention", &knn_attention<c10::DeviceType::CPU>); }
+TORCH_LIBRARY_IMPL(convnn, AutocastCUDA, m) { m.impl("knn_attention", &knn_attention<c10::DeviceType::CUDA>); }
+TORCH_LIBRARY_IMPL(convnn, AutocastXPU, m) { m.impl("knn_attention", &knn_attention<c10::DeviceType::XPU>); }
+TORCH_LIBRARY_IMPL(convnn, AutocastMPS, m) { m.impl("knn_attention", &knn_attention<c10::DeviceType::MPS>); }
+
+}  // namespace convnn::autocast
