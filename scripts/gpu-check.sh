@@ -87,7 +87,7 @@ print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0
   # The C++ tests that take a CUDA device when one is present, and the generic path's suites.
   step "C++ CUDA tests (GenericCuda, RegisteredDeviceSweep, Device, ...)" 150 cpp-tests.log \
     "$bin/convnn_tests" --gtest_brief=1 \
-    --gtest_filter='*Cuda*:*CUDA*:*Registered*:Device.*:Checkpoint.*:Generic*:Bench*'
+    --gtest_filter='*Cuda*:*CUDA*:*Registered*:Device.*:Checkpoint.*:Generic*:Bench*:TritonAot*'
   step "Python: Triton kernels on the GPU, CUDA API" 240 python-tests.log \
     "$python" -m pytest -q -p no:cacheprovider -o addopts= python/tests/test_triton_kernels.py \
     python/tests/test_cuda.py python/tests/test_opcheck.py
@@ -108,6 +108,9 @@ print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0
   step "memcheck: C++ GenericCuda (2 cases)" 120 sanitizer.log \
     compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/convnn_tests" --gtest_brief=1 \
     --gtest_filter='AttentionSweep/GenericCuda.*/0:AttentionSweep/GenericCuda.*/5'
+  step "memcheck: C++ embedded Triton kernels" 90 sanitizer.log \
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/convnn_tests" --gtest_brief=1 \
+    --gtest_filter='TritonAotCuda.*'
   step "memcheck: Triton kernels" 150 sanitizer.log \
     compute-sanitizer --tool memcheck --error-exitcode 3 "$python" -m pytest -q -p no:cacheprovider \
     -o addopts= python/tests/test_triton_kernels.py -k "forward or repeatable or guard or select_picks"

@@ -14,6 +14,14 @@ phase_done() {
 }
 bash "$repo_root/scripts/setup.sh"
 phase_done "set-up and build"
+# CI's machines have nvcc and the venv's triton: there the C++ build must embed the Triton kernels
+# (src/ops/cuda/triton/), so that the CUDA build and its launchers cannot rot unseen. Elsewhere a
+# build without them is legal (CONVNN_TRITON_AOT=AUTO), and its tests say so.
+if [ -n "${CI:-}" ] && ! grep -q '^CONVNN_BUILD_TRITON_AOT:INTERNAL=ON' "$repo_root/build/CMakeCache.txt"; then
+  echo "test.sh: CI=${CI} but build/ has no embedded Triton kernels (see 'convnn: ahead-of-time Triton" \
+       "kernels' in CMake's output: it needs nvcc, a CUDA torch and triton in the venv)" >&2
+  exit 1
+fi
 cd "$repo_root/build"
 # CTest runs one test process per core, so each process keeps to one intra-op thread; tests that
 # check multi-threaded kernels set their own thread count. (Cores are counted first: GNU nproc

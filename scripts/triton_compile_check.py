@@ -120,6 +120,17 @@ def ptxas_usage(ptx, gpu_name):
     return registers, spills
 
 
+def compile_for(kernel, signature, constexprs, num_warps, arch):
+    """The kernel compiled for sm_<arch> (90 is sm_90a) with exactly this signature: every
+    non-constexpr argument a kernel parameter, no value specialisation (what an ahead-of-time
+    launcher relies on; scripts/triton_aot.py)."""
+    target = GPUTarget("cuda", arch, 32)
+    options = triton.compiler.make_backend(target).parse_options({"num_warps": num_warps})
+    full_signature = {**signature, **{key: "constexpr" for key in constexprs}}
+    return triton.compile(triton.compiler.ASTSource(fn=kernel, constexprs=constexprs, signature=full_signature),
+                          target=target, options=options.__dict__)
+
+
 def main():
     module = load_kernels()
     failures, rows = [], []
@@ -128,13 +139,8 @@ def main():
     every += [(*spec, select.NUM_WARPS) for spec in select_specialisations(select)]
     for name, kernel, signature, constexprs, num_warps in every:
         for arch, (gpu_name, shared_limit) in ARCHITECTURES.items():
-            target = GPUTarget("cuda", arch, 32)
-            options = triton.compiler.make_backend(target).parse_options({"num_warps": num_warps})
-            full_signature = {**signature, **{key: "constexpr" for key in constexprs}}
             try:
-                compiled = triton.compile(triton.compiler.ASTSource(fn=kernel, constexprs=constexprs,
-                                                                    signature=full_signature),
-                                          target=target, options=options.__dict__)
+                compiled = compile_for(kernel, signature, constexprs, num_warps, arch)
                 registers, spills = ptxas_usage(compiled.asm["ptx"], gpu_name)
             except Exception as error:  # report every kernel, then fail
                 failures.append(f"{name} sm_{arch}: {type(error).__name__}: {error}")

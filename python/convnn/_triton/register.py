@@ -174,5 +174,8 @@ def register():
     compiles on first use."""
     torch.library.register_kernel("convnn::knn_select", "cuda", knn_select)
     torch.library.register_kernel("convnn::knn_select_backward", "cuda", knn_select_backward)
-    torch.library.register_kernel("convnn::knn_aggregate", "cuda", knn_aggregate)
-    torch.library.register_kernel("convnn::knn_aggregate_backward", "cuda", knn_aggregate_backward)
+    # A libconvnn_ops built with the embedded Triton kernels (src/ops/cuda/triton/, the C++ CUDA
+    # build; not the package's own) has these two already: the same kernels, kept.
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("convnn::knn_aggregate", "CUDA"):
+        torch.library.register_kernel("convnn::knn_aggregate", "cuda", knn_aggregate)
+        torch.library.register_kernel("convnn::knn_aggregate_backward", "cuda", knn_aggregate_backward)

@@ -1,8 +1,8 @@
 // knn_attention and its backward under the CUDA dispatch key. Where the device has kernels of its
-// own for the core ops (today the Triton kernels that python/convnn/_triton/register.py registers
-// from Python), the attention is their composition through the dispatcher, so that a layer on a GPU
-// runs them; where it has none (a LibTorch program without the Python package), the device-generic
-// path, as before. ATen calls only, no CUDA code: it builds and registers in every build.
+// own for the core ops (the Triton kernels: knn_select and knn_aggregate registered from Python by
+// python/convnn/_triton/register.py, or knn_aggregate embedded in this library by a CUDA build,
+// src/ops/cuda/triton/), the attention is their composition through the dispatcher, so that a
+// layer on a GPU runs them; where it has none, the device-generic path. ATen calls only, no CUDA code: it builds and registers in every build.
 #include "ops/cuda/knn_attention_composed.h"
 
 #include <ATen/ATen.h>
@@ -24,7 +24,9 @@ namespace convnn::ops::cuda {
 bool has_device_kernels(c10::DispatchKey key) {
   static const auto select = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_select", "");
   static const auto aggregate = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_aggregate", "");
-  return select.hasKernelForDispatchKey(key) && aggregate.hasKernelForDispatchKey(key);
+  // Either one is worth composing for: the other op then takes the generic path through the
+  // dispatcher (a LibTorch build with the embedded Triton kernels has the aggregation's only).
+  return select.hasKernelForDispatchKey(key) || aggregate.hasKernelForDispatchKey(key);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention(

@@ -1,0 +1,215 @@
+#include "ops/cuda/triton/aggregate_launches.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "ops/generic/generic.h"
+
+namespace convnn::ops::cuda::triton {
+namespace {
+
+const char* dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return nullptr;
+  }
+}
+
+// The specialisation keys, as scripts/triton_compile_check.py names them.
+std::string key(const char* kind, bool standard, at::ScalarType dtype, bool with_bias = false) {
+  return std::string(standard ? "standard " : "") + kind + " " + dtype_name(dtype) + (with_bias ? " bias" : "");
+}
+
+int64_t blocks(int64_t total, int64_t block) { return std::max<int64_t>(1, (total + block - 1) / block); }
+
+const char* const kKinds[] = {"forward", "d weights", "d kernel", "d values"};
+
+}  // namespace
+
+void run_on_gpu(Launch& launch) { triton::launch(launch.key.c_str(), launch.grid, launch.arguments); }
+
+bool has_aggregate_kernels(at::ScalarType dtype) {
+  if (dtype_name(dtype) == nullptr) return false;
+  for (const bool standard : {false, true}) {
+    for (const char* kind : kKinds) {
+      bool found = false;
+      const std::string wanted = key(kind, standard, dtype);
+      for (std::size_t i = 0; i < kCompiledKernelCount && !found; ++i) found = wanted == kCompiledKernels[i].key;
+      if (!found) return false;
+    }
+  }
+  return true;
+}
+
+bool aggregate_fits(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& kernel) {
+  constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
+  constexpr int64_t kGridYZ = 65535;
+  const int64_t widest = std::max(values.size(2), kernel.size(0));
+  const int64_t k = weights.size(2);
+  // The largest grids: (G*M, C/CHANNELS) for the values' gradient, (C'/CHANNELS, C/CHANNELS,
+  // chunks*K) for the standard kernel's.
+  return has_aggregate_kernels(values.scalar_type()) && values.numel() <= kInt32 && weights.numel() <= kInt32 &&
+         kernel.numel() <= kInt32 && values.size(0) * values.size(1) <= kInt32 &&
+         values.size(0) * weights.size(1) * std::max<int64_t>(widest, 1) <= kInt32 &&
+         blocks(widest, kAggregateBlocks.channels) <= kGridYZ && k * kAggregateBlocks.kernel_gradient_chunks <= kGridYZ;
+}
+
+bool device_has_aggregate_kernels(int device, at::ScalarType dtype) {
+  if (!has_aggregate_kernels(dtype)) return false;
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  for (const bool standard : {false, true}) {
+    for (const char* kind : kKinds) {
+      if (find_compiled_kernel(key(kind, standard, dtype).c_str(), major, minor) == nullptr) return false;
+    }
+  }
+  return true;
+}
+
+at::Tensor aggregate_forward(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+                             const at::Tensor& kernel, const at::Tensor& bias, const LaunchRunner& run) {
+  const int64_t g = values.size(0), m = values.size(1), c = values.size(2);
+  const int64_t n = weights.size(1), k = weights.size(2);
+  const bool standard = kernel.dim() == 3;
+  const int64_t c_out = standard ? kernel.size(0) : c;
+  auto output = at::empty({g, n, c_out}, values.options());
+  if (output.numel() == 0 || c == 0) {
+    return bias.defined() ? output.copy_(bias.expand_as(output)) : output.zero_();
+  }
+  Launch launch{key("forward", standard, values.scalar_type(), bias.defined()),
+                {blocks(g * n, kAggregateBlocks.rows), blocks(c_out, kAggregateBlocks.channels)},
+                {}};
+  // Without a bias the kernel does not read bias_ptr (HAS_BIAS is false); any valid pointer does.
+  launch.arguments.pointer(values).pointer(weights).pointer(indices).pointer(kernel)
+      .pointer(bias.defined() ? bias : values).pointer(output)
+      .int32(g * n).int32(n).int32(m).int32(c);
+  if (standard) launch.arguments.int32(c_out);
+  launch.arguments.int32(k);
+  run(launch);
+  return output;
+}
+
+std::pair<at::Tensor, at::Tensor> inverse_index(const at::Tensor& indices, int64_t m) {
+  const int64_t g = indices.size(0);
+  const auto target = (indices + at::arange(g, indices.options()).view({g, 1, 1}) * m).reshape(-1);
+  const auto [sorted_target, order] = target.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+  // From the sorted targets by searchsorted: a bincount would read its input's maximum back to the
+  // host, which a CUDA graph cannot capture.
+  const auto rows = at::arange(g * m + 1, sorted_target.options());
+  return {order, at::searchsorted(sorted_target, rows)};
+}
+
+namespace {
+
+at::Tensor kernel_gradient(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+                           const at::Tensor& indices, const at::Tensor& kernel, const LaunchRunner& run) {
+  const int64_t g = values.size(0), m = values.size(1), c = values.size(2);
+  const int64_t n = weights.size(1), k = weights.size(2), rows_total = g * n;
+  if (kernel.numel() == 0 || rows_total == 0) return at::zeros_like(kernel);
+  const int64_t rows = kAggregateBlocks.rows, channels = kAggregateBlocks.channels;
+  // Per-chunk partial sums in float32, then their sum over chunks in a fixed order (no atomics).
+  const int64_t rows_per_chunk = blocks(blocks(rows_total, kAggregateBlocks.kernel_gradient_chunks), rows) * rows;
+  const int64_t chunks = blocks(rows_total, rows_per_chunk);
+  std::vector<int64_t> partial_shape{chunks};
+  partial_shape.insert(partial_shape.end(), kernel.sizes().begin(), kernel.sizes().end());
+  auto partial = at::empty(partial_shape, values.options().dtype(at::kFloat));
+  const bool standard = kernel.dim() == 3;
+  const int64_t c_out = standard ? kernel.size(0) : c;
+  Launch launch{key("d kernel", standard, values.scalar_type()),
+                standard ? Grid{blocks(c_out, channels), blocks(c, channels), chunks * k}
+                         : Grid{blocks(c, channels), k, chunks},
+                {}};
+  launch.arguments.pointer(grad_output).pointer(values).pointer(weights).pointer(indices).pointer(partial)
+      .int32(rows_total).int32(n).int32(m).int32(c);
+  if (standard) launch.arguments.int32(c_out);
+  launch.arguments.int32(k).int32(rows_per_chunk);
+  run(launch);
+  return partial.sum(0).to(kernel.scalar_type());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> aggregate_backward(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+    const at::Tensor& kernel, std::array<bool, 4> output_mask, const LaunchRunner& run) {
+  const auto [want_values, want_weights, want_kernel, want_bias] = output_mask;
+  const int64_t g = values.size(0), m = values.size(1), c = values.size(2);
+  const int64_t n = weights.size(1), k = weights.size(2), rows_total = g * n;
+  const bool standard = kernel.dim() == 3;
+  const int64_t c_out = standard ? kernel.size(0) : c;
+  const auto dtype = values.scalar_type();
+  at::Tensor grad_values, grad_weights, grad_kernel, grad_bias;
+  if (want_values) {
+    grad_values = at::empty_like(values);
+    if (grad_values.numel() > 0) {
+      const auto [order, run_start] = inverse_index(indices, m);
+      Launch launch{key("d values", standard, dtype), {g * m, blocks(c, kAggregateBlocks.channels)}, {}};
+      launch.arguments.pointer(grad_output).pointer(weights).pointer(kernel).pointer(order).pointer(run_start)
+          .pointer(grad_values).int32(c);
+      if (standard) launch.arguments.int32(c_out);
+      launch.arguments.int32(k);
+      run(launch);
+    }
+  }
+  if (want_weights) {
+    grad_weights = at::zeros_like(weights);
+    if (grad_weights.numel() > 0 && c > 0 && c_out > 0) {
+      Launch launch{key("d weights", standard, dtype), {blocks(rows_total, kAggregateBlocks.rows), k}, {}};
+      launch.arguments.pointer(grad_output).pointer(values).pointer(indices).pointer(kernel).pointer(grad_weights)
+          .int32(rows_total).int32(n).int32(m).int32(c);
+      if (standard) launch.arguments.int32(c_out);
+      launch.arguments.int32(k);
+      run(launch);
+    }
+  }
+  if (want_kernel) grad_kernel = kernel_gradient(grad_output, values, weights, indices, kernel, run);
+  if (want_bias) grad_bias = grad_output.sum(std::vector<int64_t>{0, 1});
+  return {grad_values, grad_weights, grad_kernel, grad_bias};
+}
+
+std::optional<std::string> first_call_check(const c10::Device& device, at::ScalarType dtype) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  const int64_t g = 2, n = 7, m = 9, c = 5, k = 3;
+  const auto on_device = at::TensorOptions().device(device).dtype(dtype);
+  const auto draw = [&](at::IntArrayRef shape) { return at::randn(shape, generator).to(on_device); };
+  const auto values = draw({g, m, c}), weights = draw({g, n, k});
+  const auto indices = at::randint(0, m, {g, n, k}, generator).to(device);
+  const double tolerance = dtype == at::kFloat ? 1e-4 : 5e-2;
+  const auto close = [&](const at::Tensor& got, const at::Tensor& want) {
+    return at::allclose(got.to(at::kFloat), want.to(at::kFloat), tolerance, tolerance);
+  };
+  for (const bool standard : {false, true}) {
+    const auto kernel = standard ? draw({c + 2, c, k}) : draw({c, k});
+    const auto bias = draw({kernel.size(0)});
+    const auto grad_output = draw({g, n, kernel.size(0)});
+    const char* kind = standard ? "standard" : "depthwise";
+    if (!close(aggregate_forward(values, weights, indices, kernel, bias),
+               generic::knn_aggregate(values, weights, indices, kernel, bias))) {
+      return std::string("knn_aggregate (") + kind + ", forward)";
+    }
+    const std::array<bool, 4> all{true, true, true, true};
+    const auto fused = aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    const auto expected = generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    const std::array<std::pair<const char*, bool>, 4> agree{
+        {{"values", close(std::get<0>(fused), std::get<0>(expected))},
+         {"weights", close(std::get<1>(fused), std::get<1>(expected))},
+         {"kernel", close(std::get<2>(fused), std::get<2>(expected))},
+         {"bias", close(std::get<3>(fused), std::get<3>(expected))}}};
+    for (const auto& [name, same] : agree) {
+      if (!same) return std::string("knn_aggregate_backward (") + kind + ", d " + name + ")";
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace convnn::ops::cuda::triton

@@ -1,0 +1,133 @@
+#include "ops/cuda/triton/launch.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+
+namespace convnn::ops::cuda::triton {
+
+KernelArguments& KernelArguments::add(char kind, Slot slot) {
+  // More arguments than any aggregation kernel takes is a bug in a launcher, not a user's input.
+  TORCH_INTERNAL_ASSERT(kinds_.size() < kMaxArguments, "KernelArguments: more than ", kMaxArguments,
+                        " arguments");
+  slots_[kinds_.size()] = slot;
+  kinds_.push_back(kind);
+  return *this;
+}
+
+KernelArguments& KernelArguments::pointer(const at::Tensor& tensor) {
+  Slot slot;
+  slot.pointer = tensor.defined() ? tensor.const_data_ptr() : nullptr;
+  return add('p', slot);
+}
+
+KernelArguments& KernelArguments::int32(int64_t value) {
+  TORCH_INTERNAL_ASSERT(value >= std::numeric_limits<int32_t>::min() && value <= std::numeric_limits<int32_t>::max(),
+                        "KernelArguments: ", value, " does not fit a 32-bit kernel argument");
+  Slot slot;
+  slot.int32 = static_cast<int32_t>(value);
+  return add('i', slot);
+}
+
+KernelArguments& KernelArguments::float32(float value) {
+  Slot slot;
+  slot.float32 = value;
+  return add('f', slot);
+}
+
+std::string KernelArguments::kinds() const { return kinds_ + "pp"; }
+
+void** KernelArguments::values() {
+  // Triton 3.6 appends a global and a profile scratch pointer to every kernel's parameters; the
+  // kernels here use neither (scripts/triton_aot.py refuses one that does), so both are null.
+  const std::size_t count = kinds_.size();
+  slots_[count].pointer = nullptr;
+  slots_[count + 1].pointer = nullptr;
+  for (std::size_t i = 0; i < count + 2; ++i) addresses_[i] = &slots_[i];
+  return addresses_.data();
+}
+
+bool grid_fits(const Grid& grid) {
+  return grid.x >= 0 && grid.y >= 0 && grid.z >= 0 && grid.x <= std::numeric_limits<int32_t>::max() &&
+         grid.y <= 65535 && grid.z <= 65535;
+}
+
+namespace {
+
+void check_cuda(cudaError_t status, const CompiledKernel& kernel, const char* what) {
+  TORCH_CHECK(status == cudaSuccess, "convnn: ", what, " of the Triton kernel '", kernel.key, "' (", kernel.name,
+              ", sm_", kernel.arch, kernel.kind == ImageKind::kPtx ? " PTX" : " cubin", ") failed: ",
+              cudaGetErrorName(status), ": ", cudaGetErrorString(status));
+}
+
+// Each image is loaded once per process (a CUDA library is context-independent: one handle serves
+// every device) and its dynamic shared memory allowance set once per device.
+class LoadedKernels {
+ public:
+  cudaKernel_t get(const CompiledKernel& kernel, int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = kernels_.find(&kernel);
+    if (found == kernels_.end()) {
+      cudaLibrary_t library = nullptr;
+      check_cuda(cudaLibraryLoadData(&library, kernel.image, nullptr, nullptr, 0, nullptr, nullptr, 0), kernel,
+                 "loading");
+      cudaKernel_t handle = nullptr;
+      check_cuda(cudaLibraryGetKernel(&handle, library, kernel.name), kernel, "finding the entry");
+      found = kernels_.emplace(&kernel, handle).first;  // the library stays loaded for the process
+    }
+    if (kernel.shared_bytes > kDefaultSharedBytes && configured_.emplace(&kernel, device).second) {
+      check_cuda(cudaKernelSetAttributeForDevice(found->second, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 kernel.shared_bytes, device),
+                 kernel, "allowing the dynamic shared memory");
+    }
+    return found->second;
+  }
+
+ private:
+  static constexpr int kDefaultSharedBytes = 48 * 1024;  // what a launch gets without asking
+  std::mutex mutex_;
+  std::map<const CompiledKernel*, cudaKernel_t> kernels_;
+  std::set<std::pair<const CompiledKernel*, int>> configured_;  // (kernel, device) with the allowance set
+};
+
+LoadedKernels& loaded_kernels() {
+  static LoadedKernels* kernels = new LoadedKernels();  // never destroyed: launches may come late
+  return *kernels;
+}
+
+}  // namespace
+
+const CompiledKernel* kernel_for_current_device(const char* key) {
+  const int device = c10::cuda::current_device();
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return find_compiled_kernel(key, major, minor);
+}
+
+void launch(const char* key, const Grid& grid, KernelArguments& arguments) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  const CompiledKernel* kernel = kernel_for_current_device(key);
+  TORCH_CHECK(kernel != nullptr, "convnn: no compiled Triton kernel '", key, "' for this GPU's architecture");
+  TORCH_CHECK(grid_fits(grid), "convnn: the grid (", grid.x, ", ", grid.y, ", ", grid.z, ") of the Triton kernel '",
+              key, "' exceeds CUDA's limits");
+  TORCH_CHECK(arguments.kinds() == kernel->parameters, "convnn: the Triton kernel '", key, "' (", kernel->name,
+              ") takes parameters '", kernel->parameters, "' but its launcher passes '", arguments.kinds(), "'");
+  const int device = c10::cuda::current_device();
+  cudaKernel_t handle = loaded_kernels().get(*kernel, device);
+  const dim3 blocks(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(grid.z));
+  const dim3 threads(static_cast<unsigned>(kernel->num_warps * 32));
+  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(handle), blocks, threads, arguments.values(),
+                              static_cast<std::size_t>(kernel->shared_bytes),
+                              c10::cuda::getCurrentCUDAStream(device).stream()),
+             *kernel, "launching");
+}
+
+}  // namespace convnn::ops::cuda::triton

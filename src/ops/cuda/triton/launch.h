@@ -1,0 +1,56 @@
+#pragma once
+// Launching the embedded Triton kernels (compiled_kernels.h) through the CUDA runtime's library API
+// (cudaLibraryLoadData, cudaLibraryGetKernel, cudaLaunchKernel): libcudart only, no libcuda at link
+// time, so libconvnn_ops still loads on a machine without a driver. Every failure is a TORCH_CHECK
+// naming the kernel and the CUDA error; nothing prints or exits.
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "ops/cuda/triton/compiled_kernels.h"
+
+namespace convnn::ops::cuda::triton {
+
+/// A kernel's arguments in launch order, each with its kind (the letters of
+/// CompiledKernel::parameters), so that a launch can check them against what the compiled kernel
+/// declares before the GPU sees them. Triton's two scratch pointers are added by the launch.
+class KernelArguments {
+ public:
+  KernelArguments& pointer(const at::Tensor& tensor);  // its data; an undefined tensor is null
+  KernelArguments& int32(int64_t value);                // checked to fit in 32 bits
+  KernelArguments& float32(float value);
+  /// The kinds so far, with the trailing scratch pointers ("...pp").
+  std::string kinds() const;
+  /// Pointers to each argument's value, the scratch pointers included: cudaLaunchKernel's `args`.
+  void** values();
+
+ private:
+  static constexpr int kMaxArguments = 16;
+  union Slot {
+    const void* pointer;
+    int32_t int32;
+    float float32;
+  };
+  KernelArguments& add(char kind, Slot slot);
+  std::array<Slot, kMaxArguments + 2> slots_{};
+  std::array<void*, kMaxArguments + 2> addresses_{};
+  std::string kinds_;
+};
+
+struct Grid {
+  int64_t x = 1, y = 1, z = 1;
+};
+
+/// Whether every listed grid fits CUDA's limits (x < 2^31, y and z <= 65535).
+bool grid_fits(const Grid& grid);
+
+/// The compiled kernel for `key` on the current CUDA device, or nullptr when none fits its
+/// architecture.
+const CompiledKernel* kernel_for_current_device(const char* key);
+
+/// Launches `key` on the current device and stream. An empty grid launches nothing.
+void launch(const char* key, const Grid& grid, KernelArguments& arguments);
+
+}  // namespace convnn::ops::cuda::triton

@@ -1,0 +1,238 @@
+// The Triton aggregation kernels compiled ahead of time into libconvnn_ops (src/ops/cuda/triton/),
+// proved without a GPU: the embedded images are complete for every architecture, the image chosen
+// for a GPU follows its compute capability, and every launch the C++ host code makes (run here on
+// CPU tensors, with a runner that records instead of launching) passes exactly the parameters the
+// compiled kernel declares, on grids within CUDA's limits. On a machine with a GPU the kernels run
+// against the generic path as well.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#ifdef CONVNN_TRITON_AOT
+#include "ops/cuda/triton/aggregate_launches.h"
+#include "ops/cuda/triton/compiled_kernels.h"
+#include "ops/generic/generic.h"
+
+namespace triton = convnn::ops::cuda::triton;
+
+namespace {
+
+const std::vector<std::string> kDtypes{"float32", "bfloat16", "float16"};
+
+std::vector<std::string> every_key() {
+  std::vector<std::string> keys;
+  for (const auto& dtype : kDtypes) {
+    for (const std::string prefix : {"", "standard "}) {
+      keys.push_back(prefix + "forward " + dtype);
+      keys.push_back(prefix + "forward " + dtype + " bias");
+      for (const std::string kind : {"d weights ", "d kernel ", "d values "}) keys.push_back(prefix + kind + dtype);
+    }
+  }
+  return keys;
+}
+
+const triton::CompiledKernel* entry(const std::string& key, int arch, triton::ImageKind kind) {
+  for (std::size_t i = 0; i < triton::kCompiledKernelCount; ++i) {
+    const auto& e = triton::kCompiledKernels[i];
+    if (key == e.key && e.arch == arch && e.kind == kind) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(TritonAot, EveryAggregationKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
+  for (const auto& key : every_key()) {
+    for (const int arch : {80, 90}) {
+      const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
+      ASSERT_NE(cubin, nullptr) << key << " sm_" << arch;
+      ASSERT_GT(cubin->image_bytes, 4u);
+      EXPECT_EQ(std::string(cubin->image, 4), "\x7f" "ELF") << key << " sm_" << arch;
+      EXPECT_EQ(cubin->num_warps, 4) << key;
+      EXPECT_LE(cubin->shared_bytes, 48 * 1024) << key;
+      // Triton's two scratch pointers close every parameter list.
+      const std::string parameters = cubin->parameters;
+      EXPECT_EQ(parameters.substr(parameters.size() - 2), "pp") << key;
+    }
+    const auto* ptx = entry(key, 80, triton::ImageKind::kPtx);
+    ASSERT_NE(ptx, nullptr) << key;
+    const std::string text(ptx->image, ptx->image_bytes);
+    EXPECT_EQ(ptx->image[ptx->image_bytes], '\0') << "the driver reads PTX up to its terminating zero";
+    EXPECT_NE(text.find(std::string(".entry ") + ptx->name), std::string::npos) << key;
+    EXPECT_NE(text.find(".target sm_80"), std::string::npos) << key;
+  }
+}
+
+TEST(TritonAot, TheImageForAGpuFollowsItsComputeCapability) {
+  const char* key = "forward float32";
+  const auto expect = [&](int major, int minor, int arch, triton::ImageKind kind) {
+    const auto* chosen = triton::find_compiled_kernel(key, major, minor);
+    ASSERT_NE(chosen, nullptr) << major << "." << minor;
+    EXPECT_EQ(chosen->arch, arch) << major << "." << minor;
+    EXPECT_EQ(chosen->kind, kind) << major << "." << minor;
+  };
+  expect(8, 0, 80, triton::ImageKind::kCubin);   // A100
+  expect(8, 6, 80, triton::ImageKind::kCubin);   // an sm_80 cubin runs on every 8.x
+  expect(8, 9, 80, triton::ImageKind::kCubin);   // L4, L40
+  expect(9, 0, 90, triton::ImageKind::kCubin);   // H100, H200: the sm_90a cubin
+  expect(10, 0, 80, triton::ImageKind::kPtx);    // B200: no cubin of its major, the driver compiles PTX
+  expect(12, 0, 80, triton::ImageKind::kPtx);
+  EXPECT_EQ(triton::find_compiled_kernel(key, 7, 5), nullptr) << "no image runs below sm_80";
+  EXPECT_EQ(triton::find_compiled_kernel("no such kernel", 9, 0), nullptr);
+}
+
+namespace {
+
+struct Recorded {
+  std::string key;
+  triton::Grid grid;
+  std::string kinds;
+};
+
+// Runs the host code with a runner that records each launch and checks it against the compiled
+// kernel's declaration for both architectures.
+struct Recorder {
+  std::vector<Recorded> launches;
+  triton::LaunchRunner runner() {
+    return [this](triton::Launch& launch) {
+      launches.push_back({launch.key, launch.grid, launch.arguments.kinds()});
+      for (const int arch : {80, 90}) {
+        const auto* compiled = entry(launch.key, arch, triton::ImageKind::kCubin);
+        ASSERT_NE(compiled, nullptr) << launch.key;
+        EXPECT_EQ(launch.arguments.kinds(), compiled->parameters) << launch.key << " sm_" << arch;
+      }
+      EXPECT_TRUE(triton::grid_fits(launch.grid)) << launch.key;
+    };
+  }
+};
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+TEST(TritonAot, EveryLaunchPassesTheParametersTheCompiledKernelDeclares) {
+  const int64_t g = 3, n = 70, m = 41, c = 37, k = 5, c_out = 45;
+  const int64_t rows = triton::kAggregateBlocks.rows, channels = triton::kAggregateBlocks.channels;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const auto options = torch::TensorOptions().dtype(dtype);
+    const auto values = torch::randn({g, m, c}, options), weights = torch::randn({g, n, k}, options);
+    const auto indices = torch::randint(0, m, {g, n, k}, torch::kLong);
+    for (const bool standard : {false, true}) {
+      const auto kernel = standard ? torch::randn({c_out, c, k}, options) : torch::randn({c, k}, options);
+      const int64_t out = kernel.size(0);
+      for (const bool with_bias : {false, true}) {
+        Recorder recorder;
+        const auto bias = with_bias ? torch::randn({out}, options) : torch::Tensor();
+        const auto output = triton::aggregate_forward(values, weights, indices, kernel, bias, recorder.runner());
+        EXPECT_EQ(output.sizes(), (std::vector<int64_t>{g, n, out}));
+        ASSERT_EQ(recorder.launches.size(), 1u);
+        EXPECT_EQ(recorder.launches[0].grid.x, cdiv(g * n, rows));
+        EXPECT_EQ(recorder.launches[0].grid.y, cdiv(out, channels));
+      }
+      Recorder recorder;
+      const auto grad_output = torch::randn({g, n, out}, options);
+      const auto [gv, gw, gk, gb] = triton::aggregate_backward(grad_output, values, weights, indices, kernel,
+                                                               {true, true, true, true}, recorder.runner());
+      ASSERT_EQ(recorder.launches.size(), 3u);
+      EXPECT_EQ(recorder.launches[0].key.find("d values"), standard ? 9u : 0u);
+      EXPECT_EQ(recorder.launches[0].grid.x, g * m) << "one program per values row";
+      EXPECT_EQ(recorder.launches[1].grid.y, k) << "one program per slot";
+      EXPECT_EQ(gv.sizes(), values.sizes());
+      EXPECT_EQ(gw.sizes(), weights.sizes());
+      EXPECT_EQ(gk.sizes(), kernel.sizes());
+      EXPECT_EQ(gk.scalar_type(), dtype) << "the float32 partial sums come back in the kernel's dtype";
+      EXPECT_TRUE(torch::equal(gb, grad_output.sum(std::vector<int64_t>{0, 1})));
+    }
+  }
+}
+
+TEST(TritonAot, BackwardLaunchesOnlyWhatTheOutputMaskAsksFor) {
+  const auto values = torch::randn({2, 9, 5}), weights = torch::randn({2, 7, 3});
+  const auto indices = torch::randint(0, 9, {2, 7, 3}, torch::kLong);
+  Recorder recorder;
+  const auto [gv, gw, gk, gb] = triton::aggregate_backward(torch::randn({2, 7, 5}), values, weights, indices,
+                                                           torch::randn({5, 3}), {false, true, false, false},
+                                                           recorder.runner());
+  ASSERT_EQ(recorder.launches.size(), 1u);
+  EXPECT_EQ(recorder.launches[0].key, "d weights float32");
+  EXPECT_FALSE(gv.defined());
+  EXPECT_TRUE(gw.defined());
+  EXPECT_FALSE(gk.defined());
+  EXPECT_FALSE(gb.defined());
+}
+
+TEST(TritonAot, EmptyInputsLaunchNothingAndReturnTheBiasOrZeros) {
+  Recorder recorder;
+  const auto values = torch::randn({2, 9, 0}), weights = torch::randn({2, 7, 3});
+  const auto indices = torch::randint(0, 9, {2, 7, 3}, torch::kLong);
+  const auto standard_kernel = torch::randn({4, 0, 3}), bias = torch::randn({4});
+  const auto output = triton::aggregate_forward(values, weights, indices, standard_kernel, bias, recorder.runner());
+  EXPECT_TRUE(recorder.launches.empty());
+  EXPECT_TRUE(torch::equal(output, bias.expand({2, 7, 4})));
+}
+
+TEST(TritonAot, InverseIndexListsEachValuesRowsSlotsInSlotOrder) {
+  const int64_t g = 3, n = 11, m = 6, k = 4;
+  const auto indices = torch::randint(0, m, {g, n, k}, torch::kLong);
+  const auto [order, run_start] = triton::inverse_index(indices, m);
+  ASSERT_EQ(run_start.numel(), g * m + 1);
+  EXPECT_EQ(run_start[0].item<int64_t>(), 0);
+  EXPECT_EQ(run_start[g * m].item<int64_t>(), g * n * k);
+  const auto flat = indices.reshape(-1);
+  for (int64_t row = 0; row < g * m; ++row) {
+    std::vector<int64_t> expected;  // the slots reading `row`, ascending
+    for (int64_t slot = 0; slot < g * n * k; ++slot) {
+      const int64_t slice = slot / (n * k);
+      if (slice * m + flat[slot].item<int64_t>() == row) expected.push_back(slot);
+    }
+    std::vector<int64_t> got;
+    for (int64_t p = run_start[row].item<int64_t>(); p < run_start[row + 1].item<int64_t>(); ++p) {
+      got.push_back(order[p].item<int64_t>());
+    }
+    EXPECT_EQ(got, expected) << "values row " << row;
+  }
+}
+
+TEST(TritonAot, TheAggregationOpsHaveCudaKernelsInThisBuild) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const char* op : {"convnn::knn_aggregate", "convnn::knn_aggregate_backward"}) {
+    EXPECT_TRUE(dispatcher.findSchemaOrThrow(op, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA)) << op;
+  }
+}
+
+// On a GPU: the embedded kernels against the device-generic path, and twice bitwise equal.
+TEST(TritonAotCuda, AggregationEqualsTheGenericPathAndBackwardIsBitwiseRepeatable) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto on_gpu = torch::TensorOptions().device(torch::kCUDA);
+  EXPECT_FALSE(triton::first_call_check(torch::Device(torch::kCUDA, 0), torch::kFloat).has_value());
+  const int64_t g = 4, n = 197, m = 197, c = 64, k = 9;
+  const auto values = torch::randn({g, m, c}, on_gpu), weights = torch::randn({g, n, k}, on_gpu);
+  const auto indices = torch::randint(0, m, {g, n, k}, on_gpu.dtype(torch::kLong));
+  for (const bool standard : {false, true}) {
+    const auto kernel = standard ? torch::randn({c + 3, c, k}, on_gpu) : torch::randn({c, k}, on_gpu);
+    const auto bias = torch::randn({kernel.size(0)}, on_gpu);
+    const auto fused = triton::aggregate_forward(values, weights, indices, kernel, bias);
+    const auto expected = convnn::ops::generic::knn_aggregate(values, weights, indices, kernel, bias);
+    EXPECT_TRUE(torch::allclose(fused, expected, 1e-4, 1e-4)) << (standard ? "standard" : "depthwise");
+    const auto grad_output = torch::randn({g, n, kernel.size(0)}, on_gpu);
+    const std::array<bool, 4> all{true, true, true, true};
+    const auto first = triton::aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    const auto second = triton::aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    const auto want = convnn::ops::generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    EXPECT_TRUE(torch::allclose(std::get<0>(first), std::get<0>(want), 1e-4, 1e-4));
+    EXPECT_TRUE(torch::allclose(std::get<1>(first), std::get<1>(want), 1e-4, 1e-4));
+    EXPECT_TRUE(torch::allclose(std::get<2>(first), std::get<2>(want), 1e-3, 1e-3));
+    EXPECT_TRUE(torch::equal(std::get<0>(first), std::get<0>(second)));
+    EXPECT_TRUE(torch::equal(std::get<2>(first), std::get<2>(second)));
+  }
+}
+
+#else
+
+// A build without the embedded kernels (no nvcc, no triton, or CONVNN_TRITON_AOT=OFF) says so.
+TEST(TritonAot, NotInThisBuild) { GTEST_SKIP() << "this build does not embed the Triton kernels"; }
+
+#endif
