@@ -24,15 +24,21 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ARCHITECTURES = {80: ("sm_80", 163 * 1024), 90: ("sm_90a", 227 * 1024)}  # name for ptxas, shared-memory limit
-NUM_WARPS = 4  # aggregate.py's kernels launch with Triton's default; select.py names its own
+NUM_WARPS = 4  # aggregate.py's and pair_gradients.py's kernels launch with Triton's default; select.py names its own
 POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
 
 
 def load_kernels(name="aggregate"):
-    spec = importlib.util.spec_from_file_location(f"convnn_triton_{name}", REPO / f"python/convnn/_triton/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """python/convnn/_triton/<name>.py as a module of a package of its own (so that its relative
+    imports work), without importing convnn, which would load the C++ libraries."""
+    package = "convnn_triton_sources"
+    if package not in sys.modules:
+        folder = REPO / "python/convnn/_triton"
+        spec = importlib.util.spec_from_file_location(package, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        sys.modules[package] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[package])
+    return importlib.import_module(f"{package}.{name}")
 
 
 def select_specialisations(module):
@@ -105,6 +111,31 @@ def specialisations(module):
                {"CHANNELS": module.CHANNELS, "ACC": tl.float32})
 
 
+def pair_gradient_specialisations(module):
+    """knn_select's backward for cosine and the distances: each kernel for each of the four
+    similarities in float32, and in bfloat16 and float16 for one dot-product form and one
+    sign form."""
+    accumulation = {"ACC": tl.float32, "FEATURES": module.FEATURES}
+    for dtype, pointer in POINTER.items():
+        names = module.SIMILARITY_CODES if dtype == "float32" else ("cosine", "chebyshev")
+        for name in names:
+            code = module.SIMILARITY_CODES[name]
+            yield (f"select backward coefficients {name} {dtype}", module._pair_coefficients_kernel,
+                   {"q_ptr": pointer, "k_ptr": pointer, "indices_ptr": "*i64", "live_ptr": "*fp32",
+                    "coefficients_ptr": "*fp32", "arg_ptr": "*i32", "rows_total": "i32", "n": "i32", "m": "i32",
+                    "d": "i32", "k": "i32", "eps": "fp32"},
+                   {"SIMILARITY": code, "ROWS": module.ROWS, **accumulation})
+            yield (f"select backward d queries {name} {dtype}", module._query_gradient_kernel,
+                   {"q_ptr": pointer, "k_ptr": pointer, "indices_ptr": "*i64", "coefficients_ptr": "*fp32",
+                    "arg_ptr": "*i32", "grad_q_ptr": pointer, "rows_total": "i32", "n": "i32", "m": "i32", "d": "i32",
+                    "k": "i32"},
+                   {"SIMILARITY": code, "ROWS": module.ROWS, **accumulation})
+            yield (f"select backward d keys {name} {dtype}", module._key_gradient_kernel,
+                   {"q_ptr": pointer, "k_ptr": pointer, "coefficients_ptr": "*fp32", "arg_ptr": "*i32",
+                    "order_ptr": "*i64", "run_start_ptr": "*i64", "grad_k_ptr": pointer, "d": "i32", "k": "i32"},
+                   {"SIMILARITY": code, **accumulation})
+
+
 def ptxas_usage(ptx, gpu_name):
     """(registers, spill bytes) from `ptxas -v`."""
     ptxas = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
@@ -137,6 +168,7 @@ def main():
     select = load_kernels("select")
     every = [(*spec, NUM_WARPS) for spec in specialisations(module)]
     every += [(*spec, select.NUM_WARPS) for spec in select_specialisations(select)]
+    every += [(*spec, NUM_WARPS) for spec in pair_gradient_specialisations(load_kernels("pair_gradients"))]
     for name, kernel, signature, constexprs, num_warps in every:
         for arch, (gpu_name, shared_limit) in ARCHITECTURES.items():
             try:

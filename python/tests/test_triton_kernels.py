@@ -373,37 +373,110 @@ def test_select_gives_nan_scores_in_rows_that_met_a_nan_or_plus_inf_score_as_the
     assert torch.equal(got[1][rows], want[1][rows])
 
 
-@pytest.mark.parametrize("similarity", ["dot", "scaled_dot"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_select_backward_equals_the_generic_path_and_masked_slots_get_nothing(similarity, dtype):
-    """Through the aggregation kernels with a kernel of ones; a row with fewer valid candidates
-    than K (masked slots, score -inf) passes no gradient through them."""
-    generator = torch.Generator().manual_seed(18)
-    queries = torch.randn(2, 9, 5, generator=generator).to(DEVICE, dtype)
-    keys = torch.randn(2, 70, 5, generator=generator).to(DEVICE, dtype)
-    mask = torch.rand(2, 9, 70, generator=generator) > 0.2
+def select_backward_inputs(dtype, similarity, seed, m=20, integer=False):
+    """Queries [2,9,5], keys [2,m,5] and a bool mask with a row of fewer valid candidates than K = 6
+    (masked slots, score -inf), the generic path's selection, and an incoming gradient. Small
+    values for the distances, whose scores exp(-distance) would otherwise vanish."""
+    generator = torch.Generator().manual_seed(seed)
+    if integer:
+        queries = torch.randint(-3, 4, (2, 9, 5), generator=generator).to(DEVICE, dtype)
+        keys = torch.randint(-3, 4, (2, m, 5), generator=generator).to(DEVICE, dtype)
+    else:
+        scale = 0.3 if similarity in ("gaussian", "chebyshev", "l1") else 1.0
+        queries = (torch.randn(2, 9, 5, generator=generator) * scale).to(DEVICE, dtype)
+        keys = (torch.randn(2, m, 5, generator=generator) * scale).to(DEVICE, dtype)
+    mask = torch.rand(2, 9, m, generator=generator) > 0.2
     mask[1, 2, :] = False
     mask[1, 2, 3:5] = True
     scores, indices = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, similarity, mask.to(DEVICE), False)
     grad_scores = torch.randn(2, 9, 6, generator=generator).to(DEVICE, dtype)
-    got = select.select_backward(grad_scores, queries, keys, indices, scores, similarity)
-    want = ops.knn_select_backward.default._op_dk(GENERIC, grad_scores, queries, keys, indices, scores, similarity)
+    return grad_scores, queries, keys, indices, scores
+
+
+def generic_select_backward(*args):
+    return ops.knn_select_backward.default._op_dk(GENERIC, *args)
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_select_backward_equals_the_generic_path_and_masked_slots_get_nothing(similarity, dtype):
+    """Every similarity (the dot products through the aggregation kernels with a kernel of ones,
+    the others through the pair-gradient kernels); masked slots pass no gradient."""
+    args = select_backward_inputs(dtype, similarity, seed=18)
+    got = select.select_backward(*args, similarity)
+    want = generic_select_backward(*args, similarity)
     tolerance = TOLERANCE[dtype]
     for name, a, b in zip(("queries", "keys"), got, want):
-        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(a.float(), b.float(), rtol=tolerance, atol=tolerance,
+                                   msg=lambda m, name=name: f"{similarity} {name}: {m}")
 
 
-def test_the_select_backward_registration_covers_dot_products_only(monkeypatch):
+def test_select_backward_of_chebyshev_takes_the_first_feature_of_largest_difference():
+    """Integer features: |q - k| ties between features in many pairs; as the C++ policy, only the
+    first of them carries the gradient (exact in float64)."""
+    args = select_backward_inputs(torch.float64, "chebyshev", seed=23, integer=True)
+    got = select.select_backward(*args, "chebyshev")
+    want = generic_select_backward(*args, "chebyshev")
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "l1"])
+def test_select_backward_is_bitwise_repeatable(similarity):
+    args = select_backward_inputs(torch.float32, similarity, seed=24)
+    first = select.select_backward(*args, similarity)
+    second = select.select_backward(*args, similarity)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_pair_gradient_kernels_write_every_element_once_and_no_guard_byte_changes():
+    """The query and key gradients of the pair-gradient kernels start as NaN inside canary guards;
+    inputs sit between NaN guards."""
+    from convnn._triton import pair_gradients
+
+    grad_scores, queries, keys, indices, scores = select_backward_inputs(torch.float32, "gaussian", seed=25)
+    placed = []
+    for t in (queries, keys):
+        buffer, view = guarded(t.shape, t.dtype, float("nan"))
+        view.copy_(t)
+        placed.append(view)
+    queries, keys = placed
+    live = grad_scores.masked_fill(scores == float("-inf"), 0)
+    coefficients = torch.empty(2 * 9 * 6, pair_gradients.COEFFICIENTS, device=DEVICE)
+    arg = torch.empty(2 * 9 * 6, dtype=torch.int32, device=DEVICE)
+    blocks = dict(SIMILARITY=3, FEATURES=pair_gradients.FEATURES, ACC=aggregate._accumulation(torch.float32))
+    row_blocks = pair_gradients._blocks(18, pair_gradients.ROWS)
+    pair_gradients._pair_coefficients_kernel[(row_blocks, 6)](queries, keys, indices, live, coefficients, arg, 18, 9, 20, 5, 6,
+                                                     1e-8, ROWS=pair_gradients.ROWS, **blocks)
+    canary = 4321.0
+    query_buffer, grad_queries = guarded((2, 9, 5), torch.float32, canary)
+    grad_queries.fill_(float("nan"))
+    pair_gradients._query_gradient_kernel[(row_blocks, 1)](queries, keys, indices, coefficients, arg, grad_queries,
+                                                  18, 9, 20, 5, 6, ROWS=pair_gradients.ROWS, **blocks)
+    key_buffer, grad_keys = guarded((2, 20, 5), torch.float32, canary)
+    grad_keys.fill_(float("nan"))
+    order, run_start = aggregate.inverse_index(indices, 20)
+    pair_gradients._key_gradient_kernel[(40, 1)](queries, keys, coefficients, arg, order, run_start, grad_keys, 5, 6,
+                                                 **blocks)
+    for buffer, gradient in ((query_buffer, grad_queries), (key_buffer, grad_keys)):
+        assert not gradient.isnan().any()
+        assert (buffer[:64] == canary).all() and (buffer[-64:] == canary).all()
+    want = generic_select_backward(grad_scores, queries, keys, indices, scores, "gaussian")
+    torch.testing.assert_close(grad_queries, want[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_keys, want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_select_backward_registration_covers_every_similarity(monkeypatch):
     monkeypatch.setattr(register, "verified", {})
     launched = []
     monkeypatch.setattr(select, "select_backward",
                         lambda *args, original=select.select_backward: launched.append(args[-1]) or original(*args))
-    queries, keys, _ = select_inputs(torch.float32, seed=19)
+    queries, keys, _ = select_inputs(torch.float32, m=20, seed=19)
     for similarity in ("scaled_dot", "cosine", "l1"):
         scores, indices = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, similarity, None, False)
         got = register.knn_select_backward(torch.ones_like(scores), queries, keys, indices, scores, similarity)
-        want = ops.knn_select_backward.default._op_dk(GENERIC, torch.ones_like(scores), queries, keys, indices,
-                                                      scores, similarity)
+        want = generic_select_backward(torch.ones_like(scores), queries, keys, indices, scores, similarity)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert launched == ["scaled_dot", "scaled_dot"]  # the first-call check's and the call's own
+    # The first-call check's three, then the calls' own.
+    assert launched == ["scaled_dot", "cosine", "chebyshev", "scaled_dot", "cosine", "l1"]

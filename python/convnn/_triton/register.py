@@ -1,6 +1,7 @@
 """The Triton kernels as the CUDA kernels of the core ops, registered from Python (issue 25 §3's
 Python route): on a CUDA tensor, torch.ops.convnn.knn_select runs python/convnn/_triton/select.py
-(K up to 64), its backward the aggregation kernels (dot and scaled_dot), and knn_aggregate and
+(K up to 64), its backward the pair-gradient kernels (pair_gradients.py) or, for dot products, the
+aggregation kernels, and knn_aggregate and
 knn_aggregate_backward run python/convnn/_triton/aggregate.py where it applies (float32, bfloat16 or float16; every tensor on
 the values' device; depthwise and standard kernels) and the device-generic path (the op's
 CompositeExplicitAutograd kernel, src/ops/generic) everywhere else, so no legal input is refused.
@@ -110,13 +111,18 @@ def _select_check(device, dtype):
         if not (torch.equal(indices, want_indices)
                 and torch.allclose(scores.float(), want_scores.float(), rtol=score_rtol, atol=0)):
             return f"knn_select ({similarity})"
-    scores, indices = generic(_ops.knn_select.default, queries, keys, 6, "scaled_dot", mask, False)
-    grad_scores = torch.randn(scores.shape, generator=generator).to(device=device, dtype=dtype)
-    fused = select.select_backward(grad_scores, queries, keys, indices, scores, "scaled_dot")
-    expected = generic(_ops.knn_select_backward.default, grad_scores, queries, keys, indices, scores, "scaled_dot")
+    # The backward: a dot product (the aggregation kernels), cosine (the pair-gradient kernels' linear
+    # terms) and chebyshev (their sign term on one feature), on a third of the keys.
+    keys = keys[:, :24].contiguous()
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
-    if not all(torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance) for a, b in zip(fused, expected)):
-        return "knn_select_backward (scaled_dot)"
+    for similarity in ("scaled_dot", "cosine", "chebyshev"):
+        scores, indices = generic(_ops.knn_select.default, queries, keys, 6, similarity, mask[:, :24], False)
+        grad_scores = torch.randn(scores.shape, generator=generator).to(device=device, dtype=dtype)
+        fused = select.select_backward(grad_scores, queries, keys, indices, scores, similarity)
+        expected = generic(_ops.knn_select_backward.default, grad_scores, queries, keys, indices, scores, similarity)
+        if not all(torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance)
+                   for a, b in zip(fused, expected)):
+            return f"knn_select_backward ({similarity})"
     return None
 
 
@@ -141,7 +147,7 @@ def knn_select(queries, keys, k, similarity, mask, index_order):
 def knn_select_backward(grad_scores, queries, keys, indices, scores, similarity):
     from . import select
 
-    if not (similarity in ("dot", "scaled_dot") and _fused_applies(queries, (grad_scores, keys, indices, scores))):
+    if not (similarity in select.SIMILARITY_CODES and _fused_applies(queries, (grad_scores, keys, indices, scores))):
         return generic(_ops.knn_select_backward.default, grad_scores, queries, keys, indices, scores, similarity)
     check_shapes(_ops.knn_select_backward.default, grad_scores, queries, keys, indices, scores, similarity)
     return select.select_backward(grad_scores.contiguous(), queries.contiguous(), keys.contiguous(),

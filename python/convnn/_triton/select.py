@@ -192,8 +192,8 @@ def applies(queries, keys, k, similarity):
 
 def unit_rows(x):
     """Rows scaled to unit length, as the cosine similarity of the other paths does
-    (src/ops/reference/similarity_forms.cpp: x / max(|x|, 1e-8))."""
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-8)
+    (src/ops/reference/similarity_forms.cpp: x / max(|x|, eps), eps from the C++ definition)."""
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.ops.convnn.cosine_eps())
 
 
 def select_forward(queries, keys, k, similarity, mask, index_order):
@@ -221,8 +221,10 @@ def select_forward(queries, keys, k, similarity, mask, index_order):
 
 
 def select_backward(grad_scores, queries, keys, indices, scores, similarity):
-    """(grad_queries, grad_keys) as convnn::knn_select_backward for dot and scaled_dot, through the
-    aggregation kernels (aggregate.py) with a kernel of ones: d(q.k)/dq = k and /dk = q, so
+    """(grad_queries, grad_keys) as convnn::knn_select_backward, recomputing only the K selected
+    pairs: cosine and the distances by the pair-gradient kernels (pair_gradients.py); dot and
+    scaled_dot through the aggregation kernels (aggregate.py) with a kernel of ones: d(q.k)/dq = k
+    and /dk = q, so
 
         grad_queries[i] = sum over slots of g * keys[index]      (the aggregation's forward)
         grad_keys[j]    = sum over the slots that chose j of g * queries[i]
@@ -231,8 +233,10 @@ def select_backward(grad_scores, queries, keys, indices, scores, similarity):
 
     with g the incoming gradient, 0 on masked slots (score -inf), divided by sqrt(D) rounded to
     float32 for scaled_dot. Inputs contiguous, as the caller checked."""
-    from . import aggregate
+    from . import aggregate, pair_gradients
 
+    if similarity in pair_gradients.SIMILARITY_CODES:
+        return pair_gradients.select_backward(grad_scores, queries, keys, indices, scores, similarity)
     live = grad_scores.masked_fill(scores == float("-inf"), 0)
     if similarity == "scaled_dot":  # sqrt(D) in the accumulation type, as the C++ policies
         accumulation = torch.float64 if queries.dtype == torch.float64 else torch.float32
