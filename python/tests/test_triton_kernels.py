@@ -480,3 +480,84 @@ def test_the_select_backward_registration_covers_every_similarity(monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # The first-call check's three, then the calls' own.
     assert launched == ["scaled_dot", "cosine", "chebyshev", "scaled_dot", "cosine", "l1"]
+
+
+# The paper's identities (docs/operator.md) through the kernels: each composes the Triton select, rho
+# and the Triton aggregation, as knn_attention's CUDA composition does
+# (src/ops/cuda/knn_attention_composed.cpp), and compares with what the identity says it equals.
+
+
+def grid_coordinates(rows, columns, offset=0):
+    """[rows*columns, 2] float32 (row, column) coordinates of a grid, raster order."""
+    r, c = torch.meshgrid(torch.arange(rows) + offset, torch.arange(columns) + offset, indexing="ij")
+    return torch.stack([r, c], -1).reshape(-1, 2).float()
+
+
+@pytest.mark.parametrize("radius", [1, 3, 5])
+@pytest.mark.parametrize("kind", KINDS)
+def test_identity_convolution_recovery_through_the_kernels(radius, kind):
+    """Spatial coordinates only, chebyshev, K = R^2, index order, uniform rho: the K nearest of each
+    pixel in the zero-padded grid are its R x R window in raster order, so the aggregation with the
+    convolution's weights as kernel is conv2d with 'same' padding (depthwise: groups = C), and its
+    gradients are the convolution's."""
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(40 + radius)
+    b, c, h, w, pad = 2, 3, 5, 6, radius // 2
+    x = torch.randn(b, c, h, w, generator=generator, dtype=torch.float64)
+    standard = kind == "standard"
+    weight = torch.randn(4 if standard else c, c if standard else 1, radius, radius, generator=generator,
+                         dtype=torch.float64)
+    bias = torch.randn(weight.shape[0], generator=generator, dtype=torch.float64)
+    padded = F.pad(x, (pad, pad, pad, pad))
+    values = padded.flatten(2).transpose(1, 2).contiguous()  # [B, (H+2p)(W+2p), C]
+    keys = grid_coordinates(h + 2 * pad, w + 2 * pad).expand(b, -1, -1).contiguous()
+    queries = grid_coordinates(h, w, offset=pad).expand(b, -1, -1).contiguous()
+    k = radius * radius
+    scores, indices = select.select_forward(queries.to(DEVICE), keys.to(DEVICE), k, "chebyshev", None, True)
+    weights = torch.ones(b, h * w, k, dtype=torch.float64, device=DEVICE)  # uniform: every valid slot 1
+    kernel = weight.reshape(weight.shape[0], c, k) if standard else weight.reshape(c, k)
+    output = aggregate.aggregate_forward(values.to(DEVICE), weights, indices, kernel.to(DEVICE), bias.to(DEVICE))
+    padded.requires_grad_(True)
+    weight.requires_grad_(True)
+    expected = F.conv2d(padded, weight, bias, groups=1 if standard else c)
+    torch.testing.assert_close(output.cpu(), expected.detach().flatten(2).transpose(1, 2), rtol=1e-12, atol=1e-12)
+    grad_output = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+    expected.backward(grad_output)
+    grad_values, _, grad_kernel, grad_bias = aggregate.aggregate_backward(
+        grad_output.flatten(2).transpose(1, 2).contiguous().to(DEVICE), values.to(DEVICE), weights, indices,
+        kernel.to(DEVICE), [True, False, True, True])
+    torch.testing.assert_close(grad_values.cpu(), padded.grad.flatten(2).transpose(1, 2), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_kernel.cpu(), weight.grad.reshape(kernel.shape), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_bias.cpu(), grad_output.sum((0, 2, 3)), rtol=1e-12, atol=1e-12)
+
+
+def attention_inputs(seed, g=3, n=20, d=8):
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(g, n, d, generator=generator).to(DEVICE) for _ in range(3))
+
+
+def aggregate_with_softmax(queries, keys, values, k):
+    """Triton select (scaled_dot), softmax rho, Triton aggregation with a depthwise kernel of ones."""
+    scores, indices = select.select_forward(queries, keys, k, "scaled_dot", None, False)
+    weights = torch.softmax(scores, dim=-1)
+    ones = torch.ones(values.shape[2], k, device=DEVICE)
+    return aggregate.aggregate_forward(values, weights.contiguous(), indices, ones, None)
+
+
+def test_identity_attention_when_k_equals_n_through_the_kernels():
+    """K = N, scaled_dot, softmax rho, a kernel of ones: softmax(Q K^T / sqrt(d)) V."""
+    queries, keys, values = attention_inputs(41)
+    output = aggregate_with_softmax(queries, keys, values, k=20)
+    expected = torch.softmax(queries @ keys.transpose(1, 2) / 8 ** 0.5, dim=-1) @ values
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_identity_kvt_top_k_attention_through_the_kernels():
+    """K < N: softmax over each query's K largest scores only (KVT's k-NN attention)."""
+    queries, keys, values = attention_inputs(42)
+    output = aggregate_with_softmax(queries, keys, values, k=5)
+    scores = queries @ keys.transpose(1, 2) / 8 ** 0.5
+    kth = scores.topk(5, dim=-1).values[..., -1:]
+    expected = torch.softmax(scores.masked_fill(scores < kth, float("-inf")), dim=-1) @ values
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
