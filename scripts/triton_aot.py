@@ -1,12 +1,13 @@
-"""Compiles the knn_aggregate Triton kernels (python/convnn/_triton/aggregate.py) ahead of time and
-writes them as a C++ source for libconvnn_ops (issue 25 §3): the CUDA build embeds the images and
-launches them through the CUDA runtime (src/ops/cuda/triton/), so a LibTorch program on a GPU
-runs the same kernels as the Python package with no Python and no Triton at run time.
+"""Compiles convnn's Triton kernels (python/convnn/_triton: the aggregation, knn_select and its
+backward) ahead of time and writes them as a C++ source for libconvnn_ops (issue 25 §3): the CUDA
+build embeds the images and launches them through the CUDA runtime (src/ops/cuda/triton/), so a
+LibTorch program on a GPU runs the same kernels as the Python package with no Python and no Triton
+at run time.
 
     .venv/bin/python scripts/triton_aot.py --arch 80 --arch 90 --output build/.../aot_kernels.cpp
 
-For every specialisation that scripts/triton_compile_check.py lists for the aggregation kernels
-(the same list: one place says what is compiled), and every architecture:
+For every specialisation that scripts/triton_compile_check.py lists (the same list: one place says
+what is compiled), and every architecture, compiled in parallel (one process per core):
 - the cubin (sm_80 runs on every 8.x GPU; Triton's 90 is sm_90a, which runs on 9.0 only);
 - the kernel's parameter kinds, read from the PTX entry itself (the ABI the launcher must match:
   every non-constexpr argument, then Triton's two scratch pointers), one letter each: p pointer,
@@ -14,10 +15,13 @@ For every specialisation that scripts/triton_compile_check.py lists for the aggr
 - its warps and dynamic shared memory, from Triton's metadata.
 The lowest architecture's PTX is kept as well, for GPUs of a newer major version than any cubin
 (the driver compiles it on first load).
-The block sizes the launchers need (ROWS, CHANNELS, KERNEL_GRADIENT_CHUNKS) come from aggregate.py,
-so that they are written once.
+The block sizes and limits the launchers need come from the kernels' modules, so that they are
+written once.
 """
 import argparse
+import concurrent.futures
+import multiprocessing
+import os
 import pathlib
 import re
 import sys
@@ -52,6 +56,19 @@ def c_string(data, indent="    "):
     return "\n".join(lines) if lines else indent + '""'
 
 
+def compile_one(job):
+    """(index, arch) -> what the table needs of that compiled kernel (in a worker process)."""
+    index, arch = job
+    name, kernel, signature, constexprs, options = check.all_specialisations()[index]
+    compiled = check.compile_for(kernel, signature, constexprs, options, arch)
+    metadata = compiled.metadata
+    if getattr(metadata, "global_scratch_size", 0) or metadata.profile_scratch_size:
+        raise RuntimeError(f"{name} sm_{arch}: needs global or profile scratch memory, which the launcher "
+                           "does not allocate")
+    return (name, arch, metadata.name, metadata.num_warps, metadata.shared,
+            parameter_kinds(compiled.asm["ptx"], metadata.name), compiled.asm["cubin"], compiled.asm["ptx"])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, action="append", required=True,
@@ -61,29 +78,26 @@ def main():
     unknown = sorted(set(args.arch) - set(check.ARCHITECTURES))
     if unknown:
         sys.exit(f"triton_aot: --arch {unknown[0]} is not one of {sorted(check.ARCHITECTURES)}")
-    module = check.load_kernels()
+    architectures = sorted(set(args.arch))
+    jobs = [(index, arch) for index in range(len(check.all_specialisations())) for arch in architectures]
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                mp_context=multiprocessing.get_context("fork")) as pool:
+        results = list(pool.map(compile_one, jobs))
     images, entries = [], []
 
-    def add(key, arch, kind, compiled, data):
-        name = compiled.metadata.name
-        if getattr(compiled.metadata, "global_scratch_size", 0) or compiled.metadata.profile_scratch_size:
-            raise RuntimeError(f"{key} sm_{arch}: needs global or profile scratch memory, which the launcher "
-                               "does not allocate")
+    def add(key, arch, kind, name, num_warps, shared, parameters, data):
         symbol = f"kImage{len(images)}"
         images.append(f"// {key}, sm_{arch} {kind}\nconst char {symbol}[] =\n{c_string(data)};")
-        entries.append(f'    {{"{key}", "{name}", {arch}, ImageKind::k{kind.capitalize()}, '
-                       f'{compiled.metadata.num_warps}, {compiled.metadata.shared}, '
-                       f'"{parameter_kinds(compiled.asm["ptx"], name)}", {symbol}, sizeof({symbol}) - 1}},')
+        entries.append(f'    {{"{key}", "{name}", {arch}, ImageKind::k{kind.capitalize()}, {num_warps}, {shared}, '
+                       f'"{parameters}", {symbol}, sizeof({symbol}) - 1}},')
 
-    lowest = min(args.arch)
-    for key, kernel, signature, constexprs in check.specialisations(module):
-        for arch in sorted(set(args.arch)):
-            compiled = check.compile_for(kernel, signature, constexprs, check.NUM_WARPS, arch)
-            add(key, arch, "cubin", compiled, compiled.asm["cubin"])
-            if arch == lowest:
-                add(key, arch, "ptx", compiled, compiled.asm["ptx"].encode() + b"\0")
-    source = f"""// Generated by scripts/triton_aot.py from python/convnn/_triton/aggregate.py (Triton
-// {check.triton.__version__}); do not edit.
+    for key, arch, name, num_warps, shared, parameters, cubin, ptx in results:
+        add(key, arch, "cubin", name, num_warps, shared, parameters, cubin)
+        if arch == architectures[0]:
+            add(key, arch, "ptx", name, num_warps, shared, parameters, ptx.encode() + b"\0")
+    aggregate, select, pairs = (check.load_kernels(name) for name in ("aggregate", "select", "pair_gradients"))
+    source = f"""// Generated by scripts/triton_aot.py from python/convnn/_triton (Triton {check.triton.__version__});
+// do not edit.
 #include "ops/cuda/triton/compiled_kernels.h"
 
 namespace convnn::ops::cuda::triton {{
@@ -97,7 +111,10 @@ const CompiledKernel kCompiledKernels[] = {{
 {chr(10).join(entries)}
 }};
 const std::size_t kCompiledKernelCount = sizeof(kCompiledKernels) / sizeof(kCompiledKernels[0]);
-const AggregateBlocks kAggregateBlocks = {{{module.ROWS}, {module.CHANNELS}, {module.KERNEL_GRADIENT_CHUNKS}}};
+const AggregateBlocks kAggregateBlocks = {{{aggregate.ROWS}, {aggregate.CHANNELS}, {aggregate.KERNEL_GRADIENT_CHUNKS}}};
+const SelectBlocks kSelectBlocks = {{{select.ROWS}, {select.MIN_SLOTS}, {select.MAX_SLOTS}, {select.NO_MASK}, {select.BOOL_MASK},
+                                    {select.ADDITIVE_MASK}}};
+const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 
 }}  // namespace convnn::ops::cuda::triton
 """

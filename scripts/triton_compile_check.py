@@ -24,7 +24,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ARCHITECTURES = {80: ("sm_80", 163 * 1024), 90: ("sm_90a", 227 * 1024)}  # name for ptxas, shared-memory limit
-NUM_WARPS = 4  # aggregate.py's and pair_gradients.py's kernels launch with Triton's default; select.py names its own
+# aggregate.py's and pair_gradients.py's kernels launch with Triton's defaults; select.py names its own.
+DEFAULT_OPTIONS = {"num_warps": 4}
 POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
 
 
@@ -42,35 +43,22 @@ def load_kernels(name="aggregate"):
 
 
 def select_specialisations(module):
-    """knn_select: each similarity at each width of the running top-K (2 to 64 slots) and each
-    tile width of the dot products (16 to 64 features, and the loop), with an additive mask and
-    index order (the most code); the bool mask, no mask and score order at the widest; the
-    half-precision inputs at the widest, for a dot product and a distance. The other combinations
-    differ from these in a load's type or a branch taken, not in what is live."""
-    def signature(pointer, mask_pointer):
-        return {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": pointer,
-                "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
-                "root": "fp32"}
-
-    def constexprs(similarity, mask, index_order, slots, features):
-        return {"SIMILARITY": similarity, "MASK": mask, "INDEX_ORDER": index_order, "ROWS": module.ROWS,
-                "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "FEATURES": features}
-
-    widest = module.slots_for(module.MAX_SLOTS)
+    """knn_select: every similarity at every width of the running top-K (8 to 64 slots) with every
+    mask kind: every kernel a call can launch (the kernel takes float32 inputs whatever the op's
+    dtype, and select_forward puts the slots in index order after it)."""
+    masks = {module.NO_MASK: ("no mask", "*fp32"), module.BOOL_MASK: ("bool mask", "*i1"),
+             module.ADDITIVE_MASK: ("additive mask", "*fp32")}
     for name, code in module.SIMILARITY_CODES.items():
-        for features in sorted({module.features_for(d) for d in (1, 64)}):
-            slots = 2
-            while slots <= widest:
-                yield (f"select {name} K<={slots} {features}-feature chunks float32", module._select_kernel,
-                       signature("*fp32", "*fp32"), constexprs(code, module.ADDITIVE_MASK, True, slots, features))
+        for mask, (mask_name, mask_pointer) in masks.items():
+            slots = module.MIN_SLOTS
+            while slots <= module.slots_for(module.MAX_SLOTS):
+                yield (f"select {name} K<={slots} {mask_name}", module._select_kernel,
+                       {"q_ptr": "*fp32", "k_ptr": "*fp32", "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
+                        "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
+                        "mask_slice_stride": "i32", "root": "fp32"},
+                       {"SIMILARITY": code, "MASK": mask, "ROWS": module.ROWS, "CANDIDATES": module.CANDIDATES,
+                        "SLOTS": slots, "FEATURES": module.features_for(64)})
                 slots *= 2
-    for mask, mask_name, mask_pointer in ((module.NO_MASK, "no mask", "*fp32"), (module.BOOL_MASK, "bool mask", "*i1")):
-        yield (f"select dot K<={widest} float32 {mask_name}, score order", module._select_kernel,
-               signature("*fp32", mask_pointer), constexprs(0, mask, False, widest, module.features_for(64)))
-    for dtype in ("bfloat16", "float16"):
-        for name in ("dot", "gaussian"):
-            yield (f"select {name} K<={widest} {dtype}", module._select_kernel, signature(POINTER[dtype], "*fp32"),
-                   constexprs(module.SIMILARITY_CODES[name], module.ADDITIVE_MASK, True, widest, module.features_for(64)))
 
 
 def specialisations(module):
@@ -113,27 +101,23 @@ def specialisations(module):
 
 def pair_gradient_specialisations(module):
     """knn_select's backward for cosine and the distances: each kernel for each of the four
-    similarities in float32, and in bfloat16 and float16 for one dot-product form and one
-    sign form."""
-    accumulation = {"ACC": tl.float32, "FEATURES": module.FEATURES}
-    for dtype, pointer in POINTER.items():
-        names = module.SIMILARITY_CODES if dtype == "float32" else ("cosine", "chebyshev")
-        for name in names:
-            code = module.SIMILARITY_CODES[name]
-            yield (f"select backward coefficients {name} {dtype}", module._pair_coefficients_kernel,
-                   {"q_ptr": pointer, "k_ptr": pointer, "indices_ptr": "*i64", "live_ptr": "*fp32",
-                    "coefficients_ptr": "*fp32", "arg_ptr": "*i32", "rows_total": "i32", "n": "i32", "m": "i32",
-                    "d": "i32", "k": "i32", "eps": "fp32"},
-                   {"SIMILARITY": code, "ROWS": module.ROWS, **accumulation})
-            yield (f"select backward d queries {name} {dtype}", module._query_gradient_kernel,
-                   {"q_ptr": pointer, "k_ptr": pointer, "indices_ptr": "*i64", "coefficients_ptr": "*fp32",
-                    "arg_ptr": "*i32", "grad_q_ptr": pointer, "rows_total": "i32", "n": "i32", "m": "i32", "d": "i32",
-                    "k": "i32"},
-                   {"SIMILARITY": code, "ROWS": module.ROWS, **accumulation})
-            yield (f"select backward d keys {name} {dtype}", module._key_gradient_kernel,
-                   {"q_ptr": pointer, "k_ptr": pointer, "coefficients_ptr": "*fp32", "arg_ptr": "*i32",
-                    "order_ptr": "*i64", "run_start_ptr": "*i64", "grad_k_ptr": pointer, "d": "i32", "k": "i32"},
-                   {"SIMILARITY": code, **accumulation})
+    similarities, on float32 inputs (pair_gradients.select_backward converts half precision)."""
+    common = {"ACC": tl.float32, "FEATURES": module.FEATURES}
+    for name, code in module.SIMILARITY_CODES.items():
+        yield (f"select backward coefficients {name}", module._pair_coefficients_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "indices_ptr": "*i64", "live_ptr": "*fp32",
+                "coefficients_ptr": "*fp32", "arg_ptr": "*i32", "rows_total": "i32", "n": "i32", "m": "i32",
+                "d": "i32", "k": "i32", "eps": "fp32"},
+               {"SIMILARITY": code, "ROWS": module.ROWS, **common})
+        yield (f"select backward d queries {name}", module._query_gradient_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "indices_ptr": "*i64", "coefficients_ptr": "*fp32",
+                "arg_ptr": "*i32", "grad_q_ptr": "*fp32", "rows_total": "i32", "n": "i32", "m": "i32", "d": "i32",
+                "k": "i32"},
+               {"SIMILARITY": code, "ROWS": module.ROWS, **common})
+        yield (f"select backward d keys {name}", module._key_gradient_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "coefficients_ptr": "*fp32", "arg_ptr": "*i32",
+                "order_ptr": "*i64", "run_start_ptr": "*i64", "grad_k_ptr": "*fp32", "d": "i32", "k": "i32"},
+               {"SIMILARITY": code, **common})
 
 
 def ptxas_usage(ptx, gpu_name):
@@ -151,28 +135,33 @@ def ptxas_usage(ptx, gpu_name):
     return registers, spills
 
 
-def compile_for(kernel, signature, constexprs, num_warps, arch):
+def compile_for(kernel, signature, constexprs, launch_options, arch):
     """The kernel compiled for sm_<arch> (90 is sm_90a) with exactly this signature: every
     non-constexpr argument a kernel parameter, no value specialisation (what an ahead-of-time
     launcher relies on; scripts/triton_aot.py)."""
     target = GPUTarget("cuda", arch, 32)
-    options = triton.compiler.make_backend(target).parse_options({"num_warps": num_warps})
+    options = triton.compiler.make_backend(target).parse_options(dict(launch_options))
     full_signature = {**signature, **{key: "constexpr" for key in constexprs}}
     return triton.compile(triton.compiler.ASTSource(fn=kernel, constexprs=constexprs, signature=full_signature),
                           target=target, options=options.__dict__)
 
 
-def main():
-    module = load_kernels()
-    failures, rows = [], []
+def all_specialisations():
+    """(name, kernel, signature, constexprs, launch options) of every kernel the package and the
+    C++ library launch (scripts/triton_aot.py embeds the same list)."""
     select = load_kernels("select")
-    every = [(*spec, NUM_WARPS) for spec in specialisations(module)]
-    every += [(*spec, select.NUM_WARPS) for spec in select_specialisations(select)]
-    every += [(*spec, NUM_WARPS) for spec in pair_gradient_specialisations(load_kernels("pair_gradients"))]
-    for name, kernel, signature, constexprs, num_warps in every:
+    every = [(*spec, DEFAULT_OPTIONS) for spec in specialisations(load_kernels("aggregate"))]
+    every += [(*spec, select.COMPILE_OPTIONS) for spec in select_specialisations(select)]
+    every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(load_kernels("pair_gradients"))]
+    return every
+
+
+def main():
+    failures, rows = [], []
+    for name, kernel, signature, constexprs, launch_options in all_specialisations():
         for arch, (gpu_name, shared_limit) in ARCHITECTURES.items():
             try:
-                compiled = compile_for(kernel, signature, constexprs, num_warps, arch)
+                compiled = compile_for(kernel, signature, constexprs, launch_options, arch)
                 registers, spills = ptxas_usage(compiled.asm["ptx"], gpu_name)
             except Exception as error:  # report every kernel, then fail
                 failures.append(f"{name} sm_{arch}: {type(error).__name__}: {error}")

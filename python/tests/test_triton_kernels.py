@@ -324,9 +324,9 @@ def test_select_writes_every_output_element_once_and_no_guard_byte_changes():
     index_buffer = torch.full((2 * 40 * 6 + 128,), -5, dtype=torch.int64, device=DEVICE)
     indices = index_buffer[64:-64].view(2, 40, 6)
     indices.fill_(-1)
-    select._select_kernel[(3, 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0,
-                                  SIMILARITY=0, MASK=select.ADDITIVE_MASK, INDEX_ORDER=False, ROWS=select.ROWS,
-                                  CANDIDATES=select.CANDIDATES, SLOTS=8, FEATURES=16)
+    select._select_kernel[(3, 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0, SIMILARITY=0,
+                                  MASK=select.ADDITIVE_MASK, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES,
+                                  SLOTS=8, FEATURES=16)
     assert not scores.isnan().any() and (indices >= 0).all()
     assert (score_buffer[:64] == canary).all() and (score_buffer[-64:] == canary).all()
     assert (index_buffer[:64] == -5).all() and (index_buffer[-64:] == -5).all()

@@ -1,4 +1,4 @@
-// The Triton aggregation kernels compiled ahead of time into libconvnn_ops (src/ops/cuda/triton/),
+// The Triton kernels compiled ahead of time into libconvnn_ops (src/ops/cuda/triton/),
 // proved without a GPU: the embedded images are complete for every architecture, the image chosen
 // for a GPU follows its compute capability, and every launch the C++ host code makes (run here on
 // CPU tensors, with a runner that records instead of launching) passes exactly the parameters the
@@ -8,28 +8,28 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #ifdef CONVNN_TRITON_AOT
 #include "ops/cuda/triton/aggregate_launches.h"
 #include "ops/cuda/triton/compiled_kernels.h"
+#include "ops/cuda/triton/first_call_check.h"
+#include "ops/cuda/triton/select_launches.h"
 #include "ops/generic/generic.h"
 
 namespace triton = convnn::ops::cuda::triton;
 
 namespace {
 
-const std::vector<std::string> kDtypes{"float32", "bfloat16", "float16"};
-
+// Every key in the table, once.
 std::vector<std::string> every_key() {
   std::vector<std::string> keys;
-  for (const auto& dtype : kDtypes) {
-    for (const std::string prefix : {"", "standard "}) {
-      keys.push_back(prefix + "forward " + dtype);
-      keys.push_back(prefix + "forward " + dtype + " bias");
-      for (const std::string kind : {"d weights ", "d kernel ", "d values "}) keys.push_back(prefix + kind + dtype);
-    }
+  for (std::size_t i = 0; i < triton::kCompiledKernelCount; ++i) {
+    const std::string key = triton::kCompiledKernels[i].key;
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
   }
   return keys;
 }
@@ -44,14 +44,19 @@ const triton::CompiledKernel* entry(const std::string& key, int arch, triton::Im
 
 }  // namespace
 
-TEST(TritonAot, EveryAggregationKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
-  for (const auto& key : every_key()) {
+TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
+  const auto keys = every_key();
+  // 30 aggregation specialisations, 72 of knn_select (6 similarities x 4 widths x 3 mask kinds), 12
+  // of its backward (3 kernels x 4 similarities).
+  EXPECT_EQ(keys.size(), 30u + 72u + 12u);
+  for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
       ASSERT_NE(cubin, nullptr) << key << " sm_" << arch;
       ASSERT_GT(cubin->image_bytes, 4u);
       EXPECT_EQ(std::string(cubin->image, 4), "\x7f" "ELF") << key << " sm_" << arch;
-      EXPECT_EQ(cubin->num_warps, 4) << key;
+      EXPECT_EQ(cubin->num_warps, key.rfind("select ", 0) == 0 && key.find("backward") == std::string::npos ? 8 : 4)
+          << key;
       EXPECT_LE(cubin->shared_bytes, 48 * 1024) << key;
       // Triton's two scratch pointers close every parameter list.
       const std::string parameters = cubin->parameters;
@@ -196,9 +201,72 @@ TEST(TritonAot, InverseIndexListsEachValuesRowsSlotsInSlotOrder) {
   }
 }
 
-TEST(TritonAot, TheAggregationOpsHaveCudaKernelsInThisBuild) {
+const std::vector<convnn::Similarity> kSimilarities{
+    convnn::Similarity::Dot,      convnn::Similarity::ScaledDot, convnn::Similarity::Cosine,
+    convnn::Similarity::Gaussian, convnn::Similarity::Chebyshev, convnn::Similarity::L1};
+
+TEST(TritonAot, EverySelectLaunchPassesTheParametersTheCompiledKernelDeclares) {
+  const int64_t g = 3, n = 21, m = 70, d = 5;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const auto queries = torch::randn({g, n, d}).to(dtype), keys = torch::randn({g, m, d}).to(dtype);
+    const std::vector<torch::Tensor> masks{torch::Tensor(), torch::rand({n, m}) > 0.3,
+                                           torch::zeros({g, n, m}).to(dtype)};
+    for (const auto similarity : kSimilarities) {
+      for (const auto& mask : masks) {
+        for (const int64_t k : {1, 9, 64}) {
+          Recorder recorder;
+          const auto [scores, indices] =
+              triton::select_forward(queries, keys, k, similarity, mask, /*index_order=*/k == 9, recorder.runner());
+          ASSERT_EQ(recorder.launches.size(), 1u);
+          EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::kSelectBlocks.rows));
+          EXPECT_EQ(recorder.launches[0].grid.y, g) << "one program column per slice";
+          EXPECT_EQ(scores.scalar_type(), dtype);
+          EXPECT_EQ(indices.sizes(), (std::vector<int64_t>{g, n, k}));
+        }
+      }
+      Recorder recorder;
+      const auto [scores, indices] = convnn::ops::generic::knn_select(queries, keys, 6, convnn::to_string(similarity),
+                                                                      c10::nullopt, false);
+      const auto [gq, gk] = triton::select_backward(torch::randn(scores.sizes()).to(dtype), queries, keys, indices,
+                                                    scores, similarity, recorder.runner());
+      const bool dot_product = similarity == convnn::Similarity::Dot || similarity == convnn::Similarity::ScaledDot;
+      // Dot products: the aggregation's forward and its values' gradient; the others: the
+      // coefficients, the query gradient, the key gradient.
+      ASSERT_EQ(recorder.launches.size(), dot_product ? 2u : 3u);
+      EXPECT_EQ(gq.sizes(), queries.sizes());
+      EXPECT_EQ(gk.sizes(), keys.sizes());
+      EXPECT_EQ(gq.scalar_type(), dtype);
+    }
+  }
+}
+
+TEST(TritonAot, SelectInIndexOrderSortsTheKernelsSlotsByIndexAndKeepsTheirScores) {
+  // A runner that plays the kernel: it writes a selection in score order into the launch's scores
+  // and indices (arguments 3 and 4); select_forward must then put the slots in index order.
+  const auto queries = torch::randn({1, 2, 3}), keys = torch::randn({1, 5, 3});
+  const auto kernel_scores = torch::tensor({{{9.0f, 7.0f, 5.0f}, {8.0f, 6.0f, 4.0f}}});
+  const auto kernel_indices = torch::tensor({{{3, 0, 4}, {1, 4, 2}}}, torch::kLong);
+  const triton::LaunchRunner kernel = [&](triton::Launch& launch) {
+    std::memcpy(const_cast<void*>(launch.arguments.pointer_at(3)), kernel_scores.data_ptr(), 6 * sizeof(float));
+    std::memcpy(const_cast<void*>(launch.arguments.pointer_at(4)), kernel_indices.data_ptr(), 6 * sizeof(int64_t));
+  };
+  for (const bool index_order : {false, true}) {
+    const auto [scores, indices] =
+        triton::select_forward(queries, keys, 3, convnn::Similarity::Dot, torch::Tensor(), index_order, kernel);
+    if (!index_order) {
+      EXPECT_TRUE(torch::equal(indices, kernel_indices));
+      EXPECT_TRUE(torch::equal(scores, kernel_scores));
+    } else {
+      EXPECT_TRUE(torch::equal(indices, torch::tensor({{{0, 3, 4}, {1, 2, 4}}}, torch::kLong)));
+      EXPECT_TRUE(torch::equal(scores, torch::tensor({{{7.0f, 9.0f, 5.0f}, {8.0f, 4.0f, 6.0f}}})));
+    }
+  }
+}
+
+TEST(TritonAot, TheCoreOpsHaveCudaKernelsInThisBuild) {
   auto& dispatcher = c10::Dispatcher::singleton();
-  for (const char* op : {"convnn::knn_aggregate", "convnn::knn_aggregate_backward"}) {
+  for (const char* op : {"convnn::knn_select", "convnn::knn_select_backward", "convnn::knn_aggregate",
+                         "convnn::knn_aggregate_backward"}) {
     EXPECT_TRUE(dispatcher.findSchemaOrThrow(op, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA)) << op;
   }
 }
@@ -227,6 +295,39 @@ TEST(TritonAotCuda, AggregationEqualsTheGenericPathAndBackwardIsBitwiseRepeatabl
     EXPECT_TRUE(torch::allclose(std::get<2>(first), std::get<2>(want), 1e-3, 1e-3));
     EXPECT_TRUE(torch::equal(std::get<0>(first), std::get<0>(second)));
     EXPECT_TRUE(torch::equal(std::get<2>(first), std::get<2>(second)));
+  }
+}
+
+// On a GPU: knn_select on integer-valued features picks exactly the generic path's indices (every
+// score exact, ties included), for every similarity and mask kind; its backward equals the generic
+// one to rounding.
+TEST(TritonAotCuda, SelectPicksTheGenericPathsIndicesAndItsBackwardEqualsTheGenericOne) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto on_gpu = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t g = 3, n = 40, m = 150, d = 6;
+  const auto queries = torch::randint(-3, 4, {g, n, d}, on_gpu), keys = torch::randint(-3, 4, {g, m, d}, on_gpu);
+  const std::vector<torch::Tensor> masks{torch::Tensor(), torch::rand({g, n, m}, on_gpu) > 0.3,
+                                         torch::where(torch::rand({n, m}, on_gpu) > 0.5, 0.0, -INFINITY)};
+  for (const auto similarity : kSimilarities) {
+    for (const auto& mask : masks) {
+      for (const bool index_order : {false, true}) {
+        const auto mask_arg = mask.defined() ? c10::optional<torch::Tensor>(mask) : c10::nullopt;
+        const auto [scores, indices] = triton::select_forward(queries, keys, 9, similarity, mask, index_order);
+        const auto [want_scores, want_indices] = convnn::ops::generic::knn_select(
+            queries, keys, 9, convnn::to_string(similarity), mask_arg, index_order);
+        EXPECT_TRUE(torch::equal(indices, want_indices)) << convnn::to_string(similarity);
+        EXPECT_TRUE(torch::allclose(scores, want_scores, 1e-5, 0.0)) << convnn::to_string(similarity);
+      }
+    }
+    const auto real_queries = torch::randn({g, n, d}, on_gpu) * 0.3, real_keys = torch::randn({g, m, d}, on_gpu) * 0.3;
+    const auto [scores, indices] = convnn::ops::generic::knn_select(real_queries, real_keys, 9,
+                                                                    convnn::to_string(similarity), c10::nullopt, false);
+    const auto grad_scores = torch::randn(scores.sizes(), on_gpu);
+    const auto fused = triton::select_backward(grad_scores, real_queries, real_keys, indices, scores, similarity);
+    const auto want = convnn::ops::generic::knn_select_backward(grad_scores, real_queries, real_keys, indices, scores,
+                                                                convnn::to_string(similarity));
+    EXPECT_TRUE(torch::allclose(std::get<0>(fused), std::get<0>(want), 1e-4, 1e-5)) << convnn::to_string(similarity);
+    EXPECT_TRUE(torch::allclose(std::get<1>(fused), std::get<1>(want), 1e-4, 1e-5)) << convnn::to_string(similarity);
   }
 }
 

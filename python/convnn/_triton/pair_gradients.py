@@ -194,15 +194,19 @@ def select_backward(grad_scores, queries, keys, indices, scores, similarity):
     and l1, for inputs the caller checked and made contiguous."""
     g, n, d = queries.shape
     m, k = keys.shape[1], indices.shape[2]
+    dtype = queries.dtype
+    # The kernels take inputs in the accumulation type (half precision converted exactly, float64
+    # kept), so one compiled kernel per similarity serves every dtype (scripts/triton_aot.py).
+    accumulation = torch.float64 if dtype == torch.float64 else torch.float32
+    queries, keys = queries.to(accumulation).contiguous(), keys.to(accumulation).contiguous()
     grad_queries, grad_keys = torch.zeros_like(queries), torch.zeros_like(keys)
     if g * n * k == 0 or d == 0:
-        return grad_queries, grad_keys
-    accumulation = torch.float64 if queries.dtype == torch.float64 else torch.float32
+        return grad_queries.to(dtype), grad_keys.to(dtype)
     live = grad_scores.masked_fill(scores == float("-inf"), 0).to(accumulation)
     coefficients = torch.empty((g * n * k, COEFFICIENTS), dtype=accumulation, device=queries.device)
     arg = torch.empty((g * n * k,), dtype=torch.int32, device=queries.device)
     code = SIMILARITY_CODES[similarity]
-    blocks = dict(SIMILARITY=code, FEATURES=FEATURES, ACC=aggregate._accumulation(queries.dtype))
+    blocks = dict(SIMILARITY=code, FEATURES=FEATURES, ACC=aggregate._accumulation(dtype))
     rows_total = g * n
     _pair_coefficients_kernel[(_blocks(rows_total, ROWS), k)](queries, keys, indices, live, coefficients, arg,
                                                               rows_total, n, m, d, k, torch.ops.convnn.cosine_eps(), ROWS=ROWS,
@@ -212,4 +216,4 @@ def select_backward(grad_scores, queries, keys, indices, scores, similarity):
     order, run_start = aggregate.inverse_index(indices, m)
     _key_gradient_kernel[(g * m, _blocks(d, FEATURES))](queries, keys, coefficients, arg, order, run_start,
                                                        grad_keys, d, k, **blocks)
-    return grad_queries, grad_keys
+    return grad_queries.to(dtype), grad_keys.to(dtype)

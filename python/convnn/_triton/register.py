@@ -178,10 +178,9 @@ def knn_aggregate_backward(grad_output, values, weights, indices, kernel, output
 def register():
     """The CUDA kernels of knn_select and its backward, knn_aggregate and its backward. Triton
     compiles on first use."""
-    torch.library.register_kernel("convnn::knn_select", "cuda", knn_select)
-    torch.library.register_kernel("convnn::knn_select_backward", "cuda", knn_select_backward)
     # A libconvnn_ops built with the embedded Triton kernels (src/ops/cuda/triton/, the C++ CUDA
-    # build; not the package's own) has these two already: the same kernels, kept.
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("convnn::knn_aggregate", "CUDA"):
-        torch.library.register_kernel("convnn::knn_aggregate", "cuda", knn_aggregate)
-        torch.library.register_kernel("convnn::knn_aggregate_backward", "cuda", knn_aggregate_backward)
+    # build; not the package's own) has CUDA kernels for these ops already: the same kernels, kept.
+    for name, kernel in (("knn_select", knn_select), ("knn_select_backward", knn_select_backward),
+                         ("knn_aggregate", knn_aggregate), ("knn_aggregate_backward", knn_aggregate_backward)):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"convnn::{name}", "CUDA"):
+            torch.library.register_kernel(f"convnn::{name}", "cuda", kernel)

@@ -30,11 +30,19 @@ CANDIDATES = 64    # candidates per score tile
 MAX_SLOTS = 64     # the largest K the kernel holds on chip; a larger K takes the generic path
 
 
-NUM_WARPS = 8
+# Launch options: 8 warps, and at most 128 registers per thread. Without the cap, ptxas chose 64 or
+# 80 registers for some specialisations and spilled 8-20 bytes (sm_80 and sm_90); with it, none
+# spills (scripts/triton_compile_check.py) and two blocks fit an SM.
+COMPILE_OPTIONS = {"num_warps": 8, "maxnreg": 128}
+
+
+# Widths of the running top-K: 8, 16, 32, 64. A K below 8 holds 8 slots (a few registers more; the
+# merge rounds are K either way): four compiled widths per similarity and dtype instead of six.
+MIN_SLOTS = 8
 
 
 def slots_for(k):
-    return max(2, triton.next_power_of_2(k))
+    return max(MIN_SLOTS, triton.next_power_of_2(k))
 
 
 def features_for(d):
@@ -94,10 +102,15 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
 
 
 @triton.jit
-def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k,
-                   mask_slice_stride, root,
-                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, INDEX_ORDER: tl.constexpr,
-                   ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, root,
+                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
+                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+    # Slots by descending key (select_forward reorders them by index where asked). Queries, keys,
+    # an additive mask and the scores are float32 (select_forward converts): one compiled kernel
+    # per similarity, slot width and mask kind serves every dtype and order, which keeps the images
+    # the C++ library embeds few (scripts/triton_aot.py). The mask kind stays a compile-time
+    # choice: as a runtime one, ptxas spilled 8-24 bytes at K <= 16 and 64 (sm_80 and sm_90), and
+    # so did a runtime index-order pass in the kernel (16 bytes, the distances at K <= 16, sm_80).
     block = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
@@ -160,21 +173,6 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k,
                 slot += 1
             top_keys, top_index = merged_keys, merged_index
         first += CANDIDATES
-    if INDEX_ORDER:  # the same K candidates, by ascending index
-        ordered_keys = tl.full([ROWS, SLOTS], float("-inf"), tl.float32)
-        ordered_index = tl.full([ROWS, SLOTS], none, tl.int32)
-        pending = tl.where(slots[None, :] < k, top_index, none + 1)
-        slot = 0
-        while slot < k:
-            lowest = tl.min(pending, 1)
-            at = pending == lowest[:, None]
-            key = tl.max(tl.where(at, top_keys, float("-inf")), 1)
-            here = slots[None, :] == slot
-            ordered_keys = tl.where(here, key[:, None], ordered_keys)
-            ordered_index = tl.where(here, lowest[:, None], ordered_index)
-            pending = tl.where(at, none + 1, pending)
-            slot += 1
-        top_keys, top_index = ordered_keys, ordered_index
     scores = top_keys
     if SIMILARITY >= 3:  # exp(-distance); a masked slot reports -inf on every path
         scores = tl.where(top_keys == float("-inf"), float("-inf"), tl.exp(top_keys))
@@ -199,25 +197,38 @@ def unit_rows(x):
 def select_forward(queries, keys, k, similarity, mask, index_order):
     """(scores, indices) as convnn::knn_select, for inputs the caller checked (contiguous
     queries [G,N,D] and keys [G,M,D] of one float dtype; mask None, bool or floating, [N,M] or
-    [G,N,M], contiguous)."""
+    [G,N,M], contiguous). The kernel ranks in float32: half-precision inputs are converted first
+    (exactly) and the scores rounded back at the end, as the kernel's own store would."""
     g, n, d = queries.shape
     m = keys.shape[1]
-    scores = torch.empty((g, n, k), dtype=queries.dtype, device=queries.device)
+    scores = torch.empty((g, n, k), dtype=torch.float32, device=queries.device)
     indices = torch.empty((g, n, k), dtype=torch.int64, device=queries.device)
     if scores.numel() == 0:
-        return scores, indices
+        return scores.to(queries.dtype), indices
     code = SIMILARITY_CODES[similarity]
+    dtype = queries.dtype
+    queries, keys = queries.float().contiguous(), keys.float().contiguous()
     if code == SIMILARITY_CODES["cosine"]:
         queries, keys = unit_rows(queries), unit_rows(keys)
     mask_kind = NO_MASK if mask is None else BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
     mask_slice_stride = 0 if mask is None or mask.dim() == 2 else n * m
+    # An additive mask in float32, the type the keys rank in (as the C++ ops convert it).
+    mask = queries if mask is None else mask.float().contiguous() if mask_kind == ADDITIVE_MASK else mask
     # sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)) (exact in the float32 argument).
     root = float(torch.tensor(float(d), dtype=torch.float32).sqrt()) if code == 1 else 1.0
-    _select_kernel[(triton.cdiv(n, ROWS), g)](queries, keys, mask if mask is not None else queries, scores, indices,
-                                             n, m, d, k, mask_slice_stride, root, SIMILARITY=code, MASK=mask_kind,
-                                             INDEX_ORDER=bool(index_order), ROWS=ROWS, CANDIDATES=CANDIDATES,
-                                             SLOTS=slots_for(k), FEATURES=features_for(d), num_warps=NUM_WARPS)
-    return scores, indices
+    _select_kernel[(triton.cdiv(n, ROWS), g)](queries, keys, mask, scores, indices, n, m, d, k, mask_slice_stride,
+                                             root, SIMILARITY=code, MASK=mask_kind, ROWS=ROWS, CANDIDATES=CANDIDATES,
+                                             SLOTS=slots_for(k), FEATURES=features_for(d), **COMPILE_OPTIONS)
+    if index_order:
+        scores, indices = by_index(scores, indices)
+    return scores.to(dtype), indices
+
+
+def by_index(scores, indices):
+    """The same K slots by ascending candidate index (the K indices of a row are distinct: short
+    rows are filled with distinct masked candidates)."""
+    indices, order = torch.sort(indices, dim=-1)
+    return scores.gather(-1, order), indices
 
 
 def select_backward(grad_scores, queries, keys, indices, scores, similarity):

@@ -1,7 +1,6 @@
 #include "ops/cuda/triton/aggregate_launches.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
@@ -10,7 +9,6 @@
 #include <limits>
 #include <vector>
 
-#include "ops/generic/generic.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
@@ -175,41 +173,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> aggregate_backward(
   if (want_kernel) grad_kernel = kernel_gradient(grad_output, values, weights, indices, kernel, run);
   if (want_bias) grad_bias = grad_output.sum(std::vector<int64_t>{0, 1});
   return {grad_values, grad_weights, grad_kernel, grad_bias};
-}
-
-std::optional<std::string> first_call_check(const c10::Device& device, at::ScalarType dtype) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
-  const int64_t g = 2, n = 7, m = 9, c = 5, k = 3;
-  const auto on_device = at::TensorOptions().device(device).dtype(dtype);
-  const auto draw = [&](at::IntArrayRef shape) { return at::randn(shape, generator).to(on_device); };
-  const auto values = draw({g, m, c}), weights = draw({g, n, k});
-  const auto indices = at::randint(0, m, {g, n, k}, generator).to(device);
-  const double tolerance = dtype == at::kFloat ? 1e-4 : 5e-2;
-  const auto close = [&](const at::Tensor& got, const at::Tensor& want) {
-    return at::allclose(got.to(at::kFloat), want.to(at::kFloat), tolerance, tolerance);
-  };
-  for (const bool standard : {false, true}) {
-    const auto kernel = standard ? draw({c + 2, c, k}) : draw({c, k});
-    const auto bias = draw({kernel.size(0)});
-    const auto grad_output = draw({g, n, kernel.size(0)});
-    const char* kind = standard ? "standard" : "depthwise";
-    if (!close(aggregate_forward(values, weights, indices, kernel, bias),
-               generic::knn_aggregate(values, weights, indices, kernel, bias))) {
-      return std::string("knn_aggregate (") + kind + ", forward)";
-    }
-    const std::array<bool, 4> all{true, true, true, true};
-    const auto fused = aggregate_backward(grad_output, values, weights, indices, kernel, all);
-    const auto expected = generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, all);
-    const std::array<std::pair<const char*, bool>, 4> agree{
-        {{"values", close(std::get<0>(fused), std::get<0>(expected))},
-         {"weights", close(std::get<1>(fused), std::get<1>(expected))},
-         {"kernel", close(std::get<2>(fused), std::get<2>(expected))},
-         {"bias", close(std::get<3>(fused), std::get<3>(expected))}}};
-    for (const auto& [name, same] : agree) {
-      if (!same) return std::string("knn_aggregate_backward (") + kind + ", d " + name + ")";
-    }
-  }
-  return std::nullopt;
 }
 
 }  // namespace convnn::ops::cuda::triton

@@ -10,7 +10,6 @@
 
 #include <array>
 #include <functional>
-#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -49,9 +48,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> aggregate_backward(
 /// (order, run_start): the G*N*K slots sorted stably by the values row they read (g*M + index),
 /// and where each of the G*M rows' runs starts (G*M + 1 entries). No host synchronisation.
 std::pair<at::Tensor, at::Tensor> inverse_index(const at::Tensor& indices, int64_t m);
-
-/// The name of the first fused kernel that disagrees with the generic path on a small random input
-/// on `device`, or nothing when all agree (the safety net of the first call per device and dtype).
-std::optional<std::string> first_call_check(const c10::Device& device, at::ScalarType dtype);
 
 }  // namespace convnn::ops::cuda::triton

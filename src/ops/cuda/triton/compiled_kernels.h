@@ -1,5 +1,5 @@
 #pragma once
-// The Triton kernels of python/convnn/_triton/aggregate.py, compiled ahead of time by
+// The Triton kernels of python/convnn/_triton (aggregate.py, select.py, pair_gradients.py), compiled ahead of time by
 // scripts/triton_aot.py at build time (no GPU needed) and embedded in libconvnn_ops: the table
 // that the generated source defines. Plain data, no CUDA types, so tests read it anywhere.
 #include <cstddef>
@@ -31,6 +31,24 @@ struct AggregateBlocks {
   int64_t kernel_gradient_chunks;
 };
 extern const AggregateBlocks kAggregateBlocks;
+
+// From select.py: query rows per program, the running top-K's narrowest and widest slot counts (a
+// call with K above the widest takes the generic path), and the mask kinds' codes.
+struct SelectBlocks {
+  int64_t rows;
+  int64_t min_slots;
+  int64_t max_slots;
+  int no_mask, bool_mask, additive_mask;
+};
+extern const SelectBlocks kSelectBlocks;
+
+// From pair_gradients.py: rows and features per program, coefficients per pair.
+struct PairGradientBlocks {
+  int64_t rows;
+  int64_t features;
+  int64_t coefficients;
+};
+extern const PairGradientBlocks kPairGradientBlocks;
 
 /// The image to load for `key` on a GPU of compute capability major.minor: the cubin of the
 /// same major version and the highest minor not above the GPU's; for a GPU newer than every cubin,

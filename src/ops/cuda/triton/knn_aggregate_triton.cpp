@@ -11,54 +11,16 @@
 #include <torch/library.h>
 
 #include <array>
-#include <cstdlib>
 #include <limits>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <string>
 #include <tuple>
-#include <utility>
 
 #include "ops/checks.h"
 #include "ops/cuda/triton/aggregate_launches.h"
+#include "ops/cuda/triton/fused_choice.h"
 #include "ops/generic/generic.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
-
-bool fused_kernels_chosen() {
-  static const bool chosen = [] {
-    const char* choice = std::getenv("CONVNN_CUDA_KERNELS");
-    const std::string value = choice == nullptr ? "fused" : choice;
-    TORCH_CHECK(value == "fused" || value == "generic",
-                "CONVNN_CUDA_KERNELS must be 'fused' or 'generic', got '", value, "'");
-    return value == "fused";
-  }();
-  return chosen;
-}
-
-// Per (device, dtype): whether the fused kernels passed their first-call check.
-bool device_verified(const at::Tensor& values) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, at::ScalarType>, bool> verified;
-  const std::pair<int, at::ScalarType> key{values.get_device(), values.scalar_type()};
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto found = verified.find(key);
-  if (found != verified.end()) return found->second;
-  std::optional<std::string> failure;
-  try {
-    failure = first_call_check(values.device(), values.scalar_type());
-  } catch (const std::exception& error) {  // an image that does not load or launch on this GPU
-    failure = std::string("knn_aggregate (") + error.what() + ")";
-  }
-  if (failure) {
-    TORCH_WARN("convnn: the fused Triton kernel ", *failure, " disagrees with the generic path on ",
-               values.device(), " (", values.scalar_type(), "); convnn uses the generic path there from now on");
-  }
-  verified.emplace(key, !failure);
-  return !failure;
-}
 
 // For inputs the op's checks passed.
 bool fused_applies(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& kernel,

@@ -54,6 +54,12 @@ void** KernelArguments::values() {
   return addresses_.data();
 }
 
+const void* KernelArguments::pointer_at(std::size_t index) const {
+  TORCH_INTERNAL_ASSERT(index < kinds_.size() && kinds_[index] == 'p', "KernelArguments: argument ", index,
+                        " is not a pointer");
+  return slots_[index].pointer;
+}
+
 bool grid_fits(const Grid& grid) {
   return grid.x >= 0 && grid.y >= 0 && grid.z >= 0 && grid.x <= std::numeric_limits<int32_t>::max() &&
          grid.y <= 65535 && grid.z <= 65535;

@@ -25,6 +25,8 @@ class KernelArguments {
   std::string kinds() const;
   /// Pointers to each argument's value, the scratch pointers included: cudaLaunchKernel's `args`.
   void** values();
+  /// The pointer passed as argument `index` (which must be a pointer argument).
+  const void* pointer_at(std::size_t index) const;
 
  private:
   static constexpr int kMaxArguments = 16;

@@ -1,0 +1,95 @@
+#include "ops/cuda/triton/first_call_check.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <array>
+#include <utility>
+
+#include "ops/cuda/triton/aggregate_launches.h"
+#include "ops/cuda/triton/select_launches.h"
+#include "ops/generic/generic.h"
+
+namespace convnn::ops::cuda::triton {
+namespace {
+
+bool close(const at::Tensor& got, const at::Tensor& want, double tolerance) {
+  return at::allclose(got.to(at::kFloat), want.to(at::kFloat), tolerance, tolerance);
+}
+
+std::optional<std::string> aggregate_check(const c10::Device& device, at::ScalarType dtype, double tolerance) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  const int64_t g = 2, n = 7, m = 9, c = 5, k = 3;
+  const auto on_device = at::TensorOptions().device(device).dtype(dtype);
+  const auto draw = [&](at::IntArrayRef shape) { return at::randn(shape, generator).to(on_device); };
+  const auto values = draw({g, m, c}), weights = draw({g, n, k});
+  const auto indices = at::randint(0, m, {g, n, k}, generator).to(device);
+  for (const bool standard : {false, true}) {
+    const auto kernel = standard ? draw({c + 2, c, k}) : draw({c, k});
+    const auto bias = draw({kernel.size(0)});
+    const auto grad_output = draw({g, n, kernel.size(0)});
+    const char* kind = standard ? "standard" : "depthwise";
+    if (!close(aggregate_forward(values, weights, indices, kernel, bias),
+               generic::knn_aggregate(values, weights, indices, kernel, bias), tolerance)) {
+      return std::string("knn_aggregate (") + kind + ", forward)";
+    }
+    const std::array<bool, 4> all{true, true, true, true};
+    const auto fused = aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    const auto expected = generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    const std::array<std::pair<const char*, bool>, 4> agree{
+        {{"values", close(std::get<0>(fused), std::get<0>(expected), tolerance)},
+         {"weights", close(std::get<1>(fused), std::get<1>(expected), tolerance)},
+         {"kernel", close(std::get<2>(fused), std::get<2>(expected), tolerance)},
+         {"bias", close(std::get<3>(fused), std::get<3>(expected), tolerance)}}};
+    for (const auto& [name, same] : agree) {
+      if (!same) return std::string("knn_aggregate_backward (") + kind + ", d " + name + ")";
+    }
+  }
+  return std::nullopt;
+}
+
+// Integer-valued features: every score exact on every path, ties included, so the indices must be
+// equal; the scores to rounding (a distance's is Triton's exp, not the C++ one).
+std::optional<std::string> select_check(const c10::Device& device, at::ScalarType dtype, double tolerance) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1);
+  const auto on_device = at::TensorOptions().device(device).dtype(dtype);
+  const auto queries = at::randint(-3, 4, {2, 9, 5}, generator).to(on_device);
+  const auto keys = at::randint(-3, 4, {2, 70, 5}, generator).to(on_device);
+  const auto mask = (at::rand({9, 70}, generator) > 0.3).to(device);
+  const double score_tolerance = dtype == at::kFloat ? 1e-5 : 1e-2;
+  for (const auto similarity : {Similarity::Dot, Similarity::L1}) {
+    const auto [scores, indices] = select_forward(queries, keys, 6, similarity, mask, false);
+    const auto [want_scores, want_indices] = generic::knn_select(queries, keys, 6, to_string(similarity), mask, false);
+    if (!at::equal(indices, want_indices) ||
+        !at::allclose(scores.to(at::kFloat), want_scores.to(at::kFloat), score_tolerance, 0.0)) {
+      return std::string("knn_select (") + to_string(similarity) + ")";
+    }
+  }
+  // The backward on a third of the keys: a dot product (the aggregation kernels), cosine (the
+  // pair-gradient kernels' linear terms) and chebyshev (their sign term on one feature).
+  const auto few_keys = keys.narrow(1, 0, 24).contiguous();
+  const auto few_mask = mask.narrow(1, 0, 24).contiguous();
+  for (const auto similarity : {Similarity::ScaledDot, Similarity::Cosine, Similarity::Chebyshev}) {
+    const auto [scores, indices] =
+        generic::knn_select(queries, few_keys, 6, to_string(similarity), few_mask, false);
+    const auto grad_scores = at::randn(scores.sizes(), generator).to(on_device);
+    const auto fused = select_backward(grad_scores, queries, few_keys, indices, scores, similarity);
+    const auto expected =
+        generic::knn_select_backward(grad_scores, queries, few_keys, indices, scores, to_string(similarity));
+    if (!close(std::get<0>(fused), std::get<0>(expected), tolerance) ||
+        !close(std::get<1>(fused), std::get<1>(expected), tolerance)) {
+      return std::string("knn_select_backward (") + to_string(similarity) + ")";
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> first_call_check(const c10::Device& device, at::ScalarType dtype) {
+  const double tolerance = dtype == at::kFloat ? 1e-4 : 5e-2;
+  if (auto failure = aggregate_check(device, dtype, tolerance)) return failure;
+  return select_check(device, dtype, tolerance);  // after the aggregation's: the backward runs on it
+}
+
+}  // namespace convnn::ops::cuda::triton

@@ -1,0 +1,176 @@
+#include "ops/cuda/triton/select_launches.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace convnn::ops::cuda::triton {
+namespace {
+
+constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
+
+int64_t cdiv(int64_t total, int64_t block) { return std::max<int64_t>(1, (total + block - 1) / block); }
+
+int64_t slots_for(int64_t k) {
+  int64_t slots = kSelectBlocks.min_slots;
+  while (slots < k) slots *= 2;
+  return slots;
+}
+
+const char* mask_name(int kind) {
+  return kind == kSelectBlocks.no_mask ? "no mask" : kind == kSelectBlocks.bool_mask ? "bool mask" : "additive mask";
+}
+
+// The specialisation keys, as scripts/triton_compile_check.py names them.
+std::string select_key(Similarity similarity, int64_t slots, int mask_kind) {
+  return std::string("select ") + to_string(similarity) + " K<=" + std::to_string(slots) + " " + mask_name(mask_kind);
+}
+
+std::string pair_key(const char* kind, Similarity similarity) {
+  return std::string("select backward ") + kind + " " + to_string(similarity);
+}
+
+bool is_dot_product(Similarity similarity) {
+  return similarity == Similarity::Dot || similarity == Similarity::ScaledDot;
+}
+
+const std::vector<Similarity>& every_similarity() {
+  static const std::vector<Similarity> all{Similarity::Dot,      Similarity::ScaledDot, Similarity::Cosine,
+                                           Similarity::Gaussian, Similarity::Chebyshev, Similarity::L1};
+  return all;
+}
+
+// Every key a call can launch: the forward's, and the backward's pair-gradient kernels.
+std::vector<std::string> every_select_key() {
+  std::vector<std::string> keys;
+  for (const auto similarity : every_similarity()) {
+    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+      for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
+        keys.push_back(select_key(similarity, slots, mask));
+      }
+    }
+    if (!is_dot_product(similarity)) {
+      for (const char* kind : {"coefficients", "d queries", "d keys"}) keys.push_back(pair_key(kind, similarity));
+    }
+  }
+  return keys;
+}
+
+// x / max(|x|, eps) per row, as the other paths' cosine (the C++ epsilon, kCosineEps).
+at::Tensor unit_rows(const at::Tensor& x) {
+  return x / at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true).clamp_min(kCosineEps);
+}
+
+}  // namespace
+
+bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k) {
+  const int64_t g = queries.size(0), n = queries.size(1), m = keys.size(1);
+  return k >= 1 && k <= kSelectBlocks.max_slots && queries.numel() <= kInt32 && keys.numel() <= kInt32 &&
+         g * n * k <= kInt32 && g * m <= kInt32 && n * m <= kInt32 && m < kInt32 - 2 && g <= 65535;
+}
+
+bool device_has_select_kernels(int device) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  for (const auto& key : every_select_key()) {
+    if (find_compiled_kernel(key.c_str(), major, minor) == nullptr) return false;
+  }
+  return true;
+}
+
+std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, const at::Tensor& keys_in, int64_t k,
+                                                  Similarity similarity, const at::Tensor& mask_in, bool index_order,
+                                                  const LaunchRunner& run) {
+  const int64_t g = queries_in.size(0), n = queries_in.size(1), d = queries_in.size(2), m = keys_in.size(1);
+  const auto dtype = queries_in.scalar_type();
+  auto scores = at::empty({g, n, k}, queries_in.options().dtype(at::kFloat));
+  auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
+  if (scores.numel() == 0) return {scores.to(dtype), indices};
+  auto queries = queries_in.to(at::kFloat).contiguous(), keys = keys_in.to(at::kFloat).contiguous();
+  if (similarity == Similarity::Cosine) {
+    queries = unit_rows(queries);
+    keys = unit_rows(keys);
+  }
+  const int mask_kind = !mask_in.defined()                      ? kSelectBlocks.no_mask
+                        : mask_in.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
+                                                               : kSelectBlocks.additive_mask;
+  // An additive mask in float32, the type the keys rank in (as the other paths convert it).
+  const auto mask = !mask_in.defined() ? queries
+                    : mask_kind == kSelectBlocks.additive_mask ? mask_in.to(at::kFloat).contiguous()
+                                                               : mask_in.contiguous();
+  const int64_t mask_slice_stride = mask_in.defined() && mask_in.dim() == 3 ? n * m : 0;
+  // sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)).
+  const float root = similarity == Similarity::ScaledDot ? std::sqrt(static_cast<float>(d)) : 1.0f;
+  Launch launch{select_key(similarity, slots_for(k), mask_kind), {cdiv(n, kSelectBlocks.rows), g}, {}};
+  launch.arguments.pointer(queries).pointer(keys).pointer(mask).pointer(scores).pointer(indices)
+      .int32(n).int32(m).int32(d).int32(k).int32(mask_slice_stride).float32(root);
+  run(launch);
+  if (index_order) {  // the same K slots by ascending index (a row's K indices are distinct)
+    auto [sorted_indices, order] = indices.sort(/*dim=*/-1);
+    scores = scores.gather(-1, order);
+    indices = sorted_indices;
+  }
+  return {scores.to(dtype), indices};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> dot_product_backward(const at::Tensor& live, const at::Tensor& queries,
+                                                        const at::Tensor& keys, const at::Tensor& indices,
+                                                        Similarity similarity, const LaunchRunner& run) {
+  // d(q.k)/dq = k and d(q.k)/dk = q: the query gradient is the aggregation of the keys with the
+  // incoming gradient as weights and a kernel of ones, the key gradient its values' gradient.
+  auto weights = live;
+  if (similarity == Similarity::ScaledDot) {  // sqrt(D) in the accumulation type, as the policies
+    weights = (live.to(at::kFloat) / std::sqrt(static_cast<float>(queries.size(2)))).to(live.scalar_type());
+  }
+  const auto ones = at::ones({queries.size(2), indices.size(2)}, queries.options());
+  auto grad_queries = aggregate_forward(keys, weights, indices, ones, at::Tensor(), run);
+  auto grad_keys = std::get<0>(aggregate_backward(queries, keys, weights, indices, ones,
+                                                  {true, false, false, false}, run));
+  return {grad_queries, grad_keys};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> select_backward(const at::Tensor& grad_scores, const at::Tensor& queries_in,
+                                                   const at::Tensor& keys_in, const at::Tensor& indices,
+                                                   const at::Tensor& scores, Similarity similarity,
+                                                   const LaunchRunner& run) {
+  // Masked slots (score -inf) pass no gradient.
+  const auto live = grad_scores.masked_fill(at::isneginf(scores), 0);
+  if (is_dot_product(similarity)) return dot_product_backward(live, queries_in, keys_in, indices, similarity, run);
+  const int64_t g = queries_in.size(0), n = queries_in.size(1), d = queries_in.size(2);
+  const int64_t m = keys_in.size(1), k = indices.size(2);
+  const auto dtype = queries_in.scalar_type();
+  const auto queries = queries_in.to(at::kFloat).contiguous(), keys = keys_in.to(at::kFloat).contiguous();
+  auto grad_queries = at::zeros_like(queries), grad_keys = at::zeros_like(keys);
+  if (g * n * k == 0 || d == 0) return {grad_queries.to(dtype), grad_keys.to(dtype)};
+  const auto live32 = live.to(at::kFloat).contiguous();
+  const auto coefficients = at::empty({g * n * k, kPairGradientBlocks.coefficients}, queries.options());
+  const auto arg = at::empty({g * n * k}, queries.options().dtype(at::kInt));
+  const int64_t rows_total = g * n, rows = kPairGradientBlocks.rows, features = kPairGradientBlocks.features;
+  Launch pairs{pair_key("coefficients", similarity), {cdiv(rows_total, rows), k}, {}};
+  pairs.arguments.pointer(queries).pointer(keys).pointer(indices).pointer(live32).pointer(coefficients).pointer(arg)
+      .int32(rows_total).int32(n).int32(m).int32(d).int32(k).float32(static_cast<float>(kCosineEps));
+  run(pairs);
+  Launch by_rows{pair_key("d queries", similarity), {cdiv(rows_total, rows), cdiv(d, features)}, {}};
+  by_rows.arguments.pointer(queries).pointer(keys).pointer(indices).pointer(coefficients).pointer(arg)
+      .pointer(grad_queries).int32(rows_total).int32(n).int32(m).int32(d).int32(k);
+  run(by_rows);
+  const auto [order, run_start] = inverse_index(indices, m);
+  Launch by_keys{pair_key("d keys", similarity), {g * m, cdiv(d, features)}, {}};
+  by_keys.arguments.pointer(queries).pointer(keys).pointer(coefficients).pointer(arg).pointer(order)
+      .pointer(run_start).pointer(grad_keys).int32(d).int32(k);
+  run(by_keys);
+  return {grad_queries.to(dtype), grad_keys.to(dtype)};
+}
+
+}  // namespace convnn::ops::cuda::triton

@@ -1,0 +1,36 @@
+#pragma once
+// The host side of the knn_select Triton kernels (select.py, pair_gradients.py): the launches that
+// select.select_forward and select.select_backward make, made from C++ with the same grids and
+// arguments, through a LaunchRunner as in aggregate_launches.h (tests record them on CPU tensors).
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <tuple>
+
+#include "convnn/ops/similarity.h"
+#include "ops/cuda/triton/aggregate_launches.h"
+
+namespace convnn::ops::cuda::triton {
+
+/// Whether the kernels take these (checked) inputs: K within the widest running top-K, every size
+/// within 32 bits, the slices within CUDA's grid (the backward also needs aggregate_fits for the
+/// dot products, which go through the aggregation kernels).
+bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k);
+/// Whether the GPU `device` has an image of every select kernel.
+bool device_has_select_kernels(int device);
+
+/// As convnn::knn_select, for inputs that the caller checked (queries [G,N,D], keys [G,M,D] of one
+/// floating dtype; mask undefined, bool or floating, [N,M] or [G,N,M]). The kernel ranks in
+/// float32: half precision is converted first (exactly), the scores rounded back at the end.
+std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
+                                                  Similarity similarity, const at::Tensor& mask, bool index_order,
+                                                  const LaunchRunner& run = run_on_gpu);
+
+/// As convnn::knn_select_backward: dot and scaled_dot through the aggregation kernels with a
+/// kernel of ones, the others through the pair-gradient kernels (the K selected pairs only).
+std::tuple<at::Tensor, at::Tensor> select_backward(const at::Tensor& grad_scores, const at::Tensor& queries,
+                                                   const at::Tensor& keys, const at::Tensor& indices,
+                                                   const at::Tensor& scores, Similarity similarity,
+                                                   const LaunchRunner& run = run_on_gpu);
+
+}  // namespace convnn::ops::cuda::triton
