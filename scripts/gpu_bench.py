@@ -151,6 +151,16 @@ def op_paths(g, n, d, neighbours, dtype, device):
     row["select_generic_ms"], row["select_generic_mib"] = timed(
         lambda: ops.knn_select.default._op_dk(GENERIC, leaves[0].detach(), leaves[1].detach(), neighbours,
                                               "scaled_dot", None, False))
+    # knn_select's backward: Triton (the aggregation kernels for scaled_dot, the pair-gradient kernels
+    # for cosine) against the generic path, on the same selection.
+    q, k = leaves[0].detach(), leaves[1].detach()
+    for similarity in ("scaled_dot", "cosine"):
+        scores, indices = ops.knn_select.default._op_dk(GENERIC, q, k, neighbours, similarity, None, False)
+        grad_scores = torch.randn_like(scores)
+        row[f"select_backward_{similarity}_triton_ms"], row[f"select_backward_{similarity}_triton_mib"] = timed(
+            lambda: select.select_backward(grad_scores, q, k, indices, scores, similarity))
+        row[f"select_backward_{similarity}_generic_ms"], row[f"select_backward_{similarity}_generic_mib"] = timed(
+            lambda: ops.knn_select_backward.default._op_dk(GENERIC, grad_scores, q, k, indices, scores, similarity))
     for name, path in PATHS.items():
         if name == "reference" and g * n * n * 4 > 8 * 2**30:
             continue  # the [G,N,N] scores alone above 8 GiB

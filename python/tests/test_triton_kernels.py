@@ -144,17 +144,23 @@ def guarded(shape, dtype, fill):
     return buffer, buffer[64:64 + numel].view(shape)
 
 
+def between_nan_guards(*tensors):
+    """Copies of `tensors`, each inside NaN guard regions: a read outside a tensor carries a NaN
+    into the results."""
+    placed = []
+    for t in tensors:
+        _, view = guarded(t.shape, t.dtype, float("nan"))
+        view.copy_(t)
+        placed.append(view)
+    return placed
+
+
 def test_every_output_element_is_written_once_and_no_guard_byte_changes():
     """Outputs start as NaN inside guards of a canary value: afterwards no NaN is left (every
     element written) and every guard still holds the canary. Inputs sit between NaN guards: a read
     outside a tensor would carry a NaN into the results."""
     values, weights, indices, kernel, bias = inputs(torch.float32, g=3, n=7, m=5, c=6, k=4, seed=6)
-    placed = []
-    for t in (values, weights, kernel, bias):
-        buffer, view = guarded(t.shape, t.dtype, float("nan"))
-        view.copy_(t)
-        placed.append(view)
-    values, weights, kernel, bias = placed
+    values, weights, kernel, bias = between_nan_guards(values, weights, kernel, bias)
     canary = 12345.0
     output_buffer, output = guarded((3, 7, 6), torch.float32, canary)
     output.fill_(float("nan"))
@@ -310,12 +316,7 @@ def test_select_on_random_features_is_optimal_to_rounding():
 
 def test_select_writes_every_output_element_once_and_no_guard_byte_changes():
     queries, keys, generator = select_inputs(torch.float32, n=40, seed=15)
-    placed = []
-    for t in (queries, keys):
-        buffer, view = guarded(t.shape, t.dtype, float("nan"))
-        view.copy_(t)
-        placed.append(view)
-    queries, keys = placed
+    queries, keys = between_nan_guards(queries, keys)
     mask_buffer, mask = guarded((40, 70), torch.float32, float("nan"))
     mask.copy_(torch.where(torch.rand(40, 70, generator=generator) > 0.5, 0.0, float("-inf")))
     canary = 777.0
@@ -435,12 +436,7 @@ def test_pair_gradient_kernels_write_every_element_once_and_no_guard_byte_change
     from convnn._triton import pair_gradients
 
     grad_scores, queries, keys, indices, scores = select_backward_inputs(torch.float32, "gaussian", seed=25)
-    placed = []
-    for t in (queries, keys):
-        buffer, view = guarded(t.shape, t.dtype, float("nan"))
-        view.copy_(t)
-        placed.append(view)
-    queries, keys = placed
+    queries, keys = between_nan_guards(queries, keys)
     live = grad_scores.masked_fill(scores == float("-inf"), 0)
     coefficients = torch.empty(2 * 9 * 6, pair_gradients.COEFFICIENTS, device=DEVICE)
     arg = torch.empty(2 * 9 * 6, dtype=torch.int32, device=DEVICE)
