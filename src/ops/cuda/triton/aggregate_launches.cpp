@@ -1,9 +1,7 @@
 #include "ops/cuda/triton/aggregate_launches.h"
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
-#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <limits>
@@ -63,15 +61,11 @@ bool aggregate_fits(const at::Tensor& values, const at::Tensor& weights, const a
 
 bool device_has_aggregate_kernels(int device, at::ScalarType dtype) {
   if (!has_aggregate_kernels(dtype)) return false;
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  std::vector<std::string> keys;
   for (const bool standard : {false, true}) {
-    for (const char* kind : kKinds) {
-      if (find_compiled_kernel(key(kind, standard, dtype).c_str(), major, minor) == nullptr) return false;
-    }
+    for (const char* kind : kKinds) keys.push_back(key(kind, standard, dtype));
   }
-  return true;
+  return device_has_kernels(device, std::string("aggregate ") + dtype_name(dtype), keys);
 }
 
 at::Tensor aggregate_forward(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,

@@ -1,5 +1,6 @@
 #include "ops/cuda/triton/launch.h"
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -110,23 +111,44 @@ LoadedKernels& loaded_kernels() {
 
 }  // namespace
 
-const CompiledKernel* kernel_for_current_device(const char* key) {
-  const int device = c10::cuda::current_device();
+const CompiledKernel* kernel_for_device(const std::string& key, int device) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, const CompiledKernel*> chosen;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto found = chosen.find({key, device});
+  if (found != chosen.end()) return found->second;
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return find_compiled_kernel(key, major, minor);
+  const CompiledKernel* kernel = find_compiled_kernel(key.c_str(), major, minor);
+  chosen.emplace(std::make_pair(key, device), kernel);
+  return kernel;
+}
+
+bool device_has_kernels(int device, const std::string& set, const std::vector<std::string>& keys) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, bool> answers;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto found = answers.find({set, device});
+    if (found != answers.end()) return found->second;
+  }
+  bool all = true;
+  for (const auto& key : keys) all = all && kernel_for_device(key, device) != nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  answers.emplace(std::make_pair(set, device), all);
+  return all;
 }
 
 void launch(const char* key, const Grid& grid, KernelArguments& arguments) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
-  const CompiledKernel* kernel = kernel_for_current_device(key);
+  const int device = c10::cuda::current_device();
+  const CompiledKernel* kernel = kernel_for_device(key, device);
   TORCH_CHECK(kernel != nullptr, "convnn: no compiled Triton kernel '", key, "' for this GPU's architecture");
   TORCH_CHECK(grid_fits(grid), "convnn: the grid (", grid.x, ", ", grid.y, ", ", grid.z, ") of the Triton kernel '",
               key, "' exceeds CUDA's limits");
   TORCH_CHECK(arguments.kinds() == kernel->parameters, "convnn: the Triton kernel '", key, "' (", kernel->name,
               ") takes parameters '", kernel->parameters, "' but its launcher passes '", arguments.kinds(), "'");
-  const int device = c10::cuda::current_device();
   cudaKernel_t handle = loaded_kernels().get(*kernel, device);
   const dim3 blocks(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(grid.z));
   const dim3 threads(static_cast<unsigned>(kernel->num_warps * 32));

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ops/cuda/triton/compiled_kernels.h"
 
@@ -48,9 +49,13 @@ struct Grid {
 /// Whether every listed grid fits CUDA's limits (x < 2^31, y and z <= 65535).
 bool grid_fits(const Grid& grid);
 
-/// The compiled kernel for `key` on the current CUDA device, or nullptr when none fits its
-/// architecture.
-const CompiledKernel* kernel_for_current_device(const char* key);
+/// The compiled kernel for `key` on GPU `device` (find_compiled_kernel's choice for its compute
+/// capability), or nullptr when none fits; looked up once per (key, device), as every launch asks.
+const CompiledKernel* kernel_for_device(const std::string& key, int device);
+
+/// Whether GPU `device` has an image of every one of `keys`; computed once per (device, `set`),
+/// where `set` names the list (the ops ask on every call).
+bool device_has_kernels(int device, const std::string& set, const std::vector<std::string>& keys);
 
 /// Launches `key` on the current device and stream. An empty grid launches nothing.
 void launch(const char* key, const Grid& grid, KernelArguments& arguments);

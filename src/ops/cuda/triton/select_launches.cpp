@@ -1,9 +1,7 @@
 #include "ops/cuda/triton/select_launches.h"
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
-#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <limits>
@@ -76,13 +74,8 @@ bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k) {
 }
 
 bool device_has_select_kernels(int device) {
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  for (const auto& key : every_select_key()) {
-    if (find_compiled_kernel(key.c_str(), major, minor) == nullptr) return false;
-  }
-  return true;
+  static const std::vector<std::string> keys = every_select_key();
+  return device_has_kernels(device, "select", keys);
 }
 
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, const at::Tensor& keys_in, int64_t k,
