@@ -34,16 +34,21 @@ const char* const kKinds[] = {"forward", "d weights", "d kernel", "d values"};
 void run_on_gpu(Launch& launch) { triton::launch(launch.key.c_str(), launch.grid, launch.arguments); }
 
 bool has_aggregate_kernels(at::ScalarType dtype) {
-  if (dtype_name(dtype) == nullptr) return false;
-  for (const bool standard : {false, true}) {
-    for (const char* kind : kKinds) {
-      bool found = false;
-      const std::string wanted = key(kind, standard, dtype);
-      for (std::size_t i = 0; i < kCompiledKernelCount && !found; ++i) found = wanted == kCompiledKernels[i].key;
-      if (!found) return false;
+  // Asked on every call (aggregate_fits): the table is scanned once per dtype.
+  static const auto in_table = [](at::ScalarType type) {
+    if (dtype_name(type) == nullptr) return false;
+    for (const bool standard : {false, true}) {
+      for (const char* kind : kKinds) {
+        bool found = false;
+        const std::string wanted = key(kind, standard, type);
+        for (std::size_t i = 0; i < kCompiledKernelCount && !found; ++i) found = wanted == kCompiledKernels[i].key;
+        if (!found) return false;
+      }
     }
-  }
-  return true;
+    return true;
+  };
+  static const bool float32 = in_table(at::kFloat), bfloat16 = in_table(at::kBFloat16), float16 = in_table(at::kHalf);
+  return dtype == at::kFloat ? float32 : dtype == at::kBFloat16 ? bfloat16 : dtype == at::kHalf ? float16 : false;
 }
 
 bool aggregate_fits(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& kernel) {

@@ -38,16 +38,11 @@ bool is_dot_product(Similarity similarity) {
   return similarity == Similarity::Dot || similarity == Similarity::ScaledDot;
 }
 
-const std::vector<Similarity>& every_similarity() {
-  static const std::vector<Similarity> all{Similarity::Dot,      Similarity::ScaledDot, Similarity::Cosine,
-                                           Similarity::Gaussian, Similarity::Chebyshev, Similarity::L1};
-  return all;
-}
-
 // Every key a call can launch: the forward's, and the backward's pair-gradient kernels.
 std::vector<std::string> every_select_key() {
   std::vector<std::string> keys;
-  for (const auto similarity : every_similarity()) {
+  for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
+    const auto similarity = static_cast<Similarity>(value);
     for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
       for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
         keys.push_back(select_key(similarity, slots, mask));
