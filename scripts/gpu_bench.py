@@ -3,8 +3,10 @@ configuration (G = 384 slices, N = M = 197, d = 64, K = 8, depthwise, scaled_dot
 1024, 4096, 16384 (G = 12, K = 9), in float32 and bfloat16:
 - each kernel against the device-generic path: knn_aggregate forward and backward, knn_select;
 - the op-level paths, forward and forward+backward: the reference (Algorithm 1 in PyTorch: full
-  QK^T, topk, softmax, gather), the generic knn_attention op, the Triton path (knn_select, softmax,
-  knn_aggregate through the dispatcher, whose CUDA kernels are the Triton ones, with autograd), and
+  QK^T, topk, softmax, gather), the knn_attention op on the generic path (CONVNN_CUDA_KERNELS=generic),
+  the composed Triton path (knn_select, softmax, knn_aggregate through the dispatcher, whose CUDA
+  kernels are the Triton ones, with autograd), the knn_attention op with the Triton kernels (its
+  forward the fused kernel of attention.py, its backward the composed Triton kernels), and
   scaled_dot_product_attention on the same [G,N,d] tensors for scale.
 The C++ `convnn bench --device cuda` times the generic paths; the Triton kernels are registered
 from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events); peak memory
@@ -15,6 +17,7 @@ minimum bytes (every gathered row read once per slot, weights and indices read, 
 """
 import argparse
 import json
+import os
 
 import torch
 import triton.testing
@@ -81,12 +84,14 @@ def reference_attention(q, k, v, kernel, neighbours):
     return (weights.unsqueeze(-1) * gathered * kernel.t()).sum(2)
 
 
-def triton_attention(q, k, v, kernel, neighbours):
+def composed_attention(q, k, v, kernel, neighbours):
     scores, indices = ops.knn_select(q, k, neighbours, "scaled_dot", None, False)
     return ops.knn_aggregate(v, scores.softmax(-1), indices, kernel, None)
 
 
-def generic_attention(q, k, v, kernel, neighbours):
+def attention_op(q, k, v, kernel, neighbours):
+    """The knn_attention op: on CUDA its fused Triton kernel, or the generic path under
+    CONVNN_CUDA_KERNELS=generic (op_paths sets it around the whole forward and backward)."""
     return ops.knn_attention(q, k, v, kernel, None, neighbours, "scaled_dot", None, False, "softmax", 1.0)[0]
 
 
@@ -98,7 +103,6 @@ def module_paths(dtype, device, batch=32, tokens=197, channels=768, heads=12, ne
     """The paper's Table 1 module: ConvNNAttention (scaled_dot, softmax, depthwise) with the Triton
     kernels and with CONVNN_CUDA_KERNELS=generic, against timm's Attention (bias-free projections
     around scaled_dot_product_attention), forward and forward+backward."""
-    import os
 
     import timm.layers
     from convnn.nn import ConvNNAttention
@@ -133,7 +137,8 @@ def module_paths(dtype, device, batch=32, tokens=197, channels=768, heads=12, ne
     return row
 
 
-PATHS = {"reference": reference_attention, "generic": generic_attention, "triton": triton_attention, "sdpa": sdpa}
+PATHS = {"reference": reference_attention, "generic": attention_op, "composed": composed_attention, "fused": attention_op,
+         "sdpa": sdpa}
 
 
 def op_paths(g, n, d, neighbours, dtype, device):
@@ -164,6 +169,7 @@ def op_paths(g, n, d, neighbours, dtype, device):
     for name, path in PATHS.items():
         if name == "reference" and g * n * n * 4 > 8 * 2**30:
             continue  # the [G,N,N] scores alone above 8 GiB
+        os.environ["CONVNN_CUDA_KERNELS"] = "generic" if name == "generic" else "fused"
 
         def forward(path=path):
             with torch.no_grad():
@@ -175,6 +181,7 @@ def op_paths(g, n, d, neighbours, dtype, device):
 
         row[f"{name}_forward_ms"], row[f"{name}_forward_mib"] = timed(forward)
         row[f"{name}_fb_ms"], row[f"{name}_fb_mib"] = timed(forward_backward)
+    os.environ["CONVNN_CUDA_KERNELS"] = "fused"
     return row
 
 

@@ -42,23 +42,43 @@ def load_kernels(name="aggregate"):
     return importlib.import_module(f"{package}.{name}")
 
 
-def select_specialisations(module):
-    """knn_select: every similarity at every width of the running top-K (8 to 64 slots) with every
-    mask kind: every kernel a call can launch (the kernel takes float32 inputs whatever the op's
-    dtype, and select_forward puts the slots in index order after it)."""
-    masks = {module.NO_MASK: ("no mask", "*fp32"), module.BOOL_MASK: ("bool mask", "*i1"),
-             module.ADDITIVE_MASK: ("additive mask", "*fp32")}
-    for name, code in module.SIMILARITY_CODES.items():
+def top_k_variants(select):
+    """(key suffix, mask pointer type, constexprs) of every kernel built on the running top-K of
+    select.py: every similarity at every width (8 to 64 slots) with every mask kind."""
+    masks = {select.NO_MASK: ("no mask", "*fp32"), select.BOOL_MASK: ("bool mask", "*i1"),
+             select.ADDITIVE_MASK: ("additive mask", "*fp32")}
+    for name, code in select.SIMILARITY_CODES.items():
         for mask, (mask_name, mask_pointer) in masks.items():
-            slots = module.MIN_SLOTS
-            while slots <= module.slots_for(module.MAX_SLOTS):
-                yield (f"select {name} K<={slots} {mask_name}", module._select_kernel,
-                       {"q_ptr": "*fp32", "k_ptr": "*fp32", "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
-                        "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
-                        "mask_slice_stride": "i32", "root": "fp32"},
-                       {"SIMILARITY": code, "MASK": mask, "ROWS": module.ROWS, "CANDIDATES": module.CANDIDATES,
-                        "SLOTS": slots, "FEATURES": module.features_for(64)})
+            slots = select.MIN_SLOTS
+            while slots <= select.slots_for(select.MAX_SLOTS):
+                yield (f"{name} K<={slots} {mask_name}", mask_pointer,
+                       {"SIMILARITY": code, "MASK": mask, "ROWS": select.ROWS, "CANDIDATES": select.CANDIDATES,
+                        "SLOTS": slots, "FEATURES": select.features_for(64)})
                 slots *= 2
+
+
+def select_specialisations(module):
+    """knn_select: every kernel a call can launch (the kernel takes float32 inputs whatever the op's
+    dtype, and select_forward puts the slots in index order after it)."""
+    for suffix, mask_pointer, constexprs in top_k_variants(module):
+        yield (f"select {suffix}", module._select_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
+                "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
+                "mask_slice_stride": "i32", "root": "fp32"},
+               constexprs)
+
+
+def attention_specialisations(module, select):
+    """knn_attention's fused forward: the same variants as the select kernel (rho, slot order, bias
+    and the op's dtype are runtime arguments)."""
+    for suffix, mask_pointer, constexprs in top_k_variants(select):
+        yield (f"attention {suffix}", module._attention_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "kernel_ptr": "*fp32",
+                "bias_ptr": "*fp32", "mask_ptr": mask_pointer, "output_ptr": "*fp32", "scores_ptr": "*fp32",
+                "indices_ptr": "*i64", "weights_ptr": "*fp32", "n": "i32", "m": "i32", "d": "i32",
+                "c": "i32", "k": "i32", "mask_slice_stride": "i32", "root": "fp32", "rho": "i32",
+                "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32"},
+               {**constexprs, "CHANNELS": module.CHANNELS})
 
 
 def specialisations(module):
@@ -153,12 +173,16 @@ def all_specialisations():
     every = [(*spec, DEFAULT_OPTIONS) for spec in specialisations(load_kernels("aggregate"))]
     every += [(*spec, select.COMPILE_OPTIONS) for spec in select_specialisations(select)]
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(load_kernels("pair_gradients"))]
+    every += [(*spec, select.COMPILE_OPTIONS) for spec in attention_specialisations(load_kernels("attention"), select)]
     return every
 
 
 def main():
     failures, rows = [], []
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a name prefix, to check some kernels while editing them
     for name, kernel, signature, constexprs, launch_options in all_specialisations():
+        if not name.startswith(only):
+            continue
         for arch, (gpu_name, shared_limit) in ARCHITECTURES.items():
             try:
                 compiled = compile_for(kernel, signature, constexprs, launch_options, arch)

@@ -26,7 +26,7 @@ if not INTERPRETED and not torch.cuda.is_available():
 DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda", torch.cuda.current_device())
 
 import convnn  # noqa: E402,F401
-from convnn._triton import aggregate, register, select  # noqa: E402
+from convnn._triton import aggregate, attention, register, select  # noqa: E402
 
 ops = torch.ops.convnn
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -231,7 +231,7 @@ def test_a_kernel_that_disagrees_on_first_use_is_turned_off_with_one_warning(mon
 
 def test_the_kernels_are_registered_for_cuda_tensors():
     for op in (ops.knn_select.default, ops.knn_select_backward.default, ops.knn_aggregate.default,
-               ops.knn_aggregate_backward.default):
+               ops.knn_aggregate_backward.default, ops.knn_attention_device_fused.default):
         assert op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CUDA), op
 
 
@@ -557,3 +557,187 @@ def test_identity_kvt_top_k_attention_through_the_kernels():
     kth = scores.topk(5, dim=-1).values[..., -1:]
     expected = torch.softmax(scores.masked_fill(scores < kth, float("-inf")), dim=-1) @ values
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+# knn_attention's fused forward (python/convnn/_triton/attention.py): select, rho and a depthwise
+# aggregation in one kernel, against the device-generic knn_attention.
+RHOS = ["uniform", "mean", "softmax"]
+
+
+def generic_attention(*args):
+    return ops.knn_attention.default._op_dk(GENERIC, *args)
+
+
+def assert_attention_equal(got, want, dtype, what):
+    """Indices exactly; the rest to float32 rounding (Triton's exp is not the C++ one), or one
+    unit in the last place of half precision (a weight rounded the other way)."""
+    assert torch.equal(got[2], want[2]), f"{what}: indices"
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for name, a, b in zip(("output", "scores", "weights"), (got[0], got[1], got[3]), (want[0], want[1], want[3])):
+        assert a.dtype == b.dtype, f"{what}: {name} dtype"
+        torch.testing.assert_close(a.double(), b.double(), rtol=tolerance, atol=tolerance, equal_nan=True,
+                                   msg=lambda m: f"{what}: {name}: {m}")
+
+
+def attention_operands(dtype, queries, keys, generator, c=6, k=6):
+    g, m = keys.shape[:2]
+    values = torch.randn(g, m, c, generator=generator).to(DEVICE, dtype)
+    kernel = torch.randn(c, k, generator=generator).to(DEVICE, dtype)
+    bias = torch.randn(c, generator=generator).to(DEVICE, dtype)
+    return values, kernel, bias
+
+
+@pytest.mark.parametrize("rho", RHOS)
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_fused_attention_equals_the_generic_path_with_every_mask_order_and_bias(similarity, rho):
+    """float32 and bfloat16 on integer-valued features (D = 4: scaled_dot divides by 2, so every
+    score is exact in both), masks with rows of fewer valid candidates than K and a row with none."""
+    for dtype in (torch.float32, torch.bfloat16):
+        queries, keys, generator = select_inputs(dtype, d=4, axis_rows=similarity == "cosine")
+        values, kernel, bias = attention_operands(dtype, queries, keys, generator)
+        for name, mask in select_masks(2, 9, 70, generator).items():
+            mask = mask if mask is None or mask.dtype == torch.bool else mask.to(dtype)
+            for index_order in (False, True):
+                for b in (None, bias):
+                    args = (queries, keys, values, kernel, b, 6, similarity, mask, index_order, rho, 0.7)
+                    assert_attention_equal(attention.attention_forward(*args), generic_attention(*args), dtype,
+                                           f"{similarity} {rho} {dtype} {name} index_order={index_order}")
+
+
+@pytest.mark.parametrize("k", [1, 9, 64])
+def test_fused_attention_at_every_k_the_kernel_holds_and_in_float16(k):
+    """Three row blocks, two candidate tiles, more channels than one aggregation step."""
+    for dtype in (torch.float32, torch.float16):
+        queries, keys, generator = select_inputs(dtype, g=1, n=33, m=80, d=4, seed=50)
+        values, kernel, bias = attention_operands(dtype, queries, keys, generator, c=40, k=k)
+        for similarity, rho in (("scaled_dot", "softmax"), ("gaussian", "mean")):
+            args = (queries, keys, values, kernel, bias, k, similarity, None, True, rho, 1.5)
+            assert_attention_equal(attention.attention_forward(*args), generic_attention(*args), dtype,
+                                   f"K={k} {dtype} {similarity}")
+
+
+def test_fused_attention_on_random_features_equals_the_generic_path():
+    """Random float32 features, no ties: the same neighbours, weights and output to rounding."""
+    generator = torch.Generator().manual_seed(51)
+    queries, keys = (torch.randn(2, 20, 16, generator=generator).to(DEVICE) for _ in range(2))
+    values, kernel, bias = attention_operands(torch.float32, queries, keys, generator, c=8, k=7)
+    args = (queries, keys, values, kernel, bias, 7, "cosine", None, False, "softmax", 0.1)
+    assert_attention_equal(attention.attention_forward(*args), generic_attention(*args), torch.float32, "cosine")
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # numpy inside the interpreter
+def test_fused_attention_gives_nan_rows_where_a_score_is_nan_or_plus_inf_and_leaves_the_others():
+    queries, keys, generator = select_inputs(torch.float32, d=4, seed=52)
+    values, kernel, bias = attention_operands(torch.float32, queries, keys, generator)
+    queries[0, 3, 1] = float("nan")
+    mask = torch.zeros(2, 9, 70, device=DEVICE)
+    mask[1, 5, 66] = float("inf")
+    got = attention.attention_forward(queries, keys, values, kernel, bias, 6, "dot", mask, False, "softmax", 1.0)
+    for t in (got[0], got[1], got[3]):
+        assert t[0, 3].isnan().all() and t[1, 5].isnan().all()
+        assert not t[0, :3].isnan().any() and not t[1, 6:].isnan().any()
+    # The generic path on a CPU tensor reads the values and raises: compare the other rows with a clean call.
+    clean_queries, clean_mask = queries.nan_to_num(0.0), mask.clamp_max(0.0)
+    want = generic_attention(clean_queries, keys, values, kernel, bias, 6, "dot", clean_mask, False, "softmax", 1.0)
+    rows = torch.ones(2, 9, dtype=torch.bool, device=DEVICE)
+    rows[0, 3] = rows[1, 5] = False
+    assert torch.equal(got[2][rows], want[2][rows])
+    torch.testing.assert_close(got[0][rows], want[0][rows], rtol=1e-5, atol=1e-5)
+
+
+def test_fused_attention_writes_every_output_element_once_and_no_guard_byte_changes():
+    """Three row blocks, two channel steps; inputs between NaN guards, outputs NaN-filled inside
+    canary guards; index order and bias on (the scattered stores and the bias load)."""
+    queries, keys, generator = select_inputs(torch.float32, n=40, d=4, seed=53)
+    values, kernel, bias = attention_operands(torch.float32, queries, keys, generator, c=40, k=6)
+    mask = torch.where(torch.rand(40, 70, generator=generator) > 0.5, 0.0, float("-inf")).to(DEVICE)
+    queries, keys, values, kernel, bias, mask = between_nan_guards(queries, keys, values, kernel, bias, mask)
+    canary = 777.0
+    buffers, outputs = zip(*(guarded(shape, torch.float32, canary) for shape in ((2, 40, 40), (2, 40, 6), (2, 40, 6))))
+    for t in outputs:
+        t.fill_(float("nan"))
+    index_buffer = torch.full((2 * 40 * 6 + 128,), -5, dtype=torch.int64, device=DEVICE)
+    indices = index_buffer[64:-64].view(2, 40, 6)
+    indices.fill_(-1)
+    output, scores, weights = outputs
+    attention._attention_kernel[(3, 2)](
+        queries, keys, values, kernel, bias, mask, output, scores, indices, weights,
+        40, 70, 4, 40, 6, 0, 1.0, attention.RHO_CODES["softmax"], 1.0, 1, 1, 0,
+        SIMILARITY=0, MASK=select.ADDITIVE_MASK, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES, SLOTS=8,
+        FEATURES=16, CHANNELS=attention.CHANNELS)
+    for t in outputs:
+        assert not t.isnan().any()
+    assert (indices >= 0).all()
+    for buffer in buffers:
+        assert (buffer[:64] == canary).all() and (buffer[-64:] == canary).all()
+    assert (index_buffer[:64] == -5).all() and (index_buffer[-64:] == -5).all()
+    want = generic_attention(queries, keys, values, kernel, bias, 6, "dot", mask, True, "softmax", 1.0)
+    assert_attention_equal((output, scores, indices, weights), want, torch.float32, "guarded")
+
+
+def test_identity_attention_when_k_equals_n_through_the_fused_kernel():
+    queries, keys, values = attention_inputs(54)
+    ones = torch.ones(values.shape[2], 20, device=DEVICE)
+    output = attention.attention_forward(queries, keys, values, ones, None, 20, "scaled_dot", None, False,
+                                         "softmax", 1.0)[0]
+    expected = torch.softmax(queries @ keys.transpose(1, 2) / 8 ** 0.5, dim=-1) @ values
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("radius", [1, 3, 5])
+def test_identity_depthwise_convolution_recovery_through_the_fused_kernel(radius):
+    """Coordinates only, chebyshev, K = R^2, index order, uniform rho, the depthwise convolution's
+    weights as kernel: conv2d with 'same' padding and groups = C, in float32."""
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(60 + radius)
+    b, c, h, w, pad = 2, 3, 5, 6, radius // 2
+    x = torch.randn(b, c, h, w, generator=generator)
+    weight = torch.randn(c, 1, radius, radius, generator=generator)
+    bias = torch.randn(c, generator=generator)
+    padded = F.pad(x, (pad, pad, pad, pad))
+    values = padded.flatten(2).transpose(1, 2).contiguous()
+    keys = grid_coordinates(h + 2 * pad, w + 2 * pad).expand(b, -1, -1).contiguous()
+    queries = grid_coordinates(h, w, offset=pad).expand(b, -1, -1).contiguous()
+    k = radius * radius
+    output = attention.attention_forward(queries.to(DEVICE), keys.to(DEVICE), values.to(DEVICE),
+                                         weight.reshape(c, k).to(DEVICE), bias.to(DEVICE), k, "chebyshev", None,
+                                         True, "uniform", 1.0)[0]
+    expected = F.conv2d(padded, weight, bias, groups=c).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(output.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_rho_codes_are_the_cpp_rho_names():
+    assert list(attention.RHO_CODES) == list(ops.rho_names())
+    assert list(attention.RHO_CODES.values()) == list(range(len(attention.RHO_CODES)))
+
+
+def test_the_fused_attention_registration_answers_nothing_where_the_kernel_does_not_apply(monkeypatch):
+    """register.knn_attention_device_fused (what the C++ CUDA knn_attention asks first) on CPU
+    tensors: the fused kernel's four outputs where it applies, after the first-call check; an empty
+    list (the C++ side composes then) for float64, a standard kernel, K above 64, the generic
+    switch and the debug switch; the C++ shape rules with the C++ message."""
+    monkeypatch.setattr(register, "verified", {})
+    launched = []
+    monkeypatch.setattr(attention, "attention_forward",
+                        lambda *args, original=attention.attention_forward: launched.append(1) or original(*args))
+    queries, keys, generator = select_inputs(torch.float32, d=4, seed=55)
+    values, kernel, bias = attention_operands(torch.float32, queries, keys, generator)
+    args = (queries, keys, values, kernel, bias, 6, "l1", None, True, "mean", 1.0)
+    got = register.knn_attention_device_fused(*args)
+    assert len(got) == 4 and len(launched) == 3  # the first-call check's two and the call's own
+    assert_attention_equal(got, generic_attention(*args), torch.float32, "registered")
+    launched.clear()
+    as_double = tuple(t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args)
+    standard = torch.randn(4, 6, 6, generator=generator).to(DEVICE)
+    wide = attention_operands(torch.float32, queries, keys, generator, k=65)[1]
+    assert register.knn_attention_device_fused(*as_double) == []
+    assert register.knn_attention_device_fused(*args[:3], standard, None, *args[5:]) == []
+    assert register.knn_attention_device_fused(*args[:3], wide, None, 65, *args[6:]) == []
+    for variable, value in (("CONVNN_CUDA_KERNELS", "generic"), ("CONVNN_DEVICE_VALUE_CHECKS", "1")):
+        monkeypatch.setenv(variable, value)
+        assert register.knn_attention_device_fused(*args) == []
+        monkeypatch.delenv(variable)
+    assert not launched
+    with pytest.raises(RuntimeError, match="knn_attention"):
+        register.knn_attention_device_fused(*args[:3], kernel[:, :5], *args[4:])

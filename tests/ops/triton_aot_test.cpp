@@ -14,7 +14,9 @@
 #include <vector>
 
 #ifdef CONVNN_TRITON_AOT
+#include "convnn/ops/knn_ops.h"
 #include "ops/cuda/triton/aggregate_launches.h"
+#include "ops/cuda/triton/attention_launches.h"
 #include "ops/cuda/triton/compiled_kernels.h"
 #include "ops/cuda/triton/first_call_check.h"
 #include "ops/cuda/triton/select_launches.h"
@@ -47,16 +49,17 @@ const triton::CompiledKernel* entry(const std::string& key, int arch, triton::Im
 TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   const auto keys = every_key();
   // 30 aggregation specialisations, 72 of knn_select (6 similarities x 4 widths x 3 mask kinds), 12
-  // of its backward (3 kernels x 4 similarities).
-  EXPECT_EQ(keys.size(), 30u + 72u + 12u);
+  // of its backward (3 kernels x 4 similarities), 72 of the fused knn_attention (as knn_select).
+  EXPECT_EQ(keys.size(), 30u + 72u + 12u + 72u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
       ASSERT_NE(cubin, nullptr) << key << " sm_" << arch;
       ASSERT_GT(cubin->image_bytes, 4u);
       EXPECT_EQ(std::string(cubin->image, 4), "\x7f" "ELF") << key << " sm_" << arch;
-      EXPECT_EQ(cubin->num_warps, key.rfind("select ", 0) == 0 && key.find("backward") == std::string::npos ? 8 : 4)
-          << key;
+      const bool running_top_k = (key.rfind("select ", 0) == 0 && key.find("backward") == std::string::npos) ||
+                                 key.rfind("attention ", 0) == 0;
+      EXPECT_EQ(cubin->num_warps, running_top_k ? 8 : 4) << key;
       EXPECT_LE(cubin->shared_bytes, 48 * 1024) << key;
       // Triton's two scratch pointers close every parameter list.
       const std::string parameters = cubin->parameters;
@@ -263,10 +266,49 @@ TEST(TritonAot, SelectInIndexOrderSortsTheKernelsSlotsByIndexAndKeepsTheirScores
   }
 }
 
+TEST(TritonAot, EveryFusedAttentionLaunchPassesTheParametersTheCompiledKernelDeclares) {
+  const int64_t g = 3, n = 21, m = 70, d = 5, c = 37;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const auto queries = torch::randn({g, n, d}).to(dtype), keys = torch::randn({g, m, d}).to(dtype);
+    const auto values = torch::randn({g, m, c}).to(dtype);
+    const std::vector<torch::Tensor> masks{torch::Tensor(), torch::rand({n, m}) > 0.3,
+                                           torch::zeros({g, n, m}).to(dtype)};
+    for (const auto similarity : kSimilarities) {
+      for (const auto& mask : masks) {
+        for (const int64_t k : {1, 9, 64}) {
+          for (const auto rho : {convnn::Rho::Uniform, convnn::Rho::Mean, convnn::Rho::Softmax}) {
+            Recorder recorder;
+            const auto kernel = torch::randn({c, k}).to(dtype);
+            const auto bias = rho == convnn::Rho::Mean ? torch::randn({c}).to(dtype) : torch::Tensor();
+            const auto [output, scores, indices, weights] = triton::attention_forward(
+                queries, keys, values, kernel, bias, k, similarity, mask, /*index_order=*/k == 9, rho, 0.5,
+                recorder.runner());
+            ASSERT_EQ(recorder.launches.size(), 1u);
+            EXPECT_EQ(recorder.launches[0].key.rfind("attention ", 0), 0u);
+            EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::kSelectBlocks.rows));
+            EXPECT_EQ(recorder.launches[0].grid.y, g) << "one program column per slice";
+            EXPECT_EQ(output.sizes(), (std::vector<int64_t>{g, n, c}));
+            EXPECT_EQ(output.scalar_type(), dtype);
+            EXPECT_EQ(weights.scalar_type(), dtype);
+            EXPECT_EQ(indices.sizes(), (std::vector<int64_t>{g, n, k}));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(TritonAot, TheFusedAttentionTakesDepthwiseKernelsOnly) {
+  const auto queries = torch::randn({2, 9, 4}), keys = torch::randn({2, 70, 4}), values = torch::randn({2, 70, 5});
+  EXPECT_TRUE(triton::attention_fits(queries, keys, values, torch::randn({5, 6}), 6));
+  EXPECT_FALSE(triton::attention_fits(queries, keys, values, torch::randn({3, 5, 6}), 6)) << "a standard kernel";
+  EXPECT_FALSE(triton::attention_fits(queries, keys, values, torch::randn({5, 65}), 65)) << "K above 64";
+}
+
 TEST(TritonAot, TheCoreOpsHaveCudaKernelsInThisBuild) {
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const char* op : {"convnn::knn_select", "convnn::knn_select_backward", "convnn::knn_aggregate",
-                         "convnn::knn_aggregate_backward"}) {
+                         "convnn::knn_aggregate_backward", "convnn::knn_attention_device_fused"}) {
     EXPECT_TRUE(dispatcher.findSchemaOrThrow(op, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA)) << op;
   }
 }
@@ -329,6 +371,44 @@ TEST(TritonAotCuda, SelectPicksTheGenericPathsIndicesAndItsBackwardEqualsTheGene
     EXPECT_TRUE(torch::allclose(std::get<0>(fused), std::get<0>(want), 1e-4, 1e-5)) << convnn::to_string(similarity);
     EXPECT_TRUE(torch::allclose(std::get<1>(fused), std::get<1>(want), 1e-4, 1e-5)) << convnn::to_string(similarity);
   }
+}
+
+// On a GPU: the fused knn_attention on integer-valued features picks exactly the generic path's
+// indices, and its other outputs equal the generic ones to rounding, for every similarity, rho and
+// mask kind, in both slot orders; knn_attention on CUDA tensors runs it.
+TEST(TritonAotCuda, FusedAttentionEqualsTheGenericPath) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto on_gpu = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t g = 3, n = 40, m = 150, d = 4, c = 40;
+  const auto queries = torch::randint(-3, 4, {g, n, d}, on_gpu), keys = torch::randint(-3, 4, {g, m, d}, on_gpu);
+  const auto values = torch::randn({g, m, c}, on_gpu), kernel = torch::randn({c, 9}, on_gpu);
+  const auto bias = torch::randn({c}, on_gpu);
+  const std::vector<torch::Tensor> masks{torch::Tensor(), torch::rand({g, n, m}, on_gpu) > 0.3,
+                                         torch::where(torch::rand({n, m}, on_gpu) > 0.5, 0.0, -INFINITY)};
+  for (const auto similarity : kSimilarities) {
+    for (const auto rho : {convnn::Rho::Uniform, convnn::Rho::Mean, convnn::Rho::Softmax}) {
+      for (const auto& mask : masks) {
+        for (const bool index_order : {false, true}) {
+          const auto mask_arg = mask.defined() ? c10::optional<torch::Tensor>(mask) : c10::nullopt;
+          const auto fused = triton::attention_forward(queries, keys, values, kernel, bias, 9, similarity, mask,
+                                                       index_order, rho, 0.5);
+          const auto want = convnn::ops::generic::knn_attention(queries, keys, values, kernel, bias, 9,
+                                                                convnn::to_string(similarity), mask_arg, index_order,
+                                                                convnn::to_string(rho), 0.5);
+          const std::string what = std::string(convnn::to_string(similarity)) + " " + convnn::to_string(rho);
+          EXPECT_TRUE(torch::equal(std::get<2>(fused), std::get<2>(want))) << what;
+          EXPECT_TRUE(torch::allclose(std::get<0>(fused), std::get<0>(want), 1e-5, 1e-5)) << what;
+          EXPECT_TRUE(torch::allclose(std::get<1>(fused), std::get<1>(want), 1e-5, 0.0, true)) << what;
+          EXPECT_TRUE(torch::allclose(std::get<3>(fused), std::get<3>(want), 1e-5, 1e-6)) << what;
+        }
+      }
+    }
+  }
+  const auto through_the_op = convnn::ops::knn_attention(queries, keys, values, kernel, bias, 9, "scaled_dot",
+                                                         c10::nullopt, false, "softmax", 1.0);
+  const auto direct = triton::attention_forward(queries, keys, values, kernel, bias, 9, convnn::Similarity::ScaledDot,
+                                                torch::Tensor(), false, convnn::Rho::Softmax, 1.0);
+  EXPECT_TRUE(torch::equal(std::get<0>(through_the_op), std::get<0>(direct))) << "knn_attention runs the fused kernel";
 }
 
 #else

@@ -1,7 +1,8 @@
 """The Triton kernels as the CUDA kernels of the core ops, registered from Python (issue 25 §3's
 Python route): on a CUDA tensor, torch.ops.convnn.knn_select runs python/convnn/_triton/select.py
 (K up to 64), its backward the pair-gradient kernels (pair_gradients.py) or, for dot products, the
-aggregation kernels, and knn_aggregate and
+aggregation kernels, knn_attention the fused kernel of attention.py (through
+convnn::knn_attention_device_fused, which the C++ CUDA knn_attention asks first), and knn_aggregate and
 knn_aggregate_backward run python/convnn/_triton/aggregate.py where it applies (float32, bfloat16 or float16; every tensor on
 the values' device; depthwise and standard kernels) and the device-generic path (the op's
 CompositeExplicitAutograd kernel, src/ops/generic) everywhere else, so no legal input is refused.
@@ -91,7 +92,7 @@ def first_call_check(device, dtype):
         for name, got, want in zip(("values", "weights", "kernel", "bias"), fused, expected):
             if not torch.allclose(got.float(), want.float(), **tolerance):
                 return f"knn_aggregate_backward ({kind}, d {name})"
-    return _select_check(device, dtype)  # after the aggregation's: its backward runs on them
+    return _select_check(device, dtype) or _attention_check(device, dtype)  # the select backward runs on the aggregation
 
 
 def _select_check(device, dtype):
@@ -126,6 +127,29 @@ def _select_check(device, dtype):
     return None
 
 
+def _attention_check(device, dtype):
+    """The fused knn_attention on integer-valued features (D = 4: every score exact): the same
+    indices as the generic path, the rest to rounding, with softmax and index order."""
+    from . import attention
+
+    generator = torch.Generator().manual_seed(2)
+    queries = torch.randint(-3, 4, (2, 9, 4), generator=generator).to(device=device, dtype=dtype)
+    keys = torch.randint(-3, 4, (2, 70, 4), generator=generator).to(device=device, dtype=dtype)
+    values = torch.randn(2, 70, 5, generator=generator).to(device=device, dtype=dtype)
+    kernel, bias = (torch.randn(*shape, generator=generator).to(device=device, dtype=dtype) for shape in ((5, 6), (5,)))
+    mask = (torch.rand(9, 70, generator=generator) > 0.3).to(device)
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    for similarity in ("scaled_dot", "l1"):
+        args = (queries, keys, values, kernel, bias, 6, similarity, mask, True, "softmax", 0.5)
+        fused = attention.attention_forward(*args)
+        expected = generic(_ops.knn_attention.default, *args)
+        if not (torch.equal(fused[2], expected[2]) and
+                all(torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance)
+                    for a, b in zip(fused[:2] + fused[3:], expected[:2] + expected[3:]))):
+            return f"knn_attention ({similarity})"
+    return None
+
+
 def device_value_checks():
     """Whether the ops read values on accelerators too (CONVNN_DEVICE_VALUE_CHECKS=1, the debug
     switch of src/ops/checks.cpp): then an unrankable score raises, which only the generic path
@@ -154,6 +178,22 @@ def knn_select_backward(grad_scores, queries, keys, indices, scores, similarity)
                                   indices.contiguous(), scores.contiguous(), similarity)
 
 
+def knn_attention_device_fused(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature):
+    """convnn::knn_attention_device_fused on CUDA: the fused kernel's (output, scores, indices,
+    weights), or [] where it does not apply; the C++ CUDA knn_attention then composes the core ops."""
+    from . import attention
+
+    if not (_fused_applies(queries, (keys, values, kernel, bias, mask))
+            and attention.applies(queries, keys, values, kernel, k, similarity, rho) and not device_value_checks()):
+        return []
+    check_shapes(_ops.knn_attention.default, queries, keys, values, kernel, bias, k, similarity, mask, index_order,
+                 rho, temperature)
+    return list(attention.attention_forward(
+        queries.contiguous(), keys.contiguous(), values.contiguous(), kernel.contiguous(),
+        None if bias is None else bias.contiguous(), k, similarity, None if mask is None else mask.contiguous(),
+        index_order, rho, temperature))
+
+
 def knn_aggregate(values, weights, indices, kernel, bias):
     if not _fused_applies(values, (weights, indices, kernel, bias)):
         return generic(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
@@ -176,11 +216,12 @@ def knn_aggregate_backward(grad_output, values, weights, indices, kernel, output
 
 
 def register():
-    """The CUDA kernels of knn_select and its backward, knn_aggregate and its backward. Triton
-    compiles on first use."""
+    """The CUDA kernels of knn_select and its backward, knn_aggregate and its backward, and the fused
+    knn_attention (knn_attention_device_fused). Triton compiles on first use."""
     # A libconvnn_ops built with the embedded Triton kernels (src/ops/cuda/triton/, the C++ CUDA
     # build; not the package's own) has CUDA kernels for these ops already: the same kernels, kept.
     for name, kernel in (("knn_select", knn_select), ("knn_select_backward", knn_select_backward),
-                         ("knn_aggregate", knn_aggregate), ("knn_aggregate_backward", knn_aggregate_backward)):
+                         ("knn_aggregate", knn_aggregate), ("knn_aggregate_backward", knn_aggregate_backward),
+                         ("knn_attention_device_fused", knn_attention_device_fused)):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"convnn::{name}", "CUDA"):
             torch.library.register_kernel(f"convnn::{name}", "cuda", kernel)

@@ -102,19 +102,12 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
 
 
 @triton.jit
-def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, root,
+def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, root,
                    SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                    SLOTS: tl.constexpr, FEATURES: tl.constexpr):
-    # Slots by descending key (select_forward reorders them by index where asked). Queries, keys,
-    # an additive mask and the scores are float32 (select_forward converts): one compiled kernel
-    # per similarity, slot width and mask kind serves every dtype and order, which keeps the images
-    # the C++ library embeds few (scripts/triton_aot.py). The mask kind stays a compile-time
-    # choice: as a runtime one, ptxas spilled 8-24 bytes at K <= 16 and 64 (sm_80 and sm_90), and
-    # so did a runtime index-order pass in the kernel (16 bytes, the distances at K <= 16, sm_80).
-    block = tl.program_id(0)
-    g = tl.program_id(1).to(tl.int64)
-    rows = block * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n
+    """The K best candidates of each of the ROWS query rows of slice g, best first: (keys [ROWS,
+    SLOTS] float32, indices [ROWS, SLOTS] int32, unrankable [ROWS]: rows that met a NaN or +inf key).
+    Shared by the select kernel and the fused attention kernel (attention.py)."""
     q_rows = g * n + rows
     slots = tl.arange(0, SLOTS)
     none = m  # the index of an empty slot: after every candidate, so any candidate beats it
@@ -173,11 +166,39 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
                 slot += 1
             top_keys, top_index = merged_keys, merged_index
         first += CANDIDATES
+    return top_keys, top_index, unrankable
+
+
+@triton.jit
+def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
+    """The scores the op reports for ranking keys: exp(key) for the distances (exp(-distance); a
+    masked slot reports -inf on every path), NaN in unrankable rows."""
     scores = top_keys
-    if SIMILARITY >= 3:  # exp(-distance); a masked slot reports -inf on every path
+    if SIMILARITY >= 3:
         scores = tl.where(top_keys == float("-inf"), float("-inf"), tl.exp(top_keys))
-    scores = tl.where(unrankable[:, None] != 0, float("nan"), scores)
-    out = q_rows[:, None] * k + slots[None, :]
+    return tl.where(unrankable[:, None] != 0, float("nan"), scores)
+
+
+@triton.jit
+def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, root,
+                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
+                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+    # Slots by descending key (select_forward reorders them by index where asked). Queries, keys,
+    # an additive mask and the scores are float32 (select_forward converts): one compiled kernel
+    # per similarity, slot width and mask kind serves every dtype and order, which keeps the images
+    # the C++ library embeds few (scripts/triton_aot.py). The mask kind stays a compile-time
+    # choice: as a runtime one, ptxas spilled 8-24 bytes at K <= 16 and 64 (sm_80 and sm_90), and
+    # so did a runtime index-order pass in the kernel (16 bytes, the distances at K <= 16, sm_80).
+    block = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n
+    top_keys, top_index, unrankable = _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
+                                                     mask_slice_stride, root, SIMILARITY, MASK, ROWS, CANDIDATES,
+                                                     SLOTS, FEATURES)
+    scores = _reported_scores(top_keys, unrankable, SIMILARITY)
+    slots = tl.arange(0, SLOTS)
+    out = (g * n + rows)[:, None] * k + slots[None, :]
     written = row_ok[:, None] & (slots[None, :] < k)
     tl.store(scores_ptr + out, scores.to(scores_ptr.dtype.element_ty), mask=written)
     tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)
@@ -205,23 +226,33 @@ def select_forward(queries, keys, k, similarity, mask, index_order):
     indices = torch.empty((g, n, k), dtype=torch.int64, device=queries.device)
     if scores.numel() == 0:
         return scores.to(queries.dtype), indices
-    code = SIMILARITY_CODES[similarity]
     dtype = queries.dtype
-    queries, keys = queries.float().contiguous(), keys.float().contiguous()
-    if code == SIMILARITY_CODES["cosine"]:
-        queries, keys = unit_rows(queries), unit_rows(keys)
-    mask_kind = NO_MASK if mask is None else BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
-    mask_slice_stride = 0 if mask is None or mask.dim() == 2 else n * m
-    # An additive mask in float32, the type the keys rank in (as the C++ ops convert it).
-    mask = queries if mask is None else mask.float().contiguous() if mask_kind == ADDITIVE_MASK else mask
-    # sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)) (exact in the float32 argument).
-    root = float(torch.tensor(float(d), dtype=torch.float32).sqrt()) if code == 1 else 1.0
+    queries, keys, mask, mask_kind, mask_slice_stride, root = ranking_operands(queries, keys, mask, similarity)
     _select_kernel[(triton.cdiv(n, ROWS), g)](queries, keys, mask, scores, indices, n, m, d, k, mask_slice_stride,
-                                             root, SIMILARITY=code, MASK=mask_kind, ROWS=ROWS, CANDIDATES=CANDIDATES,
-                                             SLOTS=slots_for(k), FEATURES=features_for(d), **COMPILE_OPTIONS)
+                                             root, SIMILARITY=SIMILARITY_CODES[similarity], MASK=mask_kind, ROWS=ROWS,
+                                             CANDIDATES=CANDIDATES, SLOTS=slots_for(k), FEATURES=features_for(d),
+                                             **COMPILE_OPTIONS)
     if index_order:
         scores, indices = by_index(scores, indices)
     return scores.to(dtype), indices
+
+
+def ranking_operands(queries, keys, mask, similarity):
+    """What the running top-K takes (the select and the fused attention kernels): (queries, keys,
+    mask, mask kind, mask slice stride, root). Queries and keys in float32 (half precision exactly),
+    unit rows for cosine; a mask as given if bool, in float32 if additive (the type the keys rank in,
+    as the C++ ops convert it), the queries as a placeholder if none; root = sqrt(D) rounded to
+    float32 for scaled_dot, as the CPU's std::sqrt(float(D)) (exact in the float32 argument)."""
+    g, n, d = queries.shape
+    m = keys.shape[1]
+    queries, keys = queries.float().contiguous(), keys.float().contiguous()
+    if similarity == "cosine":
+        queries, keys = unit_rows(queries), unit_rows(keys)
+    mask_kind = NO_MASK if mask is None else BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
+    mask_slice_stride = 0 if mask is None or mask.dim() == 2 else n * m
+    mask = queries if mask is None else mask.float().contiguous() if mask_kind == ADDITIVE_MASK else mask
+    root = float(torch.tensor(float(d), dtype=torch.float32).sqrt()) if similarity == "scaled_dot" else 1.0
+    return queries, keys, mask, mask_kind, mask_slice_stride, root
 
 
 def by_index(scores, indices):

@@ -1,4 +1,7 @@
-// knn_attention and its backward under the CUDA dispatch key. Where the device has kernels of its
+// knn_attention and its backward under the CUDA dispatch key. Where the device has a fused
+// knn_attention kernel for the inputs (convnn::knn_attention_device_fused, defined here: the Triton
+// kernel of python/convnn/_triton/attention.py, embedded in a CUDA build of this library or
+// registered by the Python package), the forward is that one kernel. Otherwise, where the device has kernels of its
 // own for the core ops (the Triton kernels: knn_select and knn_aggregate registered from Python by
 // python/convnn/_triton/register.py, or knn_aggregate embedded in this library by a CUDA build,
 // src/ops/cuda/triton/), the attention is their composition through the dispatcher, so that a
@@ -10,7 +13,9 @@
 #include <torch/library.h>
 
 #include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "convnn/ops/knn_ops.h"
 #include "ops/reference/rho_forms.h"
@@ -19,7 +24,33 @@
 #include "ops/generic/generic.h"
 #include "ops/generic/internal.h"
 
+// A device's single-kernel knn_attention forward, registered only where a device has one: its four
+// outputs, or an empty list for inputs it does not take (the caller composes then). It is called
+// by the device's knn_attention kernel after that op's checks, below autograd.
+TORCH_LIBRARY_FRAGMENT(convnn, m) {
+  m.def("knn_attention_device_fused(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias, "
+        "int k, str similarity, Tensor? mask, bool index_order, str rho, float temperature) -> Tensor[]");
+}
+
 namespace convnn::ops::cuda {
+
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device_fused_attention(
+    c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
+    const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature) {
+  static const auto fused = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_attention_device_fused", "");
+  if (!fused.hasKernelForDispatchKey(key)) return std::nullopt;
+  checks::check_attention_inputs(queries, keys, values, kernel, bias, k, similarity, mask, rho, temperature);
+  static const auto call =
+      fused.typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const c10::optional<at::Tensor>&, int64_t, c10::string_view,
+                                          const c10::optional<at::Tensor>&, bool, c10::string_view, double)>();
+  auto outputs = call.call(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature);
+  if (outputs.empty()) return std::nullopt;
+  TORCH_CHECK(outputs.size() == 4, "knn_attention_device_fused: a device kernel returned ", outputs.size(),
+              " tensors, not the 4 of knn_attention (output, scores, indices, weights)");
+  return std::make_tuple(outputs[0], outputs[1], outputs[2], outputs[3]);
+}
 
 bool has_device_kernels(c10::DispatchKey key) {
   static const auto select = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_select", "");
@@ -90,6 +121,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_attention(
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
     c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
     c10::string_view rho, double temperature) {
+  if (auto fused = device_fused_attention(c10::DispatchKey::CUDA, queries, keys, values, kernel, bias, k, similarity,
+                                          mask, index_order, rho, temperature)) {
+    return *fused;
+  }
   if (!has_device_kernels(c10::DispatchKey::CUDA)) {
     return generic::knn_attention(queries, keys, values, kernel, bias, k, similarity, mask,
                                   index_order, rho, temperature);

@@ -5,6 +5,7 @@
 #include <c10/util/string_view.h>
 
 #include <array>
+#include <optional>
 #include <tuple>
 
 namespace convnn::ops::cuda {
@@ -13,6 +14,14 @@ namespace convnn::ops::cuda {
 // the Python package registers for CUDA tensors). Asked at every call: they may be registered
 // after the first one.
 bool has_device_kernels(c10::DispatchKey key);
+
+// The device's fused knn_attention forward (convnn::knn_attention_device_fused) for these inputs,
+// after knn_attention's checks; nothing where the device has no such kernel or it does not take
+// the inputs.
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device_fused_attention(
+    c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
+    const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature);
 
 // knn_select -> rho -> knn_aggregate through the dispatcher, each step the device's kernel (the
 // same arguments and results as convnn::knn_attention). Takes tensors of any device, so that the

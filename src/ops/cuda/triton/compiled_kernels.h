@@ -1,5 +1,5 @@
 #pragma once
-// The Triton kernels of python/convnn/_triton (aggregate.py, select.py, pair_gradients.py), compiled ahead of time by
+// The Triton kernels of python/convnn/_triton (aggregate.py, select.py, pair_gradients.py, attention.py), compiled ahead of time by
 // scripts/triton_aot.py at build time (no GPU needed) and embedded in libconvnn_ops: the table
 // that the generated source defines. Plain data, no CUDA types, so tests read it anywhere.
 #include <cstddef>
@@ -49,6 +49,15 @@ struct PairGradientBlocks {
   int64_t coefficients;
 };
 extern const PairGradientBlocks kPairGradientBlocks;
+
+// From attention.py: value channels per aggregation step, and the codes of rho (RHO_CODES) and of
+// the op's dtype (DTYPE_CODES) that the fused attention kernel takes.
+struct AttentionCodes {
+  int64_t channels;
+  int uniform, mean, softmax;
+  int float32, bfloat16, float16;
+};
+extern const AttentionCodes kAttentionCodes;
 
 /// The image to load for `key` on a GPU of compute capability major.minor: the cubin of the
 /// same major version and the highest minor not above the GPU's; for a GPU newer than every cubin,

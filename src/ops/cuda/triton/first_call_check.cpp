@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "ops/cuda/triton/aggregate_launches.h"
+#include "ops/cuda/triton/attention_launches.h"
 #include "ops/cuda/triton/select_launches.h"
 #include "ops/generic/generic.h"
 
@@ -84,12 +85,36 @@ std::optional<std::string> select_check(const c10::Device& device, at::ScalarTyp
   return std::nullopt;
 }
 
+// The fused knn_attention on integer-valued features (D = 4: every score exact): the generic path's
+// indices, the rest to rounding, with softmax, a bool mask, index order and a bias.
+std::optional<std::string> attention_check(const c10::Device& device, at::ScalarType dtype, double tolerance) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(2);
+  const auto on_device = at::TensorOptions().device(device).dtype(dtype);
+  const auto queries = at::randint(-3, 4, {2, 9, 4}, generator).to(on_device);
+  const auto keys = at::randint(-3, 4, {2, 70, 4}, generator).to(on_device);
+  const auto values = at::randn({2, 70, 5}, generator).to(on_device);
+  const auto kernel = at::randn({5, 6}, generator).to(on_device), bias = at::randn({5}, generator).to(on_device);
+  const auto mask = (at::rand({9, 70}, generator) > 0.3).to(device);
+  for (const auto similarity : {Similarity::ScaledDot, Similarity::L1}) {
+    const auto fused = attention_forward(queries, keys, values, kernel, bias, 6, similarity, mask, true, Rho::Softmax, 0.5);
+    const auto want = generic::knn_attention(queries, keys, values, kernel, bias, 6, to_string(similarity), mask, true,
+                                             "softmax", 0.5);
+    if (!at::equal(std::get<2>(fused), std::get<2>(want)) || !close(std::get<0>(fused), std::get<0>(want), tolerance) ||
+        !close(std::get<1>(fused), std::get<1>(want), tolerance) ||
+        !close(std::get<3>(fused), std::get<3>(want), tolerance)) {
+      return std::string("knn_attention (") + to_string(similarity) + ")";
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> first_call_check(const c10::Device& device, at::ScalarType dtype) {
   const double tolerance = dtype == at::kFloat ? 1e-4 : 5e-2;
   if (auto failure = aggregate_check(device, dtype, tolerance)) return failure;
-  return select_check(device, dtype, tolerance);  // after the aggregation's: the backward runs on it
+  if (auto failure = select_check(device, dtype, tolerance)) return failure;  // its backward runs on the aggregation
+  return attention_check(device, dtype, tolerance);
 }
 
 }  // namespace convnn::ops::cuda::triton

@@ -46,4 +46,13 @@ bool device_verified(const at::Tensor& t) {
   return !failure;
 }
 
+bool fused_dtype(at::ScalarType dtype) { return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf; }
+
+bool on_one_device(const at::Tensor& first, std::initializer_list<at::Tensor> others) {
+  for (const auto& t : others) {
+    if (t.defined() && t.device() != first.device()) return false;
+  }
+  return true;
+}
+
 }  // namespace convnn::ops::cuda::triton

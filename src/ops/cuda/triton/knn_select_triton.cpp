@@ -9,7 +9,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <initializer_list>
 #include <string>
 #include <tuple>
 
@@ -20,17 +19,6 @@
 
 namespace convnn::ops::cuda::triton {
 namespace {
-
-bool on_one_device(const at::Tensor& first, std::initializer_list<at::Tensor> others) {
-  for (const auto& t : others) {
-    if (t.defined() && t.device() != first.device()) return false;
-  }
-  return true;
-}
-
-bool fused_dtype(at::ScalarType dtype) {
-  return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
-}
 
 std::tuple<at::Tensor, at::Tensor> cuda_select(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
                                                c10::string_view similarity_name,

@@ -30,7 +30,7 @@ class KernelArguments {
   const void* pointer_at(std::size_t index) const;
 
  private:
-  static constexpr int kMaxArguments = 16;
+  static constexpr int kMaxArguments = 24;  // the fused attention kernel takes 22
   union Slot {
     const void* pointer;
     int32_t int32;

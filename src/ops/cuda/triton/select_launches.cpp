@@ -25,11 +25,6 @@ const char* mask_name(int kind) {
   return kind == kSelectBlocks.no_mask ? "no mask" : kind == kSelectBlocks.bool_mask ? "bool mask" : "additive mask";
 }
 
-// The specialisation keys, as scripts/triton_compile_check.py names them.
-std::string select_key(Similarity similarity, int64_t slots, int mask_kind) {
-  return std::string("select ") + to_string(similarity) + " K<=" + std::to_string(slots) + " " + mask_name(mask_kind);
-}
-
 std::string pair_key(const char* kind, Similarity similarity) {
   return std::string("select backward ") + kind + " " + to_string(similarity);
 }
@@ -40,14 +35,9 @@ bool is_dot_product(Similarity similarity) {
 
 // Every key a call can launch: the forward's, and the backward's pair-gradient kernels.
 std::vector<std::string> every_select_key() {
-  std::vector<std::string> keys;
+  std::vector<std::string> keys = top_k_keys("select");
   for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
     const auto similarity = static_cast<Similarity>(value);
-    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
-      for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
-        keys.push_back(select_key(similarity, slots, mask));
-      }
-    }
     if (!is_dot_product(similarity)) {
       for (const char* kind : {"coefficients", "d queries", "d keys"}) keys.push_back(pair_key(kind, similarity));
     }
@@ -61,6 +51,45 @@ at::Tensor unit_rows(const at::Tensor& x) {
 }
 
 }  // namespace
+
+std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind) {
+  return std::string(kernel) + " " + to_string(similarity) + " K<=" + std::to_string(slots_for(k)) + " " +
+         mask_name(mask_kind);
+}
+
+std::vector<std::string> top_k_keys(const char* kernel) {
+  std::vector<std::string> keys;
+  for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
+    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+      for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
+        keys.push_back(top_k_key(kernel, static_cast<Similarity>(value), slots, mask));
+      }
+    }
+  }
+  return keys;
+}
+
+RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor& keys_in, const at::Tensor& mask_in,
+                                 Similarity similarity) {
+  RankingOperands operands;
+  operands.queries = queries_in.to(at::kFloat).contiguous();
+  operands.keys = keys_in.to(at::kFloat).contiguous();
+  if (similarity == Similarity::Cosine) {
+    operands.queries = unit_rows(operands.queries);
+    operands.keys = unit_rows(operands.keys);
+  }
+  operands.mask_kind = !mask_in.defined()                      ? kSelectBlocks.no_mask
+                       : mask_in.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
+                                                              : kSelectBlocks.additive_mask;
+  // An additive mask in float32, the type the keys rank in (as the other paths convert it).
+  operands.mask = !mask_in.defined() ? operands.queries
+                  : operands.mask_kind == kSelectBlocks.additive_mask ? mask_in.to(at::kFloat).contiguous()
+                                                                      : mask_in.contiguous();
+  operands.mask_slice_stride = mask_in.defined() && mask_in.dim() == 3 ? queries_in.size(1) * keys_in.size(1) : 0;
+  // sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)).
+  operands.root = similarity == Similarity::ScaledDot ? std::sqrt(static_cast<float>(queries_in.size(2))) : 1.0f;
+  return operands;
+}
 
 bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k) {
   const int64_t g = queries.size(0), n = queries.size(1), m = keys.size(1);
@@ -81,24 +110,10 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   auto scores = at::empty({g, n, k}, queries_in.options().dtype(at::kFloat));
   auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
   if (scores.numel() == 0) return {scores.to(dtype), indices};
-  auto queries = queries_in.to(at::kFloat).contiguous(), keys = keys_in.to(at::kFloat).contiguous();
-  if (similarity == Similarity::Cosine) {
-    queries = unit_rows(queries);
-    keys = unit_rows(keys);
-  }
-  const int mask_kind = !mask_in.defined()                      ? kSelectBlocks.no_mask
-                        : mask_in.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
-                                                               : kSelectBlocks.additive_mask;
-  // An additive mask in float32, the type the keys rank in (as the other paths convert it).
-  const auto mask = !mask_in.defined() ? queries
-                    : mask_kind == kSelectBlocks.additive_mask ? mask_in.to(at::kFloat).contiguous()
-                                                               : mask_in.contiguous();
-  const int64_t mask_slice_stride = mask_in.defined() && mask_in.dim() == 3 ? n * m : 0;
-  // sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)).
-  const float root = similarity == Similarity::ScaledDot ? std::sqrt(static_cast<float>(d)) : 1.0f;
-  Launch launch{select_key(similarity, slots_for(k), mask_kind), {cdiv(n, kSelectBlocks.rows), g}, {}};
-  launch.arguments.pointer(queries).pointer(keys).pointer(mask).pointer(scores).pointer(indices)
-      .int32(n).int32(m).int32(d).int32(k).int32(mask_slice_stride).float32(root);
+  const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
+  Launch launch{top_k_key("select", similarity, k, in.mask_kind), {cdiv(n, kSelectBlocks.rows), g}, {}};
+  launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
+      .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.root);
   run(launch);
   if (index_order) {  // the same K slots by ascending index (a row's K indices are distinct)
     auto [sorted_indices, order] = indices.sort(/*dim=*/-1);

@@ -5,12 +5,32 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "convnn/ops/similarity.h"
 #include "ops/cuda/triton/aggregate_launches.h"
 
 namespace convnn::ops::cuda::triton {
+
+/// What the running top-K takes (the select and the fused attention kernels), as
+/// select.ranking_operands: queries and keys in float32 (half precision exactly), unit rows for
+/// cosine; the mask as given if bool, in float32 if additive, the queries as a placeholder if none;
+/// root = sqrt(D) rounded to float32 for scaled_dot.
+struct RankingOperands {
+  at::Tensor queries, keys, mask;
+  int mask_kind;
+  int64_t mask_slice_stride;
+  float root;
+};
+RankingOperands ranking_operands(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& mask,
+                                 Similarity similarity);
+/// The key of a running-top-K kernel ("select" or "attention") for a similarity, K and mask kind, as
+/// scripts/triton_compile_check.py names it.
+std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind);
+/// Every key of a running-top-K kernel: each similarity, width and mask kind.
+std::vector<std::string> top_k_keys(const char* kernel);
 
 /// Whether the kernels take these (checked) inputs: K within the widest running top-K, every size
 /// within 32 bits, the slices within CUDA's grid (the backward also needs aggregate_fits for the

@@ -1,0 +1,165 @@
+"""Fused GPU kernel of knn_attention's forward, in Triton (issue 25 §1): select, rho and a depthwise
+aggregation in one kernel. Per program, one slice and a block of query rows: the running top-K of
+select.py (the same jit function, so the same selection rule), then rho over the K slots and the
+weighted sum of the selected value rows, with the [G,N,K] scores, indices and weights held on chip
+until they are written once (the op returns them, and the backward reads them).
+
+    output[g, i, c] = sum over slots s of weights[g, i, s] * values[g, indices[g, i, s], c] * kernel[c, s] + bias[c]
+
+It follows the composed ops exactly (select -> rho -> knn_aggregate, as src/ops/cuda/knn_attention_composed.cpp
+composes them): rho sees the scores rounded to the op's dtype, the aggregation the weights rounded
+to it, and the slots are summed in their output order with the aggregation kernel's products
+(weight * value * tap), in float32. Rows that met a NaN or +inf score come out NaN (scores, weights
+and output), as on every path. A standard kernel [C',C,K] is not fused (its channel mixing needs a
+[C,C'] tile per slot on chip): knn_attention composes then.
+
+Written as aggregate.py and select.py: each output element written by one program, no atomics,
+every load and store masked to its tensor's extent, `while` loops over runtime bounds, ranking
+scores by tl.dot in IEEE float32. Queries, keys, values, kernel, bias and mask are float32 in the
+kernel (attention_forward converts; half precision exactly), so one compiled kernel per
+similarity, slot width and mask kind serves every dtype, rho and slot order, as the select kernel
+(scripts/triton_aot.py embeds them).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from . import select
+
+CHANNELS = 32  # value channels per step of the aggregation
+RHO_CODES = {"uniform": 0, "mean": 1, "softmax": 2}
+# The op's dtype, to which the kernel rounds the scores before rho and the weights before the
+# aggregation, as the composed ops do.
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+@triton.jit
+def _rounded(x, dtype_code):
+    """x (float32) rounded to the op's dtype and back."""
+    return tl.where(dtype_code == 1, x.to(tl.bfloat16).to(tl.float32),
+                    tl.where(dtype_code == 2, x.to(tl.float16).to(tl.float32), x))
+
+
+@triton.jit
+def _rho(scores, in_k, rho, temperature, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """Weights [ROWS, SLOTS] from scores [ROWS, SLOTS] (docs/operator.md, src/ops/reference/rho_forms.cpp):
+    masked (-inf) slots and the slots past K weigh 0; uniform 1, mean 1/(valid slots), softmax of
+    (score - largest) / temperature over the valid slots; a row with no valid slot weighs 0."""
+    valid = in_k & (scores != float("-inf"))
+    ones = valid.to(tl.float32)
+    count = tl.sum(ones, 1)
+    if rho == 0:
+        weights = ones
+    elif rho == 1:
+        weights = tl.math.div_rn(ones, tl.maximum(count, 1.0)[:, None])
+    else:
+        # The largest valid score (0 in a row with none, where every weight is 0: no -inf - -inf).
+        largest = tl.where(count > 0, tl.max(tl.where(in_k, scores, float("-inf")), 1), 0.0)
+        z = tl.math.div_rn(scores - largest[:, None], tl.full([ROWS, SLOTS], temperature, tl.float32))
+        e = tl.where(valid, tl.exp(z), 0.0)
+        total = tl.sum(e, 1)
+        weights = tl.math.div_rn(e, tl.where(count > 0, total, 1.0)[:, None])
+    return weights
+
+
+@triton.jit
+def _output_positions(top_index, in_k, k, index_order, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """Where each slot of the running top-K (best first) goes in the op's outputs: the same place,
+    or with index_order its rank among the row's K indices (they are distinct)."""
+    slots = tl.arange(0, SLOTS)
+    positions = slots[None, :] + tl.zeros([ROWS, SLOTS], tl.int32)
+    if index_order != 0:
+        slot = 0
+        while slot < k:
+            here = slots[None, :] == slot
+            index = tl.sum(tl.where(here, top_index, 0), 1)
+            rank = tl.sum((in_k & (top_index < index[:, None])).to(tl.int32), 1)
+            positions = tl.where(here, rank[:, None], positions)
+            slot += 1
+    return positions
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
+                      output_ptr, scores_ptr, indices_ptr, weights_ptr,
+                      n, m, d, c, k, mask_slice_stride, root, rho, temperature, index_order, has_bias, dtype_code,
+                      SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
+                      SLOTS: tl.constexpr, FEATURES: tl.constexpr, CHANNELS: tl.constexpr):
+    block = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n
+    top_keys, top_index, unrankable = select._running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
+                                                            mask_slice_stride, root, SIMILARITY, MASK, ROWS,
+                                                            CANDIDATES, SLOTS, FEATURES)
+    slots = tl.arange(0, SLOTS)
+    in_k = slots[None, :] < k
+    scores = _rounded(select._reported_scores(top_keys, unrankable, SIMILARITY), dtype_code)
+    weights = _rounded(_rho(scores, in_k, rho, temperature, ROWS, SLOTS), dtype_code)
+    nan_row = unrankable[:, None] != 0
+    weights = tl.where(nan_row, float("nan"), weights)
+    positions = _output_positions(top_index, in_k, k, index_order, ROWS, SLOTS)
+    q_rows = (g * n + rows).to(tl.int64)
+    out = q_rows[:, None] * k + positions
+    written = row_ok[:, None] & in_k
+    tl.store(scores_ptr + out, scores, mask=written)
+    tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)
+    tl.store(weights_ptr + out, weights, mask=written)
+    # The aggregation, CHANNELS at a time, the slots in output order (as knn_aggregate sums them).
+    first = 0
+    while first < c:
+        channels = first + tl.arange(0, CHANNELS)
+        channel_ok = channels < c
+        acc = tl.zeros([ROWS, CHANNELS], dtype=tl.float32)
+        position = 0
+        while position < k:
+            here = in_k & (positions == position)
+            index = tl.sum(tl.where(here, top_index, 0), 1)
+            weight = tl.sum(tl.where(here, weights, 0.0), 1)
+            # An unrankable row's indices may be past the candidates: read nothing there.
+            read = row_ok & (index < m)
+            neighbour = tl.load(v_ptr + (g * m + index.to(tl.int64))[:, None] * c + channels[None, :],
+                                mask=read[:, None] & channel_ok[None, :], other=0.0)
+            tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0)
+            acc += weight[:, None] * neighbour * tap[None, :]
+            position += 1
+        if has_bias != 0:
+            acc += tl.load(bias_ptr + channels, mask=channel_ok, other=0.0)[None, :]
+        acc = tl.where(nan_row, float("nan"), acc)
+        tl.store(output_ptr + q_rows[:, None] * c + channels[None, :], acc,
+                 mask=row_ok[:, None] & channel_ok[None, :])
+        first += CHANNELS
+
+
+def applies(queries, keys, values, kernel, k, similarity, rho):
+    """Whether the kernel covers this call (knn_attention composes the other ones)."""
+    g, n, _ = queries.shape
+    m, c = values.shape[1], values.shape[2]
+    return (kernel.dim() == 2 and rho in RHO_CODES and queries.dtype in DTYPE_CODES
+            and select.applies(queries, keys, k, similarity)
+            and max(queries.numel(), keys.numel(), values.numel(), g * n * max(k, c), n * m) < 2**31 - 2)
+
+
+def attention_forward(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature):
+    """(output, scores, indices, weights) as convnn::knn_attention, for inputs the caller checked
+    and applies() accepts (contiguous; mask None, bool or floating, [N,M] or [G,N,M])."""
+    g, n, d = queries.shape
+    m, c = values.shape[1], values.shape[2]
+    dtype = queries.dtype
+    as_float = dict(dtype=torch.float32, device=queries.device)
+    output = torch.empty((g, n, c), **as_float)
+    scores = torch.empty((g, n, k), **as_float)
+    weights = torch.empty((g, n, k), **as_float)
+    indices = torch.empty((g, n, k), dtype=torch.int64, device=queries.device)
+    if g * n == 0:
+        return output.to(dtype), scores.to(dtype), indices, weights.to(dtype)
+    queries, keys, mask, mask_kind, mask_slice_stride, root = select.ranking_operands(queries, keys, mask, similarity)
+    values, kernel = values.float().contiguous(), kernel.float().contiguous()
+    bias_arg = values if bias is None else bias.float().contiguous()
+    _attention_kernel[(triton.cdiv(n, select.ROWS), g)](
+        queries, keys, values, kernel, bias_arg, mask, output, scores, indices, weights,
+        n, m, d, c, k, mask_slice_stride, root, RHO_CODES[rho], float(temperature), int(index_order),
+        int(bias is not None), DTYPE_CODES[dtype],
+        SIMILARITY=select.SIMILARITY_CODES[similarity], MASK=mask_kind, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES,
+        SLOTS=select.slots_for(k), FEATURES=select.features_for(d), CHANNELS=CHANNELS, **select.COMPILE_OPTIONS)
+    return output.to(dtype), scores.to(dtype), indices, weights.to(dtype)

@@ -1,0 +1,32 @@
+#pragma once
+// The host side of the fused knn_attention Triton kernel (python/convnn/_triton/attention.py): the
+// launch that attention.attention_forward makes, made from C++ with the same grid and arguments,
+// through a LaunchRunner as in aggregate_launches.h (tests record it on CPU tensors).
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+
+#include "convnn/ops/rho.h"
+#include "convnn/ops/similarity.h"
+#include "ops/cuda/triton/aggregate_launches.h"
+
+namespace convnn::ops::cuda::triton {
+
+/// Whether the kernel takes these (checked) inputs: a depthwise kernel [C,K], K within the widest
+/// running top-K, every size within 32 bits, the slices within CUDA's grid. (A standard kernel
+/// [C',C,K] is not fused: knn_attention composes the core ops then.)
+bool attention_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                    const at::Tensor& kernel, int64_t k);
+/// Whether the GPU `device` has an image of every fused attention kernel.
+bool device_has_attention_kernels(int device);
+
+/// (output, scores, indices, weights) as convnn::knn_attention, for inputs that the caller checked
+/// and attention_fits accepts (float32, bfloat16 or float16; mask undefined, bool or floating,
+/// [N,M] or [G,N,M]). The kernel works in float32 and rounds the scores and weights to the op's
+/// dtype where the composed ops would.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
+    const at::Tensor& bias, int64_t k, Similarity similarity, const at::Tensor& mask, bool index_order, Rho rho,
+    double temperature, const LaunchRunner& run = run_on_gpu);
+
+}  // namespace convnn::ops::cuda::triton

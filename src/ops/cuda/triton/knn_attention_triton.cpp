@@ -1,0 +1,48 @@
+// convnn::knn_attention_device_fused under the CUDA dispatch key: the fused knn_attention forward,
+// the Triton kernel of python/convnn/_triton/attention.py compiled ahead of time into this library
+// (the same kernel and launch as the Python package's). The CUDA knn_attention
+// (src/ops/cuda/knn_attention_composed.cpp) asks it first, after its checks; where the kernel does not apply
+// (a standard kernel, float64, K above the widest running top-K, a size past 32 bits, a GPU with no
+// fitting image, the first-call check failed, CONVNN_CUDA_KERNELS=generic, the debug switch
+// CONVNN_DEVICE_VALUE_CHECKS=1) it answers with no tensors and knn_attention composes the core ops.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "ops/checks.h"
+#include "ops/cuda/triton/attention_launches.h"
+#include "ops/cuda/triton/fused_choice.h"
+
+namespace convnn::ops::cuda::triton {
+namespace {
+
+std::vector<at::Tensor> cuda_attention_fused(const at::Tensor& queries, const at::Tensor& keys,
+                                             const at::Tensor& values, const at::Tensor& kernel,
+                                             const c10::optional<at::Tensor>& bias, int64_t k,
+                                             c10::string_view similarity_name, const c10::optional<at::Tensor>& mask,
+                                             bool index_order, c10::string_view rho_name, double temperature) {
+  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k, similarity_name, mask,
+                                                      rho_name, temperature);
+  const at::Tensor mask_tensor = mask.has_value() ? *mask : at::Tensor();
+  const at::Tensor bias_tensor = bias.has_value() ? *bias : at::Tensor();
+  const auto dtype = queries.scalar_type();
+  const bool applies = fused_kernels_chosen() && fused_dtype(dtype) &&
+                       on_one_device(queries, {keys, values, kernel, bias_tensor, mask_tensor}) &&
+                       !checks::reads_values_of(queries) && attention_fits(queries, keys, values, kernel, k) &&
+                       device_has_attention_kernels(queries.get_device()) && device_verified(queries);
+  if (!applies) return {};
+  const c10::cuda::CUDAGuard device(queries.device());
+  auto [output, scores, indices, weights] =
+      attention_forward(queries.contiguous(), keys.contiguous(), values.contiguous(), kernel.contiguous(),
+                        bias_tensor.defined() ? bias_tensor.contiguous() : bias_tensor, k, checked.similarity,
+                        mask_tensor, index_order, checked.rho, temperature);
+  return {output, scores, indices, weights};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(convnn, CUDA, m) { m.impl("knn_attention_device_fused", &cuda_attention_fused); }
+
+}  // namespace convnn::ops::cuda::triton
