@@ -70,7 +70,7 @@ def select_specialisations(module):
 
 def attention_specialisations(module, select):
     """knn_attention's fused forward: the same variants as the select kernel (rho, slot order, bias
-    and the op's dtype are runtime arguments)."""
+    and the op's dtype are runtime arguments); its backward's softmax scores gradient at every width."""
     for suffix, mask_pointer, constexprs in top_k_variants(select):
         yield (f"attention {suffix}", module._attention_kernel,
                {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "kernel_ptr": "*fp32",
@@ -79,6 +79,14 @@ def attention_specialisations(module, select):
                 "c": "i32", "k": "i32", "mask_slice_stride": "i32", "root": "fp32", "rho": "i32",
                 "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32"},
                {**constexprs, "CHANNELS": module.CHANNELS})
+    slots = select.MIN_SLOTS
+    while slots <= select.slots_for(select.MAX_SLOTS):
+        yield (f"attention softmax scores gradient K<={slots}", module._softmax_scores_gradient_kernel,
+               {"grad_output_ptr": "*fp32", "values_ptr": "*fp32", "kernel_ptr": "*fp32", "indices_ptr": "*i64",
+                "weights_ptr": "*fp32", "grad_scores_ptr": "*fp32", "rows_total": "i32", "n": "i32", "m": "i32",
+                "c": "i32", "k": "i32", "temperature": "fp32", "dtype_code": "i32"},
+               {"ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.CHANNELS})
+        slots *= 2
 
 
 def specialisations(module):
@@ -173,7 +181,8 @@ def all_specialisations():
     every = [(*spec, DEFAULT_OPTIONS) for spec in specialisations(load_kernels("aggregate"))]
     every += [(*spec, select.COMPILE_OPTIONS) for spec in select_specialisations(select)]
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(load_kernels("pair_gradients"))]
-    every += [(*spec, select.COMPILE_OPTIONS) for spec in attention_specialisations(load_kernels("attention"), select)]
+    every += [(*spec, select.COMPILE_OPTIONS if "gradient" not in spec[0] else DEFAULT_OPTIONS)
+              for spec in attention_specialisations(load_kernels("attention"), select)]
     return every
 
 

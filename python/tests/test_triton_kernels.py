@@ -231,7 +231,8 @@ def test_a_kernel_that_disagrees_on_first_use_is_turned_off_with_one_warning(mon
 
 def test_the_kernels_are_registered_for_cuda_tensors():
     for op in (ops.knn_select.default, ops.knn_select_backward.default, ops.knn_aggregate.default,
-               ops.knn_aggregate_backward.default, ops.knn_attention_device_fused.default):
+               ops.knn_aggregate_backward.default, ops.knn_attention_device_fused.default,
+               ops.knn_attention_softmax_scores_gradient_device_fused.default):
         assert op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CUDA), op
 
 
@@ -741,3 +742,70 @@ def test_the_fused_attention_registration_answers_nothing_where_the_kernel_does_
     assert not launched
     with pytest.raises(RuntimeError, match="knn_attention"):
         register.knn_attention_device_fused(*args[:3], kernel[:, :5], *args[4:])
+
+
+@pytest.mark.parametrize("similarity", ["scaled_dot", "cosine", "l1"])
+def test_fused_softmax_scores_gradient_gives_the_generic_backwards_query_and_key_gradients(similarity):
+    """The backward's fused step (the aggregation's weights gradient and the softmax-rho backward in
+    one kernel), fed to the generic select backward, gives the generic knn_attention_backward's
+    query and key gradients: float32 to rounding, bfloat16 to a few units in the last place of the
+    largest gradient (the generic path rounds its weights gradient differently, and sums cancel)."""
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        queries, keys, generator = select_inputs(dtype, d=4, seed=56)
+        values, kernel, _ = attention_operands(dtype, queries, keys, generator, c=40, k=6)
+        mask = select_masks(2, 9, 70, generator)["bool [G,N,M] with short rows"]
+        _, scores, indices, weights = generic_attention(queries, keys, values, kernel, None, 6, similarity, mask,
+                                                        False, "softmax", 0.7)
+        grad_output = torch.randn(2, 9, 40, generator=generator).to(DEVICE, dtype)
+        grad_scores = attention.softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.7)
+        assert grad_scores.dtype == dtype
+        got = ops.knn_select_backward.default._op_dk(GENERIC, grad_scores, queries, keys, indices, scores, similarity)
+        want = ops.knn_attention_backward.default._op_dk(GENERIC, grad_output, queries, keys, values, kernel, scores,
+                                                         indices, weights, similarity, "softmax", 0.7,
+                                                         [True, True, False, False, False])
+        for name, a, b in zip(("queries", "keys"), got, want[:2]):
+            scale = float(b.double().abs().max()) if dtype == torch.bfloat16 else 1.0
+            torch.testing.assert_close(a.double(), b.double(), rtol=tolerance, atol=tolerance * scale,
+                                       msg=lambda m: f"{similarity} {dtype} d {name}: {m}")
+
+
+def test_fused_softmax_scores_gradient_writes_every_element_once_and_no_guard_byte_changes():
+    queries, keys, generator = select_inputs(torch.float32, n=40, d=4, seed=57)
+    values, kernel, _ = attention_operands(torch.float32, queries, keys, generator, c=40, k=6)
+    _, _, indices, weights = generic_attention(queries, keys, values, kernel, None, 6, "dot", None, False, "softmax", 1.0)
+    grad_output = torch.randn(2, 40, 40, generator=generator).to(DEVICE)
+    grad_output, values, kernel, weights = between_nan_guards(grad_output, values, kernel, weights)
+    canary = 777.0
+    buffer, grad_scores = guarded((2, 40, 6), torch.float32, canary)
+    grad_scores.fill_(float("nan"))
+    attention._softmax_scores_gradient_kernel[(5,)](
+        grad_output, values, kernel, indices, weights, grad_scores, 80, 40, 70, 40, 6, 1.0, 0,
+        ROWS=select.ROWS, SLOTS=8, CHANNELS=attention.CHANNELS)
+    assert not grad_scores.isnan().any()
+    assert (buffer[:64] == canary).all() and (buffer[-64:] == canary).all()
+    torch.testing.assert_close(grad_scores, attention.softmax_scores_gradient(grad_output, values, weights, indices,
+                                                                              kernel, 1.0))
+
+
+def test_the_fused_scores_gradient_registration_answers_nothing_where_the_kernel_does_not_apply(monkeypatch):
+    monkeypatch.setattr(register, "verified", {})
+    queries, keys, generator = select_inputs(torch.float32, d=4, seed=58)
+    values, kernel, _ = attention_operands(torch.float32, queries, keys, generator)
+    _, _, indices, weights = generic_attention(queries, keys, values, kernel, None, 6, "dot", None, False, "softmax", 1.0)
+    grad_output = torch.randn(2, 9, 6, generator=generator).to(DEVICE)
+    got = register.knn_attention_softmax_scores_gradient_device_fused(grad_output, values, weights, indices, kernel, 1.0)
+    assert len(got) == 1 and got[0].shape == weights.shape
+    torch.testing.assert_close(got[0], attention.softmax_scores_gradient(grad_output, values, weights, indices,
+                                                                         kernel, 1.0))
+    standard = torch.randn(4, 6, 6, generator=generator).to(DEVICE)
+    assert register.knn_attention_softmax_scores_gradient_device_fused(
+        grad_output.double(), values.double(), weights.double(), indices, kernel.double(), 1.0) == []
+    assert register.knn_attention_softmax_scores_gradient_device_fused(
+        grad_output[..., :4], values, weights, indices, standard, 1.0) == []
+    monkeypatch.setenv("CONVNN_CUDA_KERNELS", "generic")
+    assert register.knn_attention_softmax_scores_gradient_device_fused(
+        grad_output, values, weights, indices, kernel, 1.0) == []
+    monkeypatch.delenv("CONVNN_CUDA_KERNELS")
+    with pytest.raises(RuntimeError, match="knn_aggregate_backward"):
+        register.knn_attention_softmax_scores_gradient_device_fused(grad_output, values, weights, indices,
+                                                                    kernel[:, :5], 1.0)

@@ -7,9 +7,15 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <array>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "convnn/ops/rho.h"
+#include "ops/composite/knn_attention_backward.h"
 #include "ops/cuda/knn_attention_composed.h"
+#include "ops/generic/generic.h"
 
 namespace {
 
@@ -80,6 +86,69 @@ TEST(DeviceFusedAttention, KnnAttentionsChecksRunBeforeTheDevicesKernel) {
     FAIL() << "expected an error";
   } catch (const c10::Error& error) {
     EXPECT_NE(std::string(error.what()).find("knn_attention: similarity"), std::string::npos) << error.what();
+  }
+}
+
+// The composite backward with a device's fused softmax scores gradient: it is asked for softmax rho,
+// and then the aggregation's backward is not asked for d(weights); where it answers an undefined
+// tensor, the aggregation's weights gradient and the softmax-rho backward run as before. Either way
+// the gradients are the generic backward's.
+namespace composite = convnn::ops::composite;
+namespace generic = convnn::ops::generic;
+
+bool weights_gradient_asked = false;
+int fused_calls = 0;
+bool fused_answers = true;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> recording_aggregate_backward(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+    const at::Tensor& kernel, std::array<bool, 4> output_mask) {
+  weights_gradient_asked = output_mask[1];
+  return generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask);
+}
+
+at::Tensor fused_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+                                 const at::Tensor& indices, const at::Tensor& kernel, double temperature) {
+  ++fused_calls;
+  if (!fused_answers) return {};
+  const auto grad_weights =
+      std::get<1>(generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel,
+                                                  {false, true, false, false}));
+  return generic::softmax_rho_backward(weights, grad_weights, temperature);
+}
+
+TEST(DeviceFusedAttention, TheCompositeBackwardUsesAFusedSoftmaxScoresGradientInsteadOfTheWeightsGradient) {
+  torch::manual_seed(5);
+  const auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  const auto queries = torch::randn({2, 5, 3}, opts), keys = torch::randn({2, 8, 3}, opts);
+  const auto values = torch::randn({2, 8, 4}, opts), kernel = torch::randn({4, 3}, opts);
+  const composite::AttentionBackwardSteps steps{&recording_aggregate_backward, &generic::softmax_rho_backward,
+                                                &generic::knn_select_backward, &fused_scores_gradient};
+  const std::array<bool, 5> all{true, true, true, true, true};
+  for (const char* rho : {"softmax", "mean"}) {
+    const auto [output, scores, indices, weights] =
+        generic::knn_attention(queries, keys, values, kernel, c10::nullopt, 3, "cosine", c10::nullopt, false, rho, 0.5);
+    const auto grad_output = torch::randn(output.sizes(), opts);
+    const auto want = generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices,
+                                                      weights, "cosine", rho, 0.5, all);
+    const auto parsed = convnn::parse_rho(rho);
+    for (const bool answers : {true, false}) {
+      SCOPED_TRACE(std::string(rho) + (answers ? ", the device answers" : ", the device answers nothing"));
+      fused_answers = answers;
+      fused_calls = 0;
+      const auto got = composite::knn_attention_backward(steps, grad_output, queries, keys, values, kernel, scores,
+                                                         indices, weights, "cosine", parsed, 0.5, all);
+      const bool softmax = parsed == convnn::Rho::Softmax;
+      EXPECT_EQ(fused_calls, softmax ? 1 : 0) << "asked for softmax only";
+      EXPECT_EQ(weights_gradient_asked, softmax && !answers);
+      EXPECT_EQ(std::get<0>(got).defined(), softmax);
+      if (softmax) {
+        EXPECT_TRUE(torch::allclose(std::get<0>(got), std::get<0>(want), 1e-12, 1e-12));
+        EXPECT_TRUE(torch::allclose(std::get<1>(got), std::get<1>(want), 1e-12, 1e-12));
+      }
+      EXPECT_TRUE(torch::allclose(std::get<2>(got), std::get<2>(want), 1e-12, 1e-12));
+      EXPECT_TRUE(torch::allclose(std::get<3>(got), std::get<3>(want), 1e-12, 1e-12));
+    }
   }
 }
 

@@ -49,16 +49,17 @@ const triton::CompiledKernel* entry(const std::string& key, int arch, triton::Im
 TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   const auto keys = every_key();
   // 30 aggregation specialisations, 72 of knn_select (6 similarities x 4 widths x 3 mask kinds), 12
-  // of its backward (3 kernels x 4 similarities), 72 of the fused knn_attention (as knn_select).
-  EXPECT_EQ(keys.size(), 30u + 72u + 12u + 72u);
+  // of its backward (3 kernels x 4 similarities), 72 of the fused knn_attention (as knn_select), 4
+  // of its backward's softmax scores gradient (one per width).
+  EXPECT_EQ(keys.size(), 30u + 72u + 12u + 72u + 4u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
       ASSERT_NE(cubin, nullptr) << key << " sm_" << arch;
       ASSERT_GT(cubin->image_bytes, 4u);
       EXPECT_EQ(std::string(cubin->image, 4), "\x7f" "ELF") << key << " sm_" << arch;
-      const bool running_top_k = (key.rfind("select ", 0) == 0 && key.find("backward") == std::string::npos) ||
-                                 key.rfind("attention ", 0) == 0;
+      const bool running_top_k = (key.rfind("select ", 0) == 0 || key.rfind("attention ", 0) == 0) &&
+                                 key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
       EXPECT_EQ(cubin->num_warps, running_top_k ? 8 : 4) << key;
       EXPECT_LE(cubin->shared_bytes, 48 * 1024) << key;
       // Triton's two scratch pointers close every parameter list.
@@ -298,17 +299,39 @@ TEST(TritonAot, EveryFusedAttentionLaunchPassesTheParametersTheCompiledKernelDec
   }
 }
 
+TEST(TritonAot, EverySoftmaxScoresGradientLaunchPassesTheParametersTheCompiledKernelDeclares) {
+  const int64_t g = 3, n = 21, m = 70, c = 37;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const auto values = torch::randn({g, m, c}).to(dtype), grad_output = torch::randn({g, n, c}).to(dtype);
+    for (const int64_t k : {1, 9, 17, 64}) {
+      Recorder recorder;
+      const auto weights = torch::rand({g, n, k}).to(dtype);
+      const auto indices = torch::randint(0, m, {g, n, k}, torch::kLong);
+      const auto grad_scores = triton::softmax_scores_gradient(grad_output, values, weights, indices,
+                                                               torch::randn({c, k}).to(dtype), 0.5, recorder.runner());
+      ASSERT_EQ(recorder.launches.size(), 1u);
+      EXPECT_EQ(recorder.launches[0].grid.x, cdiv(g * n, triton::kSelectBlocks.rows));
+      EXPECT_EQ(grad_scores.sizes(), weights.sizes());
+      EXPECT_EQ(grad_scores.scalar_type(), dtype);
+    }
+  }
+}
+
 TEST(TritonAot, TheFusedAttentionTakesDepthwiseKernelsOnly) {
   const auto queries = torch::randn({2, 9, 4}), keys = torch::randn({2, 70, 4}), values = torch::randn({2, 70, 5});
   EXPECT_TRUE(triton::attention_fits(queries, keys, values, torch::randn({5, 6}), 6));
   EXPECT_FALSE(triton::attention_fits(queries, keys, values, torch::randn({3, 5, 6}), 6)) << "a standard kernel";
   EXPECT_FALSE(triton::attention_fits(queries, keys, values, torch::randn({5, 65}), 65)) << "K above 64";
+  const auto grad_output = torch::randn({2, 9, 5}), weights = torch::rand({2, 9, 6});
+  EXPECT_TRUE(triton::scores_gradient_fits(grad_output, values, weights, torch::randn({5, 6})));
+  EXPECT_FALSE(triton::scores_gradient_fits(torch::randn({2, 9, 3}), values, weights, torch::randn({3, 5, 6})));
 }
 
 TEST(TritonAot, TheCoreOpsHaveCudaKernelsInThisBuild) {
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const char* op : {"convnn::knn_select", "convnn::knn_select_backward", "convnn::knn_aggregate",
-                         "convnn::knn_aggregate_backward", "convnn::knn_attention_device_fused"}) {
+                         "convnn::knn_aggregate_backward", "convnn::knn_attention_device_fused",
+                         "convnn::knn_attention_softmax_scores_gradient_device_fused"}) {
     EXPECT_TRUE(dispatcher.findSchemaOrThrow(op, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA)) << op;
   }
 }
@@ -409,6 +432,20 @@ TEST(TritonAotCuda, FusedAttentionEqualsTheGenericPath) {
   const auto direct = triton::attention_forward(queries, keys, values, kernel, bias, 9, convnn::Similarity::ScaledDot,
                                                 torch::Tensor(), false, convnn::Rho::Softmax, 1.0);
   EXPECT_TRUE(torch::equal(std::get<0>(through_the_op), std::get<0>(direct))) << "knn_attention runs the fused kernel";
+  // The backward with the fused softmax scores gradient against the generic backward.
+  const auto real_queries = torch::randn({g, n, 8}, on_gpu), real_keys = torch::randn({g, m, 8}, on_gpu);
+  const auto [output, scores, indices, weights] = convnn::ops::generic::knn_attention(
+      real_queries, real_keys, values, kernel, bias, 9, "cosine", c10::nullopt, false, "softmax", 0.5);
+  const auto grad_output = torch::randn(output.sizes(), on_gpu);
+  const std::array<bool, 5> all{true, true, true, true, true};
+  const auto fused = convnn::ops::knn_attention_backward(grad_output, real_queries, real_keys, values, kernel, scores,
+                                                         indices, weights, "cosine", "softmax", 0.5, all);
+  const auto want = convnn::ops::generic::knn_attention_backward(grad_output, real_queries, real_keys, values, kernel,
+                                                                 scores, indices, weights, "cosine", "softmax", 0.5,
+                                                                 all);
+  EXPECT_TRUE(torch::allclose(std::get<0>(fused), std::get<0>(want), 1e-4, 1e-5)) << "d queries";
+  EXPECT_TRUE(torch::allclose(std::get<1>(fused), std::get<1>(want), 1e-4, 1e-5)) << "d keys";
+  EXPECT_TRUE(torch::allclose(std::get<2>(fused), std::get<2>(want), 1e-4, 1e-5)) << "d values";
 }
 
 #else

@@ -1,5 +1,9 @@
-"""Fused GPU kernel of knn_attention's forward, in Triton (issue 25 §1): select, rho and a depthwise
-aggregation in one kernel. Per program, one slice and a block of query rows: the running top-K of
+"""Fused GPU kernels of knn_attention, in Triton (issue 25 §1): the forward (select, rho and a
+depthwise aggregation in one kernel) and its backward's step from the output's gradient to the
+scores' for softmax rho (the aggregation's weights gradient and the softmax-rho backward in one
+kernel; the select and aggregation backward kernels do the rest).
+
+The forward: per program, one slice and a block of query rows: the running top-K of
 select.py (the same jit function, so the same selection rule), then rho over the K slots and the
 weighted sum of the selected value rows, with the [G,N,K] scores, indices and weights held on chip
 until they are written once (the op returns them, and the backward reads them).
@@ -131,6 +135,54 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
         first += CHANNELS
 
 
+@triton.jit
+def _softmax_scores_gradient_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, grad_scores_ptr,
+                                    rows_total, n, m, c, k, temperature, dtype_code,
+                                    ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
+    """The backward's fused step from the aggregation's incoming gradient to the scores' (softmax rho,
+    depthwise kernel), with d(weights) held on chip:
+
+        d weights[row, s] = sum_c dy[row, c] * kernel[c, s] * values[slice, indices[row, s], c]
+        d scores[row, s]  = weights[row, s] * (d weights[row, s] - sum_t weights[row, t] * d weights[row, t]) / temperature
+
+    as knn_aggregate_backward's weights gradient (channels in CHANNELS-wide steps, in order) and
+    the softmax-rho backward (src/ops/generic/knn_attention_generic.cpp), each rounded to the op's
+    dtype where the composed steps would round. One program per block of ROWS rows of the
+    flattened G*N; inputs float32 (the launcher converts)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < rows_total
+    slots = tl.arange(0, SLOTS)
+    in_k = slots[None, :] < k
+    both_ok = row_ok[:, None] & in_k
+    slot_offsets = rows.to(tl.int64)[:, None] * k + slots[None, :]
+    slice_start = (rows // n).to(tl.int64) * m
+    grad_weights = tl.zeros([ROWS, SLOTS], dtype=tl.float32)
+    first = 0
+    while first < c:
+        channels = first + tl.arange(0, CHANNELS)
+        channel_ok = channels < c
+        rows_and_channels = row_ok[:, None] & channel_ok[None, :]
+        dy = tl.load(grad_output_ptr + rows.to(tl.int64)[:, None] * c + channels[None, :],
+                     mask=rows_and_channels, other=0.0)
+        slot = 0
+        while slot < k:
+            index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
+            # An unrankable row's indices may be past the candidates: read nothing there.
+            read = row_ok & (index >= 0) & (index < m)
+            neighbour = tl.load(values_ptr + (slice_start + index)[:, None] * c + channels[None, :],
+                                mask=read[:, None] & channel_ok[None, :], other=0.0)
+            tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok, other=0.0)
+            term = tl.sum(dy * neighbour * tap[None, :], axis=1)
+            grad_weights = tl.where(slots[None, :] == slot, grad_weights + term[:, None], grad_weights)
+            slot += 1
+        first += CHANNELS
+    grad_weights = _rounded(grad_weights, dtype_code)
+    weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
+    centred = grad_weights - tl.sum(weights * grad_weights, 1)[:, None]
+    grad_scores = tl.math.div_rn(weights * centred, tl.full([ROWS, SLOTS], temperature, tl.float32))
+    tl.store(grad_scores_ptr + slot_offsets, _rounded(grad_scores, dtype_code), mask=both_ok)
+
+
 def applies(queries, keys, values, kernel, k, similarity, rho):
     """Whether the kernel covers this call (knn_attention composes the other ones)."""
     g, n, _ = queries.shape
@@ -163,3 +215,27 @@ def attention_forward(queries, keys, values, kernel, bias, k, similarity, mask, 
         SIMILARITY=select.SIMILARITY_CODES[similarity], MASK=mask_kind, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES,
         SLOTS=select.slots_for(k), FEATURES=select.features_for(d), CHANNELS=CHANNELS, **select.COMPILE_OPTIONS)
     return output.to(dtype), scores.to(dtype), indices, weights.to(dtype)
+
+
+def backward_applies(grad_output, values, weights, kernel):
+    """Whether softmax_scores_gradient covers this call (the composed steps run otherwise)."""
+    g, n, k = weights.shape
+    return (kernel.dim() == 2 and values.dtype in DTYPE_CODES and 1 <= k <= select.MAX_SLOTS
+            and max(grad_output.numel(), values.numel(), weights.numel()) < 2**31 - 2)
+
+
+def softmax_scores_gradient(grad_output, values, weights, indices, kernel, temperature):
+    """d(scores) of knn_attention with softmax rho and a depthwise kernel, from the incoming
+    gradient of its output, for inputs the caller checked (contiguous; the weights the forward
+    returned). In the op's dtype."""
+    g, n, k = weights.shape
+    m, c = values.shape[1], values.shape[2]
+    dtype = values.dtype
+    grad_scores = torch.empty((g, n, k), dtype=torch.float32, device=values.device)
+    if grad_scores.numel() == 0:
+        return grad_scores.to(dtype)
+    as_float = [t.float().contiguous() for t in (grad_output, values, kernel, weights)]
+    _softmax_scores_gradient_kernel[(triton.cdiv(g * n, select.ROWS),)](
+        as_float[0], as_float[1], as_float[2], indices, as_float[3], grad_scores, g * n, n, m, c, k,
+        float(temperature), DTYPE_CODES[dtype], ROWS=select.ROWS, SLOTS=select.slots_for(k), CHANNELS=CHANNELS)
+    return grad_scores.to(dtype)

@@ -147,6 +147,15 @@ def _attention_check(device, dtype):
                 all(torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance)
                     for a, b in zip(fused[:2] + fused[3:], expected[:2] + expected[3:]))):
             return f"knn_attention ({similarity})"
+    # The backward's fused step, through the generic select backward: the generic backward's query gradient.
+    grad_output = torch.randn(expected[0].shape, generator=generator).to(device=device, dtype=dtype)
+    _, scores, indices, weights = expected
+    grad_scores = attention.softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.5)
+    fused = generic(_ops.knn_select_backward.default, grad_scores, queries, keys, indices, scores, "l1")[0]
+    want = generic(_ops.knn_attention_backward.default, grad_output, queries, keys, values, kernel, scores, indices,
+                   weights, "l1", "softmax", 0.5, [True, False, False, False, False])[0]
+    if not torch.allclose(fused.float(), want.float(), rtol=tolerance, atol=tolerance):
+        return "knn_attention_backward (softmax scores gradient)"
     return None
 
 
@@ -194,6 +203,22 @@ def knn_attention_device_fused(queries, keys, values, kernel, bias, k, similarit
         index_order, rho, temperature))
 
 
+def knn_attention_softmax_scores_gradient_device_fused(grad_output, values, weights, indices, kernel, temperature):
+    """convnn::knn_attention_softmax_scores_gradient_device_fused on CUDA: [d(scores)] from the fused
+    kernel of attention.py, or [] where it does not apply (knn_attention's backward then runs the
+    aggregation's weights gradient and the softmax-rho backward). Called by the C++ CUDA
+    knn_attention_backward after its checks."""
+    from . import attention
+
+    if not (_fused_applies(values, (grad_output, weights, indices, kernel))
+            and attention.backward_applies(grad_output, values, weights, kernel)):
+        return []
+    check_shapes(_ops.knn_aggregate_backward.default, grad_output, values, weights, indices, kernel,
+                 [False, True, False, False])
+    return [attention.softmax_scores_gradient(grad_output.contiguous(), values.contiguous(), weights.contiguous(),
+                                              indices.contiguous(), kernel.contiguous(), temperature)]
+
+
 def knn_aggregate(values, weights, indices, kernel, bias):
     if not _fused_applies(values, (weights, indices, kernel, bias)):
         return generic(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
@@ -217,11 +242,14 @@ def knn_aggregate_backward(grad_output, values, weights, indices, kernel, output
 
 def register():
     """The CUDA kernels of knn_select and its backward, knn_aggregate and its backward, and the fused
-    knn_attention (knn_attention_device_fused). Triton compiles on first use."""
+    knn_attention forward and softmax scores gradient (the two *_device_fused ops). Triton compiles on
+    first use."""
     # A libconvnn_ops built with the embedded Triton kernels (src/ops/cuda/triton/, the C++ CUDA
     # build; not the package's own) has CUDA kernels for these ops already: the same kernels, kept.
     for name, kernel in (("knn_select", knn_select), ("knn_select_backward", knn_select_backward),
                          ("knn_aggregate", knn_aggregate), ("knn_aggregate_backward", knn_aggregate_backward),
-                         ("knn_attention_device_fused", knn_attention_device_fused)):
+                         ("knn_attention_device_fused", knn_attention_device_fused),
+                         ("knn_attention_softmax_scores_gradient_device_fused",
+                          knn_attention_softmax_scores_gradient_device_fused)):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"convnn::{name}", "CUDA"):
             torch.library.register_kernel(f"convnn::{name}", "cuda", kernel)

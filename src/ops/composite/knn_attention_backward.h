@@ -26,6 +26,12 @@ struct AttentionBackwardSteps {
   std::tuple<at::Tensor, at::Tensor> (*select_backward)(
       const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& keys,
       const at::Tensor& indices, const at::Tensor& scores, c10::string_view similarity);
+  // Optional: d(scores) for softmax rho straight from grad_output, the aggregation's weights
+  // gradient and the softmax-rho backward in one device kernel (d(weights) stays on chip), or an
+  // undefined tensor where the device has none for these inputs; the two steps above run then.
+  at::Tensor (*fused_softmax_scores_gradient)(const at::Tensor& grad_output, const at::Tensor& values,
+                                              const at::Tensor& weights, const at::Tensor& indices,
+                                              const at::Tensor& kernel, double temperature) = nullptr;
 };
 
 // The inputs are already checked (src/ops/checks.h, check_attention_backward_inputs); `rho` is the

@@ -27,9 +27,14 @@
 // A device's single-kernel knn_attention forward, registered only where a device has one: its four
 // outputs, or an empty list for inputs it does not take (the caller composes then). It is called
 // by the device's knn_attention kernel after that op's checks, below autograd.
+// Its backward's counterpart: d(scores) for softmax rho from the incoming gradient of the output
+// (the aggregation's weights gradient and the softmax-rho backward in one kernel), [grad_scores] or
+// an empty list; called by the device's knn_attention_backward after that op's checks.
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("knn_attention_device_fused(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias, "
         "int k, str similarity, Tensor? mask, bool index_order, str rho, float temperature) -> Tensor[]");
+  m.def("knn_attention_softmax_scores_gradient_device_fused(Tensor grad_output, Tensor values, Tensor weights, "
+        "Tensor indices, Tensor kernel, float temperature) -> Tensor[]");
 }
 
 namespace convnn::ops::cuda {
@@ -93,8 +98,24 @@ std::tuple<at::Tensor, at::Tensor> dispatched_select_backward(
   return ops::knn_select_backward(grad_scores, queries, keys, indices, scores, std::string(similarity));
 }
 
+// The CUDA key's fused kernel where one is registered and takes the inputs; undefined otherwise.
+at::Tensor dispatched_softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values,
+                                              const at::Tensor& weights, const at::Tensor& indices,
+                                              const at::Tensor& kernel, double temperature) {
+  static const auto fused = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "convnn::knn_attention_softmax_scores_gradient_device_fused", "");
+  if (!fused.hasKernelForDispatchKey(c10::DispatchKey::CUDA) || !values.is_cuda()) return {};
+  static const auto call = fused.typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                               const at::Tensor&, const at::Tensor&, double)>();
+  const auto outputs = call.call(grad_output, values, weights, indices, kernel, temperature);
+  TORCH_CHECK(outputs.size() <= 1, "knn_attention_softmax_scores_gradient_device_fused: a device kernel returned ",
+              outputs.size(), " tensors, not 0 or 1");
+  return outputs.empty() ? at::Tensor() : outputs[0];
+}
+
 constexpr composite::AttentionBackwardSteps kDispatchedSteps{
-    &dispatched_aggregate_backward, &generic::softmax_rho_backward, &dispatched_select_backward};
+    &dispatched_aggregate_backward, &generic::softmax_rho_backward, &dispatched_select_backward,
+    &dispatched_softmax_scores_gradient};
 
 }  // namespace
 

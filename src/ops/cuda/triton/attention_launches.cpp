@@ -31,6 +31,16 @@ int dtype_code(at::ScalarType dtype) {
   }
 }
 
+int64_t slots_for(int64_t k) {
+  int64_t slots = kSelectBlocks.min_slots;
+  while (slots < k) slots *= 2;
+  return slots;
+}
+
+std::string scores_gradient_key(int64_t k) {
+  return "attention softmax scores gradient K<=" + std::to_string(slots_for(k));
+}
+
 }  // namespace
 
 bool attention_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
@@ -72,6 +82,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     run(launch);
   }
   return {output.to(dtype), scores.to(dtype), indices, weights.to(dtype)};
+}
+
+bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+                          const at::Tensor& kernel) {
+  constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
+  const int64_t k = weights.size(2);
+  return kernel.dim() == 2 && k >= 1 && k <= kSelectBlocks.max_slots && grad_output.numel() <= kInt32 &&
+         values.numel() <= kInt32 && weights.numel() <= kInt32 && values.size(0) * values.size(1) <= kInt32;
+}
+
+bool device_has_scores_gradient_kernels(int device) {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> all;
+    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+      all.push_back(scores_gradient_key(slots));
+    }
+    return all;
+  }();
+  return device_has_kernels(device, "attention softmax scores gradient", keys);
+}
+
+at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values_in, const at::Tensor& weights,
+                                   const at::Tensor& indices, const at::Tensor& kernel, double temperature,
+                                   const LaunchRunner& run) {
+  const int64_t g = weights.size(0), n = weights.size(1), k = weights.size(2);
+  const int64_t m = values_in.size(1), c = values_in.size(2);
+  const auto dtype = values_in.scalar_type();
+  auto grad_scores = at::empty({g, n, k}, weights.options().dtype(at::kFloat));
+  if (grad_scores.numel() == 0) return grad_scores.to(dtype);
+  const auto as_float = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
+  const auto dy = as_float(grad_output), values = as_float(values_in), taps = as_float(kernel), w = as_float(weights);
+  Launch launch{scores_gradient_key(k), {(g * n + kSelectBlocks.rows - 1) / kSelectBlocks.rows}, {}};
+  launch.arguments.pointer(dy).pointer(values).pointer(taps).pointer(indices).pointer(w).pointer(grad_scores)
+      .int32(g * n).int32(n).int32(m).int32(c).int32(k).float32(static_cast<float>(temperature))
+      .int32(dtype_code(dtype));
+  run(launch);
+  return grad_scores.to(dtype);
 }
 
 }  // namespace convnn::ops::cuda::triton

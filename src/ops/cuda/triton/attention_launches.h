@@ -29,4 +29,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& bias, int64_t k, Similarity similarity, const at::Tensor& mask, bool index_order, Rho rho,
     double temperature, const LaunchRunner& run = run_on_gpu);
 
+/// Whether the backward's softmax scores gradient kernel takes these (checked) inputs: a depthwise
+/// kernel, K within the widest running top-K, every size within 32 bits.
+bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+                          const at::Tensor& kernel);
+/// Whether the GPU `device` has an image of every width of that kernel.
+bool device_has_scores_gradient_kernels(int device);
+
+/// d(scores) of knn_attention with softmax rho and a depthwise kernel, from the incoming gradient of
+/// its output (the aggregation's weights gradient and the softmax-rho backward in one kernel, as
+/// attention.softmax_scores_gradient), in the op's dtype.
+at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+                                   const at::Tensor& indices, const at::Tensor& kernel, double temperature,
+                                   const LaunchRunner& run = run_on_gpu);
+
 }  // namespace convnn::ops::cuda::triton

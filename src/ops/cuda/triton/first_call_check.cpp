@@ -105,6 +105,16 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
       return std::string("knn_attention (") + to_string(similarity) + ")";
     }
   }
+  // The backward's fused step, through the generic select backward: the generic backward's query gradient.
+  const auto [output, scores, indices, weights] =
+      generic::knn_attention(queries, keys, values, kernel, bias, 6, "l1", mask, true, "softmax", 0.5);
+  const auto grad_output = at::randn(output.sizes(), generator).to(on_device);
+  const auto grad_scores = softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.5);
+  const auto fused = std::get<0>(generic::knn_select_backward(grad_scores, queries, keys, indices, scores, "l1"));
+  const auto want = std::get<0>(generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores,
+                                                                indices, weights, "l1", "softmax", 0.5,
+                                                                {true, false, false, false, false}));
+  if (!close(fused, want, tolerance)) return std::string("knn_attention_backward (softmax scores gradient)");
   return std::nullopt;
 }
 

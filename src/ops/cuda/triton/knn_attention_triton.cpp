@@ -1,4 +1,5 @@
-// convnn::knn_attention_device_fused under the CUDA dispatch key: the fused knn_attention forward,
+// convnn::knn_attention_device_fused and knn_attention_softmax_scores_gradient_device_fused under the
+// CUDA dispatch key: the fused knn_attention forward and its backward's softmax scores gradient,
 // the Triton kernel of python/convnn/_triton/attention.py compiled ahead of time into this library
 // (the same kernel and launch as the Python package's). The CUDA knn_attention
 // (src/ops/cuda/knn_attention_composed.cpp) asks it first, after its checks; where the kernel does not apply
@@ -41,8 +42,25 @@ std::vector<at::Tensor> cuda_attention_fused(const at::Tensor& queries, const at
   return {output, scores, indices, weights};
 }
 
+std::vector<at::Tensor> cuda_softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values,
+                                                     const at::Tensor& weights, const at::Tensor& indices,
+                                                     const at::Tensor& kernel, double temperature) {
+  checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
+  const bool applies = fused_kernels_chosen() && fused_dtype(values.scalar_type()) &&
+                       on_one_device(values, {grad_output, weights, indices, kernel}) &&
+                       scores_gradient_fits(grad_output, values, weights, kernel) &&
+                       device_has_scores_gradient_kernels(values.get_device()) && device_verified(values);
+  if (!applies) return {};
+  const c10::cuda::CUDAGuard device(values.device());
+  return {softmax_scores_gradient(grad_output.contiguous(), values.contiguous(), weights.contiguous(),
+                                  indices.contiguous(), kernel.contiguous(), temperature)};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(convnn, CUDA, m) { m.impl("knn_attention_device_fused", &cuda_attention_fused); }
+TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
+  m.impl("knn_attention_device_fused", &cuda_attention_fused);
+  m.impl("knn_attention_softmax_scores_gradient_device_fused", &cuda_softmax_scores_gradient);
+}
 
 }  // namespace convnn::ops::cuda::triton
