@@ -1,6 +1,6 @@
 #pragma once
-// The layers (library convnn::nn, on convnn::ops): ConvNN1d, ConvNN2d, ConvNNAttention,
-// BranchingConv2d with their options and functional forms, and the paper's identities.
+// The layers (library convnn::nn, on convnn::ops): ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention,
+// BranchingConv2d, BranchingConv3d with their options and functional forms, and the paper's identities.
 #include "convnn/nn/functional/convnn.h"
 #include "convnn/nn/modules/convnn.h"
 #include "convnn/nn/options/convnn.h"

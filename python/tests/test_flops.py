@@ -4,7 +4,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import convnn  # noqa: F401  (registers the formulas)
-from convnn.nn import ConvNN1d, ConvNNAttention
+from convnn.nn import ConvNN1d, ConvNN3d, ConvNNAttention
 
 
 def convnn_flops(module, x):
@@ -39,6 +39,22 @@ def test_unfused_ops_count_select_and_aggregate():
     assert counts == {"convnn.knn_select": cosine, "convnn.knn_aggregate": aggregate}
     fused = convnn_flops(ConvNN1d(4, 6, 3), torch.randn(1, 4, n))
     assert fused == {"convnn.knn_attention": cosine + 2 * n * k * c * c_out}
+
+
+def test_conv_nn3d_counts_the_same_rules_over_the_volumes_voxels():
+    # ConvNN3d, chebyshev, uniform, standard aggregation 3 -> 5 channels, K = 4 on a 2x3x4 volume
+    # without padding: N = M = 24 voxel tokens; the fused op counts the select step's rule plus the
+    # aggregation's N K C C' MACs.
+    layer = ConvNN3d(3, 5, 4, similarity="chebyshev")
+    n, c, c_out, k = 24, 3, 5, 4
+    unfused = convnn_flops(ConvNN3d(3, 5, 4, similarity="chebyshev", fused=False), torch.randn(1, c, 2, 3, 4))
+    fused = convnn_flops(layer, torch.randn(1, c, 2, 3, 4))
+    assert set(unfused) == {"convnn.knn_select", "convnn.knn_aggregate"}
+    # The fused count is the select's plus the aggregation's matrix products (uniform rho: no weighting).
+    assert fused == {"convnn.knn_attention": unfused["convnn.knn_select"] + 2 * n * k * c * c_out}
+    # The same counts as ConvNN1d on the 24 tokens in a row: the op sees tokens, not their layout.
+    line = convnn_flops(ConvNN1d(3, 5, 4, similarity="chebyshev"), torch.randn(1, c, n))
+    assert line == fused
 
 
 def test_a_vit_with_convnn_attention_counts_what_convnn_info_reports():

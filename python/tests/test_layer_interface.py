@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import convnn
-from convnn.nn import BranchingConv2d, ConvNN1d, ConvNN2d, ConvNNAttention
+from convnn.nn import BranchingConv2d, BranchingConv3d, ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention
 
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
@@ -117,8 +117,10 @@ def test_is_causal_option_equals_the_causal_mask_at_forward():
 @pytest.mark.parametrize("build, shape", [
     (lambda: ConvNN1d(4, 6, 3), (2, 4, 9)),
     (lambda: ConvNN2d(4, 6, 3), (2, 4, 5, 5)),
+    (lambda: ConvNN3d(4, 6, 3), (2, 4, 3, 4, 5)),
     (lambda: ConvNNAttention(8, 2, 3), (2, 5, 8)),
     (lambda: BranchingConv2d(4, 6), (2, 4, 5, 5)),
+    (lambda: BranchingConv3d(4, 6), (2, 4, 3, 3, 3)),
 ])
 def test_a_dtype_mismatch_names_the_layer(build, shape):
     layer = build()
@@ -153,7 +155,7 @@ def test_the_branching_layer_builds_as_its_docstring_shows():
 
 def test_the_package_ships_type_hints():
     assert resources.files("convnn").joinpath("py.typed").is_file()
-    for layer in (ConvNN1d, ConvNN2d, ConvNNAttention, BranchingConv2d):
+    for layer in (ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention, BranchingConv2d, BranchingConv3d):
         hints = typing.get_type_hints(layer.forward)
         assert hints["return"] is torch.Tensor
         assert layer.forward.__doc__, f"{layer.__name__}.forward has no docstring"
@@ -194,3 +196,19 @@ def test_the_converter_names_what_does_not_fit():
         convnn.pretrained.mhsa_to_convnn_state_dict(state, with_bias)
     with pytest.raises(ValueError, match="no ConvNNAttention layer"):
         convnn.pretrained.mhsa_to_convnn_state_dict(state, _tiny_vit())
+
+
+@pytest.mark.parametrize("aggregation", ["standard", "depthwise"])
+def test_conv_nn3d_in_the_convolution_setting_is_conv3d(aggregation):
+    """Coordinates only, chebyshev, K = 27, index order, uniform rho, padding 1: the 3x3x3 window in
+    raster order, so the convolution's weights as kernel give conv3d with same padding."""
+    torch.manual_seed(3)
+    standard = aggregation == "standard"
+    weight = torch.randn(5 if standard else 4, 4 if standard else 1, 3, 3, 3, dtype=torch.float64)
+    bias = torch.randn(weight.shape[0], dtype=torch.float64)
+    x = torch.randn(2, 4, 3, 4, 5, dtype=torch.float64)
+    kernel = weight.flatten(2) if standard else weight.flatten(1)
+    got = convnn.nn.functional.conv_nn3d(x, kernel, bias, k=27, similarity="chebyshev", coordinates=True,
+                                         alpha=0.0, padding=1, slot_order="index", rho="uniform")
+    want = nn.functional.conv3d(x, weight, bias, padding=1, groups=1 if standard else 4)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

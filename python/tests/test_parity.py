@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import convnn
-from convnn.nn import BranchingConv2d, ConvNN1d, ConvNN2d, ConvNNAttention
+from convnn.nn import BranchingConv2d, BranchingConv3d, ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention
 
 PARITY = os.environ.get(
     "CONVNN_LAYER_PARITY", str(pathlib.Path(__file__).resolve().parents[2] / "build" / "bin" / "convnn_layer_parity"))
@@ -23,11 +23,15 @@ CASES = [
      (2, 4, 5, 5)),
     ("conv2d-random", lambda: ConvNN2d(4, 8, 4, padding=1, num_candidates=12, include_self=True, seed=7),
      (2, 4, 5, 5)),
+    ("conv3d", lambda: ConvNN3d(3, 4, 27, padding=1, coordinates=True, alpha=0.5, bias=True), (2, 3, 3, 4, 5)),
+    ("conv3d-depthwise-random", lambda: ConvNN3d(4, 4, 6, aggregation="depthwise", similarity="l1", rho="softmax",
+                                                 num_candidates=20, seed=5), (2, 4, 3, 3, 4)),
     ("attention", lambda: ConvNNAttention(16, 2, 5, qkv_bias=True, causal=True), (2, 9, 16)),
     ("attention-kvt", lambda: ConvNNAttention(12, 3, 4, similarity="cosine", rho="mean", aggregation="standard",
                                               kernel_init="default", bias=True, out_bias=True), (3, 10, 12)),
     ("branching", lambda: BranchingConv2d(4, 8, lambda_=0.5, k=9, padding=1), (2, 4, 6, 6)),
     ("branching-random", lambda: BranchingConv2d(4, 6, lambda_=0.5, k=5, num_candidates=16, seed=3), (2, 4, 5, 5)),
+    ("branching3d", lambda: BranchingConv3d(3, 6, lambda_=0.5, k=8, similarity="gaussian"), (2, 3, 3, 3, 4)),
 ]
 
 
@@ -86,6 +90,11 @@ def test_parameter_counts_equal_the_cpp_ones():
     # ConvNN2d(64, 64, 9): standard kernel 64*64*9; the branching layer: half ConvNN (32*64*9),
     # half 3x3 conv with bias (32*64*9 + 32), 1x1 mix with bias (64*64 + 64).
     assert sum(p.numel() for p in ConvNN2d(64, 64, 9).parameters()) == 64 * 64 * 9
+    # ConvNN3d(16, 32, 27) with bias: standard kernel 32*16*27 and 32; depthwise: 16*27.
+    assert sum(p.numel() for p in ConvNN3d(16, 32, 27, bias=True).parameters()) == 32 * 16 * 27 + 32
+    assert sum(p.numel() for p in ConvNN3d(16, 16, 27, aggregation="depthwise").parameters()) == 16 * 27
+    # BranchingConv3d(8, 8): half ConvNN3d (4*8*27), half 3x3x3 conv with bias (4*8*27 + 4), 1x1x1 mix (8*8 + 8).
+    assert sum(p.numel() for p in BranchingConv3d(8, 8).parameters()) == 4 * 8 * 27 + 4 * 8 * 27 + 4 + 8 * 8 + 8
     assert sum(p.numel() for p in BranchingConv2d(64, 64).parameters()) == 32 * 64 * 9 + 32 * 64 * 9 + 32 + 64 * 64 + 64
 
 

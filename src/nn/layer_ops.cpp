@@ -9,9 +9,9 @@
 //   convnn::layer_forward(layer, options, ...)  the C++ module's forward on the given tensors
 //   convnn::attention_aggregate(options, q, k, v, ...)  ConvNNAttention's forward between its
 //                                               projections; attention_check_input its input rule
-//   convnn::conv_nn / conv_nn1d / conv_nn2d     the functional forms
+//   convnn::conv_nn / conv_nn1d / 2d / 3d       the functional forms
 //
-// layer is ConvNN1d, ConvNN2d, ConvNNAttention or BranchingConv2d. The forward ops are
+// layer is ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention, BranchingConv2d or BranchingConv3d. The forward ops are
 // CompositeImplicitAutograd: autograd, torch.compile and torch.export see the core ops inside.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -86,27 +87,38 @@ struct ConvNN2dLayer {
   static Options defaults() { return Options(1, 1, 1); }
   static constexpr int64_t kRequired = 3;
 };
+struct ConvNN3dLayer {
+  using Options = ConvNN3dOptions;
+  using Module = ConvNN3d;
+  static Options defaults() { return Options(1, 1, 1); }
+  static constexpr int64_t kRequired = 3;
+};
 struct AttentionLayer {
   using Options = ConvNNAttentionOptions;
   using Module = ConvNNAttention;
   static Options defaults() { return Options(1, 1, 1); }
   static constexpr int64_t kRequired = 3;
 };
+template <size_t D>
 struct BranchingLayer {
-  using Options = BranchingConv2dOptions;
-  using Module = BranchingConv2d;
+  using Options = BranchingConvOptions<D>;
+  using Module = std::conditional_t<D == 2, BranchingConv2d, BranchingConv3d>;
   static Options defaults() { return Options(1, 1); }
   static constexpr int64_t kRequired = 2;
 };
+template <typename Layer>
+constexpr bool kIsBranching = std::is_same_v<Layer, BranchingLayer<2>> || std::is_same_v<Layer, BranchingLayer<3>>;
 
 template <typename Fn>
 auto with_layer(const std::string& layer, Fn&& fn) {
   if (layer == "ConvNN1d") return fn(ConvNN1dLayer{});
   if (layer == "ConvNN2d") return fn(ConvNN2dLayer{});
+  if (layer == "ConvNN3d") return fn(ConvNN3dLayer{});
   if (layer == "ConvNNAttention") return fn(AttentionLayer{});
-  TORCH_CHECK(layer == "BranchingConv2d", "layer must be one of ConvNN1d, ConvNN2d, ConvNNAttention, ",
-              "BranchingConv2d; got '", layer, "'");
-  return fn(BranchingLayer{});
+  if (layer == "BranchingConv3d") return fn(BranchingLayer<3>{});
+  TORCH_CHECK(layer == "BranchingConv2d", "layer must be one of ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention, ",
+              "BranchingConv2d, BranchingConv3d; got '", layer, "'");
+  return fn(BranchingLayer<2>{});
 }
 
 template <typename Layer>
@@ -220,7 +232,7 @@ at::Tensor layer_forward(c10::string_view layer_name, const OptionTexts& texts, 
       const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
       return detail::attention_forward(options, input, attention_tensors(named, mask), draw.generator(training),
                                        training);
-    } else if constexpr (std::is_same_v<Layer, BranchingLayer>) {
+    } else if constexpr (kIsBranching<Layer>) {
       detail::BranchingTensors t;
       if (detail::convnn_branch_channels(options) > 0) t.convnn = named.convnn("convnn_branch.");
       t.conv = named.linear("conv_branch");
@@ -261,6 +273,11 @@ at::Tensor conv_nn1d_op(const at::Tensor& input, const at::Tensor& kernel, const
 at::Tensor conv_nn2d_op(const at::Tensor& input, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
                         const OptionTexts& texts, c10::optional<at::Generator> generator) {
   return functional::conv_nn2d(input, kernel, bias.value_or(at::Tensor()), func_options(texts, "conv_nn2d", generator));
+}
+
+at::Tensor conv_nn3d_op(const at::Tensor& input, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                        const OptionTexts& texts, c10::optional<at::Generator> generator) {
+  return functional::conv_nn3d(input, kernel, bias.value_or(at::Tensor()), func_options(texts, "conv_nn3d", generator));
 }
 
 std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<std::string>, int64_t>
@@ -327,6 +344,7 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
         "Tensor? mask=None, Tensor? coordinates=None, Generator? generator=None) -> Tensor");
   m.def("conv_nn1d(Tensor input, Tensor kernel, Tensor? bias, str[] options, Generator? generator=None) -> Tensor");
   m.def("conv_nn2d(Tensor input, Tensor kernel, Tensor? bias, str[] options, Generator? generator=None) -> Tensor");
+  m.def("conv_nn3d(Tensor input, Tensor kernel, Tensor? bias, str[] options, Generator? generator=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
@@ -336,6 +354,7 @@ TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
   m.impl("conv_nn", &conv_nn_op);
   m.impl("conv_nn1d", &conv_nn1d_op);
   m.impl("conv_nn2d", &conv_nn2d_op);
+  m.impl("conv_nn3d", &conv_nn3d_op);
 }
 
 // torch.vmap meets an op before its composite kernel runs, and PyTorch's per-sample fallback
@@ -348,6 +367,7 @@ TORCH_LIBRARY_IMPL(convnn, FuncTorchBatchedDecomposition, m) {
   m.impl("conv_nn", &conv_nn_op);
   m.impl("conv_nn1d", &conv_nn1d_op);
   m.impl("conv_nn2d", &conv_nn2d_op);
+  m.impl("conv_nn3d", &conv_nn3d_op);
 }
 
 }  // namespace convnn::nn

@@ -15,7 +15,7 @@ std::vector<std::string> option_texts(ConvNN2dOptions options);
 std::vector<std::string> option_texts(BranchingConv2dOptions options);
 std::vector<std::string> option_texts(ConvNNAttentionOptions options);
 
-// The C++ layer (ConvNN1d, ConvNN2d, ConvNNAttention, BranchingConv2d) built from "name=value"
+// The C++ layer (ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention, BranchingConv2d, BranchingConv3d) built from "name=value"
 // option texts, exactly as convnn::layer_parameters builds it.
 torch::nn::AnyModule make_layer(const std::string& layer, const std::vector<std::string>& options);
 

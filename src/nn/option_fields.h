@@ -41,7 +41,7 @@ void visit_option_fields(functional::ConvNNFuncOptions& o, Visit&& visit) {
   visit("fused", o.fused());
 }
 
-// visit(name, field&) for the options of ConvNN1d and ConvNN2d.
+// visit(name, field&) for the options of ConvNN1d, ConvNN2d and ConvNN3d.
 template <size_t D, typename Visit>
 void visit_option_fields(ConvNNOptions<D>& o, Visit&& visit, bool with_channels = true) {
   if (with_channels) {
@@ -100,10 +100,10 @@ void visit_option_fields(ConvNNAttentionOptions& o, Visit&& visit) {
   visit("seed", o.seed());
 }
 
-// BranchingConv2d: its own options, then its ConvNN branch's under their own names (the branch's
-// channel counts follow from in_channels, out_channels and lambda).
-template <typename Visit>
-void visit_option_fields(BranchingConv2dOptions& o, Visit&& visit) {
+// BranchingConv2d / 3d: its own options, then its ConvNN branch's under their own names (the
+// branch's channel counts follow from in_channels, out_channels and lambda).
+template <size_t D, typename Visit>
+void visit_option_fields(BranchingConvOptions<D>& o, Visit&& visit) {
   visit("in_channels", o.in_channels());
   visit("out_channels", o.out_channels());
   visit("lambda", o.lambda());

@@ -93,22 +93,27 @@ std::string shape_text(at::IntArrayRef sizes) { return fmt::format("{}", fmt::jo
 constexpr int64_t kConvBatch = 2, kConvIn = 3, kConvOut = 4;
 
 struct ConvCase {
-  int64_t dims;  // 1 or 2
+  int64_t dims;  // 1, 2 or 3
   int64_t r;     // odd window size
   Aggregation aggregation;
   Similarity similarity;
   bool padded;
 };
 
-int64_t window_taps(const ConvCase& c) { return c.dims == 1 ? c.r : c.r * c.r; }
+int64_t window_taps(const ConvCase& c) {
+  int64_t taps = 1;
+  for (int64_t d = 0; d < c.dims; ++d) taps *= c.r;
+  return taps;
+}
 int64_t out_channels(const ConvCase& c) {
   return c.aggregation == Aggregation::Standard ? kConvOut : kConvIn;
 }
 
-// Spatial sizes tried for each case: 1D, or a square and a non-square 2D map. Every side is at
-// least 9 (the largest R), so that unpadded windows fit.
+// Spatial sizes tried for each case: 1D, a square and a non-square 2D map (every side at least 9,
+// the largest R, so that unpadded windows fit), or a non-cubic volume (padded cases only).
 std::vector<std::vector<int64_t>> conv_maps(int64_t dims) {
   if (dims == 1) return {{20}};
+  if (dims == 3) return {{5, 6, 7}};
   return {{11, 11}, {10, 14}};
 }
 
@@ -163,6 +168,7 @@ F::ConvNNFuncOptions conv_options(const ConvCase& c) {
 
 at::Tensor aten_conv(const at::Tensor& x, const ConvWeights& w, int64_t padding) {
   if (x.dim() == 3) return at::conv1d(x, w.weight, w.bias, 1, padding, 1, w.groups);
+  if (x.dim() == 5) return at::conv3d(x, w.weight, w.bias, 1, padding, 1, w.groups);
   return at::conv2d(x, w.weight, w.bias, 1, padding, 1, w.groups);
 }
 
@@ -220,8 +226,9 @@ void add_conv_row(Report& report, Sampler& sampler, const ConvCase& c) {
     std::vector<int64_t> shape{kConvBatch, kConvIn};
     shape.insert(shape.end(), map.begin(), map.end());
     const auto x = sampler.normal(shape);
-    const auto y = c.dims == 1 ? F::conv_nn1d(x, kernel, weights.bias, conv_options(c))
-                               : F::conv_nn2d(x, kernel, weights.bias, conv_options(c));
+    const auto y = c.dims == 1   ? F::conv_nn1d(x, kernel, weights.bias, conv_options(c))
+                   : c.dims == 2 ? F::conv_nn2d(x, kernel, weights.bias, conv_options(c))
+                                 : F::conv_nn3d(x, kernel, weights.bias, conv_options(c));
     const auto reference =
         c.padded ? aten_conv(x, weights, c.r / 2) : shifted_window_conv(x, weights, c.r);
     const auto positions =
@@ -280,6 +287,14 @@ void add_convolution_rows(Report& report, Sampler& sampler) {
       }
     }
     add_conv_module_row(report, sampler, aggregation, 5);
+  }
+  for (const auto aggregation : {Aggregation::Standard, Aggregation::Depthwise}) {
+    // 3D, same padding: chebyshev selects the R x R x R cube for every odd R; gaussian only while
+    // the cube is the R³ nearest voxels (R <= 3: at R = 5, (3,0,0) is nearer than the corner (2,2,2)).
+    for (const int64_t r : {1, 3, 5}) {
+      add_conv_row(report, sampler, {3, r, aggregation, Similarity::Chebyshev, true});
+    }
+    add_conv_row(report, sampler, {3, 3, aggregation, Similarity::Gaussian, true});
   }
 }
 

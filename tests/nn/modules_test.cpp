@@ -110,6 +110,75 @@ TEST(ConvNN2d, CloneIsADeepCopy) {
   EXPECT_FALSE(torch::equal(copy->kernel, layer->kernel));
 }
 
+TEST(ConvNN3d, ForwardKeepsTheVolumeWithSamePaddingAndTakesOneSample) {
+  torch::manual_seed(13);
+  ConvNN3d layer(ConvNN3dOptions(3, 5, 27).padding(1).bias(true));
+  const auto volume = torch::randn({2, 3, 3, 4, 5});
+  EXPECT_EQ(layer(volume).sizes(), (std::vector<int64_t>{2, 5, 3, 4, 5}));
+  EXPECT_TRUE(torch::equal(layer(volume[0]), layer(volume.narrow(0, 0, 1)).squeeze(0)));
+  EXPECT_EQ(parameter_count(*layer), 5 * 3 * 27 + 5);
+}
+
+TEST(ConvNN3d, ModuleEqualsFunctionalFormAndPrintsItsName) {
+  ConvNN3d layer(ConvNN3dOptions(4, 4, 7).aggregation(Aggregation::Depthwise).similarity(Similarity::L1));
+  const auto input = torch::randn({2, 4, 2, 3, 4});
+  const auto expected = functional::conv_nn3d(
+      input, layer->kernel, {}, functional::ConvNNFuncOptions(7).similarity(Similarity::L1));
+  EXPECT_TRUE(AllClose(layer(input), expected, 0.0));
+  EXPECT_EQ(printed(*layer).rfind("convnn::ConvNN3d(4, 4, k=7", 0), 0u) << printed(*layer);
+}
+
+TEST(ConvNN3d, AWrongInputNamesTheLayerAndTheLayout) {
+  ConvNN3d layer(ConvNN3dOptions(3, 4, 5));
+  try {
+    layer(torch::randn({3, 4, 5}));  // [C,H,W]: neither [B,C,D,H,W] nor one sample [C,D,H,W]
+    FAIL() << "expected an error";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("ConvNN3d: input must be 5-D [B,C,D,H,W] (or 4-D [C,D,H,W] for one sample)"),
+              std::string::npos) << error.what();
+  }
+  try {
+    functional::conv_nn3d(torch::randn({2, 3, 4, 5}), layer->kernel, {}, functional::ConvNNFuncOptions(5));
+    FAIL() << "expected an error";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("conv_nn3d: input must be 5-D [B,C,D,H,W]"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(ConvNN3d, SaveLoadRoundTripGivesIdenticalOutputs) {
+  const auto options = ConvNN3dOptions(3, 4, 8).padding(1).bias(true).projection(Projection::Linear);
+  expect_save_load_round_trip(ConvNN3d(options), ConvNN3d(options), torch::randn({2, 3, 2, 3, 3}));
+}
+
+TEST(BranchingConv3d, KeepsTheVolumeAndHasTheParametersOfItsBranches) {
+  torch::manual_seed(14);
+  BranchingConv3d layer(BranchingConv3dOptions(4, 8).lambda(0.5));
+  EXPECT_EQ(layer->options.convnn().k(), 27) << "K defaults to the 3x3x3 window's size";
+  const auto volume = torch::randn({2, 4, 3, 4, 5});
+  EXPECT_EQ(layer(volume).sizes(), (std::vector<int64_t>{2, 8, 3, 4, 5}));
+  EXPECT_TRUE(torch::equal(layer(volume[1]), layer(volume.narrow(0, 1, 1)).squeeze(0)));
+  // ConvNN branch 4 of 8 channels (standard kernel 4*4*27), 3x3x3 convolution 4*4*27 + 4, 1x1x1 mix 8*8 + 8.
+  EXPECT_EQ(parameter_count(*layer), 4 * 4 * 27 + 4 * 4 * 27 + 4 + 8 * 8 + 8);
+  EXPECT_EQ(printed(*layer).rfind("convnn::BranchingConv3d(4, 8, lambda=0.5", 0), 0u) << printed(*layer);
+  try {
+    layer(torch::randn({4, 5, 5}));
+    FAIL() << "expected an error";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("BranchingConv3d: input must be [B,C,D,H,W] (or [C,D,H,W] for one sample)"),
+              std::string::npos) << error.what();
+  }
+}
+
+TEST(BranchingConv3d, WithLambdaOneIsItsConvNNBranchThenTheMix) {
+  torch::manual_seed(15);
+  BranchingConv3d layer(BranchingConv3dOptions(3, 4, 8).lambda(1.0));
+  ASSERT_FALSE(layer->conv_branch);
+  const auto volume = torch::randn({1, 3, 3, 3, 4});
+  const auto expected = torch::conv3d(layer->convnn_branch(volume), layer->mix->weight, layer->mix->bias);
+  EXPECT_TRUE(AllClose(layer(volume), expected, 1e-6));
+}
+
 TEST(ConvNN1d, ForwardShapeAndPerHeadKernel) {
   ConvNN1d layer(ConvNN1dOptions(8, 8, 3).heads(2).kernel_per_head(true).bias(true).padding(1));
   EXPECT_EQ(layer->kernel.sizes(), (std::vector<int64_t>{2, 4, 4, 3}));

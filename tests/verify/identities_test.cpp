@@ -85,6 +85,8 @@ TEST_P(IdentitiesSuite, CoversEveryIdentityOfDesignSection2) {
                                        "conv2d/depthwise/unpadded",
                                        "conv2d/module/standard",
                                        "conv2d/module/depthwise",
+                                       "conv3d/standard/padded",
+                                       "conv3d/depthwise/padded",
                                        "attention",
                                        "attention/module",
                                        "kvt",
@@ -128,6 +130,14 @@ TEST_P(IdentitiesSuite, CoversEveryIdentityOfDesignSection2) {
   EXPECT_TRUE(has("conv2d/standard/padded", "R=3 K=9 gaussian"));
   EXPECT_TRUE(has("conv2d/standard/padded", "R=5 K=25 gaussian"));
   EXPECT_TRUE(has("conv2d/standard/padded", "11x11,10x14"));  // square and non-square maps
+  for (const int r : {1, 3, 5}) {  // 3D: every window size for chebyshev, on a non-cubic volume
+    for (const auto* identity : {"conv3d/standard/padded", "conv3d/depthwise/padded"}) {
+      EXPECT_TRUE(has(identity, "R=" + std::to_string(r) + " K=" + std::to_string(r * r * r) + " chebyshev"))
+          << identity << " lacks R=" << r;
+    }
+  }
+  EXPECT_TRUE(has("conv3d/standard/padded", "R=3 K=27 gaussian"));
+  EXPECT_TRUE(has("conv3d/standard/padded", "5x6x7"));
 }
 
 TEST_P(IdentitiesSuite, PassesOnOtherSeeds) {
@@ -199,6 +209,7 @@ F::ConvNNFuncOptions convolution_setting(const Conv& conv, Similarity similarity
 
 at::Tensor same_padded_conv(const at::Tensor& x, const Conv& conv) {
   if (x.dim() == 3) return at::conv1d(x, conv.weight, conv.bias, 1, conv.r / 2, 1, conv.groups);
+  if (x.dim() == 5) return at::conv3d(x, conv.weight, conv.bias, 1, conv.r / 2, 1, conv.groups);
   return at::conv2d(x, conv.weight, conv.bias, 1, conv.r / 2, 1, conv.groups);
 }
 
@@ -407,6 +418,48 @@ TEST(Identities, Conv2dNeedsTheSameCoordinateStepOnBothAxes) {
   EXPECT_GT(max_abs_diff(run(per_axis), reference), 1e-3);
 }
 
+// 3D: (dtype, R, aggregation) on a non-cubic volume. With spatial coordinates only, chebyshev,
+// K = R³, index order and uniform rho, the R³ nearest voxels of each query in the zero-padded
+// volume are its R x R x R window in raster order: conv3d with same padding.
+using Conv3dParam = std::tuple<c10::ScalarType, int64_t, Aggregation>;
+
+class Conv3dIdentity : public ::testing::TestWithParam<Conv3dParam> {
+ protected:
+  void SetUp() override {
+    const auto& [dtype, r, aggregation] = GetParam();
+    torch::manual_seed(r * 17 + (aggregation == Aggregation::Standard ? 1 : 2));
+    conv = random_conv(3, r, aggregation, dtype);
+    x = torch::randn({kBatch, kIn, 5, 6, 7}, options_of(dtype));
+    tolerance = identity_tolerance(dtype);
+  }
+  at::Tensor conv_nn3d_with(Similarity similarity) const {
+    return F::conv_nn3d(x, conv.convnn_kernel(), conv.bias, convolution_setting(conv, similarity, true));
+  }
+  Conv conv;
+  at::Tensor x;
+  double tolerance = 0.0;
+};
+
+TEST_P(Conv3dIdentity, PaddedChebyshevEqualsConv3dWithSamePadding) {
+  EXPECT_TRUE(AllClose(conv_nn3d_with(Similarity::Chebyshev), same_padded_conv(x, conv), tolerance));
+}
+
+// gaussian (Euclidean) selection: the R³ nearest voxels are the cube while its corner, at squared
+// distance 3(R/2)², is nearer than the first voxel beyond a face, (R/2+1)²: R = 1 and 3 only. At
+// R = 5 the corner (2,2,2) (12) is farther than (3,0,0) (9): the R³ nearest form a ball.
+TEST_P(Conv3dIdentity, PaddedGaussianEqualsConv3dOnlyUpToR3) {
+  const auto y = conv_nn3d_with(Similarity::Gaussian);
+  if (conv.r <= 3) {
+    EXPECT_TRUE(AllClose(y, same_padded_conv(x, conv), tolerance));
+  } else {
+    EXPECT_GT(max_abs_diff(y, same_padded_conv(x, conv)), 1e-3) << "a ball, not a cube";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Identities, Conv3dIdentity,
+                         ::testing::Combine(kDtypes, ::testing::Values(1, 3, 5), kAggregations),
+                         conv_param_name);
+
 // The modules with a convolution's weights copied in.
 class ConvModuleIdentity : public ::testing::TestWithParam<Aggregation> {};
 
@@ -447,6 +500,17 @@ TEST_P(ConvModuleIdentity, ConvNN1dWithConvWeightsEqualsConv1d) {
       convnn::nn::ConvNN1dOptions(kIn, conv.out_channels(), conv.taps()), conv));
   load_conv(module, conv);
   const auto x = torch::randn({kBatch, kIn, 19});
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(AllClose(module(x), same_padded_conv(x, conv), identity_tolerance(at::kFloat)));
+}
+
+TEST_P(ConvModuleIdentity, ConvNN3dWithConvWeightsEqualsConv3d) {
+  torch::manual_seed(3);
+  const auto conv = random_conv(3, 3, GetParam(), at::kFloat);
+  convnn::nn::ConvNN3d module(convolution_module_options(
+      convnn::nn::ConvNN3dOptions(kIn, conv.out_channels(), conv.taps()), conv));
+  load_conv(module, conv);
+  const auto x = torch::randn({kBatch, kIn, 4, 5, 6});
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(AllClose(module(x), same_padded_conv(x, conv), identity_tolerance(at::kFloat)));
 }

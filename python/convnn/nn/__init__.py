@@ -1,5 +1,6 @@
 """ConvNN layers and functional forms for PyTorch, on the C++ library's rules."""
 from . import functional
-from .modules import BranchingConv2d, ConvNN1d, ConvNN2d, ConvNNAttention
+from .modules import BranchingConv2d, BranchingConv3d, ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention
 
-__all__ = ["ConvNN1d", "ConvNN2d", "ConvNNAttention", "BranchingConv2d", "functional"]
+__all__ = ["ConvNN1d", "ConvNN2d", "ConvNN3d", "ConvNNAttention", "BranchingConv2d", "BranchingConv3d",
+           "functional"]

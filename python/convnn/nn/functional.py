@@ -1,5 +1,5 @@
 """The ConvNN operator as functions (C++: convnn::nn::functional), through the dispatcher ops
-torch.ops.convnn.conv_nn / conv_nn1d / conv_nn2d. Options are the C++ ConvNNFuncOptions: k
+torch.ops.convnn.conv_nn / conv_nn1d / conv_nn2d / conv_nn3d. Options are the C++ ConvNNFuncOptions: k
 (required), similarity, heads, alpha, coordinates, padding, num_candidates, include_self,
 slot_order, rho, temperature, kernel_per_head, fused; their defaults are C++'s
 (convnn.nn.functional.option_defaults())."""
@@ -60,3 +60,9 @@ def conv_nn2d(input: torch.Tensor, kernel: torch.Tensor, bias: typing.Optional[t
               **options: typing.Any) -> torch.Tensor:
     """ConvNN on [B,C,H,W] with identity projections -> [B,C',H,W]."""
     return _ops.conv_nn2d(input, kernel, bias, _texts("conv_nn2d", options), generator)
+
+
+def conv_nn3d(input: torch.Tensor, kernel: torch.Tensor, bias: typing.Optional[torch.Tensor] = None, *, generator: typing.Optional[torch.Generator] = None,
+              **options: typing.Any) -> torch.Tensor:
+    """ConvNN on [B,C,D,H,W] with identity projections -> [B,C',D,H,W]."""
+    return _ops.conv_nn3d(input, kernel, bias, _texts("conv_nn3d", options), generator)

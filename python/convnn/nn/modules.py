@@ -223,6 +223,18 @@ class ConvNN2d(_ConvNNLayer):
 
 
 @_with_signature
+class ConvNN3d(_ConvNNLayer):
+    """ConvNN on [B, C, D, H, W] -> [B, C', D, H, W]: ConvNN3d(in_channels, out_channels, k, **options).
+    The tokens are the volume's voxels; coordinates have the same step on all three axes."""
+    _layer = "ConvNN3d"
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """[B, C, D, H, W] (or [C, D, H, W]) -> [B, out_channels, D, H, W], in the input's dtype and memory
+        format."""
+        return self._call(input)
+
+
+@_with_signature
 class ConvNNAttention(_ConvNNLayer):
     """Multi-head ConvNN attention on [B, N, C] -> [B, N, C]: ConvNNAttention(embed_dim, num_heads,
     k, **options).
@@ -314,4 +326,18 @@ class BranchingConv2d(_ConvNNLayer):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """[B, C, H, W] (or [C, H, W]) -> [B, out_channels, H, W], in the input's dtype and memory format."""
+        return self._call(input)
+
+
+@_with_signature
+class BranchingConv3d(_ConvNNLayer):
+    """The hybrid branching layer on volumes [B, C, D, H, W] -> [B, C', D, H, W]: a ConvNN3d branch
+    with round(lambda * out_channels) channels and a 3x3x3 convolution branch, mixed by a 1x1x1
+    convolution. BranchingConv3d(in_channels, out_channels, lambda_=0.5, k=27, **options of the
+    ConvNN branch) (C++'s `lambda`, a Python keyword, is `lambda_`)."""
+    _layer = "BranchingConv3d"
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """[B, C, D, H, W] (or [C, D, H, W]) -> [B, out_channels, D, H, W], in the input's dtype and memory
+        format."""
         return self._call(input)

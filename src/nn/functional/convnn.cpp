@@ -97,7 +97,7 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
                   ": heads = ", h, " must divide the query channels (", queries.sym_size(2),
                   ") and value channels (", values.sym_size(2), ")");
   TORCH_CHECK(o.padding() == 0, op, ": padding = ", o.padding(),
-              " applies to spatial inputs only (conv_nn1d / conv_nn2d); token inputs take 0");
+              " applies to spatial inputs only (conv_nn1d / conv_nn2d / conv_nn3d); token inputs take 0");
   TORCH_CHECK(o.alpha() >= 0.0 && o.alpha() <= 1.0, op, ": alpha must be in [0, 1], got ",
               o.alpha());
   checks::check_temperature(o.temperature(), op);
@@ -310,6 +310,11 @@ at::Tensor conv_nn1d(const at::Tensor& input, const at::Tensor& kernel, const at
 at::Tensor conv_nn2d(const at::Tensor& input, const at::Tensor& kernel, const at::Tensor& bias,
                      const ConvNNFuncOptions& options) {
   return detail::conv_nn_spatial(input, kernel, bias, options, 2, {});
+}
+
+at::Tensor conv_nn3d(const at::Tensor& input, const at::Tensor& kernel, const at::Tensor& bias,
+                     const ConvNNFuncOptions& options) {
+  return detail::conv_nn_spatial(input, kernel, bias, options, 3, {});
 }
 
 }  // namespace convnn::nn::functional

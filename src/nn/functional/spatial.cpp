@@ -10,12 +10,22 @@
 
 namespace convnn::nn::functional::detail {
 
+std::string spatial_function_name(int64_t spatial_dims) { return "conv_nn" + std::to_string(spatial_dims) + "d"; }
+
+std::string spatial_layer_name(int64_t spatial_dims) { return "ConvNN" + std::to_string(spatial_dims) + "d"; }
+
+const char* spatial_layout(int64_t spatial_dims, bool batched) {
+  TORCH_INTERNAL_ASSERT(spatial_dims >= 1 && spatial_dims <= 3, "spatial_layout: ", spatial_dims, " dimensions");
+  static const char* const layouts[2][3] = {{"[C,L]", "[C,H,W]", "[C,D,H,W]"}, {"[B,C,L]", "[B,C,H,W]", "[B,C,D,H,W]"}};
+  return layouts[batched ? 1 : 0][spatial_dims - 1];
+}
+
 at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
                            const at::Tensor& bias, const ConvNNFuncOptions& options,
                            int64_t spatial_dims, const Projections& projections) {
-  const char* op = spatial_dims == 1 ? "conv_nn1d" : "conv_nn2d";
+  const auto op = spatial_function_name(spatial_dims);
   TORCH_CHECK(input.defined() && input.dim() == spatial_dims + 2, op, ": input must be ",
-              spatial_dims + 2, "-D ", spatial_dims == 1 ? "[B,C,L]" : "[B,C,H,W]", ", got ",
+              spatial_dims + 2, "-D ", spatial_layout(spatial_dims), ", got ",
               input.defined() ? checks::shape_string(input) : "undefined");
   const int64_t pad = options.padding();
   TORCH_CHECK(pad >= 0, op, ": padding must be non-negative, got ", pad);

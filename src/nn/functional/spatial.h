@@ -1,5 +1,5 @@
 #pragma once
-// Shared by the spatial functionals and the ConvNN1d/2d modules: pad, flatten to tokens, project,
+// Shared by the spatial functionals and the ConvNN1d/2d/3d modules: pad, flatten to tokens, project,
 // run the token form with grid coordinates, reshape back and crop.
 #include <ATen/core/Tensor.h>
 
@@ -7,6 +7,7 @@
 #include <c10/util/ArrayRef.h>
 
 #include <functional>
+#include <string>
 #include <string_view>
 
 #include "convnn/nn/options/convnn.h"
@@ -17,6 +18,11 @@ namespace convnn::nn::functional::detail {
 struct Projections {
   std::function<at::Tensor(const at::Tensor&)> query, key, value;
 };
+
+// The spatial forms' names and layouts: "conv_nn2d", "ConvNN2d", "[B,C,H,W]" ([C,H,W] unbatched).
+std::string spatial_function_name(int64_t spatial_dims);
+std::string spatial_layer_name(int64_t spatial_dims);
+const char* spatial_layout(int64_t spatial_dims, bool batched = true);
 
 at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
                            const at::Tensor& bias, const ConvNNFuncOptions& options,

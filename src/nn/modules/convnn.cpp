@@ -82,7 +82,7 @@ c10::optional<at::Generator> CandidateDraw::generator(bool training) const {
   return at::make_generator<at::CPUGeneratorImpl>(eval_seed_);
 }
 
-// ----------------------------------------------------------------------------- ConvNN1d / 2d
+// ----------------------------------------------------------------------------- ConvNN1d / 2d / 3d
 
 template <size_t D, typename Derived>
 ConvNNNdImpl<D, Derived>::ConvNNNdImpl(ConvNNOptions<D> options_) : options(std::move(options_)) {
@@ -92,7 +92,7 @@ ConvNNNdImpl<D, Derived>::ConvNNNdImpl(ConvNNOptions<D> options_) : options(std:
 template <size_t D, typename Derived>
 void ConvNNNdImpl<D, Derived>::reset() {
   const auto& o = options;
-  const char* name = D == 1 ? "ConvNN1d" : "ConvNN2d";
+  const auto name = functional::detail::spatial_layer_name(D);
   TORCH_CHECK(o.in_channels() >= 1, name, ": in_channels must be at least 1, got ", o.in_channels());
   TORCH_CHECK(o.out_channels() >= 1, name, ": out_channels must be at least 1, got ", o.out_channels());
   TORCH_CHECK(o.k() >= 1, name, ": k must be at least 1, got ", o.k());
@@ -192,6 +192,7 @@ void ConvNNNdImpl<D, Derived>::pretty_print(std::ostream& stream) const {
 
 template class ConvNNNdImpl<1, ConvNN1dImpl>;
 template class ConvNNNdImpl<2, ConvNN2dImpl>;
+template class ConvNNNdImpl<3, ConvNN3dImpl>;
 
 // ----------------------------------------------------------------------------- ConvNNAttention
 
@@ -257,38 +258,44 @@ void ConvNNAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
-// ----------------------------------------------------------------------------- BranchingConv2d
+// ----------------------------------------------------------------------------- BranchingConv2d / 3d
 
-BranchingConv2dImpl::BranchingConv2dImpl(BranchingConv2dOptions options_)
+template <size_t D, typename Derived>
+BranchingConvNdImpl<D, Derived>::BranchingConvNdImpl(BranchingConvOptions<D> options_)
     : options(std::move(options_)) {
   reset();
 }
 
-int64_t BranchingConv2dImpl::convnn_channels() const { return detail::convnn_branch_channels(options); }
-
-void BranchingConv2dImpl::reset() {
-  const auto& o = options;
-  TORCH_CHECK(o.in_channels() >= 1 && o.out_channels() >= 1,
-              "BranchingConv2d: in_channels and out_channels must be at least 1, got ", o.in_channels(),
-              " and ", o.out_channels());
-  TORCH_CHECK(o.lambda() >= 0.0 && o.lambda() <= 1.0, "BranchingConv2d: lambda must be in [0, 1], got ",
-              o.lambda());
-  TORCH_CHECK(o.kernel_size() >= 1 && o.kernel_size() % 2 == 1,
-              "BranchingConv2d: kernel_size must be odd and positive (same padding), got ", o.kernel_size());
-  const int64_t convnn_out = convnn_channels(), conv_out = o.out_channels() - convnn_out;
-  if (convnn_out > 0) {
-    convnn_branch = register_module("convnn_branch", ConvNN2d(detail::convnn_branch_options(o)));
-  }
-  if (conv_out > 0) {
-    conv_branch = register_module(
-        "conv_branch", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), conv_out, o.kernel_size())
-                                             .padding(o.kernel_size() / 2)
-                                             .bias(true)));
-  }
-  mix = register_module("mix", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.out_channels(), o.out_channels(), 1).bias(true)));
+template <size_t D, typename Derived>
+int64_t BranchingConvNdImpl<D, Derived>::convnn_channels() const {
+  return detail::convnn_branch_channels(options);
 }
 
-at::Tensor BranchingConv2dImpl::forward(const at::Tensor& input) {
+template <size_t D, typename Derived>
+void BranchingConvNdImpl<D, Derived>::reset() {
+  const auto& o = options;
+  const auto name = detail::branching_layer_name(D);
+  TORCH_CHECK(o.in_channels() >= 1 && o.out_channels() >= 1,
+              name, ": in_channels and out_channels must be at least 1, got ", o.in_channels(),
+              " and ", o.out_channels());
+  TORCH_CHECK(o.lambda() >= 0.0 && o.lambda() <= 1.0, name, ": lambda must be in [0, 1], got ", o.lambda());
+  TORCH_CHECK(o.kernel_size() >= 1 && o.kernel_size() % 2 == 1,
+              name, ": kernel_size must be odd and positive (same padding), got ", o.kernel_size());
+  const int64_t convnn_out = convnn_channels(), conv_out = o.out_channels() - convnn_out;
+  if (convnn_out > 0) {
+    convnn_branch = this->register_module("convnn_branch", ConvNNBranch(detail::convnn_branch_options(o)));
+  }
+  if (conv_out > 0) {
+    conv_branch = this->register_module(
+        "conv_branch", Conv(torch::nn::ConvOptions<D>(o.in_channels(), conv_out, o.kernel_size())
+                                .padding(o.kernel_size() / 2)
+                                .bias(true)));
+  }
+  mix = this->register_module("mix", Conv(torch::nn::ConvOptions<D>(o.out_channels(), o.out_channels(), 1).bias(true)));
+}
+
+template <size_t D, typename Derived>
+at::Tensor BranchingConvNdImpl<D, Derived>::forward(const at::Tensor& input) {
   detail::BranchingTensors t;
   c10::optional<at::Generator> generator;
   if (convnn_branch) {
@@ -300,14 +307,19 @@ at::Tensor BranchingConv2dImpl::forward(const at::Tensor& input) {
   return detail::branching_forward(options, input, t, generator);
 }
 
-void BranchingConv2dImpl::check_input_size(c10::IntArrayRef sizes, const std::string& layer) const {
+template <size_t D, typename Derived>
+void BranchingConvNdImpl<D, Derived>::check_input_size(c10::IntArrayRef sizes, const std::string& layer) const {
   if (convnn_branch) convnn_branch->check_input_size(sizes, layer + ".convnn_branch");
 }
 
-void BranchingConv2dImpl::pretty_print(std::ostream& stream) const {
-  stream << "convnn::BranchingConv2d(" << options.in_channels() << ", " << options.out_channels()
+template <size_t D, typename Derived>
+void BranchingConvNdImpl<D, Derived>::pretty_print(std::ostream& stream) const {
+  stream << "convnn::" << detail::branching_layer_name(D) << "(" << options.in_channels() << ", " << options.out_channels()
          << ", lambda=" << options.lambda() << ", convnn_channels=" << convnn_channels()
          << ", kernel_size=" << options.kernel_size() << ")";
 }
+
+template class BranchingConvNdImpl<2, BranchingConv2dImpl>;
+template class BranchingConvNdImpl<3, BranchingConv3dImpl>;
 
 }  // namespace convnn::nn

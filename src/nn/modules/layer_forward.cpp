@@ -18,9 +18,11 @@ at::Tensor apply_linear(const LinearTensors& linear, const at::Tensor& x) {
   return at::linear(x, linear.weight, linear.bias.defined() ? c10::optional<at::Tensor>(linear.bias) : c10::nullopt);
 }
 
-at::Tensor apply_conv2d(const LinearTensors& conv, const at::Tensor& x, int64_t padding) {
-  return at::conv2d(x, conv.weight, conv.bias.defined() ? c10::optional<at::Tensor>(conv.bias) : c10::nullopt,
-                    /*stride=*/{1, 1}, /*padding=*/{padding, padding});
+// A stride-1 convolution over x's spatial dimensions (2 or 3), the same padding on each.
+at::Tensor apply_conv(const LinearTensors& conv, const at::Tensor& x, int64_t padding) {
+  const auto bias = conv.bias.defined() ? c10::optional<at::Tensor>(conv.bias) : c10::nullopt;
+  if (x.dim() == 5) return at::conv3d(x, conv.weight, bias, /*stride=*/{1, 1, 1}, /*padding=*/{padding, padding, padding});
+  return at::conv2d(x, conv.weight, bias, /*stride=*/{1, 1}, /*padding=*/{padding, padding});
 }
 
 // The shapes of the input (the batch B, the tokens N, for the spatial layers H and W) are read as
@@ -90,17 +92,17 @@ functional::ConvNNFuncOptions func_options(const ConvNNOptions<D>& o) {
 template <size_t D>
 at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& input,
                           const ConvNNTensors& tensors, c10::optional<at::Generator> generator) {
-  const char* name = D == 1 ? "ConvNN1d" : "ConvNN2d";
+  const auto name = functional::detail::spatial_layer_name(D);
   if (is_one_sample(input, D + 2)) {
     return convnn_forward(options, input.unsqueeze(0), tensors, std::move(generator)).squeeze(0);
   }
   TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ",
-              D + 2, "-D ", D == 1 ? "[B,C,L]" : "[B,C,H,W]", " (or ", D + 1, "-D ",
-              D == 1 ? "[C,L]" : "[C,H,W]", " for one sample), got ",
+              D + 2, "-D ", functional::detail::spatial_layout(D), " (or ", D + 1, "-D ",
+              functional::detail::spatial_layout(D, /*batched=*/false), " for one sample), got ",
               input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
   TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()), name, ": input has ", input.sym_size(1),
                   " channels (dim 1), but in_channels = ", options.in_channels());
-  check_input_dtype(name, input, tensors.kernel);
+  check_input_dtype(name.c_str(), input, tensors.kernel);
   functional::detail::Projections projections;
   if (options.projection() == Projection::Linear) {
     projections.query = [&](const at::Tensor& t) { return apply_linear(tensors.query, t); };
@@ -115,9 +117,12 @@ at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& inp
 
 template functional::ConvNNFuncOptions func_options(const ConvNNOptions<1>&);
 template functional::ConvNNFuncOptions func_options(const ConvNNOptions<2>&);
+template functional::ConvNNFuncOptions func_options(const ConvNNOptions<3>&);
 template at::Tensor convnn_forward(const ConvNNOptions<1>&, const at::Tensor&, const ConvNNTensors&,
                                    c10::optional<at::Generator>);
 template at::Tensor convnn_forward(const ConvNNOptions<2>&, const at::Tensor&, const ConvNNTensors&,
+                                   c10::optional<at::Generator>);
+template at::Tensor convnn_forward(const ConvNNOptions<3>&, const at::Tensor&, const ConvNNTensors&,
                                    c10::optional<at::Generator>);
 
 void check_attention_input(const ConvNNAttentionOptions& o, const at::Tensor& input, const at::Tensor& weight) {
@@ -169,34 +174,50 @@ at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& 
   return apply_linear(tensors.output, aggregated);
 }
 
-int64_t convnn_branch_channels(const BranchingConv2dOptions& options) {
+std::string branching_layer_name(int64_t spatial_dims) { return "BranchingConv" + std::to_string(spatial_dims) + "d"; }
+
+template <size_t D>
+int64_t convnn_branch_channels(const BranchingConvOptions<D>& options) {
   return static_cast<int64_t>(std::llround(options.lambda() * static_cast<double>(options.out_channels())));
 }
 
-ConvNN2dOptions convnn_branch_options(const BranchingConv2dOptions& options) {
+template <size_t D>
+ConvNNOptions<D> convnn_branch_options(const BranchingConvOptions<D>& options) {
   auto branch = options.convnn();
   branch.in_channels(options.in_channels()).out_channels(convnn_branch_channels(options));
   return branch;
 }
 
-at::Tensor branching_forward(const BranchingConv2dOptions& options, const at::Tensor& input,
+template <size_t D>
+at::Tensor branching_forward(const BranchingConvOptions<D>& options, const at::Tensor& input,
                              const BranchingTensors& tensors, c10::optional<at::Generator> generator) {
-  if (is_one_sample(input, 4)) {
+  const auto name = branching_layer_name(D);
+  const char* batched = functional::detail::spatial_layout(D);
+  if (is_one_sample(input, D + 2)) {
     return branching_forward(options, input.unsqueeze(0), tensors, std::move(generator)).squeeze(0);
   }
-  TORCH_CHECK(input.defined() && input.dim() == 4,
-              "BranchingConv2d: input must be [B,C,H,W] (or [C,H,W] for one sample) with C = in_channels = ",
+  TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ", batched,
+              " (or ", functional::detail::spatial_layout(D, /*batched=*/false), " for one sample) with C = in_channels = ",
               options.in_channels(), ", got ", input.defined() ? input.sym_sizes() : c10::SymIntArrayRef{});
   TORCH_SYM_CHECK(input.sym_size(1).sym_eq(options.in_channels()),
-                  "BranchingConv2d: input must be [B,C,H,W] with C = in_channels = ", options.in_channels(),
+                  name, ": input must be ", batched, " with C = in_channels = ", options.in_channels(),
                   ", got ", input.sym_sizes());
-  check_input_dtype("BranchingConv2d", input, tensors.mix.weight);
+  check_input_dtype(name.c_str(), input, tensors.mix.weight);
   std::vector<at::Tensor> branches;
   if (tensors.convnn) {
     branches.push_back(convnn_forward(convnn_branch_options(options), input, *tensors.convnn, std::move(generator)));
   }
-  if (tensors.conv.weight.defined()) branches.push_back(apply_conv2d(tensors.conv, input, options.kernel_size() / 2));
-  return in_memory_format_of(input, apply_conv2d(tensors.mix, branches.size() == 1 ? branches[0] : at::cat(branches, 1), 0));
+  if (tensors.conv.weight.defined()) branches.push_back(apply_conv(tensors.conv, input, options.kernel_size() / 2));
+  return in_memory_format_of(input, apply_conv(tensors.mix, branches.size() == 1 ? branches[0] : at::cat(branches, 1), 0));
 }
+
+template int64_t convnn_branch_channels(const BranchingConvOptions<2>&);
+template int64_t convnn_branch_channels(const BranchingConvOptions<3>&);
+template ConvNNOptions<2> convnn_branch_options(const BranchingConvOptions<2>&);
+template ConvNNOptions<3> convnn_branch_options(const BranchingConvOptions<3>&);
+template at::Tensor branching_forward(const BranchingConvOptions<2>&, const at::Tensor&, const BranchingTensors&,
+                                      c10::optional<at::Generator>);
+template at::Tensor branching_forward(const BranchingConvOptions<3>&, const at::Tensor&, const BranchingTensors&,
+                                      c10::optional<at::Generator>);
 
 }  // namespace convnn::nn::detail

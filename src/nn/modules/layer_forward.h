@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <string>
+
 #include "convnn/nn/options/convnn.h"
 
 namespace convnn::nn::detail {
@@ -32,7 +34,7 @@ struct BranchingTensors {
   LinearTensors mix;                    // the 1x1 mixing convolution
 };
 
-// The operator's options of a ConvNN1d / ConvNN2d layer.
+// The operator's options of a ConvNN1d / 2d / 3d layer.
 template <size_t D>
 functional::ConvNNFuncOptions func_options(const ConvNNOptions<D>& options);
 
@@ -59,12 +61,17 @@ at::Tensor attention_forward(const ConvNNAttentionOptions& options, const at::Te
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
                              bool training);
 
+// "BranchingConv2d" or "BranchingConv3d".
+std::string branching_layer_name(int64_t spatial_dims);
 // The ConvNN branch's options: the layer's, with its share of the channels.
-ConvNN2dOptions convnn_branch_options(const BranchingConv2dOptions& options);
+template <size_t D>
+ConvNNOptions<D> convnn_branch_options(const BranchingConvOptions<D>& options);
 // Output channels of the ConvNN branch: round(lambda * out_channels).
-int64_t convnn_branch_channels(const BranchingConv2dOptions& options);
+template <size_t D>
+int64_t convnn_branch_channels(const BranchingConvOptions<D>& options);
 
-at::Tensor branching_forward(const BranchingConv2dOptions& options, const at::Tensor& input,
+template <size_t D>
+at::Tensor branching_forward(const BranchingConvOptions<D>& options, const at::Tensor& input,
                              const BranchingTensors& tensors, c10::optional<at::Generator> generator);
 
 }  // namespace convnn::nn::detail

@@ -24,6 +24,9 @@ at::Tensor conv_nn1d(const at::Tensor& input, const at::Tensor& kernel, const at
 /// ConvNN on [B,C,H,W] with identity projections. Returns [B,C',H,W].
 at::Tensor conv_nn2d(const at::Tensor& input, const at::Tensor& kernel, const at::Tensor& bias,
                      const ConvNNFuncOptions& options);
+/// ConvNN on [B,C,D,H,W] with identity projections. Returns [B,C',D,H,W].
+at::Tensor conv_nn3d(const at::Tensor& input, const at::Tensor& kernel, const at::Tensor& bias,
+                     const ConvNNFuncOptions& options);
 
 /// rho applied to the selected scores [..,K]; -inf (masked) slots weigh exactly 0, and a row with
 /// no valid slot weighs 0 everywhere.

@@ -8,6 +8,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <type_traits>
+
 #include "convnn/nn/functional/convnn.h"
 #include "convnn/nn/options/convnn.h"
 
@@ -33,7 +35,7 @@ class CandidateDraw {
   uint64_t eval_seed_ = 0;
 };
 
-/// Shared implementation of ConvNN1d and ConvNN2d.
+/// Shared implementation of ConvNN1d, ConvNN2d and ConvNN3d.
 template <size_t D, typename Derived>
 class ConvNNNdImpl : public torch::nn::Cloneable<Derived> {
  public:
@@ -80,6 +82,16 @@ class ConvNN2dImpl : public ConvNNNdImpl<2, ConvNN2dImpl> {
 };
 TORCH_MODULE(ConvNN2d);
 
+/// ConvNN on [B,C,D,H,W] -> [B,C',D,H,W]: the tokens are the volume's voxels, with coordinates of
+/// the same step on all three axes.
+class ConvNN3dImpl : public ConvNNNdImpl<3, ConvNN3dImpl> {
+ public:
+  using ConvNNNdImpl<3, ConvNN3dImpl>::ConvNNNdImpl;
+  ConvNN3dImpl(int64_t in_channels, int64_t out_channels, int64_t k)
+      : ConvNN3dImpl(ConvNN3dOptions(in_channels, out_channels, k)) {}
+};
+TORCH_MODULE(ConvNN3d);
+
 /// Multi-head ConvNN attention on [B,N,C] -> [B,N,C].
 class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl> {
  public:
@@ -104,26 +116,45 @@ class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl> {
 };
 TORCH_MODULE(ConvNNAttention);
 
-/// The hybrid branching layer on [B,C,H,W] -> [B,C',H,W].
-class BranchingConv2dImpl : public torch::nn::Cloneable<BranchingConv2dImpl> {
+/// Shared implementation of BranchingConv2d and BranchingConv3d.
+template <size_t D, typename Derived>
+class BranchingConvNdImpl : public torch::nn::Cloneable<Derived> {
  public:
-  explicit BranchingConv2dImpl(BranchingConv2dOptions options);
-  BranchingConv2dImpl(int64_t in_channels, int64_t out_channels, int64_t k = 9)
-      : BranchingConv2dImpl(BranchingConv2dOptions(in_channels, out_channels, k)) {}
+  using ConvNNBranch = std::conditional_t<D == 2, ConvNN2d, ConvNN3d>;
+  using Conv = std::conditional_t<D == 2, torch::nn::Conv2d, torch::nn::Conv3d>;
+
+  explicit BranchingConvNdImpl(BranchingConvOptions<D> options);
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
-  /// ConvNN2dImpl::check_input_size of the ConvNN branch, if there is one.
+  /// check_input_size of the ConvNN branch, if there is one.
   void check_input_size(c10::IntArrayRef sizes, const std::string& layer) const;
 
   /// Output channels of the ConvNN branch: round(lambda * out_channels).
   int64_t convnn_channels() const;
 
-  BranchingConv2dOptions options;
-  ConvNN2d convnn_branch{nullptr};
-  torch::nn::Conv2d conv_branch{nullptr};
-  torch::nn::Conv2d mix{nullptr};
+  BranchingConvOptions<D> options;
+  ConvNNBranch convnn_branch{nullptr};
+  Conv conv_branch{nullptr};
+  Conv mix{nullptr};
+};
+
+/// The hybrid branching layer on [B,C,H,W] -> [B,C',H,W].
+class BranchingConv2dImpl : public BranchingConvNdImpl<2, BranchingConv2dImpl> {
+ public:
+  using BranchingConvNdImpl<2, BranchingConv2dImpl>::BranchingConvNdImpl;
+  BranchingConv2dImpl(int64_t in_channels, int64_t out_channels, int64_t k = 9)
+      : BranchingConv2dImpl(BranchingConv2dOptions(in_channels, out_channels, k)) {}
 };
 TORCH_MODULE(BranchingConv2d);
+
+/// The hybrid branching layer on volumes [B,C,D,H,W] -> [B,C',D,H,W].
+class BranchingConv3dImpl : public BranchingConvNdImpl<3, BranchingConv3dImpl> {
+ public:
+  using BranchingConvNdImpl<3, BranchingConv3dImpl>::BranchingConvNdImpl;
+  BranchingConv3dImpl(int64_t in_channels, int64_t out_channels, int64_t k = 27)
+      : BranchingConv3dImpl(BranchingConv3dOptions(in_channels, out_channels, k)) {}
+};
+TORCH_MODULE(BranchingConv3d);
 
 }  // namespace convnn::nn

@@ -53,7 +53,7 @@ const std::vector<std::string>& projection_names();
 namespace functional {
 
 /// Options of the ConvNN operator on token sequences (functional::conv_nn) and on spatial maps
-/// (functional::conv_nn1d / conv_nn2d).
+/// (functional::conv_nn1d / conv_nn2d / conv_nn3d).
 struct ConvNNFuncOptions {
   /* implicit */ ConvNNFuncOptions(int64_t k) : k_(k) {}
 
@@ -93,7 +93,7 @@ struct ConvNNFuncOptions {
 
 }  // namespace functional
 
-/// Options shared by ConvNN1d and ConvNN2d.
+/// Options shared by ConvNN1d, ConvNN2d and ConvNN3d.
 template <size_t D>
 struct ConvNNOptions {
   ConvNNOptions(int64_t in_channels, int64_t out_channels, int64_t k)
@@ -133,6 +133,7 @@ struct ConvNNOptions {
 
 using ConvNN1dOptions = ConvNNOptions<1>;
 using ConvNN2dOptions = ConvNNOptions<2>;
+using ConvNN3dOptions = ConvNNOptions<3>;
 
 /// Multi-head ConvNN attention on [B,N,C], a drop-in for multi-head self-attention. Defaults are
 /// the paper's ViT: bias-free Q/K/V/O, scaled_dot, softmax rho, depthwise kernel initialised to 1
@@ -170,12 +171,15 @@ struct ConvNNAttentionOptions {
 };
 
 /// The hybrid branching layer: a ConvNN branch with round(lambda * out_channels) channels, first,
-/// and a 3x3 convolution branch (with bias) with the rest, concatenated and mixed by a 1x1
-/// convolution with bias. lambda 0 or 1 builds one branch; the 1x1 mix stays.
-struct BranchingConv2dOptions {
-  BranchingConv2dOptions(int64_t in_channels, int64_t out_channels, int64_t k = 9)
+/// and a 3x3 (3x3x3) convolution branch (with bias) with the rest, concatenated and mixed by a 1x1
+/// (1x1x1) convolution with bias. lambda 0 or 1 builds one branch; the mix stays. D = 2:
+/// BranchingConv2d on [B,C,H,W]; D = 3: BranchingConv3d on [B,C,D,H,W]. K defaults to the
+/// convolution window's size, 3^D.
+template <size_t D>
+struct BranchingConvOptions {
+  BranchingConvOptions(int64_t in_channels, int64_t out_channels, int64_t k = D == 3 ? 27 : 9)
       : in_channels_(in_channels), out_channels_(out_channels),
-        convnn_(ConvNN2dOptions(in_channels, out_channels, k).padding(1)) {}
+        convnn_(ConvNNOptions<D>(in_channels, out_channels, k).padding(1)) {}
 
   TORCH_ARG(int64_t, in_channels);
   TORCH_ARG(int64_t, out_channels);
@@ -183,7 +187,10 @@ struct BranchingConv2dOptions {
   /// Kernel size of the convolution branch (odd; same padding).
   TORCH_ARG(int64_t, kernel_size) = 3;
   /// The ConvNN branch's options; its channel counts are set from in_channels and lambda.
-  TORCH_ARG(ConvNN2dOptions, convnn);
+  TORCH_ARG(ConvNNOptions<D>, convnn);
 };
+
+using BranchingConv2dOptions = BranchingConvOptions<2>;
+using BranchingConv3dOptions = BranchingConvOptions<3>;
 
 }  // namespace convnn::nn
