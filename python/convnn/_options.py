@@ -17,11 +17,12 @@ _PARSERS = {
     "float": float,
     "bool": lambda text: text == "true",
     "str": str,
+    "int[]": lambda text: tuple(int(item) for item in text.split(",")),
 }
 
 
 _TYPE_NAMES = {"int": "an integer", "int?": "an integer or None", "float": "a number", "bool": "True or False",
-               "str": "a string"}
+               "str": "a string", "int[]": "an integer or a tuple of integers (one per axis)"}
 
 
 def _has_type(value, kind):
@@ -36,6 +37,9 @@ def _has_type(value, kind):
         return integral or isinstance(value, (numbers.Real, torch.SymFloat))
     if kind == "bool":
         return isinstance(value, bool)
+    if kind == "int[]":
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        return len(items) > 0 and all(_has_type(item, "int") for item in items)
     return isinstance(value, str)
 
 
@@ -47,6 +51,8 @@ def _text(value):
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(value)
+    if isinstance(value, (tuple, list)):  # per-axis values (stride, dilation)
+        return ",".join(str(item) for item in value)
     return str(value)
 
 

@@ -212,3 +212,32 @@ def test_conv_nn3d_in_the_convolution_setting_is_conv3d(aggregation):
                                          alpha=0.0, padding=1, slot_order="index", rho="uniform")
     want = nn.functional.conv3d(x, weight, bias, padding=1, groups=1 if standard else 4)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_stride_and_dilation_take_one_value_or_one_per_axis_as_torch_convolutions_do():
+    """The C++ field list gives their type (int[]) and defaults; an integer or a tuple is accepted,
+    anything else refused naming the option; the output has ceil(size / stride) positions."""
+    layer = ConvNN2d(4, 6, 9, padding=1)
+    assert layer.options["stride"] == (1, 1) and layer.options["dilation"] == (1, 1)
+    assert ConvNN2d(4, 6, 9, padding=1, stride=2)(torch.randn(2, 4, 7, 8)).shape == (2, 6, 4, 4)
+    assert ConvNN3d(4, 6, 8, stride=(1, 2, 3))(torch.randn(1, 4, 3, 4, 5)).shape == (1, 6, 3, 2, 2)
+    with pytest.raises(TypeError, match="option stride must be an integer or a tuple of integers"):
+        ConvNN2d(4, 6, 9, stride="2")
+    with pytest.raises(RuntimeError, match=r"option stride must be one integer or 2 \(one per axis\), got '1,2,3'"):
+        ConvNN2d(4, 6, 9, stride=(1, 2, 3))
+    with pytest.raises(RuntimeError, match=r"ConvNN2d: dilation must be at least 1 on every axis, got \[0, 1\]"):
+        ConvNN2d(4, 6, 9, dilation=(0, 1))
+    # The functional form takes them too: every third of 9 positions, candidates on the dilation-2 grid.
+    out = convnn.nn.functional.conv_nn1d(torch.randn(1, 4, 9), torch.randn(4, 3), None, k=3, stride=3, dilation=2)
+    assert out.shape == (1, 4, 3)
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_a_strided_layer_compiles(dilation):
+    """torch.compile traces the strided (and dilated) layer: the same output as eager."""
+    torch.manual_seed(4)
+    layer = ConvNN2d(3, 5, 9, padding=dilation, stride=2, dilation=dilation, similarity="chebyshev",
+                     coordinates=True, alpha=0.0, slot_order="index").double().eval()
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(layer, backend="aot_eager", fullgraph=True)(x), layer(x))

@@ -23,6 +23,8 @@ CASES = [
      (2, 4, 5, 5)),
     ("conv2d-random", lambda: ConvNN2d(4, 8, 4, padding=1, num_candidates=12, include_self=True, seed=7),
      (2, 4, 5, 5)),
+    ("conv2d-strided-dilated", lambda: ConvNN2d(4, 6, 9, padding=2, stride=(2, 1), dilation=2, coordinates=True,
+                                                alpha=0.5, bias=True), (2, 4, 7, 8)),
     ("conv3d", lambda: ConvNN3d(3, 4, 27, padding=1, coordinates=True, alpha=0.5, bias=True), (2, 3, 3, 4, 5)),
     ("conv3d-depthwise-random", lambda: ConvNN3d(4, 4, 6, aggregation="depthwise", similarity="l1", rho="softmax",
                                                  num_candidates=20, seed=5), (2, 4, 3, 3, 4)),
@@ -31,6 +33,7 @@ CASES = [
                                               kernel_init="default", bias=True, out_bias=True), (3, 10, 12)),
     ("branching", lambda: BranchingConv2d(4, 8, lambda_=0.5, k=9, padding=1), (2, 4, 6, 6)),
     ("branching-random", lambda: BranchingConv2d(4, 6, lambda_=0.5, k=5, num_candidates=16, seed=3), (2, 4, 5, 5)),
+    ("branching-strided", lambda: BranchingConv2d(4, 6, lambda_=0.5, k=9, padding=1, stride=2), (2, 4, 7, 6)),
     ("branching3d", lambda: BranchingConv3d(3, 6, lambda_=0.5, k=8, similarity="gaussian"), (2, 3, 3, 3, 4)),
 ]
 

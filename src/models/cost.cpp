@@ -121,15 +121,20 @@ void add_conv2d(CostReport& report, const std::string& stage, const std::string&
   report.add(stage, layer, "conv2d", conv2d_cost(conv.options, height, width));
 }
 
-// ConvNN2d counts useful work: queries at the H x W output positions only (the layer also
-// searches for the padded positions and crops them away), candidates on the padded grid.
+// ConvNN2d counts useful work: queries at the output positions only (H x W, or ceil(H / stride) x
+// ceil(W / stride); the layer also searches for the padded positions and crops them away),
+// candidates on the padded grid, or with dilation on a query's phase of the dilated grid (the
+// largest phase: an upper bound where the padded size is not a multiple of the dilation).
 void add_convnn2d(CostReport& report, const std::string& stage, const std::string& layer,
                   const nn::ConvNN2dImpl& convnn, int64_t height, int64_t width) {
   convnn.check_input_size({height, width}, layer);  // k beyond the candidates has no cost
   const auto& o = convnn.options;
-  const int64_t n = height * width;
+  const auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t n = cdiv(height, o.stride()->at(0)) * cdiv(width, o.stride()->at(1));
   const int64_t grid = (height + 2 * o.padding()) * (width + 2 * o.padding());
-  const int64_t m = o.num_candidates() > 0 ? o.num_candidates() + (o.include_self() ? 1 : 0) : grid;
+  const int64_t phase = cdiv(height + 2 * o.padding(), o.dilation()->at(0)) *
+                        cdiv(width + 2 * o.padding(), o.dilation()->at(1));
+  const int64_t m = o.num_candidates() > 0 ? o.num_candidates() + (o.include_self() ? 1 : 0) : phase;
   const bool linear = o.projection() == nn::Projection::Linear;
   const int64_t qk = linear && o.qk_channels() > 0 ? o.qk_channels() : o.in_channels();
   if (linear) {
@@ -152,8 +157,10 @@ void add_spatial_layer(CostReport& report, const std::string& stage, const std::
     add_conv2d(report, stage, layer, *conv, height, width);
   } else if (const auto* convnn = dynamic_cast<const nn::ConvNN2dImpl*>(&module)) {
     add_convnn2d(report, stage, layer, *convnn, height, width);
+    advance_spatial_layer(module, layer, height, width);
   } else if (const auto* branching = dynamic_cast<const nn::BranchingConv2dImpl*>(&module)) {
-    // Both branches see the whole input and keep its size; the concatenation is free.
+    // Both branches see the whole input and give its size divided by the stride; the concatenation
+    // is free; the mix runs at the output size.
     if (!branching->convnn_branch.is_empty()) {
       add_convnn2d(report, stage, layer + ".convnn_branch", *branching->convnn_branch, height, width);
     }
@@ -161,8 +168,10 @@ void add_spatial_layer(CostReport& report, const std::string& stage, const std::
       int64_t h = height, w = width;
       add_conv2d(report, stage, layer + ".conv_branch", *branching->conv_branch, h, w);
     }
-    int64_t h = height, w = width;
+    const auto& stride = branching->options.convnn().stride();
+    int64_t h = (height + stride->at(0) - 1) / stride->at(0), w = (width + stride->at(1) - 1) / stride->at(1);
     add_conv2d(report, stage, layer + ".mix", *branching->mix, h, w);
+    advance_spatial_layer(module, layer, height, width);
   } else {
     TORCH_CHECK(false, layer, ": the cost counter knows Conv2d, ConvNN2d and BranchingConv2d, got ",
                 module.name());

@@ -31,9 +31,14 @@ void advance_spatial_layer(const torch::nn::Module& module, const std::string& l
     width = conv_output_size(width, o.kernel_size()->at(1), o.stride()->at(1), pad, o.dilation()->at(1));
     return;
   }
-  TORCH_CHECK(dynamic_cast<const nn::ConvNN2dImpl*>(&module) != nullptr ||
-                  dynamic_cast<const nn::BranchingConv2dImpl*>(&module) != nullptr,
-              layer, ": the model walk knows Conv2d, ConvNN2d and BranchingConv2d, got ", module.name());
+  const nn::ConvNN2dOptions* convnn = nullptr;
+  if (const auto* m = dynamic_cast<const nn::ConvNN2dImpl*>(&module)) convnn = &m->options;
+  if (const auto* m = dynamic_cast<const nn::BranchingConv2dImpl*>(&module)) convnn = &m->options.convnn();
+  TORCH_CHECK(convnn != nullptr, layer, ": the model walk knows Conv2d, ConvNN2d and BranchingConv2d, got ",
+              module.name());
+  // ConvNN keeps the size, divided by its stride (queries on every stride-th position).
+  height = (height + convnn->stride()->at(0) - 1) / convnn->stride()->at(0);
+  width = (width + convnn->stride()->at(1) - 1) / convnn->stride()->at(1);
 }
 
 void check_spatial_layer(const torch::nn::Module& module, const std::string& layer, int64_t height,

@@ -30,6 +30,28 @@ void FieldText::parse(std::string_view name, std::string_view text, int64_t& fie
   field = v;
 }
 
+std::string FieldText::format(c10::ArrayRef<int64_t> v) {
+  std::string text;
+  for (const int64_t x : v) text += (text.empty() ? "" : ",") + std::to_string(x);
+  return text;
+}
+
+void FieldText::parse(std::string_view name, std::string_view text, std::vector<int64_t>& field) {
+  std::vector<int64_t> values;
+  std::string_view rest = text;
+  while (true) {
+    const auto comma = rest.find(',');
+    int64_t value = 0;
+    const auto item = rest.substr(0, comma);
+    if (item.empty()) bad_value(name, text, "one or more integers, comma separated");
+    parse(name, item, value);
+    values.push_back(value);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  field = std::move(values);
+}
+
 void FieldText::parse(std::string_view name, std::string_view text, uint64_t& field) {
   const std::string s(text);
   char* end = nullptr;

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "convnn/nn/options/convnn.h"
 
@@ -32,6 +34,8 @@ void visit_option_fields(functional::ConvNNFuncOptions& o, Visit&& visit) {
   visit("alpha", o.alpha());
   visit("coordinates", o.coordinates());
   visit("padding", o.padding());
+  visit("stride", o.stride());
+  visit("dilation", o.dilation());
   visit("num_candidates", o.num_candidates());
   visit("include_self", o.include_self());
   visit("slot_order", o.slot_order());
@@ -54,6 +58,8 @@ void visit_option_fields(ConvNNOptions<D>& o, Visit&& visit, bool with_channels 
   visit("coordinates", o.coordinates());
   visit("alpha", o.alpha());
   visit("padding", o.padding());
+  visit("stride", o.stride());
+  visit("dilation", o.dilation());
   visit("num_candidates", o.num_candidates());
   visit("include_self", o.include_self());
   visit("eval_candidates", o.eval_candidates());
@@ -118,6 +124,9 @@ struct FieldText {
   static const char* type(const c10::optional<uint64_t>&) { return "int?"; }
   static const char* type(const double&) { return "float"; }
   static const char* type(const bool&) { return "bool"; }
+  static const char* type(const std::vector<int64_t>&) { return "int[]"; }
+  template <size_t D>
+  static const char* type(const torch::ExpandingArray<D>&) { return "int[]"; }
   template <typename Enum>
   static const char* type(const Enum&) { return "str"; }
 
@@ -126,7 +135,11 @@ struct FieldText {
   static std::string format(const c10::optional<uint64_t>& v) { return v ? std::to_string(*v) : "none"; }
   static std::string format(double v);
   static std::string format(bool v) { return v ? "true" : "false"; }
-  template <typename Enum>
+  static std::string format(c10::ArrayRef<int64_t> v);  // "2" or "1,2"
+  static std::string format(const std::vector<int64_t>& v) { return format(c10::ArrayRef<int64_t>(v)); }
+  template <size_t D>
+  static std::string format(const torch::ExpandingArray<D>& v) { return format(c10::ArrayRef<int64_t>(*v)); }
+  template <typename Enum, typename = std::enable_if_t<std::is_enum_v<Enum>>>
   static std::string format(Enum v) { return to_string(v); }
 
   static void parse(std::string_view name, std::string_view text, int64_t& field);
@@ -134,6 +147,17 @@ struct FieldText {
   static void parse(std::string_view name, std::string_view text, c10::optional<uint64_t>& field);
   static void parse(std::string_view name, std::string_view text, double& field);
   static void parse(std::string_view name, std::string_view text, bool& field);
+  // One or more integers, comma separated.
+  static void parse(std::string_view name, std::string_view text, std::vector<int64_t>& field);
+  // One integer for every axis, or D of them.
+  template <size_t D>
+  static void parse(std::string_view name, std::string_view text, torch::ExpandingArray<D>& field) {
+    std::vector<int64_t> values;
+    parse(name, text, values);
+    TORCH_CHECK(values.size() == 1 || values.size() == D, "option ", name, " must be one integer or ", D,
+                " (one per axis), got '", text, "'");
+    field = values.size() == 1 ? torch::ExpandingArray<D>(values[0]) : torch::ExpandingArray<D>(values);
+  }
   static void parse(std::string_view name, std::string_view text, Similarity& field);
   static void parse(std::string_view name, std::string_view text, Rho& field);
   static void parse(std::string_view name, std::string_view text, SlotOrder& field);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -264,6 +265,48 @@ void add_conv_module_row(Report& report, Sampler& sampler, Aggregation aggregati
       fmt::format("ConvNN2d R={} K={} chebyshev B={} C={}->{} map {} padding={} bias", r,
                   window_taps(c), kConvBatch, kConvIn, out_channels(c), shape_text(map), r / 2),
       module->forward(x), aten_conv(x, weights, r / 2));
+}
+
+// Dilation and stride (per axis): the strided, dilated convolution with same padding d * (R/2)
+// (ConvNN pads every axis by the largest; the extra padded positions are farther than the window).
+struct StridedConvCase {
+  int64_t dims, r;
+  std::vector<int64_t> stride, dilation, map;
+};
+
+void add_strided_conv_row(Report& report, Sampler& sampler, const StridedConvCase& c) {
+  const ConvCase conv_case{c.dims, c.r, Aggregation::Standard, Similarity::Chebyshev, true};
+  const auto weights = random_conv_weights(sampler, conv_case);
+  std::vector<int64_t> shape{kConvBatch, kConvIn}, padding;
+  shape.insert(shape.end(), c.map.begin(), c.map.end());
+  for (const int64_t d : c.dilation) padding.push_back(d * (c.r / 2));
+  const auto x = sampler.normal(shape);
+  const auto options = conv_options(conv_case)
+                           .padding(*std::max_element(padding.begin(), padding.end()))
+                           .stride(c.stride)
+                           .dilation(c.dilation);
+  const auto kernel = as_convnn_kernel(weights.weight, Aggregation::Standard);
+  const auto y = c.dims == 1   ? F::conv_nn1d(x, kernel, weights.bias, options)
+                 : c.dims == 2 ? F::conv_nn2d(x, kernel, weights.bias, options)
+                               : F::conv_nn3d(x, kernel, weights.bias, options);
+  const std::vector<int64_t> no_output_padding(c.dims, 0);
+  const auto reference = at::convolution(x, weights.weight, weights.bias, c.stride, padding, c.dilation, false,
+                                         no_output_padding, 1);
+  const bool strided = std::any_of(c.stride.begin(), c.stride.end(), [](int64_t v) { return v > 1; });
+  const bool dilated = std::any_of(c.dilation.begin(), c.dilation.end(), [](int64_t v) { return v > 1; });
+  report.add(fmt::format("conv{}d/{}", c.dims, strided && dilated ? "strided-dilated" : strided ? "strided" : "dilated"),
+             fmt::format("R={} K={} chebyshev B={} C={}->{} map {} stride {} dilation {} padding {}", c.r,
+                         window_taps(conv_case), kConvBatch, kConvIn, kConvOut, shape_text(c.map),
+                         shape_text(c.stride), shape_text(c.dilation), shape_text(padding)),
+             y, reference);
+}
+
+void add_strided_conv_rows(Report& report, Sampler& sampler) {
+  const std::vector<StridedConvCase> cases{
+      {1, 3, {1}, {2}, {20}},           {2, 3, {1, 1}, {1, 3}, {10, 14}}, {3, 3, {1, 1, 1}, {2, 1, 2}, {5, 6, 7}},
+      {1, 5, {2}, {1}, {20}},           {2, 3, {2, 1}, {1, 1}, {10, 14}}, {3, 3, {2, 2, 2}, {1, 1, 1}, {5, 6, 7}},
+      {2, 3, {2, 2}, {2, 2}, {11, 10}}};
+  for (const auto& c : cases) add_strided_conv_row(report, sampler, c);
 }
 
 void add_convolution_rows(Report& report, Sampler& sampler) {
@@ -559,6 +602,7 @@ std::vector<IdentityResult> run_identities(c10::ScalarType dtype, uint64_t seed)
   Sampler sampler(dtype, seed);
   Report report(dtype);
   add_convolution_rows(report, sampler);
+  add_strided_conv_rows(report, sampler);
   add_attention_rows(report, sampler);
   add_masked_rows(report, sampler);
   add_multihead_rows(report, sampler);

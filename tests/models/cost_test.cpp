@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "convnn/models/registry.h"
+#include "convnn/nn/modules/convnn.h"
 #include "convnn/ops/cost.h"
 
 namespace {
@@ -185,3 +186,31 @@ TEST(OpCost, L1CountsADifferenceAnAbsoluteValueAndASumPerFeaturePair) {
 }
 
 }  // namespace
+
+// A strided ConvNN2d: its queries are the ceil(H / s) x ceil(W / s) output positions, so its
+// aggregation costs what the strided convolution it replaces costs, and the walk leaves the map at
+// that size; with dilation, a query's candidates are its phase of the dilated grid.
+TEST(Cost, StridedAndDilatedConvNN2dCountTheirOutputPositionsAndPhases) {
+  using convnn::models::CostReport;
+  convnn::nn::ConvNN2d strided(convnn::nn::ConvNN2dOptions(8, 16, 9).padding(1).stride(2));
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(8, 16, 3).stride(2).padding(1).bias(false));
+  CostReport convnn_report, conv_report;
+  int64_t h = 15, w = 16, conv_h = 15, conv_w = 16;
+  convnn::models::add_spatial_layer(convnn_report, "s", "l", *strided, h, w);
+  convnn::models::add_spatial_layer(conv_report, "s", "l", *conv, conv_h, conv_w);
+  EXPECT_EQ(h, 8);
+  EXPECT_EQ(w, 8);
+  EXPECT_EQ(h, conv_h);
+  EXPECT_EQ(w, conv_w);
+  EXPECT_EQ(sum_op(convnn_report, "aggregation").macs, sum_op(conv_report, "conv2d").macs);
+  // Dilation 2 on the 17 x 18 padded map: phases of at most 9 x 9 candidates, against 17 x 18.
+  // (dot: the similarity is N M D MACs, proportional to M.)
+  const auto dot = convnn::nn::ConvNN2dOptions(8, 16, 9).padding(1).similarity(convnn::Similarity::Dot);
+  convnn::nn::ConvNN2d dilated(convnn::nn::ConvNN2dOptions(dot).dilation(2));
+  convnn::nn::ConvNN2d plain(dot);
+  CostReport dilated_report, plain_report;
+  int64_t dh = 15, dw = 16, ph = 15, pw = 16;
+  convnn::models::add_spatial_layer(dilated_report, "s", "l", *dilated, dh, dw);
+  convnn::models::add_spatial_layer(plain_report, "s", "l", *plain, ph, pw);
+  EXPECT_EQ(sum_op(dilated_report, "similarity").macs * 17 * 18, sum_op(plain_report, "similarity").macs * 9 * 9);
+}

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
+#include <functional>
 #include <sstream>
 
 #include "convnn/nn/modules/convnn.h"
@@ -177,6 +179,83 @@ TEST(BranchingConv3d, WithLambdaOneIsItsConvNNBranchThenTheMix) {
   const auto volume = torch::randn({1, 3, 3, 3, 4});
   const auto expected = torch::conv3d(layer->convnn_branch(volume), layer->mix->weight, layer->mix->bias);
   EXPECT_TRUE(AllClose(layer(volume), expected, 1e-6));
+}
+
+// Stride puts the queries on every s-th position: with one phase (no dilation), every query, its
+// candidates and a fixed random-candidate draw are those of the unstrided layer, so the output is
+// the unstrided output subsampled. Both ways of querying: a subset of the tokens (equal to
+// rounding: the score GEMM has another shape, so its last bits may differ), and, with include_self,
+// which needs every token a query, all of them (bitwise).
+TEST(ConvNN2d, StrideIsTheUnstridedOutputSubsampled) {
+  for (const bool include_self : {false, true}) {
+    SCOPED_TRACE(include_self ? "include_self" : "a subset of the tokens as queries");
+    torch::manual_seed(16);
+    auto options = ConvNN2dOptions(3, 5, 4).padding(1).coordinates(true).alpha(0.5).num_candidates(20)
+                       .include_self(include_self).seed(3).bias(true);
+    ConvNN2d unstrided(options);
+    ConvNN2d strided(options.stride({2, 3}));
+    unstrided->to(torch::kDouble);
+    strided->to(torch::kDouble);
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& item : unstrided->named_parameters()) strided->named_parameters()[item.key()].copy_(item.value());
+    }
+    unstrided->eval();
+    strided->eval();
+    const auto x = torch::randn({2, 3, 7, 8}, torch::kDouble);
+    torch::NoGradGuard no_grad;
+    const auto expected = unstrided(x).slice(2, 0, c10::nullopt, 2).slice(3, 0, c10::nullopt, 3);
+    const auto y = strided(x);
+    EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 5, 4, 3})) << "ceil(7 / 2) x ceil(8 / 3)";
+    if (include_self) {
+      EXPECT_TRUE(torch::equal(y, expected));
+    } else {
+      EXPECT_TRUE(AllClose(y, expected, 1e-12));
+    }
+  }
+}
+
+TEST(ConvNN2d, StrideAndDilationAreCheckedAndPrinted) {
+  EXPECT_NE(printed(*ConvNN2d(ConvNN2dOptions(3, 4, 9).stride({1, 2}).dilation(2))).find(", stride=[1, 2], dilation=[2, 2]"),
+            std::string::npos) << printed(*ConvNN2d(ConvNN2dOptions(3, 4, 9).stride({1, 2}).dilation(2)));
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const c10::Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] { ConvNN2d(ConvNN2dOptions(3, 4, 9).stride({0, 1})); })
+                .find("ConvNN2d: stride must be at least 1 on every axis, got [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(message([] { ConvNN2d(ConvNN2dOptions(3, 4, 9).dilation(-1)); })
+                .find("ConvNN2d: dilation must be at least 1 on every axis"),
+            std::string::npos);
+  const auto kernel = torch::randn({4, 3, 9});
+  const auto expect_error = [&](const std::function<void()>& f, const std::string& expected) {
+    const auto got = message(f);
+    EXPECT_NE(got.find(expected), std::string::npos) << "expected '" << expected << "', got: " << got;
+  };
+  expect_error([&] {
+    functional::conv_nn2d(torch::randn({1, 3, 5, 5}), kernel, {}, functional::ConvNNFuncOptions(9).stride({1, 2, 3}));
+  }, "conv_nn2d: stride must be one value or 2 (one per axis), got [1, 2, 3]");
+  // A 5x5 map's smallest phase of the dilation-3 grid has 1 x 1 positions.
+  expect_error([&] {
+    functional::conv_nn2d(torch::randn({1, 3, 5, 5}), kernel, {}, functional::ConvNNFuncOptions(9).dilation({3}));
+  }, "conv_nn2d (on a 5x5 map with padding 0, the smallest phase of the dilated grid): k must be in [1, 1]");
+  expect_error([&] {
+    functional::conv_nn(torch::randn({1, 6, 3}), torch::randn({1, 6, 3}), torch::randn({1, 6, 3}),
+                        torch::randn({3, 2}), {}, functional::ConvNNFuncOptions(2).stride({2}));
+  }, "conv_nn: stride = [2] and dilation = [1] apply to spatial inputs only");
+}
+
+TEST(BranchingConv2d, StrideAndDilationReachTheConvolutionBranch) {
+  torch::manual_seed(17);
+  BranchingConv2d layer(BranchingConv2dOptions(3, 6).convnn(ConvNN2dOptions(3, 6, 9).padding(2).stride(2).dilation(2)));
+  EXPECT_EQ(layer(torch::randn({2, 3, 9, 8})).sizes(), (std::vector<int64_t>{2, 6, 5, 4}));
+  EXPECT_EQ(*layer->conv_branch->options.stride(), (std::array<int64_t, 2>{2, 2}));
+  EXPECT_EQ(*layer->conv_branch->options.dilation(), (std::array<int64_t, 2>{2, 2}));
 }
 
 TEST(ConvNN1d, ForwardShapeAndPerHeadKernel) {

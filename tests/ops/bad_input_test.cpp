@@ -348,7 +348,9 @@ TEST_F(ConvNNBadInput, IncludeSelfNeedsQueriesAndKeysFromTheSameTokens) {
 
 TEST_F(ConvNNBadInput, PaddingAndCoordinatesOfTheWrongShape) {
   EXPECT_ERROR(run(ConvNNFuncOptions(3).padding(1)),
-               "padding = 1 applies to spatial inputs only (conv_nn1d / conv_nn2d)");
+               "padding = 1 applies to spatial inputs only (conv_nn1d / conv_nn2d / conv_nn3d)");
+  EXPECT_ERROR(run(ConvNNFuncOptions(3).dilation({2})),
+               "stride = [1] and dilation = [2] apply to spatial inputs only (conv_nn1d / conv_nn2d / conv_nn3d)");
   EXPECT_ERROR(run(ConvNNFuncOptions(3).alpha(0.5), at::zeros({5, 2}, at::kDouble)),
                "coordinates must be [N,P] with N = M = 6, got [5, 2]");
 }
@@ -393,6 +395,15 @@ TEST(SpatialConvNNBadInput, InputRankPaddingAndAlpha) {
       F::conv_nn2d(randn({2, 4, 3, 3}), kernel, {}, ConvNNFuncOptions(3).alpha(0.5)),
       "conv_nn2d: alpha = 0.5 blends in positional similarity, which needs coordinates(true)");
   EXPECT_ERROR(F::conv_nn1d(randn({2, 4, 2}), kernel, {}, 3), "k must be in [1, 2]", "got k = 3");
+  EXPECT_ERROR(F::conv_nn3d(randn({2, 4, 5, 5}), kernel, {}, 3),
+               "conv_nn3d: input must be 5-D [B,C,D,H,W], got [2, 4, 5, 5]");
+  EXPECT_ERROR(F::conv_nn2d(randn({2, 4, 5, 5}), kernel, {}, ConvNNFuncOptions(3).stride({0})),
+               "conv_nn2d: stride must be at least 1 on every axis, got [0]");
+  EXPECT_ERROR(F::conv_nn3d(randn({2, 4, 5, 5, 5}), kernel, {}, ConvNNFuncOptions(3).dilation({1, 2})),
+               "conv_nn3d: dilation must be one value or 3 (one per axis), got [1, 2]");
+  EXPECT_ERROR(F::conv_nn1d(randn({2, 4, 6}), kernel, {},
+                            ConvNNFuncOptions(3).stride({2}).mask(at::ones({6, 6}, at::kBool))),
+               "conv_nn1d: a mask is not supported with stride [2] or dilation [1]");
 }
 
 // ------------------------------------------------------------------------------ helpers

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -87,6 +88,13 @@ TEST_P(IdentitiesSuite, CoversEveryIdentityOfDesignSection2) {
                                        "conv2d/module/depthwise",
                                        "conv3d/standard/padded",
                                        "conv3d/depthwise/padded",
+                                       "conv1d/dilated",
+                                       "conv2d/dilated",
+                                       "conv3d/dilated",
+                                       "conv1d/strided",
+                                       "conv2d/strided",
+                                       "conv3d/strided",
+                                       "conv2d/strided-dilated",
                                        "attention",
                                        "attention/module",
                                        "kvt",
@@ -459,6 +467,67 @@ TEST_P(Conv3dIdentity, PaddedGaussianEqualsConv3dOnlyUpToR3) {
 INSTANTIATE_TEST_SUITE_P(Identities, Conv3dIdentity,
                          ::testing::Combine(kDtypes, ::testing::Values(1, 3, 5), kAggregations),
                          conv_param_name);
+
+// Dilation and stride (per axis): coordinates only, chebyshev, K = R^d, index order, uniform rho.
+// Dilation d: the candidates of a query are its dilated grid with one dilated step a coordinate
+// unit, so the K nearest are the dilated window: a dilated convolution (padding max d * (R/2) on
+// every axis covers each axis's d_a * (R/2); the extra padded positions are farther than the
+// window). Stride s: the queries are every s-th position, so the output is the strided
+// convolution's with same padding R/2 (ceil(size / s) positions per axis).
+struct StridedCase {
+  int64_t dims, r;
+  std::vector<int64_t> stride, dilation, map;
+};
+
+std::string strided_case_name(const ::testing::TestParamInfo<StridedCase>& info) {
+  const auto& c = info.param;
+  const auto join = [](const std::vector<int64_t>& v) {
+    std::string text;
+    for (const int64_t x : v) text += (text.empty() ? "" : "x") + std::to_string(x);
+    return text;
+  };
+  return std::to_string(c.dims) + "d_R" + std::to_string(c.r) + "_stride" + join(c.stride) + "_dilation" +
+         join(c.dilation);
+}
+
+class StridedDilatedIdentity : public ::testing::TestWithParam<StridedCase> {};
+
+TEST_P(StridedDilatedIdentity, EqualsTheStridedDilatedConvolution) {
+  const auto& c = GetParam();
+  for (const auto aggregation : {Aggregation::Standard, Aggregation::Depthwise}) {
+    for (const auto dtype : {at::kFloat, at::kDouble}) {
+      torch::manual_seed(c.r * 7 + c.dims);
+      const auto conv = random_conv(c.dims, c.r, aggregation, dtype);
+      std::vector<int64_t> shape{kBatch, kIn};
+      shape.insert(shape.end(), c.map.begin(), c.map.end());
+      const auto x = torch::randn(shape, options_of(dtype));
+      std::vector<int64_t> padding;
+      for (const int64_t d : c.dilation) padding.push_back(d * (c.r / 2));
+      const int64_t pad = *std::max_element(padding.begin(), padding.end());
+      const auto options = convolution_setting(conv, Similarity::Chebyshev, true).padding(pad).stride(c.stride)
+                               .dilation(c.dilation);
+      const auto y = c.dims == 1   ? F::conv_nn1d(x, conv.convnn_kernel(), conv.bias, options)
+                     : c.dims == 2 ? F::conv_nn2d(x, conv.convnn_kernel(), conv.bias, options)
+                                   : F::conv_nn3d(x, conv.convnn_kernel(), conv.bias, options);
+      const std::vector<int64_t> no_output_padding(c.dims, 0);
+      const auto reference = at::convolution(x, conv.weight, conv.bias, c.stride, padding, c.dilation, false,
+                                             no_output_padding, conv.groups);
+      EXPECT_TRUE(AllClose(y, reference, identity_tolerance(dtype)))
+          << (aggregation == Aggregation::Standard ? "standard " : "depthwise ") << c10::toString(dtype);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Identities, StridedDilatedIdentity,
+    ::testing::Values(StridedCase{1, 3, {1}, {2}, {17}}, StridedCase{1, 5, {2}, {1}, {17}},
+                      StridedCase{1, 3, {3}, {2}, {16}}, StridedCase{2, 3, {1, 1}, {2, 2}, {9, 11}},
+                      StridedCase{2, 3, {1, 1}, {1, 3}, {8, 12}}, StridedCase{2, 5, {2, 2}, {1, 1}, {9, 10}},
+                      StridedCase{2, 3, {2, 1}, {1, 1}, {7, 8}}, StridedCase{2, 3, {2, 2}, {2, 2}, {10, 9}},
+                      StridedCase{3, 3, {1, 1, 1}, {2, 1, 2}, {5, 4, 6}},
+                      StridedCase{3, 3, {2, 1, 2}, {1, 1, 1}, {5, 4, 6}},
+                      StridedCase{3, 3, {2, 2, 2}, {2, 2, 2}, {6, 5, 7}}),
+    strided_case_name);
 
 // The modules with a convolution's weights copied in.
 class ConvModuleIdentity : public ::testing::TestWithParam<Aggregation> {};

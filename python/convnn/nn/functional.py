@@ -38,8 +38,12 @@ def _texts(where, options):
         # An option passed into the compiled function (k=k) becomes a SymInt once Dynamo has seen
         # two values of it, and a constant-result function takes constants only: guard_scalar
         # makes it one again (a new value compiles a new graph, as any Python constant does).
-        options = {name: value if value is None or isinstance(value, str) else guard_scalar(value)
-                   for name, value in options.items()}
+        def constant(value):
+            if isinstance(value, (tuple, list)):  # per-axis values (stride, dilation)
+                return tuple(constant(item) for item in value)
+            return value if value is None or isinstance(value, str) else guard_scalar(value)
+
+        options = {name: constant(value) for name, value in options.items()}
     return _option_texts(where, options)
 
 

@@ -153,6 +153,8 @@ _OPTION_DOCS = {
     "coordinates": "append each position's coordinates to the features used for selection",
     "alpha": "weight of the coordinates against the features in the similarity",
     "padding": "zero padding of the spatial input on each side, as in nn.Conv2d",
+    "stride": "queries on every stride-th position (an integer or one per axis): the output is downsampled as nn.Conv2d's",
+    "dilation": "candidates on each query's dilated grid (an integer or one per axis), as nn.Conv2d's dilation",
     "num_candidates": "candidates drawn at random per forward (0: every position is a candidate)",
     "include_self": "a query is always among its own candidates",
     "eval_candidates": "in eval mode, the random candidates are fixed (drawn from eval_seed) or drawn anew",

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <limits>
 
@@ -78,7 +80,7 @@ namespace {
 void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
                           const at::Tensor& values, const at::Tensor& kernel,
                           const at::Tensor& bias, const ConvNNFuncOptions& o,
-                          const at::Tensor& coordinates) {
+                          const at::Tensor& coordinates, const at::Tensor& query_coordinates) {
   constexpr const char* op = "conv_nn";
   TORCH_CHECK(queries.defined() && queries.dim() == 3, op,
               ": queries must be 3-D [B,N,D], got ", queries.defined() ? shape_string(queries) : "undefined");
@@ -98,6 +100,11 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
                   ") and value channels (", values.sym_size(2), ")");
   TORCH_CHECK(o.padding() == 0, op, ": padding = ", o.padding(),
               " applies to spatial inputs only (conv_nn1d / conv_nn2d / conv_nn3d); token inputs take 0");
+  const auto all_ones = [](const std::vector<int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](int64_t x) { return x == 1; });
+  };
+  TORCH_CHECK(all_ones(o.stride()) && all_ones(o.dilation()), op, ": stride = ", c10::IntArrayRef(o.stride()),
+              " and dilation = ", c10::IntArrayRef(o.dilation()), " apply to spatial inputs only (conv_nn1d / conv_nn2d / conv_nn3d); token inputs take 1");
   TORCH_CHECK(o.alpha() >= 0.0 && o.alpha() <= 1.0, op, ": alpha must be in [0, 1], got ",
               o.alpha());
   checks::check_temperature(o.temperature(), op);
@@ -120,11 +127,19 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
     TORCH_SYM_CHECK(has_shape({n, m}) | has_shape({g, n, m}), op, ": mask must be [N,M] = [", n, ", ", m,
                     "] or [B*heads,N,M] = [", g, ", ", n, ", ", m, "], got shape ", shape_string(mask));
   }
-  if (coordinates.defined()) {
+  if (coordinates.defined() && query_coordinates.is_same(coordinates)) {
     const auto shape_ok =
         coordinates.dim() == 2 ? n.sym_eq(m) & coordinates.sym_size(0).sym_eq(n) : c10::SymBool(false);
     TORCH_SYM_CHECK(shape_ok, op, ": coordinates must be [N,P] with N = M = ", n, ", got ",
                     shape_string(coordinates), " (N = ", n, ", M = ", m, ")");
+  } else if (coordinates.defined()) {  // the queries a subset of the tokens (spatial stride)
+    const auto shape_ok = coordinates.dim() == 2 && query_coordinates.defined() && query_coordinates.dim() == 2
+                              ? coordinates.sym_size(0).sym_eq(m) & query_coordinates.sym_size(0).sym_eq(n) &
+                                    query_coordinates.sym_size(1).sym_eq(coordinates.sym_size(1))
+                              : c10::SymBool(false);
+    TORCH_SYM_CHECK(shape_ok, op, ": key coordinates must be [M,P] and query coordinates [N,P], got ",
+                    shape_string(coordinates), " and ",
+                    query_coordinates.defined() ? shape_string(query_coordinates) : "undefined");
   } else {
     TORCH_CHECK(o.alpha() == 1.0, op, ": alpha = ", o.alpha(),
                 " blends feature and positional similarity, but no coordinates were given");
@@ -211,11 +226,19 @@ at::Tensor aggregate(const at::Tensor& values, const at::Tensor& weights, const 
 at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                    const at::Tensor& kernel, const at::Tensor& bias,
                    const ConvNNFuncOptions& o, const at::Tensor& coordinates) {
-  check_conv_nn_inputs(queries, keys, values, kernel, bias, o, coordinates);
+  return detail::conv_nn_with_query_coordinates(queries, keys, values, kernel, bias, o, coordinates, coordinates);
+}
+
+namespace detail {
+
+at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                                          const at::Tensor& kernel, const at::Tensor& bias, const ConvNNFuncOptions& o,
+                                          const at::Tensor& query_coordinates, const at::Tensor& key_coordinates) {
+  check_conv_nn_inputs(queries, keys, values, kernel, bias, o, key_coordinates, query_coordinates);
   const int64_t h = o.heads();
   const c10::SymInt m = keys.sym_size(1);
-  const auto q = blend_coordinates(fold_heads(queries, h), coordinates, o.alpha());
-  const auto k = blend_coordinates(fold_heads(keys, h), coordinates, o.alpha());
+  const auto q = blend_coordinates(fold_heads(queries, h), query_coordinates, o.alpha());
+  const auto k = blend_coordinates(fold_heads(keys, h), key_coordinates, o.alpha());
   const auto v = fold_heads(values, h);
 
   const bool random = o.num_candidates() > 0 && o.num_candidates() < m;
@@ -252,6 +275,8 @@ at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::
   const auto weights = rho_weights(scores, o.rho(), o.temperature());
   return unfold_heads(aggregate(candidate_values, weights, indices, kernel, bias, o), h);
 }
+
+}  // namespace detail
 
 at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
   TORCH_CHECK(scores.defined(), "rho_weights: scores must be a defined tensor");

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "convnn/nn/options/convnn.h"
 
@@ -23,6 +24,18 @@ struct Projections {
 std::string spatial_function_name(int64_t spatial_dims);
 std::string spatial_layer_name(int64_t spatial_dims);
 const char* spatial_layout(int64_t spatial_dims, bool batched = true);
+
+// conv_nn with the queries' coordinates [N,P] apart from the keys' [M,P] (a spatial form whose
+// queries are a subset of its tokens: stride); conv_nn is this with the same coordinates for both.
+at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::Tensor& keys,
+                                          const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& bias,
+                                          const ConvNNFuncOptions& options, const at::Tensor& query_coordinates,
+                                          const at::Tensor& key_coordinates);
+
+// stride or dilation for `spatial_dims` axes: one value for every axis or one per axis, each at
+// least 1; `where` leads the message.
+std::vector<int64_t> per_axis(const std::vector<int64_t>& values, int64_t spatial_dims, std::string_view where,
+                              const char* name);
 
 at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
                            const at::Tensor& bias, const ConvNNFuncOptions& options,

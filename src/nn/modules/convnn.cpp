@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/init.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -104,6 +105,10 @@ void ConvNNNdImpl<D, Derived>::reset() {
               ": depthwise aggregation keeps the channel count, so out_channels (", o.out_channels(),
               ") must equal in_channels (", o.in_channels(), ")");
   TORCH_CHECK(o.padding() >= 0, name, ": padding must be non-negative, got ", o.padding());
+  for (int64_t axis = 0; axis < static_cast<int64_t>(D); ++axis) {
+    TORCH_CHECK((*o.stride())[axis] >= 1, name, ": stride must be at least 1 on every axis, got ", o.stride());
+    TORCH_CHECK((*o.dilation())[axis] >= 1, name, ": dilation must be at least 1 on every axis, got ", o.dilation());
+  }
   TORCH_CHECK(o.alpha() >= 0.0 && o.alpha() <= 1.0, name, ": alpha must be in [0, 1], got ", o.alpha());
   TORCH_CHECK(o.alpha() == 1.0 || o.coordinates(), name, ": alpha = ", o.alpha(),
               " blends in positional similarity, which needs coordinates(true)");
@@ -172,7 +177,13 @@ void ConvNNNdImpl<D, Derived>::pretty_print(std::ostream& stream) const {
   const auto& o = options;
   stream << "convnn::ConvNN" << D << "d(" << o.in_channels() << ", " << o.out_channels()
          << ", k=" << o.k() << ", similarity=" << to_string(o.similarity())
-         << ", padding=" << o.padding() << ", rho=" << to_string(o.rho())
+         << ", padding=" << o.padding();
+  const auto not_ones = [](const torch::ExpandingArray<D>& values) {
+    return std::any_of(values->begin(), values->end(), [](int64_t v) { return v != 1; });
+  };
+  if (not_ones(o.stride())) stream << ", stride=" << o.stride();
+  if (not_ones(o.dilation())) stream << ", dilation=" << o.dilation();
+  stream << ", rho=" << to_string(o.rho())
          << ", aggregation=" << to_string(o.aggregation())
          << ", slot_order=" << to_string(o.slot_order());
   if (o.heads() != 1) stream << ", heads=" << o.heads();
@@ -286,9 +297,14 @@ void BranchingConvNdImpl<D, Derived>::reset() {
     convnn_branch = this->register_module("convnn_branch", ConvNNBranch(detail::convnn_branch_options(o)));
   }
   if (conv_out > 0) {
+    // The ConvNN branch's stride and dilation, with same padding (branching_forward runs it so).
+    torch::ExpandingArray<D> padding(0);
+    for (size_t axis = 0; axis < D; ++axis) (*padding)[axis] = (*o.convnn().dilation())[axis] * (o.kernel_size() / 2);
     conv_branch = this->register_module(
         "conv_branch", Conv(torch::nn::ConvOptions<D>(o.in_channels(), conv_out, o.kernel_size())
-                                .padding(o.kernel_size() / 2)
+                                .stride(o.convnn().stride())
+                                .dilation(o.convnn().dilation())
+                                .padding(padding)
                                 .bias(true)));
   }
   mix = this->register_module("mix", Conv(torch::nn::ConvOptions<D>(o.out_channels(), o.out_channels(), 1).bias(true)));

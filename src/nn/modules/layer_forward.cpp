@@ -18,11 +18,13 @@ at::Tensor apply_linear(const LinearTensors& linear, const at::Tensor& x) {
   return at::linear(x, linear.weight, linear.bias.defined() ? c10::optional<at::Tensor>(linear.bias) : c10::nullopt);
 }
 
-// A stride-1 convolution over x's spatial dimensions (2 or 3), the same padding on each.
-at::Tensor apply_conv(const LinearTensors& conv, const at::Tensor& x, int64_t padding) {
+// A convolution over x's spatial dimensions (2 or 3) with per-axis stride, padding and dilation.
+at::Tensor apply_conv(const LinearTensors& conv, const at::Tensor& x, at::IntArrayRef stride, at::IntArrayRef padding,
+                      at::IntArrayRef dilation) {
   const auto bias = conv.bias.defined() ? c10::optional<at::Tensor>(conv.bias) : c10::nullopt;
-  if (x.dim() == 5) return at::conv3d(x, conv.weight, bias, /*stride=*/{1, 1, 1}, /*padding=*/{padding, padding, padding});
-  return at::conv2d(x, conv.weight, bias, /*stride=*/{1, 1}, /*padding=*/{padding, padding});
+  const std::vector<int64_t> no_output_padding(stride.size(), 0);
+  return at::convolution(x, conv.weight, bias, stride, padding, dilation, /*transposed=*/false, no_output_padding,
+                         /*groups=*/1);
 }
 
 // The shapes of the input (the batch B, the tokens N, for the spatial layers H and W) are read as
@@ -80,6 +82,8 @@ functional::ConvNNFuncOptions func_options(const ConvNNOptions<D>& o) {
       .alpha(o.alpha())
       .coordinates(o.coordinates())
       .padding(o.padding())
+      .stride(std::vector<int64_t>(o.stride()->begin(), o.stride()->end()))
+      .dilation(std::vector<int64_t>(o.dilation()->begin(), o.dilation()->end()))
       .num_candidates(o.num_candidates())
       .include_self(o.include_self())
       .slot_order(o.slot_order())
@@ -207,8 +211,17 @@ at::Tensor branching_forward(const BranchingConvOptions<D>& options, const at::T
   if (tensors.convnn) {
     branches.push_back(convnn_forward(convnn_branch_options(options), input, *tensors.convnn, std::move(generator)));
   }
-  if (tensors.conv.weight.defined()) branches.push_back(apply_conv(tensors.conv, input, options.kernel_size() / 2));
-  return in_memory_format_of(input, apply_conv(tensors.mix, branches.size() == 1 ? branches[0] : at::cat(branches, 1), 0));
+  // The convolution branch with the ConvNN branch's stride and dilation (same padding), so both give
+  // ceil(size / stride) positions per axis; the 1x1 mix after them.
+  const auto& branch = options.convnn();
+  const std::vector<int64_t> stride(branch.stride()->begin(), branch.stride()->end());
+  const std::vector<int64_t> dilation(branch.dilation()->begin(), branch.dilation()->end());
+  std::vector<int64_t> padding;
+  for (const int64_t d : dilation) padding.push_back(d * (options.kernel_size() / 2));
+  if (tensors.conv.weight.defined()) branches.push_back(apply_conv(tensors.conv, input, stride, padding, dilation));
+  const std::vector<int64_t> ones(D, 1), zeros(D, 0);
+  return in_memory_format_of(
+      input, apply_conv(tensors.mix, branches.size() == 1 ? branches[0] : at::cat(branches, 1), ones, zeros, ones));
 }
 
 template int64_t convnn_branch_channels(const BranchingConvOptions<2>&);

@@ -6,8 +6,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 #include <torch/arg.h>
+#include <torch/expanding_array.h>
 
 #include <string_view>
+#include <vector>
 
 #include "convnn/ops/rho.h"
 #include "convnn/ops/similarity.h"
@@ -71,6 +73,14 @@ struct ConvNNFuncOptions {
   /// Spatial forms only: zero padding on every side before the search; the padded positions
   /// stay selectable and their outputs are cropped away.
   TORCH_ARG(int64_t, padding) = 0;
+  /// Spatial forms only: queries on every stride-th position of each axis, so the output is
+  /// downsampled as a strided convolution's (ceil(size / stride) positions). One value for every
+  /// axis, or one per axis.
+  TORCH_ARG(std::vector<int64_t>, stride) = std::vector<int64_t>{1};
+  /// Spatial forms only: each query's candidates are the positions a multiple of the dilation away
+  /// on every axis (its dilated grid), with coordinates on that grid (one dilated step is one
+  /// unit), as a dilated convolution's window. One value for every axis, or one per axis.
+  TORCH_ARG(std::vector<int64_t>, dilation) = std::vector<int64_t>{1};
   /// Optional [N,M] or [G,N,M] mask: bool (true = may be selected) or additive float.
   TORCH_ARG(at::Tensor, mask) = {};
   /// Random candidates: 0 = all M candidates, else r < M drawn without replacement per call,
@@ -107,6 +117,10 @@ struct ConvNNOptions {
   TORCH_ARG(bool, coordinates) = false;
   TORCH_ARG(double, alpha) = 1.0;
   TORCH_ARG(int64_t, padding) = 0;
+  /// Queries on every stride-th position of each axis (functional::ConvNNFuncOptions::stride).
+  TORCH_ARG(torch::ExpandingArray<D>, stride) = 1;
+  /// Candidates on each query's dilated grid (functional::ConvNNFuncOptions::dilation).
+  TORCH_ARG(torch::ExpandingArray<D>, dilation) = 1;
   TORCH_ARG(int64_t, num_candidates) = 0;
   TORCH_ARG(bool, include_self) = false;
   TORCH_ARG(EvalCandidates, eval_candidates) = EvalCandidates::Fixed;
