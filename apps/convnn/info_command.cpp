@@ -54,6 +54,7 @@ std::string describe(const std::string& name, const models::ModelConfig& c) {
                           to_string(n.rho()), to_string(n.aggregation()), n.padding());
     }
     if (slots.layer() == models::ResNetLayer::Branching) text += fmt::format(" lambda={}", slots.lambda());
+    if (slots.strided_slots()) text += " strided_slots";
     return text + fmt::format(" width={} stem={}", o.width(), o.small_stem() ? "small" : "imagenet");
   }
   const auto o = models::vit_options(name, c);

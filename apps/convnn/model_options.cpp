@@ -31,12 +31,15 @@ void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c)
   add_enum_option(sub, "--aggregation", c.convnn.aggregation, nn::parse_aggregation, nn::aggregation_names(),
                   "ConvNN aggregation (unset: standard for ResNet, depthwise for ViT)");
   add_enum_option(sub, "--layer", c.resnet.layer, models::parse_resnet_layer, models::resnet_layer_names(),
-                  "ResNet: layer of the stride-1 3x3 slots");
+                  "ResNet: layer of the stride-1 3x3 slots (and the stride-2 ones with --strided-slots)");
   sub->add_option("--lambda", c.resnet.lambda, "ResNet branching: share of ConvNN channels");
   sub->add_option("--padding", c.resnet.padding, "ResNet ConvNN: zero padding before the search");
   sub->add_flag("--small-stem", c.resnet.small_stem,
                 "ResNet: 3x3 stride-1 stem without max-pool, for 28-32 px");
   sub->add_option("--width", c.resnet.width, "ResNet: channels of the first stage");
+  sub->add_flag("--strided-slots", c.resnet.strided_slots,
+                "ResNet: the stride-2 3x3 convolutions take the layer too, with stride 2 (the paper "
+                "replaces only the stride-1 ones)");
   sub->add_option("--patch-size", c.vit.patch_size, "ViT: patch side in pixels");
   add_enum_option(sub, "--attention", c.vit.attention, models::parse_vit_attention, models::vit_attention_names(),
                   "ViT: attention");

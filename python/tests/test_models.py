@@ -27,6 +27,8 @@ def test_parameter_counts_equal_the_cpp_ones():
     assert parameters(models.create_model("resnet50")) == 25_557_032
     assert parameters(models.create_model("resnet50", layer="branching", k=9)) == 26_474_760
     assert parameters(models.create_model("resnet50", layer="branching", k=16)) == 29_671_688
+    # The stride-2 3x3 convolutions as ConvNN layers of stride 2: still the convolutions' count.
+    assert parameters(models.create_model("resnet18", layer="convnn", strided_slots=True)) == 11_689_512
 
 
 def test_vit_parameter_counts_equal_timms():
@@ -42,6 +44,8 @@ CASES = {
     "convnn": dict(SMALL, layer="convnn", k=9),
     "branching": dict(SMALL, layer="branching", k=9),
     "branching-random": dict(SMALL, layer="branching", k=9, num_candidates=12),
+    "convnn-strided-slots": dict(SMALL, layer="convnn", k=9, strided_slots=True),
+    "branching-strided-slots": dict(SMALL, layer="branching", k=9, strided_slots=True),
 }
 
 

@@ -32,6 +32,7 @@ const auto visit_resnet_fields = [](auto& c, auto&& visit) {
   visit("padding", c.padding);
   visit("small_stem", c.small_stem);
   visit("width", c.width);
+  visit("strided_slots", c.strided_slots);
 };
 const auto visit_vit_fields = [](auto& c, auto&& visit) {
   visit("patch_size", c.patch_size);
@@ -247,6 +248,8 @@ void validate(const std::string& name, const ModelConfig& c) {
                    "is not used by " + name + " with layer conv (ConvNN's options apply to layers convnn and branching)");
       TORCH_CHECK(r.padding == ResNetConfig{}.padding, "padding = ", r.padding, " is not used by ", name,
                   " with layer conv (it pads ConvNN's search in layers convnn and branching)");
+      TORCH_CHECK(!r.strided_slots, "strided_slots is not used by ", name,
+                  " with layer conv (it gives the stride-2 3x3 convolutions to layers convnn and branching)");
     }
     return;
   }
@@ -287,7 +290,7 @@ ResNetOptions resnet_options(const std::string& name, const ModelConfig& c) {
       .in_channels(c.in_channels)
       .width(r.width)
       .small_stem(r.small_stem)
-      .slots(ResNetLayerOptions().layer(r.layer).convnn(convnn).lambda(r.lambda));
+      .slots(ResNetLayerOptions().layer(r.layer).convnn(convnn).lambda(r.lambda).strided_slots(r.strided_slots));
 }
 
 VisionTransformerOptions vit_options(const std::string& name, const ModelConfig& c) {

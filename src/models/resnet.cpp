@@ -15,12 +15,16 @@ namespace {
 constexpr convnn::detail::NameTable<ResNetLayer, 3> kLayers{
     {{"conv", ResNetLayer::Conv}, {"convnn", ResNetLayer::ConvNN}, {"branching", ResNetLayer::Branching}}};
 
-// The module for one convolution of a block: a stride-1 3x3 slot takes the configured layer,
-// everything else stays a bias-free Conv2d (torchvision).
+// Whether a 3x3 convolution of this stride is a slot: stride 1, or any with strided_slots.
+bool slot_stride(int64_t stride, const ResNetLayerOptions& slots) { return stride == 1 || slots.strided_slots(); }
+
+// The module for one convolution of a block: a 3x3 slot takes the configured layer (with the
+// convolution's stride), everything else stays a bias-free Conv2d (torchvision).
 torch::nn::AnyModule make_conv(int64_t in, int64_t out, int64_t kernel, int64_t stride,
                                const ResNetLayerOptions& slots) {
-  if (kernel == 3 && stride == 1 && slots.layer() != ResNetLayer::Conv) {
+  if (kernel == 3 && slot_stride(stride, slots) && slots.layer() != ResNetLayer::Conv) {
     auto convnn = slots.convnn();
+    convnn.stride(stride);
     if (slots.layer() == ResNetLayer::ConvNN) {
       return torch::nn::AnyModule(nn::ConvNN2d(convnn.in_channels(in).out_channels(out)));
     }
@@ -31,10 +35,11 @@ torch::nn::AnyModule make_conv(int64_t in, int64_t out, int64_t kernel, int64_t 
       torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false)));
 }
 
-// A stride-1 3x3 slot holds either a replacement layer or a Conv2d of that shape.
-bool is_slot(const torch::nn::Module& module) {
+// A 3x3 slot holds either a replacement layer or a Conv2d of that shape.
+bool is_slot(const torch::nn::Module& module, const ResNetLayerOptions& slots) {
   const auto* conv = dynamic_cast<const torch::nn::Conv2dImpl*>(&module);
-  return conv == nullptr || (conv->options.kernel_size()->at(0) == 3 && conv->options.stride()->at(0) == 1);
+  return conv == nullptr ||
+         (conv->options.kernel_size()->at(0) == 3 && slot_stride(conv->options.stride()->at(0), slots));
 }
 
 }  // namespace
@@ -261,7 +266,7 @@ std::vector<std::shared_ptr<torch::nn::Module>> ResNetImpl::slot_layers() const 
   for (const auto& stage : stages) {
     for (size_t b = 0; b < stage->size(); ++b) {
       for (const auto& conv : stage->at<ResidualBlockImpl>(b).convs) {
-        if (is_slot(*conv.ptr())) slots.push_back(conv.ptr());
+        if (is_slot(*conv.ptr(), options.slots())) slots.push_back(conv.ptr());
       }
     }
   }
@@ -275,6 +280,7 @@ void ResNetImpl::pretty_print(std::ostream& stream) const {
          << ", small_stem=" << (o.small_stem() ? "true" : "false")
          << ", layer=" << to_string(o.slots().layer());
   if (o.slots().layer() == ResNetLayer::Branching) stream << ", lambda=" << o.slots().lambda();
+  if (o.slots().strided_slots()) stream << ", strided_slots=true";
   stream << ")";
 }
 

@@ -256,7 +256,7 @@ TEST(Registry, AnOptionOfTheOtherFamilyIsRefusedByName) {
   expect_error_mentions(
       [&] { build_model("resnet18", config); },
       {"dropout = 0.3 applies to ViT models only; resnet18's own options are layer, lambda, "
-       "padding, small_stem and width"});
+       "padding, small_stem, width and strided_slots"});
   config = {};
   config.resnet.width = 32;
   expect_error_mentions([&] { build_model("vit_tiny", config); },

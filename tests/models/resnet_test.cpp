@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
+
 #include "convnn/models/registry.h"
 #include "convnn/nn/modules/convnn.h"
 
@@ -58,6 +60,44 @@ TEST(ResNet, ReplacesExactlyTheStrideOne3x3Convolutions) {
   // layer2.0's 3x3 convolution has stride 2: kept.
   EXPECT_NE(net->stages[1]->at<ResidualBlockImpl>(0).convs[1].ptr()->as<torch::nn::Conv2d>(), nullptr);
   EXPECT_NE(net->stages[1]->at<ResidualBlockImpl>(1).convs[1].ptr()->as<cnn::BranchingConv2d>(), nullptr);
+}
+
+// strided_slots: the stride-2 3x3 convolutions become ConvNN layers of stride 2 too (resnet18: 3
+// more slots, 16), with the convolutions' parameter count (a [C',C,9] kernel without bias); the
+// map shrinks as with the convolutions, and each strided slot's aggregation costs its strided
+// convolution's MACs.
+TEST(ResNet, StridedSlotsReplaceTheStrideTwo3x3ConvolutionsToo) {
+  auto config = with_layer(ResNetLayer::ConvNN);
+  config.resnet.strided_slots = true;
+  const auto model = build_model("resnet18", config);
+  const auto net = model.get<ResNetImpl>();
+  EXPECT_EQ(net->slot_layers().size(), 16u);
+  const auto* strided = net->stages[1]->at<ResidualBlockImpl>(0).convs[0].ptr()->as<cnn::ConvNN2d>();
+  ASSERT_NE(strided, nullptr) << "layer2.0.conv1";
+  EXPECT_EQ(*strided->options.stride(), (std::array<int64_t, 2>{2, 2}));
+  EXPECT_EQ(model.parameter_count(), 11'689'512);
+  config.num_classes = 10;
+  config.image_size = 32;
+  config.resnet.small_stem = true;
+  config.resnet.width = 8;
+  auto small = build_model("resnet18", config);
+  torch::NoGradGuard no_grad;
+  EXPECT_EQ(small.forward(torch::randn({2, 3, 32, 32})).sizes(), (std::vector<int64_t>{2, 10}));
+  auto conv_config = config;
+  conv_config.resnet.layer = ResNetLayer::Conv;
+  conv_config.resnet.strided_slots = false;
+  int64_t convnn_macs = 0, conv_macs = 0;
+  for (const auto& e : small.cost().entries()) {
+    if (e.layer == "layer2.0.conv1" && e.op == "aggregation") convnn_macs += e.cost.macs;
+  }
+  for (const auto& e : build_model("resnet18", conv_config).cost().entries()) {
+    if (e.layer == "layer2.0.conv1") conv_macs += e.cost.macs;
+  }
+  EXPECT_GT(conv_macs, 0);
+  EXPECT_EQ(convnn_macs, conv_macs);
+  auto conv_with_strided = conv_config;
+  conv_with_strided.resnet.strided_slots = true;
+  EXPECT_THROW(build_model("resnet18", conv_with_strided), c10::Error) << "strided_slots needs a ConvNN layer";
 }
 
 TEST(ResNet, ConvNNLayersUseThePapersDefaults) {

@@ -35,6 +35,8 @@ struct ResNetConfig {
   int64_t padding = 1;
   bool small_stem = false;
   int64_t width = 64;
+  /// The stride-2 3x3 convolutions take the layer too (ResNetLayerOptions::strided_slots).
+  bool strided_slots = false;
 };
 
 /// The options of the ViT family only. Unset sizes are the preset's (tiny, small, base).

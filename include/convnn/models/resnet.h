@@ -37,6 +37,9 @@ struct ResNetLayerOptions {
   TORCH_ARG(nn::ConvNN2dOptions, convnn) = nn::ConvNN2dOptions(1, 1, 9).padding(1);
   /// Share of the branching layer's output channels that the ConvNN branch produces.
   TORCH_ARG(double, lambda) = 0.5;
+  /// The stride-2 3x3 convolutions take the layer too, as a ConvNN layer of stride 2 (the paper
+  /// replaces only the stride-1 ones). The parameters stay the convolutions' count.
+  TORCH_ARG(bool, strided_slots) = false;
 };
 
 struct ResidualBlockOptions {

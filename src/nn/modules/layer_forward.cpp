@@ -18,13 +18,13 @@ at::Tensor apply_linear(const LinearTensors& linear, const at::Tensor& x) {
   return at::linear(x, linear.weight, linear.bias.defined() ? c10::optional<at::Tensor>(linear.bias) : c10::nullopt);
 }
 
-// A convolution over x's spatial dimensions (2 or 3) with per-axis stride, padding and dilation.
+// A convolution over x's spatial dimensions (2 or 3) with per-axis stride, padding and dilation:
+// conv2d / conv3d, which autocast casts (at::convolution it does not).
 at::Tensor apply_conv(const LinearTensors& conv, const at::Tensor& x, at::IntArrayRef stride, at::IntArrayRef padding,
                       at::IntArrayRef dilation) {
   const auto bias = conv.bias.defined() ? c10::optional<at::Tensor>(conv.bias) : c10::nullopt;
-  const std::vector<int64_t> no_output_padding(stride.size(), 0);
-  return at::convolution(x, conv.weight, bias, stride, padding, dilation, /*transposed=*/false, no_output_padding,
-                         /*groups=*/1);
+  if (x.dim() == 5) return at::conv3d(x, conv.weight, bias, stride, padding, dilation);
+  return at::conv2d(x, conv.weight, bias, stride, padding, dilation);
 }
 
 // The shapes of the input (the batch B, the tokens N, for the spatial layers H and W) are read as
