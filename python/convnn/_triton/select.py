@@ -241,8 +241,9 @@ def ranking_operands(queries, keys, mask, similarity):
     """What the running top-K takes (the select and the fused attention kernels): (queries, keys,
     mask, mask kind, mask slice stride, root). Queries and keys in float32 (half precision exactly),
     unit rows for cosine; a mask as given if bool, in float32 if additive (the type the keys rank in,
-    as the C++ ops convert it), the queries as a placeholder if none; root = sqrt(D) rounded to
-    float32 for scaled_dot, as the CPU's std::sqrt(float(D)) (exact in the float32 argument)."""
+    as the C++ ops convert it), and if none the queries (a valid pointer the kernel does not read);
+    root = sqrt(D) rounded to float32 for scaled_dot, as the CPU's std::sqrt(float(D)) (exact in the
+    float32 argument)."""
     g, n, d = queries.shape
     m = keys.shape[1]
     queries, keys = queries.float().contiguous(), keys.float().contiguous()

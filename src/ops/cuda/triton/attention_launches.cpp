@@ -31,14 +31,8 @@ int dtype_code(at::ScalarType dtype) {
   }
 }
 
-int64_t slots_for(int64_t k) {
-  int64_t slots = kSelectBlocks.min_slots;
-  while (slots < k) slots *= 2;
-  return slots;
-}
-
 std::string scores_gradient_key(int64_t k) {
-  return "attention softmax scores gradient K<=" + std::to_string(slots_for(k));
+  return "attention softmax scores gradient K<=" + std::to_string(top_k_slots(k));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <array>
+#include <tuple>
 #include <utility>
 
 #include "ops/cuda/triton/aggregate_launches.h"
@@ -95,10 +96,11 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
   const auto values = at::randn({2, 70, 5}, generator).to(on_device);
   const auto kernel = at::randn({5, 6}, generator).to(on_device), bias = at::randn({5}, generator).to(on_device);
   const auto mask = (at::rand({9, 70}, generator) > 0.3).to(device);
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> want;  // the last similarity's (l1), for the backward
   for (const auto similarity : {Similarity::ScaledDot, Similarity::L1}) {
     const auto fused = attention_forward(queries, keys, values, kernel, bias, 6, similarity, mask, true, Rho::Softmax, 0.5);
-    const auto want = generic::knn_attention(queries, keys, values, kernel, bias, 6, to_string(similarity), mask, true,
-                                             "softmax", 0.5);
+    want = generic::knn_attention(queries, keys, values, kernel, bias, 6, to_string(similarity), mask, true, "softmax",
+                                  0.5);
     if (!at::equal(std::get<2>(fused), std::get<2>(want)) || !close(std::get<0>(fused), std::get<0>(want), tolerance) ||
         !close(std::get<1>(fused), std::get<1>(want), tolerance) ||
         !close(std::get<3>(fused), std::get<3>(want), tolerance)) {
@@ -106,15 +108,14 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
     }
   }
   // The backward's fused step, through the generic select backward: the generic backward's query gradient.
-  const auto [output, scores, indices, weights] =
-      generic::knn_attention(queries, keys, values, kernel, bias, 6, "l1", mask, true, "softmax", 0.5);
+  const auto& [output, scores, indices, weights] = want;
   const auto grad_output = at::randn(output.sizes(), generator).to(on_device);
   const auto grad_scores = softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.5);
   const auto fused = std::get<0>(generic::knn_select_backward(grad_scores, queries, keys, indices, scores, "l1"));
-  const auto want = std::get<0>(generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores,
-                                                                indices, weights, "l1", "softmax", 0.5,
-                                                                {true, false, false, false, false}));
-  if (!close(fused, want, tolerance)) return std::string("knn_attention_backward (softmax scores gradient)");
+  const auto expected = std::get<0>(generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores,
+                                                                    indices, weights, "l1", "softmax", 0.5,
+                                                                    {true, false, false, false, false}));
+  if (!close(fused, expected, tolerance)) return std::string("knn_attention_backward (softmax scores gradient)");
   return std::nullopt;
 }
 

@@ -15,12 +15,6 @@ constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
 
 int64_t cdiv(int64_t total, int64_t block) { return std::max<int64_t>(1, (total + block - 1) / block); }
 
-int64_t slots_for(int64_t k) {
-  int64_t slots = kSelectBlocks.min_slots;
-  while (slots < k) slots *= 2;
-  return slots;
-}
-
 const char* mask_name(int kind) {
   return kind == kSelectBlocks.no_mask ? "no mask" : kind == kSelectBlocks.bool_mask ? "bool mask" : "additive mask";
 }
@@ -52,8 +46,14 @@ at::Tensor unit_rows(const at::Tensor& x) {
 
 }  // namespace
 
+int64_t top_k_slots(int64_t k) {
+  int64_t slots = kSelectBlocks.min_slots;
+  while (slots < k) slots *= 2;
+  return slots;
+}
+
 std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind) {
-  return std::string(kernel) + " " + to_string(similarity) + " K<=" + std::to_string(slots_for(k)) + " " +
+  return std::string(kernel) + " " + to_string(similarity) + " K<=" + std::to_string(top_k_slots(k)) + " " +
          mask_name(mask_kind);
 }
 

@@ -16,7 +16,8 @@ namespace convnn::ops::cuda::triton {
 
 /// What the running top-K takes (the select and the fused attention kernels), as
 /// select.ranking_operands: queries and keys in float32 (half precision exactly), unit rows for
-/// cosine; the mask as given if bool, in float32 if additive, the queries as a placeholder if none;
+/// cosine; the mask as given if bool, in float32 if additive, and if none the queries (a valid pointer the
+/// kernel does not read);
 /// root = sqrt(D) rounded to float32 for scaled_dot.
 struct RankingOperands {
   at::Tensor queries, keys, mask;
@@ -26,6 +27,8 @@ struct RankingOperands {
 };
 RankingOperands ranking_operands(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& mask,
                                  Similarity similarity);
+/// The width of the running top-K that holds K slots: the narrowest compiled one (8 .. 64) >= K.
+int64_t top_k_slots(int64_t k);
 /// The key of a running-top-K kernel ("select" or "attention") for a similarity, K and mask kind, as
 /// scripts/triton_compile_check.py names it.
 std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind);
