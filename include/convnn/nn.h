@@ -1,8 +1,10 @@
 #pragma once
 // The layers (library convnn::nn, on convnn::ops): ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention,
-// BranchingConv2d, BranchingConv3d with their options and functional forms, and the paper's identities.
+// BranchingConv2d, BranchingConv3d with their options and functional forms, what they select
+// (neighbours.h), and the paper's identities.
 #include "convnn/nn/functional/convnn.h"
 #include "convnn/nn/modules/convnn.h"
+#include "convnn/nn/neighbours.h"
 #include "convnn/nn/options/convnn.h"
 #include "convnn/ops.h"
 #include "convnn/verify/identities.h"

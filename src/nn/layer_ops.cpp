@@ -10,6 +10,10 @@
 //   convnn::attention_aggregate(options, q, k, v, ...)  ConvNNAttention's forward between its
 //                                               projections; attention_check_input its input rule
 //   convnn::conv_nn / conv_nn1d / 2d / 3d       the functional forms
+//   convnn::layer_forward_with_neighbours, attention_aggregate_with_neighbours: the forwards and
+//                                               what they selected (convnn/nn/neighbours.h, as a
+//                                               tuple of its fields); neighbours_on_token_grid and
+//                                               neighbour_view its functions
 //
 // layer is ConvNN1d, ConvNN2d, ConvNN3d, ConvNNAttention, BranchingConv2d or BranchingConv3d. The forward ops are
 // CompositeImplicitAutograd: autograd, torch.compile and torch.export see the core ops inside.
@@ -25,6 +29,7 @@
 
 #include "convnn/nn/functional/convnn.h"
 #include "convnn/nn/modules/convnn.h"
+#include "convnn/nn/neighbours.h"
 #include "nn/layer_ops.h"
 #include "nn/modules/layer_forward.h"
 #include "nn/option_fields.h"
@@ -201,6 +206,24 @@ detail::AttentionTensors attention_tensors(const NamedTensors& named, const c10:
           mask.value_or(at::Tensor())};
 }
 
+// Neighbours as the ops return them: its fields in order (an attention layer's grid fields empty).
+using NeighbourFields = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>,
+                                   std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t, bool>;
+constexpr const char* kNeighbourFields =
+    "Tensor indices, Tensor scores, Tensor weights, Tensor positions, Tensor query_positions, int[] input_sizes, "
+    "int[] query_grid, int[] stride, int[] dilation, int padding, int k, bool has_window";
+
+NeighbourFields neighbour_fields(const Neighbours& n) {
+  return {n.indices, n.scores, n.weights, n.positions, n.query_positions, n.input_sizes, n.query_grid,
+          n.stride, n.dilation, n.padding, n.k, n.has_window};
+}
+
+// The forward's output followed by the neighbour fields.
+template <typename... Fields>
+auto with_output(const at::Tensor& output, const std::tuple<Fields...>& fields) {
+  return std::tuple_cat(std::make_tuple(output), fields);
+}
+
 ConvNNAttentionOptions attention_options(const OptionTexts& texts) {
   return layer_options(AttentionLayer{}, texts, "ConvNNAttention");
 }
@@ -215,14 +238,27 @@ at::Tensor attention_aggregate_op(const OptionTexts& texts, const at::Tensor& qu
                                      draw.generator(training), training);
 }
 
+auto attention_aggregate_with_neighbours(const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys,
+                                         const at::Tensor& values, const std::vector<std::string>& names,
+                                         const std::vector<at::Tensor>& tensors, bool training,
+                                         c10::optional<at::Generator> generator, const c10::optional<at::Tensor>& mask) {
+  const auto options = attention_options(texts);
+  const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
+  Neighbours neighbours;
+  const auto output =
+      detail::attention_aggregate(options, queries, keys, values, attention_tensors(NamedTensors(names, tensors), mask),
+                                  draw.generator(training), training, &neighbours);
+  return with_output(output, neighbour_fields(neighbours));
+}
+
 void attention_check_input_op(const OptionTexts& texts, const at::Tensor& input, const at::Tensor& weight) {
   detail::check_attention_input(attention_options(texts), input, weight);
 }
 
-at::Tensor layer_forward(c10::string_view layer_name, const OptionTexts& texts, const at::Tensor& input,
-                         const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
-                         bool training, c10::optional<at::Generator> generator,
-                         const c10::optional<at::Tensor>& mask) {
+at::Tensor layer_forward_impl(c10::string_view layer_name, const OptionTexts& texts, const at::Tensor& input,
+                              const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
+                              bool training, c10::optional<at::Generator> generator,
+                              const c10::optional<at::Tensor>& mask, Neighbours* neighbours) {
   const std::string layer(layer_name);
   const NamedTensors named(names, tensors);
   return with_layer(layer, [&](auto kind) -> at::Tensor {
@@ -231,7 +267,7 @@ at::Tensor layer_forward(c10::string_view layer_name, const OptionTexts& texts, 
     if constexpr (std::is_same_v<Layer, AttentionLayer>) {
       const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
       return detail::attention_forward(options, input, attention_tensors(named, mask), draw.generator(training),
-                                       training);
+                                       training, neighbours);
     } else if constexpr (kIsBranching<Layer>) {
       detail::BranchingTensors t;
       if (detail::convnn_branch_channels(options) > 0) t.convnn = named.convnn("convnn_branch.");
@@ -239,12 +275,55 @@ at::Tensor layer_forward(c10::string_view layer_name, const OptionTexts& texts, 
       t.mix = named.linear("mix");
       const auto& branch = options.convnn();
       const auto draw = CandidateDraw::with_generator(generator, branch.eval_candidates(), branch.eval_seed());
-      return detail::branching_forward(options, input, t, draw.generator(training));
+      return detail::branching_forward(options, input, t, draw.generator(training), neighbours);
     } else {
       const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
-      return detail::convnn_forward(options, input, named.convnn(""), draw.generator(training));
+      return detail::convnn_forward(options, input, named.convnn(""), draw.generator(training), neighbours);
     }
   });
+}
+
+at::Tensor layer_forward(c10::string_view layer, const OptionTexts& texts, const at::Tensor& input,
+                         const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
+                         bool training, c10::optional<at::Generator> generator,
+                         const c10::optional<at::Tensor>& mask) {
+  return layer_forward_impl(layer, texts, input, names, tensors, training, std::move(generator), mask, nullptr);
+}
+
+auto layer_forward_with_neighbours(c10::string_view layer, const OptionTexts& texts, const at::Tensor& input,
+                                   const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
+                                   bool training, c10::optional<at::Generator> generator,
+                                   const c10::optional<at::Tensor>& mask) {
+  Neighbours neighbours;
+  const auto output =
+      layer_forward_impl(layer, texts, input, names, tensors, training, std::move(generator), mask, &neighbours);
+  TORCH_CHECK(neighbours.indices.defined(), layer, ": this layer selects no neighbours (a branching layer with ",
+              "lambda = 0 has no ConvNN branch)");
+  return with_output(output, neighbour_fields(neighbours));
+}
+
+Neighbours neighbours_of(const at::Tensor& indices, const at::Tensor& scores, const at::Tensor& weights,
+                         const c10::optional<at::Tensor>& positions, std::vector<int64_t> input_sizes,
+                         std::vector<int64_t> query_grid, std::vector<int64_t> stride, std::vector<int64_t> dilation,
+                         int64_t k, bool has_window) {
+  Neighbours n;
+  n.indices = indices;
+  n.scores = scores;
+  n.weights = weights;
+  n.positions = positions.value_or(at::Tensor());
+  n.input_sizes = std::move(input_sizes);
+  n.query_grid = std::move(query_grid);
+  n.stride = std::move(stride);
+  n.dilation = std::move(dilation);
+  n.k = k;
+  n.has_window = has_window;
+  const auto dims = n.input_sizes.size();
+  TORCH_CHECK(!n.positions.defined() || (n.query_grid.size() == dims && n.stride.size() == dims &&
+                                         n.dilation.size() == dims && n.positions.size(-1) == static_cast<int64_t>(dims)),
+              "neighbour_view: input_sizes ", c10::IntArrayRef(n.input_sizes), ", query_grid ",
+              c10::IntArrayRef(n.query_grid), ", stride ", c10::IntArrayRef(n.stride), ", dilation ",
+              c10::IntArrayRef(n.dilation), " and the positions' last dimension must all have one entry per axis");
+  return n;
 }
 
 functional::ConvNNFuncOptions func_options(const OptionTexts& texts, const char* where,
@@ -339,6 +418,36 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
         "Generator? generator=None, Tensor? mask=None) -> Tensor");
   m.def("attention_aggregate(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, "
         "Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None) -> Tensor");
+  static const auto forward_schema = std::string("layer_forward_with_neighbours(str layer, str[] options, Tensor input, str[] names, "
+                    "Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None) -> (Tensor output, ") +
+        kNeighbourFields + ")";
+  m.def(forward_schema.c_str());
+  static const auto aggregate_schema = std::string("attention_aggregate_with_neighbours(str[] options, Tensor queries, Tensor keys, Tensor values, "
+                    "str[] names, Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None) -> "
+                    "(Tensor output, ") +
+        kNeighbourFields + ")";
+  m.def(aggregate_schema.c_str());
+  static const auto token_grid_schema = std::string("neighbours_on_token_grid(Tensor indices, Tensor scores, Tensor weights, int k, int[] grid, "
+                    "int prefix_tokens) -> (") +
+            kNeighbourFields + ")";
+  m.def(token_grid_schema.c_str(),
+        [](const at::Tensor& indices, const at::Tensor& scores, const at::Tensor& weights, int64_t k,
+           std::vector<int64_t> grid, int64_t prefix_tokens) {
+          auto n = neighbours_of(indices, scores, weights, c10::nullopt, {}, {}, {}, {}, k, false);
+          return neighbour_fields(on_token_grid(n, grid, prefix_tokens));
+        });
+  m.def("neighbour_view(Tensor positions, Tensor weights, int[] input_sizes, int[] query_grid, int[] stride, "
+        "int[] dilation, int k, bool has_window, float[] point, int sample=0) -> (int[] query, Tensor neighbours, "
+        "Tensor weights, Tensor window)",
+        [](const at::Tensor& positions, const at::Tensor& weights, std::vector<int64_t> input_sizes,
+           std::vector<int64_t> query_grid, std::vector<int64_t> stride, std::vector<int64_t> dilation, int64_t k,
+           bool has_window, std::vector<double> point, int64_t sample) {
+          const auto n = neighbours_of(positions, weights, weights, positions, std::move(input_sizes),
+                                       std::move(query_grid), std::move(stride), std::move(dilation), k, has_window);
+          auto view = neighbour_view(n, point, sample);
+          return std::make_tuple(view.query, view.neighbours, view.weights, view.window);
+        });
+  m.def("window_side(int k, int spatial_dims) -> int", &window_side);
   m.def("attention_check_input(str[] options, Tensor input, Tensor weight) -> ()");
   m.def("conv_nn(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias, str[] options, "
         "Tensor? mask=None, Tensor? coordinates=None, Generator? generator=None) -> Tensor");
@@ -349,7 +458,9 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
 
 TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
   m.impl("layer_forward", &layer_forward);
+  m.impl("layer_forward_with_neighbours", &layer_forward_with_neighbours);
   m.impl("attention_aggregate", &attention_aggregate_op);
+  m.impl("attention_aggregate_with_neighbours", &attention_aggregate_with_neighbours);
   m.impl("attention_check_input", &attention_check_input_op);
   m.impl("conv_nn", &conv_nn_op);
   m.impl("conv_nn1d", &conv_nn1d_op);

@@ -233,7 +233,8 @@ namespace detail {
 
 at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                                           const at::Tensor& kernel, const at::Tensor& bias, const ConvNNFuncOptions& o,
-                                          const at::Tensor& query_coordinates, const at::Tensor& key_coordinates) {
+                                          const at::Tensor& query_coordinates, const at::Tensor& key_coordinates,
+                                          Selection* selection) {
   check_conv_nn_inputs(queries, keys, values, kernel, bias, o, key_coordinates, query_coordinates);
   const int64_t h = o.heads();
   const c10::SymInt m = keys.sym_size(1);
@@ -255,12 +256,20 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
   // Random candidates aggregate over the r candidate rows with slot indices: the same sum (slot
   // order is index order), and the ops see M = r < N value rows (the aggregation's value side).
   const auto candidate_values = random && !merge ? v.index_select(1, drawn) : v;
+  // What the caller records: candidate slots mapped back to their tokens (merge_self's indices are
+  // tokens already).
+  const auto keep = [&](const at::Tensor& indices, const at::Tensor& scores, const at::Tensor& weights) {
+    if (selection == nullptr) return;
+    const auto tokens = random && !merge ? drawn.index_select(0, indices.reshape({-1})).view_as(indices) : indices;
+    *selection = {tokens.detach(), scores.detach(), weights.detach()};
+  };
   if (o.fused() && !merge && !o.kernel_per_head()) {
-    const auto output = std::get<0>(ops::knn_attention(
+    const auto [output, scores, indices, weights] = ops::knn_attention(
         q, candidate_keys, candidate_values, kernel,
         bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, o.k(),
         to_string(o.similarity()), candidate_mask_arg, index_order, to_string(o.rho()),
-        o.temperature()));
+        o.temperature());
+    keep(indices, scores, weights);
     return unfold_heads(output, h);
   }
   auto [scores, indices] = ops::knn_select(q, candidate_keys, o.k(), to_string(o.similarity()),
@@ -273,6 +282,7 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
     if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
   }
   const auto weights = rho_weights(scores, o.rho(), o.temperature());
+  keep(indices, scores, weights);
   return unfold_heads(aggregate(candidate_values, weights, indices, kernel, bias, o), h);
 }
 

@@ -73,6 +73,35 @@ at::Tensor flat_product(const std::vector<std::array<int64_t, 3>>& progressions,
   return flat;
 }
 
+// Row-major flat indices in the sub-grid of one phase of the dilated grid -> row-major flat indices
+// in the padded grid: position phase + dilation * j on each axis.
+at::Tensor sub_grid_to_padded(const at::Tensor& flat, const std::vector<int64_t>& sub_sizes,
+                              const std::vector<int64_t>& phase, const std::vector<int64_t>& dilation,
+                              const std::vector<int64_t>& padded_sizes) {
+  auto rest = flat;
+  auto padded = at::zeros_like(flat);
+  int64_t scale = 1;
+  for (auto axis = static_cast<int64_t>(sub_sizes.size()) - 1; axis >= 0; --axis) {
+    const auto j = rest.remainder(sub_sizes[axis]);
+    rest = rest.div(sub_sizes[axis], "floor");
+    padded += (j * dilation[axis] + phase[axis]) * scale;
+    scale *= padded_sizes[axis];
+  }
+  return padded;
+}
+
+// Concatenates the phases' selections along the queries and puts the rows in `order`.
+Selection merge_phases(const std::vector<Selection>& phases, const at::Tensor& order) {
+  std::vector<at::Tensor> indices, scores, weights;
+  for (const auto& phase : phases) {
+    indices.push_back(phase.indices);
+    scores.push_back(phase.scores);
+    weights.push_back(phase.weights);
+  }
+  const auto rows = [&](const std::vector<at::Tensor>& parts) { return at::cat(parts, 1).index_select(1, order); };
+  return {rows(indices), rows(scores), rows(weights)};
+}
+
 // Stride and dilation: one ConvNN per phase of the dilated grid (the padded positions congruent
 // modulo the dilation on every axis), on that sub-grid's tokens and coordinates, so that a query's
 // candidates are its dilated grid and one dilated step is one coordinate unit; the queries are the
@@ -82,12 +111,13 @@ at::Tensor flat_product(const std::vector<std::array<int64_t, 3>>& progressions,
 at::Tensor strided_or_dilated(const at::Tensor& input, const at::Tensor& kernel, const at::Tensor& bias,
                               const ConvNNFuncOptions& options, const std::vector<int64_t>& stride,
                               const std::vector<int64_t>& dilation, const Projections& projections,
-                              const std::string& op) {
+                              const std::string& op, Selection* selection) {
   const int64_t dims = static_cast<int64_t>(stride.size()), pad = options.padding();
-  std::vector<int64_t> sizes, out_sizes;
+  std::vector<int64_t> sizes, out_sizes, padded_sizes;
   for (int64_t axis = 0; axis < dims; ++axis) {
     sizes.push_back(input.size(2 + axis));
     out_sizes.push_back((sizes.back() + stride[axis] - 1) / stride[axis]);
+    padded_sizes.push_back(sizes.back() + 2 * pad);
   }
   check_spatial_candidates(sizes, options, op);
   const auto padded = pad > 0 ? at::constant_pad_nd(input, std::vector<int64_t>(2 * dims, pad)) : input;
@@ -98,6 +128,7 @@ at::Tensor strided_or_dilated(const at::Tensor& input, const at::Tensor& kernel,
   // position is a query then, and the outputs are the lattice's.
   const bool every_position_queries = options.include_self() && options.num_candidates() > 0;
   std::vector<at::Tensor> outputs, output_positions;
+  std::vector<Selection> selections;
   std::vector<int64_t> phase(dims, 0);
   do {
     auto sub = padded;
@@ -120,13 +151,26 @@ at::Tensor strided_or_dilated(const at::Tensor& input, const at::Tensor& kernel,
       const auto query_index = flat_product(query_positions, sub_sizes, index_options);
       const auto keys = apply(projections.key, tokens), values = apply(projections.value, tokens);
       at::Tensor out;
+      Selection phase_selection;
+      Selection* const phase_record = selection != nullptr ? &phase_selection : nullptr;
       if (every_position_queries) {
-        out = conv_nn(apply(projections.query, tokens), keys, values, kernel, bias, token_options, coordinates)
+        out = conv_nn_with_query_coordinates(apply(projections.query, tokens), keys, values, kernel, bias,
+                                             token_options, coordinates, coordinates, phase_record)
                   .index_select(1, query_index);
       } else {  // the query projection on the queries only (it is per token)
         out = conv_nn_with_query_coordinates(
             apply(projections.query, tokens.index_select(1, query_index)), keys, values, kernel, bias, token_options,
-            coordinates.defined() ? coordinates.index_select(0, query_index) : coordinates, coordinates);
+            coordinates.defined() ? coordinates.index_select(0, query_index) : coordinates, coordinates,
+            phase_record);
+      }
+      if (phase_record != nullptr) {
+        auto& kept = phase_selection;
+        if (every_position_queries) {
+          kept = {kept.indices.index_select(1, query_index), kept.scores.index_select(1, query_index),
+                  kept.weights.index_select(1, query_index)};
+        }
+        kept.indices = sub_grid_to_padded(kept.indices, sub_sizes, phase, dilation, padded_sizes);
+        selections.push_back(kept);
       }
       outputs.push_back(out);
       output_positions.push_back(flat_product(query_outputs, out_sizes, index_options));
@@ -138,6 +182,7 @@ at::Tensor strided_or_dilated(const at::Tensor& input, const at::Tensor& kernel,
   // Every output position once: back to row-major order.
   const auto order = std::get<1>(at::cat(output_positions).sort());
   const auto y = at::cat(outputs, 1).index_select(1, order);  // [B, prod(out_sizes), C']
+  if (selection != nullptr) *selection = merge_phases(selections, order);
   std::vector<int64_t> shape{input.size(0), y.size(2)};
   shape.insert(shape.end(), out_sizes.begin(), out_sizes.end());
   return y.transpose(1, 2).reshape(shape).contiguous();
@@ -156,7 +201,7 @@ std::vector<int64_t> per_axis(const std::vector<int64_t>& values, int64_t spatia
 
 at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
                            const at::Tensor& bias, const ConvNNFuncOptions& options,
-                           int64_t spatial_dims, const Projections& projections) {
+                           int64_t spatial_dims, const Projections& projections, Selection* selection) {
   const auto op = spatial_function_name(spatial_dims);
   TORCH_CHECK(input.defined() && input.dim() == spatial_dims + 2, op, ": input must be ",
               spatial_dims + 2, "-D ", spatial_layout(spatial_dims), ", got ",
@@ -170,7 +215,7 @@ at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
   if (!all_ones(stride) || !all_ones(dilation)) {
     TORCH_CHECK(!options.mask().defined(), op, ": a mask is not supported with stride ", c10::IntArrayRef(stride),
                 " or dilation ", c10::IntArrayRef(dilation), " (its [N,M] would index the tokens of one phase of the dilated grid)");
-    return strided_or_dilated(input, kernel, bias, options, stride, dilation, projections, op);
+    return strided_or_dilated(input, kernel, bias, options, stride, dilation, projections, op, selection);
   }
 
   const auto padded = pad > 0 ? at::constant_pad_nd(input, std::vector<int64_t>(2 * spatial_dims, pad))
@@ -184,8 +229,20 @@ at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
 
   auto token_options = options;
   token_options.padding(0);
-  const auto out = conv_nn(apply(projections.query), apply(projections.key),
-                           apply(projections.value), kernel, bias, token_options, coordinates);
+  const auto out = conv_nn_with_query_coordinates(apply(projections.query), apply(projections.key),
+                                                  apply(projections.value), kernel, bias, token_options, coordinates,
+                                                  coordinates, selection);
+  if (selection != nullptr && pad > 0) {  // the rows of the input's positions, as the output's crop
+    std::vector<std::array<int64_t, 3>> inside;
+    std::vector<int64_t> padded_sizes;
+    for (int64_t d = 0; d < spatial_dims; ++d) {
+      inside.push_back({input.size(2 + d), pad, 1});
+      padded_sizes.push_back(padded.size(2 + d));
+    }
+    const auto rows = flat_product(inside, padded_sizes, at::TensorOptions().dtype(at::kLong).device(input.device()));
+    *selection = {selection->indices.index_select(1, rows), selection->scores.index_select(1, rows),
+                  selection->weights.index_select(1, rows)};
+  }
 
   auto y = out.transpose(1, 2).unflatten_symint(2, grid);
   for (int64_t d = 0; d < spatial_dims && pad > 0; ++d) {

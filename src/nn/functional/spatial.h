@@ -25,12 +25,20 @@ std::string spatial_function_name(int64_t spatial_dims);
 std::string spatial_layer_name(int64_t spatial_dims);
 const char* spatial_layout(int64_t spatial_dims, bool batched = true);
 
+// What a forward selected, when its caller asks (a non-null Selection*): [B*heads, queries, K]
+// each, detached. indices are token indices: the keys' rows (random candidates mapped back to
+// their tokens); for a spatial form, row-major flat indices in the padded grid, and the rows are
+// the output positions in row-major order. The default forward keeps nothing.
+struct Selection {
+  at::Tensor indices, scores, weights;
+};
+
 // conv_nn with the queries' coordinates [N,P] apart from the keys' [M,P] (a spatial form whose
 // queries are a subset of its tokens: stride); conv_nn is this with the same coordinates for both.
 at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::Tensor& keys,
                                           const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& bias,
                                           const ConvNNFuncOptions& options, const at::Tensor& query_coordinates,
-                                          const at::Tensor& key_coordinates);
+                                          const at::Tensor& key_coordinates, Selection* selection = nullptr);
 
 // stride or dilation for `spatial_dims` axes: one value for every axis or one per axis, each at
 // least 1; `where` leads the message.
@@ -39,7 +47,7 @@ std::vector<int64_t> per_axis(const std::vector<int64_t>& values, int64_t spatia
 
 at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
                            const at::Tensor& bias, const ConvNNFuncOptions& options,
-                           int64_t spatial_dims, const Projections& projections);
+                           int64_t spatial_dims, const Projections& projections, Selection* selection = nullptr);
 
 // The candidate rule of every ConvNN form, in one place: 0 <= num_candidates <= m and
 // 1 <= k <= the candidates each query ranks (num_candidates, or all m). `where` leads the message.

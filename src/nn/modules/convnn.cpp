@@ -162,8 +162,20 @@ c10::optional<at::Generator> ConvNNNdImpl<D, Derived>::candidate_generator() con
 }
 
 template <size_t D, typename Derived>
+at::Tensor ConvNNNdImpl<D, Derived>::run(const at::Tensor& input, Neighbours* neighbours) {
+  return detail::convnn_forward(options, input, tensors(), candidate_generator(), neighbours);
+}
+
+template <size_t D, typename Derived>
 at::Tensor ConvNNNdImpl<D, Derived>::forward(const at::Tensor& input) {
-  return detail::convnn_forward(options, input, tensors(), candidate_generator());
+  return run(input, this->neighbours_sink());
+}
+
+template <size_t D, typename Derived>
+std::tuple<at::Tensor, Neighbours> ConvNNNdImpl<D, Derived>::forward_with_neighbours(const at::Tensor& input) {
+  Neighbours neighbours;
+  auto output = run(input, &neighbours);
+  return {output, neighbours};
 }
 
 template <size_t D, typename Derived>
@@ -245,7 +257,15 @@ void ConvNNAttentionImpl::reset_parameters() {
                        options.aggregation(), options.embed_dim() / options.num_heads(), options.k());
 }
 
-at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input) {
+at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input) { return run(input, neighbours_sink()); }
+
+std::tuple<at::Tensor, Neighbours> ConvNNAttentionImpl::forward_with_neighbours(const at::Tensor& input) {
+  Neighbours neighbours;
+  auto output = run(input, &neighbours);
+  return {output, neighbours};
+}
+
+at::Tensor ConvNNAttentionImpl::run(const at::Tensor& input, Neighbours* neighbours) {
   const detail::AttentionTensors t{kernel,
                                    bias,
                                    {query_projection->weight, query_projection->bias},
@@ -253,7 +273,7 @@ at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input) {
                                    {value_projection->weight, value_projection->bias},
                                    {output_projection->weight, output_projection->bias},
                                    options.mask()};
-  return detail::attention_forward(options, input, t, draw_.generator(is_training()), is_training());
+  return detail::attention_forward(options, input, t, draw_.generator(is_training()), is_training(), neighbours);
 }
 
 void ConvNNAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -312,6 +332,18 @@ void BranchingConvNdImpl<D, Derived>::reset() {
 
 template <size_t D, typename Derived>
 at::Tensor BranchingConvNdImpl<D, Derived>::forward(const at::Tensor& input) {
+  return run(input, this->neighbours_sink());
+}
+
+template <size_t D, typename Derived>
+std::tuple<at::Tensor, Neighbours> BranchingConvNdImpl<D, Derived>::forward_with_neighbours(const at::Tensor& input) {
+  Neighbours neighbours;
+  auto output = run(input, &neighbours);
+  return {output, neighbours};
+}
+
+template <size_t D, typename Derived>
+at::Tensor BranchingConvNdImpl<D, Derived>::run(const at::Tensor& input, Neighbours* neighbours) {
   detail::BranchingTensors t;
   c10::optional<at::Generator> generator;
   if (convnn_branch) {
@@ -320,7 +352,7 @@ at::Tensor BranchingConvNdImpl<D, Derived>::forward(const at::Tensor& input) {
   }
   if (conv_branch) t.conv = {conv_branch->weight, conv_branch->bias};
   t.mix = {mix->weight, mix->bias};
-  return detail::branching_forward(options, input, t, generator);
+  return detail::branching_forward(options, input, t, generator, neighbours);
 }
 
 template <size_t D, typename Derived>

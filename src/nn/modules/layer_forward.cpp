@@ -10,6 +10,7 @@
 #include "convnn/nn/functional/convnn.h"
 #include "nn/functional/spatial.h"
 #include "nn/functional/symint_forms.h"
+#include "nn/neighbours_detail.h"
 
 namespace convnn::nn::detail {
 namespace {
@@ -95,10 +96,13 @@ functional::ConvNNFuncOptions func_options(const ConvNNOptions<D>& o) {
 
 template <size_t D>
 at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& input,
-                          const ConvNNTensors& tensors, c10::optional<at::Generator> generator) {
+                          const ConvNNTensors& tensors, c10::optional<at::Generator> generator,
+                          Neighbours* neighbours) {
   const auto name = functional::detail::spatial_layer_name(D);
   if (is_one_sample(input, D + 2)) {
-    return convnn_forward(options, input.unsqueeze(0), tensors, std::move(generator)).squeeze(0);
+    auto output = convnn_forward(options, input.unsqueeze(0), tensors, std::move(generator), neighbours).squeeze(0);
+    if (neighbours != nullptr) drop_batch_dimension(*neighbours);
+    return output;
   }
   TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ",
               D + 2, "-D ", functional::detail::spatial_layout(D), " (or ", D + 1, "-D ",
@@ -115,19 +119,25 @@ at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& inp
   }
   auto o = func_options(options);
   o.generator(std::move(generator));
-  return in_memory_format_of(input,
-                             functional::detail::conv_nn_spatial(input, tensors.kernel, tensors.bias, o, D, projections));
+  functional::detail::Selection selection;
+  const auto output = functional::detail::conv_nn_spatial(input, tensors.kernel, tensors.bias, o, D, projections,
+                                                          neighbours != nullptr ? &selection : nullptr);
+  if (neighbours != nullptr) {
+    *neighbours = spatial_neighbours(selection, options.heads(), input.sizes().slice(2).vec(), options.padding(),
+                                     o.stride(), o.dilation(), options.k());
+  }
+  return in_memory_format_of(input, output);
 }
 
 template functional::ConvNNFuncOptions func_options(const ConvNNOptions<1>&);
 template functional::ConvNNFuncOptions func_options(const ConvNNOptions<2>&);
 template functional::ConvNNFuncOptions func_options(const ConvNNOptions<3>&);
 template at::Tensor convnn_forward(const ConvNNOptions<1>&, const at::Tensor&, const ConvNNTensors&,
-                                   c10::optional<at::Generator>);
+                                   c10::optional<at::Generator>, Neighbours*);
 template at::Tensor convnn_forward(const ConvNNOptions<2>&, const at::Tensor&, const ConvNNTensors&,
-                                   c10::optional<at::Generator>);
+                                   c10::optional<at::Generator>, Neighbours*);
 template at::Tensor convnn_forward(const ConvNNOptions<3>&, const at::Tensor&, const ConvNNTensors&,
-                                   c10::optional<at::Generator>);
+                                   c10::optional<at::Generator>, Neighbours*);
 
 void check_attention_input(const ConvNNAttentionOptions& o, const at::Tensor& input, const at::Tensor& weight) {
   TORCH_CHECK(input.defined() && (input.dim() == 3 || input.dim() == 2),
@@ -141,11 +151,13 @@ void check_attention_input(const ConvNNAttentionOptions& o, const at::Tensor& in
 
 at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor& queries, const at::Tensor& keys,
                                const at::Tensor& values, const AttentionTensors& tensors,
-                               c10::optional<at::Generator> generator, bool training) {
+                               c10::optional<at::Generator> generator, bool training, Neighbours* neighbours) {
   if (is_one_sample(queries, 3)) {
-    return attention_aggregate(o, queries.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), tensors,
-                               std::move(generator), training)
-        .squeeze(0);
+    auto output = attention_aggregate(o, queries.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), tensors,
+                                      std::move(generator), training, neighbours)
+                      .squeeze(0);
+    if (neighbours != nullptr) drop_batch_dimension(*neighbours);
+    return output;
   }
   TORCH_CHECK(queries.dim() == 3, "ConvNNAttention: the projected queries must be [B,N,C], got ",
               queries.sym_sizes());
@@ -161,20 +173,24 @@ at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor
                         .temperature(o.temperature())
                         .kernel_per_head(o.kernel_per_head())
                         .fused(o.fused());
-  const auto aggregated = functional::conv_nn(queries, keys, values, tensors.kernel, tensors.bias, func);
+  functional::detail::Selection selection;
+  const auto aggregated = functional::detail::conv_nn_with_query_coordinates(
+      queries, keys, values, tensors.kernel, tensors.bias, func, {}, {}, neighbours != nullptr ? &selection : nullptr);
+  if (neighbours != nullptr) *neighbours = token_neighbours(selection, o.num_heads(), o.k());
   return at::dropout(aggregated, o.dropout(), training);
 }
 
 at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& input,
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
-                             bool training) {
+                             bool training, Neighbours* neighbours) {
   check_attention_input(o, input, tensors.kernel);
   // In this order, as the Python layer runs its projections (C++ leaves the order of a call's
   // arguments open): autograd sums the input's three gradients in the reverse order, bitwise the same.
   const auto queries = apply_linear(tensors.query, input);
   const auto keys = apply_linear(tensors.key, input);
   const auto values = apply_linear(tensors.value, input);
-  const auto aggregated = attention_aggregate(o, queries, keys, values, tensors, std::move(generator), training);
+  const auto aggregated =
+      attention_aggregate(o, queries, keys, values, tensors, std::move(generator), training, neighbours);
   return apply_linear(tensors.output, aggregated);
 }
 
@@ -194,11 +210,14 @@ ConvNNOptions<D> convnn_branch_options(const BranchingConvOptions<D>& options) {
 
 template <size_t D>
 at::Tensor branching_forward(const BranchingConvOptions<D>& options, const at::Tensor& input,
-                             const BranchingTensors& tensors, c10::optional<at::Generator> generator) {
+                             const BranchingTensors& tensors, c10::optional<at::Generator> generator,
+                             Neighbours* neighbours) {
   const auto name = branching_layer_name(D);
   const char* batched = functional::detail::spatial_layout(D);
   if (is_one_sample(input, D + 2)) {
-    return branching_forward(options, input.unsqueeze(0), tensors, std::move(generator)).squeeze(0);
+    auto output = branching_forward(options, input.unsqueeze(0), tensors, std::move(generator), neighbours).squeeze(0);
+    if (neighbours != nullptr) drop_batch_dimension(*neighbours);
+    return output;
   }
   TORCH_CHECK(input.defined() && input.dim() == static_cast<int64_t>(D) + 2, name, ": input must be ", batched,
               " (or ", functional::detail::spatial_layout(D, /*batched=*/false), " for one sample) with C = in_channels = ",
@@ -209,7 +228,8 @@ at::Tensor branching_forward(const BranchingConvOptions<D>& options, const at::T
   check_input_dtype(name.c_str(), input, tensors.mix.weight);
   std::vector<at::Tensor> branches;
   if (tensors.convnn) {
-    branches.push_back(convnn_forward(convnn_branch_options(options), input, *tensors.convnn, std::move(generator)));
+    branches.push_back(
+        convnn_forward(convnn_branch_options(options), input, *tensors.convnn, std::move(generator), neighbours));
   }
   // The convolution branch with the ConvNN branch's stride and dilation (same padding), so both give
   // ceil(size / stride) positions per axis; the 1x1 mix after them.
@@ -229,8 +249,8 @@ template int64_t convnn_branch_channels(const BranchingConvOptions<3>&);
 template ConvNNOptions<2> convnn_branch_options(const BranchingConvOptions<2>&);
 template ConvNNOptions<3> convnn_branch_options(const BranchingConvOptions<3>&);
 template at::Tensor branching_forward(const BranchingConvOptions<2>&, const at::Tensor&, const BranchingTensors&,
-                                      c10::optional<at::Generator>);
+                                      c10::optional<at::Generator>, Neighbours*);
 template at::Tensor branching_forward(const BranchingConvOptions<3>&, const at::Tensor&, const BranchingTensors&,
-                                      c10::optional<at::Generator>);
+                                      c10::optional<at::Generator>, Neighbours*);
 
 }  // namespace convnn::nn::detail

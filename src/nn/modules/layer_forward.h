@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "convnn/nn/neighbours.h"
 #include "convnn/nn/options/convnn.h"
 
 namespace convnn::nn::detail {
@@ -38,10 +39,12 @@ struct BranchingTensors {
 template <size_t D>
 functional::ConvNNFuncOptions func_options(const ConvNNOptions<D>& options);
 
-// `generator` is the draw for random candidates (CandidateDraw::generator), or none.
+// `generator` is the draw for random candidates (CandidateDraw::generator), or none. A non-null
+// `neighbours` receives what the forward selected (the default forward keeps nothing).
 template <size_t D>
 at::Tensor convnn_forward(const ConvNNOptions<D>& options, const at::Tensor& input,
-                          const ConvNNTensors& tensors, c10::optional<at::Generator> generator);
+                          const ConvNNTensors& tensors, c10::optional<at::Generator> generator,
+                          Neighbours* neighbours = nullptr);
 
 // A layer's input must have its parameters' dtype, except under autocast; the message names the layer.
 void check_input_dtype(const char* layer, const at::Tensor& input, const at::Tensor& parameter);
@@ -55,11 +58,12 @@ void check_attention_input(const ConvNNAttentionOptions& options, const at::Tens
 // projection, e.g. LoRA, takes effect).
 at::Tensor attention_aggregate(const ConvNNAttentionOptions& options, const at::Tensor& queries,
                                const at::Tensor& keys, const at::Tensor& values, const AttentionTensors& tensors,
-                               c10::optional<at::Generator> generator, bool training);
+                               c10::optional<at::Generator> generator, bool training,
+                               Neighbours* neighbours = nullptr);
 
 at::Tensor attention_forward(const ConvNNAttentionOptions& options, const at::Tensor& input,
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
-                             bool training);
+                             bool training, Neighbours* neighbours = nullptr);
 
 // "BranchingConv2d" or "BranchingConv3d".
 std::string branching_layer_name(int64_t spatial_dims);
@@ -72,6 +76,7 @@ int64_t convnn_branch_channels(const BranchingConvOptions<D>& options);
 
 template <size_t D>
 at::Tensor branching_forward(const BranchingConvOptions<D>& options, const at::Tensor& input,
-                             const BranchingTensors& tensors, c10::optional<at::Generator> generator);
+                             const BranchingTensors& tensors, c10::optional<at::Generator> generator,
+                             Neighbours* neighbours = nullptr);
 
 }  // namespace convnn::nn::detail

@@ -8,9 +8,11 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <tuple>
 #include <type_traits>
 
 #include "convnn/nn/functional/convnn.h"
+#include "convnn/nn/neighbours.h"
 #include "convnn/nn/options/convnn.h"
 
 namespace convnn::nn {
@@ -37,13 +39,15 @@ class CandidateDraw {
 
 /// Shared implementation of ConvNN1d, ConvNN2d and ConvNN3d.
 template <size_t D, typename Derived>
-class ConvNNNdImpl : public torch::nn::Cloneable<Derived> {
+class ConvNNNdImpl : public torch::nn::Cloneable<Derived>, public NeighbourRecording {
  public:
   explicit ConvNNNdImpl(ConvNNOptions<D> options);
   void reset() override;
   void reset_parameters();
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
+  /// forward, and what it selected.
+  std::tuple<at::Tensor, Neighbours> forward_with_neighbours(const at::Tensor& input);
   /// Checks that an input of these spatial sizes (D of them, before padding) leaves every query
   /// at least k candidates, as forward would; models call it when they are built. `layer` names
   /// this module in the error.
@@ -61,6 +65,7 @@ class ConvNNNdImpl : public torch::nn::Cloneable<Derived> {
   torch::nn::Linear query_projection{nullptr}, key_projection{nullptr}, value_projection{nullptr};
 
  private:
+  at::Tensor run(const at::Tensor& input, Neighbours* neighbours);
   CandidateDraw draw_;
 };
 
@@ -93,7 +98,7 @@ class ConvNN3dImpl : public ConvNNNdImpl<3, ConvNN3dImpl> {
 TORCH_MODULE(ConvNN3d);
 
 /// Multi-head ConvNN attention on [B,N,C] -> [B,N,C].
-class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl> {
+class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl>, public NeighbourRecording {
  public:
   explicit ConvNNAttentionImpl(ConvNNAttentionOptions options);
   ConvNNAttentionImpl(int64_t embed_dim, int64_t num_heads, int64_t k)
@@ -102,6 +107,8 @@ class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl> {
   void reset_parameters();
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
+  /// forward, and what it selected (the token indices; on_token_grid places them on a grid).
+  std::tuple<at::Tensor, Neighbours> forward_with_neighbours(const at::Tensor& input);
 
   ConvNNAttentionOptions options;
   torch::nn::Linear query_projection{nullptr}, key_projection{nullptr},
@@ -112,13 +119,14 @@ class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl> {
   at::Tensor bias;
 
  private:
+  at::Tensor run(const at::Tensor& input, Neighbours* neighbours);
   CandidateDraw draw_;
 };
 TORCH_MODULE(ConvNNAttention);
 
 /// Shared implementation of BranchingConv2d and BranchingConv3d.
 template <size_t D, typename Derived>
-class BranchingConvNdImpl : public torch::nn::Cloneable<Derived> {
+class BranchingConvNdImpl : public torch::nn::Cloneable<Derived>, public NeighbourRecording {
  public:
   using ConvNNBranch = std::conditional_t<D == 2, ConvNN2d, ConvNN3d>;
   using Conv = std::conditional_t<D == 2, torch::nn::Conv2d, torch::nn::Conv3d>;
@@ -127,6 +135,8 @@ class BranchingConvNdImpl : public torch::nn::Cloneable<Derived> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
+  /// forward, and what its ConvNN branch selected (empty when lambda = 0).
+  std::tuple<at::Tensor, Neighbours> forward_with_neighbours(const at::Tensor& input);
   /// check_input_size of the ConvNN branch, if there is one.
   void check_input_size(c10::IntArrayRef sizes, const std::string& layer) const;
 
@@ -137,6 +147,9 @@ class BranchingConvNdImpl : public torch::nn::Cloneable<Derived> {
   ConvNNBranch convnn_branch{nullptr};
   Conv conv_branch{nullptr};
   Conv mix{nullptr};
+
+ private:
+  at::Tensor run(const at::Tensor& input, Neighbours* neighbours);
 };
 
 /// The hybrid branching layer on [B,C,H,W] -> [B,C',H,W].
