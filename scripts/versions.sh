@@ -7,7 +7,8 @@ CONVNN_PYTHON="/usr/bin/python3"
 # timm (>= 1.0.23, whose Block passes the attention arguments python/convnn/nn/modules.py honours)
 # brings torchvision; installed in one pip call with torch==CONVNN_TORCH_VERSION, so pip picks the
 # torchvision of that torch instead of upgrading torch (which the convnn package would refuse).
-CONVNN_PIP_PACKAGES=(numpy pytest "scikit-build-core>=0.10" "timm>=1.0.23")
+# matplotlib draws convnn.viz's pictures (the package's optional "viz" dependency; its tests need it).
+CONVNN_PIP_PACKAGES=(numpy pytest "scikit-build-core>=0.10" "timm>=1.0.23" matplotlib)
 CONVNN_APT_PACKAGES=(
   python3-venv cmake ninja-build ccache g++ git
   googletest libgtest-dev libgmock-dev

@@ -27,5 +27,6 @@ Command add_train_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
 Command add_checkpoint_command(CLI::App& app);
+Command add_viz_command(CLI::App& app);
 
 }  // namespace convnn::cli

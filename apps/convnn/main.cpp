@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
       convnn::cli::add_bench_command(app),
       convnn::cli::add_info_command(app),
       convnn::cli::add_checkpoint_command(app),
+      convnn::cli::add_viz_command(app),
   };
   // Every error reaches the user as one line of this form with status 1 (CLI11's own keep their
   // status): convnn's messages already name the option, the value and the rule, so a trace

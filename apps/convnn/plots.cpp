@@ -10,22 +10,21 @@
 #include "convnn/checkpoint/atomic_file.h"
 
 namespace convnn::cli {
-namespace {
 
 namespace fs = std::filesystem;
 
 bool gnuplot_available() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
 
-// Runs a gnuplot script (written next to its outputs, kept so that users can restyle the plots);
-// its messages go to a .log beside it, named in the error when it fails.
-void run_gnuplot(const fs::path& script_path, const std::string& script) {
-  checkpoint::write_file_atomically(script_path.string(), script);
-  auto log = script_path;
+void run_gnuplot(const std::string& script_path, const std::string& script) {
+  checkpoint::write_file_atomically(script_path, script);
+  auto log = fs::path(script_path);
   log.replace_extension(".log");
-  const auto command = fmt::format("gnuplot '{}' > '{}' 2>&1", script_path.string(), log.string());
-  TORCH_CHECK(std::system(command.c_str()) == 0, "gnuplot failed on '", script_path.string(), "'; see '",
+  const auto command = fmt::format("gnuplot '{}' > '{}' 2>&1", script_path, log.string());
+  TORCH_CHECK(std::system(command.c_str()) == 0, "gnuplot failed on '", script_path, "'; see '",
               log.string(), "'");
 }
+
+namespace {
 
 std::string quoted(const fs::path& path) { return "'" + path.string() + "'"; }
 
@@ -39,7 +38,7 @@ bool plot_metrics(const std::string& run_dir) {
   const std::string common =
       "set datafile separator ','\nset key autotitle columnhead\nset grid\n"
       "set terminal pngcairo size 800,500 noenhanced\nset xlabel 'epoch'\n";
-  run_gnuplot(plots / "plots.gp",
+  run_gnuplot((plots / "plots.gp").string(),
               common +
                   "set output " + quoted(plots / "loss.png") + "\nset ylabel 'loss'\nset title 'Loss'\n"
                   "plot " + csv + " using 'epoch':'train_loss' with linespoints title 'train', "
@@ -62,7 +61,7 @@ bool plot_confusion(const std::string& dir, const std::vector<std::string>& clas
     tics += fmt::format("{}'{}' {}", c ? ", " : "", class_names[c], c);
   }
   const int64_t side = std::max<int64_t>(500, 40 * static_cast<int64_t>(class_names.size()) + 200);
-  run_gnuplot(fs::path(dir) / "confusion.gp",
+  run_gnuplot((fs::path(dir) / "confusion.gp").string(),
               fmt::format("set terminal pngcairo size {0},{0} noenhanced\nset output {1}\n"
                           "set title 'Confusion matrix (rows: true class)'\nset xlabel 'predicted'\n"
                           "set ylabel 'true'\nset xtics ({2}) rotate by 45 right\nset ytics ({2})\n"

@@ -14,4 +14,9 @@ bool plot_metrics(const std::string& run_dir);
 /// false when gnuplot is not installed.
 bool plot_confusion(const std::string& dir, const std::vector<std::string>& class_names);
 
+bool gnuplot_available();
+/// Runs a gnuplot script, written to `script_path` (kept, so that users can restyle the plots);
+/// its messages go to a .log beside it, named in the error when it fails.
+void run_gnuplot(const std::string& script_path, const std::string& script);
+
 }  // namespace convnn::cli

@@ -9,7 +9,7 @@ _library.load()
 
 from . import _build_info  # noqa: E402
 
-from . import _vmap, flops, models, nn, pretrained, timm_models  # noqa: E402,F401  (flops registers FlopCounterMode's formulas)
+from . import _vmap, flops, models, nn, pretrained, timm_models, viz  # noqa: E402,F401  (flops registers FlopCounterMode's formulas)
 
 _vmap.register()
 
@@ -22,4 +22,4 @@ timm_models.register()
 ops = __import__("torch").ops.convnn
 __version__ = _build_info.CONVNN_VERSION
 
-__all__ = ["nn", "models", "pretrained", "ops", "__version__"]
+__all__ = ["nn", "models", "pretrained", "viz", "ops", "__version__"]

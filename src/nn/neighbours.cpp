@@ -151,6 +151,48 @@ NeighbourView neighbour_view(const Neighbours& n, c10::ArrayRef<double> point, i
   return view;
 }
 
+std::vector<std::vector<double>> picture_points(c10::IntArrayRef image_sizes,
+                                                const std::vector<std::vector<int64_t>>& pixels, int64_t grid) {
+  TORCH_CHECK(!image_sizes.empty() && std::all_of(image_sizes.begin(), image_sizes.end(), [](int64_t s) { return s >= 1; }),
+              "picture_points: image_sizes must be one or more sizes, each at least 1, got ", image_sizes);
+  const auto dims = image_sizes.size();
+  std::vector<std::vector<double>> points;
+  for (const auto& pixel : pixels) {
+    TORCH_CHECK(pixel.size() == dims, "picture_points: a query pixel needs ", dims, " coordinates, got ",
+                c10::IntArrayRef(pixel));
+    std::vector<double> point;
+    for (size_t axis = 0; axis < dims; ++axis) {
+      TORCH_CHECK(pixel[axis] >= 0 && pixel[axis] < image_sizes[axis], "picture_points: query pixel ",
+                  c10::IntArrayRef(pixel), " is outside the ", image_sizes, " image");
+      point.push_back((static_cast<double>(pixel[axis]) + 0.5) / static_cast<double>(image_sizes[axis]));
+    }
+    points.push_back(point);
+  }
+  if (!pixels.empty()) return points;
+  TORCH_CHECK(grid >= 1, "picture_points: grid must be at least 1 (or give query pixels), got ", grid);
+  std::vector<int64_t> cell(dims, 0);
+  do {
+    std::vector<double> point;
+    for (const auto c : cell) point.push_back((static_cast<double>(c) + 0.5) / static_cast<double>(grid));
+    points.push_back(point);
+    auto axis = static_cast<int64_t>(dims) - 1;  // the next cell, last axis fastest
+    while (axis >= 0 && ++cell[axis] == grid) cell[axis--] = 0;
+    if (axis < 0) break;
+  } while (true);
+  return points;
+}
+
+at::Tensor picture_background(const at::Tensor& image, c10::IntArrayRef grid) {
+  TORCH_CHECK(image.defined() && image.dim() == static_cast<int64_t>(grid.size()) + 1,
+              "picture_background: image must be [C, ", grid.size(), " spatial sizes] for a grid of ", grid,
+              ", got ", image.defined() ? image.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK(grid.size() == 2, "picture_background: pictures are of 2-D layers, got a grid of ", grid);
+  const auto grey = image.to(at::kDouble).mean(0, /*keepdim=*/true);
+  const auto cells = at::adaptive_avg_pool2d(grey.unsqueeze(0), grid).squeeze(0).squeeze(0);
+  const auto low = cells.min(), range = cells.max() - low;
+  return at::where(range > 0, (cells - low) / range, at::full_like(cells, 0.5));
+}
+
 void NeighbourRecording::record_neighbours(bool on) {
   record_ = on;
   last_ = Neighbours{};

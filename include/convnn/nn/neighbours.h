@@ -71,6 +71,26 @@ NeighbourView neighbour_view(const Neighbours& neighbours, c10::ArrayRef<double>
 /// least odd R with R^D >= K.
 int64_t window_side(int64_t k, int64_t spatial_dims);
 
+/// The points a picture shows, as fractions of an image of `image_sizes` (H, W, ...): the centres
+/// of the given pixels (one coordinate per axis each), or, when there are none, the cell centres of
+/// a grid x grid x ... lattice over the image.
+std::vector<std::vector<double>> picture_points(c10::IntArrayRef image_sizes,
+                                                const std::vector<std::vector<int64_t>>& pixels, int64_t grid);
+
+/// A picture's background at a layer's resolution: the image [C, H, W] in grey (the mean of its
+/// channels), averaged over the cells of `grid` (adaptive average pooling) and scaled to [0, 1]
+/// (float64, [grid...]).
+at::Tensor picture_background(const at::Tensor& image, c10::IntArrayRef grid);
+
+/// The colours of the pictures (`convnn viz` and Python's convnn.viz draw with these): the
+/// neighbours, the query, the convolution's window, and the padding around the grid.
+struct PictureColours {
+  static constexpr const char* neighbour = "#e4572e";
+  static constexpr const char* query = "#1d4ed8";
+  static constexpr const char* window = "#16a34a";
+  static constexpr const char* padding = "#dddddd";
+};
+
 /// A ConvNN layer that can keep what its forwards select (ConvNN1d/2d/3d, ConvNNAttention,
 /// BranchingConv2d/3d). Off by default: then forward keeps nothing and costs nothing more.
 class NeighbourRecording {

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .._options import layer_fields
+from .neighbours import Neighbours
 
 _ops = torch.ops.convnn
 
@@ -45,6 +46,9 @@ def _as_linear(holder):
 class _ConvNNLayer(nn.Module):
     _layer = ""  # the C++ layer's name
     _linear_submodules = ()  # C++ sub-layers that are nn.Linear modules here, run by the Python forward
+    # Called with the forward's Neighbours while they are recorded (record_neighbours,
+    # forward_with_neighbours); None: forward keeps nothing.
+    _neighbour_sink = None
 
     def __init__(self, *args, device=None, dtype=None, **kwargs):
         super().__init__()
@@ -87,8 +91,42 @@ class _ConvNNLayer(nn.Module):
 
     def _call(self, input, mask=None, texts=None):
         state = list(self.named_parameters()) + list(self.named_buffers())
-        return self._run(lambda: _ops.layer_forward(self._layer, texts or self._texts, input, [n for n, _ in state],
-                                                    [t for _, t in state], self.training, self._generator, mask))
+        arguments = (self._layer, texts or self._texts, input, [n for n, _ in state], [t for _, t in state],
+                     self.training, self._generator, mask)
+        if self._neighbour_sink is None or not self._selects_neighbours():
+            return self._run(lambda: _ops.layer_forward(*arguments))
+        return self._keep_neighbours(self._run(lambda: _ops.layer_forward_with_neighbours(*arguments)))
+
+    def _selects_neighbours(self):
+        """A branching layer without a ConvNN branch (lambda_=0) selects nothing."""
+        return not self._layer.startswith("Branching") or "convnn_branch" in self._modules
+
+    def _keep_neighbours(self, fields):
+        output, *neighbours = fields
+        self._neighbour_sink(Neighbours._from_op(neighbours))
+        return output
+
+    def forward_with_neighbours(self, *args, **kwargs) -> typing.Tuple[torch.Tensor, Neighbours]:
+        """forward(*args, **kwargs), and what it selected: (output, Neighbours)."""
+        if not self._selects_neighbours():
+            raise ValueError(f"{type(self).__name__}: with lambda_=0 there is no ConvNN branch, so it selects "
+                             "no neighbours")
+        kept = []
+        outer = self.__dict__.get("_neighbour_sink")  # a record_neighbours block around this call
+
+        def sink(neighbours):
+            kept.append(neighbours)
+            if outer is not None:
+                outer(neighbours)
+        self._neighbour_sink = sink
+        try:
+            output = self(*args, **kwargs)
+        finally:
+            if outer is None:
+                self.__dict__.pop("_neighbour_sink", None)
+            else:
+                self._neighbour_sink = outer
+        return output, kept[-1]
 
     def _refuse_tracing(self):
         if torch.jit.is_tracing():
@@ -306,11 +344,16 @@ class ConvNNAttention(_ConvNNLayer):
         _ops.attention_check_input(texts, x, self.kernel)
         state = list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False))
 
+        record = self._neighbour_sink is not None
+
         def aggregate():
-            return _ops.attention_aggregate(texts, self.query_projection(x), self.key_projection(x),
-                                            self.value_projection(x), [n for n, _ in state], [t for _, t in state],
-                                            self.training, self._generator, attn_mask)
-        return self.proj_drop(self.output_projection(self._run(aggregate)))
+            op = _ops.attention_aggregate_with_neighbours if record else _ops.attention_aggregate
+            return op(texts, self.query_projection(x), self.key_projection(x), self.value_projection(x),
+                      [n for n, _ in state], [t for _, t in state], self.training, self._generator, attn_mask)
+        aggregated = self._run(aggregate)
+        if record:
+            aggregated = self._keep_neighbours(aggregated)
+        return self.proj_drop(self.output_projection(aggregated))
 
     @property
     def proj(self):
