@@ -1,5 +1,5 @@
 // convnn from another project: the layers, a ResNet-18 with branching layers from the model
-// registry, and a checkpoint written by `convnn train`.
+// registry, a checkpoint written by `convnn train`, and the neighbours its layers select.
 //   convnn_example CHECKPOINT
 #include <convnn/convnn.h>
 #include <torch/torch.h>
@@ -87,6 +87,21 @@ int main(int argc, char** argv) {
                 static_cast<long long>(count_branching_layers(*trained.module())),
                 static_cast<long long>(trained.parameter_count()),
                 static_cast<long long>(header.position.epoch), c10::str(logits.sizes()).c_str());
+
+    // What each ConvNN layer selected in one forward: per query its K neighbours (the first layer's
+    // first query, in the layer's input, padding included).
+    const auto images = torch::randn({1, model_config.in_channels, model_config.image_size, model_config.image_size});
+    const auto selected = convnn::nn::record_neighbours(*trained.module(), [&] { trained(images); });
+    TORCH_CHECK(!selected.empty(), "record_neighbours found no ConvNN layer in ", header.config.model);
+    const auto& [layer, neighbours] = selected.front();
+    const auto first_query = neighbours.positions[0][0][0];  // [K, 2]: (y, x) per neighbour
+    std::string cells;
+    for (int64_t slot = 0; slot < first_query.size(0); ++slot) {
+      cells += c10::str(slot ? " " : "", "(", first_query[slot][0].item<int64_t>(), ",",
+                        first_query[slot][1].item<int64_t>(), ")");
+    }
+    std::printf("%zu layers recorded; %s selected %s, the first query's neighbours at %s\n", selected.size(),
+                layer.c_str(), c10::str(neighbours.indices.sizes()).c_str(), cells.c_str());
     return 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "convnn_example: %s\n", error.what());

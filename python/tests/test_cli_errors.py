@@ -92,7 +92,7 @@ HOSTILE_PICKLES = {
     "nested-100000-deep": b"\x80\x02" + b"]" * 100000 + b"a" * 99999 + b".",
     "self-referencing": b"\x80\x02]q\x00h\x00a.",
 }
-CHECKPOINT_COMMANDS = ["train", "eval", "train-initial"]
+CHECKPOINT_COMMANDS = ["train", "eval", "train-initial", "viz"]
 
 
 def bad_checkpoint(kind, workdir, checkpoint):
@@ -142,6 +142,8 @@ def checkpoint_cases(workdir, data_dir, checkpoint):
         cases[("checkpoint", "eval", kind)] = (
             ["eval", "--checkpoint", path, "--data-dir", data_dir, "--workers", 0,
              "--output", workdir / f"eval-{kind}"], [path])
+        cases[("checkpoint", "viz", kind)] = (
+            ["viz", "--checkpoint", path, "--data-dir", data_dir, "--output", workdir / f"viz-{kind}"], [path])
         cases[("checkpoint", "train-initial", kind)] = (
             ["train", *tiny_run_args(data_dir), "--initial-checkpoint", path,
              "--output", workdir / f"initial-{kind}"], [path])

@@ -9,7 +9,7 @@ import torch
 import convnn  # noqa: F401  (registers torch.ops.convnn)
 from cli_support import BINARY
 
-COMMANDS = ["train", "eval", "compare", "verify", "bench", "info", "checkpoint"]
+COMMANDS = ["train", "eval", "compare", "verify", "bench", "info", "checkpoint", "viz"]
 
 
 def run(*args):
