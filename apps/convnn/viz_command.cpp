@@ -134,14 +134,18 @@ std::string file_name(size_t index, const std::string& layer) {
   return fmt::format("{:02}-{}.png", index + 1, safe);
 }
 
+// A 1-D or 2-D tensor as nested arrays: integers for int64, numbers otherwise.
 nlohmann::json to_json(const at::Tensor& t) {
-  const auto flat = t.to(at::kDouble).contiguous();
   nlohmann::json values = nlohmann::json::array();
-  if (t.dim() == 1) {
-    for (int64_t i = 0; i < t.size(0); ++i) values.push_back(t.scalar_type() == at::kLong ? nlohmann::json(t[i].item<int64_t>()) : nlohmann::json(flat[i].item<double>()));
-    return values;
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    if (t.dim() > 1) {
+      values.push_back(to_json(t[i]));
+    } else if (t.scalar_type() == at::kLong) {
+      values.push_back(t[i].item<int64_t>());
+    } else {
+      values.push_back(t[i].item<double>());
+    }
   }
-  for (int64_t i = 0; i < t.size(0); ++i) values.push_back(to_json(t[i]));
   return values;
 }
 
@@ -157,10 +161,8 @@ nlohmann::json layer_json(const std::string& name, const std::string& file, cons
       p["window"] = to_json(view.window);
     } else {
       // The query's row of what the layer returned, as it returned it (indices, weights) and as drawn.
-      int64_t q = 0;
-      for (size_t axis = 0; axis < view.query.size(); ++axis) q = q * n.query_grid[axis] + view.query[axis] / n.stride[axis];
       p["head"] = panel.column;
-      p["indices"] = to_json(n.indices[0][panel.column][q]);
+      p["indices"] = to_json(n.indices[0][panel.column][view.row]);
       p["weights"] = to_json(view.weights[panel.column]);
       p["neighbours"] = to_json(view.neighbours[panel.column]);
     }

@@ -437,15 +437,15 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
           return neighbour_fields(on_token_grid(n, grid, prefix_tokens));
         });
   m.def("neighbour_view(Tensor positions, Tensor weights, int[] input_sizes, int[] query_grid, int[] stride, "
-        "int[] dilation, int k, bool has_window, float[] point, int sample=0) -> (int[] query, Tensor neighbours, "
-        "Tensor weights, Tensor window)",
+        "int[] dilation, int k, bool has_window, float[] point, int sample=0) -> (int row, int[] query, "
+        "Tensor neighbours, Tensor weights, Tensor window)",
         [](const at::Tensor& positions, const at::Tensor& weights, std::vector<int64_t> input_sizes,
            std::vector<int64_t> query_grid, std::vector<int64_t> stride, std::vector<int64_t> dilation, int64_t k,
            bool has_window, std::vector<double> point, int64_t sample) {
           const auto n = neighbours_of(positions, weights, weights, positions, std::move(input_sizes),
                                        std::move(query_grid), std::move(stride), std::move(dilation), k, has_window);
           auto view = neighbour_view(n, point, sample);
-          return std::make_tuple(view.query, view.neighbours, view.weights, view.window);
+          return std::make_tuple(view.row, view.query, view.neighbours, view.weights, view.window);
         });
   m.def("window_side(int k, int spatial_dims) -> int", &window_side);
   // The query pixels flat (D coordinates each); the points flat likewise.

@@ -133,6 +133,7 @@ NeighbourView neighbour_view(const Neighbours& n, c10::ArrayRef<double> point, i
     query = query * n.query_grid[axis] + row;
     view.query.push_back(row * n.stride[axis]);
   }
+  view.row = query;
   const auto of_sample = [&](const at::Tensor& t) { return (batched ? t[sample] : t).select(1, query); };
   view.neighbours = of_sample(n.positions);  // [H, K, D]
   view.weights = of_sample(n.weights);

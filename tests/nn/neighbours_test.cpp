@@ -203,6 +203,7 @@ TEST(Neighbours, TokensOnAGridPutThePrefixTokensOffItAndKeepThePatchQueries) {
   EXPECT_TRUE(torch::equal(n.query_positions[4], torch::tensor({1, 1}, torch::kLong)));
   const auto view = neighbour_view(n, std::vector<double>{0.9, 0.1});
   EXPECT_EQ(view.query, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(view.row, 3) << "row-major on the 2 x 3 grid";
   EXPECT_TRUE(torch::equal(view.neighbours, n.positions.select(1, 3))) << "[H, K, D] of the query (1, 0), row 3";
   EXPECT_EQ(view.window.size(0), 0) << "attention has no convolution window";
   EXPECT_NE(error_of([&] { on_token_grid(attention, {2, 2}, 1); })

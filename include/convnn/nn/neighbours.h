@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,7 @@ Neighbours on_token_grid(const Neighbours& attention, c10::IntArrayRef grid, int
 /// What a picture of one query shows: the query nearest a point of the input, its neighbours and
 /// the window of the convolution the layer generalises.
 struct NeighbourView {
+  int64_t row = 0;             ///< the query's row among the Neighbours' Q
   std::vector<int64_t> query;  ///< D coordinates of the query in the input grid
   at::Tensor neighbours;       ///< int64 [H, K, D]: its neighbours' coordinates (Neighbours::positions)
   at::Tensor weights;          ///< [H, K]
@@ -105,6 +107,13 @@ class NeighbourRecording {
  protected:
   /// Where forward puts its selection: null when not recording.
   Neighbours* neighbours_sink() { return record_ ? &last_ : nullptr; }
+  /// A layer's forward_with_neighbours from its forward with a sink, run(Neighbours*).
+  template <typename Run>
+  static std::tuple<at::Tensor, Neighbours> with_neighbours(const Run& run) {
+    Neighbours neighbours;
+    auto output = run(&neighbours);
+    return {std::move(output), std::move(neighbours)};
+  }
 
  private:
   bool record_ = false;

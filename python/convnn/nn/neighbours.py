@@ -12,6 +12,8 @@ _ops = torch.ops.convnn
 class NeighbourView(typing.NamedTuple):
     """What a picture of one query shows (C++ convnn::nn::NeighbourView)."""
 
+    row: int
+    """The query's row among the Neighbours' queries (Q)."""
     query: typing.Tuple[int, ...]
     """The query's coordinates in the layer's input grid."""
     neighbours: torch.Tensor
@@ -70,10 +72,10 @@ class Neighbours(typing.NamedTuple):
         if self.positions is None:
             raise ValueError("Neighbours.view: these neighbours are not on a grid (an attention layer's: place "
                              "its tokens with on_token_grid(grid, prefix_tokens) first)")
-        query, neighbours, weights, window = _ops.neighbour_view(
+        row, query, neighbours, weights, window = _ops.neighbour_view(
             self.positions, self.weights, list(self.input_sizes), list(self.query_grid), list(self.stride),
             list(self.dilation), self.k, self.has_window, [float(p) for p in point], sample)
-        return NeighbourView(tuple(query), neighbours, weights, window)
+        return NeighbourView(row, tuple(query), neighbours, weights, window)
 
 
 @contextlib.contextmanager

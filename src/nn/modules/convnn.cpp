@@ -173,9 +173,7 @@ at::Tensor ConvNNNdImpl<D, Derived>::forward(const at::Tensor& input) {
 
 template <size_t D, typename Derived>
 std::tuple<at::Tensor, Neighbours> ConvNNNdImpl<D, Derived>::forward_with_neighbours(const at::Tensor& input) {
-  Neighbours neighbours;
-  auto output = run(input, &neighbours);
-  return {output, neighbours};
+  return with_neighbours([&](Neighbours* neighbours) { return run(input, neighbours); });
 }
 
 template <size_t D, typename Derived>
@@ -260,9 +258,7 @@ void ConvNNAttentionImpl::reset_parameters() {
 at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input) { return run(input, neighbours_sink()); }
 
 std::tuple<at::Tensor, Neighbours> ConvNNAttentionImpl::forward_with_neighbours(const at::Tensor& input) {
-  Neighbours neighbours;
-  auto output = run(input, &neighbours);
-  return {output, neighbours};
+  return with_neighbours([&](Neighbours* neighbours) { return run(input, neighbours); });
 }
 
 at::Tensor ConvNNAttentionImpl::run(const at::Tensor& input, Neighbours* neighbours) {
@@ -337,9 +333,7 @@ at::Tensor BranchingConvNdImpl<D, Derived>::forward(const at::Tensor& input) {
 
 template <size_t D, typename Derived>
 std::tuple<at::Tensor, Neighbours> BranchingConvNdImpl<D, Derived>::forward_with_neighbours(const at::Tensor& input) {
-  Neighbours neighbours;
-  auto output = run(input, &neighbours);
-  return {output, neighbours};
+  return with_neighbours([&](Neighbours* neighbours) { return run(input, neighbours); });
 }
 
 template <size_t D, typename Derived>
