@@ -288,14 +288,13 @@ Command add_viz_command(CLI::App& app) {
   sub->add_option("--image", args->image,
                   "Image file (JPEG or PNG) to run the model on, converted as its data set's images are "
                   "(unset: --sample of --split)");
-  sub->add_option("--sample", args->sample, "Sample of the data set to run the model on")
-      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--sample", args->sample, "Sample of the data set to run the model on");
   sub->add_option("--split", args->split, "Split of the data set for --sample")->check(CLI::IsMember(data::split_names()));
   sub->add_option("--data-dir", args->data_dir, "Folder of the data set (unset: the run's)");
   sub->add_option("-q,--query", args->queries,
                   "Query pixel Y,X of the model's input image (repeatable; unset: the centres of a --grid)");
   sub->add_option("--grid", args->grid, "Without --query: queries at the centres of a grid x grid lattice")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{16}));
   sub->add_option("--layers", args->layers, "Only these layers (module paths, e.g. layer1.0.conv1)")->delimiter(',');
   sub->add_option("--output", args->output, "Folder for the PNGs (unset: <run>/viz)");
   add_device_option(sub, args->device, "Device to run the model on");

@@ -196,6 +196,8 @@ def test_viz_of_an_image_file_and_a_second_run_replaces_the_pictures(runs, tmp_p
     (["--layers", "layer9.conv1"], "--layers: no ConvNN layer named 'layer9.conv1' in resnet18; its ConvNN layers are "
                                     "layer1.0.conv1, layer1.0.conv2"),
     (["--sample", "64"], "--sample 64 is not a sample of the test split of fashion-mnist (64 samples: 0 to 63)"),
+    (["--sample", "-1"], "--sample -1 is not a sample of the test split of fashion-mnist (64 samples: 0 to 63)"),
+    (["--grid", "0"], "--grid: Value 0 not in range 1 to 16"),
     (["--image", "/nonexistent.png"], "/nonexistent.png"),
 ])
 def test_viz_refuses_bad_input_naming_it(runs, tmp_path, args, message):
