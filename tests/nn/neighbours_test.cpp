@@ -71,6 +71,10 @@ TEST(Neighbours, RecordedIndicesAndWeightsAreWhatTheSpatialLayerAggregated) {
       {"random candidates with the query itself, index order",
        ConvNN2dOptions(4, 6, 5).padding(1).num_candidates(12).include_self(true).slot_order(SlotOrder::Index)},
       {"gaussian, mean rho", ConvNN2dOptions(4, 6, 3).padding(1).similarity(Similarity::Gaussian).rho(Rho::Mean)},
+      {"random candidates, stride 2, dilation 2", ConvNN2dOptions(4, 6, 4).padding(2).stride(2).dilation(2)
+                                                      .num_candidates(6).seed(5)},
+      {"random candidates with the query itself, stride (1,2), dilation (2,1)",
+       ConvNN2dOptions(4, 6, 4).padding(2).stride({1, 2}).dilation({2, 1}).num_candidates(6).include_self(true)},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
