@@ -17,16 +17,7 @@ int64_t product(const std::vector<int64_t>& sizes) {
   return p;
 }
 
-// Row-major flat indices [...] in a grid of `sizes` -> coordinates [..., D].
-at::Tensor unravel(const at::Tensor& flat, const std::vector<int64_t>& sizes) {
-  std::vector<at::Tensor> coordinates(sizes.size());
-  auto rest = flat;
-  for (auto axis = static_cast<int64_t>(sizes.size()) - 1; axis >= 0; --axis) {
-    coordinates[axis] = rest.remainder(sizes[axis]);
-    rest = rest.div(sizes[axis], "floor");
-  }
-  return at::stack(coordinates, -1);
-}
+using functional::detail::unravel;
 
 // [B*heads, Q, K] -> [B, heads, Q, K]
 at::Tensor split_heads(const at::Tensor& t, int64_t heads) { return t.unflatten(0, {-1, heads}); }

@@ -78,16 +78,13 @@ at::Tensor flat_product(const std::vector<std::array<int64_t, 3>>& progressions,
 at::Tensor sub_grid_to_padded(const at::Tensor& flat, const std::vector<int64_t>& sub_sizes,
                               const std::vector<int64_t>& phase, const std::vector<int64_t>& dilation,
                               const std::vector<int64_t>& padded_sizes) {
-  auto rest = flat;
-  auto padded = at::zeros_like(flat);
-  int64_t scale = 1;
-  for (auto axis = static_cast<int64_t>(sub_sizes.size()) - 1; axis >= 0; --axis) {
-    const auto j = rest.remainder(sub_sizes[axis]);
-    rest = rest.div(sub_sizes[axis], "floor");
-    padded += (j * dilation[axis] + phase[axis]) * scale;
-    scale *= padded_sizes[axis];
+  const auto options = flat.options();
+  const auto positions = unravel(flat, sub_sizes) * at::tensor(dilation, options) + at::tensor(phase, options);
+  std::vector<int64_t> strides(padded_sizes.size(), 1);  // row-major strides of the padded grid
+  for (auto axis = static_cast<int64_t>(padded_sizes.size()) - 2; axis >= 0; --axis) {
+    strides[axis] = strides[axis + 1] * padded_sizes[axis + 1];
   }
-  return padded;
+  return (positions * at::tensor(strides, options)).sum(-1);
 }
 
 // Concatenates the phases' selections along the queries and puts the rows in `order`.
@@ -189,6 +186,16 @@ at::Tensor strided_or_dilated(const at::Tensor& input, const at::Tensor& kernel,
 }
 
 }  // namespace
+
+at::Tensor unravel(const at::Tensor& flat, const std::vector<int64_t>& sizes) {
+  std::vector<at::Tensor> coordinates(sizes.size());
+  auto rest = flat;
+  for (auto axis = static_cast<int64_t>(sizes.size()) - 1; axis >= 0; --axis) {
+    coordinates[axis] = rest.remainder(sizes[axis]);
+    rest = rest.div(sizes[axis], "floor");
+  }
+  return at::stack(coordinates, -1);
+}
 
 std::vector<int64_t> per_axis(const std::vector<int64_t>& values, int64_t spatial_dims, std::string_view where,
                               const char* name) {

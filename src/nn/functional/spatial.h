@@ -33,6 +33,9 @@ struct Selection {
   at::Tensor indices, scores, weights;
 };
 
+// Row-major flat indices [...] in a grid of `sizes` -> coordinates [..., D].
+at::Tensor unravel(const at::Tensor& flat, const std::vector<int64_t>& sizes);
+
 // conv_nn with the queries' coordinates [N,P] apart from the keys' [M,P] (a spatial form whose
 // queries are a subset of its tokens: stride); conv_nn is this with the same coordinates for both.
 at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::Tensor& keys,
