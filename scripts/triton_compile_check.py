@@ -52,7 +52,8 @@ def top_k_variants(select):
             slots = select.MIN_SLOTS
             while slots <= select.slots_for(select.MAX_SLOTS):
                 yield (f"{name} K<={slots} {mask_name}", mask_pointer,
-                       {"SIMILARITY": code, "MASK": mask, "ROWS": select.ROWS, "CANDIDATES": select.CANDIDATES,
+                       {"SIMILARITY": code, "MASK": mask, "ROWS": select.ROWS,
+                        "CANDIDATES": select.candidates_for(slots, mask),
                         "SLOTS": slots, "FEATURES": select.features_for(64)})
                 slots *= 2
 

@@ -26,7 +26,10 @@ if not INTERPRETED and not torch.cuda.is_available():
 DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda", torch.cuda.current_device())
 
 import convnn  # noqa: E402,F401
-from convnn._triton import aggregate, attention, register, select  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from convnn._triton import aggregate, attention, bitonic, pair_gradients, register, select, similarities  # noqa: E402
 
 ops = torch.ops.convnn
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -375,6 +378,112 @@ def test_select_gives_nan_scores_in_rows_that_met_a_nan_or_plus_inf_score_as_the
     assert torch.equal(got[1][rows], want[1][rows])
 
 
+@triton.jit
+def _bitonic_probe(x_ptr, y_ptr, top_ptr, ascending_ptr, merged_ptr, R: tl.constexpr, W: tl.constexpr,
+                   K: tl.constexpr):
+    """bitonic.largest (both orders) of rows of x [R, W], and bitonic.merge_sorted of y's rows
+    [R, K] sorted descending with x's K largest ascending."""
+    r = tl.arange(0, R)
+    x = tl.load(x_ptr + r[:, None] * W + tl.arange(0, W)[None, :])
+    y = tl.load(y_ptr + r[:, None] * K + tl.arange(0, K)[None, :])
+    out = r[:, None] * K + tl.arange(0, K)[None, :]
+    ascending = bitonic.largest(x, K, 0)
+    tl.store(top_ptr + out, bitonic.largest(x, K, 1))
+    tl.store(ascending_ptr + out, ascending)
+    tl.store(merged_ptr + out, bitonic.merge_sorted(bitonic.largest(y, K, 1), ascending))
+
+
+@pytest.mark.parametrize("width,k", [(64, 8), (64, 64), (32, 16), (8, 8), (64, 1), (2, 2)])
+def test_bitonic_networks_give_the_k_largest_int64_keys_sorted_even_at_the_extremes(width, k):
+    """The networks of bitonic.py against torch.topk: distinct keys spread over the whole int64
+    range (the pair sums that find a partner wrap around), and repeated least keys (the gate's
+    rejected candidates) beside them."""
+    generator = torch.Generator().manual_seed(24)
+    rows = 16 if width > 2 else 4
+    x = torch.randint(-(2**62), 2**62, (rows, width), generator=generator) * 2 + 1
+    x[0, : width // 2] = -(2**63)  # rejected candidates: the least key, repeated
+    x[1, 0], x[1, -1] = 2**63 - 1, -(2**63) + 1
+    y = torch.randint(-(2**62), 2**62, (rows, k), generator=generator) * 2
+    top, ascending, merged = (torch.empty(rows, k, dtype=torch.int64) for _ in range(3))
+    on_device = [t.to(DEVICE) for t in (x, y, top, ascending, merged)]
+    _bitonic_probe[(1,)](*on_device, R=rows, W=width, K=k)
+    top, ascending, merged = (t.cpu() for t in on_device[2:])
+    want = x.topk(k, dim=1).values
+    assert torch.equal(top, want)
+    assert torch.equal(ascending, want.flip(1))
+    assert torch.equal(merged, torch.cat([x, y], 1).topk(k, dim=1).values)
+
+
+def adversarial_tie_inputs(case):
+    """Queries [2,17,4] and keys [2,150,4] (two row blocks, three candidate tiles) on which the
+    selection without merge rounds must still give the generic path's indices exactly:
+    - "dozens tie at the K-th": keys in {0, 1}, so dozens of candidates share each score;
+    - "plus and minus zero": scores of exactly +0 and -0 (orthogonal rows, and -0 * x), which tie;
+    - "every candidate equal": one key repeated: the K lowest indices win;
+    - "every candidate enters": each key better than the one before, so every candidate of every
+      tile passes the gate and evicts a member of the set;
+    - "late entries": the best candidates last, after the set has settled on worse ones."""
+    generator = torch.Generator().manual_seed(21)
+    queries = torch.randint(-2, 3, (2, 17, 4), generator=generator).float()
+    if case == "dozens tie at the K-th":
+        keys = torch.randint(0, 2, (2, 150, 4), generator=generator).float()
+    elif case == "plus and minus zero":
+        queries = torch.zeros(2, 17, 4)
+        queries[..., 0] = torch.randint(1, 3, (2, 17), generator=generator).float()
+        keys = torch.zeros(2, 150, 4)
+        keys[:, ::3, 1] = 1.0  # orthogonal: the product is +0
+        keys[:, 1::3, 0] = -0.0  # -0 * positive: -0
+        keys[:, 2::3, 0] = -1.0  # below both
+    elif case == "every candidate equal":
+        keys = torch.ones(2, 150, 4)
+    elif case == "every candidate enters":
+        queries = queries.abs() + 1
+        keys = torch.arange(150.0).repeat(2, 4, 1).transpose(1, 2).contiguous()
+    else:  # late entries
+        queries = queries.abs() + 1
+        keys = torch.randint(0, 3, (2, 150, 4), generator=generator).float()
+        keys[:, 130:] += 5
+    return queries.to(DEVICE), keys.to(DEVICE)
+
+
+TIE_CASES = ["dozens tie at the K-th", "plus and minus zero", "every candidate equal", "every candidate enters",
+             "late entries"]
+
+
+@pytest.mark.parametrize("case", TIE_CASES)
+def test_select_without_merge_rounds_keeps_the_tie_rule_on_adversarial_ties(case):
+    """The packed ranking keys, the threshold gate, the rounds and the bitonic merge (select.py):
+    exact ties go to the lower index at every width of the running top-K, in both slot orders,
+    with and without a mask (a masked candidate ranks after every unmasked one, lower index
+    first)."""
+    queries, keys = adversarial_tie_inputs(case)
+    generator = torch.Generator().manual_seed(22)
+    masks = [None, (torch.rand(2, 17, 150, generator=generator) > 0.5).to(DEVICE)]
+    for k in (1, 8, 13, 64):
+        for mask in masks:
+            for similarity, index_order in (("dot", False), ("l1", True)):
+                got = select.select_forward(queries, keys, k, similarity, mask, index_order)
+                want = ops.knn_select.default._op_dk(GENERIC, queries, keys, k, similarity, mask, index_order)
+                assert torch.equal(got[1], want[1]), (case, k, mask is not None, similarity)
+                assert torch.equal(got[0], want[0]) if similarity == "dot" else True
+
+
+def test_select_gate_rounds_and_bitonic_merges_both_serve_a_block():
+    """A block whose rows enter a tile few times (the rounds) and a block whose rows enter it many
+    times (the bitonic merge), in one call: ROUNDS decides per tile; either way the generic path's
+    indices."""
+    generator = torch.Generator().manual_seed(23)
+    queries = torch.randint(-3, 4, (1, 32, 6), generator=generator).float()
+    keys = torch.randint(-3, 4, (1, 200, 6), generator=generator).float()
+    keys[0, 64:128] *= 0  # the second tile: every score 0 (below the set's) — no row enters
+    keys[0, 128:133] = queries[0, :5].repeat(1, 1) * 4  # the third: a few rows enter a few times
+    for k in (4, 8, 16):
+        got = select.select_forward(queries.to(DEVICE), keys.to(DEVICE), k, "dot", None, False)
+        want = ops.knn_select.default._op_dk(GENERIC, queries.to(DEVICE), keys.to(DEVICE), k, "dot", None, False)
+        assert torch.equal(got[1], want[1]), k
+        assert torch.equal(got[0], want[0]), k
+
+
 def select_backward_inputs(dtype, similarity, seed, m=20, integer=False):
     """Queries [2,9,5], keys [2,m,5] and a bool mask with a row of fewer valid candidates than K = 6
     (masked slots, score -inf), the generic path's selection, and an incoming gradient. Small
@@ -711,6 +820,26 @@ def test_identity_depthwise_convolution_recovery_through_the_fused_kernel(radius
 def test_the_rho_codes_are_the_cpp_rho_names():
     assert list(attention.RHO_CODES) == list(ops.rho_names())
     assert list(attention.RHO_CODES.values()) == list(range(len(attention.RHO_CODES)))
+
+
+def test_the_similarity_codes_are_the_cpp_similarity_names_in_enum_order():
+    """The kernels' codes (similarities.py) are the C++ enum's order, which the C++ launchers name
+    their embedded kernels by; pair_gradients serves the four that are not plain dot products."""
+    assert similarities.NAMES == tuple(ops.similarity_names())
+    assert select.SIMILARITY_CODES == {name: code for code, name in enumerate(ops.similarity_names())}
+    assert set(pair_gradients.SIMILARITY_CODES) == set(similarities.NAMES) - {"dot", "scaled_dot"}
+
+
+def test_an_unknown_similarity_code_is_refused_when_the_kernel_is_built():
+    """A code that no similarity has (a seventh similarity added to the C++ enum but not to the
+    kernels) fails the kernel's compilation instead of taking another similarity's arithmetic."""
+    queries, keys, _ = select_inputs(torch.float32, n=3, m=10)
+    scores = torch.empty(2, 3, 2, device=DEVICE)
+    indices = torch.empty(2, 3, 2, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(Exception, match="unknown similarity code 6"):
+        select._select_kernel[(1, 2)](queries, keys, queries, scores, indices, 3, 10, 5, 2, 0, 1.0,
+                                      SIMILARITY=len(similarities.NAMES), MASK=select.NO_MASK, ROWS=select.ROWS,
+                                      CANDIDATES=select.CANDIDATES, SLOTS=select.slots_for(2), FEATURES=16)
 
 
 def test_the_fused_attention_registration_answers_nothing_where_the_kernel_does_not_apply(monkeypatch):

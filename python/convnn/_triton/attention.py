@@ -212,7 +212,7 @@ def attention_forward(queries, keys, values, kernel, bias, k, similarity, mask, 
         queries, keys, values, kernel, bias_arg, mask, output, scores, indices, weights,
         n, m, d, c, k, mask_slice_stride, root, RHO_CODES[rho], float(temperature), int(index_order),
         int(bias is not None), DTYPE_CODES[dtype],
-        SIMILARITY=select.SIMILARITY_CODES[similarity], MASK=mask_kind, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES,
+        SIMILARITY=select.SIMILARITY_CODES[similarity], MASK=mask_kind, ROWS=select.ROWS, CANDIDATES=select.candidates_for(k, mask_kind),
         SLOTS=select.slots_for(k), FEATURES=select.features_for(d), CHANNELS=CHANNELS, **select.COMPILE_OPTIONS)
     return output.to(dtype), scores.to(dtype), indices, weights.to(dtype)
 

@@ -31,12 +31,25 @@ import triton
 import triton.language as tl
 
 from . import aggregate
-from .select import SIMILARITY_CODES as _ALL_SIMILARITY_CODES
+from .similarities import CHEBYSHEV, CODES, COSINE, GAUSSIAN, L1, known
 
 ROWS = 16  # with 32 rows, ptxas spilled 16 bytes in the l1 query gradient on sm_80
 FEATURES = 32
-# The kernels' SIMILARITY branches use select.py's codes: 2 cosine, 3 gaussian, 4 chebyshev, 5 l1.
-SIMILARITY_CODES = {name: _ALL_SIMILARITY_CODES[name] for name in ("cosine", "gaussian", "chebyshev", "l1")}
+# The similarities these kernels serve, with their codes (similarities.py); dot and scaled_dot run on
+# the aggregation kernels (select.select_backward).
+SIMILARITY_CODES = {name: CODES[name] for name in ("cosine", "gaussian", "chebyshev", "l1")}
+
+
+_LINEAR_TERMS = tl.constexpr((CODES["cosine"], CODES["gaussian"]))
+
+
+@triton.constexpr_function
+def _linear_terms(code):
+    """Whether a pair's gradient is A * other + B * self (cosine, gaussian), rather than
+    C * sign(self - other) (chebyshev, l1): the two forms these kernels know."""
+    return known(code) in _LINEAR_TERMS.value
+
+
 COEFFICIENTS = 6  # A, B, C for the query's side, then for the key's
 
 
@@ -64,14 +77,14 @@ def _pair_coefficients_kernel(q_ptr, k_ptr, indices_ptr, live_ptr, coefficients_
         both_ok = row_ok[:, None] & (features < d)[None, :]
         q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * d + features[None, :], mask=both_ok, other=0.0).to(ACC)
         key = tl.load(k_ptr + key_row[:, None] * d + features[None, :], mask=both_ok, other=0.0).to(ACC)
-        if SIMILARITY == 2:
+        if SIMILARITY == COSINE:
             first_stat += tl.sum(q * key, axis=1)
             q_squares += tl.sum(q * q, axis=1)
             k_squares += tl.sum(key * key, axis=1)
-        elif SIMILARITY == 3:
+        elif SIMILARITY == GAUSSIAN:
             diff = q - key
             first_stat += tl.sum(diff * diff, axis=1)
-        elif SIMILARITY == 4:
+        elif SIMILARITY == CHEBYSHEV:
             size = tl.where(both_ok, tl.abs(q - key), -1.0)
             block_max = tl.max(size, axis=1)
             block_arg = tl.min(tl.where(size == block_max[:, None], features[None, :], d), axis=1)
@@ -79,11 +92,12 @@ def _pair_coefficients_kernel(q_ptr, k_ptr, indices_ptr, live_ptr, coefficients_
             arg = tl.where(larger | (first == 0), block_arg, arg)
             first_stat = tl.where(larger | (first == 0), block_max, first_stat)
         else:
+            tl.static_assert(SIMILARITY == L1)
             first_stat += tl.sum(tl.abs(q - key), axis=1)
         first += FEATURES
     zero = tl.zeros([ROWS], dtype=ACC)
     # (A, B, C) of the query's side, then of the key's.
-    if SIMILARITY == 2:
+    if SIMILARITY == COSINE:
         q_norm = tl.sqrt(q_squares)
         k_norm = tl.sqrt(k_squares)
         q_scale = 1.0 / tl.maximum(q_norm, eps)
@@ -95,14 +109,15 @@ def _pair_coefficients_kernel(q_ptr, k_ptr, indices_ptr, live_ptr, coefficients_
         k_a = q_a
         k_b = tl.where(k_norm > eps, -g * cosine * k_scale * k_scale, zero)
         k_c = zero
-    elif SIMILARITY == 3:
+    elif SIMILARITY == GAUSSIAN:
         q_a = 2.0 * g * tl.exp(-first_stat)
         q_b = -q_a
         q_c = zero
         k_a = q_a
         k_b = q_b
         k_c = zero
-    else:
+    else:  # chebyshev and l1
+        tl.static_assert(not _linear_terms(SIMILARITY))
         q_a = zero
         q_b = zero
         q_c = -g * tl.exp(-first_stat)
@@ -141,14 +156,14 @@ def _query_gradient_kernel(q_ptr, k_ptr, indices_ptr, coefficients_ptr, arg_ptr,
         index = tl.load(indices_ptr + pair, mask=row_ok, other=0)
         key = tl.load(k_ptr + (slice_start + index)[:, None] * d + features[None, :], mask=both_ok,
                       other=0.0).to(ACC)
-        if SIMILARITY <= 3:  # A * other + B * self
+        if _linear_terms(SIMILARITY):  # A * other + B * self
             a = tl.load(coefficients_ptr + pair * 6, mask=row_ok, other=0.0)
             b = tl.load(coefficients_ptr + pair * 6 + 1, mask=row_ok, other=0.0)
             acc += a[:, None] * key + b[:, None] * q
         else:  # C * sign(self - other), chebyshev on its feature only
             c = tl.load(coefficients_ptr + pair * 6 + 2, mask=row_ok, other=0.0)
             term = c[:, None] * _sign(q - key)
-            if SIMILARITY == 4:
+            if SIMILARITY == CHEBYSHEV:
                 arg = tl.load(arg_ptr + pair, mask=row_ok, other=-1)
                 term = tl.where(features[None, :] == arg[:, None], term, 0.0)
             acc += term
@@ -171,14 +186,14 @@ def _key_gradient_kernel(q_ptr, k_ptr, coefficients_ptr, arg_ptr, order_ptr, run
         pair = tl.load(order_ptr + position)  # a flattened [G*N*K] slot
         query_row = pair // k
         q = tl.load(q_ptr + query_row * d + features, mask=feature_ok, other=0.0).to(ACC)
-        if SIMILARITY <= 3:
+        if _linear_terms(SIMILARITY):
             a = tl.load(coefficients_ptr + pair * 6 + 3)
             b = tl.load(coefficients_ptr + pair * 6 + 4)
             acc += a * q + b * key
         else:
             c = tl.load(coefficients_ptr + pair * 6 + 5)
             term = c * _sign(key - q)
-            if SIMILARITY == 4:
+            if SIMILARITY == CHEBYSHEV:
                 term = tl.where(features == tl.load(arg_ptr + pair), term, 0.0)
             acc += term
         position += 1

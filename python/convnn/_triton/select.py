@@ -23,11 +23,20 @@ import torch
 import triton
 import triton.language as tl
 
+from . import bitonic
+from .similarities import CHEBYSHEV, CODES, GAUSSIAN, L1, SCALED_DOT, is_distance, is_dot_product
+
 # Query rows per program: with 32, ptxas (sm_90, 4 warps) used all 255 registers and spilled at
 # some widths of the running top-K; with 16, 150-235 registers and no spill at any width.
 ROWS = 16
-CANDIDATES = 64    # candidates per score tile
+CANDIDATES = 64    # candidates per score tile (candidates_for: 32 where 64 would spill)
 MAX_SLOTS = 64     # the largest K the kernel holds on chip; a larger K takes the generic path
+# A tile that some row of the block enters more than ROUNDS times is merged by a bitonic network
+# (_running_top_k): on sm_90 one merge costs about as many instructions as 4.7 rounds
+# (scripts/triton_cost_report.py: 654 and 139 SASS instructions per warp at K <= 8). The network
+# serves K <= BITONIC_SLOTS: at 16 slots and more it spilled registers beside a mask.
+ROUNDS = 4
+BITONIC_SLOTS = 8
 
 
 # Launch options: 8 warps, and at most 128 registers per thread. Without the cap, ptxas chose 64 or
@@ -37,12 +46,20 @@ COMPILE_OPTIONS = {"num_warps": 8, "maxnreg": 128}
 
 
 # Widths of the running top-K: 8, 16, 32, 64. A K below 8 holds 8 slots (a few registers more; the
-# merge rounds are K either way): four compiled widths per similarity and dtype instead of six.
+# rounds are at most K either way): four compiled widths per similarity and dtype instead of six.
 MIN_SLOTS = 8
 
 
 def slots_for(k):
     return max(MIN_SLOTS, triton.next_power_of_2(k))
+
+
+def candidates_for(k, mask_kind):
+    """Candidates per score tile: 64, or 32 with a mask at K > 8, where the mask's loads beside a
+    running top-K of 16 or more slots spilled 8-60 bytes at 64 (ptxas, sm_80 and sm_90; with 32,
+    94-102 registers and no spill). At K <= 8 without a mask, 64 costs fewer instructions per score
+    (scripts/triton_cost_report.py)."""
+    return CANDIDATES if mask_kind == NO_MASK or slots_for(k) <= MIN_SLOTS else CANDIDATES // 2
 
 
 def features_for(d):
@@ -51,7 +68,7 @@ def features_for(d):
     return 16
 
 
-SIMILARITY_CODES = {"dot": 0, "scaled_dot": 1, "cosine": 2, "gaussian": 3, "chebyshev": 4, "l1": 5}
+SIMILARITY_CODES = CODES  # the similarities' compile-time codes (similarities.py)
 NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
 
 
@@ -63,8 +80,8 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
     # (exact pairwise differences) one feature at a time. Register use measured with ptxas -v
     # (sm_80, sm_90): 32 query rows and a tile of all 64 features spilled kilobytes; 16 rows,
     # 8 warps and 16-feature chunks, none (scripts/triton_compile_check.py fails on a spill).
-    if SIMILARITY <= 2:  # dot products: tl.dot over chunks of FEATURES features
-        keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
+    keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
+    if is_dot_product(SIMILARITY):  # tl.dot over chunks of FEATURES features
         first = 0
         while first < d:
             features = first + tl.arange(0, FEATURES)
@@ -75,45 +92,87 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
                         mask=cand_ok[:, None] & feature_ok[None, :], other=0.0).to(tl.float32)
             keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
             first += FEATURES
-        if SIMILARITY == 1:
-            keys = tl.math.div_rn(keys, tl.full([ROWS, CANDIDATES], root, tl.float32))
-        return keys
-    keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
-    j = 0
-    while j < d:
-        qj = tl.load(q_ptr + q_rows.to(tl.int64) * d + j, mask=row_ok, other=0.0).to(tl.float32)
-        kj = tl.load(k_ptr + cand.to(tl.int64) * d + j, mask=cand_ok, other=0.0).to(tl.float32)
-        if SIMILARITY <= 2:  # cosine's rows were scaled to unit length by the launcher
-            keys += qj[:, None] * kj[None, :]
-        else:
+        if SIMILARITY == SCALED_DOT:
+            # x / root correctly rounded. With root a power of two (D = 4, 16, 64, 256, ...) its
+            # reciprocal is exact, so x * (1 / root) is the same correctly rounded quotient, at one
+            # multiply instead of an IEEE division's dozen instructions.
+            if (tl.full([], root, tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFF) == 0:
+                keys = keys * tl.math.div_rn(1.0, root)
+            else:
+                keys = tl.math.div_rn(keys, tl.full([ROWS, CANDIDATES], root, tl.float32))
+    else:  # the distances: minus the distance, from exact pairwise differences, a feature at a time
+        tl.static_assert(is_distance(SIMILARITY))
+        j = 0
+        while j < d:
+            qj = tl.load(q_ptr + q_rows.to(tl.int64) * d + j, mask=row_ok, other=0.0).to(tl.float32)
+            kj = tl.load(k_ptr + cand.to(tl.int64) * d + j, mask=cand_ok, other=0.0).to(tl.float32)
             diff = qj[:, None] - kj[None, :]
-            if SIMILARITY == 3:
+            if SIMILARITY == GAUSSIAN:
                 keys += diff * diff
-            elif SIMILARITY == 4:
+            elif SIMILARITY == CHEBYSHEV:
                 keys = tl.maximum(keys, tl.abs(diff))
             else:
+                tl.static_assert(SIMILARITY == L1)
                 keys += tl.abs(diff)
-        j += 1
-    if SIMILARITY == 1:
-        keys = tl.math.div_rn(keys, tl.full([ROWS, CANDIDATES], root, tl.float32))
-    elif SIMILARITY >= 3:
+            j += 1
         keys = -keys
     return keys
+
+
+# Packed ranking keys (the running top-K's currency): a float32 key and its candidate index in one
+# int64, so that one integer comparison applies the whole ranking rule. The upper half is the key's
+# bits mapped to a signed integer of the same order (negative floats have their magnitude bits
+# flipped), after -0 is made +0 (the two tie); the lower half is the index's complement in 32 bits
+# (2^32 - 1 - index), so an exact tie goes to the lower index. -inf (masked) packs below every
+# finite key; a candidate past the slice packs as the least int64, below every real candidate; NaN
+# and +inf keys flag their row (unrankable) whatever they pack to.
+LEAST_KEY = tl.constexpr(-(2**63))
+GREATEST_KEY = tl.constexpr(2**63 - 1)
+INDEX_BITS = tl.constexpr(2**32 - 1)
+
+
+@triton.jit
+def _packed(keys, cand):
+    """int64 ranking keys of float32 keys [ROWS, CANDIDATES] and their candidate indices."""
+    bits = tl.where(keys == 0.0, 0.0, keys).to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return (ordered.to(tl.int64) << 32) | (cand.to(tl.int64) ^ INDEX_BITS)
+
+
+@triton.jit
+def _unpacked(packed):
+    """(float32 keys, int32 indices) of packed ranking keys: the inverse of _packed."""
+    ordered = (packed >> 32).to(tl.int32)
+    bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
+    return bits.to(tl.float32, bitcast=True), ((packed & INDEX_BITS) ^ INDEX_BITS).to(tl.int32)
 
 
 @triton.jit
 def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, root,
                    SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
-                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+                   SLOTS: tl.constexpr, FEATURES: tl.constexpr, ROUNDS: tl.constexpr = ROUNDS,
+                   BITONIC_SLOTS: tl.constexpr = BITONIC_SLOTS):
     """The K best candidates of each of the ROWS query rows of slice g, best first: (keys [ROWS,
     SLOTS] float32, indices [ROWS, SLOTS] int32, unrankable [ROWS]: rows that met a NaN or +inf key).
-    Shared by the select kernel and the fused attention kernel (attention.py)."""
+    Shared by the select kernel and the fused attention kernel (attention.py).
+
+    Selection without merge rounds (issue 38): each row keeps its K best packed keys as an unordered
+    set and their least, the threshold. A tile's keys are gated against the threshold; the ones
+    that pass enter one per row per round, each replacing the set's least (the keys are distinct,
+    so exactly one slot holds it), for as many rounds as the block's busiest row has entries (at
+    most K: after K no key left in the tile beats the set), so none once the thresholds settle. At
+    K <= BITONIC_SLOTS a tile with more than ROUNDS entries in some row (the first tiles) is merged
+    by bitonic networks instead (bitonic.py). One sort of the K slots at the end puts them best
+    first."""
     q_rows = g * n + rows
     slots = tl.arange(0, SLOTS)
-    none = m  # the index of an empty slot: after every candidate, so any candidate beats it
-    # The running top-K, best first: keys and indices; empty slots hold (-inf, none).
-    top_keys = tl.full([ROWS, SLOTS], float("-inf"), tl.float32)
-    top_index = tl.full([ROWS, SLOTS], none, tl.int32)
+    in_k = slots[None, :] < k
+    # Empty slots: -inf keys of indices m+1, m+2, ... (distinct, and below every real candidate:
+    # k <= m, so the set fills with real ones); slots past K hold the greatest key, never the least.
+    empty = _packed(tl.full([ROWS, SLOTS], float("-inf"), tl.float32),
+                    m + 1 + slots[None, :] + tl.zeros([ROWS, SLOTS], tl.int32))
+    top = tl.where(in_k, empty, GREATEST_KEY)
+    threshold = tl.min(top, 1)
     # Rows that met a NaN or +inf key cannot be ranked: their scores come out NaN, as the generic
     # path's where values are not read (docs/operator.md, "NaN and Inf rule").
     unrankable = tl.zeros([ROWS], dtype=tl.int32)
@@ -131,42 +190,36 @@ def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_sli
         elif MASK == 2:
             keys += tl.load(mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :],
                             mask=both_ok, other=0.0).to(tl.float32)
-        cand_index = tl.where(cand_ok, cand, none)[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)
-        keys = tl.where(cand_ok[None, :], keys, float("-inf"))
-        unrankable |= tl.max(((keys != keys) | (keys == float("inf"))).to(tl.int32), 1)
-        # Skip the merge when no candidate of the tile beats a row's K-th slot (its index is lower
-        # than the tile's, so an equal key loses, unless the slot is still empty).
-        kth_key = tl.min(tl.where(slots[None, :] < k, top_keys, float("inf")), 1)
-        kth_index = tl.max(tl.where(slots[None, :] < k, top_index, -1), 1)
-        beats = (keys > kth_key[:, None]) | ((keys == kth_key[:, None]) & (kth_index[:, None] == none))
-        beats = beats & cand_ok[None, :] & row_ok[:, None]
-        if tl.sum(beats.to(tl.int32)) > 0:
-            merged_keys = tl.full([ROWS, SLOTS], float("-inf"), tl.float32)
-            merged_index = tl.full([ROWS, SLOTS], none, tl.int32)
-            slot = 0
-            while slot < k:  # K rounds: the best of (running top-K, tile) moves to slot `slot`
-                best_top = tl.max(top_keys, 1)
-                best_top_index = tl.min(tl.where(top_keys == best_top[:, None], top_index, none + 1), 1)
-                best_tile = tl.max(keys, 1)
-                best_tile_index = tl.min(tl.where(keys == best_tile[:, None], cand_index, none + 1), 1)
-                from_top = (best_top > best_tile) | ((best_top == best_tile) & (best_top_index < best_tile_index))
-                key = tl.where(from_top, best_top, best_tile)
-                index = tl.where(from_top, best_top_index, best_tile_index)
-                here = slots[None, :] == slot
-                merged_keys = tl.where(here, key[:, None], merged_keys)
-                merged_index = tl.where(here, index[:, None], merged_index)
-                # Take the chosen one out of its source (the key -inf and the index past every
-                # other: it cannot be chosen again before a real candidate).
-                taken_top = from_top[:, None] & (top_index == best_top_index[:, None])
-                top_keys = tl.where(taken_top, float("-inf"), top_keys)
-                top_index = tl.where(taken_top, none + 1, top_index)
-                taken_tile = (~from_top)[:, None] & (cand_index == best_tile_index[:, None])
-                keys = tl.where(taken_tile, float("-inf"), keys)
-                cand_index = tl.where(taken_tile, none + 1, cand_index)
-                slot += 1
-            top_keys, top_index = merged_keys, merged_index
+        unrankable |= tl.max((both_ok & ((keys != keys) | (keys == float("inf")))).to(tl.int32), 1)
+        packed = tl.where(both_ok, _packed(keys, cand[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)),
+                          LEAST_KEY)
+        # The gate: only keys above their row's threshold can enter.
+        passing = tl.where(packed > threshold[:, None], packed, LEAST_KEY)
+        # Rounds for the busiest row, at most K.
+        entries = tl.minimum(tl.max(tl.sum((passing != LEAST_KEY).to(tl.int32), 1), 0), k)
+        if SLOTS <= BITONIC_SLOTS:  # a compile-time choice: the network at K <= 8 only
+            if entries > ROUNDS:
+                # Many entries (the first tiles): the tile's best SLOTS by a bitonic network, merged
+                # into the set (sorted for it) by one bitonic merge (bitonic.py).
+                best = bitonic.largest(passing, SLOTS, 0)
+                top = bitonic.largest(tl.where(in_k, top, LEAST_KEY), SLOTS, 1)
+                top = bitonic.merge_sorted(top, best)
+                top = tl.where(in_k, top, GREATEST_KEY)
+                threshold = tl.min(top, 1)
+                entries = 0
+        # Few: one round per entry of the busiest row, each entry replacing its set's least.
+        entry = 0
+        while entry < entries:
+            best = tl.max(passing, 1)
+            enters = best > threshold
+            top = tl.where(enters[:, None] & (top == threshold[:, None]), best[:, None], top)
+            passing = tl.where(passing == best[:, None], LEAST_KEY, passing)
+            threshold = tl.min(top, 1)
+            entry += 1
         first += CANDIDATES
-    return top_keys, top_index, unrankable
+    top = bitonic.largest(tl.where(in_k, top, LEAST_KEY), SLOTS, 1)
+    top_keys, top_index = _unpacked(top)
+    return tl.where(in_k, top_keys, float("-inf")), tl.where(in_k, top_index, m), unrankable
 
 
 @triton.jit
@@ -174,7 +227,7 @@ def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
     """The scores the op reports for ranking keys: exp(key) for the distances (exp(-distance); a
     masked slot reports -inf on every path), NaN in unrankable rows."""
     scores = top_keys
-    if SIMILARITY >= 3:
+    if is_distance(SIMILARITY):
         scores = tl.where(top_keys == float("-inf"), float("-inf"), tl.exp(top_keys))
     return tl.where(unrankable[:, None] != 0, float("nan"), scores)
 
@@ -230,7 +283,8 @@ def select_forward(queries, keys, k, similarity, mask, index_order):
     queries, keys, mask, mask_kind, mask_slice_stride, root = ranking_operands(queries, keys, mask, similarity)
     _select_kernel[(triton.cdiv(n, ROWS), g)](queries, keys, mask, scores, indices, n, m, d, k, mask_slice_stride,
                                              root, SIMILARITY=SIMILARITY_CODES[similarity], MASK=mask_kind, ROWS=ROWS,
-                                             CANDIDATES=CANDIDATES, SLOTS=slots_for(k), FEATURES=features_for(d),
+                                             CANDIDATES=candidates_for(k, mask_kind), SLOTS=slots_for(k),
+                                             FEATURES=features_for(d),
                                              **COMPILE_OPTIONS)
     if index_order:
         scores, indices = by_index(scores, indices)

@@ -1,0 +1,232 @@
+"""The static cost report of the selection kernels (issue 38 §5): what the running top-K of
+python/convnn/_triton/select.py costs on an H100, estimated without a GPU from the code ptxas emits.
+
+    .venv/bin/python scripts/triton_cost_report.py [--revision REV] [--json FILE]
+
+For the knn_select kernel and the fused knn_attention forward (the same running top-K), scaled_dot
+without a mask, at the paper's Table 1 shape (K = 8) and at 12 x 4096 (K = 8 and 9):
+1. compiles the kernel for sm_90 (as scripts/triton_compile_check.py does) and disassembles the
+   cubin with the nvdisasm that ships in Triton's wheel, with line information;
+2. splits the candidate-tile loop into its parts, counted in SASS instructions per warp: the dot
+   product per FEATURES features (the loop holding the FFMAs), the per-tile work every tile does,
+   one selection round (the other loop inside the tile loop) and, where the kernel has one, the
+   bitonic merge of a tile (the block of the tile loop that a branch skips and that holds the
+   network of bitonic.py; the end's sort of the K slots is outside the loop);
+3. counts, on seeded random Gaussian features, how often each part runs: per block of query rows
+   and per tile, the selection rounds and whether the tile is merged by the bitonic network (the
+   kernel's own rule, read from its module: ROUNDS and BITONIC_SLOTS; a kernel without them runs K
+   merge rounds on every tile that some row of the block enters, the design before issue 38);
+4. estimates the kernel's time from the warp instructions it issues: every instruction at the
+   H100 SXM's issue rate (132 SMs x 4 schedulers x 1 warp instruction per cycle x 1.755 GHz), no
+   stall, no latency, no occupancy limit: a lower bound on the instruction-issue time, not a
+   prediction; and beside it the DRAM bound of its compulsory bytes (inputs and outputs once, at
+   3.35 TB/s). The larger of the two is the estimate's bound.
+
+With --revision REV the kernels come from that commit (git archive), so that one script reports
+before and after a change. The instruction counts are exact for the compiled code; the round counts
+are measured on random data (clustered or adversarial data runs more rounds; at most K per tile);
+the time is an estimate with the assumptions above written beside it.
+"""
+import argparse
+import io
+import json
+import math
+import pathlib
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import triton_compile_check as check  # noqa: E402
+import triton  # noqa: E402
+
+# The H100 SXM (assumptions of the estimate; see the module's text).
+SMS, SCHEDULERS, CLOCK_HZ, DRAM_BYTES_PER_S = 132, 4, 1.755e9, 3.35e12
+SHAPES = {"Table 1 (G 384, N 197, D 64, K 8)": (384, 197, 64, 8),
+          "12 x 4096 (G 12, N 4096, D 64, K 8)": (12, 4096, 64, 8),
+          "12 x 4096 (G 12, N 4096, D 64, K 9)": (12, 4096, 64, 9)}
+FAMILIES = ("select", "attention")  # the knn_select kernel, the fused knn_attention forward
+
+
+def sources_at(revision, folder):
+    """python/convnn/_triton of `revision` unpacked under `folder` (a repository root for check)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "python/convnn/_triton"],
+                             capture_output=True, check=True).stdout
+    tarfile.open(fileobj=io.BytesIO(archive)).extractall(folder)
+    return pathlib.Path(folder)
+
+
+def sass(kernel_name):
+    """(instructions [(text, source file)], labels {name: position}) of the kernel for sm_90."""
+    for name, kernel, signature, constexprs, options in check.all_specialisations():
+        if name == kernel_name:
+            compiled = check.compile_for(kernel, signature, constexprs, options, 90)
+            break
+    else:
+        raise SystemExit(f"triton_cost_report: no specialisation named '{kernel_name}'")
+    nvdisasm = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = pathlib.Path(folder) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        text = subprocess.run([str(nvdisasm), "-c", "-g", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    instructions, labels, source = [], {}, ""
+    for line in text.splitlines():
+        if (match := re.match(r'\s*//## File "([^"]*)"', line)):
+            source = match.group(1)
+        elif (match := re.match(r"^(\.L_x_\d+):", line)):
+            labels[match.group(1)] = len(instructions)
+        elif (match := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)):
+            instructions.append((match.group(1), source))
+    return instructions, labels, compiled.metadata.num_warps
+
+
+def loops(instructions, labels):
+    """[(first, last)] instruction ranges closed by a backward branch."""
+    found = []
+    for position, (text, _) in enumerate(instructions):
+        match = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
+        if match and labels.get(match.group(1), position + 1) <= position:
+            found.append((labels[match.group(1)], position))
+    return found
+
+
+def opcode(text):
+    words = text.split()
+    word = words[1] if words[0].startswith("@") else words[0]
+    return word.split(".")[0]
+
+
+def bitonic_region(instructions, labels, tiles, inner_loops):
+    """The instructions of the tile loop that a conditional forward branch skips and that hold the
+    bitonic network (python/convnn/_triton/bitonic.py): the tiles that take the rounds skip them."""
+    best = (0, -1)
+    for position in range(tiles[0], tiles[1] + 1):
+        match = re.search(r"^@!?U?P\d.*\bBRA\b.*`\((\.L_x_\d+)\)", instructions[position][0])
+        target = labels.get(match.group(1), -1) if match else -1
+        region = (position + 1, target - 1)
+        if not (position < target <= tiles[1]) or any(
+                loop and region[0] <= loop[0] and loop[1] <= region[1] for loop in inner_loops):
+            continue
+        network = sum(source.endswith("_triton/bitonic.py") for _, source in instructions[region[0]:region[1] + 1])
+        if network > 32 and region[1] - region[0] > best[1] - best[0]:
+            best = region
+    return best
+
+
+def parts(kernel_name, bitonic_merges):
+    """The kernel's instruction counts per part (see the module's text), per warp."""
+    instructions, labels, warps = sass(kernel_name)
+    ranges = loops(instructions, labels)
+
+    def size(r):
+        return r[1] - r[0] + 1
+
+    def ffma(r):  # the score tile's FFMAs (the fused attention's aggregation has FFMAs of its own)
+        return sum(opcode(text) == "FFMA" and source.endswith("select.py")
+                   for text, source in instructions[r[0]:r[1] + 1])
+
+    dot = min((r for r in ranges if ffma(r) >= 16), key=size)  # the innermost loop of score FFMAs
+    tiles = min((r for r in ranges if r[0] < dot[0] and dot[1] <= r[1]), key=size)
+    rounds = [r for r in ranges if tiles[0] < r[0] and r[1] < tiles[1] and r != dot]
+    round_loop = max(rounds, key=size) if rounds else None
+    inner = size(dot) + (size(round_loop) if round_loop else 0)
+    bitonic = size(bitonic_region(instructions, labels, tiles, [dot, round_loop])) if bitonic_merges else 0
+    return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
+            "tile": size(tiles) - inner - bitonic, "round": size(round_loop) if round_loop else 0,
+            "bitonic": bitonic, "once": len(instructions) - size(tiles)}
+
+
+def tile_width(module, k):
+    """Candidates per score tile of an unmasked call."""
+    return module.candidates_for(k, module.NO_MASK)
+
+
+def round_counts(module, g, n, d, k, seed=0, blocks_wanted=96):
+    """Per tile of CANDIDATES candidates, summed over a sample of blocks of ROWS query rows on seeded
+    Gaussian features (scaled_dot): (rounds, bitonic tiles, tiles, blocks sampled, blocks in all)."""
+    rows_per_block, tile = module.ROWS, tile_width(module, k)
+    blocks_per_slice = math.ceil(n / rows_per_block)
+    generator = torch.Generator().manual_seed(seed)
+    limit = getattr(module, "ROUNDS", None)  # None: the design before issue 38 (K merge rounds)
+    rounds = bitonic = tiles = sampled = 0
+    slices = max(1, min(g, blocks_wanted // blocks_per_slice))
+    for _ in range(slices):
+        queries = torch.randn(n, d, generator=generator, dtype=torch.float64)
+        keys = torch.randn(n, d, generator=generator, dtype=torch.float64)
+        blocks = range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted))
+        for block in blocks:
+            scores = queries[block * rows_per_block:(block + 1) * rows_per_block] @ keys.T / math.sqrt(d)
+            sampled += 1
+            for first in range(0, n, tile):
+                tiles += 1
+                seen = scores[:, :first]
+                kth = seen.topk(k, dim=1).values[:, -1:] if first >= k else torch.full((len(scores), 1), -math.inf)
+                entries = int((scores[:, first:first + tile] > kth).sum(dim=1).max())
+                if limit is None:
+                    rounds += k if entries > 0 else 0
+                elif entries > limit and module.slots_for(k) <= module.BITONIC_SLOTS:
+                    bitonic += 1
+                else:
+                    rounds += min(entries, k)
+    return rounds, bitonic, tiles, sampled, g * blocks_per_slice
+
+
+def estimate(counts, module, shape):
+    g, n, d, k = shape
+    rounds, bitonic_tiles, tiles, sampled, blocks = round_counts(module, g, n, d, k)
+    scale = blocks / sampled
+    chunks = math.ceil(d / check.load_kernels("select").features_for(d))
+    per_warp = (sampled * counts["once"] + tiles * (counts["tile"] + chunks * counts["dot_per_chunk"])
+                + rounds * counts["round"] + bitonic_tiles * counts["bitonic"]) * scale
+    warp_instructions = per_warp * counts["warps"]
+    issue_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ)
+    dram_bytes = 4 * (2 * g * n * d) + g * n * k * (4 + 8)  # q and k once; scores and indices
+    dram_s = dram_bytes / DRAM_BYTES_PER_S
+    return {"rounds_per_tile": rounds / tiles, "bitonic_tiles_share": bitonic_tiles / tiles,
+            "warp_instructions_per_score": warp_instructions / (blocks * module.ROWS * tile_width(module, k)
+                                                                * (tiles / sampled)),
+            "issue_bound_us": issue_s * 1e6, "dram_bound_us": dram_s * 1e6,
+            "bound_us": max(issue_s, dram_s) * 1e6, "set_by": "instruction issue" if issue_s > dram_s else "DRAM"}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--revision", help="a git revision whose kernels to report (default: the working tree)")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the figures as JSON")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        if args.revision:
+            check.REPO = sources_at(args.revision, folder)
+        module = check.load_kernels("select")
+        if not hasattr(module, "candidates_for"):  # a revision before issue 38: one tile width
+            module.candidates_for = lambda k, mask_kind: module.CANDIDATES
+        report = {"revision": args.revision or "working tree", "kernels": {}}
+        print(f"Static cost report ({report['revision']}), sm_90, H100 SXM issue-rate bound\n")
+        print("| kernel | shape | SASS per tile: base / dot per 16 features / round / bitonic merge "
+              "| rounds per tile | bitonic tiles | warp instr. per score | bound (µs) | set by |")
+        print("|---|---|---|---|---|---|---|---|")
+        counted = {}
+        for family in FAMILIES:
+            for shape_name, shape in SHAPES.items():
+                kernel = f"{family} scaled_dot K<={module.slots_for(shape[3])} no mask"
+                if kernel not in counted:
+                    counted[kernel] = parts(kernel, bitonic_merges=hasattr(module, "ROUNDS"))
+                    report["kernels"][kernel] = {"sass": counted[kernel], "shapes": {}}
+                counts = counted[kernel]
+                figures = estimate(counts, module, shape)
+                report["kernels"][kernel]["shapes"][shape_name] = figures
+                print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_per_chunk']} / {counts['round']} / "
+                      f"{counts['bitonic']} | {figures['rounds_per_tile']:.2f} | {figures['bitonic_tiles_share']:.0%} | "
+                      f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
