@@ -29,7 +29,7 @@ from .similarities import CHEBYSHEV, CODES, GAUSSIAN, L1, SCALED_DOT, is_distanc
 # Query rows per program: with 32, ptxas (sm_90, 4 warps) used all 255 registers and spilled at
 # some widths of the running top-K; with 16, 150-235 registers and no spill at any width.
 ROWS = 16
-CANDIDATES = 64    # candidates per score tile (candidates_for: 32 where 64 would spill)
+CANDIDATES = 64    # candidates per score tile (candidates_for: 32 with a mask)
 MAX_SLOTS = 64     # the largest K the kernel holds on chip; a larger K takes the generic path
 # A tile that some row of the block enters more than ROUNDS times is merged by a bitonic network
 # (_running_top_k): on sm_90 one merge costs about as many instructions as 4.7 rounds
@@ -55,11 +55,11 @@ def slots_for(k):
 
 
 def candidates_for(k, mask_kind):
-    """Candidates per score tile: 64, or 32 with a mask at K > 8, where the mask's loads beside a
-    running top-K of 16 or more slots spilled 8-60 bytes at 64 (ptxas, sm_80 and sm_90; with 32,
-    94-102 registers and no spill). At K <= 8 without a mask, 64 costs fewer instructions per score
-    (scripts/triton_cost_report.py)."""
-    return CANDIDATES if mask_kind == NO_MASK or slots_for(k) <= MIN_SLOTS else CANDIDATES // 2
+    """Candidates per score tile: 64 without a mask, 32 with one. With a mask at 64, its loads
+    beside the running top-K spilled 8-60 bytes (ptxas, sm_80 and sm_90: the bitonic network at
+    K <= 8, the rounds' state at 16 slots and more); at 32, 94-108 registers and no spill. Without
+    a mask, 64 costs fewer instructions per score than 32 (scripts/triton_cost_report.py)."""
+    return CANDIDATES if mask_kind == NO_MASK else CANDIDATES // 2
 
 
 def features_for(d):
