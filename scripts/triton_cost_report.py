@@ -177,11 +177,13 @@ def round_counts(module, g, n, d, k, seed=0, blocks_wanted=96):
     return rounds, bitonic, tiles, sampled, g * blocks_per_slice
 
 
-def estimate(counts, module, shape):
+def estimate(counts, module, shape, runs):
+    """The bound of a kernel of instruction counts `counts` at `shape`, from `runs`: what
+    round_counts gave for that shape (the select and attention kernels share it)."""
     g, n, d, k = shape
-    rounds, bitonic_tiles, tiles, sampled, blocks = round_counts(module, g, n, d, k)
+    rounds, bitonic_tiles, tiles, sampled, blocks = runs
     scale = blocks / sampled
-    chunks = math.ceil(d / check.load_kernels("select").features_for(d))
+    chunks = math.ceil(d / module.features_for(d))
     per_warp = (sampled * counts["once"] + tiles * (counts["tile"] + chunks * counts["dot_per_chunk"])
                 + rounds * counts["round"] + bitonic_tiles * counts["bitonic"]) * scale
     warp_instructions = per_warp * counts["warps"]
@@ -212,6 +214,7 @@ def main():
               "| rounds per tile | bitonic tiles | warp instr. per score | bound (µs) | set by |")
         print("|---|---|---|---|---|---|---|---|")
         counted = {}
+        runs = {name: round_counts(module, *shape) for name, shape in SHAPES.items()}
         for family in FAMILIES:
             for shape_name, shape in SHAPES.items():
                 kernel = f"{family} scaled_dot K<={module.slots_for(shape[3])} no mask"
@@ -219,7 +222,7 @@ def main():
                     counted[kernel] = parts(kernel, bitonic_merges=hasattr(module, "ROUNDS"))
                     report["kernels"][kernel] = {"sass": counted[kernel], "shapes": {}}
                 counts = counted[kernel]
-                figures = estimate(counts, module, shape)
+                figures = estimate(counts, module, shape, runs[shape_name])
                 report["kernels"][kernel]["shapes"][shape_name] = figures
                 print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_per_chunk']} / {counts['round']} / "
                       f"{counts['bitonic']} | {figures['rounds_per_tile']:.2f} | {figures['bitonic_tiles_share']:.0%} | "
