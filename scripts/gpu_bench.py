@@ -6,7 +6,7 @@ configuration (G = 384 slices, N = M = 197, d = 64, K = 8, depthwise, scaled_dot
   QK^T, topk, softmax, gather), the knn_attention op on the generic path (CONVNN_CUDA_KERNELS=generic),
   the composed Triton path (knn_select, softmax, knn_aggregate through the dispatcher, whose CUDA
   kernels are the Triton ones, with autograd), the knn_attention op with the Triton kernels (its
-  forward the fused kernel of attention.py, its backward the composed Triton kernels), and
+  forward the fused kernel of attention.py, its backward the two kernels of attention_backward.py), and
   scaled_dot_product_attention on the same [G,N,d] tensors for scale.
 The C++ `convnn bench --device cuda` times the generic paths; the Triton kernels are registered
 from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events); peak memory

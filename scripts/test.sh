@@ -48,9 +48,10 @@ phase_done "op and identity tests on the device-generic path"
 # interpreter in ctest's python.triton_interpreter).
 "$repo_root/.venv/bin/python" "$repo_root/scripts/triton_compile_check.py" > /dev/null
 phase_done "Triton compile check"
-# The static cost report of the selection kernels (issue 38 §5): SASS instructions per part of the
-# running top-K for sm_90, round counts on random data, and the estimated H100 bound at the paper's
-# Table 1 shape and at 12 x 4096 (BENCHMARKS.md). It fails if the kernels' loops can no longer be
+# The static cost report of the selection kernels and the attention backward's two kernels (issue
+# 38 §5): SASS instructions per part of each loop for sm_90, trip counts on random data, launches
+# per backward, and the estimated H100 bound at the paper's Table 1 shape and at 12 x 4096
+# (BENCHMARKS.md). It fails if the kernels' loops can no longer be
 # told apart in the compiled code; its figures are estimates, not tests.
 "$repo_root/.venv/bin/python" "$repo_root/scripts/triton_cost_report.py" \
   --json "$repo_root/build/triton-cost-report.json" > "$repo_root/build/triton-cost-report.md"

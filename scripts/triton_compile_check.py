@@ -90,6 +90,27 @@ def attention_specialisations(module, select):
         slots *= 2
 
 
+def attention_backward_specialisations(module, select):
+    """knn_attention's two-kernel backward: the row kernel for each dot-product similarity at every
+    width, and the column kernel (float32 inputs: the launcher converts half precision)."""
+    for similarity, scaled in module.SIMILARITY_SCALED.items():
+        slots = select.MIN_SLOTS
+        while slots <= select.slots_for(select.MAX_SLOTS):
+            yield (f"attention backward rows {similarity} K<={slots}", module._rows_kernel,
+                   {"grad_output_ptr": "*fp32", "values_ptr": "*fp32", "kernel_ptr": "*fp32", "indices_ptr": "*i64",
+                    "weights_ptr": "*fp32", "scores_ptr": "*fp32", "keys_ptr": "*fp32", "live_ptr": "*fp32",
+                    "grad_queries_ptr": "*fp32", "partial_ptr": "*fp32", "rows_total": "i32", "n": "i32",
+                    "m": "i32", "c": "i32", "d": "i32", "k": "i32", "temperature": "fp32", "root": "fp32",
+                    "dtype_code": "i32"},
+                   {"SCALED": scaled, "ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.attention.CHANNELS})
+            slots *= 2
+    yield ("attention backward columns", module._columns_kernel,
+           {"grad_output_ptr": "*fp32", "queries_ptr": "*fp32", "weights_ptr": "*fp32", "kernel_ptr": "*fp32",
+            "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", "grad_values_ptr": "*fp32",
+            "grad_keys_ptr": "*fp32", "rows_total": "i32", "c": "i32", "d": "i32", "k": "i32", "value_parts": "i32"},
+           {"ROWS": module.COLUMN_ROWS, "WIDTH": module.COLUMN_WIDTH})
+
+
 def specialisations(module):
     """(kernel name, kernel, signature, constexprs) of every launch the package makes."""
     blocks = {"ROWS": module.ROWS, "CHANNELS": module.CHANNELS, "ACC": tl.float32}
@@ -184,6 +205,8 @@ def all_specialisations():
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(load_kernels("pair_gradients"))]
     every += [(*spec, select.COMPILE_OPTIONS if "gradient" not in spec[0] else DEFAULT_OPTIONS)
               for spec in attention_specialisations(load_kernels("attention"), select)]
+    backward = load_kernels("attention_backward")
+    every += [(*spec, backward.COMPILE_OPTIONS) for spec in attention_backward_specialisations(backward, select)]
     return every
 
 

@@ -1,5 +1,6 @@
-"""The static cost report of the selection kernels (issue 38 §5): what the running top-K of
-python/convnn/_triton/select.py costs on an H100, estimated without a GPU from the code ptxas emits.
+"""The static cost report of the selection kernels and of knn_attention's backward (issue 38 §5):
+what the running top-K of python/convnn/_triton/select.py and the two backward kernels of
+attention_backward.py cost on an H100, estimated without a GPU from the code ptxas emits.
 
     .venv/bin/python scripts/triton_cost_report.py [--revision REV] [--json FILE]
 
@@ -21,6 +22,14 @@ without a mask, at the paper's Table 1 shape (K = 8) and at 12 x 4096 (K = 8 and
    stall, no latency, no occupancy limit: a lower bound on the instruction-issue time, not a
    prediction; and beside it the DRAM bound of its compulsory bytes (inputs and outputs once, at
    3.35 TB/s). The larger of the two is the estimate's bound.
+
+Then the same model for knn_attention's two-kernel backward (attention_backward.py; scaled_dot,
+softmax, depthwise, C = D = 64): the row kernel's loop nests (channel blocks x slots, feature blocks
+x slots) and the column kernel's two loops (one step per slot of the block's most-read key row,
+from the inverse index of the top-K on seeded Gaussian features), each nest sized in SASS and
+multiplied by its trip counts; and its launches per backward (its Triton launches and the ATen ops
+the launcher calls, counted on CPU tensors with the kernels recorded instead of run). The inverse
+index's sort is in the launches, not in the bounds.
 
 With --revision REV the kernels come from that commit (git archive), so that one script reports
 before and after a change. The instruction counts are exact for the compiled code; the round counts
@@ -197,6 +206,153 @@ def estimate(counts, module, shape, runs):
             "bound_us": max(issue_s, dram_s) * 1e6, "set_by": "instruction issue" if issue_s > dram_s else "DRAM"}
 
 
+# knn_attention's two-kernel backward (attention_backward.py), softmax rho, scaled_dot, depthwise
+# kernel, C = D = 64 (the paper's heads), at the shapes above.
+CHANNELS = 64
+
+
+def loop_nests(instructions, labels):
+    """[(outer or None, inner)]: each innermost loop with the loop around it, if any."""
+    found = [r for r in loops(instructions, labels) if r[1] > r[0]]
+
+    def inside(a, b):
+        return a != b and b[0] <= a[0] and a[1] <= b[1]
+
+    inner = [r for r in found if not any(inside(other, r) for other in found)]
+    return [(min((r for r in found if inside(i, r)), key=lambda r: r[1] - r[0], default=None), i) for i in inner]
+
+
+def instructions_per_program(kernel_name, trips):
+    """Warp instructions one program issues, and its warps: straight-line code once, each loop nest
+    by `trips`, one (outer trips, inner trips) per nest in code order (outer None for a single loop)."""
+    instructions, labels, warps = sass(kernel_name)
+    nests = loop_nests(instructions, labels)
+    if len(nests) != len(trips):
+        raise SystemExit(f"triton_cost_report: {kernel_name} has {len(nests)} loop nests, the report expects "
+                         f"{len(trips)}: update the report with the kernel")
+    total = len(instructions)
+    for (outer, inner), (outer_trips, inner_trips) in zip(nests, trips):
+        inner_size = inner[1] - inner[0] + 1
+        if outer is None:
+            total += inner_size * (inner_trips - 1)
+        else:
+            outer_size = outer[1] - outer[0] + 1
+            total += (outer_size - inner_size) * (outer_trips - 1) + inner_size * (outer_trips * inner_trips - 1)
+    return total, warps
+
+
+def longest_runs(backward, g, n, d, k, seed=0, slices_wanted=16):
+    """Sum over the column kernel's blocks of key/value rows of their longest run in the inverse index
+    (the steps each block takes), for the top-K of seeded Gaussian features (scaled_dot), sampled on
+    some slices and scaled to all G."""
+    generator = torch.Generator().manual_seed(seed)
+    slices = min(g, slices_wanted)
+    readers = []
+    for _ in range(slices):
+        queries = torch.randn(n, d, generator=generator)
+        keys = torch.randn(n, d, generator=generator)
+        chosen = (queries @ keys.T).topk(k, dim=1).indices
+        readers.append(torch.bincount(chosen.reshape(-1), minlength=n))
+    runs = torch.cat(readers)
+    blocks = torch.nn.functional.pad(runs, (0, -len(runs) % backward.COLUMN_ROWS)).view(-1, backward.COLUMN_ROWS)
+    return float(blocks.max(1).values.sum()) * g / slices, len(blocks) * g / slices
+
+
+def backward_estimates(backward, select, shape):
+    """{kernel: figures} for the row and column kernels at `shape` (N = M), as estimate() does for the
+    selection: issue bound, DRAM bound of compulsory bytes (every tensor once, gathers from L2)."""
+    g, n, d, k = shape
+    c, rows = CHANNELS, g * n
+    chunks = math.ceil(c / backward.attention.CHANNELS)
+    rows_kernel = f"attention backward rows scaled_dot K<={select.slots_for(k)}"
+    per_program, warps = instructions_per_program(rows_kernel, [(chunks, k), (chunks, k)])
+    row_programs = math.ceil(rows / select.ROWS)
+    row_bytes = (4 * rows * c + 4 * g * n * (c + d) + rows * k * (8 + 4 + 4 + 4) + 4 * rows * d
+                 + 4 * row_programs * c * k)
+    steps, blocks = longest_runs(backward, g, n, d, k)
+    parts = math.ceil(c / backward.COLUMN_WIDTH), math.ceil(d / backward.COLUMN_WIDTH)
+    column_program, column_warps = instructions_per_program("attention backward columns", [(None, 1), (None, 1)])
+    instructions, labels, _ = sass("attention backward columns")
+    nests = loop_nests(instructions, labels)
+    values_loop, keys_loop = (inner[1] - inner[0] + 1 for _, inner in nests)
+    straight = len(instructions) - values_loop - keys_loop
+    column_instructions = column_warps * (blocks * sum(parts) * straight
+                                          + steps * (parts[0] * values_loop + parts[1] * keys_loop))
+    column_bytes = 8 * g * n + rows * k * (8 + 4 + 4) + 4 * rows * (c + d) + 4 * g * n * (c + d)
+    figures = {}
+    for name, warp_instructions, dram_bytes, note in (
+            (rows_kernel, per_program * warps * row_programs, row_bytes, f"{row_programs} programs"),
+            ("attention backward columns", column_instructions, column_bytes,
+             f"{steps / blocks:.1f} steps per block of {backward.COLUMN_ROWS} rows (longest run; mean K)")):
+        issue_s, dram_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ), dram_bytes / DRAM_BYTES_PER_S
+        figures[name] = {"warp_instructions_per_row": warp_instructions / rows, "issue_bound_us": issue_s * 1e6,
+                         "dram_bound_us": dram_s * 1e6, "bound_us": max(issue_s, dram_s) * 1e6,
+                         "set_by": "instruction issue" if issue_s > dram_s else "DRAM", "note": note}
+    return figures
+
+
+def backward_launches(backward, shape=(4, 9, 8, 3)):
+    """Kernel launches of one two-kernel backward (attention_backward.attention_backward): its Triton
+    launches and the ATen ops it calls (each one launch or more: ATen's sort is several), counted on
+    CPU tensors with the kernels recorded instead of run."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    g, n, d, k = shape
+    aten = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket not in (torch.ops.aten.empty, torch.ops.aten.empty_like,
+                                           torch.ops.aten.view, torch.ops.aten._unsafe_view,
+                                           torch.ops.aten.detach, torch.ops.aten.alias):  # no kernel
+                aten.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    class Recorded:
+        def __init__(self, kernel):
+            self.kernel, self.launches = kernel, 0
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                self.launches += 1
+            return launch
+
+    kernels = {name: Recorded(getattr(backward, name)) for name in ("_rows_kernel", "_columns_kernel")}
+    for name, recorded in kernels.items():
+        setattr(backward, name, recorded)
+    generator = torch.Generator().manual_seed(0)
+    q, keys = torch.randn(g, n, d, generator=generator), torch.randn(g, n, d, generator=generator)
+    values, kernel = torch.randn(g, n, d, generator=generator), torch.randn(d, k, generator=generator)
+    indices = torch.randint(0, n, (g, n, k), generator=generator)
+    slots, grad_output = torch.rand(g, n, k, generator=generator), torch.randn(g, n, d, generator=generator)
+    with Count():
+        backward.attention_backward(grad_output, q, keys, values, kernel, slots, indices, slots, "scaled_dot", 1.0)
+    for name, recorded in kernels.items():
+        setattr(backward, name, recorded.kernel)
+    return {"triton": sum(r.launches for r in kernels.values()), "aten": aten}
+
+
+def report_backward(report):
+    """The two-kernel backward's section: its bounds at each shape and its launches."""
+    backward, select = check.load_kernels("attention_backward"), check.load_kernels("select")
+    print("\nknn_attention backward in two kernels (softmax, scaled_dot, depthwise, C = D = 64), float32 inputs\n")
+    print("| kernel | shape | warp instr. per query row | issue bound (µs) | DRAM bound (µs) | bound (µs) | set by "
+          "| note |")
+    print("|---|---|---|---|---|---|---|---|")
+    report["backward"] = {}
+    for shape_name, shape in SHAPES.items():
+        figures = backward_estimates(backward, select, shape)
+        report["backward"][shape_name] = figures
+        for kernel, f in figures.items():
+            print(f"| {kernel} | {shape_name} | {f['warp_instructions_per_row']:.0f} | {f['issue_bound_us']:.0f} | "
+                  f"{f['dram_bound_us']:.0f} | {f['bound_us']:.0f} | {f['set_by']} | {f['note']} |")
+    launches = backward_launches(backward)
+    report["backward_launches"] = launches
+    print(f"\nLaunches per backward: {launches['triton']} Triton kernels and {len(launches['aten'])} ATen ops "
+          f"({', '.join(launches['aten'])}); ATen's sort may launch several kernels. The inverse index's sort "
+          "is not in the bounds above.")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--revision", help="a git revision whose kernels to report (default: the working tree)")
@@ -227,6 +383,10 @@ def main():
                 print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_per_chunk']} / {counts['round']} / "
                       f"{counts['bitonic']} | {figures['rounds_per_tile']:.2f} | {figures['bitonic_tiles_share']:.0%} | "
                       f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
+        if args.revision is None or (check.REPO / "python/convnn/_triton/attention_backward.py").exists():
+            report_backward(report)
+        else:
+            print("\nknn_attention backward in two kernels: not in this revision (the backward composed the core ops)")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

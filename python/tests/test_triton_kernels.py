@@ -29,7 +29,7 @@ import convnn  # noqa: E402,F401
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from convnn._triton import aggregate, attention, bitonic, pair_gradients, register, select, similarities  # noqa: E402
+from convnn._triton import aggregate, attention, attention_backward, bitonic, pair_gradients, register, select, similarities  # noqa: E402,E501
 
 ops = torch.ops.convnn
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -938,3 +938,143 @@ def test_the_fused_scores_gradient_registration_answers_nothing_where_the_kernel
     with pytest.raises(RuntimeError, match="knn_aggregate_backward"):
         register.knn_attention_softmax_scores_gradient_device_fused(grad_output, values, weights, indices,
                                                                     kernel[:, :5], 1.0)
+
+
+# knn_attention's backward in two kernels and one sort (python/convnn/_triton/attention_backward.py):
+# softmax rho, a depthwise kernel, dot and scaled_dot, against the generic knn_attention_backward.
+BACKWARD_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 3e-3}
+
+
+def two_kernel_backward_case(dtype, similarity, seed, n=9, m=70, d=5, c=40, k=6, mask="bool [G,N,M] with short rows"):
+    """The backward's tensor arguments after the generic forward: integer features (every score exact,
+    many ties) and, at 9 x 70, a mask with a row of no valid candidate and one of fewer than K."""
+    queries, keys, generator = select_inputs(dtype, n=n, m=m, d=d, seed=seed)
+    values, kernel, _ = attention_operands(dtype, queries, keys, generator, c=c, k=k)
+    masks = select_masks(2, n, m, generator) if (n, m) == (9, 70) else {}  # the masks are drawn for 9 x 70
+    _, scores, indices, weights = generic_attention(queries, keys, values, kernel, None, k, similarity, masks.get(mask),
+                                                    False, "softmax", 0.7)
+    grad_output = torch.randn(2, n, c, generator=generator).to(DEVICE, dtype)
+    return (grad_output, queries, keys, values, kernel, scores, indices, weights)
+
+
+def assert_gradients_equal(got, want, dtype, what):
+    """float32 to rounding; half precision to a few units in the last place of the largest gradient
+    (the generic path rounds its weights gradient at another point, and sums cancel)."""
+    tolerance = BACKWARD_TOLERANCE[dtype]
+    for name, a, b in zip(("queries", "keys", "values", "kernel", "bias"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: d {name} is {a.dtype} {tuple(a.shape)}"
+        scale = max(1.0, float(b.double().abs().max()))
+        torch.testing.assert_close(a.double(), b.double(), rtol=tolerance, atol=tolerance * scale, equal_nan=True,
+                                   msg=lambda m: f"{what}: d {name}: {m}")
+
+
+@pytest.mark.parametrize("similarity", list(attention_backward.SIMILARITY_SCALED))
+@pytest.mark.parametrize("dtype", list(BACKWARD_TOLERANCE))
+def test_two_kernel_backward_gives_the_generic_backwards_five_gradients_with_every_mask(similarity, dtype):
+    """40 value channels (two steps of the row kernel), masked slots (score -inf: no query or key
+    gradient), a row with no valid candidate (every weight 0) and one with fewer than K."""
+    for mask in ("none", "bool [G,N,M] with short rows", "additive 0/-inf [N,M]"):
+        args = two_kernel_backward_case(dtype, similarity, seed=61, mask=mask)
+        got = attention_backward.attention_backward(*args, similarity, 0.7)
+        want = generic_attention_backward(*args, similarity, "softmax", 0.7, [True] * 5)
+        assert_gradients_equal(got, want, dtype, f"{similarity} {dtype} mask {mask}")
+
+
+def generic_attention_backward(*args):
+    return ops.knn_attention_backward.default._op_dk(GENERIC, *args)
+
+
+@pytest.mark.parametrize("k", [1, 9, 64])
+def test_two_kernel_backward_at_every_k_the_kernels_hold(k):
+    """Three blocks of query rows (the kernel's gradient summed over them), 70 feature and channel
+    widths (two column-kernel parts each, the second short), K from 1 to the widest running top-K."""
+    args = two_kernel_backward_case(torch.float32, "scaled_dot", seed=62, n=40, m=max(k, 30), d=70, c=70, k=k)
+    got = attention_backward.attention_backward(*args, "scaled_dot", 1.3)
+    want = generic_attention_backward(*args, "scaled_dot", "softmax", 1.3, [True] * 5)
+    assert_gradients_equal(got, want, torch.float32, f"K={k}")
+
+
+def test_two_kernel_backward_is_bitwise_repeatable_and_a_hub_row_sums_in_slot_order():
+    """Every query chooses key 0 (a hub row read by every slot 0): two passes bitwise equal."""
+    args = list(two_kernel_backward_case(torch.float32, "dot", seed=63, n=40, m=30, d=6, c=8, k=4))
+    args[6] = args[6].clone()
+    args[6][..., 0] = 0
+    args[6][..., 1:] = torch.arange(1, 4).expand_as(args[6][..., 1:])
+    first = attention_backward.attention_backward(*args, "dot", 1.0)
+    second = attention_backward.attention_backward(*args, "dot", 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    want = generic_attention_backward(*args, "dot", "softmax", 1.0, [True] * 5)
+    assert_gradients_equal(first, want, torch.float32, "hub row")
+
+
+def test_two_kernel_backward_gives_nan_gradients_where_the_generic_backward_does():
+    """A row the forward could not rank (NaN scores and weights): its query gradient is NaN, and the
+    key and value rows it chose get NaN, on both paths; the other rows are untouched."""
+    args = list(two_kernel_backward_case(torch.float32, "scaled_dot", seed=64, mask="none"))
+    for position in (5, 7):  # scores, weights
+        args[position] = args[position].clone()
+        args[position][1, 3] = float("nan")
+    got = attention_backward.attention_backward(*args, "scaled_dot", 0.7)
+    want = generic_attention_backward(*args, "scaled_dot", "softmax", 0.7, [True] * 5)
+    assert got[0][1, 3].isnan().all() and not got[0][0].isnan().any()
+    for a, b in zip(got, want):
+        assert torch.equal(a.isnan(), b.isnan())
+    assert_gradients_equal(got, want, torch.float32, "NaN row")
+
+
+def test_two_kernel_backward_writes_every_element_once_and_no_guard_byte_changes():
+    args = two_kernel_backward_case(torch.float32, "scaled_dot", seed=65, n=40, m=30, d=70, c=70, k=6)
+    grad_output, queries, keys, values, kernel, scores, indices, weights = args
+    g, n, d = queries.shape
+    m, c, k = keys.shape[1], values.shape[2], indices.shape[2]
+    placed = between_nan_guards(grad_output, queries, keys, values, kernel, scores, weights)
+    dy, q, keys_in, values_in, taps, s, w = placed
+    canary = 777.0
+    outputs = {}
+    row_blocks = triton.cdiv(g * n, select.ROWS)
+    for name, shape in (("live", (g, n, k)), ("d queries", (g, n, d)), ("partial", (row_blocks, c, k)),
+                        ("d keys", (g, m, d)), ("d values", (g, m, c))):
+        buffer, view = guarded(shape, torch.float32, canary)
+        view.fill_(float("nan"))
+        outputs[name] = (buffer, view)
+    root = float(torch.tensor(float(d)).sqrt())
+    attention_backward._rows_kernel[(row_blocks,)](
+        dy, values_in, taps, indices, w, s, keys_in, outputs["live"][1], outputs["d queries"][1],
+        outputs["partial"][1], g * n, n, m, c, d, k, 0.7, root, 0, SCALED=True, ROWS=select.ROWS, SLOTS=8,
+        CHANNELS=attention.CHANNELS)
+    order, run_start = aggregate.inverse_index(indices, m)
+    value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
+    attention_backward._columns_kernel[(triton.cdiv(g * m, attention_backward.COLUMN_ROWS),
+                                        value_parts + triton.cdiv(d, attention_backward.COLUMN_WIDTH))](
+        dy, q, w, taps, outputs["live"][1], order, run_start, outputs["d values"][1], outputs["d keys"][1],
+        g * m, c, d, k, value_parts, ROWS=attention_backward.COLUMN_ROWS, WIDTH=attention_backward.COLUMN_WIDTH)
+    for name, (buffer, view) in outputs.items():
+        assert not view.isnan().any(), f"{name}: an element not written (or a guard read)"
+        assert (buffer[:64] == canary).all() and (buffer[-64:] == canary).all(), f"{name}: a guard byte changed"
+    want = generic_attention_backward(*args, "scaled_dot", "softmax", 0.7, [True] * 5)
+    got = (outputs["d queries"][1], outputs["d keys"][1], outputs["d values"][1], outputs["partial"][1].sum(0),
+           want[4])
+    assert_gradients_equal(got, want, torch.float32, "guarded")
+
+
+def test_the_two_kernel_backward_registration_answers_nothing_where_the_kernels_do_not_apply(monkeypatch):
+    monkeypatch.setattr(register, "verified", {})
+    args = two_kernel_backward_case(torch.float32, "scaled_dot", seed=66, mask="none")
+    fused = register.knn_attention_backward_device_fused
+    got = fused(*args, "scaled_dot", "softmax", 0.7)
+    assert len(got) == 5
+    assert_gradients_equal(got, generic_attention_backward(*args, "scaled_dot", "softmax", 0.7, [True] * 5),
+                           torch.float32, "registered")
+    grad_output, queries, keys, values, kernel, scores, indices, weights = args
+    standard = torch.randn(40, 40, 6, device=DEVICE)
+    # Each covered elsewhere by composition: another similarity or rho, a standard kernel, float64.
+    assert fused(*args, "cosine", "softmax", 0.7) == []
+    assert fused(*args, "scaled_dot", "mean", 0.7) == []
+    assert fused(grad_output, queries, keys, values, standard, scores, indices, weights, "scaled_dot", "softmax",
+                 0.7) == []
+    assert fused(*(t.double() if t.is_floating_point() else t for t in args), "scaled_dot", "softmax", 0.7) == []
+    monkeypatch.setenv("CONVNN_CUDA_KERNELS", "generic")
+    assert fused(*args, "scaled_dot", "softmax", 0.7) == []
+    monkeypatch.delenv("CONVNN_CUDA_KERNELS")
+    with pytest.raises(RuntimeError, match="knn_attention_backward"):
+        fused(grad_output[..., :5], *args[1:], "scaled_dot", "softmax", 0.7)

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -33,7 +34,27 @@ std::vector<at::Tensor> test_kernel(const at::Tensor& queries, const at::Tensor&
           at::zeros({g, n, k}, queries.options().dtype(at::kLong)), slots};
 }
 
-TORCH_LIBRARY_IMPL(convnn, CPU, m) { m.impl("knn_attention_device_fused", &test_kernel); }
+// The whole backward, the same way by K: nothing for K = 1, four tensors for K = 2, else five
+// gradients filled with their position (1 to 5), so that the tests can tell them apart.
+int backward_calls = 0;
+
+std::vector<at::Tensor> test_backward_kernel(const at::Tensor&, const at::Tensor& queries, const at::Tensor& keys,
+                                             const at::Tensor& values, const at::Tensor& kernel, const at::Tensor&,
+                                             const at::Tensor& indices, const at::Tensor&, c10::string_view,
+                                             c10::string_view, double) {
+  ++backward_calls;
+  const int64_t k = indices.size(2);
+  if (k == 1) return {};
+  std::vector<at::Tensor> gradients{at::full_like(queries, 1.0), at::full_like(keys, 2.0), at::full_like(values, 3.0),
+                                    at::full_like(kernel, 4.0), at::full({kernel.size(0)}, 5.0, kernel.options())};
+  if (k == 2) gradients.pop_back();
+  return gradients;
+}
+
+TORCH_LIBRARY_IMPL(convnn, CPU, m) {
+  m.impl("knn_attention_device_fused", &test_kernel);
+  m.impl("knn_attention_backward_device_fused", &test_backward_kernel);
+}
 
 struct Operands {
   torch::Tensor queries = torch::randn({2, 5, 3}), keys = torch::randn({2, 8, 3}), values = torch::randn({2, 8, 4});
@@ -150,6 +171,70 @@ TEST(DeviceFusedAttention, TheCompositeBackwardUsesAFusedSoftmaxScoresGradientIn
       EXPECT_TRUE(torch::allclose(std::get<3>(got), std::get<3>(want), 1e-12, 1e-12));
     }
   }
+}
+
+// The whole backward through convnn::knn_attention_backward_device_fused: asked after
+// knn_attention_backward's checks, only where a query or key gradient is wanted; its gradients
+// come back with the ones output_mask does not ask for undefined; no tensors mean compose.
+struct BackwardOperands {
+  torch::Tensor grad_output = torch::randn({2, 5, 4}), queries = torch::randn({2, 5, 3});
+  torch::Tensor keys = torch::randn({2, 8, 3}), values = torch::randn({2, 8, 4});
+  torch::Tensor kernel(int64_t k) const { return torch::randn({4, k}); }
+  torch::Tensor slots(int64_t k) const { return torch::rand({2, 5, k}); }
+  torch::Tensor indices(int64_t k) const { return torch::arange(k).repeat({2, 5, 1}); }
+};
+
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>> fused_backward(
+    int64_t k, std::array<bool, 5> output_mask, c10::DispatchKey key = c10::DispatchKey::CPU,
+    const char* similarity = "scaled_dot") {
+  const BackwardOperands in;
+  return convnn::ops::cuda::device_fused_attention_backward(key, in.grad_output, in.queries, in.keys, in.values,
+                                                            in.kernel(k), in.slots(k), in.indices(k), in.slots(k),
+                                                            similarity, "softmax", 1.0, output_mask);
+}
+
+TEST(DeviceFusedAttentionBackward, TheDevicesKernelGivesTheAskedGradientsOnly) {
+  const auto got = fused_backward(3, {true, false, true, false, true});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(torch::equal(std::get<0>(*got), torch::full({2, 5, 3}, 1.0)));
+  EXPECT_FALSE(std::get<1>(*got).defined());
+  EXPECT_TRUE(torch::equal(std::get<2>(*got), torch::full({2, 8, 4}, 3.0)));
+  EXPECT_FALSE(std::get<3>(*got).defined());
+  EXPECT_TRUE(torch::equal(std::get<4>(*got), torch::full({4}, 5.0)));
+}
+
+TEST(DeviceFusedAttentionBackward, NoTensorsMeansComposeAndAnotherKeyIsNotAsked) {
+  EXPECT_FALSE(fused_backward(1, {true, true, true, true, true}).has_value());
+  EXPECT_FALSE(fused_backward(3, {true, true, true, true, true}, c10::DispatchKey::XPU).has_value());
+}
+
+TEST(DeviceFusedAttentionBackward, WithoutQueryOrKeyGradientsTheDeviceIsNotAsked) {
+  backward_calls = 0;
+  EXPECT_FALSE(fused_backward(3, {false, false, true, true, true}).has_value());
+  EXPECT_EQ(backward_calls, 0);
+  EXPECT_TRUE(fused_backward(3, {false, true, false, false, false}).has_value());
+  EXPECT_EQ(backward_calls, 1);
+}
+
+TEST(DeviceFusedAttentionBackward, AKernelReturningAnotherNumberOfTensorsIsAnError) {
+  try {
+    fused_backward(2, {true, true, true, true, true});
+    FAIL() << "expected an error";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("returned 4 tensors, not the 5 gradients"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(DeviceFusedAttentionBackward, KnnAttentionBackwardsChecksRunBeforeTheDevicesKernel) {
+  backward_calls = 0;
+  try {
+    fused_backward(3, {true, true, true, true, true}, c10::DispatchKey::CPU, "no such similarity");
+    FAIL() << "expected an error";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("similarity"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(backward_calls, 0);
 }
 
 }  // namespace

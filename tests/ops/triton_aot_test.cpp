@@ -50,8 +50,9 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   const auto keys = every_key();
   // 30 aggregation specialisations, 72 of knn_select (6 similarities x 4 widths x 3 mask kinds), 12
   // of its backward (3 kernels x 4 similarities), 72 of the fused knn_attention (as knn_select), 4
-  // of its backward's softmax scores gradient (one per width).
-  EXPECT_EQ(keys.size(), 30u + 72u + 12u + 72u + 4u);
+  // of its backward's softmax scores gradient (one per width), 9 of its two-kernel backward (the row
+  // kernel for dot and scaled_dot at each width, the column kernel).
+  EXPECT_EQ(keys.size(), 30u + 72u + 12u + 72u + 4u + 9u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
@@ -60,7 +61,8 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       EXPECT_EQ(std::string(cubin->image, 4), "\x7f" "ELF") << key << " sm_" << arch;
       const bool running_top_k = (key.rfind("select ", 0) == 0 || key.rfind("attention ", 0) == 0) &&
                                  key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
-      EXPECT_EQ(cubin->num_warps, running_top_k ? 8 : 4) << key;
+      const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
+      EXPECT_EQ(cubin->num_warps, running_top_k || two_kernel_backward ? 8 : 4) << key;
       EXPECT_LE(cubin->shared_bytes, 48 * 1024) << key;
       // Triton's two scratch pointers close every parameter list.
       const std::string parameters = cubin->parameters;
@@ -317,6 +319,60 @@ TEST(TritonAot, EverySoftmaxScoresGradientLaunchPassesTheParametersTheCompiledKe
   }
 }
 
+TEST(TritonAot, EveryTwoKernelBackwardLaunchPassesTheParametersTheCompiledKernelDeclares) {
+  const int64_t g = 3, n = 21, m = 70, d = 70, c = 37;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const auto queries = torch::randn({g, n, d}).to(dtype), keys = torch::randn({g, m, d}).to(dtype);
+    const auto values = torch::randn({g, m, c}).to(dtype), grad_output = torch::randn({g, n, c}).to(dtype);
+    for (const auto similarity : {convnn::Similarity::Dot, convnn::Similarity::ScaledDot}) {
+      for (const int64_t k : {1, 9, 17, 64}) {
+        Recorder recorder;
+        const auto slots = torch::rand({g, n, k}).to(dtype), kernel = torch::randn({c, k}).to(dtype);
+        const auto indices = torch::randint(0, m, {g, n, k}, torch::kLong);
+        ASSERT_TRUE(triton::attention_backward_fits(queries, keys, values, kernel, slots, similarity,
+                                                    convnn::Rho::Softmax));
+        const auto gradients = triton::attention_backward(grad_output, queries, keys, values, kernel, slots, indices,
+                                                          slots, similarity, 0.5, recorder.runner());
+        ASSERT_EQ(recorder.launches.size(), 2u) << "the row kernel and the column kernel";
+        EXPECT_EQ(recorder.launches[0].key.rfind("attention backward rows ", 0), 0u);
+        EXPECT_EQ(recorder.launches[0].grid.x, cdiv(g * n, triton::kSelectBlocks.rows));
+        EXPECT_EQ(recorder.launches[1].key, "attention backward columns");
+        const int64_t width = triton::kAttentionBackwardBlocks.column_width;
+        EXPECT_EQ(recorder.launches[1].grid.x, cdiv(g * m, triton::kAttentionBackwardBlocks.column_rows));
+        EXPECT_EQ(recorder.launches[1].grid.y, cdiv(c, width) + cdiv(d, width)) << "values' parts, then keys'";
+        ASSERT_EQ(gradients.size(), 5u);
+        EXPECT_EQ(gradients[0].sizes(), queries.sizes());
+        EXPECT_EQ(gradients[1].sizes(), keys.sizes());
+        EXPECT_EQ(gradients[2].sizes(), values.sizes());
+        EXPECT_EQ(gradients[3].sizes(), kernel.sizes());
+        EXPECT_EQ(gradients[4].sizes(), (std::vector<int64_t>{c}));
+        for (const auto& gradient : gradients) EXPECT_EQ(gradient.scalar_type(), dtype);
+      }
+    }
+  }
+}
+
+TEST(TritonAot, TheTwoKernelBackwardTakesSoftmaxDotProductsAndDepthwiseKernelsOnly) {
+  const auto queries = torch::randn({2, 9, 4}), keys = torch::randn({2, 70, 4}), values = torch::randn({2, 70, 5});
+  const auto scores = torch::rand({2, 9, 6}), kernel = torch::randn({5, 6});
+  using convnn::Rho;
+  using convnn::Similarity;
+  EXPECT_TRUE(triton::attention_backward_fits(queries, keys, values, kernel, scores, Similarity::Dot, Rho::Softmax));
+  EXPECT_FALSE(triton::attention_backward_fits(queries, keys, values, kernel, scores, Similarity::Cosine,
+                                               Rho::Softmax));
+  EXPECT_FALSE(triton::attention_backward_fits(queries, keys, values, kernel, scores, Similarity::ScaledDot,
+                                               Rho::Mean));
+  EXPECT_FALSE(triton::attention_backward_fits(queries, keys, values, torch::randn({3, 5, 6}), scores,
+                                               Similarity::ScaledDot, Rho::Softmax))
+      << "a standard kernel";
+  EXPECT_FALSE(triton::attention_backward_fits(queries, keys, values, torch::randn({5, 65}), torch::rand({2, 9, 65}),
+                                               Similarity::ScaledDot, Rho::Softmax))
+      << "K above 64";
+  EXPECT_FALSE(triton::attention_backward_fits(queries, keys, torch::randn({2, 70, 0}), torch::randn({0, 6}), scores,
+                                               Similarity::ScaledDot, Rho::Softmax))
+      << "no value channels";
+}
+
 TEST(TritonAot, TheFusedAttentionTakesDepthwiseKernelsOnly) {
   const auto queries = torch::randn({2, 9, 4}), keys = torch::randn({2, 70, 4}), values = torch::randn({2, 70, 5});
   EXPECT_TRUE(triton::attention_fits(queries, keys, values, torch::randn({5, 6}), 6));
@@ -331,7 +387,8 @@ TEST(TritonAot, TheCoreOpsHaveCudaKernelsInThisBuild) {
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const char* op : {"convnn::knn_select", "convnn::knn_select_backward", "convnn::knn_aggregate",
                          "convnn::knn_aggregate_backward", "convnn::knn_attention_device_fused",
-                         "convnn::knn_attention_softmax_scores_gradient_device_fused"}) {
+                         "convnn::knn_attention_softmax_scores_gradient_device_fused",
+                         "convnn::knn_attention_backward_device_fused"}) {
     EXPECT_TRUE(dispatcher.findSchemaOrThrow(op, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA)) << op;
   }
 }
@@ -446,6 +503,23 @@ TEST(TritonAotCuda, FusedAttentionEqualsTheGenericPath) {
   EXPECT_TRUE(torch::allclose(std::get<0>(fused), std::get<0>(want), 1e-4, 1e-5)) << "d queries";
   EXPECT_TRUE(torch::allclose(std::get<1>(fused), std::get<1>(want), 1e-4, 1e-5)) << "d keys";
   EXPECT_TRUE(torch::allclose(std::get<2>(fused), std::get<2>(want), 1e-4, 1e-5)) << "d values";
+  // scaled_dot: the two-kernel backward, through the op, against the generic backward; bitwise repeatable.
+  const auto [dot_output, dot_scores, dot_indices, dot_weights] = convnn::ops::generic::knn_attention(
+      real_queries, real_keys, values, kernel, bias, 9, "scaled_dot", c10::nullopt, false, "softmax", 0.5);
+  const auto backward = [&] {
+    return convnn::ops::knn_attention_backward(grad_output, real_queries, real_keys, values, kernel, dot_scores,
+                                               dot_indices, dot_weights, "scaled_dot", "softmax", 0.5, all);
+  };
+  const auto two_kernels = backward(), again = backward();
+  const auto expected = convnn::ops::generic::knn_attention_backward(grad_output, real_queries, real_keys, values,
+                                                                     kernel, dot_scores, dot_indices, dot_weights,
+                                                                     "scaled_dot", "softmax", 0.5, all);
+  EXPECT_TRUE(torch::allclose(std::get<0>(two_kernels), std::get<0>(expected), 1e-4, 1e-5)) << "d queries";
+  EXPECT_TRUE(torch::allclose(std::get<1>(two_kernels), std::get<1>(expected), 1e-4, 1e-5)) << "d keys";
+  EXPECT_TRUE(torch::allclose(std::get<2>(two_kernels), std::get<2>(expected), 1e-4, 1e-5)) << "d values";
+  EXPECT_TRUE(torch::allclose(std::get<3>(two_kernels), std::get<3>(expected), 1e-4, 1e-4)) << "d kernel";
+  EXPECT_TRUE(torch::equal(std::get<1>(two_kernels), std::get<1>(again))) << "d keys bitwise repeatable";
+  EXPECT_TRUE(torch::equal(std::get<2>(two_kernels), std::get<2>(again))) << "d values bitwise repeatable";
 }
 
 #else

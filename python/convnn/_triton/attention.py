@@ -136,25 +136,17 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
 
 
 @triton.jit
-def _softmax_scores_gradient_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, grad_scores_ptr,
-                                    rows_total, n, m, c, k, temperature, dtype_code,
-                                    ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
-    """The backward's fused step from the aggregation's incoming gradient to the scores' (softmax rho,
-    depthwise kernel), with d(weights) held on chip:
+def _weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, partial_ptr, block, rows,
+                      row_ok, n, m, c, k, KERNEL_PARTIAL: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr,
+                      CHANNELS: tl.constexpr):
+    """d weights [ROWS, SLOTS] in float32 (not rounded) as knn_aggregate_backward's weights gradient,
 
-        d weights[row, s] = sum_c dy[row, c] * kernel[c, s] * values[slice, indices[row, s], c]
-        d scores[row, s]  = weights[row, s] * (d weights[row, s] - sum_t weights[row, t] * d weights[row, t]) / temperature
+        d weights[row, s] = sum_c dy[row, c] * kernel[c, s] * values[slice, indices[row, s], c],
 
-    as knn_aggregate_backward's weights gradient (channels in CHANNELS-wide steps, in order) and
-    the softmax-rho backward (src/ops/generic/knn_attention_generic.cpp), each rounded to the op's
-    dtype where the composed steps would round. One program per block of ROWS rows of the
-    flattened G*N; inputs float32 (the launcher converts)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < rows_total
+    the channels CHANNELS at a time, in order. With KERNEL_PARTIAL, from the same loads, the rows'
+    share of d kernel: partial[block, c, s] = sum over the ROWS rows of w[row, s] * values[..] * dy[row, c]
+    (knn_aggregate_backward's kernel-gradient product; the caller sums the blocks in a fixed order)."""
     slots = tl.arange(0, SLOTS)
-    in_k = slots[None, :] < k
-    both_ok = row_ok[:, None] & in_k
-    slot_offsets = rows.to(tl.int64)[:, None] * k + slots[None, :]
     slice_start = (rows // n).to(tl.int64) * m
     grad_weights = tl.zeros([ROWS, SLOTS], dtype=tl.float32)
     first = 0
@@ -174,13 +166,54 @@ def _softmax_scores_gradient_kernel(grad_output_ptr, values_ptr, kernel_ptr, ind
             tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok, other=0.0)
             term = tl.sum(dy * neighbour * tap[None, :], axis=1)
             grad_weights = tl.where(slots[None, :] == slot, grad_weights + term[:, None], grad_weights)
+            if KERNEL_PARTIAL:
+                weight = tl.load(weights_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0.0)
+                share = tl.sum(weight[:, None] * neighbour * dy, axis=0)
+                tl.store(partial_ptr + (block.to(tl.int64) * c + channels) * k + slot, share, mask=channel_ok)
             slot += 1
         first += CHANNELS
+    return grad_weights
+
+
+@triton.jit
+def _slot_block(rows_total, k, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """This program's block of ROWS rows of the flattened G*N and its [ROWS, SLOTS] slot tile: (block,
+    rows, row_ok, slot tile mask, slot tile offsets into a [G*N, K] tensor)."""
+    block = tl.program_id(0)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < rows_total
+    slots = tl.arange(0, SLOTS)
+    both_ok = row_ok[:, None] & (slots[None, :] < k)
+    return block, rows, row_ok, both_ok, rows.to(tl.int64)[:, None] * k + slots[None, :]
+
+
+@triton.jit
+def _softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """d scores [ROWS, SLOTS] from d weights (float32, not rounded) and the softmax weights, as the
+    softmax-rho backward (src/ops/generic/knn_attention_generic.cpp), each rounded to the op's dtype
+    where the composed steps round:
+
+        d scores[row, s] = weights[row, s] * (d weights[row, s] - sum_t weights[row, t] * d weights[row, t]) / temperature"""
     grad_weights = _rounded(grad_weights, dtype_code)
-    weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
     centred = grad_weights - tl.sum(weights * grad_weights, 1)[:, None]
-    grad_scores = tl.math.div_rn(weights * centred, tl.full([ROWS, SLOTS], temperature, tl.float32))
-    tl.store(grad_scores_ptr + slot_offsets, _rounded(grad_scores, dtype_code), mask=both_ok)
+    return _rounded(tl.math.div_rn(weights * centred, tl.full([ROWS, SLOTS], temperature, tl.float32)), dtype_code)
+
+
+@triton.jit
+def _softmax_scores_gradient_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, grad_scores_ptr,
+                                    rows_total, n, m, c, k, temperature, dtype_code,
+                                    ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
+    """The backward's fused step from the aggregation's incoming gradient to the scores' (softmax rho,
+    depthwise kernel), with d(weights) held on chip: _weights_gradient, then _softmax_backward. One
+    program per block of ROWS rows of the flattened G*N; inputs float32 (the launcher converts). The
+    fused backward of attention_backward.py goes on from here to the query and key gradients for the
+    dot products; this kernel serves the other similarities, whose select backward composes."""
+    block, rows, row_ok, both_ok, slot_offsets = _slot_block(rows_total, k, ROWS, SLOTS)
+    grad_weights = _weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, weights_ptr,
+                                     block, rows, row_ok, n, m, c, k, False, ROWS, SLOTS, CHANNELS)
+    weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
+    grad_scores = _softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS, SLOTS)
+    tl.store(grad_scores_ptr + slot_offsets, grad_scores, mask=both_ok)
 
 
 def applies(queries, keys, values, kernel, k, similarity, rho):

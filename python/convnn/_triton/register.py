@@ -156,6 +156,17 @@ def _attention_check(device, dtype):
                    weights, "l1", "softmax", 0.5, [True, False, False, False, False])[0]
     if not torch.allclose(fused.float(), want.float(), rtol=tolerance, atol=tolerance):
         return "knn_attention_backward (softmax scores gradient)"
+    # The two-kernel backward (attention_backward.py) on the scaled_dot forward: all five gradients.
+    from . import attention_backward
+
+    _, scores, indices, weights = generic(_ops.knn_attention.default, queries, keys, values, kernel, bias, 6,
+                                          "scaled_dot", mask, True, "softmax", 0.5)
+    args = (grad_output, queries, keys, values, kernel, scores, indices, weights)
+    fused = attention_backward.attention_backward(*args, "scaled_dot", 0.5)
+    want = generic(_ops.knn_attention_backward.default, *args, "scaled_dot", "softmax", 0.5, [True] * 5)
+    for name, got, expected in zip(("queries", "keys", "values", "kernel", "bias"), fused, want):
+        if not torch.allclose(got.float(), expected.float(), rtol=tolerance, atol=tolerance):
+            return f"knn_attention_backward (two kernels, d {name})"
     return None
 
 
@@ -219,6 +230,23 @@ def knn_attention_softmax_scores_gradient_device_fused(grad_output, values, weig
                                               indices.contiguous(), kernel.contiguous(), temperature)]
 
 
+def knn_attention_backward_device_fused(grad_output, queries, keys, values, kernel, scores, indices, weights,
+                                        similarity, rho, temperature):
+    """convnn::knn_attention_backward_device_fused on CUDA: the five gradients from the two kernels of
+    attention_backward.py, or [] where they do not apply (the C++ CUDA knn_attention_backward then
+    composes). Called by it after its checks; the checks run here too, for a direct call."""
+    from . import attention_backward
+
+    if not (_fused_applies(queries, (grad_output, keys, values, kernel, scores, indices, weights))
+            and attention_backward.applies(queries, keys, values, kernel, scores, similarity, rho)):
+        return []
+    check_shapes(_ops.knn_attention_backward.default, grad_output, queries, keys, values, kernel, scores, indices,
+                 weights, similarity, rho, temperature, [True] * 5)
+    return attention_backward.attention_backward(*(t.contiguous() for t in (grad_output, queries, keys, values, kernel,
+                                                                            scores, indices, weights)),
+                                                 similarity, temperature)
+
+
 def knn_aggregate(values, weights, indices, kernel, bias):
     if not _fused_applies(values, (weights, indices, kernel, bias)):
         return generic(_ops.knn_aggregate.default, values, weights, indices, kernel, bias)
@@ -242,14 +270,15 @@ def knn_aggregate_backward(grad_output, values, weights, indices, kernel, output
 
 def register():
     """The CUDA kernels of knn_select and its backward, knn_aggregate and its backward, and the fused
-    knn_attention forward and softmax scores gradient (the two *_device_fused ops). Triton compiles on
-    first use."""
+    knn_attention forward, softmax scores gradient and two-kernel backward (the three *_device_fused
+    ops). Triton compiles on first use."""
     # A libconvnn_ops built with the embedded Triton kernels (src/ops/cuda/triton/, the C++ CUDA
     # build; not the package's own) has CUDA kernels for these ops already: the same kernels, kept.
     for name, kernel in (("knn_select", knn_select), ("knn_select_backward", knn_select_backward),
                          ("knn_aggregate", knn_aggregate), ("knn_aggregate_backward", knn_aggregate_backward),
                          ("knn_attention_device_fused", knn_attention_device_fused),
                          ("knn_attention_softmax_scores_gradient_device_fused",
-                          knn_attention_softmax_scores_gradient_device_fused)):
+                          knn_attention_softmax_scores_gradient_device_fused),
+                         ("knn_attention_backward_device_fused", knn_attention_backward_device_fused)):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"convnn::{name}", "CUDA"):
             torch.library.register_kernel(f"convnn::{name}", "cuda", kernel)

@@ -30,11 +30,17 @@
 // Its backward's counterpart: d(scores) for softmax rho from the incoming gradient of the output
 // (the aggregation's weights gradient and the softmax-rho backward in one kernel), [grad_scores] or
 // an empty list; called by the device's knn_attention_backward after that op's checks.
+// And the whole backward where a device has it for the inputs: [grad_queries, grad_keys,
+// grad_values, grad_kernel, grad_bias] (all five; the caller drops what output_mask does not ask
+// for), or an empty list, after knn_attention_backward's checks.
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("knn_attention_device_fused(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias, "
         "int k, str similarity, Tensor? mask, bool index_order, str rho, float temperature) -> Tensor[]");
   m.def("knn_attention_softmax_scores_gradient_device_fused(Tensor grad_output, Tensor values, Tensor weights, "
         "Tensor indices, Tensor kernel, float temperature) -> Tensor[]");
+  m.def("knn_attention_backward_device_fused(Tensor grad_output, Tensor queries, Tensor keys, Tensor values, "
+        "Tensor kernel, Tensor scores, Tensor indices, Tensor weights, str similarity, str rho, float temperature) "
+        "-> Tensor[]");
 }
 
 namespace convnn::ops::cuda {
@@ -55,6 +61,32 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device
   TORCH_CHECK(outputs.size() == 4, "knn_attention_device_fused: a device kernel returned ", outputs.size(),
               " tensors, not the 4 of knn_attention (output, scores, indices, weights)");
   return std::make_tuple(outputs[0], outputs[1], outputs[2], outputs[3]);
+}
+
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device_fused_attention_backward(
+    c10::DispatchKey key, const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores, const at::Tensor& indices,
+    const at::Tensor& weights, c10::string_view similarity, c10::string_view rho, double temperature,
+    std::array<bool, 5> output_mask) {
+  static const auto fused =
+      c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_attention_backward_device_fused", "");
+  // Without a query or key gradient to give, the aggregation's backward alone is the whole work.
+  if (!fused.hasKernelForDispatchKey(key) || !(output_mask[0] || output_mask[1])) return std::nullopt;
+  checks::check_attention_backward_inputs(grad_output, queries, keys, values, kernel, scores, indices, weights,
+                                          similarity, rho, temperature);
+  static const auto call =
+      fused.typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          c10::string_view, c10::string_view, double)>();
+  auto outputs = call.call(grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho,
+                           temperature);
+  if (outputs.empty()) return std::nullopt;
+  TORCH_CHECK(outputs.size() == 5, "knn_attention_backward_device_fused: a device kernel returned ", outputs.size(),
+              " tensors, not the 5 gradients of knn_attention_backward");
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (!output_mask[i]) outputs[i] = at::Tensor();
+  }
+  return std::make_tuple(outputs[0], outputs[1], outputs[2], outputs[3], outputs[4]);
 }
 
 bool has_device_kernels(c10::DispatchKey key) {
@@ -159,6 +191,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_atte
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
     const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
     c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
+  if (auto fused = device_fused_attention_backward(c10::DispatchKey::CUDA, grad_output, queries, keys, values, kernel,
+                                                   scores, indices, weights, similarity, rho, temperature,
+                                                   output_mask)) {
+    return *fused;
+  }
   if (!has_device_kernels(c10::DispatchKey::CUDA)) {
     return generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices,
                                            weights, similarity, rho, temperature, output_mask);

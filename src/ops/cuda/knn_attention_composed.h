@@ -23,6 +23,16 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
     const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature);
 
+// The device's whole knn_attention backward (convnn::knn_attention_backward_device_fused) for these
+// inputs, after knn_attention_backward's checks, with the gradients output_mask does not ask for
+// undefined; nothing where the device has no such kernel, it does not take the inputs, or neither
+// a query nor a key gradient is asked for.
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device_fused_attention_backward(
+    c10::DispatchKey key, const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores, const at::Tensor& indices,
+    const at::Tensor& weights, c10::string_view similarity, c10::string_view rho, double temperature,
+    std::array<bool, 5> output_mask);
+
 // knn_select -> rho -> knn_aggregate through the dispatcher, each step the device's kernel (the
 // same arguments and results as convnn::knn_attention). Takes tensors of any device, so that the
 // tests can run it on the CPU.

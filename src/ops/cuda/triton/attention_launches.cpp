@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -34,6 +35,14 @@ int dtype_code(at::ScalarType dtype) {
 std::string scores_gradient_key(int64_t k) {
   return "attention softmax scores gradient K<=" + std::to_string(top_k_slots(k));
 }
+
+// The keys of attention_backward.py's kernels, as scripts/triton_compile_check.py names them.
+std::string backward_rows_key(Similarity similarity, int64_t k) {
+  return std::string("attention backward rows ") + to_string(similarity) + " K<=" + std::to_string(top_k_slots(k));
+}
+constexpr const char* kBackwardColumnsKey = "attention backward columns";
+
+int64_t cdiv(int64_t total, int64_t block) { return (total + block - 1) / block; }
 
 }  // namespace
 
@@ -113,6 +122,69 @@ at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tens
       .int32(dtype_code(dtype));
   run(launch);
   return grad_scores.to(dtype);
+}
+
+bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                             const at::Tensor& kernel, const at::Tensor& scores, Similarity similarity, Rho rho) {
+  constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
+  const int64_t g = queries.size(0), n = queries.size(1), d = queries.size(2);
+  const int64_t m = keys.size(1), c = values.size(2), k = scores.size(2);
+  const bool dot_product = similarity == Similarity::Dot || similarity == Similarity::ScaledDot;
+  const int64_t row_blocks = cdiv(g * n, kSelectBlocks.rows);
+  return kernel.dim() == 2 && rho == Rho::Softmax && dot_product && k >= 1 && k <= kSelectBlocks.max_slots &&
+         std::min({g * n, g * m, c, d}) > 0 && g * n * std::max({c, d, k}) < kInt32 &&
+         g * m * std::max(c, d) < kInt32 && row_blocks * c * k < kInt32;
+}
+
+bool device_has_attention_backward_kernels(int device) {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> all{kBackwardColumnsKey};
+    for (const auto similarity : {Similarity::Dot, Similarity::ScaledDot}) {
+      for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+        all.push_back(backward_rows_key(similarity, slots));
+      }
+    }
+    return all;
+  }();
+  return device_has_kernels(device, "attention backward", keys);
+}
+
+std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const at::Tensor& queries,
+                                           const at::Tensor& keys_in, const at::Tensor& values_in,
+                                           const at::Tensor& kernel, const at::Tensor& scores_in,
+                                           const at::Tensor& indices, const at::Tensor& weights_in,
+                                           Similarity similarity, double temperature, const LaunchRunner& run) {
+  const int64_t g = queries.size(0), n = queries.size(1), d = queries.size(2);
+  const int64_t m = values_in.size(1), c = values_in.size(2), k = indices.size(2);
+  const auto dtype = queries.scalar_type();
+  const auto as_float = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
+  const auto dy = as_float(grad_output), q = as_float(queries), keys = as_float(keys_in);
+  const auto values = as_float(values_in), taps = as_float(kernel), weights = as_float(weights_in);
+  const auto scores = as_float(scores_in);
+  const auto float_options = queries.options().dtype(at::kFloat);
+  const int64_t row_blocks = cdiv(g * n, kSelectBlocks.rows);
+  auto live = at::empty({g, n, k}, float_options), grad_queries = at::empty({g, n, d}, float_options);
+  auto partial = at::empty({row_blocks, c, k}, float_options);
+  // sqrt(D) correctly rounded to float32, as the select backward divides by it.
+  const float root = std::sqrt(static_cast<float>(d));
+  Launch rows{backward_rows_key(similarity, k), {row_blocks}, {}};
+  rows.arguments.pointer(dy).pointer(values).pointer(taps).pointer(indices).pointer(weights).pointer(scores)
+      .pointer(keys).pointer(live).pointer(grad_queries).pointer(partial)
+      .int32(g * n).int32(n).int32(m).int32(c).int32(d).int32(k).float32(static_cast<float>(temperature))
+      .float32(root).int32(dtype_code(dtype));
+  run(rows);
+  const auto [order, run_start] = inverse_index(indices, m);
+  auto grad_keys = at::empty({g, m, d}, float_options), grad_values = at::empty({g, m, c}, float_options);
+  const int64_t width = kAttentionBackwardBlocks.column_width;
+  const int64_t value_parts = cdiv(c, width);
+  Launch columns{kBackwardColumnsKey,
+                 {cdiv(g * m, kAttentionBackwardBlocks.column_rows), value_parts + cdiv(d, width)}, {}};
+  columns.arguments.pointer(dy).pointer(q).pointer(weights).pointer(taps).pointer(live).pointer(order)
+      .pointer(run_start).pointer(grad_values).pointer(grad_keys).int32(g * m).int32(c).int32(d).int32(k)
+      .int32(value_parts);
+  run(columns);
+  return {grad_queries.to(dtype), grad_keys.to(dtype), grad_values.to(dtype),
+          partial.sum(0).to(kernel.scalar_type()), grad_output.sum(std::vector<int64_t>{0, 1})};
 }
 
 }  // namespace convnn::ops::cuda::triton

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <tuple>
+#include <vector>
 
 #include "convnn/ops/rho.h"
 #include "convnn/ops/similarity.h"
@@ -42,5 +43,22 @@ bool device_has_scores_gradient_kernels(int device);
 at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
                                    const at::Tensor& indices, const at::Tensor& kernel, double temperature,
                                    const LaunchRunner& run = run_on_gpu);
+
+/// Whether the two-kernel backward (attention_backward.py) takes these (checked) inputs: softmax
+/// rho, a dot-product similarity (dot, scaled_dot), a depthwise kernel, K within the widest
+/// running top-K, no empty dimension, every size within 32 bits. The other backwards compose.
+bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                             const at::Tensor& kernel, const at::Tensor& scores, Similarity similarity, Rho rho);
+/// Whether the GPU `device` has an image of both kernels at every width.
+bool device_has_attention_backward_kernels(int device);
+
+/// [d queries, d keys, d values, d kernel, d bias] of knn_attention for inputs that the caller
+/// checked and attention_backward_fits accepts, as attention_backward.attention_backward: the row
+/// kernel, the inverse index, the column kernel.
+std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const at::Tensor& queries,
+                                           const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
+                                           const at::Tensor& scores, const at::Tensor& indices,
+                                           const at::Tensor& weights, Similarity similarity, double temperature,
+                                           const LaunchRunner& run = run_on_gpu);
 
 }  // namespace convnn::ops::cuda::triton

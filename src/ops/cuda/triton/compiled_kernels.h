@@ -1,5 +1,6 @@
 #pragma once
-// The Triton kernels of python/convnn/_triton (aggregate.py, select.py, pair_gradients.py, attention.py), compiled ahead of time by
+// The Triton kernels of python/convnn/_triton (aggregate.py, select.py, pair_gradients.py, attention.py,
+// attention_backward.py), compiled ahead of time by
 // scripts/triton_aot.py at build time (no GPU needed) and embedded in libconvnn_ops: the table
 // that the generated source defines. Plain data, no CUDA types, so tests read it anywhere.
 #include <cstddef>
@@ -58,6 +59,14 @@ struct AttentionCodes {
   int float32, bfloat16, float16;
 };
 extern const AttentionCodes kAttentionCodes;
+
+// From attention_backward.py: key/value rows and channels per program of the backward's column
+// kernel (COLUMN_ROWS, COLUMN_WIDTH).
+struct AttentionBackwardBlocks {
+  int64_t column_rows;
+  int64_t column_width;
+};
+extern const AttentionBackwardBlocks kAttentionBackwardBlocks;
 
 /// The image to load for `key` on a GPU of compute capability major.minor: the cubin of the
 /// same major version and the highest minor not above the GPU's; for a GPU newer than every cubin,

@@ -1,6 +1,7 @@
-// convnn::knn_attention_device_fused and knn_attention_softmax_scores_gradient_device_fused under the
-// CUDA dispatch key: the fused knn_attention forward and its backward's softmax scores gradient,
-// the Triton kernel of python/convnn/_triton/attention.py compiled ahead of time into this library
+// convnn::knn_attention_device_fused, knn_attention_softmax_scores_gradient_device_fused and
+// knn_attention_backward_device_fused under the CUDA dispatch key: the fused knn_attention forward,
+// its backward's softmax scores gradient and its two-kernel backward, the Triton kernels of
+// python/convnn/_triton/attention.py and attention_backward.py compiled ahead of time into this library
 // (the same kernel and launch as the Python package's). The CUDA knn_attention
 // (src/ops/cuda/knn_attention_composed.cpp) asks it first, after its checks; where the kernel does not apply
 // (a standard kernel, float64, K above the widest running top-K, a size past 32 bits, a GPU with no
@@ -56,11 +57,33 @@ std::vector<at::Tensor> cuda_softmax_scores_gradient(const at::Tensor& grad_outp
                                   indices.contiguous(), kernel.contiguous(), temperature)};
 }
 
+std::vector<at::Tensor> cuda_attention_backward_fused(const at::Tensor& grad_output, const at::Tensor& queries,
+                                                      const at::Tensor& keys, const at::Tensor& values,
+                                                      const at::Tensor& kernel, const at::Tensor& scores,
+                                                      const at::Tensor& indices, const at::Tensor& weights,
+                                                      c10::string_view similarity_name, c10::string_view rho_name,
+                                                      double temperature) {
+  const auto checked = checks::check_attention_backward_inputs(grad_output, queries, keys, values, kernel, scores,
+                                                               indices, weights, similarity_name, rho_name,
+                                                               temperature);
+  const bool applies =
+      fused_kernels_chosen() && fused_dtype(queries.scalar_type()) &&
+      on_one_device(queries, {grad_output, keys, values, kernel, scores, indices, weights}) &&
+      attention_backward_fits(queries, keys, values, kernel, scores, checked.similarity, checked.rho) &&
+      device_has_attention_backward_kernels(queries.get_device()) && device_verified(queries);
+  if (!applies) return {};
+  const c10::cuda::CUDAGuard device(queries.device());
+  return attention_backward(grad_output.contiguous(), queries.contiguous(), keys.contiguous(), values.contiguous(),
+                            kernel.contiguous(), scores.contiguous(), indices.contiguous(), weights.contiguous(),
+                            checked.similarity, temperature);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
   m.impl("knn_attention_device_fused", &cuda_attention_fused);
   m.impl("knn_attention_softmax_scores_gradient_device_fused", &cuda_softmax_scores_gradient);
+  m.impl("knn_attention_backward_device_fused", &cuda_attention_backward_fused);
 }
 
 }  // namespace convnn::ops::cuda::triton

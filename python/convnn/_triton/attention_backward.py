@@ -1,0 +1,165 @@
+"""knn_attention's backward in two Triton kernels and one sort (issue 38 §2), for softmax rho, a
+depthwise kernel and the dot-product similarities (dot, scaled_dot): the configuration of the
+paper's Table 1 and of every ConvNN attention layer's default.
+
+- The row kernel, one program per block of query rows: the aggregation's weights gradient with
+  the rows' share of the kernel's gradient from the same loads, the softmax-rho backward, and the
+  query gradient d(q_i) = sum over slots of g[i, s] * keys[indices[i, s]] (g the score gradient,
+  0 on masked slots, divided by sqrt(D) for scaled_dot). It writes g for the column kernel.
+- The inverse index (aggregate.inverse_index: the slots sorted stably by the row they read), built
+  once and shared by the values' and the keys' gradients.
+- The column kernel, one program per block of key/value rows and block of channels: d(values)
+  from w * kernel tap * dy and d(keys) from g * q, each row's slots added in slot order.
+
+Every step follows the composed path (src/ops/cuda/knn_attention_composed.cpp: the aggregation's
+backward, the fused softmax scores gradient of attention.py, the select backward of select.py)
+product for product, rounding to the op's dtype where it rounds, so the two agree to the last bits
+of a differently ordered sum (the kernel's gradient: per block of rows here, per chunk of rows
+there). No atomics: two backward passes are bitwise equal. Cosine and the distances, uniform and
+mean rho, a standard kernel, float64 and K above 64 compose (the choice: applies()).
+
+Inputs are float32 in the kernels (the launcher converts half precision), so one compiled kernel per
+slot width and similarity serves every dtype, as the forward's.
+"""
+import math
+
+import numpy
+import torch
+import triton
+import triton.language as tl
+
+from . import aggregate, attention, select
+
+SIMILARITY_SCALED = {"dot": False, "scaled_dot": True}  # the similarities it takes; whether d scores is divided by sqrt(D)
+COLUMN_ROWS = 16    # key/value rows per program of the column kernel
+COLUMN_WIDTH = 64   # channels (values) or features (keys) per program of the column kernel
+# Both kernels at 8 warps: at 4 the row kernel spills on sm_80 at K <= 32 (96 registers), and the
+# column kernel takes 154 registers (3 blocks per SM); at 8, 59-80 and 94, no spills (ptxas -v).
+COMPILE_OPTIONS = {"num_warps": 8}
+
+
+@triton.jit
+def _rows_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr,
+                 live_ptr, grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code,
+                 SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
+    block, rows, row_ok, both_ok, slot_offsets = attention._slot_block(rows_total, k, ROWS, SLOTS)
+    slots = tl.arange(0, SLOTS)
+    grad_weights = attention._weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr,
+                                               partial_ptr, block, rows, row_ok, n, m, c, k, True, ROWS, SLOTS,
+                                               CHANNELS)
+    weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
+    grad_scores = attention._softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS, SLOTS)
+    # The select backward's incoming gradient: none on masked slots, scaled as the score was.
+    scores = tl.load(scores_ptr + slot_offsets, mask=both_ok, other=float("-inf"))
+    live = tl.where(scores == float("-inf"), 0.0, grad_scores)
+    if SCALED:
+        live = attention._rounded(tl.math.div_rn(live, tl.full([ROWS, SLOTS], root, tl.float32)), dtype_code)
+    tl.store(live_ptr + slot_offsets, live, mask=both_ok)
+    slice_start = (rows // n).to(tl.int64) * m
+    first = 0
+    while first < d:
+        features = first + tl.arange(0, CHANNELS)
+        feature_ok = features < d
+        acc = tl.zeros([ROWS, CHANNELS], dtype=tl.float32)
+        slot = 0
+        while slot < k:
+            index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
+            read = row_ok & (index >= 0) & (index < m)
+            key = tl.load(keys_ptr + (slice_start + index)[:, None] * d + features[None, :],
+                          mask=read[:, None] & feature_ok[None, :], other=0.0)
+            weight = tl.sum(tl.where(slots[None, :] == slot, live, 0.0), 1)
+            acc += weight[:, None] * key
+            slot += 1
+        tl.store(grad_queries_ptr + rows.to(tl.int64)[:, None] * d + features[None, :], acc,
+                 mask=row_ok[:, None] & feature_ok[None, :])
+        first += CHANNELS
+
+
+@triton.jit
+def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_ptr, order_ptr, run_start_ptr,
+                    grad_values_ptr, grad_keys_ptr, rows_total, c, d, k, value_parts,
+                    ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """Programs (row block, part): parts below value_parts are d values' channel blocks, the rest d
+    keys' feature blocks. Each row walks its run [run_start[row], run_start[row + 1]) of the inverse
+    index in order; the block steps as many times as its longest run."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    part = tl.program_id(1)
+    row_ok = rows < rows_total
+    start = tl.load(run_start_ptr + rows, mask=row_ok, other=0)
+    length = tl.load(run_start_ptr + rows + 1, mask=row_ok, other=0) - start
+    longest = tl.max(length, 0)
+    acc = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
+    step = 0
+    if part < value_parts:
+        channels = part * WIDTH + tl.arange(0, WIDTH)
+        channel_ok = channels < c
+        while step < longest:
+            taking = step < length
+            both = taking[:, None] & channel_ok[None, :]
+            # A flattened [G*N*K] slot, within 32 bits (applies()): int64 division is a long subroutine.
+            slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
+            query_row = slot_index // k
+            weight = tl.load(weights_ptr + slot_index, mask=taking, other=0.0)
+            tap = tl.load(kernel_ptr + channels[None, :] * k + (slot_index - query_row * k)[:, None], mask=both,
+                          other=0.0)
+            dy = tl.load(grad_output_ptr + query_row.to(tl.int64)[:, None] * c + channels[None, :], mask=both,
+                         other=0.0)
+            acc += weight[:, None] * tap * dy
+            step += 1
+        tl.store(grad_values_ptr + rows.to(tl.int64)[:, None] * c + channels[None, :], acc,
+                 mask=row_ok[:, None] & channel_ok[None, :])
+    else:
+        features = (part - value_parts) * WIDTH + tl.arange(0, WIDTH)
+        feature_ok = features < d
+        while step < longest:
+            taking = step < length
+            slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
+            live = tl.load(live_ptr + slot_index, mask=taking, other=0.0)
+            query = tl.load(queries_ptr + (slot_index // k).to(tl.int64)[:, None] * d + features[None, :],
+                            mask=taking[:, None] & feature_ok[None, :], other=0.0)
+            acc += live[:, None] * query
+            step += 1
+        tl.store(grad_keys_ptr + rows.to(tl.int64)[:, None] * d + features[None, :], acc,
+                 mask=row_ok[:, None] & feature_ok[None, :])
+
+
+def applies(queries, keys, values, kernel, scores, similarity, rho):
+    """Whether the two kernels cover this backward (knn_attention's backward composes the others)."""
+    g, n, d = queries.shape
+    m, c = values.shape[1], values.shape[2]
+    k = scores.shape[2]
+    return (kernel.dim() == 2 and rho == "softmax" and similarity in SIMILARITY_SCALED
+            and queries.dtype in attention.DTYPE_CODES and 1 <= k <= select.MAX_SLOTS and min(g * n, g * m, c, d) > 0
+            and max(g * n * max(c, d, k), g * m * max(c, d), triton.cdiv(g * n, select.ROWS) * c * k) < 2**31 - 2)
+
+
+def attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, temperature):
+    """[d queries, d keys, d values, d kernel, d bias] of knn_attention for inputs the caller checked
+    and applies() accepts (contiguous; scores, indices and weights as the forward returned them)."""
+    g, n, d = queries.shape
+    m, c = values.shape[1], values.shape[2]
+    k = indices.shape[2]
+    dtype = queries.dtype
+    as_float = dict(dtype=torch.float32, device=queries.device)
+    dy, q, keys32, values32, taps, w, s = (t.float().contiguous()
+                                            for t in (grad_output, queries, keys, values, kernel, weights, scores))
+    # sqrt(D) in float32, as the select backward divides by it (rounding the float64 root to float32
+    # gives the correctly rounded float32 root: float64 has more than twice float32's precision).
+    root = float(numpy.float32(math.sqrt(d)))
+    row_blocks = triton.cdiv(g * n, select.ROWS)
+    live = torch.empty((g, n, k), **as_float)
+    grad_queries = torch.empty((g, n, d), **as_float)
+    partial = torch.empty((row_blocks, c, k), **as_float)
+    _rows_kernel[(row_blocks,)](dy, values32, taps, indices, w, s, keys32, live, grad_queries, partial,
+                                g * n, n, m, c, d, k, float(temperature), root, attention.DTYPE_CODES[dtype],
+                                SCALED=SIMILARITY_SCALED[similarity], ROWS=select.ROWS, SLOTS=select.slots_for(k),
+                                CHANNELS=attention.CHANNELS, **COMPILE_OPTIONS)
+    order, run_start = aggregate.inverse_index(indices, m)
+    grad_keys = torch.empty((g, m, d), **as_float)
+    grad_values = torch.empty((g, m, c), **as_float)
+    value_parts = triton.cdiv(c, COLUMN_WIDTH)
+    _columns_kernel[(triton.cdiv(g * m, COLUMN_ROWS), value_parts + triton.cdiv(d, COLUMN_WIDTH))](
+        dy, q, w, taps, live, order, run_start, grad_values, grad_keys, g * m, c, d, k, value_parts,
+        ROWS=COLUMN_ROWS, WIDTH=COLUMN_WIDTH, **COMPILE_OPTIONS)
+    return [grad_queries.to(dtype), grad_keys.to(dtype), grad_values.to(dtype), partial.sum(0).to(kernel.dtype),
+            grad_output.sum((0, 1))]
