@@ -63,6 +63,34 @@ def test_a_wrapped_projection_takes_effect_and_equals_its_merged_weight():
     assert attention.value_projection.down.weight.grad.abs().sum() > 0
 
 
+def test_plain_projections_are_one_matrix_product_and_a_hooked_one_runs_its_module():
+    """As timm's qkv: plain nn.Linear projections run as one [3C, C] product (the C++ layer's rule,
+    convnn::attention_project_qkv); a forward hook, a parametrization or a subclass makes the layer
+    call the modules, so what they add takes effect."""
+    torch.manual_seed(1)
+    attention = ConvNNAttention(8, 2, 3, qkv_bias=True).double()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    queries, keys, values = attention._project_qkv(x)
+    assert queries._base is not None and queries._base is keys._base is values._base, "thirds of one product"
+    for got, linear in zip((queries, keys, values), (attention.query_projection, attention.key_projection,
+                                                     attention.value_projection)):
+        torch.testing.assert_close(got, linear(x), rtol=1e-12, atol=1e-12)
+    before = attention(x)
+    calls = []
+    handle = attention.key_projection.register_forward_hook(lambda module, args, out: calls.append(1) or out * 2)
+    hooked = attention(x)
+    assert calls == [1] and not torch.allclose(before, hooked)
+    handle.remove()
+    for name in ("weight", "bias"):  # doubled keys again, the other way
+        torch.nn.utils.parametrize.register_parametrization(attention.key_projection, name, _Doubled())
+    torch.testing.assert_close(attention(x), hooked, rtol=1e-12, atol=1e-12)
+
+
+class _Doubled(nn.Module):
+    def forward(self, weight):
+        return 2 * weight
+
+
 def _timm_vit(**kwargs):
     return VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=5,
                              attn_layer=ConvNNAttention.with_options(k=4), **kwargs)

@@ -165,6 +165,11 @@ def layer_cases(dtype):
     q, k = tensor(2, 5, 4, dtype=dtype, seed=12), tensor(2, 6, 4, dtype=dtype, seed=13)
     cases.append((torch.ops.convnn.conv_nn.default, (q, k, k, tensor(4, 4, 3, dtype=dtype, seed=14), None,
                                                       ["k=3", "similarity=l1", "rho=softmax"], None, None, None)))
+    x = tensor(2, 5, 4, dtype=dtype, seed=15)
+    wq, wk, wv = (tensor(4, 4, dtype=dtype, seed=seed) for seed in (16, 17, 18))
+    bq, bk, bv = (tensor(4, dtype=dtype, seed=seed) for seed in (19, 20, 21))
+    cases.append((torch.ops.convnn.attention_project_qkv.default, (x, wq, bq, wk, bk, wv, bv)))  # one product
+    cases.append((torch.ops.convnn.attention_project_qkv.default, (x, wq, None, wk, bk, wv, None)))  # three
     return cases
 
 

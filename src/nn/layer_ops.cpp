@@ -251,6 +251,20 @@ auto attention_aggregate_with_neighbours(const OptionTexts& texts, const at::Ten
   return with_output(output, neighbour_fields(neighbours));
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_project_qkv_op(
+    const at::Tensor& input, const at::Tensor& query_weight, const c10::optional<at::Tensor>& query_bias,
+    const at::Tensor& key_weight, const c10::optional<at::Tensor>& key_bias, const at::Tensor& value_weight,
+    const c10::optional<at::Tensor>& value_bias) {
+  const auto linear = [](const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+    return detail::LinearTensors{weight, bias.value_or(at::Tensor())};
+  };
+  detail::AttentionTensors tensors;
+  tensors.query = linear(query_weight, query_bias);
+  tensors.key = linear(key_weight, key_bias);
+  tensors.value = linear(value_weight, value_bias);
+  return detail::project_qkv(tensors, input);
+}
+
 void attention_check_input_op(const OptionTexts& texts, const at::Tensor& input, const at::Tensor& weight) {
   detail::check_attention_input(attention_options(texts), input, weight);
 }
@@ -467,6 +481,10 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("picture_background(Tensor image, int[] grid) -> Tensor",
         [](const at::Tensor& image, std::vector<int64_t> grid) { return picture_background(image, grid); });
   m.def("attention_check_input(str[] options, Tensor input, Tensor weight) -> ()");
+  // ConvNNAttention's three projections (detail::project_qkv: one GEMM where they allow it), for the
+  // Python layer when its projections are plain nn.Linear modules.
+  m.def("attention_project_qkv(Tensor input, Tensor query_weight, Tensor? query_bias, Tensor key_weight, "
+        "Tensor? key_bias, Tensor value_weight, Tensor? value_bias) -> (Tensor, Tensor, Tensor)");
   m.def("conv_nn(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias, str[] options, "
         "Tensor? mask=None, Tensor? coordinates=None, Generator? generator=None) -> Tensor");
   m.def("conv_nn1d(Tensor input, Tensor kernel, Tensor? bias, str[] options, Generator? generator=None) -> Tensor");
@@ -480,6 +498,7 @@ TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
   m.impl("attention_aggregate", &attention_aggregate_op);
   m.impl("attention_aggregate_with_neighbours", &attention_aggregate_with_neighbours);
   m.impl("attention_check_input", &attention_check_input_op);
+  m.impl("attention_project_qkv", &attention_project_qkv_op);
   m.impl("conv_nn", &conv_nn_op);
   m.impl("conv_nn1d", &conv_nn1d_op);
   m.impl("conv_nn2d", &conv_nn2d_op);
@@ -493,6 +512,7 @@ TORCH_LIBRARY_IMPL(convnn, FuncTorchBatchedDecomposition, m) {
   m.impl("layer_forward", &layer_forward);
   m.impl("attention_aggregate", &attention_aggregate_op);
   m.impl("attention_check_input", &attention_check_input_op);
+  m.impl("attention_project_qkv", &attention_project_qkv_op);
   m.impl("conv_nn", &conv_nn_op);
   m.impl("conv_nn1d", &conv_nn1d_op);
   m.impl("conv_nn2d", &conv_nn2d_op);

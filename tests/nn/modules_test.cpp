@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "convnn/nn/modules/convnn.h"
+#include "nn/modules/layer_forward.h"
 #include "support/assert_close.h"
 
 namespace {
@@ -282,6 +283,38 @@ TEST(ConvNNAttention, ForwardShapeTrainAndEvalAndSaveLoad) {
   expect_save_load_round_trip(attention, ConvNNAttention(options), input);
   EXPECT_NE(printed(*attention).find("convnn::ConvNNAttention(embed_dim=16, num_heads=4, k=5"),
             std::string::npos);
+}
+
+// The projections as timm's qkv: one product of the concatenated weights, whose three thirds are the
+// three projections (to rounding: one GEMM sums in its own blocking), where the weights share a
+// dtype and device and all or none have a bias; three products otherwise, bitwise each linear.
+TEST(ConvNNAttention, TheQueryKeyAndValueProjectionsAreOneMatrixProductWhereTheWeightsAllow) {
+  using convnn::nn::detail::AttentionTensors;
+  torch::manual_seed(3);
+  const auto input = torch::randn({2, 7, 16}, torch::kDouble);
+  const auto weight = [] { return torch::randn({16, 16}, torch::kDouble); };
+  const auto bias = [] { return torch::randn({16}, torch::kDouble); };
+  for (const bool with_bias : {false, true}) {
+    AttentionTensors tensors;
+    tensors.query = {weight(), with_bias ? bias() : torch::Tensor()};
+    tensors.key = {weight(), with_bias ? bias() : torch::Tensor()};
+    tensors.value = {weight(), with_bias ? bias() : torch::Tensor()};
+    const auto [queries, keys, values] = convnn::nn::detail::project_qkv(tensors, input);
+    EXPECT_TRUE(queries.is_alias_of(keys) && keys.is_alias_of(values)) << "thirds of one product";
+    const std::array<const convnn::nn::detail::LinearTensors*, 3> linears{&tensors.query, &tensors.key, &tensors.value};
+    const std::array<at::Tensor, 3> got{queries, keys, values};
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& l = *linears[i];
+      EXPECT_TRUE(torch::allclose(got[i], torch::nn::functional::linear(input, l.weight, l.bias), 1e-12, 1e-12));
+    }
+  }
+  AttentionTensors mixed;
+  mixed.query = {weight(), bias()};
+  mixed.key = {weight(), torch::Tensor()};
+  mixed.value = {weight(), bias()};
+  const auto [queries, keys, values] = convnn::nn::detail::project_qkv(mixed, input);
+  EXPECT_FALSE(queries.is_alias_of(keys)) << "a bias on some projections only: three products";
+  EXPECT_TRUE(torch::equal(keys, torch::nn::functional::linear(input, mixed.key.weight)));
 }
 
 TEST(BranchingConv2d, SplitsChannelsByLambdaWithTheConvNNBranchFirst) {

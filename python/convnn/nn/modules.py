@@ -43,6 +43,19 @@ def _as_linear(holder):
     return linear
 
 
+def _plain_linear(module):
+    """Whether `module` computes exactly F.linear(x, weight, bias): an nn.Linear itself (not a
+    subclass, a wrapper or a LoRA layer), with no hook or parametrization of its own and no global
+    module hook, so that a caller may use its weight and bias instead of calling it."""
+    from torch.nn.modules import module as module_globals
+    from torch.nn.utils import parametrize
+
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,
+             module_globals._global_forward_hooks, module_globals._global_forward_pre_hooks,
+             module_globals._global_backward_hooks, module_globals._global_backward_pre_hooks)
+    return type(module) is nn.Linear and not any(hooks) and not parametrize.is_parametrized(module)
+
+
 class _ConvNNLayer(nn.Module):
     _layer = ""  # the C++ layer's name
     _linear_submodules = ()  # C++ sub-layers that are nn.Linear modules here, run by the Python forward
@@ -289,9 +302,12 @@ class ConvNNAttention(_ConvNNLayer):
     refused unless off; norm_layer is used by timm only with those, and ignored.
 
     The projections query_projection, key_projection, value_projection and output_projection are
-    nn.Linear modules that forward calls, so timm's weight init, LoRA/PEFT, quantisation and
-    type-based weight-decay rules see them, and a replaced or wrapped projection takes effect;
-    `proj` is the output projection under timm's name (timm's fix_init rescales attn.proj).
+    nn.Linear modules, so timm's weight init, LoRA/PEFT, quantisation and type-based weight-decay
+    rules see them. While the query, key and value projections are plain nn.Linear modules (no
+    hook, no parametrization), forward runs them as one [3C, C] matrix product, as timm's fused
+    qkv (the C++ layer's rule); a replaced, wrapped or hooked projection is called instead, so it
+    takes effect. `proj` is the output projection under timm's name (timm's fix_init rescales
+    attn.proj).
     """
     _layer = "ConvNNAttention"
     _linear_submodules = ("query_projection", "key_projection", "value_projection", "output_projection")
@@ -348,12 +364,21 @@ class ConvNNAttention(_ConvNNLayer):
 
         def aggregate():
             op = _ops.attention_aggregate_with_neighbours if record else _ops.attention_aggregate
-            return op(texts, self.query_projection(x), self.key_projection(x), self.value_projection(x),
-                      [n for n, _ in state], [t for _, t in state], self.training, self._generator, attn_mask)
+            return op(texts, *self._project_qkv(x), [n for n, _ in state], [t for _, t in state], self.training,
+                      self._generator, attn_mask)
         aggregated = self._run(aggregate)
         if record:
             aggregated = self._keep_neighbours(aggregated)
         return self.proj_drop(self.output_projection(aggregated))
+
+    def _project_qkv(self, x):
+        """(queries, keys, values): the C++ layer's projection rule (one [3C, C] product where the
+        weights allow, as timm's qkv) where the three projections are plain nn.Linear modules; else
+        each module, so that a replaced, wrapped or hooked projection (LoRA, quantisation) takes effect."""
+        projections = (self.query_projection, self.key_projection, self.value_projection)
+        if not all(_plain_linear(p) for p in projections):
+            return tuple(p(x) for p in projections)
+        return _ops.attention_project_qkv(x, *(t for p in projections for t in (p.weight, p.bias)))
 
     @property
     def proj(self):

@@ -180,15 +180,42 @@ at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor
   return at::dropout(aggregated, o.dropout(), training);
 }
 
+namespace {
+
+// Whether the three projections can run as one matrix product: weights of one dtype and device, and
+// biases on all three or none.
+bool fusable(const LinearTensors& q, const LinearTensors& k, const LinearTensors& v) {
+  const auto same = [&](const at::Tensor& a, const at::Tensor& b) {
+    return a.scalar_type() == b.scalar_type() && a.device() == b.device();
+  };
+  const bool biases = q.bias.defined();
+  return same(q.weight, k.weight) && same(q.weight, v.weight) && k.bias.defined() == biases &&
+         v.bias.defined() == biases && (!biases || (same(q.bias, k.bias) && same(q.bias, v.bias)));
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> project_qkv(const AttentionTensors& tensors, const at::Tensor& input) {
+  const auto &q = tensors.query, &k = tensors.key, &v = tensors.value;
+  if (!fusable(q, k, v)) {
+    // In this order, as the Python layer runs unfusable projections (C++ leaves the order of a
+    // call's arguments open): autograd sums the input's three gradients in the reverse order.
+    auto queries = apply_linear(q, input);
+    auto keys = apply_linear(k, input);
+    return {queries, keys, apply_linear(v, input)};
+  }
+  // One [3C, C] product, as timm's qkv: one GEMM forward and two backward instead of three and six.
+  const auto weight = at::cat({q.weight, k.weight, v.weight});
+  const auto bias = q.bias.defined() ? at::cat({q.bias, k.bias, v.bias}) : at::Tensor();
+  auto qkv = apply_linear({weight, bias}, input).chunk(3, -1);
+  return {qkv[0], qkv[1], qkv[2]};
+}
+
 at::Tensor attention_forward(const ConvNNAttentionOptions& o, const at::Tensor& input,
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
                              bool training, Neighbours* neighbours) {
   check_attention_input(o, input, tensors.kernel);
-  // In this order, as the Python layer runs its projections (C++ leaves the order of a call's
-  // arguments open): autograd sums the input's three gradients in the reverse order, bitwise the same.
-  const auto queries = apply_linear(tensors.query, input);
-  const auto keys = apply_linear(tensors.key, input);
-  const auto values = apply_linear(tensors.value, input);
+  const auto [queries, keys, values] = project_qkv(tensors, input);
   const auto aggregated =
       attention_aggregate(o, queries, keys, values, tensors, std::move(generator), training, neighbours);
   return apply_linear(tensors.output, aggregated);

@@ -7,6 +7,7 @@
 #include <c10/util/Optional.h>
 
 #include <string>
+#include <tuple>
 
 #include "convnn/nn/neighbours.h"
 #include "convnn/nn/options/convnn.h"
@@ -54,12 +55,18 @@ void check_attention_input(const ConvNNAttentionOptions& options, const at::Tens
 
 // ConvNNAttention's forward between its projections: the projected queries, keys and values
 // ([B,N,C] or [N,C]) -> the aggregated values after dropout, before the output projection. The
-// Python layer runs its projections as nn.Linear modules around it (so that a replaced or wrapped
-// projection, e.g. LoRA, takes effect).
+// Python layer runs its projections around it: through project_qkv while they are plain nn.Linear
+// modules, else as the modules (so that a replaced or wrapped projection, e.g. LoRA, takes effect).
 at::Tensor attention_aggregate(const ConvNNAttentionOptions& options, const at::Tensor& queries,
                                const at::Tensor& keys, const at::Tensor& values, const AttentionTensors& tensors,
                                c10::optional<at::Generator> generator, bool training,
                                Neighbours* neighbours = nullptr);
+
+// ConvNNAttention's query, key and value projections of `input`: one matrix product of the three
+// weights concatenated ([3C, C], as timm's qkv) where they share a dtype and device and all or none
+// have a bias, else three. The Python layer's rule is the same (python/convnn/nn/modules.py), so
+// the two layers stay bitwise equal.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> project_qkv(const AttentionTensors& tensors, const at::Tensor& input);
 
 at::Tensor attention_forward(const ConvNNAttentionOptions& options, const at::Tensor& input,
                              const AttentionTensors& tensors, c10::optional<at::Generator> generator,
