@@ -7,7 +7,9 @@ configuration (G = 384 slices, N = M = 197, d = 64, K = 8, depthwise, scaled_dot
   the composed Triton path (knn_select, softmax, knn_aggregate through the dispatcher, whose CUDA
   kernels are the Triton ones, with autograd), the knn_attention op with the Triton kernels (its
   forward the fused kernel of attention.py, its backward the two kernels of attention_backward.py), and
-  scaled_dot_product_attention on the same [G,N,d] tensors for scale.
+  scaled_dot_product_attention on the same [G,N,d] tensors for scale;
+- the paper's Table 1 module (ConvNNAttention against timm's Attention), eager, and its
+  forward+backward step replayed from a CUDA graph (issue 38 §3).
 The C++ `convnn bench --device cuda` times the generic paths; the Triton kernels are registered
 from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events); peak memory
 from the caching allocator over one call of its own; GB/s of the aggregation forward counts its
@@ -50,6 +52,25 @@ def timed(fn):
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), peak
+
+
+def graphed(step):
+    """`step` captured in a CUDA graph after warm-up on a side stream (as torch.cuda.graphs asks): the
+    graph's replay, or the capture's error as a string (a step that reads a value back to the host
+    cannot be captured)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            step()
+    except RuntimeError as error:
+        return f"{type(error).__name__}: {error}".splitlines()[0]
+    return graph.replay
 
 
 def one(g, n, c, k, dtype, device):
@@ -127,6 +148,13 @@ def module_paths(dtype, device, batch=32, tokens=197, channels=768, heads=12, ne
 
         row[f"{name}_forward_ms"], row[f"{name}_forward_mib"] = timed(forward)
         row[f"{name}_fb_ms"], row[f"{name}_fb_mib"] = timed(forward_backward)
+        if kernels == "fused":  # the training step replayed from a CUDA graph, beside eager
+            replay = graphed(forward_backward)
+            if isinstance(replay, str):
+                row[f"{name}_graph_fb_ms"], row[f"{name}_graph_error"] = None, replay
+            else:
+                row[f"{name}_graph_fb_ms"] = triton.testing.do_bench(replay, warmup=25, rep=100,
+                                                                     return_mode="median")
     os.environ["CONVNN_CUDA_KERNELS"] = "fused"
     with torch.no_grad():
         fused = convnn_layer(x)
@@ -218,12 +246,14 @@ def main():
     print("\nmodule level (the paper's Table 1: B 32, N 197, C 768, 12 heads, K 8), ms forward / "
           "forward+backward (peak MiB of forward+backward):")
     print("| dtype | ConvNNAttention, Triton | ConvNNAttention, generic | timm Attention (SDPA) | "
-          "max abs Triton - generic |")
-    print("|---|---|---|---|---|")
+          "forward+backward from a CUDA graph: Triton / SDPA | max abs Triton - generic |")
+    print("|---|---|---|---|---|---|")
     for r in modules:
         cells = [f"{r[f'{p}_forward_ms']:.3f} / {r[f'{p}_fb_ms']:.3f} ({r[f'{p}_fb_mib']:.0f})"
                  for p in ("convnn_triton", "convnn_generic", "mhsa_sdpa")]
-        print(f"| {r['dtype']} | " + " | ".join(cells) + f" | {r['triton_vs_generic_max_abs']:.2e} |")
+        graphs = " / ".join(f"{r[f'{p}_graph_fb_ms']:.3f}" if r[f"{p}_graph_fb_ms"] is not None
+                            else f"not captured ({r[f'{p}_graph_error']})" for p in ("convnn_triton", "mhsa_sdpa"))
+        print(f"| {r['dtype']} | " + " | ".join(cells) + f" | {graphs} | {r['triton_vs_generic_max_abs']:.2e} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(device), "aggregate": rows, "op_paths": paths,
