@@ -364,7 +364,8 @@ class ConvNNAttention(_ConvNNLayer):
 
         def aggregate():
             op = _ops.attention_aggregate_with_neighbours if record else _ops.attention_aggregate
-            return op(texts, *self._project_qkv(x), [n for n, _ in state], [t for _, t in state], self.training,
+            qkv = self._project_qkv(x)  # indexed, not unpacked: torch.fx cannot iterate a traced tuple
+            return op(texts, qkv[0], qkv[1], qkv[2], [n for n, _ in state], [t for _, t in state], self.training,
                       self._generator, attn_mask)
         aggregated = self._run(aggregate)
         if record:
