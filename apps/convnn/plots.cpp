@@ -35,9 +35,13 @@ bool plot_metrics(const std::string& run_dir) {
   const auto plots = fs::path(run_dir) / "plots";
   fs::create_directories(plots);
   const auto csv = quoted(fs::path(run_dir) / "metrics.csv");
+  // Epochs are whole numbers: a tic every epoch, or every ceil(epochs / 10) past ten (gnuplot's own
+  // choice put tics at 1.5, 2.5, ...).
   const std::string common =
       "set datafile separator ','\nset key autotitle columnhead\nset grid\n"
-      "set terminal pngcairo size 800,500 noenhanced\nset xlabel 'epoch'\n";
+      "set terminal pngcairo size 800,500 noenhanced\nset xlabel 'epoch'\n"
+      "stats " + csv + " using 'epoch' nooutput\nepoch_step = STATS_max > 10 ? ceil(STATS_max / 10.0) : 1\n"
+      "set xtics epoch_step\nset format x '%.0f'\n";
   run_gnuplot((plots / "plots.gp").string(),
               common +
                   "set output " + quoted(plots / "loss.png") + "\nset ylabel 'loss'\nset title 'Loss'\n"

@@ -13,6 +13,7 @@ import typing
 import zipfile
 
 import torch
+import torch.fx
 import torch.utils.checkpoint
 from torch import nn
 
@@ -245,6 +246,18 @@ class TransformerBlock(nn.Module):
         return x + self.drop_path(self.dropout(mlp))
 
 
+def _check_images(images, channels, size):
+    """Raises unless images is [B, channels, size, size]. A call that torch.fx records as one node
+    (torch.fx.wrap below) instead of tracing into: its branch on the input's shape cannot be traced,
+    and the check then runs whenever the traced module runs."""
+    if images.dim() != 4 or tuple(images.shape[1:]) != (channels, size, size):
+        raise ValueError(f"VisionTransformer: images must be [B, {channels}, {size}, {size}] "
+                         f"(the position embedding fixes the size), got {tuple(images.shape)}")
+
+
+torch.fx.wrap("_check_images")
+
+
 class VisionTransformer(_GradCheckpointing, nn.Module):
     """timm's layout: patch embedding, class token, position embedding, pre-norm blocks, head.
 
@@ -269,10 +282,7 @@ class VisionTransformer(_GradCheckpointing, nn.Module):
                              for i in range(len(self.blocks))]
 
     def _embed(self, images):
-        expected = (self.in_channels, self.image_size, self.image_size)
-        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
-            raise ValueError(f"VisionTransformer: images must be [B, {expected[0]}, {expected[1]}, {expected[2]}] "
-                             f"(the position embedding fixes the size), got {tuple(images.shape)}")
+        _check_images(images, self.in_channels, self.image_size)
         x = self.patch_embed(images).flatten(2).transpose(1, 2)
         if "patch_norm" in self._modules:
             x = self.patch_norm(x)

@@ -50,6 +50,16 @@ def _default_cfg(family, defaults):
             "first_conv": "patch_embed" if vit else "conv1", "classifier": "head" if vit else "fc"}
 
 
+def _pool_size(model, family, image_size):
+    """forward_features's spatial size at input_size, as timm's CNN configs give it (None for a ViT,
+    whose features are tokens, as timm's own ViT configs): the last stage's reduction rounded up,
+    since every stride-2 step of the ResNets (3x3 or 1x1 kernels, padding 1 or 0) rounds up."""
+    if family != "resnet":
+        return None
+    side = -(-image_size // model.feature_info[-1]["reduction"])
+    return (side, side)
+
+
 # Read by timm's register_model from this module (timm's convention); filled by register().
 default_cfgs = {}
 
@@ -78,7 +88,8 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
         cfg.update(pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg))
     cfg.update(pretrained_cfg_overlay or {})
     image_size, channels = options.get("image_size", 224), options.get("in_channels", 3)
-    cfg.update(num_classes=options.get("num_classes", 1000), input_size=(channels, image_size, image_size))
+    cfg.update(num_classes=options.get("num_classes", 1000), input_size=(channels, image_size, image_size),
+               pool_size=_pool_size(model, family, image_size))
     model.pretrained_cfg = model.default_cfg = cfg
     if features_only:
         from timm.models._features import FeatureGetterNet

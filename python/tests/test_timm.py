@@ -269,6 +269,40 @@ def test_features_only_gives_timms_feature_maps(family):
         timm.create_model(name, features_only=True, feature_cls="hook", **options)
 
 
+@pytest.mark.parametrize("name,options,size", [("convnn_resnet18", dict(img_size=32), 32),
+                                               ("convnn_resnet18", dict(layer="conv", img_size=64), 64),
+                                               ("convnn_vit_tiny_patch4", dict(depth=2), 32)])
+def test_torch_fx_traces_the_models_and_the_traced_module_computes_the_same(name, options, size):
+    """timm's FX feature extraction and torch.fx.symbolic_trace see through the models (the ViT's
+    input check is one recorded call, and still refuses a wrong image size when the graph runs)."""
+    from timm.models._features_fx import get_graph_node_names
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=10, **options).eval()
+    _, eval_nodes = get_graph_node_names(model)
+    assert len(eval_nodes) > 10
+    traced = torch.fx.symbolic_trace(model)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        assert torch.equal(traced(x), model(x))
+    if "vit" in name:
+        with pytest.raises(ValueError, match="images must be"):
+            traced(torch.randn(2, 3, size + 4, size + 4))
+
+
+@pytest.mark.parametrize("size", [32, 40, 65])
+def test_pool_size_is_forward_features_spatial_size_at_input_size(size):
+    """timm's pretrained_cfg contract: pool_size is what forward_features gives at input_size (a
+    CNN); None for the ViTs, as timm's ViT configs."""
+    model = timm.create_model("convnn_resnet18", layer="conv", img_size=size, num_classes=10).eval()
+    assert model.pretrained_cfg["input_size"] == (3, size, size)
+    with torch.no_grad():
+        features = model.forward_features(torch.randn(1, *model.pretrained_cfg["input_size"]))
+    assert model.pretrained_cfg["pool_size"] == tuple(features.shape[2:])
+    assert timm.create_model("convnn_vit_tiny_patch4", depth=1).pretrained_cfg["pool_size"] is None
+    assert timm.create_model("vit_tiny_patch16_224", pretrained=False).pretrained_cfg.get("pool_size") is None
+
+
 def test_no_weight_decay_and_group_matcher_drive_timms_optimizer():
     from timm.optim import create_optimizer_v2
 
