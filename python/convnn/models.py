@@ -8,6 +8,7 @@ slots hold ConvNN or branching layers, strides, widths, the paper variants, the 
 the C++ one, and the state_dict keys are the C++ ones.
 """
 import json
+import math
 import os
 import typing
 import zipfile
@@ -258,6 +259,35 @@ def _check_images(images, channels, size):
 torch.fx.wrap("_check_images")
 
 
+def _check_dynamic_images(images, channels, patch):
+    """Raises unless images is [B, channels, H, W] with H and W whole multiples of the patch size
+    (a ViT built with dynamic_img_size). Recorded by torch.fx as one call, as _check_images."""
+    if images.dim() != 4 or images.shape[1] != channels or images.shape[2] % patch or images.shape[3] % patch:
+        raise ValueError(f"VisionTransformer: images must be [B, {channels}, H, W] with H and W multiples of the "
+                         f"patch size {patch} (dynamic_img_size), got {tuple(images.shape)}")
+
+
+torch.fx.wrap("_check_dynamic_images")
+
+
+def resample_position_embedding(pos_embed, grid, prefix_tokens=1):
+    """pos_embed [1, prefix_tokens + side*side, C] (a square grid of patches) for a grid of (rows,
+    columns) patches: the patch part resampled bicubically with antialiasing in float32, the prefix
+    (class) tokens kept; pos_embed itself where the grid is its own. The same resampling as timm's
+    resample_abs_pos_embed, so weights move between sizes as they do in timm."""
+    side = math.isqrt(pos_embed.shape[1] - prefix_tokens)
+    if (int(grid[0]), int(grid[1])) == (side, side):
+        return pos_embed
+    patches = pos_embed[:, prefix_tokens:].float().reshape(1, side, side, -1).permute(0, 3, 1, 2)
+    patches = torch.nn.functional.interpolate(patches, size=(int(grid[0]), int(grid[1])), mode="bicubic",
+                                              antialias=True)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, -1, pos_embed.shape[-1]).to(pos_embed.dtype)
+    return torch.cat([pos_embed[:, :prefix_tokens], patches], 1)
+
+
+torch.fx.wrap("resample_position_embedding")
+
+
 class VisionTransformer(_GradCheckpointing, nn.Module):
     """timm's layout: patch embedding, class token, position embedding, pre-norm blocks, head.
 
@@ -268,10 +298,25 @@ class VisionTransformer(_GradCheckpointing, nn.Module):
 
     _POOLS = ("token", "avg", "max", "avgmax", "")
     num_prefix_tokens = 1
+    # As timm's dynamic_img_size: images of any size whose sides are multiples of the patch size,
+    # the position embedding resampled to their grid at each call (timm.create_model(...,
+    # dynamic_img_size=True) sets it).
+    dynamic_img_size = False
 
     def __init__(self, image_size, in_channels):
         super().__init__()
         self.image_size, self.in_channels = image_size, in_channels
+        # A checkpoint of another image size loads with its position embedding resampled to this one's.
+        self._register_load_state_dict_pre_hook(self._resample_loaded_position_embedding)
+
+    def _resample_loaded_position_embedding(self, state_dict, prefix, *args):
+        key = prefix + "pos_embed"
+        own = self._parameters.get("pos_embed")
+        if key in state_dict and own is not None and state_dict[key].shape != own.shape:
+            loaded = state_dict[key]
+            if loaded.dim() == 3 and loaded.shape[-1] == own.shape[-1]:  # else load_state_dict names the mismatch
+                side = math.isqrt(own.shape[1] - self.num_prefix_tokens)
+                state_dict[key] = resample_position_embedding(loaded, (side, side), self.num_prefix_tokens)
 
     def _init_interface(self):
         self.num_classes = self.head.out_features
@@ -282,11 +327,18 @@ class VisionTransformer(_GradCheckpointing, nn.Module):
                              for i in range(len(self.blocks))]
 
     def _embed(self, images):
-        _check_images(images, self.in_channels, self.image_size)
-        x = self.patch_embed(images).flatten(2).transpose(1, 2)
+        if self.dynamic_img_size:
+            _check_dynamic_images(images, self.in_channels, self.patch_size)
+        else:
+            _check_images(images, self.in_channels, self.image_size)
+        x = self.patch_embed(images)
+        pos_embed = self.pos_embed
+        if self.dynamic_img_size:
+            pos_embed = resample_position_embedding(pos_embed, x.shape[2:], self.num_prefix_tokens)
+        x = x.flatten(2).transpose(1, 2)
         if "patch_norm" in self._modules:
             x = self.patch_norm(x)
-        return self.pos_drop(torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed)
+        return self.pos_drop(torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + pos_embed)
 
     def _norm(self, x):
         return self.norm(x) if "norm" in self._modules else x
@@ -340,7 +392,7 @@ class VisionTransformer(_GradCheckpointing, nn.Module):
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"VisionTransformer: output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         taken, last = _take_indices(len(self.blocks), indices)
-        batch = x.shape[0]
+        batch, rows, columns = x.shape[0], x.shape[2] // self.patch_size, x.shape[3] // self.patch_size
         x = self._embed(x)
         intermediates = []
         blocks = list(self.blocks)
@@ -351,8 +403,8 @@ class VisionTransformer(_GradCheckpointing, nn.Module):
         prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
         intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
         if output_fmt == "NCHW":
-            side = self.image_size // self.patch_size
-            intermediates = [y.reshape(batch, side, side, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+            intermediates = [y.reshape(batch, rows, columns, -1).permute(0, 3, 1, 2).contiguous()
+                             for y in intermediates]
         if output_dict:
             result = {"image_intermediates": intermediates}
             if return_prefix_tokens:

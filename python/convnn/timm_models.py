@@ -13,7 +13,10 @@ in_channels, img_size -> image_size, drop_rate -> dropout, drop_path_rate -> dro
 keyword is a model option (e.g. k=16, attention="kvt"). global_pool sets the head's pooling (as
 reset_classifier does). features_only=True (with out_indices) returns timm's FeatureGetterNet over
 the model's forward_intermediates, as timm's own ViTs do: a ResNet's five maps (stem, layer1-4;
-default all), a ViT's blocks (default the last 3). There are no pretrained weights.
+default all), a ViT's blocks (default the last 3). dynamic_img_size=True builds a ViT that takes
+images of any size whose sides are multiples of its patch size (the position embedding resampled
+to each call's grid, as timm's); a ViT loads the weights of another image size with its position
+embedding resampled. There are no pretrained weights.
 """
 import functools
 
@@ -76,6 +79,9 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
             raise ValueError(f"{name}: features_only takes feature_cls='getter' (timm's FeatureGetterNet over "
                              f"forward_intermediates), got feature_cls={feature_cls!r}")
     global_pool = kwargs.pop("global_pool", None)
+    dynamic_img_size = kwargs.pop("dynamic_img_size", False)
+    if dynamic_img_size and family != "vit":
+        raise ValueError(f"{name}: dynamic_img_size is a ViT option (a ResNet takes any image size as it is)")
     options = dict(defaults)
     for key, value in kwargs.items():
         if value is not None:
@@ -83,6 +89,8 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
     model = models.create_model(model_name, **options)
     if global_pool is not None:
         model.reset_classifier(model.num_classes, global_pool)
+    if family == "vit":
+        model.dynamic_img_size = bool(dynamic_img_size)
     cfg = dict(default_cfgs[name])
     if pretrained_cfg is not None:
         cfg.update(pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg))

@@ -10,6 +10,7 @@ import torch
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import Block, VisionTransformer  # noqa: E402
 
+import convnn.models  # noqa: E402
 from convnn.nn import ConvNNAttention  # noqa: E402
 
 
@@ -301,6 +302,51 @@ def test_pool_size_is_forward_features_spatial_size_at_input_size(size):
     assert model.pretrained_cfg["pool_size"] == tuple(features.shape[2:])
     assert timm.create_model("convnn_vit_tiny_patch4", depth=1).pretrained_cfg["pool_size"] is None
     assert timm.create_model("vit_tiny_patch16_224", pretrained=False).pretrained_cfg.get("pool_size") is None
+
+
+def test_a_vit_with_dynamic_img_size_takes_other_sizes_as_timms_does():
+    """dynamic_img_size=True: any size whose sides are multiples of the patch size, the position
+    embedding resampled as timm's resample_abs_pos_embed; at the built size the same model as without."""
+    from timm.layers import resample_abs_pos_embed
+
+    torch.manual_seed(0)
+    fixed = timm.create_model("convnn_vit_tiny_patch4", depth=2, num_classes=10).eval()
+    dynamic = timm.create_model("convnn_vit_tiny_patch4", depth=2, num_classes=10, dynamic_img_size=True).eval()
+    dynamic.load_state_dict(fixed.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(dynamic(x), fixed(x))
+        wide = torch.randn(2, 3, 48, 64)
+        tokens = dynamic.forward_features(wide)
+        assert tokens.shape == (2, 1 + 12 * 16, dynamic.embed_dim)
+        # The embedding it adds is timm's resampling of its own.
+        assert torch.equal(convnn.models.resample_position_embedding(dynamic.pos_embed, (12, 16)),
+                           resample_abs_pos_embed(dynamic.pos_embed, (12, 16), num_prefix_tokens=1))
+        patches = dynamic.patch_embed(wide).flatten(2).transpose(1, 2)
+        embedded = torch.cat([dynamic.cls_token.expand(2, -1, -1), patches], 1) + resample_abs_pos_embed(
+            dynamic.pos_embed, (12, 16), num_prefix_tokens=1)
+        torch.testing.assert_close(dynamic._embed(wide), embedded, rtol=0, atol=0)
+        maps = dynamic.forward_intermediates(wide, intermediates_only=True)
+        assert [m.shape for m in maps] == [(2, dynamic.embed_dim, 12, 16)] * 2
+    with pytest.raises(ValueError, match="multiples of the patch size 4"):
+        dynamic(torch.randn(1, 3, 30, 32))
+    with pytest.raises(ValueError, match=r"images must be \[B, 3, 32, 32\]"):
+        timm.create_model("convnn_vit_tiny_patch4", depth=1)(torch.randn(1, 3, 48, 48))
+    with pytest.raises(ValueError, match="dynamic_img_size is a ViT option"):
+        timm.create_model("convnn_resnet18", dynamic_img_size=True)
+
+
+def test_a_vit_loads_the_weights_of_another_image_size_with_its_position_embedding_resampled():
+    from timm.layers import resample_abs_pos_embed
+
+    torch.manual_seed(0)
+    small = timm.create_model("convnn_vit_tiny_patch4", depth=1, num_classes=10)
+    large = timm.create_model("convnn_vit_tiny_patch4", depth=1, num_classes=10, img_size=48)
+    large.load_state_dict(small.state_dict())
+    assert torch.equal(large.pos_embed, resample_abs_pos_embed(small.pos_embed, (12, 12), num_prefix_tokens=1))
+    assert large(torch.randn(1, 3, 48, 48)).shape == (1, 10)
+    traced = torch.fx.symbolic_trace(timm.create_model("convnn_vit_tiny_patch4", depth=1, dynamic_img_size=True))
+    assert traced(torch.randn(1, 3, 40, 24)).shape == (1, 1000)
 
 
 def test_no_weight_decay_and_group_matcher_drive_timms_optimizer():
