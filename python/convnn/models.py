@@ -116,9 +116,12 @@ class ResNet(_GradCheckpointing, nn.Module):
         self.num_classes = self.fc.out_features
         self.num_features = self.head_hidden_size = self.fc.in_features
         self.global_pool = "avg"
+        # The stem's ReLU as a module (no state), so that a forward hook can tap the stem's map as
+        # timm's ResNet names it (act1; timm's FeatureHookNet).
+        self.act1 = nn.ReLU()
         # Each map's channels and stride: the stem's (and max pool's), then each stage's first block.
         reduction = self.conv1.stride[0]
-        info = [dict(num_chs=self.bn1.num_features, reduction=reduction, module="bn1")]
+        info = [dict(num_chs=self.bn1.num_features, reduction=reduction, module="act1")]
         if "maxpool" in self._modules:
             reduction *= self.maxpool.stride
         for stage in ("layer1", "layer2", "layer3", "layer4"):
@@ -131,10 +134,13 @@ class ResNet(_GradCheckpointing, nn.Module):
         self.feature_info = info
 
     def _stem(self, images):
-        return torch.relu(self.bn1(self.conv1(images)))
+        return self.act1(self.bn1(self.conv1(images)))
 
     def _stage(self, name, x):
-        for block in getattr(self, name):
+        stage = getattr(self, name)
+        if not (self.grad_checkpointing and torch.is_grad_enabled()):
+            return stage(x)  # the stage module itself (its blocks in order), so that its hooks fire
+        for block in stage:
             x = self._block(block, x)
         return x
 

@@ -12,7 +12,8 @@ timm's arguments map onto the model options of `convnn info`: num_classes, in_ch
 in_channels, img_size -> image_size, drop_rate -> dropout, drop_path_rate -> drop_path; any other
 keyword is a model option (e.g. k=16, attention="kvt"). global_pool sets the head's pooling (as
 reset_classifier does). features_only=True (with out_indices) returns timm's FeatureGetterNet over
-the model's forward_intermediates, as timm's own ViTs do: a ResNet's five maps (stem, layer1-4;
+the model's forward_intermediates, as timm's own ViTs do (feature_cls="hook" and "fx" give timm's
+FeatureHookNet and FeatureGraphNet over the feature_info modules instead): a ResNet's five maps (stem, layer1-4;
 default all), a ViT's blocks (default the last 3). dynamic_img_size=True builds a ViT that takes
 images of any size whose sides are multiples of its patch size (the position embedding resampled
 to each call's grid, as timm's); a ViT loads the weights of another image size with its position
@@ -30,6 +31,23 @@ _VARIANTS = {
             for patch in (4, 16)},
     "resnet": {"": dict(layer="branching")},
 }
+def _feature_getter():
+    from timm.models._features import FeatureGetterNet
+    return FeatureGetterNet
+
+
+def _feature_hooks():
+    from timm.models._features import FeatureHookNet
+    return functools.partial(FeatureHookNet, no_rewrite=True)
+
+
+def _feature_graph():
+    from timm.models._features_fx import FeatureGraphNet
+    return FeatureGraphNet
+
+
+# timm's features_only wrappers by feature_cls: the same classes timm's build_model_with_cfg picks.
+_FEATURE_CLASSES = {"getter": _feature_getter, "hook": _feature_hooks, "fx": _feature_graph}
 # timm's default feature taps: every ResNet stage (stem included), the last 3 ViT blocks.
 _DEFAULT_OUT_INDICES = {"resnet": (0, 1, 2, 3, 4), "vit": 3}
 
@@ -75,9 +93,10 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
     if features_only:
         out_indices = kwargs.pop("out_indices", _DEFAULT_OUT_INDICES[family])
         feature_cls = kwargs.pop("feature_cls", "getter")
-        if feature_cls != "getter":
-            raise ValueError(f"{name}: features_only takes feature_cls='getter' (timm's FeatureGetterNet over "
-                             f"forward_intermediates), got feature_cls={feature_cls!r}")
+        if feature_cls not in _FEATURE_CLASSES:
+            raise ValueError(f"{name}: features_only takes feature_cls 'getter' (timm's FeatureGetterNet over "
+                             "forward_intermediates, the default), 'hook' (FeatureHookNet: forward hooks on the "
+                             f"feature_info modules) or 'fx' (FeatureGraphNet), got feature_cls={feature_cls!r}")
     global_pool = kwargs.pop("global_pool", None)
     dynamic_img_size = kwargs.pop("dynamic_img_size", False)
     if dynamic_img_size and family != "vit":
@@ -100,9 +119,7 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
                pool_size=_pool_size(model, family, image_size))
     model.pretrained_cfg = model.default_cfg = cfg
     if features_only:
-        from timm.models._features import FeatureGetterNet
-
-        model = FeatureGetterNet(model, out_indices=out_indices)
+        model = _FEATURE_CLASSES[feature_cls]()(model, out_indices=out_indices)
         # As timm's build_model_with_cfg: a backbone's config has no classifier.
         cfg = {key: value for key, value in cfg.items() if key not in ("num_classes", "classifier", "global_pool")}
         model.pretrained_cfg = model.default_cfg = cfg

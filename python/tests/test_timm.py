@@ -267,7 +267,34 @@ def test_features_only_gives_timms_feature_maps(family):
         # The backbone holds no head (timm prunes it, and what follows the last tap).
         assert isinstance(backbone.model.get_classifier(), torch.nn.Identity)
     with pytest.raises(ValueError, match="feature_cls"):
-        timm.create_model(name, features_only=True, feature_cls="hook", **options)
+        timm.create_model(name, features_only=True, feature_cls="dict", **options)
+
+
+@pytest.mark.parametrize("family", ["resnet", "vit"])
+@pytest.mark.parametrize("feature_cls", ["hook", "fx"])
+def test_features_only_with_hooks_and_fx_gives_timms_outputs(family, feature_cls):
+    """timm's FeatureHookNet (forward hooks on the feature_info modules) and FeatureGraphNet (torch.fx)
+    over the models: timm's shapes for the same model family (a ViT's are its blocks' tokens, class
+    token included, as timm's), and the maps of forward_intermediates."""
+    _, _, x = _interface_pair(family)
+    name = "convnn_resnet18" if family == "resnet" else "convnn_vit_tiny_patch4"
+    options = dict(layer="conv", img_size=64) if family == "resnet" else dict(depth=3)
+    their_name, their_options = (("resnet18", {}) if family == "resnet" else
+                                 ("vit_tiny_patch16_224", dict(img_size=32, patch_size=4, depth=3)))
+    torch.manual_seed(5)  # the backbone's model and `ours` get the same weights
+    backbone = timm.create_model(name, features_only=True, feature_cls=feature_cls, out_indices=(1, 2), **options)
+    torch.manual_seed(5)
+    ours = timm.create_model(name, **options)
+    reference = timm.create_model(their_name, features_only=True, feature_cls=feature_cls, out_indices=(1, 2),
+                                  **their_options)
+    with torch.no_grad():
+        maps = backbone.eval()(x)
+        assert [m.shape for m in maps] == [m.shape for m in reference.eval()(x)]
+        expected = ours.eval().forward_intermediates(x, indices=(1, 2), intermediates_only=True)
+        for got, want in zip(maps, expected):
+            if family == "vit":  # tokens [B, 1 + patches, C] -> the patches as a [B, C, H, W] map
+                got = got[:, 1:].transpose(1, 2).reshape(want.shape)
+            assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("name,options,size", [("convnn_resnet18", dict(img_size=32), 32),
