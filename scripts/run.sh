@@ -6,7 +6,9 @@
 # A finished run of the same name is not overwritten: a second call names its run by the time.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$repo_root/scripts/setup.sh"
+# Only what training needs: the command-line tool and its libraries (the tests and the Python
+# package are most of a cold build; the test command builds them into the same build/).
+CONVNN_BUILD_TARGETS=convnn_cli bash "$repo_root/scripts/setup.sh"
 cd "$repo_root"
 experiment=fashion-mnist-branching
 if [[ -e "runs/$experiment/checkpoint-latest.pt" ]]; then

@@ -2,8 +2,12 @@
 # Installs everything convnn needs on a fresh Debian 12 machine, then configures and builds.
 # Idempotent: a second run reuses the apt packages, the cached venv and the build folder.
 #
-#   scripts/setup.sh            install + configure + build (Release, into build/)
+#   scripts/setup.sh            install + configure + build (Release, into build/) + the Python package
 #   CONVNN_SKIP_BUILD=1 ...     install only
+#   CONVNN_BUILD_TARGETS="convnn_cli" ...
+#                               build only these targets and not the Python package (the main job,
+#                               scripts/run.sh: the tests are most of the build; a later full run
+#                               builds the rest into the same build/, nothing twice)
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -62,8 +66,11 @@ build() {
       -DCMAKE_PREFIX_PATH="$torch_cmake" \
       -DPython3_EXECUTABLE="$repo_root/.venv/bin/python"
   fi
-  log "building (the venv is ready)"
-  cmake --build "$build_dir" --parallel "$(nproc)"
+  local targets=()
+  # shellcheck disable=SC2206
+  [ -z "${CONVNN_BUILD_TARGETS:-}" ] || targets=(--target $CONVNN_BUILD_TARGETS)
+  log "building ${CONVNN_BUILD_TARGETS:-every target} (the venv is ready; ninja counts the steps)"
+  cmake --build "$build_dir" --parallel "$(nproc)" "${targets[@]}"
 }
 
 # The Python package (pyproject.toml) into the venv: `pip install .`, without build isolation
@@ -90,6 +97,6 @@ install_apt_packages
 install_venv
 if [ "${CONVNN_SKIP_BUILD:-0}" != 1 ]; then
   build
-  install_python_package
+  [ -n "${CONVNN_BUILD_TARGETS:-}" ] || install_python_package
   log "done"
 fi
