@@ -571,7 +571,12 @@ def load_checkpoint(path: typing.Union[str, os.PathLike], map_location: typing.A
                          "naming the model): for weights alone, build the model with "
                          "convnn.models.create_model(name, **options) and call load_state_dict")
     config = checkpoint["config"]
-    model = create_model(config["model"], **config["model_config"])
+    if not isinstance(config.get("model"), str) or not isinstance(config.get("model_config", {}), dict):
+        raise ValueError(f"checkpoint '{path}' has a 'config' without the run's model: it must name the model "
+                         "(config['model'], a string) and may give its options (config['model_config'], a dict)")
+    if not isinstance(checkpoint.get("state_dict"), dict):
+        raise ValueError(f"checkpoint '{path}' has no 'state_dict' (a dict of the model's tensors)")
+    model = create_model(config["model"], **config.get("model_config", {}))
     try:
         model.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as error:

@@ -184,3 +184,19 @@ def test_load_checkpoint_errors_name_the_file_and_say_why(run, tmp_path):
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), old)
     with pytest.raises(RuntimeError, match="TorchScript archive.*convnn checkpoint convert .* --trust-legacy"):
         convnn.models.load_checkpoint(old)
+
+
+def test_load_checkpoint_names_a_config_or_state_dict_of_the_wrong_shape(run, tmp_path):
+    """A config that is not a dict naming the model, or a missing state_dict: one message naming the
+    file and the rule, not a bare TypeError or KeyError."""
+    contents = torch.load(run.checkpoint, weights_only=True)
+    cases = {"config-list": ({**contents, "config": [1, 2]}, "not a convnn run's checkpoint"),
+             "no-model": ({**contents, "config": {"model_config": {}}}, "without the run's model"),
+             "options-list": ({**contents, "config": {**contents["config"], "model_config": [1]}},
+                              "without the run's model"),
+             "no-state": ({k: v for k, v in contents.items() if k != "state_dict"}, "has no 'state_dict'")}
+    for name, (edited, message) in cases.items():
+        path = tmp_path / f"{name}.pt"
+        torch.save(edited, path)
+        with pytest.raises(ValueError, match=f"checkpoint '{path}' .*{message}"):
+            convnn.models.load_checkpoint(path)

@@ -38,6 +38,11 @@ struct Item {
 // dict); the cap keeps every recursion over a value (destruction, hashing, JSON conversion) far
 // from the stack's end.
 constexpr int kMaxNesting = 64;
+// Values count as often as they are reached: a list holding one list twice counts that list twice.
+// Every walk over a value (conversion to JSON, printing, comparison) visits what shared references
+// expand to, so a file of a few KB could otherwise make it visit 2^40 values. A checkpoint's data
+// expands to tens of thousands (a ViT-L with AdamW state: under 20,000).
+constexpr uint64_t kMaxExpandedValues = uint64_t{1} << 20;
 // A checkpoint's data.pkl lists its values, not their tensors' bytes: a few hundred KB for
 // thousands of tensors. The cap bounds what a hostile pickle can make the reader allocate.
 constexpr uint64_t kMaxPickleBytes = uint64_t{64} << 20;
@@ -140,6 +145,7 @@ class RestrictedUnpickler {
   // reader returns are trees of bounded depth.
   struct ContainerState {
     int depth = 1;
+    uint64_t expanded = 1;  // itself and everything it holds, shared references counted each time
     bool sealed = false;
   };
 
@@ -154,6 +160,12 @@ class RestrictedUnpickler {
     return it == containers_.end() ? 1 : it->second.depth;
   }
 
+  uint64_t expanded_of(const c10::IValue& value) const {
+    const auto* key = identity(value);
+    const auto it = key == nullptr ? containers_.end() : containers_.find(key);
+    return it == containers_.end() ? 1 : it->second.expanded;
+  }
+
   void seal(const c10::IValue& value) {
     if (const auto* key = identity(value)) containers_[key].sealed = true;
   }
@@ -165,6 +177,11 @@ class RestrictedUnpickler {
     TORCH_CHECK(state.depth <= kMaxNesting,
                 fail_text("values nested more than " + std::to_string(kMaxNesting) +
                           " levels deep (checkpoint data nests fewer than 10)"));
+    // Each count is at most the budget, so the sum cannot wrap.
+    state.expanded += expanded_of(child);
+    TORCH_CHECK(state.expanded <= kMaxExpandedValues,
+                fail_text("values that expand to more than " + std::to_string(kMaxExpandedValues) +
+                          " through shared references (checkpoint data has tens of thousands)"));
   }
 
   c10::IValue new_container(c10::IValue container) {
