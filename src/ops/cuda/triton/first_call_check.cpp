@@ -116,6 +116,22 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
                                                                     indices, weights, "l1", "softmax", 0.5,
                                                                     {true, false, false, false, false}));
   if (!close(fused, expected, tolerance)) return std::string("knn_attention_backward (softmax scores gradient)");
+  // The two-kernel backward on the scaled_dot forward: all five gradients.
+  const auto [dot_output, dot_scores, dot_indices, dot_weights] = generic::knn_attention(
+      queries, keys, values, kernel, bias, 6, "scaled_dot", mask, true, "softmax", 0.5);
+  const auto two_kernels = attention_backward(grad_output, queries, keys, values, kernel, dot_scores, dot_indices,
+                                              dot_weights, Similarity::ScaledDot, 0.5);
+  const auto composed = generic::knn_attention_backward(grad_output, queries, keys, values, kernel, dot_scores,
+                                                        dot_indices, dot_weights, "scaled_dot", "softmax", 0.5,
+                                                        {true, true, true, true, true});
+  const std::array<at::Tensor, 5> want_gradients{std::get<0>(composed), std::get<1>(composed), std::get<2>(composed),
+                                                 std::get<3>(composed), std::get<4>(composed)};
+  const char* const names[] = {"queries", "keys", "values", "kernel", "bias"};
+  for (size_t i = 0; i < want_gradients.size(); ++i) {
+    if (!close(two_kernels[i], want_gradients[i], tolerance)) {
+      return std::string("knn_attention_backward (two kernels, d ") + names[i] + ")";
+    }
+  }
   return std::nullopt;
 }
 
