@@ -45,6 +45,10 @@ struct Case {
   Similarity similarity;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << nn::to_string(c.aggregation) << " " << to_string(c.similarity);
+}
+
 class ReferenceAttention : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReferenceAttention, OpLevelMatchesSelectSoftmaxAggregate) {

@@ -21,6 +21,9 @@ struct Case {
   ModelConfig config;
 };
 
+// GoogleTest prints a parameter by its label, not its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
+
 // Small but complete: 32 px, 10 classes, every stage and block present. ResNets keep their real
 // block counts with narrower stages; ViTs keep their width and heads with 2 blocks of 8 px patches
 // (17 tokens). The real presets' sizes are asserted in resnet_test.cpp and vit_test.cpp.

@@ -36,6 +36,8 @@ struct Shape {
   }
 };
 
+void PrintTo(const Shape& shape, std::ostream* os) { *os << shape.name(); }
+
 // The inputs of one problem, in float64 (cast per test).
 struct Problem {
   torch::Tensor values, weights, indices, kernel, bias, grad_output;  // bias undefined without one

@@ -21,6 +21,7 @@
 #include "convnn/nn/modules/convnn.h"
 #include "convnn/ops/knn_ops.h"
 #include "support/assert_close.h"
+#include "support/enum_lists.h"
 
 namespace {
 
@@ -479,8 +480,7 @@ struct StridedCase {
   std::vector<int64_t> stride, dilation, map;
 };
 
-std::string strided_case_name(const ::testing::TestParamInfo<StridedCase>& info) {
-  const auto& c = info.param;
+std::string describe(const StridedCase& c) {
   const auto join = [](const std::vector<int64_t>& v) {
     std::string text;
     for (const int64_t x : v) text += (text.empty() ? "" : "x") + std::to_string(x);
@@ -489,6 +489,11 @@ std::string strided_case_name(const ::testing::TestParamInfo<StridedCase>& info)
   return std::to_string(c.dims) + "d_R" + std::to_string(c.r) + "_stride" + join(c.stride) + "_dilation" +
          join(c.dilation);
 }
+
+std::string strided_case_name(const ::testing::TestParamInfo<StridedCase>& info) { return describe(info.param); }
+
+// GoogleTest prints a parameter by its name, not its bytes.
+void PrintTo(const StridedCase& c, std::ostream* os) { *os << describe(c); }
 
 class StridedDilatedIdentity : public ::testing::TestWithParam<StridedCase> {};
 
@@ -856,6 +861,8 @@ struct MultiHeadCase {
   bool standard_kernel;
   bool random_mask = false;  // a random bool [N,M] mask, drawn in the test
 };
+
+void PrintTo(const MultiHeadCase& c, std::ostream* os) { *os << c.name; }
 
 class MultiHeadIdentity
     : public ::testing::TestWithParam<std::tuple<c10::ScalarType, MultiHeadCase>> {};
