@@ -129,9 +129,9 @@ bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, 
   constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
   const int64_t g = queries.size(0), n = queries.size(1), d = queries.size(2);
   const int64_t m = keys.size(1), c = values.size(2), k = scores.size(2);
-  const bool dot_product = similarity == Similarity::Dot || similarity == Similarity::ScaledDot;
   const int64_t row_blocks = cdiv(g * n, kSelectBlocks.rows);
-  return kernel.dim() == 2 && rho == Rho::Softmax && dot_product && k >= 1 && k <= kSelectBlocks.max_slots &&
+  return kernel.dim() == 2 && rho == Rho::Softmax && is_dot_product(similarity) && k >= 1 &&
+         k <= kSelectBlocks.max_slots &&
          std::min({g * n, g * m, c, d}) > 0 && g * n * std::max({c, d, k}) < kInt32 &&
          g * m * std::max(c, d) < kInt32 && row_blocks * c * k < kInt32;
 }

@@ -23,10 +23,6 @@ std::string pair_key(const char* kind, Similarity similarity) {
   return std::string("select backward ") + kind + " " + to_string(similarity);
 }
 
-bool is_dot_product(Similarity similarity) {
-  return similarity == Similarity::Dot || similarity == Similarity::ScaledDot;
-}
-
 // Every key a call can launch: the forward's, and the backward's pair-gradient kernels.
 std::vector<std::string> every_select_key() {
   std::vector<std::string> keys = top_k_keys("select");
@@ -45,6 +41,10 @@ at::Tensor unit_rows(const at::Tensor& x) {
 }
 
 }  // namespace
+
+bool is_dot_product(Similarity similarity) {
+  return similarity == Similarity::Dot || similarity == Similarity::ScaledDot;
+}
 
 int64_t top_k_slots(int64_t k) {
   int64_t slots = kSelectBlocks.min_slots;

@@ -27,6 +27,9 @@ struct RankingOperands {
 };
 RankingOperands ranking_operands(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& mask,
                                  Similarity similarity);
+/// Whether the similarity is a dot product (dot, scaled_dot): its gradients are the aggregation's
+/// (the select backward) and the two-kernel attention backward's.
+bool is_dot_product(Similarity similarity);
 /// The width of the running top-K that holds K slots: the narrowest compiled one (8 .. 64) >= K.
 int64_t top_k_slots(int64_t k);
 /// The key of a running-top-K kernel ("select" or "attention") for a similarity, K and mask kind, as
