@@ -104,10 +104,14 @@ def attention_backward_specialisations(module, select):
                     "dtype_code": "i32"},
                    {"SCALED": scaled, "ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.attention.CHANNELS})
             slots *= 2
+    # The rows busiest first (row_order_ptr) since the column kernel's balance; a report of an
+    # earlier revision (triton_cost_report.py --revision) compiles its kernel without it.
+    row_order = {"row_order_ptr": "*i64"} if hasattr(module, "busiest_first") else {}
     yield ("attention backward columns", module._columns_kernel,
            {"grad_output_ptr": "*fp32", "queries_ptr": "*fp32", "weights_ptr": "*fp32", "kernel_ptr": "*fp32",
-            "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", "grad_values_ptr": "*fp32",
-            "grad_keys_ptr": "*fp32", "rows_total": "i32", "c": "i32", "d": "i32", "k": "i32", "value_parts": "i32"},
+            "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", **row_order,
+            "grad_values_ptr": "*fp32", "grad_keys_ptr": "*fp32", "rows_total": "i32", "c": "i32", "d": "i32",
+            "k": "i32", "value_parts": "i32"},
            {"ROWS": module.COLUMN_ROWS, "WIDTH": module.COLUMN_WIDTH})
 
 

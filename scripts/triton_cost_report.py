@@ -244,7 +244,9 @@ def instructions_per_program(kernel_name, trips):
 def longest_runs(backward, g, n, d, k, seed=0, slices_wanted=16):
     """Sum over the column kernel's blocks of key/value rows of their longest run in the inverse index
     (the steps each block takes), for the top-K of seeded Gaussian features (scaled_dot), sampled on
-    some slices and scaled to all G."""
+    some slices and scaled to all G. The blocks are of the order the kernel takes: neighbouring rows,
+    or the rows busiest first where the revision has busiest_first (sorted over the sampled slices
+    together, as the kernel sorts all G*M rows)."""
     generator = torch.Generator().manual_seed(seed)
     slices = min(g, slices_wanted)
     readers = []
@@ -254,6 +256,8 @@ def longest_runs(backward, g, n, d, k, seed=0, slices_wanted=16):
         chosen = (queries @ keys.T).topk(k, dim=1).indices
         readers.append(torch.bincount(chosen.reshape(-1), minlength=n))
     runs = torch.cat(readers)
+    if hasattr(backward, "busiest_first"):  # blocks of rows by run length, longest first (since issue 38 §2's balance)
+        runs = runs.sort(descending=True, stable=True).values
     blocks = torch.nn.functional.pad(runs, (0, -len(runs) % backward.COLUMN_ROWS)).view(-1, backward.COLUMN_ROWS)
     return float(blocks.max(1).values.sum()) * g / slices, len(blocks) * g / slices
 

@@ -1007,6 +1007,15 @@ def test_two_kernel_backward_is_bitwise_repeatable_and_a_hub_row_sums_in_slot_or
     assert_gradients_equal(first, want, torch.float32, "hub row")
 
 
+def test_the_column_kernel_takes_the_rows_by_run_length_longest_first_ties_in_row_order():
+    """busiest_first on the inverse index of a hub row (read by every query), rows read by some and
+    rows read by none: a permutation, runs non-increasing along it, equal runs by ascending row."""
+    indices = torch.tensor([[[0, 3], [0, 5], [0, 3], [0, 1]]], device=DEVICE)
+    _, run_start = aggregate.inverse_index(indices, 7)
+    order = attention_backward.busiest_first(run_start)
+    assert order.tolist() == [0, 3, 1, 5, 2, 4, 6]
+
+
 def test_two_kernel_backward_gives_nan_gradients_where_the_generic_backward_does():
     """A row the forward could not rank (NaN scores and weights): its query gradient is NaN, and the
     key and value rows it chose get NaN, on both paths; the other rows are untouched."""
@@ -1046,7 +1055,8 @@ def test_two_kernel_backward_writes_every_element_once_and_no_guard_byte_changes
     value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
     attention_backward._columns_kernel[(triton.cdiv(g * m, attention_backward.COLUMN_ROWS),
                                         value_parts + triton.cdiv(d, attention_backward.COLUMN_WIDTH))](
-        dy, q, w, taps, outputs["live"][1], order, run_start, outputs["d values"][1], outputs["d keys"][1],
+        dy, q, w, taps, outputs["live"][1], order, run_start, attention_backward.busiest_first(run_start),
+        outputs["d values"][1], outputs["d keys"][1],
         g * m, c, d, k, value_parts, ROWS=attention_backward.COLUMN_ROWS, WIDTH=attention_backward.COLUMN_WIDTH)
     for name, (buffer, view) in outputs.items():
         assert not view.isnan().any(), f"{name}: an element not written (or a guard read)"

@@ -9,7 +9,9 @@ paper's Table 1 and of every ConvNN attention layer's default.
 - The inverse index (aggregate.inverse_index: the slots sorted stably by the row they read), built
   once and shared by the values' and the keys' gradients.
 - The column kernel, one program per block of key/value rows and block of channels: d(values)
-  from w * kernel tap * dy and d(keys) from g * q, each row's slots added in slot order.
+  from w * kernel tap * dy and d(keys) from g * q, each row's slots added in slot order. Its
+  blocks take the rows busiest first (busiest_first), so a block's rows have runs of about one
+  length and no block waits on one much-read row.
 
 Every step follows the composed path (src/ops/cuda/knn_attention_composed.cpp: the aggregation's
 backward, the fused softmax scores gradient of attention.py, the select backward of select.py)
@@ -77,14 +79,17 @@ def _rows_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_p
 
 @triton.jit
 def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_ptr, order_ptr, run_start_ptr,
-                    grad_values_ptr, grad_keys_ptr, rows_total, c, d, k, value_parts,
+                    row_order_ptr, grad_values_ptr, grad_keys_ptr, rows_total, c, d, k, value_parts,
                     ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """Programs (row block, part): parts below value_parts are d values' channel blocks, the rest d
-    keys' feature blocks. Each row walks its run [run_start[row], run_start[row + 1]) of the inverse
-    index in order; the block steps as many times as its longest run."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    keys' feature blocks. A block takes ROWS consecutive rows of row_order (busiest_first: the rows by
+    run length, longest first), so that its rows' runs are about as long as each other; each row
+    walks its run [run_start[row], run_start[row + 1]) of the inverse index in order, and the block
+    steps as many times as its longest run."""
+    positions = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     part = tl.program_id(1)
-    row_ok = rows < rows_total
+    row_ok = positions < rows_total
+    rows = tl.load(row_order_ptr + positions, mask=row_ok, other=0)
     start = tl.load(run_start_ptr + rows, mask=row_ok, other=0)
     length = tl.load(run_start_ptr + rows + 1, mask=row_ok, other=0) - start
     longest = tl.max(length, 0)
@@ -133,6 +138,14 @@ def applies(queries, keys, values, kernel, scores, similarity, rho):
             and max(g * n * max(c, d, k), g * m * max(c, d), triton.cdiv(g * n, select.ROWS) * c * k) < 2**31 - 2)
 
 
+def busiest_first(run_start):
+    """The key/value rows by the length of their run in the inverse index, longest first (ties in
+    row order): the column kernel's blocks of consecutive rows in this order step about as often as
+    their rows' mean run, where blocks of neighbouring rows step as often as their most-read row
+    (twice the mean at the paper's configuration; scripts/triton_cost_report.py)."""
+    return torch.sort(run_start[1:] - run_start[:-1], descending=True, stable=True).indices
+
+
 def attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, temperature):
     """[d queries, d keys, d values, d kernel, d bias] of knn_attention for inputs the caller checked
     and applies() accepts (contiguous; scores, indices and weights as the forward returned them)."""
@@ -155,11 +168,12 @@ def attention_backward(grad_output, queries, keys, values, kernel, scores, indic
                                 SCALED=SIMILARITY_SCALED[similarity], ROWS=select.ROWS, SLOTS=select.slots_for(k),
                                 CHANNELS=attention.CHANNELS, **COMPILE_OPTIONS)
     order, run_start = aggregate.inverse_index(indices, m)
+    row_order = busiest_first(run_start)
     grad_keys = torch.empty((g, m, d), **as_float)
     grad_values = torch.empty((g, m, c), **as_float)
     value_parts = triton.cdiv(c, COLUMN_WIDTH)
     _columns_kernel[(triton.cdiv(g * m, COLUMN_ROWS), value_parts + triton.cdiv(d, COLUMN_WIDTH))](
-        dy, q, w, taps, live, order, run_start, grad_values, grad_keys, g * m, c, d, k, value_parts,
+        dy, q, w, taps, live, order, run_start, row_order, grad_values, grad_keys, g * m, c, d, k, value_parts,
         ROWS=COLUMN_ROWS, WIDTH=COLUMN_WIDTH, **COMPILE_OPTIONS)
     return [grad_queries.to(dtype), grad_keys.to(dtype), grad_values.to(dtype), partial.sum(0).to(kernel.dtype),
             grad_output.sum((0, 1))]

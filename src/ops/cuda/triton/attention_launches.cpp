@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ops/cuda/triton/select_launches.h"
@@ -174,13 +175,17 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const 
       .float32(root).int32(dtype_code(dtype));
   run(rows);
   const auto [order, run_start] = inverse_index(indices, m);
+  // The rows by run length, longest first (attention_backward.busiest_first): each block of the
+  // column kernel takes rows of about one run length.
+  const auto row_order = std::get<1>(
+      (run_start.slice(0, 1) - run_start.slice(0, 0, g * m)).sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
   auto grad_keys = at::empty({g, m, d}, float_options), grad_values = at::empty({g, m, c}, float_options);
   const int64_t width = kAttentionBackwardBlocks.column_width;
   const int64_t value_parts = cdiv(c, width);
   Launch columns{kBackwardColumnsKey,
                  {cdiv(g * m, kAttentionBackwardBlocks.column_rows), value_parts + cdiv(d, width)}, {}};
   columns.arguments.pointer(dy).pointer(q).pointer(weights).pointer(taps).pointer(live).pointer(order)
-      .pointer(run_start).pointer(grad_values).pointer(grad_keys).int32(g * m).int32(c).int32(d).int32(k)
+      .pointer(run_start).pointer(row_order).pointer(grad_values).pointer(grad_keys).int32(g * m).int32(c).int32(d).int32(k)
       .int32(value_parts);
   run(columns);
   return {grad_queries.to(dtype), grad_keys.to(dtype), grad_values.to(dtype),
