@@ -24,10 +24,10 @@ import os
 import torch
 import triton.testing
 
-import convnn  # noqa: F401  (registers the ops and the Triton CUDA kernels)
-from convnn._triton import aggregate, select
+import convnn  # noqa: F401  (registers the ops and the Triton launcher)
 
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
+CUDA = torch._C.DispatchKey.CUDA  # each op's CUDA kernel: the Triton kernels where they apply
 ops = torch.ops.convnn
 
 
@@ -77,8 +77,8 @@ def one(g, n, c, k, dtype, device):
     values, weights, indices, kernel, dy = inputs(g, n, c, k, dtype, device)
     mask = [True, True, True, False]
     paths = {
-        "triton": (lambda: aggregate.aggregate_forward(values, weights, indices, kernel, None),
-                   lambda: aggregate.aggregate_backward(dy, values, weights, indices, kernel, mask)),
+        "triton": (lambda: ops.knn_aggregate.default._op_dk(CUDA, values, weights, indices, kernel, None),
+                   lambda: ops.knn_aggregate_backward.default._op_dk(CUDA, dy, values, weights, indices, kernel, mask)),
         "generic": (lambda: ops.knn_aggregate.default._op_dk(GENERIC, values, weights, indices, kernel, None),
                     lambda: ops.knn_aggregate_backward.default._op_dk(GENERIC, dy, values, weights, indices,
                                                                       kernel, mask)),
@@ -175,12 +175,14 @@ def op_paths(g, n, d, neighbours, dtype, device):
     kernel = torch.randn(d, neighbours, device=device, generator=generator).to(dtype).requires_grad_()
     grad = torch.randn(g, n, d, device=device, generator=generator).to(dtype)
     row = {"G": g, "N": n, "d": d, "K": neighbours, "dtype": str(dtype).replace("torch.", "")}
-    select_fused = select.select_forward(leaves[0].detach(), leaves[1].detach(), neighbours, "scaled_dot", None, False)
+    select_fused = ops.knn_select.default._op_dk(CUDA, leaves[0].detach(), leaves[1].detach(), neighbours, "scaled_dot",
+                                                 None, False)
     select_generic = ops.knn_select.default._op_dk(GENERIC, leaves[0].detach(), leaves[1].detach(), neighbours,
                                                    "scaled_dot", None, False)
     row["select_indices_differing"] = int((select_fused[1] != select_generic[1]).any(-1).sum())
     row["select_triton_ms"], row["select_triton_mib"] = timed(
-        lambda: select.select_forward(leaves[0].detach(), leaves[1].detach(), neighbours, "scaled_dot", None, False))
+        lambda: ops.knn_select.default._op_dk(CUDA, leaves[0].detach(), leaves[1].detach(), neighbours, "scaled_dot",
+                                              None, False))
     row["select_generic_ms"], row["select_generic_mib"] = timed(
         lambda: ops.knn_select.default._op_dk(GENERIC, leaves[0].detach(), leaves[1].detach(), neighbours,
                                               "scaled_dot", None, False))
@@ -191,7 +193,7 @@ def op_paths(g, n, d, neighbours, dtype, device):
         scores, indices = ops.knn_select.default._op_dk(GENERIC, q, k, neighbours, similarity, None, False)
         grad_scores = torch.randn_like(scores)
         row[f"select_backward_{similarity}_triton_ms"], row[f"select_backward_{similarity}_triton_mib"] = timed(
-            lambda: select.select_backward(grad_scores, q, k, indices, scores, similarity))
+            lambda: ops.knn_select_backward.default._op_dk(CUDA, grad_scores, q, k, indices, scores, similarity))
         row[f"select_backward_{similarity}_generic_ms"], row[f"select_backward_{similarity}_generic_mib"] = timed(
             lambda: ops.knn_select_backward.default._op_dk(GENERIC, grad_scores, q, k, indices, scores, similarity))
     for name, path in PATHS.items():

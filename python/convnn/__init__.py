@@ -15,11 +15,12 @@ _vmap.register()
 
 from ._triton import register as _triton_kernels  # noqa: E402
 
-_triton_kernels.register()  # the CUDA kernels of knn_aggregate (Triton compiles on first use)
+_triton_kernels.register()  # the launcher of the Triton kernels (Triton compiles each on first use)
+cuda_paths = _triton_kernels.cuda_paths
 
 timm_models.register()
 
 ops = __import__("torch").ops.convnn
 __version__ = _build_info.CONVNN_VERSION
 
-__all__ = ["nn", "models", "pretrained", "viz", "ops", "__version__"]
+__all__ = ["nn", "models", "pretrained", "viz", "ops", "cuda_paths", "__version__"]

@@ -65,8 +65,6 @@ def test_each_layer_in_float32_on_cuda_is_within_float32_rounding_of_float64(nam
 
 
 def test_the_dispatcher_runs_the_triton_aggregation_on_cuda_and_gradcheck_passes():
-    from convnn._triton import register
-
     g, n, m, c, k = 2, 5, 7, 3, 4
     values = torch.randn(g, m, c, device=CUDA, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(g, n, k, device=CUDA, dtype=torch.float64, requires_grad=True)
@@ -74,8 +72,9 @@ def test_the_dispatcher_runs_the_triton_aggregation_on_cuda_and_gradcheck_passes
     indices = torch.randint(0, m, (g, n, k), device=CUDA)
     assert torch.autograd.gradcheck(lambda v, w, ker: convnn.ops.knn_aggregate(v, w, indices, ker, None),
                                     (values, weights, kernel))
-    out = convnn.ops.knn_aggregate(values.float(), weights.float(), indices, kernel.float(), None)
-    assert register.verified.get((str(CUDA), torch.float32)) is True  # the fused kernels passed their first-call check
+    with convnn.cuda_paths() as paths:  # the Triton kernels, having passed their first-call check
+        out = convnn.ops.knn_aggregate(values.float(), weights.float(), indices, kernel.float(), None)
+    assert paths == ["knn_aggregate: Triton kernels (python route)"], paths
     expected = convnn.ops.knn_aggregate(values, weights, indices, kernel, None)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -185,20 +184,16 @@ def test_a_registered_convnn_model_gives_the_cpu_loss_and_gradients_on_cuda(vari
                                        msg=lambda message, parameter=parameter: f"{variant}, {parameter}: {message}")
 
 
-def test_convnn_attention_on_cuda_runs_the_triton_select_and_aggregation(monkeypatch):
+def test_convnn_attention_on_cuda_runs_the_triton_select_and_aggregation():
     """knn_attention's CUDA kernel (src/ops/cuda/knn_attention_composed.cpp) composes the core ops
     through the dispatcher, whose CUDA kernels are the Triton ones."""
-    from convnn._triton import aggregate, select
-
-    calls = []
-    for module, name in ((select, "select_forward"), (aggregate, "aggregate_forward"),
-                         (aggregate, "aggregate_backward")):
-        monkeypatch.setattr(module, name, lambda *args, f=getattr(module, name), name=name: calls.append(name) or f(*args))
     torch.manual_seed(6)
-    layer = ConvNNAttention(16, 2, 4).to(CUDA)
+    layer = ConvNNAttention(16, 2, 4, rho="mean").to(CUDA)  # mean rho: not the fused forward, the composition
     x = torch.randn(2, 9, 16, device=CUDA, requires_grad=True)
-    out = layer(x)
-    out.sum().backward()
-    assert {"select_forward", "aggregate_forward", "aggregate_backward"} <= set(calls), calls
+    with convnn.cuda_paths() as paths:
+        out = layer(x)
+        out.sum().backward()
+    ops = {path.split(":")[0] for path in paths if ": Triton kernels" in path}
+    assert {"knn_select", "knn_aggregate", "knn_aggregate_backward"} <= ops, paths
     reference = copy.deepcopy(layer).double()
     torch.testing.assert_close(out.double(), reference(x.detach().double()), rtol=1e-5, atol=1e-5)

@@ -118,3 +118,19 @@ def test_the_package_version_is_the_cmake_projects():
     cmake = (pathlib.Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
     declared = re.search(r"project\(convnn VERSION ([0-9.]+)", cmake).group(1)
     assert importlib.metadata.version("convnn") == convnn.__version__ == declared
+
+
+def test_cuda_paths_says_which_path_each_op_on_cuda_tensors_took_and_why():
+    """convnn.cuda_paths() keeps each choice of the CUDA kernels (src/ops/cuda/triton/path_choice.h)
+    made inside the block; here through knn_select's CUDA kernel on CPU tensors (no GPU), in float64,
+    which the Triton kernels do not take. Nothing is kept outside a block."""
+    queries, keys = torch.randn(2, 9, 5, dtype=torch.float64), torch.randn(2, 20, 5, dtype=torch.float64)
+    cuda_select = ops.knn_select.default._op_dk
+    with convnn.cuda_paths() as paths:
+        scores, indices = cuda_select(torch._C.DispatchKey.CUDA, queries, keys, 4, "l1", None, False)
+    assert paths == ["knn_select: ATen path: dtype Double (the Triton kernels take float32, bfloat16 and float16)"]
+    assert torch.equal(indices, ops.knn_select(queries, keys, 4, "l1", None, False)[1])
+    cuda_select(torch._C.DispatchKey.CUDA, queries, keys, 4, "l1", None, False)
+    with convnn.cuda_paths() as paths:
+        pass
+    assert paths == []

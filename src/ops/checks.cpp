@@ -334,6 +334,8 @@ ValueReads value_reads() {
 }
 }  // namespace
 
+bool reads_values_everywhere() { return value_reads() == ValueReads::kEverywhere; }
+
 bool reads_values_of(const at::Tensor& t) {
   if (under_vmap() || t.is_meta()) return false;
   switch (value_reads()) {

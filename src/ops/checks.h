@@ -100,6 +100,9 @@ void check_temperature(double temperature, std::string_view where);
 // The Meta kernels do not get here at all: they check with Scope::kShapesOnly (a FakeTensor may
 // report device cpu, so this test cannot tell).
 bool reads_values_of(const at::Tensor& t);
+// Whether CONVNN_DEVICE_VALUE_CHECKS=1 asks every device, accelerators included, to read values:
+// the paths that cannot raise on what they would read (the Triton kernels) step aside then.
+bool reads_values_everywhere();
 
 // indices [G,N,K] int64 all in [0, m). `op` and `argument` name the caller in the message.
 void check_indices_in_range(const at::Tensor& indices, int64_t m, std::string_view op,

@@ -47,10 +47,9 @@ TEST(RegisteredDevices, CpuKeyIsFoundUnlessTheGenericPathServesTheCpu) {
 
 TEST(RegisteredDevices, CudaKeyIsFoundInEveryBuildThroughTheAttentionComposition) {
   // src/ops/cuda/knn_attention_composed.cpp registers knn_attention and its backward under CUDA in
-  // every build; a build with the embedded Triton kernels (src/ops/cuda/triton/) adds the core ops
-  // (without it, they come from the Python package only).
+  // every build; a build with the Triton route (src/ops/cuda/triton/routes.h) adds the core ops.
   EXPECT_TRUE(is_registered(c10::DispatchKey::CUDA));
-#ifdef CONVNN_TRITON_AOT
+#ifdef CONVNN_TRITON_ROUTE
   const auto& expected = convnn::testing::core_op_names();
 #else
   const std::vector<std::string> expected{"knn_attention", "knn_attention_backward"};

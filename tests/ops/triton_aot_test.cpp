@@ -19,6 +19,7 @@
 #include "ops/cuda/triton/attention_launches.h"
 #include "ops/cuda/triton/compiled_kernels.h"
 #include "ops/cuda/triton/first_call_check.h"
+#include "ops/cuda/triton/launch.h"
 #include "ops/cuda/triton/select_launches.h"
 #include "ops/generic/generic.h"
 
@@ -397,20 +398,22 @@ TEST(TritonAot, TheCoreOpsHaveCudaKernelsInThisBuild) {
 TEST(TritonAotCuda, AggregationEqualsTheGenericPathAndBackwardIsBitwiseRepeatable) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const auto on_gpu = torch::TensorOptions().device(torch::kCUDA);
-  EXPECT_FALSE(triton::first_call_check(torch::Device(torch::kCUDA, 0), torch::kFloat).has_value());
+  EXPECT_FALSE(triton::first_call_check(torch::Device(torch::kCUDA, 0), torch::kFloat, triton::run_on_gpu).has_value());
   const int64_t g = 4, n = 197, m = 197, c = 64, k = 9;
   const auto values = torch::randn({g, m, c}, on_gpu), weights = torch::randn({g, n, k}, on_gpu);
   const auto indices = torch::randint(0, m, {g, n, k}, on_gpu.dtype(torch::kLong));
   for (const bool standard : {false, true}) {
     const auto kernel = standard ? torch::randn({c + 3, c, k}, on_gpu) : torch::randn({c, k}, on_gpu);
     const auto bias = torch::randn({kernel.size(0)}, on_gpu);
-    const auto fused = triton::aggregate_forward(values, weights, indices, kernel, bias);
+    const auto fused = triton::aggregate_forward(values, weights, indices, kernel, bias, triton::run_on_gpu);
     const auto expected = convnn::ops::generic::knn_aggregate(values, weights, indices, kernel, bias);
     EXPECT_TRUE(torch::allclose(fused, expected, 1e-4, 1e-4)) << (standard ? "standard" : "depthwise");
     const auto grad_output = torch::randn({g, n, kernel.size(0)}, on_gpu);
     const std::array<bool, 4> all{true, true, true, true};
-    const auto first = triton::aggregate_backward(grad_output, values, weights, indices, kernel, all);
-    const auto second = triton::aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    const auto backward = [&] {
+      return triton::aggregate_backward(grad_output, values, weights, indices, kernel, all, triton::run_on_gpu);
+    };
+    const auto first = backward(), second = backward();
     const auto want = convnn::ops::generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, all);
     EXPECT_TRUE(torch::allclose(std::get<0>(first), std::get<0>(want), 1e-4, 1e-4));
     EXPECT_TRUE(torch::allclose(std::get<1>(first), std::get<1>(want), 1e-4, 1e-4));
@@ -434,7 +437,8 @@ TEST(TritonAotCuda, SelectPicksTheGenericPathsIndicesAndItsBackwardEqualsTheGene
     for (const auto& mask : masks) {
       for (const bool index_order : {false, true}) {
         const auto mask_arg = mask.defined() ? c10::optional<torch::Tensor>(mask) : c10::nullopt;
-        const auto [scores, indices] = triton::select_forward(queries, keys, 9, similarity, mask, index_order);
+        const auto [scores, indices] =
+            triton::select_forward(queries, keys, 9, similarity, mask, index_order, triton::run_on_gpu);
         const auto [want_scores, want_indices] = convnn::ops::generic::knn_select(
             queries, keys, 9, convnn::to_string(similarity), mask_arg, index_order);
         EXPECT_TRUE(torch::equal(indices, want_indices)) << convnn::to_string(similarity);
@@ -445,7 +449,8 @@ TEST(TritonAotCuda, SelectPicksTheGenericPathsIndicesAndItsBackwardEqualsTheGene
     const auto [scores, indices] = convnn::ops::generic::knn_select(real_queries, real_keys, 9,
                                                                     convnn::to_string(similarity), c10::nullopt, false);
     const auto grad_scores = torch::randn(scores.sizes(), on_gpu);
-    const auto fused = triton::select_backward(grad_scores, real_queries, real_keys, indices, scores, similarity);
+    const auto fused =
+        triton::select_backward(grad_scores, real_queries, real_keys, indices, scores, similarity, triton::run_on_gpu);
     const auto want = convnn::ops::generic::knn_select_backward(grad_scores, real_queries, real_keys, indices, scores,
                                                                 convnn::to_string(similarity));
     EXPECT_TRUE(torch::allclose(std::get<0>(fused), std::get<0>(want), 1e-4, 1e-5)) << convnn::to_string(similarity);
@@ -471,7 +476,7 @@ TEST(TritonAotCuda, FusedAttentionEqualsTheGenericPath) {
         for (const bool index_order : {false, true}) {
           const auto mask_arg = mask.defined() ? c10::optional<torch::Tensor>(mask) : c10::nullopt;
           const auto fused = triton::attention_forward(queries, keys, values, kernel, bias, 9, similarity, mask,
-                                                       index_order, rho, 0.5);
+                                                       index_order, rho, 0.5, triton::run_on_gpu);
           const auto want = convnn::ops::generic::knn_attention(queries, keys, values, kernel, bias, 9,
                                                                 convnn::to_string(similarity), mask_arg, index_order,
                                                                 convnn::to_string(rho), 0.5);
@@ -487,7 +492,7 @@ TEST(TritonAotCuda, FusedAttentionEqualsTheGenericPath) {
   const auto through_the_op = convnn::ops::knn_attention(queries, keys, values, kernel, bias, 9, "scaled_dot",
                                                          c10::nullopt, false, "softmax", 1.0);
   const auto direct = triton::attention_forward(queries, keys, values, kernel, bias, 9, convnn::Similarity::ScaledDot,
-                                                torch::Tensor(), false, convnn::Rho::Softmax, 1.0);
+                                                torch::Tensor(), false, convnn::Rho::Softmax, 1.0, triton::run_on_gpu);
   EXPECT_TRUE(torch::equal(std::get<0>(through_the_op), std::get<0>(direct))) << "knn_attention runs the fused kernel";
   // The backward with the fused softmax scores gradient against the generic backward.
   const auto real_queries = torch::randn({g, n, 8}, on_gpu), real_keys = torch::randn({g, m, 8}, on_gpu);

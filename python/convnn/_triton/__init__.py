@@ -1,2 +1,3 @@
-"""convnn's Triton kernels (issue 25): python/convnn/_triton/aggregate.py and their registration
-for CUDA tensors (register.py)."""
+"""convnn's Triton kernels (aggregate.py, select.py, pair_gradients.py, attention.py,
+attention_backward.py), the list of their specialisations (specialisations.py) and the package's
+launcher of them for the C++ library's CUDA kernels (register.py)."""

@@ -15,15 +15,18 @@ tests use on this project's GPU-less machines) cannot check cannot happen on a G
   with a runtime bound (triton-lang/triton#9171, fixed after Triton 3.6.0).
 Accumulation is float32 for float32, bfloat16 and float16 inputs, float64 for float64.
 
-The launchers take contiguous tensors that the callers (python/convnn/_triton/register.py) have
-checked through the C++ op's own checks.
+The C++ launchers (src/ops/cuda/triton/aggregate_launches.cpp) pass contiguous tensors that the
+op's own checks have accepted.
 """
-import torch
 import triton
 import triton.language as tl
 
 ROWS = 32       # query rows (of the flattened G*N) per program
 CHANNELS = 32   # channels per program
+# The kernel's gradient sums over all G*N rows: split into about this many chunks of rows, so that
+# (channel blocks x slots x chunks) programs fill a GPU (measured on an H100: one program per channel
+# block and slot, 16 at the paper's configuration, took 5.3 ms where the forward takes 0.04 ms).
+KERNEL_GRADIENT_CHUNKS = 128
 
 
 @triton.jit
@@ -268,107 +271,3 @@ def _standard_values_gradient_kernel(grad_output_ptr, weights_ptr, kernel_ptr, o
             first += CHANNELS
         position += 1
     tl.store(grad_values_ptr + value_row.to(tl.int64) * c + ins, acc.to(grad_values_ptr.dtype.element_ty), mask=in_ok)
-
-
-def _accumulation(dtype):
-    """float32 for float32, bfloat16 and float16; float64 for float64 (what the tests check with)."""
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def _grid_blocks(total, block):
-    return max(1, triton.cdiv(total, block))
-
-
-def aggregate_forward(values, weights, indices, kernel, bias):
-    """values [G,M,C], weights and indices [G,N,K], kernel depthwise [C,K] or standard [C',C,K],
-    bias [C'] or None: contiguous."""
-    g, m, c = values.shape
-    n, k = weights.shape[1], weights.shape[2]
-    standard = kernel.dim() == 3
-    c_out = kernel.shape[0] if standard else c
-    output = torch.empty((g, n, c_out), dtype=values.dtype, device=values.device)
-    if output.numel() == 0 or c == 0:
-        return output.copy_(bias.expand_as(output)) if bias is not None else output.zero_()
-    grid = (_grid_blocks(g * n, ROWS), _grid_blocks(c_out, CHANNELS))
-    common = dict(HAS_BIAS=bias is not None, ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
-    bias_or_any = bias if bias is not None else values  # not read without HAS_BIAS
-    if standard:
-        _standard_forward_kernel[grid](values, weights, indices, kernel, bias_or_any, output,
-                                       g * n, n, m, c, c_out, k, **common)
-    else:
-        _forward_kernel[grid](values, weights, indices, kernel, bias_or_any, output, g * n, n, m, c, k, **common)
-    return output
-
-
-def inverse_index(indices, m):
-    """(order, run_start): the [G*N*K] slots sorted stably by the values row they read (g*M +
-    index), and where each of the G*M rows' runs starts ([G*M + 1], the last entry the slot count).
-    From the sorted targets by searchsorted: torch.bincount reads its input's maximum back to the
-    host, which a CUDA graph cannot capture (found on an H100)."""
-    g = indices.shape[0]
-    target = (indices + torch.arange(g, device=indices.device).view(g, 1, 1) * m).reshape(-1)
-    sorted_target, order = torch.sort(target, stable=True)
-    rows = torch.arange(g * m + 1, dtype=sorted_target.dtype, device=indices.device)
-    return order, torch.searchsorted(sorted_target, rows)
-
-
-# The kernel's gradient sums over all G*N rows: split into about this many chunks of rows, so that
-# (channel blocks x slots x chunks) programs fill a GPU (measured on an H100: one program per channel
-# block and slot, 16 at the paper's configuration, took 5.3 ms where the forward takes 0.04 ms).
-KERNEL_GRADIENT_CHUNKS = 128
-
-
-def kernel_gradient(grad_output, values, weights, indices, kernel, blocks):
-    """grad_kernel in two deterministic stages: per-chunk partial sums in the accumulation type,
-    then their sum over chunks (torch.sum: a fixed order for a given shape, no atomics)."""
-    g, m, c = values.shape
-    n, k = weights.shape[1], weights.shape[2]
-    rows_total = g * n
-    if kernel.numel() == 0 or rows_total == 0:
-        return torch.zeros_like(kernel)
-    rows_per_chunk = triton.cdiv(triton.cdiv(rows_total, KERNEL_GRADIENT_CHUNKS), ROWS) * ROWS
-    chunks = triton.cdiv(rows_total, rows_per_chunk)
-    accumulation = torch.float64 if values.dtype == torch.float64 else torch.float32
-    partial = torch.empty((chunks, *kernel.shape), dtype=accumulation, device=values.device)
-    if kernel.dim() == 3:
-        c_out = kernel.shape[0]
-        grid = (_grid_blocks(c_out, CHANNELS), _grid_blocks(c, CHANNELS), chunks * k)
-        _standard_kernel_gradient_kernel[grid](grad_output, values, weights, indices, partial,
-                                               rows_total, n, m, c, c_out, k, rows_per_chunk, **blocks)
-    else:
-        _kernel_gradient_kernel[(_grid_blocks(c, CHANNELS), k, chunks)](grad_output, values, weights, indices,
-                                                                        partial, rows_total, n, m, c, k,
-                                                                        rows_per_chunk, **blocks)
-    return partial.sum(0).to(kernel.dtype)
-
-
-def aggregate_backward(grad_output, values, weights, indices, kernel, output_mask):
-    """(grad_values, grad_weights, grad_kernel, grad_bias) as convnn::knn_aggregate_backward, the
-    ones output_mask does not ask for None. Inputs contiguous; kernel [C,K] or [C',C,K]."""
-    want_values, want_weights, want_kernel, want_bias = output_mask
-    g, m, c = values.shape
-    n, k = weights.shape[1], weights.shape[2]
-    standard = kernel.dim() == 3
-    c_out = kernel.shape[0] if standard else c
-    sizes = (c, c_out, k) if standard else (c, k)
-    rows_total = g * n
-    blocks = dict(ROWS=ROWS, CHANNELS=CHANNELS, ACC=_accumulation(values.dtype))
-    grad_values = grad_weights = grad_kernel = grad_bias = None
-    if want_values:
-        grad_values = torch.empty_like(values)
-        if grad_values.numel():
-            order, run_start = inverse_index(indices, m)
-            launch = _standard_values_gradient_kernel if standard else _values_gradient_kernel
-            launch[(g * m, _grid_blocks(c, CHANNELS))](grad_output, weights, kernel, order, run_start, grad_values,
-                                                       *sizes, CHANNELS=CHANNELS, ACC=blocks["ACC"])
-    if want_weights:
-        grad_weights = torch.zeros_like(weights)
-        if grad_weights.numel() and c and c_out:
-            launch = _standard_weights_gradient_kernel if standard else _weights_gradient_kernel
-            launch[(_grid_blocks(rows_total, ROWS), k)](grad_output, values, indices, kernel, grad_weights,
-                                                        rows_total, n, m, *sizes, **blocks)
-    if want_kernel:
-        grad_kernel = kernel_gradient(grad_output, values, weights, indices, kernel, blocks)
-    if want_bias:
-        grad_bias = grad_output.sum((0, 1))
-    return grad_values, grad_weights, grad_kernel, grad_bias

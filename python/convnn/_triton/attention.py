@@ -20,7 +20,7 @@ and output), as on every path. A standard kernel [C',C,K] is not fused (its chan
 Written as aggregate.py and select.py: each output element written by one program, no atomics,
 every load and store masked to its tensor's extent, `while` loops over runtime bounds, ranking
 scores by tl.dot in IEEE float32. Queries, keys, values, kernel, bias and mask are float32 in the
-kernel (attention_forward converts; half precision exactly), so one compiled kernel per
+kernel (the launcher converts; half precision exactly), so one compiled kernel per
 similarity, slot width and mask kind serves every dtype, rho and slot order, as the select kernel
 (scripts/triton_aot.py embeds them).
 """
@@ -214,61 +214,3 @@ def _softmax_scores_gradient_kernel(grad_output_ptr, values_ptr, kernel_ptr, ind
     weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
     grad_scores = _softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS, SLOTS)
     tl.store(grad_scores_ptr + slot_offsets, grad_scores, mask=both_ok)
-
-
-def applies(queries, keys, values, kernel, k, similarity, rho):
-    """Whether the kernel covers this call (knn_attention composes the other ones)."""
-    g, n, _ = queries.shape
-    m, c = values.shape[1], values.shape[2]
-    return (kernel.dim() == 2 and rho in RHO_CODES and queries.dtype in DTYPE_CODES
-            and select.applies(queries, keys, k, similarity)
-            and max(queries.numel(), keys.numel(), values.numel(), g * n * max(k, c), n * m) < 2**31 - 2)
-
-
-def attention_forward(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature):
-    """(output, scores, indices, weights) as convnn::knn_attention, for inputs the caller checked
-    and applies() accepts (contiguous; mask None, bool or floating, [N,M] or [G,N,M])."""
-    g, n, d = queries.shape
-    m, c = values.shape[1], values.shape[2]
-    dtype = queries.dtype
-    as_float = dict(dtype=torch.float32, device=queries.device)
-    output = torch.empty((g, n, c), **as_float)
-    scores = torch.empty((g, n, k), **as_float)
-    weights = torch.empty((g, n, k), **as_float)
-    indices = torch.empty((g, n, k), dtype=torch.int64, device=queries.device)
-    if g * n == 0:
-        return output.to(dtype), scores.to(dtype), indices, weights.to(dtype)
-    queries, keys, mask, mask_kind, mask_slice_stride, root = select.ranking_operands(queries, keys, mask, similarity)
-    values, kernel = values.float().contiguous(), kernel.float().contiguous()
-    bias_arg = values if bias is None else bias.float().contiguous()
-    _attention_kernel[(triton.cdiv(n, select.ROWS), g)](
-        queries, keys, values, kernel, bias_arg, mask, output, scores, indices, weights,
-        n, m, d, c, k, mask_slice_stride, root, RHO_CODES[rho], float(temperature), int(index_order),
-        int(bias is not None), DTYPE_CODES[dtype],
-        SIMILARITY=select.SIMILARITY_CODES[similarity], MASK=mask_kind, ROWS=select.ROWS, CANDIDATES=select.candidates_for(k, mask_kind),
-        SLOTS=select.slots_for(k), FEATURES=select.features_for(d), CHANNELS=CHANNELS, **select.COMPILE_OPTIONS)
-    return output.to(dtype), scores.to(dtype), indices, weights.to(dtype)
-
-
-def backward_applies(grad_output, values, weights, kernel):
-    """Whether softmax_scores_gradient covers this call (the composed steps run otherwise)."""
-    g, n, k = weights.shape
-    return (kernel.dim() == 2 and values.dtype in DTYPE_CODES and 1 <= k <= select.MAX_SLOTS
-            and max(grad_output.numel(), values.numel(), weights.numel()) < 2**31 - 2)
-
-
-def softmax_scores_gradient(grad_output, values, weights, indices, kernel, temperature):
-    """d(scores) of knn_attention with softmax rho and a depthwise kernel, from the incoming
-    gradient of its output, for inputs the caller checked (contiguous; the weights the forward
-    returned). In the op's dtype."""
-    g, n, k = weights.shape
-    m, c = values.shape[1], values.shape[2]
-    dtype = values.dtype
-    grad_scores = torch.empty((g, n, k), dtype=torch.float32, device=values.device)
-    if grad_scores.numel() == 0:
-        return grad_scores.to(dtype)
-    as_float = [t.float().contiguous() for t in (grad_output, values, kernel, weights)]
-    _softmax_scores_gradient_kernel[(triton.cdiv(g * n, select.ROWS),)](
-        as_float[0], as_float[1], as_float[2], indices, as_float[3], grad_scores, g * n, n, m, c, k,
-        float(temperature), DTYPE_CODES[dtype], ROWS=select.ROWS, SLOTS=select.slots_for(k), CHANNELS=CHANNELS)
-    return grad_scores.to(dtype)

@@ -6,11 +6,11 @@ paper's Table 1 and of every ConvNN attention layer's default.
   the rows' share of the kernel's gradient from the same loads, the softmax-rho backward, and the
   query gradient d(q_i) = sum over slots of g[i, s] * keys[indices[i, s]] (g the score gradient,
   0 on masked slots, divided by sqrt(D) for scaled_dot). It writes g for the column kernel.
-- The inverse index (aggregate.inverse_index: the slots sorted stably by the row they read), built
+- The inverse index (the launcher's inverse_index: the slots sorted stably by the row they read), built
   once and shared by the values' and the keys' gradients.
 - The column kernel, one program per block of key/value rows and block of channels: d(values)
   from w * kernel tap * dy and d(keys) from g * q, each row's slots added in slot order. Its
-  blocks take the rows busiest first (busiest_first), so a block's rows have runs of about one
+  blocks take the rows busiest first (the launcher's busiest_first), so a block's rows have runs of about one
   length and no block waits on one much-read row.
 
 Every step follows the composed path (src/ops/cuda/knn_attention_composed.cpp: the aggregation's
@@ -18,19 +18,17 @@ backward, the fused softmax scores gradient of attention.py, the select backward
 product for product, rounding to the op's dtype where it rounds, so the two agree to the last bits
 of a differently ordered sum (the kernel's gradient: per block of rows here, per chunk of rows
 there). No atomics: two backward passes are bitwise equal. Cosine and the distances, uniform and
-mean rho, a standard kernel, float64 and K above 64 compose (the choice: applies()).
+mean rho, a standard kernel, float64 and K above 64 compose (the choice: src/ops/cuda/triton/attention_launches.cpp's
+attention_backward_fits).
 
 Inputs are float32 in the kernels (the launcher converts half precision), so one compiled kernel per
 slot width and similarity serves every dtype, as the forward's.
 """
-import math
 
-import numpy
-import torch
 import triton
 import triton.language as tl
 
-from . import aggregate, attention, select
+from . import attention
 
 SIMILARITY_SCALED = {"dot": False, "scaled_dot": True}  # the similarities it takes; whether d scores is divided by sqrt(D)
 COLUMN_ROWS = 16    # key/value rows per program of the column kernel
@@ -82,7 +80,7 @@ def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_
                     row_order_ptr, grad_values_ptr, grad_keys_ptr, rows_total, c, d, k, value_parts,
                     ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """Programs (row block, part): parts below value_parts are d values' channel blocks, the rest d
-    keys' feature blocks. A block takes ROWS consecutive rows of row_order (busiest_first: the rows by
+    keys' feature blocks. A block takes ROWS consecutive rows of row_order (the launcher's busiest_first: the rows by
     run length, longest first), so that its rows' runs are about as long as each other; each row
     walks its run [run_start[row], run_start[row + 1]) of the inverse index in order, and the block
     steps as many times as its longest run."""
@@ -101,7 +99,7 @@ def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_
         while step < longest:
             taking = step < length
             both = taking[:, None] & channel_ok[None, :]
-            # A flattened [G*N*K] slot, within 32 bits (applies()): int64 division is a long subroutine.
+            # A flattened [G*N*K] slot, within 32 bits (attention_backward_fits): int64 division is a long subroutine.
             slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
             query_row = slot_index // k
             weight = tl.load(weights_ptr + slot_index, mask=taking, other=0.0)
@@ -126,54 +124,3 @@ def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_
             step += 1
         tl.store(grad_keys_ptr + rows.to(tl.int64)[:, None] * d + features[None, :], acc,
                  mask=row_ok[:, None] & feature_ok[None, :])
-
-
-def applies(queries, keys, values, kernel, scores, similarity, rho):
-    """Whether the two kernels cover this backward (knn_attention's backward composes the others)."""
-    g, n, d = queries.shape
-    m, c = values.shape[1], values.shape[2]
-    k = scores.shape[2]
-    return (kernel.dim() == 2 and rho == "softmax" and similarity in SIMILARITY_SCALED
-            and queries.dtype in attention.DTYPE_CODES and 1 <= k <= select.MAX_SLOTS and min(g * n, g * m, c, d) > 0
-            and max(g * n * max(c, d, k), g * m * max(c, d), triton.cdiv(g * n, select.ROWS) * c * k) < 2**31 - 2)
-
-
-def busiest_first(run_start):
-    """The key/value rows by the length of their run in the inverse index, longest first (ties in
-    row order): the column kernel's blocks of consecutive rows in this order step about as often as
-    their rows' mean run, where blocks of neighbouring rows step as often as their most-read row
-    (twice the mean at the paper's configuration; scripts/triton_cost_report.py)."""
-    return torch.sort(run_start[1:] - run_start[:-1], descending=True, stable=True).indices
-
-
-def attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, temperature):
-    """[d queries, d keys, d values, d kernel, d bias] of knn_attention for inputs the caller checked
-    and applies() accepts (contiguous; scores, indices and weights as the forward returned them)."""
-    g, n, d = queries.shape
-    m, c = values.shape[1], values.shape[2]
-    k = indices.shape[2]
-    dtype = queries.dtype
-    as_float = dict(dtype=torch.float32, device=queries.device)
-    dy, q, keys32, values32, taps, w, s = (t.float().contiguous()
-                                            for t in (grad_output, queries, keys, values, kernel, weights, scores))
-    # sqrt(D) in float32, as the select backward divides by it (rounding the float64 root to float32
-    # gives the correctly rounded float32 root: float64 has more than twice float32's precision).
-    root = float(numpy.float32(math.sqrt(d)))
-    row_blocks = triton.cdiv(g * n, select.ROWS)
-    live = torch.empty((g, n, k), **as_float)
-    grad_queries = torch.empty((g, n, d), **as_float)
-    partial = torch.empty((row_blocks, c, k), **as_float)
-    _rows_kernel[(row_blocks,)](dy, values32, taps, indices, w, s, keys32, live, grad_queries, partial,
-                                g * n, n, m, c, d, k, float(temperature), root, attention.DTYPE_CODES[dtype],
-                                SCALED=SIMILARITY_SCALED[similarity], ROWS=select.ROWS, SLOTS=select.slots_for(k),
-                                CHANNELS=attention.CHANNELS, **COMPILE_OPTIONS)
-    order, run_start = aggregate.inverse_index(indices, m)
-    row_order = busiest_first(run_start)
-    grad_keys = torch.empty((g, m, d), **as_float)
-    grad_values = torch.empty((g, m, c), **as_float)
-    value_parts = triton.cdiv(c, COLUMN_WIDTH)
-    _columns_kernel[(triton.cdiv(g * m, COLUMN_ROWS), value_parts + triton.cdiv(d, COLUMN_WIDTH))](
-        dy, q, w, taps, live, order, run_start, row_order, grad_values, grad_keys, g * m, c, d, k, value_parts,
-        ROWS=COLUMN_ROWS, WIDTH=COLUMN_WIDTH, **COMPILE_OPTIONS)
-    return [grad_queries.to(dtype), grad_keys.to(dtype), grad_values.to(dtype), partial.sum(0).to(kernel.dtype),
-            grad_output.sum((0, 1))]

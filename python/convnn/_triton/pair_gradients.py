@@ -1,7 +1,7 @@
 """knn_select's backward for the similarities that are not plain dot products (cosine, gaussian,
 chebyshev, l1), in Triton (issue 25 §1): it recomputes only the K selected pairs, never the
 [G,N,M] scores. The dot products (dot, scaled_dot) take the aggregation kernels instead
-(select.select_backward).
+(the C++ launcher, src/ops/cuda/triton/select_launches.cpp).
 
 Every pair gradient of these similarities has the form (src/ops/kernels/similarity.h, the
 add_pair_gradient of each policy, restated here: a Triton kernel cannot call the C++ policies; the
@@ -21,22 +21,20 @@ where g is the incoming gradient (0 on masked slots). Three kernels:
    chebyshev's feature;
 2. _query_gradient_kernel: one program per block of rows and block of features, the slots in order;
 3. _key_gradient_kernel: one program per key row and block of features, its slots in the inverse
-   index's order (aggregate.inverse_index): no atomics, so two backward passes are bitwise equal.
+   index's order (the launcher's inverse_index): no atomics, so two backward passes are bitwise equal.
 As in aggregate.py: each output element written by one program, every load and store masked,
 `while` loops for runtime bounds. Accumulation in float32 for float32, bfloat16 and float16 inputs,
 float64 for float64.
 """
-import torch
 import triton
 import triton.language as tl
 
-from . import aggregate
 from .similarities import CHEBYSHEV, CODES, COSINE, GAUSSIAN, L1, known
 
 ROWS = 16  # with 32 rows, ptxas spilled 16 bytes in the l1 query gradient on sm_80
 FEATURES = 32
 # The similarities these kernels serve, with their codes (similarities.py); dot and scaled_dot run on
-# the aggregation kernels (select.select_backward).
+# the aggregation kernels (select_launches.cpp).
 SIMILARITY_CODES = {name: CODES[name] for name in ("cosine", "gaussian", "chebyshev", "l1")}
 
 
@@ -198,37 +196,3 @@ def _key_gradient_kernel(q_ptr, k_ptr, coefficients_ptr, arg_ptr, order_ptr, run
             acc += term
         position += 1
     tl.store(grad_k_ptr + key_row.to(tl.int64) * d + features, acc.to(grad_k_ptr.dtype.element_ty), mask=feature_ok)
-
-
-def _blocks(total, block):
-    return max(1, triton.cdiv(total, block))
-
-
-def select_backward(grad_scores, queries, keys, indices, scores, similarity):
-    """(grad_queries, grad_keys) as convnn::knn_select_backward for cosine, gaussian, chebyshev
-    and l1, for inputs the caller checked and made contiguous."""
-    g, n, d = queries.shape
-    m, k = keys.shape[1], indices.shape[2]
-    dtype = queries.dtype
-    # The kernels take inputs in the accumulation type (half precision converted exactly, float64
-    # kept), so one compiled kernel per similarity serves every dtype (scripts/triton_aot.py).
-    accumulation = torch.float64 if dtype == torch.float64 else torch.float32
-    queries, keys = queries.to(accumulation).contiguous(), keys.to(accumulation).contiguous()
-    grad_queries, grad_keys = torch.zeros_like(queries), torch.zeros_like(keys)
-    if g * n * k == 0 or d == 0:
-        return grad_queries.to(dtype), grad_keys.to(dtype)
-    live = grad_scores.masked_fill(scores == float("-inf"), 0).to(accumulation)
-    coefficients = torch.empty((g * n * k, COEFFICIENTS), dtype=accumulation, device=queries.device)
-    arg = torch.empty((g * n * k,), dtype=torch.int32, device=queries.device)
-    code = SIMILARITY_CODES[similarity]
-    blocks = dict(SIMILARITY=code, FEATURES=FEATURES, ACC=aggregate._accumulation(dtype))
-    rows_total = g * n
-    _pair_coefficients_kernel[(_blocks(rows_total, ROWS), k)](queries, keys, indices, live, coefficients, arg,
-                                                              rows_total, n, m, d, k, torch.ops.convnn.cosine_eps(), ROWS=ROWS,
-                                                              **blocks)
-    _query_gradient_kernel[(_blocks(rows_total, ROWS), _blocks(d, FEATURES))](
-        queries, keys, indices, coefficients, arg, grad_queries, rows_total, n, m, d, k, ROWS=ROWS, **blocks)
-    order, run_start = aggregate.inverse_index(indices, m)
-    _key_gradient_kernel[(g * m, _blocks(d, FEATURES))](queries, keys, coefficients, arg, order, run_start,
-                                                       grad_keys, d, k, **blocks)
-    return grad_queries.to(dtype), grad_keys.to(dtype)

@@ -19,7 +19,6 @@ interpreter's numpy 2.4 issue); the scores that rank candidates come from `tl.do
 input_precision="ieee" (a GPU's float32 default is TF32, which would rank by other scores than
 the ones the tests verify) and divisions by tl.math.div_rn (IEEE, as the CPU's).
 """
-import torch
 import triton
 import triton.language as tl
 
@@ -236,8 +235,8 @@ def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
 def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, root,
                    SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                    SLOTS: tl.constexpr, FEATURES: tl.constexpr):
-    # Slots by descending key (select_forward reorders them by index where asked). Queries, keys,
-    # an additive mask and the scores are float32 (select_forward converts): one compiled kernel
+    # Slots by descending key (the launcher reorders them by index where asked). Queries, keys,
+    # an additive mask and the scores are float32 (the launcher converts): one compiled kernel
     # per similarity, slot width and mask kind serves every dtype and order, which keeps the images
     # the C++ library embeds few (scripts/triton_aot.py). The mask kind stays a compile-time
     # choice: as a runtime one, ptxas spilled 8-24 bytes at K <= 16 and 64 (sm_80 and sm_90), and
@@ -255,90 +254,3 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     written = row_ok[:, None] & (slots[None, :] < k)
     tl.store(scores_ptr + out, scores.to(scores_ptr.dtype.element_ty), mask=written)
     tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)
-
-
-def applies(queries, keys, k, similarity):
-    """Whether the kernel covers this call (the rest takes the generic path)."""
-    return similarity in SIMILARITY_CODES and 1 <= k <= MAX_SLOTS and keys.shape[1] < 2**31 - 2
-
-
-def unit_rows(x):
-    """Rows scaled to unit length, as the cosine similarity of the other paths does
-    (src/ops/reference/similarity_forms.cpp: x / max(|x|, eps), eps from the C++ definition)."""
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.ops.convnn.cosine_eps())
-
-
-def select_forward(queries, keys, k, similarity, mask, index_order):
-    """(scores, indices) as convnn::knn_select, for inputs the caller checked (contiguous
-    queries [G,N,D] and keys [G,M,D] of one float dtype; mask None, bool or floating, [N,M] or
-    [G,N,M], contiguous). The kernel ranks in float32: half-precision inputs are converted first
-    (exactly) and the scores rounded back at the end, as the kernel's own store would."""
-    g, n, d = queries.shape
-    m = keys.shape[1]
-    scores = torch.empty((g, n, k), dtype=torch.float32, device=queries.device)
-    indices = torch.empty((g, n, k), dtype=torch.int64, device=queries.device)
-    if scores.numel() == 0:
-        return scores.to(queries.dtype), indices
-    dtype = queries.dtype
-    queries, keys, mask, mask_kind, mask_slice_stride, root = ranking_operands(queries, keys, mask, similarity)
-    _select_kernel[(triton.cdiv(n, ROWS), g)](queries, keys, mask, scores, indices, n, m, d, k, mask_slice_stride,
-                                             root, SIMILARITY=SIMILARITY_CODES[similarity], MASK=mask_kind, ROWS=ROWS,
-                                             CANDIDATES=candidates_for(k, mask_kind), SLOTS=slots_for(k),
-                                             FEATURES=features_for(d),
-                                             **COMPILE_OPTIONS)
-    if index_order:
-        scores, indices = by_index(scores, indices)
-    return scores.to(dtype), indices
-
-
-def ranking_operands(queries, keys, mask, similarity):
-    """What the running top-K takes (the select and the fused attention kernels): (queries, keys,
-    mask, mask kind, mask slice stride, root). Queries and keys in float32 (half precision exactly),
-    unit rows for cosine; a mask as given if bool, in float32 if additive (the type the keys rank in,
-    as the C++ ops convert it), and if none the queries (a valid pointer the kernel does not read);
-    root = sqrt(D) rounded to float32 for scaled_dot, as the CPU's std::sqrt(float(D)) (exact in the
-    float32 argument)."""
-    g, n, d = queries.shape
-    m = keys.shape[1]
-    queries, keys = queries.float().contiguous(), keys.float().contiguous()
-    if similarity == "cosine":
-        queries, keys = unit_rows(queries), unit_rows(keys)
-    mask_kind = NO_MASK if mask is None else BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
-    mask_slice_stride = 0 if mask is None or mask.dim() == 2 else n * m
-    mask = queries if mask is None else mask.float().contiguous() if mask_kind == ADDITIVE_MASK else mask
-    root = float(torch.tensor(float(d), dtype=torch.float32).sqrt()) if similarity == "scaled_dot" else 1.0
-    return queries, keys, mask, mask_kind, mask_slice_stride, root
-
-
-def by_index(scores, indices):
-    """The same K slots by ascending candidate index (the K indices of a row are distinct: short
-    rows are filled with distinct masked candidates)."""
-    indices, order = torch.sort(indices, dim=-1)
-    return scores.gather(-1, order), indices
-
-
-def select_backward(grad_scores, queries, keys, indices, scores, similarity):
-    """(grad_queries, grad_keys) as convnn::knn_select_backward, recomputing only the K selected
-    pairs: cosine and the distances by the pair-gradient kernels (pair_gradients.py); dot and
-    scaled_dot through the aggregation kernels (aggregate.py) with a kernel of ones: d(q.k)/dq = k
-    and /dk = q, so
-
-        grad_queries[i] = sum over slots of g * keys[index]      (the aggregation's forward)
-        grad_keys[j]    = sum over the slots that chose j of g * queries[i]
-                                                                 (its values' gradient: inverse index,
-                                                                  slot order, no atomics)
-
-    with g the incoming gradient, 0 on masked slots (score -inf), divided by sqrt(D) rounded to
-    float32 for scaled_dot. Inputs contiguous, as the caller checked."""
-    from . import aggregate, pair_gradients
-
-    if similarity in pair_gradients.SIMILARITY_CODES:
-        return pair_gradients.select_backward(grad_scores, queries, keys, indices, scores, similarity)
-    live = grad_scores.masked_fill(scores == float("-inf"), 0)
-    if similarity == "scaled_dot":  # sqrt(D) in the accumulation type, as the C++ policies
-        accumulation = torch.float64 if queries.dtype == torch.float64 else torch.float32
-        live = live / float(torch.tensor(float(queries.shape[2]), dtype=accumulation).sqrt())
-    ones = torch.ones(queries.shape[2], indices.shape[2], dtype=queries.dtype, device=queries.device)
-    grad_queries = aggregate.aggregate_forward(keys, live, indices, ones, None)
-    grad_keys = aggregate.aggregate_backward(queries, keys, live, indices, ones, [True, False, False, False])[0]
-    return grad_queries, grad_keys

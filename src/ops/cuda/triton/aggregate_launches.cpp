@@ -31,26 +31,6 @@ const char* const kKinds[] = {"forward", "d weights", "d kernel", "d values"};
 
 }  // namespace
 
-void run_on_gpu(Launch& launch) { triton::launch(launch.key.c_str(), launch.grid, launch.arguments); }
-
-bool has_aggregate_kernels(at::ScalarType dtype) {
-  // Asked on every call (aggregate_fits): the table is scanned once per dtype.
-  static const auto in_table = [](at::ScalarType type) {
-    if (dtype_name(type) == nullptr) return false;
-    for (const bool standard : {false, true}) {
-      for (const char* kind : kKinds) {
-        bool found = false;
-        const std::string wanted = key(kind, standard, type);
-        for (std::size_t i = 0; i < kCompiledKernelCount && !found; ++i) found = wanted == kCompiledKernels[i].key;
-        if (!found) return false;
-      }
-    }
-    return true;
-  };
-  static const bool float32 = in_table(at::kFloat), bfloat16 = in_table(at::kBFloat16), float16 = in_table(at::kHalf);
-  return dtype == at::kFloat ? float32 : dtype == at::kBFloat16 ? bfloat16 : dtype == at::kHalf ? float16 : false;
-}
-
 bool aggregate_fits(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& kernel) {
   constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
   constexpr int64_t kGridYZ = 65535;
@@ -58,19 +38,25 @@ bool aggregate_fits(const at::Tensor& values, const at::Tensor& weights, const a
   const int64_t k = weights.size(2);
   // The largest grids: (G*M, C/CHANNELS) for the values' gradient, (C'/CHANNELS, C/CHANNELS,
   // chunks*K) for the standard kernel's.
-  return has_aggregate_kernels(values.scalar_type()) && values.numel() <= kInt32 && weights.numel() <= kInt32 &&
+  return values.numel() <= kInt32 && weights.numel() <= kInt32 &&
          kernel.numel() <= kInt32 && values.size(0) * values.size(1) <= kInt32 &&
          values.size(0) * weights.size(1) * std::max<int64_t>(widest, 1) <= kInt32 &&
          blocks(widest, kAggregateBlocks.channels) <= kGridYZ && k * kAggregateBlocks.kernel_gradient_chunks <= kGridYZ;
 }
 
-bool device_has_aggregate_kernels(int device, at::ScalarType dtype) {
-  if (!has_aggregate_kernels(dtype)) return false;
-  std::vector<std::string> keys;
-  for (const bool standard : {false, true}) {
-    for (const char* kind : kKinds) keys.push_back(key(kind, standard, dtype));
-  }
-  return device_has_kernels(device, std::string("aggregate ") + dtype_name(dtype), keys);
+const std::vector<std::string>& aggregate_kernel_keys(at::ScalarType dtype) {
+  static const auto keys_of = [](at::ScalarType type) {
+    std::vector<std::string> keys;
+    for (const bool standard : {false, true}) {
+      for (const char* kind : kKinds) keys.push_back(key(kind, standard, type));
+    }
+    return keys;
+  };
+  static const std::vector<std::string> float32 = keys_of(at::kFloat), bfloat16 = keys_of(at::kBFloat16),
+                                        float16 = keys_of(at::kHalf);
+  TORCH_INTERNAL_ASSERT(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+                        "aggregate_kernel_keys: no kernels for ", dtype);
+  return dtype == at::kFloat ? float32 : dtype == at::kBFloat16 ? bfloat16 : float16;
 }
 
 at::Tensor aggregate_forward(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,

@@ -55,9 +55,9 @@ bool attention_fits(const at::Tensor& queries, const at::Tensor& keys, const at:
          g * n * std::max<int64_t>(c, 1) <= kInt32;
 }
 
-bool device_has_attention_kernels(int device) {
+const std::vector<std::string>& attention_kernel_keys() {
   static const std::vector<std::string> keys = top_k_keys("attention");
-  return device_has_kernels(device, "attention", keys);
+  return keys;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
@@ -96,7 +96,7 @@ bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& value
          values.numel() <= kInt32 && weights.numel() <= kInt32 && values.size(0) * values.size(1) <= kInt32;
 }
 
-bool device_has_scores_gradient_kernels(int device) {
+const std::vector<std::string>& scores_gradient_kernel_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> all;
     for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
@@ -104,7 +104,7 @@ bool device_has_scores_gradient_kernels(int device) {
     }
     return all;
   }();
-  return device_has_kernels(device, "attention softmax scores gradient", keys);
+  return keys;
 }
 
 at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values_in, const at::Tensor& weights,
@@ -137,7 +137,7 @@ bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, 
          g * m * std::max(c, d) < kInt32 && row_blocks * c * k < kInt32;
 }
 
-bool device_has_attention_backward_kernels(int device) {
+const std::vector<std::string>& attention_backward_kernel_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> all{kBackwardColumnsKey};
     for (const auto similarity : {Similarity::Dot, Similarity::ScaledDot}) {
@@ -147,7 +147,13 @@ bool device_has_attention_backward_kernels(int device) {
     }
     return all;
   }();
-  return device_has_kernels(device, "attention backward", keys);
+  return keys;
+}
+
+at::Tensor busiest_first(const at::Tensor& run_start) {
+  const int64_t rows = run_start.size(0) - 1;
+  const auto lengths = run_start.slice(0, 1) - run_start.slice(0, 0, rows);
+  return std::get<1>(lengths.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
 }
 
 std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const at::Tensor& queries,
@@ -175,18 +181,15 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const 
       .float32(root).int32(dtype_code(dtype));
   run(rows);
   const auto [order, run_start] = inverse_index(indices, m);
-  // The rows by run length, longest first (attention_backward.busiest_first): each block of the
-  // column kernel takes rows of about one run length.
-  const auto row_order = std::get<1>(
-      (run_start.slice(0, 1) - run_start.slice(0, 0, g * m)).sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
+  const auto row_order = busiest_first(run_start);
   auto grad_keys = at::empty({g, m, d}, float_options), grad_values = at::empty({g, m, c}, float_options);
   const int64_t width = kAttentionBackwardBlocks.column_width;
   const int64_t value_parts = cdiv(c, width);
   Launch columns{kBackwardColumnsKey,
                  {cdiv(g * m, kAttentionBackwardBlocks.column_rows), value_parts + cdiv(d, width)}, {}};
   columns.arguments.pointer(dy).pointer(q).pointer(weights).pointer(taps).pointer(live).pointer(order)
-      .pointer(run_start).pointer(row_order).pointer(grad_values).pointer(grad_keys).int32(g * m).int32(c).int32(d).int32(k)
-      .int32(value_parts);
+      .pointer(run_start).pointer(row_order).pointer(grad_values).pointer(grad_keys).int32(g * m).int32(c)
+      .int32(d).int32(k).int32(value_parts);
   run(columns);
   return {grad_queries.to(dtype), grad_keys.to(dtype), grad_values.to(dtype),
           partial.sum(0).to(kernel.scalar_type()), grad_output.sum(std::vector<int64_t>{0, 1})};

@@ -4,6 +4,7 @@
 // through a LaunchRunner as in aggregate_launches.h (tests record it on CPU tensors).
 #include <ATen/core/Tensor.h>
 
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -18,8 +19,8 @@ namespace convnn::ops::cuda::triton {
 /// [C',C,K] is not fused: knn_attention composes the core ops then.)
 bool attention_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                     const at::Tensor& kernel, int64_t k);
-/// Whether the GPU `device` has an image of every fused attention kernel.
-bool device_has_attention_kernels(int device);
+/// The key of every width and mask kind of the fused attention kernel.
+const std::vector<std::string>& attention_kernel_keys();
 
 /// (output, scores, indices, weights) as convnn::knn_attention, for inputs that the caller checked
 /// and attention_fits accepts (float32, bfloat16 or float16; mask undefined, bool or floating,
@@ -28,37 +29,44 @@ bool device_has_attention_kernels(int device);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
     const at::Tensor& bias, int64_t k, Similarity similarity, const at::Tensor& mask, bool index_order, Rho rho,
-    double temperature, const LaunchRunner& run = run_on_gpu);
+    double temperature, const LaunchRunner& run);
 
 /// Whether the backward's softmax scores gradient kernel takes these (checked) inputs: a depthwise
 /// kernel, K within the widest running top-K, every size within 32 bits.
 bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
                           const at::Tensor& kernel);
-/// Whether the GPU `device` has an image of every width of that kernel.
-bool device_has_scores_gradient_kernels(int device);
+/// The key of every width of that kernel.
+const std::vector<std::string>& scores_gradient_kernel_keys();
 
 /// d(scores) of knn_attention with softmax rho and a depthwise kernel, from the incoming gradient of
 /// its output (the aggregation's weights gradient and the softmax-rho backward in one kernel, as
 /// attention.softmax_scores_gradient), in the op's dtype.
 at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
                                    const at::Tensor& indices, const at::Tensor& kernel, double temperature,
-                                   const LaunchRunner& run = run_on_gpu);
+                                   const LaunchRunner& run);
 
 /// Whether the two-kernel backward (attention_backward.py) takes these (checked) inputs: softmax
 /// rho, a dot-product similarity (dot, scaled_dot), a depthwise kernel, K within the widest
 /// running top-K, no empty dimension, every size within 32 bits. The other backwards compose.
 bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                              const at::Tensor& kernel, const at::Tensor& scores, Similarity similarity, Rho rho);
-/// Whether the GPU `device` has an image of both kernels at every width.
-bool device_has_attention_backward_kernels(int device);
+/// The key of both kernels at every width.
+const std::vector<std::string>& attention_backward_kernel_keys();
+
+/// The key/value rows by the length of their run in the inverse index (run_start, G*M + 1
+/// entries), longest first, ties in row order: the column kernel's blocks of consecutive rows in
+/// this order step about as often as their rows' mean run, where blocks of neighbouring rows step
+/// as often as their most-read row (twice the mean at the paper's configuration;
+/// scripts/triton_cost_report.py).
+at::Tensor busiest_first(const at::Tensor& run_start);
 
 /// [d queries, d keys, d values, d kernel, d bias] of knn_attention for inputs that the caller
-/// checked and attention_backward_fits accepts, as attention_backward.attention_backward: the row
-/// kernel, the inverse index, the column kernel.
+/// checked and attention_backward_fits accepts: the row kernel, the inverse index, the rows busiest
+/// first, the column kernel.
 std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const at::Tensor& queries,
                                            const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
                                            const at::Tensor& scores, const at::Tensor& indices,
                                            const at::Tensor& weights, Similarity similarity, double temperature,
-                                           const LaunchRunner& run = run_on_gpu);
+                                           const LaunchRunner& run);
 
 }  // namespace convnn::ops::cuda::triton

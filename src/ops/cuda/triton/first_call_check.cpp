@@ -19,7 +19,8 @@ bool close(const at::Tensor& got, const at::Tensor& want, double tolerance) {
   return at::allclose(got.to(at::kFloat), want.to(at::kFloat), tolerance, tolerance);
 }
 
-std::optional<std::string> aggregate_check(const c10::Device& device, at::ScalarType dtype, double tolerance) {
+std::optional<std::string> aggregate_check(const c10::Device& device, at::ScalarType dtype, double tolerance,
+                                           const LaunchRunner& run) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
   const int64_t g = 2, n = 7, m = 9, c = 5, k = 3;
   const auto on_device = at::TensorOptions().device(device).dtype(dtype);
@@ -31,12 +32,12 @@ std::optional<std::string> aggregate_check(const c10::Device& device, at::Scalar
     const auto bias = draw({kernel.size(0)});
     const auto grad_output = draw({g, n, kernel.size(0)});
     const char* kind = standard ? "standard" : "depthwise";
-    if (!close(aggregate_forward(values, weights, indices, kernel, bias),
+    if (!close(aggregate_forward(values, weights, indices, kernel, bias, run),
                generic::knn_aggregate(values, weights, indices, kernel, bias), tolerance)) {
       return std::string("knn_aggregate (") + kind + ", forward)";
     }
     const std::array<bool, 4> all{true, true, true, true};
-    const auto fused = aggregate_backward(grad_output, values, weights, indices, kernel, all);
+    const auto fused = aggregate_backward(grad_output, values, weights, indices, kernel, all, run);
     const auto expected = generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, all);
     const std::array<std::pair<const char*, bool>, 4> agree{
         {{"values", close(std::get<0>(fused), std::get<0>(expected), tolerance)},
@@ -52,7 +53,8 @@ std::optional<std::string> aggregate_check(const c10::Device& device, at::Scalar
 
 // Integer-valued features: every score exact on every path, ties included, so the indices must be
 // equal; the scores to rounding (a distance's is Triton's exp, not the C++ one).
-std::optional<std::string> select_check(const c10::Device& device, at::ScalarType dtype, double tolerance) {
+std::optional<std::string> select_check(const c10::Device& device, at::ScalarType dtype, double tolerance,
+                                        const LaunchRunner& run) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1);
   const auto on_device = at::TensorOptions().device(device).dtype(dtype);
   const auto queries = at::randint(-3, 4, {2, 9, 5}, generator).to(on_device);
@@ -60,7 +62,7 @@ std::optional<std::string> select_check(const c10::Device& device, at::ScalarTyp
   const auto mask = (at::rand({9, 70}, generator) > 0.3).to(device);
   const double score_tolerance = dtype == at::kFloat ? 1e-5 : 1e-2;
   for (const auto similarity : {Similarity::Dot, Similarity::L1}) {
-    const auto [scores, indices] = select_forward(queries, keys, 6, similarity, mask, false);
+    const auto [scores, indices] = select_forward(queries, keys, 6, similarity, mask, false, run);
     const auto [want_scores, want_indices] = generic::knn_select(queries, keys, 6, to_string(similarity), mask, false);
     if (!at::equal(indices, want_indices) ||
         !at::allclose(scores.to(at::kFloat), want_scores.to(at::kFloat), score_tolerance, 0.0)) {
@@ -75,7 +77,7 @@ std::optional<std::string> select_check(const c10::Device& device, at::ScalarTyp
     const auto [scores, indices] =
         generic::knn_select(queries, few_keys, 6, to_string(similarity), few_mask, false);
     const auto grad_scores = at::randn(scores.sizes(), generator).to(on_device);
-    const auto fused = select_backward(grad_scores, queries, few_keys, indices, scores, similarity);
+    const auto fused = select_backward(grad_scores, queries, few_keys, indices, scores, similarity, run);
     const auto expected =
         generic::knn_select_backward(grad_scores, queries, few_keys, indices, scores, to_string(similarity));
     if (!close(std::get<0>(fused), std::get<0>(expected), tolerance) ||
@@ -88,7 +90,8 @@ std::optional<std::string> select_check(const c10::Device& device, at::ScalarTyp
 
 // The fused knn_attention on integer-valued features (D = 4: every score exact): the generic path's
 // indices, the rest to rounding, with softmax, a bool mask, index order and a bias.
-std::optional<std::string> attention_check(const c10::Device& device, at::ScalarType dtype, double tolerance) {
+std::optional<std::string> attention_check(const c10::Device& device, at::ScalarType dtype, double tolerance,
+                                           const LaunchRunner& run) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(2);
   const auto on_device = at::TensorOptions().device(device).dtype(dtype);
   const auto queries = at::randint(-3, 4, {2, 9, 4}, generator).to(on_device);
@@ -98,7 +101,8 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
   const auto mask = (at::rand({9, 70}, generator) > 0.3).to(device);
   std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> want;  // the last similarity's (l1), for the backward
   for (const auto similarity : {Similarity::ScaledDot, Similarity::L1}) {
-    const auto fused = attention_forward(queries, keys, values, kernel, bias, 6, similarity, mask, true, Rho::Softmax, 0.5);
+    const auto fused =
+        attention_forward(queries, keys, values, kernel, bias, 6, similarity, mask, true, Rho::Softmax, 0.5, run);
     want = generic::knn_attention(queries, keys, values, kernel, bias, 6, to_string(similarity), mask, true, "softmax",
                                   0.5);
     if (!at::equal(std::get<2>(fused), std::get<2>(want)) || !close(std::get<0>(fused), std::get<0>(want), tolerance) ||
@@ -110,7 +114,7 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
   // The backward's fused step, through the generic select backward: the generic backward's query gradient.
   const auto& [output, scores, indices, weights] = want;
   const auto grad_output = at::randn(output.sizes(), generator).to(on_device);
-  const auto grad_scores = softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.5);
+  const auto grad_scores = softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.5, run);
   const auto fused = std::get<0>(generic::knn_select_backward(grad_scores, queries, keys, indices, scores, "l1"));
   const auto expected = std::get<0>(generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores,
                                                                     indices, weights, "l1", "softmax", 0.5,
@@ -120,7 +124,7 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
   const auto [dot_output, dot_scores, dot_indices, dot_weights] = generic::knn_attention(
       queries, keys, values, kernel, bias, 6, "scaled_dot", mask, true, "softmax", 0.5);
   const auto two_kernels = attention_backward(grad_output, queries, keys, values, kernel, dot_scores, dot_indices,
-                                              dot_weights, Similarity::ScaledDot, 0.5);
+                                              dot_weights, Similarity::ScaledDot, 0.5, run);
   const auto composed = generic::knn_attention_backward(grad_output, queries, keys, values, kernel, dot_scores,
                                                         dot_indices, dot_weights, "scaled_dot", "softmax", 0.5,
                                                         {true, true, true, true, true});
@@ -137,11 +141,12 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
 
 }  // namespace
 
-std::optional<std::string> first_call_check(const c10::Device& device, at::ScalarType dtype) {
+std::optional<std::string> first_call_check(const c10::Device& device, at::ScalarType dtype, const LaunchRunner& run) {
   const double tolerance = dtype == at::kFloat ? 1e-4 : 5e-2;
-  if (auto failure = aggregate_check(device, dtype, tolerance)) return failure;
-  if (auto failure = select_check(device, dtype, tolerance)) return failure;  // its backward runs on the aggregation
-  return attention_check(device, dtype, tolerance);
+  if (auto failure = aggregate_check(device, dtype, tolerance, run)) return failure;
+  // The select backward runs on the aggregation.
+  if (auto failure = select_check(device, dtype, tolerance, run)) return failure;
+  return attention_check(device, dtype, tolerance, run);
 }
 
 }  // namespace convnn::ops::cuda::triton

@@ -1,61 +1,57 @@
 // knn_aggregate and its backward under the CUDA dispatch key, on the Triton kernels of
-// python/convnn/_triton/aggregate.py compiled ahead of time into this library (compiled_kernels.h):
-// the same kernels and the same launches as the Python package's (aggregate.aggregate_forward,
-// aggregate_backward, inverse_index, kernel_gradient), for a LibTorch program with no Python.
-// Where they do not apply (float64; a size past 32 bits; a GPU with no fitting image; the
-// first-call check failed; CONVNN_CUDA_KERNELS=generic) the device-generic path runs, so no legal
-// input is refused.
+// python/convnn/_triton/aggregate.py, over the route that serves the call (routes.h). Where they do
+// not apply (path_choice.h says why: float64; a size past 32 bits; no route; the first-call check
+// failed; CONVNN_CUDA_KERNELS=generic) the device-generic path runs, so no legal input is refused.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <array>
+#include <initializer_list>
 #include <limits>
+#include <string>
 #include <tuple>
 
 #include "ops/checks.h"
 #include "ops/cuda/triton/aggregate_launches.h"
-#include "ops/cuda/triton/fused_choice.h"
+#include "ops/cuda/triton/path_choice.h"
 #include "ops/generic/generic.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
 
 // For inputs the op's checks passed.
-bool fused_applies(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& kernel,
-                   std::initializer_list<at::Tensor> others) {
-  if (!fused_kernels_chosen() || !aggregate_fits(values, weights, kernel)) return false;
-  for (const auto& t : others) {
-    if (t.defined() && (t.device() != values.device() || t.numel() > std::numeric_limits<int32_t>::max())) {
-      return false;
-    }
-  }
-  return device_has_aggregate_kernels(values.get_device(), values.scalar_type()) && device_verified(values);
+PathChoice aggregate_path(const char* op, const at::Tensor& values, const at::Tensor& weights,
+                          const at::Tensor& kernel, std::initializer_list<at::Tensor> others) {
+  PathRules rules(values, others);
+  bool within = aggregate_fits(values, weights, kernel);
+  for (const auto& t : others) within = within && (!t.defined() || t.numel() <= std::numeric_limits<int32_t>::max());
+  rules.require(within, "a size or grid past the aggregation kernels' 32-bit limits");
+  const auto dtype = rules.holds() ? values.scalar_type() : at::kFloat;  // keys of a dtype the kernels take
+  return rules.choose(op, std::string("aggregate ") + c10::toString(dtype), aggregate_kernel_keys(dtype));
 }
 
 at::Tensor cuda_aggregate(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
                           const at::Tensor& kernel, const c10::optional<at::Tensor>& bias) {
   checks::check_aggregate_inputs(values, weights, indices, kernel, bias);
   const at::Tensor bias_tensor = bias.has_value() ? *bias : at::Tensor();
-  if (!fused_applies(values, weights, kernel, {indices, bias_tensor})) {
-    return generic::knn_aggregate(values, weights, indices, kernel, bias);
-  }
-  const c10::cuda::CUDAGuard device(values.device());
+  const auto path = aggregate_path("knn_aggregate", values, weights, kernel, {weights, indices, kernel, bias_tensor});
+  if (!path.fused()) return generic::knn_aggregate(values, weights, indices, kernel, bias);
+  const c10::OptionalDeviceGuard device(values.device());
   return aggregate_forward(values.contiguous(), weights.contiguous(), indices.contiguous(), kernel.contiguous(),
-                           bias_tensor.defined() ? bias_tensor.contiguous() : bias_tensor);
+                           bias_tensor.defined() ? bias_tensor.contiguous() : bias_tensor, path.run);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
   checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
-  if (!fused_applies(values, weights, kernel, {grad_output, indices})) {
-    return generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask);
-  }
-  const c10::cuda::CUDAGuard device(values.device());
+  const auto path =
+      aggregate_path("knn_aggregate_backward", values, weights, kernel, {grad_output, weights, indices, kernel});
+  if (!path.fused()) return generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask);
+  const c10::OptionalDeviceGuard device(values.device());
   return aggregate_backward(grad_output.contiguous(), values.contiguous(), weights.contiguous(),
-                            indices.contiguous(), kernel.contiguous(), output_mask);
+                            indices.contiguous(), kernel.contiguous(), output_mask, path.run);
 }
 
 }  // namespace

@@ -1,21 +1,21 @@
 // convnn::knn_attention_device_fused, knn_attention_softmax_scores_gradient_device_fused and
 // knn_attention_backward_device_fused under the CUDA dispatch key: the fused knn_attention forward,
 // its backward's softmax scores gradient and its two-kernel backward, the Triton kernels of
-// python/convnn/_triton/attention.py and attention_backward.py compiled ahead of time into this library
-// (the same kernel and launch as the Python package's). The CUDA knn_attention
-// (src/ops/cuda/knn_attention_composed.cpp) asks it first, after its checks; where the kernel does not apply
-// (a standard kernel, float64, K above the widest running top-K, a size past 32 bits, a GPU with no
-// fitting image, the first-call check failed, CONVNN_CUDA_KERNELS=generic, the debug switch
-// CONVNN_DEVICE_VALUE_CHECKS=1) it answers with no tensors and knn_attention composes the core ops.
+// python/convnn/_triton/attention.py and attention_backward.py, over the route that serves the call
+// (routes.h). The CUDA knn_attention and its backward (src/ops/cuda/knn_attention_composed.cpp)
+// ask them first, after their checks; where the kernels do not apply (path_choice.h says why: a
+// standard kernel, float64, K above the widest running top-K, a size past 32 bits, no route, the
+// first-call check failed, CONVNN_CUDA_KERNELS=generic, the debug switch
+// CONVNN_DEVICE_VALUE_CHECKS=1) they answer with no tensors and the caller composes the core ops.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <vector>
 
 #include "ops/checks.h"
 #include "ops/cuda/triton/attention_launches.h"
-#include "ops/cuda/triton/fused_choice.h"
+#include "ops/cuda/triton/path_choice.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
@@ -29,17 +29,19 @@ std::vector<at::Tensor> cuda_attention_fused(const at::Tensor& queries, const at
                                                       rho_name, temperature);
   const at::Tensor mask_tensor = mask.has_value() ? *mask : at::Tensor();
   const at::Tensor bias_tensor = bias.has_value() ? *bias : at::Tensor();
-  const auto dtype = queries.scalar_type();
-  const bool applies = fused_kernels_chosen() && fused_dtype(dtype) &&
-                       on_one_device(queries, {keys, values, kernel, bias_tensor, mask_tensor}) &&
-                       !checks::reads_values_of(queries) && attention_fits(queries, keys, values, kernel, k) &&
-                       device_has_attention_kernels(queries.get_device()) && device_verified(queries);
-  if (!applies) return {};
-  const c10::cuda::CUDAGuard device(queries.device());
+  const auto path = PathRules(queries, {keys, values, kernel, bias_tensor, mask_tensor})
+                        .require(kernel.dim() == 2, "a standard kernel [C',C,K] (the fused forward takes a "
+                                                    "depthwise [C,K]; the core ops compose)")
+                        .require(!device_value_checks(), "CONVNN_DEVICE_VALUE_CHECKS=1")
+                        .require(attention_fits(queries, keys, values, kernel, k),
+                                 "K, a size or a grid past the fused kernel's limits (K <= 64, 32-bit sizes)")
+                        .choose("knn_attention", "attention", attention_kernel_keys());
+  if (!path.fused()) return {};
+  const c10::OptionalDeviceGuard device(queries.device());
   auto [output, scores, indices, weights] =
       attention_forward(queries.contiguous(), keys.contiguous(), values.contiguous(), kernel.contiguous(),
                         bias_tensor.defined() ? bias_tensor.contiguous() : bias_tensor, k, checked.similarity,
-                        mask_tensor, index_order, checked.rho, temperature);
+                        mask_tensor, index_order, checked.rho, temperature, path.run);
   return {output, scores, indices, weights};
 }
 
@@ -47,14 +49,16 @@ std::vector<at::Tensor> cuda_softmax_scores_gradient(const at::Tensor& grad_outp
                                                      const at::Tensor& weights, const at::Tensor& indices,
                                                      const at::Tensor& kernel, double temperature) {
   checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
-  const bool applies = fused_kernels_chosen() && fused_dtype(values.scalar_type()) &&
-                       on_one_device(values, {grad_output, weights, indices, kernel}) &&
-                       scores_gradient_fits(grad_output, values, weights, kernel) &&
-                       device_has_scores_gradient_kernels(values.get_device()) && device_verified(values);
-  if (!applies) return {};
-  const c10::cuda::CUDAGuard device(values.device());
+  const auto path = PathRules(values, {grad_output, weights, indices, kernel})
+                        .require(scores_gradient_fits(grad_output, values, weights, kernel),
+                                 "a standard kernel, K above 64 or a size past 32 bits (the softmax scores gradient "
+                                 "kernel's limits)")
+                        .choose("knn_attention_backward (softmax scores gradient)",
+                                "attention softmax scores gradient", scores_gradient_kernel_keys());
+  if (!path.fused()) return {};
+  const c10::OptionalDeviceGuard device(values.device());
   return {softmax_scores_gradient(grad_output.contiguous(), values.contiguous(), weights.contiguous(),
-                                  indices.contiguous(), kernel.contiguous(), temperature)};
+                                  indices.contiguous(), kernel.contiguous(), temperature, path.run)};
 }
 
 std::vector<at::Tensor> cuda_attention_backward_fused(const at::Tensor& grad_output, const at::Tensor& queries,
@@ -66,16 +70,17 @@ std::vector<at::Tensor> cuda_attention_backward_fused(const at::Tensor& grad_out
   const auto checked = checks::check_attention_backward_inputs(grad_output, queries, keys, values, kernel, scores,
                                                                indices, weights, similarity_name, rho_name,
                                                                temperature);
-  const bool applies =
-      fused_kernels_chosen() && fused_dtype(queries.scalar_type()) &&
-      on_one_device(queries, {grad_output, keys, values, kernel, scores, indices, weights}) &&
-      attention_backward_fits(queries, keys, values, kernel, scores, checked.similarity, checked.rho) &&
-      device_has_attention_backward_kernels(queries.get_device()) && device_verified(queries);
-  if (!applies) return {};
-  const c10::cuda::CUDAGuard device(queries.device());
+  const auto path =
+      PathRules(queries, {grad_output, keys, values, kernel, scores, indices, weights})
+          .require(attention_backward_fits(queries, keys, values, kernel, scores, checked.similarity, checked.rho),
+                   "not softmax rho with dot or scaled_dot and a depthwise kernel, K <= 64 and 32-bit sizes (the "
+                   "two-kernel backward's cases; the others compose)")
+          .choose("knn_attention_backward", "attention backward", attention_backward_kernel_keys());
+  if (!path.fused()) return {};
+  const c10::OptionalDeviceGuard device(queries.device());
   return attention_backward(grad_output.contiguous(), queries.contiguous(), keys.contiguous(), values.contiguous(),
                             kernel.contiguous(), scores.contiguous(), indices.contiguous(), weights.contiguous(),
-                            checked.similarity, temperature);
+                            checked.similarity, temperature, path.run);
 }
 
 }  // namespace

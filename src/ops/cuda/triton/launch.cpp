@@ -12,59 +12,9 @@
 #include <set>
 #include <utility>
 
+#include "ops/cuda/triton/routes.h"
+
 namespace convnn::ops::cuda::triton {
-
-KernelArguments& KernelArguments::add(char kind, Slot slot) {
-  // More arguments than any aggregation kernel takes is a bug in a launcher, not a user's input.
-  TORCH_INTERNAL_ASSERT(kinds_.size() < kMaxArguments, "KernelArguments: more than ", kMaxArguments,
-                        " arguments");
-  slots_[kinds_.size()] = slot;
-  kinds_.push_back(kind);
-  return *this;
-}
-
-KernelArguments& KernelArguments::pointer(const at::Tensor& tensor) {
-  Slot slot;
-  slot.pointer = tensor.defined() ? tensor.const_data_ptr() : nullptr;
-  return add('p', slot);
-}
-
-KernelArguments& KernelArguments::int32(int64_t value) {
-  TORCH_INTERNAL_ASSERT(value >= std::numeric_limits<int32_t>::min() && value <= std::numeric_limits<int32_t>::max(),
-                        "KernelArguments: ", value, " does not fit a 32-bit kernel argument");
-  Slot slot;
-  slot.int32 = static_cast<int32_t>(value);
-  return add('i', slot);
-}
-
-KernelArguments& KernelArguments::float32(float value) {
-  Slot slot;
-  slot.float32 = value;
-  return add('f', slot);
-}
-
-std::string KernelArguments::kinds() const { return kinds_ + "pp"; }
-
-void** KernelArguments::values() {
-  // Triton 3.6 appends a global and a profile scratch pointer to every kernel's parameters; the
-  // kernels here use neither (scripts/triton_aot.py refuses one that does), so both are null.
-  const std::size_t count = kinds_.size();
-  slots_[count].pointer = nullptr;
-  slots_[count + 1].pointer = nullptr;
-  for (std::size_t i = 0; i < count + 2; ++i) addresses_[i] = &slots_[i];
-  return addresses_.data();
-}
-
-const void* KernelArguments::pointer_at(std::size_t index) const {
-  TORCH_INTERNAL_ASSERT(index < kinds_.size() && kinds_[index] == 'p', "KernelArguments: argument ", index,
-                        " is not a pointer");
-  return slots_[index].pointer;
-}
-
-bool grid_fits(const Grid& grid) {
-  return grid.x >= 0 && grid.y >= 0 && grid.z >= 0 && grid.x <= std::numeric_limits<int32_t>::max() &&
-         grid.y <= 65535 && grid.z <= 65535;
-}
 
 namespace {
 
@@ -157,5 +107,14 @@ void launch(const char* key, const Grid& grid, KernelArguments& arguments) {
                               c10::cuda::getCurrentCUDAStream(device).stream()),
              *kernel, "launching");
 }
+
+void run_on_gpu(Launch& launch) { triton::launch(launch.key.c_str(), launch.grid, launch.arguments); }
+
+namespace {
+
+// This build embeds the images: the embedded route is there for the CUDA ops (routes.h).
+const bool kRegistered = (register_embedded_kernels({&device_has_kernels, &run_on_gpu}), true);
+
+}  // namespace
 
 }  // namespace convnn::ops::cuda::triton

@@ -97,9 +97,21 @@ bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k) {
          g * n * k <= kInt32 && g * m <= kInt32 && n * m <= kInt32 && m < kInt32 - 2 && g <= 65535;
 }
 
-bool device_has_select_kernels(int device) {
+const std::vector<std::string>& select_kernel_keys() {
   static const std::vector<std::string> keys = every_select_key();
-  return device_has_kernels(device, "select", keys);
+  return keys;
+}
+
+const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype) {
+  static const auto keys_of = [](at::ScalarType type) {
+    auto keys = select_kernel_keys();
+    const auto& aggregation = aggregate_kernel_keys(type);
+    keys.insert(keys.end(), aggregation.begin(), aggregation.end());
+    return keys;
+  };
+  static const std::vector<std::string> float32 = keys_of(at::kFloat), bfloat16 = keys_of(at::kBFloat16),
+                                        float16 = keys_of(at::kHalf);
+  return dtype == at::kBFloat16 ? bfloat16 : dtype == at::kHalf ? float16 : float32;
 }
 
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, const at::Tensor& keys_in, int64_t k,

@@ -42,21 +42,23 @@ std::vector<std::string> top_k_keys(const char* kernel);
 /// within 32 bits, the slices within CUDA's grid (the backward also needs aggregate_fits for the
 /// dot products, which go through the aggregation kernels).
 bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k);
-/// Whether the GPU `device` has an image of every select kernel.
-bool device_has_select_kernels(int device);
+/// The key of every select kernel: the forward's and the backward's pair-gradient kernels.
+const std::vector<std::string>& select_kernel_keys();
+/// select_kernel_keys() and the aggregation's for `dtype`, which the dot products' backward takes.
+const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype);
 
 /// As convnn::knn_select, for inputs that the caller checked (queries [G,N,D], keys [G,M,D] of one
 /// floating dtype; mask undefined, bool or floating, [N,M] or [G,N,M]). The kernel ranks in
 /// float32: half precision is converted first (exactly), the scores rounded back at the end.
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
                                                   Similarity similarity, const at::Tensor& mask, bool index_order,
-                                                  const LaunchRunner& run = run_on_gpu);
+                                                  const LaunchRunner& run);
 
 /// As convnn::knn_select_backward: dot and scaled_dot through the aggregation kernels with a
 /// kernel of ones, the others through the pair-gradient kernels (the K selected pairs only).
 std::tuple<at::Tensor, at::Tensor> select_backward(const at::Tensor& grad_scores, const at::Tensor& queries,
                                                    const at::Tensor& keys, const at::Tensor& indices,
                                                    const at::Tensor& scores, Similarity similarity,
-                                                   const LaunchRunner& run = run_on_gpu);
+                                                   const LaunchRunner& run);
 
 }  // namespace convnn::ops::cuda::triton

@@ -1,0 +1,165 @@
+"""Every specialisation of convnn's Triton kernels that a launch may ask for, by key: the one list
+that the ahead-of-time build (scripts/triton_aot.py), the compile check
+(scripts/triton_compile_check.py) and the Python package's launcher (register.py) read, so that a
+key names the same kernel, signature and constexprs on both routes (issue 38 §4). The C++
+launchers (src/ops/cuda/triton/*_launches.cpp) build the keys and the arguments.
+
+Each entry is (key, kernel, signature, constexprs, launch options). The functions take the kernel
+modules as arguments, so that the compile check can list the kernels of another revision
+(scripts/triton_cost_report.py --revision).
+"""
+import triton.language as tl
+
+# aggregate.py's and pair_gradients.py's kernels launch with Triton's defaults; select.py names its own.
+DEFAULT_OPTIONS = {"num_warps": 4}
+POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
+
+
+def top_k_variants(select):
+    """(key suffix, mask pointer type, constexprs) of every kernel built on the running top-K of
+    select.py: every similarity at every width (8 to 64 slots) with every mask kind."""
+    masks = {select.NO_MASK: ("no mask", "*fp32"), select.BOOL_MASK: ("bool mask", "*i1"),
+             select.ADDITIVE_MASK: ("additive mask", "*fp32")}
+    for name, code in select.SIMILARITY_CODES.items():
+        for mask, (mask_name, mask_pointer) in masks.items():
+            slots = select.MIN_SLOTS
+            while slots <= select.slots_for(select.MAX_SLOTS):
+                yield (f"{name} K<={slots} {mask_name}", mask_pointer,
+                       {"SIMILARITY": code, "MASK": mask, "ROWS": select.ROWS,
+                        "CANDIDATES": select.candidates_for(slots, mask),
+                        "SLOTS": slots, "FEATURES": select.features_for(64)})
+                slots *= 2
+
+
+def select_specialisations(module):
+    """knn_select: every kernel a call can launch (the kernel takes float32 inputs whatever the op's
+    dtype, and the launcher puts the slots in index order after it)."""
+    for suffix, mask_pointer, constexprs in top_k_variants(module):
+        yield (f"select {suffix}", module._select_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
+                "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
+                "mask_slice_stride": "i32", "root": "fp32"},
+               constexprs)
+
+
+def attention_specialisations(module, select):
+    """knn_attention's fused forward: the same variants as the select kernel (rho, slot order, bias
+    and the op's dtype are runtime arguments); its backward's softmax scores gradient at every width."""
+    for suffix, mask_pointer, constexprs in top_k_variants(select):
+        yield (f"attention {suffix}", module._attention_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "kernel_ptr": "*fp32",
+                "bias_ptr": "*fp32", "mask_ptr": mask_pointer, "output_ptr": "*fp32", "scores_ptr": "*fp32",
+                "indices_ptr": "*i64", "weights_ptr": "*fp32", "n": "i32", "m": "i32", "d": "i32",
+                "c": "i32", "k": "i32", "mask_slice_stride": "i32", "root": "fp32", "rho": "i32",
+                "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32"},
+               {**constexprs, "CHANNELS": module.CHANNELS})
+    slots = select.MIN_SLOTS
+    while slots <= select.slots_for(select.MAX_SLOTS):
+        yield (f"attention softmax scores gradient K<={slots}", module._softmax_scores_gradient_kernel,
+               {"grad_output_ptr": "*fp32", "values_ptr": "*fp32", "kernel_ptr": "*fp32", "indices_ptr": "*i64",
+                "weights_ptr": "*fp32", "grad_scores_ptr": "*fp32", "rows_total": "i32", "n": "i32", "m": "i32",
+                "c": "i32", "k": "i32", "temperature": "fp32", "dtype_code": "i32"},
+               {"ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.CHANNELS})
+        slots *= 2
+
+
+def attention_backward_specialisations(module, select):
+    """knn_attention's two-kernel backward: the row kernel for each dot-product similarity at every
+    width, and the column kernel (float32 inputs: the launcher converts half precision)."""
+    for similarity, scaled in module.SIMILARITY_SCALED.items():
+        slots = select.MIN_SLOTS
+        while slots <= select.slots_for(select.MAX_SLOTS):
+            yield (f"attention backward rows {similarity} K<={slots}", module._rows_kernel,
+                   {"grad_output_ptr": "*fp32", "values_ptr": "*fp32", "kernel_ptr": "*fp32", "indices_ptr": "*i64",
+                    "weights_ptr": "*fp32", "scores_ptr": "*fp32", "keys_ptr": "*fp32", "live_ptr": "*fp32",
+                    "grad_queries_ptr": "*fp32", "partial_ptr": "*fp32", "rows_total": "i32", "n": "i32",
+                    "m": "i32", "c": "i32", "d": "i32", "k": "i32", "temperature": "fp32", "root": "fp32",
+                    "dtype_code": "i32"},
+                   {"SCALED": scaled, "ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.attention.CHANNELS})
+            slots *= 2
+    # The rows busiest first (row_order_ptr) since the column kernel's balance; a report of an
+    # earlier revision (triton_cost_report.py --revision) compiles its kernel without it.
+    row_order = {"row_order_ptr": "*i64"} if "row_order_ptr" in module._columns_kernel.arg_names else {}
+    yield ("attention backward columns", module._columns_kernel,
+           {"grad_output_ptr": "*fp32", "queries_ptr": "*fp32", "weights_ptr": "*fp32", "kernel_ptr": "*fp32",
+            "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", **row_order,
+            "grad_values_ptr": "*fp32", "grad_keys_ptr": "*fp32", "rows_total": "i32", "c": "i32", "d": "i32",
+            "k": "i32", "value_parts": "i32"},
+           {"ROWS": module.COLUMN_ROWS, "WIDTH": module.COLUMN_WIDTH})
+
+
+def aggregate_specialisations(module):
+    """The aggregation: (key, kernel, signature, constexprs) of every launch, per dtype."""
+    blocks = {"ROWS": module.ROWS, "CHANNELS": module.CHANNELS, "ACC": tl.float32}
+    for dtype, pointer in POINTER.items():
+        sizes = {"rows_total": "i32", "n": "i32", "m": "i32", "c": "i32", "k": "i32"}
+        for has_bias in (False, True):
+            yield (f"forward {dtype}{' bias' if has_bias else ''}", module._forward_kernel,
+                   {"values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64", "kernel_ptr": pointer,
+                    "bias_ptr": pointer, "output_ptr": pointer, **sizes},
+                   {"HAS_BIAS": has_bias, **blocks})
+        yield (f"d weights {dtype}", module._weights_gradient_kernel,
+               {"grad_output_ptr": pointer, "values_ptr": pointer, "indices_ptr": "*i64", "kernel_ptr": pointer,
+                "grad_weights_ptr": pointer, **sizes}, blocks)
+        yield (f"d kernel {dtype}", module._kernel_gradient_kernel,
+               {"grad_output_ptr": pointer, "values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64",
+                "partial_ptr": "*fp32", **sizes, "rows_per_chunk": "i32"}, blocks)
+        yield (f"d values {dtype}", module._values_gradient_kernel,
+               {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
+                "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "k": "i32"},
+               {"CHANNELS": module.CHANNELS, "ACC": tl.float32})
+        standard_sizes = {"rows_total": "i32", "n": "i32", "m": "i32", "c": "i32", "c_out": "i32", "k": "i32"}
+        for has_bias in (False, True):
+            yield (f"standard forward {dtype}{' bias' if has_bias else ''}", module._standard_forward_kernel,
+                   {"values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64", "kernel_ptr": pointer,
+                    "bias_ptr": pointer, "output_ptr": pointer, **standard_sizes},
+                   {"HAS_BIAS": has_bias, **blocks})
+        yield (f"standard d weights {dtype}", module._standard_weights_gradient_kernel,
+               {"grad_output_ptr": pointer, "values_ptr": pointer, "indices_ptr": "*i64", "kernel_ptr": pointer,
+                "grad_weights_ptr": pointer, **standard_sizes}, blocks)
+        yield (f"standard d kernel {dtype}", module._standard_kernel_gradient_kernel,
+               {"grad_output_ptr": pointer, "values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64",
+                "partial_ptr": "*fp32", **standard_sizes, "rows_per_chunk": "i32"}, blocks)
+        yield (f"standard d values {dtype}", module._standard_values_gradient_kernel,
+               {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
+                "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "c_out": "i32", "k": "i32"},
+               {"CHANNELS": module.CHANNELS, "ACC": tl.float32})
+
+
+def pair_gradient_specialisations(module):
+    """knn_select's backward for cosine and the distances: each kernel for each of the four
+    similarities, on float32 inputs (the launcher converts half precision)."""
+    common = {"ACC": tl.float32, "FEATURES": module.FEATURES}
+    for name, code in module.SIMILARITY_CODES.items():
+        yield (f"select backward coefficients {name}", module._pair_coefficients_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "indices_ptr": "*i64", "live_ptr": "*fp32",
+                "coefficients_ptr": "*fp32", "arg_ptr": "*i32", "rows_total": "i32", "n": "i32", "m": "i32",
+                "d": "i32", "k": "i32", "eps": "fp32"},
+               {"SIMILARITY": code, "ROWS": module.ROWS, **common})
+        yield (f"select backward d queries {name}", module._query_gradient_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "indices_ptr": "*i64", "coefficients_ptr": "*fp32",
+                "arg_ptr": "*i32", "grad_q_ptr": "*fp32", "rows_total": "i32", "n": "i32", "m": "i32", "d": "i32",
+                "k": "i32"},
+               {"SIMILARITY": code, "ROWS": module.ROWS, **common})
+        yield (f"select backward d keys {name}", module._key_gradient_kernel,
+               {"q_ptr": "*fp32", "k_ptr": "*fp32", "coefficients_ptr": "*fp32", "arg_ptr": "*i32",
+                "order_ptr": "*i64", "run_start_ptr": "*i64", "grad_k_ptr": "*fp32", "d": "i32", "k": "i32"},
+               {"SIMILARITY": code, **common})
+
+
+def all_specialisations(modules=None):
+    """(key, kernel, signature, constexprs, launch options) of every kernel the C++ launchers ask
+    for. `modules`: {name: module} of aggregate, select, pair_gradients, attention and
+    attention_backward (default: this package's)."""
+    if modules is None:
+        from . import aggregate, attention, attention_backward, pair_gradients, select
+        modules = {"aggregate": aggregate, "select": select, "pair_gradients": pair_gradients,
+                   "attention": attention, "attention_backward": attention_backward}
+    select, backward = modules["select"], modules["attention_backward"]
+    every = [(*spec, DEFAULT_OPTIONS) for spec in aggregate_specialisations(modules["aggregate"])]
+    every += [(*spec, select.COMPILE_OPTIONS) for spec in select_specialisations(select)]
+    every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(modules["pair_gradients"])]
+    every += [(*spec, select.COMPILE_OPTIONS if "gradient" not in spec[0] else DEFAULT_OPTIONS)
+              for spec in attention_specialisations(modules["attention"], select)]
+    every += [(*spec, backward.COMPILE_OPTIONS) for spec in attention_backward_specialisations(backward, select)]
+    return every

@@ -1,0 +1,53 @@
+#pragma once
+// The block sizes, limits and codes of the Triton kernels that the C++ launchers need, read from
+// the kernels' modules (python/convnn/_triton) by scripts/triton_aot.py --constants at build time,
+// so that each is written once: the generated source defines them in every build with the Triton
+// route, embedded images or not.
+#include <cstdint>
+
+namespace convnn::ops::cuda::triton {
+
+// Block sizes of the launches, from aggregate.py (ROWS, CHANNELS, KERNEL_GRADIENT_CHUNKS).
+struct AggregateBlocks {
+  int64_t rows;
+  int64_t channels;
+  int64_t kernel_gradient_chunks;
+};
+extern const AggregateBlocks kAggregateBlocks;
+
+// From select.py: query rows per program, the running top-K's narrowest and widest slot counts (a
+// call with K above the widest takes the generic path), and the mask kinds' codes.
+struct SelectBlocks {
+  int64_t rows;
+  int64_t min_slots;
+  int64_t max_slots;
+  int no_mask, bool_mask, additive_mask;
+};
+extern const SelectBlocks kSelectBlocks;
+
+// From pair_gradients.py: rows and features per program, coefficients per pair.
+struct PairGradientBlocks {
+  int64_t rows;
+  int64_t features;
+  int64_t coefficients;
+};
+extern const PairGradientBlocks kPairGradientBlocks;
+
+// From attention.py: value channels per aggregation step, and the codes of rho (RHO_CODES) and of
+// the op's dtype (DTYPE_CODES) that the fused attention kernel takes.
+struct AttentionCodes {
+  int64_t channels;
+  int uniform, mean, softmax;
+  int float32, bfloat16, float16;
+};
+extern const AttentionCodes kAttentionCodes;
+
+// From attention_backward.py: key/value rows and channels per program of the backward's column
+// kernel (COLUMN_ROWS, COLUMN_WIDTH).
+struct AttentionBackwardBlocks {
+  int64_t column_rows;
+  int64_t column_width;
+};
+extern const AttentionBackwardBlocks kAttentionBackwardBlocks;
+
+}  // namespace convnn::ops::cuda::triton

@@ -1,0 +1,65 @@
+#pragma once
+// One launch of a Triton kernel as the C++ launchers (*_launches.cpp) describe it: the kernel's key
+// (specialisations.py names it), its grid, and its arguments in launch order. A LaunchRunner makes
+// it: the embedded images through the CUDA runtime (launch.h), the Python package's launcher
+// through the dispatcher (routes.h), or a test's recorder. Plain ATen, no CUDA types.
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace convnn::ops::cuda::triton {
+
+/// A kernel's arguments in launch order, each with its kind (the letters of
+/// CompiledKernel::parameters), so that a launch can check them against what the compiled kernel
+/// declares before the GPU sees them. Triton's two scratch pointers are added by the launch.
+class KernelArguments {
+ public:
+  KernelArguments& pointer(const at::Tensor& tensor);  // its data; an undefined tensor is null
+  KernelArguments& int32(int64_t value);                // checked to fit in 32 bits
+  KernelArguments& float32(float value);
+  /// The kinds so far, with the trailing scratch pointers ("...pp").
+  std::string kinds() const;
+  /// The kinds of the arguments alone (no scratch pointers).
+  const std::string& argument_kinds() const { return kinds_; }
+  /// Pointers to each argument's value, the scratch pointers included: cudaLaunchKernel's `args`.
+  void** values();
+  /// The pointer passed as argument `index` (which must be a pointer argument).
+  const void* pointer_at(std::size_t index) const;
+  /// The tensor passed as argument `index` (a pointer argument), for a launcher that takes tensors.
+  const at::Tensor& tensor_at(std::size_t index) const;
+  int32_t int32_at(std::size_t index) const;
+  float float32_at(std::size_t index) const;
+
+ private:
+  static constexpr int kMaxArguments = 24;  // the fused attention kernel takes 22
+  union Slot {
+    const void* pointer;
+    int32_t int32;
+    float float32;
+  };
+  KernelArguments& add(char kind, Slot slot);
+  std::array<Slot, kMaxArguments + 2> slots_{};
+  std::array<void*, kMaxArguments + 2> addresses_{};
+  std::array<at::Tensor, kMaxArguments> tensors_{};  // the pointer arguments' tensors
+  std::string kinds_;
+};
+
+struct Grid {
+  int64_t x = 1, y = 1, z = 1;
+};
+
+/// Whether every listed grid fits CUDA's limits (x < 2^31, y and z <= 65535).
+bool grid_fits(const Grid& grid);
+
+struct Launch {
+  std::string key;  // the specialisation's key (python/convnn/_triton/specialisations.py)
+  Grid grid;
+  KernelArguments arguments;
+};
+using LaunchRunner = std::function<void(Launch&)>;
+
+}  // namespace convnn::ops::cuda::triton
