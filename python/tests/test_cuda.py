@@ -185,7 +185,7 @@ def test_a_registered_convnn_model_gives_the_cpu_loss_and_gradients_on_cuda(vari
 
 
 def test_convnn_attention_on_cuda_runs_the_triton_select_and_aggregation():
-    """knn_attention's CUDA kernel (src/ops/cuda/knn_attention_composed.cpp) composes the core ops
+    """knn_attention's CUDA kernel (src/ops/composite/knn_attention_composed.cpp) composes the core ops
     through the dispatcher, whose CUDA kernels are the Triton ones."""
     torch.manual_seed(6)
     layer = ConvNNAttention(16, 2, 4, rho="mean").to(CUDA)  # mean rho: not the fused forward, the composition

@@ -648,7 +648,7 @@ def test_the_select_backward_cuda_kernel_covers_every_similarity():
 
 # The paper's identities (docs/operator.md) through the kernels: each composes the Triton select, rho
 # and the Triton aggregation, as knn_attention's CUDA composition does
-# (src/ops/cuda/knn_attention_composed.cpp), and compares with what the identity says it equals.
+# (src/ops/composite/knn_attention_composed.cpp), and compares with what the identity says it equals.
 
 
 def grid_coordinates(rows, columns, offset=0):
@@ -844,6 +844,21 @@ def test_fused_attention_writes_every_output_element_once_and_no_guard_byte_chan
     assert (index_buffer[:64] == -5).all() and (index_buffer[-64:] == -5).all()
     want = generic_attention(queries, keys, values, kernel, bias, 6, "dot", mask, True, "softmax", 1.0)
     assert_attention_equal((output, scores, indices, weights), want, torch.float32, "guarded")
+
+
+def test_a_rho_code_no_branch_knows_gives_nan_weights_not_another_rhos():
+    """rho is a runtime argument of the fused kernel: a code past RHO_CODES (which the C++ launcher's
+    switch cannot send) takes no rho's arithmetic but NaN weights, which every check catches."""
+    queries, keys, generator = select_inputs(torch.float32, n=16, d=4, seed=56)
+    values, kernel, _ = attention_operands(torch.float32, queries, keys, generator, c=8, k=6)
+    output, scores, weights = (torch.empty(2, 16, size, device=DEVICE) for size in (8, 6, 6))
+    indices = torch.empty(2, 16, 6, dtype=torch.int64, device=DEVICE)
+    attention._attention_kernel[(1, 2)](
+        queries, keys, values, kernel, values, queries, output, scores, indices, weights,
+        16, 70, 4, 8, 6, 0, 1.0, len(attention.RHO_CODES), 1.0, 0, 0, 0,
+        SIMILARITY=0, MASK=select.NO_MASK, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES, SLOTS=8,
+        FEATURES=16, CHANNELS=attention.CHANNELS)
+    assert weights.isnan().all()
 
 
 def test_identity_attention_when_k_equals_n_through_the_fused_kernel():

@@ -1,5 +1,5 @@
 // The hook through which a device's fused knn_attention kernel serves knn_attention
-// (convnn::knn_attention_device_fused, src/ops/cuda/knn_attention_composed.cpp): the device's
+// (convnn::knn_attention_device_fused, src/ops/composite/knn_attention_composed.cpp): the device's
 // knn_attention asks it first and composes the core ops when it answers with no tensors. Proved here
 // with a kernel of this test binary's own under the CPU key, which no library code asks (the CPU
 // knn_attention has its fused C++ kernel); on CUDA the Triton kernel answers the same way.
@@ -15,7 +15,7 @@
 
 #include "convnn/ops/rho.h"
 #include "ops/composite/knn_attention_backward.h"
-#include "ops/cuda/knn_attention_composed.h"
+#include "ops/composite/knn_attention_composed.h"
 #include "ops/generic/generic.h"
 
 namespace {
@@ -63,7 +63,7 @@ struct Operands {
 
 TEST(DeviceFusedAttention, TheDevicesKernelAnswersWhereItTakesTheInputs) {
   const Operands in;
-  const auto fused = convnn::ops::cuda::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values,
+  const auto fused = convnn::ops::composite::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values,
                                                                in.kernel(3), c10::nullopt, 3, "dot", c10::nullopt,
                                                                false, "softmax", 1.0);
   ASSERT_TRUE(fused.has_value());
@@ -72,7 +72,7 @@ TEST(DeviceFusedAttention, TheDevicesKernelAnswersWhereItTakesTheInputs) {
 
 TEST(DeviceFusedAttention, NoTensorsMeansCompose) {
   const Operands in;
-  EXPECT_FALSE(convnn::ops::cuda::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values,
+  EXPECT_FALSE(convnn::ops::composite::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values,
                                                          in.kernel(1), c10::nullopt, 1, "dot", c10::nullopt, false,
                                                          "softmax", 1.0)
                    .has_value());
@@ -80,7 +80,7 @@ TEST(DeviceFusedAttention, NoTensorsMeansCompose) {
 
 TEST(DeviceFusedAttention, AKeyWithoutAFusedKernelIsNotAsked) {
   const Operands in;
-  EXPECT_FALSE(convnn::ops::cuda::device_fused_attention(c10::DispatchKey::XPU, in.queries, in.keys, in.values,
+  EXPECT_FALSE(convnn::ops::composite::device_fused_attention(c10::DispatchKey::XPU, in.queries, in.keys, in.values,
                                                          in.kernel(3), c10::nullopt, 3, "dot", c10::nullopt, false,
                                                          "softmax", 1.0)
                    .has_value());
@@ -89,7 +89,7 @@ TEST(DeviceFusedAttention, AKeyWithoutAFusedKernelIsNotAsked) {
 TEST(DeviceFusedAttention, AKernelReturningAnotherNumberOfTensorsIsAnError) {
   const Operands in;
   try {
-    convnn::ops::cuda::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values, in.kernel(2),
+    convnn::ops::composite::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values, in.kernel(2),
                                               c10::nullopt, 2, "dot", c10::nullopt, false, "softmax", 1.0);
     FAIL() << "expected an error";
   } catch (const c10::Error& error) {
@@ -101,7 +101,7 @@ TEST(DeviceFusedAttention, AKernelReturningAnotherNumberOfTensorsIsAnError) {
 TEST(DeviceFusedAttention, KnnAttentionsChecksRunBeforeTheDevicesKernel) {
   const Operands in;
   try {
-    convnn::ops::cuda::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values, in.kernel(3),
+    convnn::ops::composite::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values, in.kernel(3),
                                               c10::nullopt, 3, "no such similarity", c10::nullopt, false, "softmax",
                                               1.0);
     FAIL() << "expected an error";
@@ -188,7 +188,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Ten
     int64_t k, std::array<bool, 5> output_mask, c10::DispatchKey key = c10::DispatchKey::CPU,
     const char* similarity = "scaled_dot") {
   const BackwardOperands in;
-  return convnn::ops::cuda::device_fused_attention_backward(key, in.grad_output, in.queries, in.keys, in.values,
+  return convnn::ops::composite::device_fused_attention_backward(key, in.grad_output, in.queries, in.keys, in.values,
                                                             in.kernel(k), in.slots(k), in.indices(k), in.slots(k),
                                                             similarity, "softmax", 1.0, output_mask);
 }

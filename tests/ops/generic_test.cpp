@@ -19,7 +19,7 @@
 
 #include "convnn/ops/knn_ops.h"
 #include "ops/checks.h"
-#include "ops/cuda/knn_attention_composed.h"
+#include "ops/composite/knn_attention_composed.h"
 #include "ops/generic/generic.h"
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
@@ -644,9 +644,9 @@ TEST(GenericErrors, UnrankableScoreRaisesTheFusedOpsMessage) {
 // own for the core ops (XPU here; CUDA in a build without the embedded Triton kernels and without
 // the Python package) takes the generic path instead of composing.
 TEST(CudaComposition, EqualsTheGenericPathForwardAndBackwardAndStandsAsideWithoutDeviceKernels) {
-  EXPECT_FALSE(convnn::ops::cuda::has_device_kernels(c10::DispatchKey::XPU));
+  EXPECT_FALSE(convnn::ops::composite::has_device_kernels(c10::DispatchKey::XPU));
   // The CPU has kernels of its own, unless CONVNN_CPU_KERNELS=generic keeps them unregistered.
-  EXPECT_EQ(convnn::ops::cuda::has_device_kernels(c10::DispatchKey::CPU), !generic::serves_cpu());
+  EXPECT_EQ(convnn::ops::composite::has_device_kernels(c10::DispatchKey::CPU), !generic::serves_cpu());
   torch::manual_seed(31);
   const int64_t g = 3, n = 7, m = 9, d = 4, k = 4;
   const auto opts = torch::TensorOptions().dtype(torch::kDouble);
@@ -658,7 +658,7 @@ TEST(CudaComposition, EqualsTheGenericPathForwardAndBackwardAndStandsAsideWithou
     for (const char* similarity : {"cosine", "l1"}) {
       for (const char* rho : {"softmax", "uniform"}) {
         SCOPED_TRACE(std::string(similarity) + " " + rho + " kernel " + std::to_string(kernel.dim()) + "-D");
-        const auto composed = convnn::ops::cuda::composed_attention(queries, keys, values, kernel, bias, k,
+        const auto composed = convnn::ops::composite::composed_attention(queries, keys, values, kernel, bias, k,
                                                                     similarity, mask, false, rho, 0.7);
         const auto expected = generic::knn_attention(queries, keys, values, kernel, bias, k, similarity, mask,
                                                      false, rho, 0.7);
@@ -666,7 +666,7 @@ TEST(CudaComposition, EqualsTheGenericPathForwardAndBackwardAndStandsAsideWithou
         EXPECT_TRUE(AllClose(std::get<0>(composed), std::get<0>(expected), 1e-12, 1e-12));
         EXPECT_TRUE(AllClose(std::get<3>(composed), std::get<3>(expected), 1e-12, 1e-12));
         const auto dy = torch::randn_like(std::get<0>(expected));
-        const auto grads = convnn::ops::cuda::composed_attention_backward(
+        const auto grads = convnn::ops::composite::composed_attention_backward(
             dy, queries, keys, values, kernel, std::get<1>(expected), std::get<2>(expected),
             std::get<3>(expected), similarity, rho, 0.7, {true, true, true, true, true});
         const auto want = generic::knn_attention_backward(dy, queries, keys, values, kernel, std::get<1>(expected),

@@ -46,7 +46,7 @@ TEST(RegisteredDevices, CpuKeyIsFoundUnlessTheGenericPathServesTheCpu) {
 }
 
 TEST(RegisteredDevices, CudaKeyIsFoundInEveryBuildThroughTheAttentionComposition) {
-  // src/ops/cuda/knn_attention_composed.cpp registers knn_attention and its backward under CUDA in
+  // src/ops/cuda/knn_attention_cuda.cpp registers knn_attention and its backward under CUDA in
   // every build; a build with the Triton route (src/ops/cuda/triton/routes.h) adds the core ops.
   EXPECT_TRUE(is_registered(c10::DispatchKey::CUDA));
 #ifdef CONVNN_TRITON_ROUTE

@@ -10,7 +10,7 @@ until they are written once (the op returns them, and the backward reads them).
 
     output[g, i, c] = sum over slots s of weights[g, i, s] * values[g, indices[g, i, s], c] * kernel[c, s] + bias[c]
 
-It follows the composed ops exactly (select -> rho -> knn_aggregate, as src/ops/cuda/knn_attention_composed.cpp
+It follows the composed ops exactly (select -> rho -> knn_aggregate, as src/ops/composite/knn_attention_composed.cpp
 composes them): rho sees the scores rounded to the op's dtype, the aggregation the weights rounded
 to it, and the slots are summed in their output order with the aggregation kernel's products
 (weight * value * tap), in float32. Rows that met a NaN or +inf score come out NaN (scores, weights
@@ -31,7 +31,8 @@ import triton.language as tl
 from . import select
 
 CHANNELS = 32  # value channels per step of the aggregation
-RHO_CODES = {"uniform": 0, "mean": 1, "softmax": 2}
+RHO_CODES = {"uniform": 0, "mean": 1, "softmax": 2}  # in the C++ enum's order (a test holds it to rho_names())
+_UNIFORM, _MEAN, _SOFTMAX = (tl.constexpr(RHO_CODES[name]) for name in ("uniform", "mean", "softmax"))
 # The op's dtype, to which the kernel rounds the scores before rho and the weights before the
 # aggregation, as the composed ops do.
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -52,17 +53,22 @@ def _rho(scores, in_k, rho, temperature, ROWS: tl.constexpr, SLOTS: tl.constexpr
     valid = in_k & (scores != float("-inf"))
     ones = valid.to(tl.float32)
     count = tl.sum(ones, 1)
-    if rho == 0:
+    if rho == _UNIFORM:
         weights = ones
-    elif rho == 1:
+    elif rho == _MEAN:
         weights = tl.math.div_rn(ones, tl.maximum(count, 1.0)[:, None])
-    else:
+    elif rho == _SOFTMAX:
         # The largest valid score (0 in a row with none, where every weight is 0: no -inf - -inf).
         largest = tl.where(count > 0, tl.max(tl.where(in_k, scores, float("-inf")), 1), 0.0)
         z = tl.math.div_rn(scores - largest[:, None], tl.full([ROWS, SLOTS], temperature, tl.float32))
         e = tl.where(valid, tl.exp(z), 0.0)
         total = tl.sum(e, 1)
         weights = tl.math.div_rn(e, tl.where(count > 0, total, 1.0)[:, None])
+    else:
+        # A code no branch knows (rho is a runtime argument, so no compile-time stop): NaN weights,
+        # which the first-call check and every test catch, never another rho's arithmetic. The C++
+        # launcher's rho_code is a switch over the enum that -Werror=switch keeps complete.
+        weights = tl.full([ROWS, SLOTS], float("nan"), tl.float32)
     return weights
 
 

@@ -13,7 +13,7 @@ paper's Table 1 and of every ConvNN attention layer's default.
   blocks take the rows busiest first (the launcher's busiest_first), so a block's rows have runs of about one
   length and no block waits on one much-read row.
 
-Every step follows the composed path (src/ops/cuda/knn_attention_composed.cpp: the aggregation's
+Every step follows the composed path (src/ops/composite/knn_attention_composed.cpp: the aggregation's
 backward, the fused softmax scores gradient of attention.py, the select backward of select.py)
 product for product, rounding to the op's dtype where it rounds, so the two agree to the last bits
 of a differently ordered sum (the kernel's gradient: per block of rows here, per chunk of rows

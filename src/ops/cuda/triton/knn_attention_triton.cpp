@@ -2,7 +2,7 @@
 // knn_attention_backward_device_fused under the CUDA dispatch key: the fused knn_attention forward,
 // its backward's softmax scores gradient and its two-kernel backward, the Triton kernels of
 // python/convnn/_triton/attention.py and attention_backward.py, over the route that serves the call
-// (routes.h). The CUDA knn_attention and its backward (src/ops/cuda/knn_attention_composed.cpp)
+// (routes.h). The CUDA knn_attention and its backward (src/ops/composite/knn_attention_composed.cpp)
 // ask them first, after their checks; where the kernels do not apply (path_choice.h says why: a
 // standard kernel, float64, K above the widest running top-K, a size past 32 bits, no route, the
 // first-call check failed, CONVNN_CUDA_KERNELS=generic, the debug switch

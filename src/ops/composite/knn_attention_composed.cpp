@@ -1,12 +1,12 @@
-// knn_attention and its backward under the CUDA dispatch key. Where the device has a fused
-// knn_attention kernel for the inputs (convnn::knn_attention_device_fused, defined here: the Triton
-// kernel of python/convnn/_triton/attention.py, embedded in a CUDA build of this library or
-// registered by the Python package), the forward is that one kernel. Otherwise, where the device has kernels of its
-// own for the core ops (the Triton kernels: knn_select and knn_aggregate registered from Python by
-// python/convnn/_triton/register.py, or knn_aggregate embedded in this library by a CUDA build,
-// src/ops/cuda/triton/), the attention is their composition through the dispatcher, so that a
-// layer on a GPU runs them; where it has none, the device-generic path. ATen calls only, no CUDA code: it builds and registers in every build.
-#include "ops/cuda/knn_attention_composed.h"
+// knn_attention and its backward on a device with kernels of its own (device_attention,
+// device_attention_backward; registered for CUDA by src/ops/cuda/knn_attention_cuda.cpp). Where
+// the device has a fused knn_attention kernel for the inputs (convnn::knn_attention_device_fused,
+// defined here: on CUDA, the Triton kernel of python/convnn/_triton/attention.py), the forward is
+// that one kernel. Otherwise, where the device has kernels of its own for the core ops (on CUDA,
+// the Triton kernels of src/ops/cuda/triton/), the attention is their composition through the
+// dispatcher, so that a layer on the device runs them; where it has none, the device-generic path.
+// ATen calls only, no device code: any device with core kernels registers these two functions.
+#include "ops/composite/knn_attention_composed.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -43,7 +43,7 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
         "-> Tensor[]");
 }
 
-namespace convnn::ops::cuda {
+namespace convnn::ops::composite {
 
 std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device_fused_attention(
     c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
@@ -130,13 +130,15 @@ std::tuple<at::Tensor, at::Tensor> dispatched_select_backward(
   return ops::knn_select_backward(grad_scores, queries, keys, indices, scores, std::string(similarity));
 }
 
-// The CUDA key's fused kernel where one is registered and takes the inputs; undefined otherwise.
+// The fused kernel of the values' device where one is registered and takes the inputs; undefined
+// otherwise.
 at::Tensor dispatched_softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values,
                                               const at::Tensor& weights, const at::Tensor& indices,
                                               const at::Tensor& kernel, double temperature) {
   static const auto fused = c10::Dispatcher::singleton().findSchemaOrThrow(
       "convnn::knn_attention_softmax_scores_gradient_device_fused", "");
-  if (!fused.hasKernelForDispatchKey(c10::DispatchKey::CUDA) || !values.is_cuda()) return {};
+  const auto key = c10::computeDispatchKey(values.scalar_type(), values.layout(), values.device());
+  if (!fused.hasKernelForDispatchKey(key)) return {};
   static const auto call = fused.typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                                const at::Tensor&, const at::Tensor&, double)>();
   const auto outputs = call.call(grad_output, values, weights, indices, kernel, temperature);
@@ -167,48 +169,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_
                                              output_mask);
 }
 
-namespace {
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_attention(
-    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
-    c10::string_view rho, double temperature) {
-  if (auto fused = device_fused_attention(c10::DispatchKey::CUDA, queries, keys, values, kernel, bias, k, similarity,
-                                          mask, index_order, rho, temperature)) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention(
+    c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
+    const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature) {
+  if (auto fused = device_fused_attention(key, queries, keys, values, kernel, bias, k, similarity, mask, index_order,
+                                          rho, temperature)) {
     return *fused;
   }
-  if (!has_device_kernels(c10::DispatchKey::CUDA)) {
-    return generic::knn_attention(queries, keys, values, kernel, bias, k, similarity, mask,
-                                  index_order, rho, temperature);
+  if (!has_device_kernels(key)) {
+    return generic::knn_attention(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho,
+                                  temperature);
   }
-  return composed_attention(queries, keys, values, kernel, bias, k, similarity, mask, index_order,
-                            rho, temperature);
+  return composed_attention(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_attention_backward(
-    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
-    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
-    c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
-  if (auto fused = device_fused_attention_backward(c10::DispatchKey::CUDA, grad_output, queries, keys, values, kernel,
-                                                   scores, indices, weights, similarity, rho, temperature,
-                                                   output_mask)) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention_backward(
+    c10::DispatchKey key, const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores, const at::Tensor& indices,
+    const at::Tensor& weights, c10::string_view similarity, c10::string_view rho, double temperature,
+    std::array<bool, 5> output_mask) {
+  if (auto fused = device_fused_attention_backward(key, grad_output, queries, keys, values, kernel, scores, indices,
+                                                   weights, similarity, rho, temperature, output_mask)) {
     return *fused;
   }
-  if (!has_device_kernels(c10::DispatchKey::CUDA)) {
-    return generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices,
-                                           weights, similarity, rho, temperature, output_mask);
+  if (!has_device_kernels(key)) {
+    return generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights,
+                                           similarity, rho, temperature, output_mask);
   }
-  return composed_attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights,
-                                     similarity, rho, temperature, output_mask);
+  return composed_attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights, similarity,
+                                     rho, temperature, output_mask);
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
-  m.impl("knn_attention", &cuda_attention);
-  m.impl("knn_attention_backward", &cuda_attention_backward);
-}
-
-}  // namespace convnn::ops::cuda
+}  // namespace convnn::ops::composite

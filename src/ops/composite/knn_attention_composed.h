@@ -1,6 +1,9 @@
 #pragma once
-// knn_attention and its backward on CUDA tensors (src/ops/cuda/knn_attention_composed.cpp).
+// knn_attention and its backward on a device with kernels of its own, in ATen calls only
+// (src/ops/composite/knn_attention_composed.cpp): a device registers device_attention and
+// device_attention_backward as its knn_attention kernels (CUDA: src/ops/cuda/knn_attention_cuda.cpp).
 #include <ATen/core/Tensor.h>
+#include <c10/core/DispatchKey.h>
 #include <c10/util/Optional.h>
 #include <c10/util/string_view.h>
 
@@ -8,11 +11,10 @@
 #include <optional>
 #include <tuple>
 
-namespace convnn::ops::cuda {
+namespace convnn::ops::composite {
 
-// Whether the device has kernels of its own for knn_select and knn_aggregate (the Triton kernels
-// the Python package registers for CUDA tensors). Asked at every call: they may be registered
-// after the first one.
+// Whether the device has kernels of its own for knn_select and knn_aggregate (on CUDA, the Triton
+// route's). Asked at every call: they may be registered after the first one.
 bool has_device_kernels(c10::DispatchKey key);
 
 // The device's fused knn_attention forward (convnn::knn_attention_device_fused) for these inputs,
@@ -50,4 +52,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_
     const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
     c10::string_view rho, double temperature, std::array<bool, 5> output_mask);
 
-}  // namespace convnn::ops::cuda
+// knn_attention on device `key` (the op's checks included): the device's fused kernel where it
+// takes the inputs, else the composition of the core ops where the device has a kernel of its own
+// for either, else the device-generic path.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention(
+    c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
+    const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature);
+
+// Its backward, chosen the same way.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention_backward(
+    c10::DispatchKey key, const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores, const at::Tensor& indices,
+    const at::Tensor& weights, c10::string_view similarity, c10::string_view rho, double temperature,
+    std::array<bool, 5> output_mask);
+
+}  // namespace convnn::ops::composite
