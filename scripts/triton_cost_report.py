@@ -89,7 +89,7 @@ def sass(kernel_name):
     for line in text.splitlines():
         if (match := re.match(r'\s*//## File "([^"]*)"', line)):
             source = match.group(1)
-        elif (match := re.match(r"^(\.L_x_\d+):", line)):
+        elif (match := re.match(r"^(\.L_x_\d+|\$\S+):", line)):  # a branch target or a subroutine
             labels[match.group(1)] = len(instructions)
         elif (match := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)):
             instructions.append((match.group(1), source))
@@ -296,6 +296,50 @@ def backward_estimates(backward, select, shape):
     return figures
 
 
+# The kernels that walk the inverse index (which slots read each key/value row) one slot per step,
+# and the loop of each that takes the steps: their cost grows with the slots a row is read by.
+WALKERS = ("d values float32", "standard d values float32", "select backward d keys cosine",
+           "select backward d keys gaussian", "attention backward columns")
+
+
+def subroutine_size(instructions, labels, name):
+    """Instructions from a called subroutine's label to its first return."""
+    start = labels[name]
+    end = next(i for i in range(start, len(instructions)) if opcode(instructions[i][0]) == "RET")
+    return end - start + 1
+
+
+def walker_steps(kernel_name):
+    """[(own instructions, subroutine instructions it may call)] per trip of each loop of a kernel, outermost
+    first, per warp: a loop's own instructions exclude the loops inside it (each listed on its own), and a
+    call (the int64 division, which the compiler emits as a subroutine behind a 32-bit fast path) costs its
+    subroutine's instructions when taken."""
+    instructions, labels, _ = sass(kernel_name)
+    found = sorted({r for r in loops(instructions, labels) if r[1] > r[0]}, key=lambda r: (r[0], -r[1]))
+    steps = []
+    for first, last in found:
+        nested = [r for r in found if r != (first, last) and first <= r[0] and r[1] <= last]
+        own = [i for i in range(first, last + 1) if not any(r[0] <= i <= r[1] for r in nested)]
+        called = [re.search(r"`\((\S+)\)", instructions[i][0]).group(1) for i in own
+                  if opcode(instructions[i][0]) == "CALL"]
+        steps.append((len(own), sum(subroutine_size(instructions, labels, name) for name in called)))
+    return steps
+
+
+def report_walkers(report):
+    """The inverse-index walkers' section: SASS per slot step."""
+    print("\nInverse-index walkers (float32): SASS instructions per warp per trip of each loop, outermost first "
+          "(a loop's own, without the loops inside it), + those of a subroutine a trip may call. The step over a "
+          "slot is the outer loop; the standard kernel's inner loop is over blocks of output channels; the column "
+          "kernel's two loops step 16 rows at once (values, then keys)\n")
+    print("| kernel | per trip of each loop |\n|---|---|")
+    report["walkers"] = {}
+    for kernel in WALKERS:
+        steps = walker_steps(kernel)
+        report["walkers"][kernel] = steps
+        print(f"| {kernel} | {', '.join(f'{size}' + (f' + {called}' if called else '') for size, called in steps)} |")
+
+
 LAUNCH_COUNT = """
 import json, sys
 import torch
@@ -413,6 +457,7 @@ def main():
                       f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
         if args.revision is None or (check.REPO / "python/convnn/_triton/attention_backward.py").exists():
             report_backward(report)
+            report_walkers(report)
         else:
             print("\nknn_attention backward in two kernels: not in this revision (the backward composed the core ops)")
     if args.json:

@@ -125,11 +125,12 @@ def _values_gradient_kernel(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr,
     end = tl.load(run_start_ptr + value_row + 1)
     acc = tl.zeros([CHANNELS], dtype=ACC)
     while position < end:
-        slot_index = tl.load(order_ptr + position)  # a flattened [G*N*K] slot
+        # A flattened [G*N*K] slot, within 32 bits (aggregate_fits): int64 division is a long subroutine.
+        slot_index = tl.load(order_ptr + position).to(tl.int32)
         query_row = slot_index // k
         weight = tl.load(weights_ptr + slot_index).to(ACC)
-        tap = tl.load(kernel_ptr + channels * k + slot_index % k, mask=channel_ok, other=0.0).to(ACC)
-        dy = tl.load(grad_output_ptr + query_row * c + channels, mask=channel_ok, other=0.0).to(ACC)
+        tap = tl.load(kernel_ptr + channels * k + (slot_index - query_row * k), mask=channel_ok, other=0.0).to(ACC)
+        dy = tl.load(grad_output_ptr + query_row.to(tl.int64) * c + channels, mask=channel_ok, other=0.0).to(ACC)
         acc += weight * tap * dy
         position += 1
     tl.store(grad_values_ptr + value_row.to(tl.int64) * c + channels, acc.to(grad_values_ptr.dtype.element_ty),
@@ -256,15 +257,15 @@ def _standard_values_gradient_kernel(grad_output_ptr, weights_ptr, kernel_ptr, o
     end = tl.load(run_start_ptr + value_row + 1)
     acc = tl.zeros([CHANNELS], dtype=ACC)
     while position < end:
-        slot_index = tl.load(order_ptr + position)
+        slot_index = tl.load(order_ptr + position).to(tl.int32)  # within 32 bits, as above
         query_row = slot_index // k
-        slot = slot_index % k
+        slot = slot_index - query_row * k
         weight = tl.load(weights_ptr + slot_index).to(ACC)
         first = 0
         while first < c_out:
             outs = first + tl.arange(0, CHANNELS)
             out_ok = outs < c_out
-            dy = tl.load(grad_output_ptr + query_row * c_out + outs, mask=out_ok, other=0.0).to(ACC)
+            dy = tl.load(grad_output_ptr + query_row.to(tl.int64) * c_out + outs, mask=out_ok, other=0.0).to(ACC)
             taps = tl.load(kernel_ptr + outs[:, None].to(tl.int64) * c * k + ins[None, :] * k + slot,
                            mask=out_ok[:, None] & in_ok[None, :], other=0.0).to(ACC)
             acc += weight * tl.sum(dy[:, None] * taps, axis=0)

@@ -181,9 +181,11 @@ def _key_gradient_kernel(q_ptr, k_ptr, coefficients_ptr, arg_ptr, order_ptr, run
     end = tl.load(run_start_ptr + key_row + 1)
     acc = tl.zeros([FEATURES], dtype=ACC)
     while position < end:
-        pair = tl.load(order_ptr + position)  # a flattened [G*N*K] slot
+        # A flattened [G*N*K] slot, within 32 bits (select_fits): int64 division is a long subroutine.
+        pair = tl.load(order_ptr + position).to(tl.int32)
         query_row = pair // k
-        q = tl.load(q_ptr + query_row * d + features, mask=feature_ok, other=0.0).to(ACC)
+        q = tl.load(q_ptr + query_row.to(tl.int64) * d + features, mask=feature_ok, other=0.0).to(ACC)
+        pair = pair.to(tl.int64)  # its six coefficients may lie past 2^31
         if _linear_terms(SIMILARITY):
             a = tl.load(coefficients_ptr + pair * 6 + 3)
             b = tl.load(coefficients_ptr + pair * 6 + 4)
