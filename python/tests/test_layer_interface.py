@@ -31,6 +31,100 @@ def test_attention_projections_are_linear_modules_with_the_cpp_state_dict_keys()
     assert attention.proj is attention.output_projection
 
 
+SPATIAL_LAYERS = (lambda: ConvNN1d(4, 4, 3, projection="linear", projection_bias=True),
+                  lambda: ConvNN2d(4, 6, 3, projection="linear", qk_channels=2),
+                  lambda: ConvNN3d(4, 4, 3, projection="linear"))
+BRANCHING_LAYERS = (lambda: BranchingConv2d(4, 8, lambda_=0.5, k=3, projection="linear"),
+                    lambda: BranchingConv2d(4, 6, lambda_=0.0, kernel_size=5, stride=2, dilation=(1, 2)),
+                    lambda: BranchingConv3d(4, 4, lambda_=0.5, k=3, stride=(1, 2, 1)))
+
+
+@pytest.mark.parametrize("build", SPATIAL_LAYERS + BRANCHING_LAYERS)
+def test_every_cpp_linear_and_convolution_is_a_torch_nn_module_under_the_cpp_state_dict_keys(build):
+    layer = build()
+    names, tensors, _ = torch.ops.convnn.layer_parameters(layer._layer, layer._texts)
+    assert set(layer.state_dict()) == set(names)  # checkpoints of the earlier layout load as they are
+    kinds = {"linear": nn.Linear, "conv1d": nn.Conv1d, "conv2d": nn.Conv2d, "conv3d": nn.Conv3d}
+    sub_names, sub_kinds, _ = torch.ops.convnn.layer_submodules(layer._layer, layer._texts)
+    assert sub_names, "the layer has no Linear or convolution to show"
+    for name, kind in zip(sub_names, sub_kinds):
+        assert type(layer.get_submodule(name)) is kinds[kind], name
+    projections = [name for name, m in layer.named_modules() if name.endswith("_projection")]
+    assert all(type(layer.get_submodule(name)) is nn.Linear for name in projections)
+    if layer._layer.startswith("Branching"):
+        assert type(layer.mix) is type(layer.conv_branch) is kinds[f"conv{layer._layer[-2:]}"]
+
+
+@pytest.mark.parametrize("build", BRANCHING_LAYERS[1:])
+def test_the_convolution_branch_module_computes_what_the_layer_runs(build):
+    """With lambda = 0 the layer is mix(conv_branch(x)): the nn modules' stride, padding and dilation are
+    the C++ sub-layers'."""
+    torch.manual_seed(0)
+    layer = build().double()
+    if "convnn_branch" in layer._modules:
+        layer = type(layer)(**{**layer.options, "lambda_": 0.0}).double()
+    x = torch.randn(2, 4, *(9,) * (len(layer.conv_branch.kernel_size)), dtype=torch.float64)
+    torch.testing.assert_close(layer(x), layer.mix(layer.conv_branch(x)), rtol=1e-12, atol=1e-12)
+
+
+def _with_weight(build, state, name, weight):
+    """A layer of `build` with the state_dict `state` but `name`'s weight replaced."""
+    reference = build().double()
+    reference.load_state_dict({**state, f"{name}.weight": weight})
+    return reference
+
+
+@pytest.mark.parametrize("build", SPATIAL_LAYERS + BRANCHING_LAYERS[:1])
+def test_a_projection_parametrization_or_pruning_is_honoured_a_replaced_one_refused_a_hook_warned(build):
+    from torch.nn.utils import parametrize, prune
+
+    torch.manual_seed(0)
+    layer = build().double()
+    name = next(name for name, _ in layer.named_modules() if name.endswith("value_projection"))
+    x = torch.randn(2, 4, *(5,) * int(layer._layer[-2]), dtype=torch.float64)  # [B, C, spatial...] of a ...Nd layer
+    projection = layer.get_submodule(name)
+    state = {key: tensor.clone() for key, tensor in layer.state_dict().items()}
+    weight = state[f"{name}.weight"]
+
+    class Doubled(nn.Module):
+        def forward(self, weight):
+            return weight * 2
+
+    parametrize.register_parametrization(projection, "weight", Doubled())
+    torch.testing.assert_close(layer(x), _with_weight(build, state, name, weight * 2)(x), rtol=0, atol=0)
+    parametrize.remove_parametrizations(projection, "weight", leave_parametrized=False)
+
+    # Pruning's mask, applied in a pre-hook the C++ forward does not run, is applied, and follows a
+    # change of the unpruned weight (an optimizer step) rather than keeping the mask's first product.
+    prune.l1_unstructured(projection, "weight", amount=0.5)
+    with torch.no_grad():
+        projection.weight_orig.mul_(3)
+    masked = projection.weight_orig.detach() * projection.weight_mask
+    torch.testing.assert_close(layer(x), _with_weight(build, state, name, masked)(x), rtol=0, atol=0)
+    prune.remove(projection, "weight")
+
+    handle = projection.register_forward_hook(lambda module, args, output: output * 0)
+    with pytest.warns(UserWarning, match=rf"forward hooks of its sub-layer {name} are not called"):
+        layer(x)
+    handle.remove()
+    owner, _, leaf = name.rpartition(".")
+    setattr(layer.get_submodule(owner), leaf, _LowRankDelta(projection))
+    with pytest.raises(ValueError, match=rf"sub-layer {name} is a _LowRankDelta;.*must be a plain Linear module"):
+        layer(x)
+
+
+def test_init_and_type_based_weight_decay_rules_reach_the_branching_layers_convolutions():
+    layer = BranchingConv2d(4, 8, lambda_=0.5, k=3, projection="linear")
+    before = layer.conv_branch.weight.detach().clone()
+    for module in layer.modules():  # timm's ResNet init: kaiming on every nn.Conv2d
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+    assert not torch.equal(before, layer.conv_branch.weight)
+    # A rule that decays the weights of Linear and Conv2d modules only sees all five.
+    decayed = {id(m.weight) for m in layer.modules() if isinstance(m, (nn.Linear, nn.Conv2d))}
+    assert decayed == {id(p) for n, p in layer.named_parameters() if n.endswith("weight")}
+
+
 class _LowRankDelta(nn.Module):
     """A LoRA-style wrapper: the base projection plus a low-rank update (what PEFT substitutes)."""
 

@@ -6,6 +6,8 @@
 //   convnn::layer_option_fields(layer)          names, types, defaults, number of required ones
 //   convnn::layer_parameters(layer, options)    the C++ module's parameters and buffers, as built
 //                                               and initialised by its reset()
+//   convnn::layer_submodules(layer, options)    its torch::nn::Linear and ConvNd sub-layers and
+//                                               their geometry, which Python builds as nn modules
 //   convnn::layer_forward(layer, options, ...)  the C++ module's forward on the given tensors
 //   convnn::attention_aggregate(options, q, k, v, ...)  ConvNNAttention's forward between its
 //                                               projections; attention_check_input its input rule
@@ -19,12 +21,15 @@
 // CompositeImplicitAutograd: autograd, torch.compile and torch.export see the core ops inside.
 #include <ATen/ATen.h>
 #include <torch/library.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
 
 #include <set>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "convnn/nn/functional/convnn.h"
@@ -168,6 +173,52 @@ std::tuple<std::vector<std::string>, std::vector<at::Tensor>, c10::List<bool>> l
       trainable.push_back(false);
     }
     return std::make_tuple(names, tensors, trainable);
+  });
+}
+
+// One ConvNd sub-layer's kind and geometry (stride, padding, dilation: D each), or false.
+template <size_t D, typename Conv>
+bool describe_conv(const torch::nn::Module& module, const char* kind, std::string& kind_out,
+                   std::vector<int64_t>& geometry) {
+  const auto* conv = dynamic_cast<const Conv*>(&module);
+  if (conv == nullptr) return false;
+  const auto& o = conv->options;
+  const auto* padding = std::get_if<torch::ExpandingArray<D>>(&o.padding());
+  // The layers build their convolutions with explicit zero padding, one group (nn/modules/convnn.cpp).
+  TORCH_INTERNAL_ASSERT(padding != nullptr && o.groups() == 1 && std::holds_alternative<torch::enumtype::kZeros>(
+                                                                          o.padding_mode()),
+                        "layer_submodules: a convolution of another form than the layers build");
+  kind_out = kind;
+  for (const auto* values : {&o.stride(), padding, &o.dilation()}) {
+    for (size_t axis = 0; axis < D; ++axis) geometry.push_back((**values)[axis]);
+  }
+  return true;
+}
+
+// The layer's sub-layers of LibTorch's Linear and ConvNd kinds, by state_dict prefix: their kinds
+// ("linear", "conv1d", "conv2d", "conv3d") and, for each convolution in order, its stride, padding
+// and dilation (D each), so that Python's nn modules compute what the C++ ones do.
+std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<int64_t>> layer_submodules(
+    const std::string& layer, const OptionTexts& texts) {
+  return with_layer(layer, [&](auto kind) {
+    using Layer = decltype(kind);
+    const typename Layer::Module module(layer_options(kind, texts, layer));
+    std::vector<std::string> names, kinds;
+    std::vector<int64_t> geometry;
+    for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+      const auto& sub = *item.value();
+      std::string sub_kind;
+      if (dynamic_cast<const torch::nn::LinearImpl*>(&sub) != nullptr) {
+        sub_kind = "linear";
+      } else if (!describe_conv<1, torch::nn::Conv1dImpl>(sub, "conv1d", sub_kind, geometry) &&
+                 !describe_conv<2, torch::nn::Conv2dImpl>(sub, "conv2d", sub_kind, geometry)) {
+        describe_conv<3, torch::nn::Conv3dImpl>(sub, "conv3d", sub_kind, geometry);
+      }
+      if (sub_kind.empty()) continue;
+      names.push_back(item.key());
+      kinds.push_back(sub_kind);
+    }
+    return std::make_tuple(names, kinds, geometry);
   });
 }
 
@@ -428,6 +479,8 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
         &functional_option_fields);
   m.def("layer_parameters(str layer, str[] options) -> (str[] names, Tensor[] tensors, bool[] trainable)",
         [](c10::string_view layer, const OptionTexts& texts) { return layer_parameters(std::string(layer), texts); });
+  m.def("layer_submodules(str layer, str[] options) -> (str[] names, str[] kinds, int[] geometry)",
+        [](c10::string_view layer, const OptionTexts& texts) { return layer_submodules(std::string(layer), texts); });
   m.def("layer_forward(str layer, str[] options, Tensor input, str[] names, Tensor[] tensors, bool training, "
         "Generator? generator=None, Tensor? mask=None) -> Tensor");
   m.def("attention_aggregate(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, "

@@ -3,12 +3,15 @@
 Each module owns its parameters and buffers; everything else is the C++ library's. Building a
 layer calls the C++ module's own construction (torch.ops.convnn.layer_parameters), so the
 state_dict keys, shapes and initialisation are the C++ ones and draw from the same global random
-generator; forward calls the C++ forward on these tensors (torch.ops.convnn.layer_forward), a
+generator; the C++ sub-layers of LibTorch's Linear and ConvNd kinds are built as their torch.nn
+counterparts holding those tensors (torch.ops.convnn.layer_submodules gives their kinds and
+geometry). forward calls the C++ forward on these tensors (torch.ops.convnn.layer_forward), a
 composite op that autograd, torch.compile and torch.export see through.
 """
 import contextlib
 import inspect
 import typing
+import warnings
 
 import torch
 from torch import nn
@@ -33,32 +36,57 @@ class _Tensors(nn.Module):
                          list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False)))
 
 
-def _as_linear(holder):
-    """An nn.Linear holding a _Tensors holder's weight [out, in] and bias (the same Parameters)."""
-    bias = holder._parameters.get("bias")
-    linear = nn.Linear(holder.weight.shape[1], holder.weight.shape[0], bias=bias is not None, device="meta")
-    linear.weight = holder.weight
+# The torch.nn class of each sub-layer kind that convnn.layer_submodules lists, and its spatial axes.
+_SUBMODULE_KINDS = {"linear": (nn.Linear, 0), "conv1d": (nn.Conv1d, 1), "conv2d": (nn.Conv2d, 2),
+                    "conv3d": (nn.Conv3d, 3)}
+
+
+def _as_module(holder, kind, geometry):
+    """The nn.Linear or nn.ConvNd of the C++ sub-layer `kind` holding a _Tensors holder's weight and bias
+    (the same Parameters); geometry: its stride, padding and dilation (a convolution's, per axis)."""
+    cls, axes = _submodule_class(kind)
+    weight, bias = holder.weight, holder._parameters.get("bias")
+    if axes == 0:
+        module = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    else:
+        stride, padding, dilation = (tuple(geometry[i * axes:(i + 1) * axes]) for i in range(3))
+        module = cls(weight.shape[1], weight.shape[0], tuple(weight.shape[2:]), stride=stride, padding=padding,
+                     dilation=dilation, bias=bias is not None, device="meta")
+    module.weight = weight
     if bias is not None:
-        linear.bias = bias
-    return linear
+        module.bias = bias
+    return module
+
+
+def _submodule_class(kind):
+    """(torch.nn class, spatial axes) of a sub-layer kind."""
+    if kind not in _SUBMODULE_KINDS:
+        raise RuntimeError(f"convnn: the C++ layer has a sub-layer of kind '{kind}', which this package does not "
+                           "build (a package older than its library?)")
+    return _SUBMODULE_KINDS[kind]
 
 
 def _plain_linear(module):
     """Whether `module` computes exactly F.linear(x, weight, bias): an nn.Linear itself (not a
     subclass, a wrapper or a LoRA layer), with no hook or parametrization of its own and no global
     module hook, so that a caller may use its weight and bias instead of calling it."""
-    from torch.nn.modules import module as module_globals
     from torch.nn.utils import parametrize
 
-    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,
-             module_globals._global_forward_hooks, module_globals._global_forward_pre_hooks,
-             module_globals._global_backward_hooks, module_globals._global_backward_pre_hooks)
-    return type(module) is nn.Linear and not any(hooks) and not parametrize.is_parametrized(module)
+    return type(module) is nn.Linear and not _has_hooks(module) and not parametrize.is_parametrized(module)
+
+
+def _has_hooks(module):
+    """Whether a module has a hook of its own, or a global module hook is set."""
+    from torch.nn.modules import module as module_globals
+
+    return any((module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,
+                module_globals._global_forward_hooks, module_globals._global_forward_pre_hooks,
+                module_globals._global_backward_hooks, module_globals._global_backward_pre_hooks))
 
 
 class _ConvNNLayer(nn.Module):
     _layer = ""  # the C++ layer's name
-    _linear_submodules = ()  # C++ sub-layers that are nn.Linear modules here, run by the Python forward
+    _submodules = {}  # state_dict prefix -> kind of the sub-layers built as torch.nn modules (layer_submodules)
     # Called with the forward's Neighbours while they are recorded (record_neighbours,
     # forward_with_neighbours); None: forward keeps nothing.
     _neighbour_sink = None
@@ -76,8 +104,16 @@ class _ConvNNLayer(nn.Module):
                 owner.register_parameter(leaf, nn.Parameter(tensor))
             else:
                 owner.register_buffer(leaf, tensor)
-        for name in self._linear_submodules:
-            setattr(self, name, _as_linear(getattr(self, name)))
+        # The C++ sub-layers of LibTorch's Linear and ConvNd kinds become their torch.nn counterparts,
+        # holding the same Parameters under the same state_dict keys.
+        sub_names, kinds, geometry = _ops.layer_submodules(self._layer, self._texts)
+        self._submodules = {}
+        for name, kind in zip(sub_names, kinds):
+            axes = _submodule_class(kind)[1]
+            owner, leaf = self._owner_of(name)
+            setattr(owner, leaf, _as_module(getattr(owner, leaf), kind, geometry[:3 * axes]))
+            geometry = geometry[3 * axes:]
+            self._submodules[name] = kind
         # The layer's own generator for random candidates when a seed is given (as in C++);
         # otherwise the default one.
         seed = self.options.get("seed")
@@ -102,10 +138,51 @@ class _ConvNNLayer(nn.Module):
     def __prepare_scriptable__(self):
         raise RuntimeError(_NO_TORCHSCRIPT.format(name=type(self).__name__, how="torch.jit.script"))
 
+    def _state(self):
+        """(names, tensors) the C++ forward reads: the layer's parameters and buffers by their C++ names,
+        and each sub-layer's weight and bias as its module would use them (_sub_layer_tensors)."""
+        names, tensors = [], []
+        for prefix, module in self.named_modules():
+            if prefix in self._submodules:
+                state = self._sub_layer_tensors(prefix, module)
+            elif module is self or isinstance(module, _Tensors):
+                state = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+            else:
+                continue
+            for leaf, tensor in state:
+                names.append(f"{prefix}.{leaf}" if prefix else leaf)
+                tensors.append(tensor)
+        return names, tensors
+
+    def _sub_layer_tensors(self, name, module):
+        """[(leaf, tensor)]: the weight and bias that a sub-layer which the C++ forward runs would use if it
+        were called: a parametrization's computed tensor, a pruning mask applied (torch.nn.utils.prune
+        applies it in a forward pre-hook, which the C++ forward does not run). A replaced or wrapped
+        sub-layer would be silently skipped, so it is refused; other hooks of its own are not called,
+        which a warning says."""
+        from torch.nn.utils import parametrize, prune
+
+        cls, kind = _submodule_class(self._submodules[name])[0], parametrize.type_before_parametrizations(module)
+        if kind is not cls:
+            raise ValueError(
+                f"{type(self).__name__}: its sub-layer {name} is a {kind.__name__}; the layer's C++ forward runs "
+                f"{name} from its weight and bias, so it must be a plain {cls.__name__} module (a parametrization "
+                "or pruning of its weight is honoured; wrapping or replacing it is not possible in this layer)")
+        pruned = {hook._tensor_name: hook for hook in module._forward_pre_hooks.values()
+                  if isinstance(hook, prune.BasePruningMethod)}
+        if len(pruned) != len(module._forward_pre_hooks) or module._forward_hooks:
+            warnings.warn(f"{type(self).__name__}: the forward hooks of its sub-layer {name} are not called: the "
+                          f"layer's C++ forward runs {name} from its weight and bias", stacklevel=4)
+        state = []
+        for leaf in ("weight", "bias"):
+            tensor = pruned[leaf].apply_mask(module) if leaf in pruned else getattr(module, leaf)
+            if tensor is not None:
+                state.append((leaf, tensor))
+        return state
+
     def _call(self, input, mask=None, texts=None):
-        state = list(self.named_parameters()) + list(self.named_buffers())
-        arguments = (self._layer, texts or self._texts, input, [n for n, _ in state], [t for _, t in state],
-                     self.training, self._generator, mask)
+        names, tensors = self._state()
+        arguments = (self._layer, texts or self._texts, input, names, tensors, self.training, self._generator, mask)
         if self._neighbour_sink is None or not self._selects_neighbours():
             return self._run(lambda: _ops.layer_forward(*arguments))
         return self._keep_neighbours(self._run(lambda: _ops.layer_forward_with_neighbours(*arguments)))
@@ -310,7 +387,6 @@ class ConvNNAttention(_ConvNNLayer):
     attn.proj).
     """
     _layer = "ConvNNAttention"
-    _linear_submodules = ("query_projection", "key_projection", "value_projection", "output_projection")
     _bound = {}  # options fixed by with_options
 
     def __init__(self, *args, qk_norm=False, scale_norm=False, proj_bias=None, attn_drop=0.0, proj_drop=0.0,
