@@ -8,7 +8,9 @@ CONVNN_PYTHON="/usr/bin/python3"
 # brings torchvision; installed in one pip call with torch==CONVNN_TORCH_VERSION, so pip picks the
 # torchvision of that torch instead of upgrading torch (which the convnn package would refuse).
 # matplotlib draws convnn.viz's pictures (the package's optional "viz" dependency; its tests need it).
-CONVNN_PIP_PACKAGES=(numpy pytest "scikit-build-core>=0.10" "timm>=1.0.23" matplotlib)
+# onnx, onnxscript (torch.onnx.export's translation library) and onnxruntime: the "onnx" extra, for
+# python/tests/test_onnx.py.
+CONVNN_PIP_PACKAGES=(numpy pytest "scikit-build-core>=0.10" "timm>=1.0.23" matplotlib onnx onnxscript onnxruntime)
 CONVNN_APT_PACKAGES=(
   python3-venv cmake ninja-build ccache g++ git
   googletest libgtest-dev libgmock-dev

@@ -10,6 +10,7 @@ _library.load()
 from . import _build_info  # noqa: E402
 
 from . import _vmap, flops, models, nn, pretrained, timm_models, viz  # noqa: E402,F401  (flops registers FlopCounterMode's formulas)
+from . import _decompositions  # noqa: E402,F401  (the ops as ATen ops for torch.onnx.export)
 
 _vmap.register()
 

@@ -86,6 +86,15 @@ def test_branching_conv2d_exports_with_dynamic_batch_height_and_width():
     export_runs_at_other_sizes(layer, randn(3, 4, 6, 7), shapes, [randn(5, 4, 8, 5), randn(2, 4, 3, 9)])
 
 
+@pytest.mark.parametrize("options", [dict(stride=2), dict(dilation=(2, 1), padding=2)], ids=["stride", "dilation"])
+def test_strided_and_dilated_layers_export_with_a_dynamic_batch(options):
+    """Height and width specialise here (the query lattice is built from the concrete sizes); the
+    batch stays dynamic."""
+    layer = BranchingConv2d(4, 6, k=4, **options).eval()
+    shapes = {"input": {0: Dim("batch", min=2, max=64)}}
+    export_runs_at_other_sizes(layer, randn(3, 4, 7, 6), shapes, [randn(5, 4, 7, 6), randn(2, 4, 7, 6)])
+
+
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(kernel_per_head=True, fused=False),
                                      dict(slot_order="index", rho="mean", fused=False)],
                          ids=["fused", "causal", "kernel-per-head", "unfused-index-order"])

@@ -1,6 +1,7 @@
 #include "convnn/nn/functional/convnn.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 
@@ -330,6 +331,14 @@ at::Tensor draw_candidates_symint(const c10::SymInt& m, int64_t r, c10::optional
                                   const at::Device& device) {
   TORCH_SYM_CHECK(c10::SymBool(r >= 1) & m.sym_ge(r), "draw_candidates: r must be in [1, m] with m = ", m,
                   ", got r = ", r);
+  // A graph of ATen operators being traced (PyTorch's proxy mode) cannot hold a generator: without
+  // this, PyTorch fails deep inside its tracer ("argument of type: Generator").
+  TORCH_CHECK(!generator.has_value() ||
+                  !c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::PROXY).has_value(),
+              "random candidates (num_candidates = ", r, ") drawn from a generator cannot be traced into a graph of "
+              "ATen operators (torch.onnx.export, ExportedProgram.run_decompositions, torch.compile of a layer in "
+              "eval mode with fixed candidates): the graph cannot hold the generator. Use num_candidates = 0 there; "
+              "torch.export.export keeps the layer op whole, draw included");
   auto drawn = at::randperm_symint(m, std::move(generator), at::TensorOptions().dtype(at::kLong));
   drawn = drawn.narrow(0, 0, r);
   return std::get<0>(reference::stable_sort(drawn, /*descending=*/false)).to(device);

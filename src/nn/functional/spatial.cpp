@@ -38,6 +38,10 @@ struct AxisQueries {
   int64_t count = 0, first = 0, step = 1, first_output = 0, output_step = 1;
 };
 
+// One spatial size as an integer: under torch.export it specialises that size alone. (Tensor::size
+// of a FakeTensor asks Python for every size, which would specialise the batch too.)
+int64_t spatial_size(const at::Tensor& t, int64_t dim) { return t.sym_size(dim).guard_int(__FILE__, __LINE__); }
+
 AxisQueries axis_queries(int64_t phase, int64_t sub_size, int64_t dilation, int64_t pad, int64_t size, int64_t stride) {
   std::vector<int64_t> positions, outputs;
   for (int64_t j = 0; j < sub_size; ++j) {
@@ -112,7 +116,7 @@ at::Tensor strided_or_dilated(const at::Tensor& input, const at::Tensor& kernel,
   const int64_t dims = static_cast<int64_t>(stride.size()), pad = options.padding();
   std::vector<int64_t> sizes, out_sizes, padded_sizes;
   for (int64_t axis = 0; axis < dims; ++axis) {
-    sizes.push_back(input.size(2 + axis));
+    sizes.push_back(spatial_size(input, 2 + axis));
     out_sizes.push_back((sizes.back() + stride[axis] - 1) / stride[axis]);
     padded_sizes.push_back(sizes.back() + 2 * pad);
   }
@@ -134,7 +138,7 @@ at::Tensor strided_or_dilated(const at::Tensor& input, const at::Tensor& kernel,
     bool has_queries = true;
     for (int64_t axis = 0; axis < dims; ++axis) {
       sub = sub.slice(2 + axis, phase[axis], c10::nullopt, dilation[axis]);
-      sub_sizes.push_back(sub.size(2 + axis));
+      sub_sizes.push_back(spatial_size(sub, 2 + axis));
       const auto queries = axis_queries(phase[axis], sub_sizes.back(), dilation[axis], pad, sizes[axis], stride[axis]);
       query_positions.push_back({queries.count, queries.first, queries.step});
       query_outputs.push_back({queries.count, queries.first_output, queries.output_step});
@@ -180,9 +184,10 @@ at::Tensor strided_or_dilated(const at::Tensor& input, const at::Tensor& kernel,
   const auto order = std::get<1>(at::cat(output_positions).sort());
   const auto y = at::cat(outputs, 1).index_select(1, order);  // [B, prod(out_sizes), C']
   if (selection != nullptr) *selection = merge_phases(selections, order);
-  std::vector<int64_t> shape{input.size(0), y.size(2)};
+  // The batch stays symbolic (torch.export with a dynamic batch): only the spatial sizes specialise.
+  std::vector<c10::SymInt> shape{input.sym_size(0), y.sym_size(2)};
   shape.insert(shape.end(), out_sizes.begin(), out_sizes.end());
-  return y.transpose(1, 2).reshape(shape).contiguous();
+  return y.transpose(1, 2).reshape_symint(shape).contiguous();
 }
 
 }  // namespace
@@ -243,8 +248,8 @@ at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
     std::vector<std::array<int64_t, 3>> inside;
     std::vector<int64_t> padded_sizes;
     for (int64_t d = 0; d < spatial_dims; ++d) {
-      inside.push_back({input.size(2 + d), pad, 1});
-      padded_sizes.push_back(padded.size(2 + d));
+      inside.push_back({spatial_size(input, 2 + d), pad, 1});
+      padded_sizes.push_back(spatial_size(padded, 2 + d));
     }
     const auto rows = flat_product(inside, padded_sizes, at::TensorOptions().dtype(at::kLong).device(input.device()));
     *selection = {selection->indices.index_select(1, rows), selection->scores.index_select(1, rows),

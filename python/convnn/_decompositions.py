@@ -1,0 +1,120 @@
+"""The core ops (knn_select, knn_aggregate, knn_attention) as ATen ops, for exporters that cannot run
+convnn's kernels: registered in torch._decomp's table, which torch.onnx.export (dynamo=True) reads,
+so a ConvNN model exports to a graph of standard ONNX operators (README, "Deploying with ONNX").
+Eager execution, torch.compile and torch.export keep the ops themselves.
+
+The maths is docs/operator.md's, restated here in ATen ops because an exporter traces Python: the
+C++ reference composition (src/ops/reference) reads sizes as integers, which a dynamic batch makes
+symbolic. python/tests/test_onnx.py holds the exported graphs, run by onnxruntime, to the C++ ops:
+- the K best candidates by a top-k over the ranking keys, whose ties ONNX's TopK breaks toward the
+  lower index, the rule of every convnn path; masked (-inf) candidates fill short rows lowest index
+  first in the same way;
+- no value checks: the exported graph cannot raise, so NaN or +inf features give unspecified
+  indices there instead of the ops' error (the ops raise while the model is exported from finite
+  example inputs).
+"""
+import math
+
+import torch
+import torch._decomp
+
+_ops = torch.ops.convnn
+_NEG_INF = float("-inf")
+_COSINE_EPS = 1e-8  # kCosineEps of src/ops/reference/similarity_forms.h
+_DISTANCES = ("gaussian", "chebyshev", "l1")
+
+
+def _known(kind, name, names):
+    if name not in names:
+        raise ValueError(f"convnn export: {kind} must be one of {', '.join(names)}, got '{name}'")
+
+
+def _unit_rows(x):
+    return x / torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True).clamp_min(_COSINE_EPS)
+
+
+def _ranking_keys(queries, keys, similarity):
+    """[G, N, M] ranking keys: the score, or minus the distance (from exact pairwise differences)."""
+    _known("similarity", similarity, tuple(_ops.similarity_names()))
+    if similarity in ("dot", "scaled_dot", "cosine"):
+        if similarity == "cosine":
+            queries, keys = _unit_rows(queries), _unit_rows(keys)
+        scores = torch.bmm(queries, keys.transpose(1, 2))
+        return scores / math.sqrt(queries.shape[2]) if similarity == "scaled_dot" else scores
+    differences = queries.unsqueeze(2) - keys.unsqueeze(1)  # [G, N, M, D]
+    if similarity == "gaussian":
+        distance = differences.square().sum(-1)
+    elif similarity == "chebyshev":
+        distance = differences.abs().amax(-1)
+    else:
+        assert similarity == "l1", similarity
+        distance = differences.abs().sum(-1)
+    return -distance
+
+
+def _masked(ranking_keys, mask):
+    if mask is None:
+        return ranking_keys
+    if mask.dtype == torch.bool:
+        return ranking_keys.masked_fill(~mask, _NEG_INF)
+    return ranking_keys + mask.to(ranking_keys.dtype)
+
+
+def _select(queries, keys, k, similarity, mask, index_order):
+    top_keys, indices = torch.topk(_masked(_ranking_keys(queries, keys, similarity), mask), k, dim=-1)
+    if index_order:  # the same K candidates by ascending index
+        indices, order = torch.sort(indices, dim=-1)
+        top_keys = top_keys.gather(-1, order)
+    if similarity in _DISTANCES:  # exp(-distance); a masked slot stays -inf
+        top_keys = top_keys.exp().masked_fill(top_keys == _NEG_INF, _NEG_INF)
+    return top_keys, indices
+
+
+def _rho_weights(scores, rho, temperature):
+    _known("rho", rho, tuple(_ops.rho_names()))
+    valid = scores != _NEG_INF
+    if rho == "uniform":
+        return valid.to(scores.dtype)
+    if rho == "mean":
+        ones = valid.to(scores.dtype)
+        return ones / ones.sum(-1, keepdim=True).clamp_min(1.0)
+    assert rho == "softmax", rho
+    # In float32 for half precision, the largest valid score subtracted first; masked slots weigh 0
+    # and a row without a valid slot all 0 (src/ops/reference/rho_forms.cpp).
+    accumulated = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    largest = accumulated.amax(-1, keepdim=True)
+    z = ((accumulated - largest) / temperature).masked_fill(~valid, _NEG_INF)
+    z = z.masked_fill(~valid.any(-1, keepdim=True), 0.0)
+    return torch.softmax(z, -1).masked_fill(~valid, 0.0).to(scores.dtype)
+
+
+def _aggregate(values, weights, indices, kernel, bias):
+    """y[g, i] = sum_k w[g, i, k] * W[.., k] v[g, I[g, i, k]] (+ bias): depthwise W [C, K], standard
+    [C', C, K]."""
+    g, m, c = values.shape
+    offsets = indices + (torch.arange(g, device=indices.device) * m).view(-1, 1, 1)
+    neighbours = values.reshape(-1, c).index_select(0, offsets.reshape(-1)).view(*indices.shape, c)
+    weighted = neighbours * weights.unsqueeze(-1)  # [G, N, K, C]
+    if kernel.dim() == 2:
+        output = (weighted * kernel.t()).sum(2)
+    else:
+        output = torch.einsum("gnkc,ock->gno", weighted, kernel)
+    return output if bias is None else output + bias
+
+
+@torch._decomp.register_decomposition(_ops.knn_select.default)
+def _knn_select(queries, keys, k, similarity, mask=None, index_order=False):
+    return _select(queries, keys, k, similarity, mask, index_order)
+
+
+@torch._decomp.register_decomposition(_ops.knn_aggregate.default)
+def _knn_aggregate(values, weights, indices, kernel, bias=None):
+    return _aggregate(values, weights, indices, kernel, bias)
+
+
+@torch._decomp.register_decomposition(_ops.knn_attention.default)
+def _knn_attention(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature):
+    scores, indices = _select(queries, keys, k, similarity, mask, index_order)
+    weights = _rho_weights(scores, rho, temperature)
+    return _aggregate(values, weights, indices, kernel, bias), scores, indices, weights
+
