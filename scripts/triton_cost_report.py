@@ -27,9 +27,11 @@ Then the same model for knn_attention's two-kernel backward (attention_backward.
 softmax, depthwise, C = D = 64): the row kernel's loop nests (channel blocks x slots, feature blocks
 x slots) and the column kernel's two loops (one step per slot of the block's most-read key row,
 from the inverse index of the top-K on seeded Gaussian features), each nest sized in SASS and
-multiplied by its trip counts; and its launches per backward (its Triton launches and the ATen ops
-the launcher calls, counted on CPU tensors with the kernels recorded instead of run). The inverse
-index's sort is in the launches, not in the bounds.
+multiplied by its trip counts; and its launches per backward, and the fused forward's in float32
+and bfloat16 (the Triton launches and the ATen ops the launchers call, conversions included,
+counted on CPU tensors with the kernels recorded instead of run). The inverse index's sort is in
+the launches, not in the bounds. Last, the SASS per step of every kernel that walks the inverse
+index.
 
 With --revision REV the kernels come from that commit (git archive), so that one script reports
 before and after a change. The instruction counts are exact for the compiled code; the round counts
@@ -373,31 +375,36 @@ generator = torch.Generator().manual_seed(0)
 q, keys = torch.randn(g, n, d, generator=generator), torch.randn(g, n, d, generator=generator)
 values, kernel = torch.randn(g, n, d, generator=generator), torch.randn(d, k, generator=generator)
 grad_output = torch.randn(g, n, d, generator=generator)
-_, scores, indices, weights = torch.ops.convnn.knn_attention(q, keys, values, kernel, None, k, "scaled_dot", None,
-                                                             False, "softmax", 1.0)
-args = (grad_output, q, keys, values, kernel, scores, indices, weights, "scaled_dot", "softmax", 1.0)
-backward = torch.ops.convnn.knn_attention_backward_device_fused.default
-backward._op_dk(torch._C.DispatchKey.CUDA, *args)  # the first-call check, once
+q, keys, values, kernel, grad_output = (t.to({dtype}) for t in (q, keys, values, kernel, grad_output))
+if {forward}:
+    op, outputs = torch.ops.convnn.knn_attention_device_fused.default, 4
+    args = (q, keys, values, kernel, None, k, "scaled_dot", None, False, "softmax", 1.0)
+else:
+    _, scores, indices, weights = torch.ops.convnn.knn_attention(q, keys, values, kernel, None, k, "scaled_dot", None,
+                                                                 False, "softmax", 1.0)
+    op, outputs = torch.ops.convnn.knn_attention_backward_device_fused.default, 5
+    args = (grad_output, q, keys, values, kernel, scores, indices, weights, "scaled_dot", "softmax", 1.0)
+op._op_dk(torch._C.DispatchKey.CUDA, *args)  # the first-call check, once
 register.recording = []
 with Count():
-    gradients = backward._op_dk(torch._C.DispatchKey.CUDA, *args)
-assert len(gradients) == 5, "the two-kernel backward did not run"
+    results = op._op_dk(torch._C.DispatchKey.CUDA, *args)
+assert len(results) == outputs, "the Triton kernels did not run"
 print(json.dumps({{"triton": len(register.recording), "aten": aten}}))
 """
 
 
-def backward_launches(shape=(4, 9, 8, 3)):
-    """Kernel launches of one two-kernel backward (the C++ launcher of
-    knn_attention_backward_device_fused, as a CUDA tensor runs it): its Triton launches and the
-    ATen ops it calls (each one launch or more: ATen's sort is several), counted on CPU tensors in a
-    process of its own under Triton's interpreter (the installed convnn: the working tree's after
-    scripts/setup.sh)."""
+def launches(forward=False, dtype="torch.float32", shape=(4, 9, 8, 3)):
+    """Kernel launches of one fused forward (knn_attention_device_fused) or one two-kernel backward
+    (knn_attention_backward_device_fused), as a CUDA tensor runs their C++ launchers: the Triton
+    launches and the ATen ops they call (each one launch or more: ATen's sort is several), counted on
+    CPU tensors in a process of its own under Triton's interpreter (the installed convnn: the working
+    tree's after scripts/setup.sh)."""
     # As on a GPU: no value read back by the op's checks (CONVNN_DEVICE_VALUE_CHECKS=0).
     environment = {**os.environ, "TRITON_INTERPRET": "1", "CONVNN_DEVICE_VALUE_CHECKS": "0"}
-    result = subprocess.run([sys.executable, "-c", LAUNCH_COUNT.format(shape=tuple(shape))], capture_output=True,
-                            text=True, env=environment)
+    script = LAUNCH_COUNT.format(shape=tuple(shape), forward=forward, dtype=dtype)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
     if result.returncode != 0:
-        raise RuntimeError(f"counting the backward's launches failed:\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"counting the launches failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -418,11 +425,16 @@ def report_backward(report):
     if check.REPO != REPO:  # another revision's kernels: its launchers are not the installed ones
         print("\nLaunches per backward: counted for the working tree only.")
         return
-    launches = backward_launches()
-    report["backward_launches"] = launches
-    print(f"\nLaunches per backward: {launches['triton']} Triton kernels and {len(launches['aten'])} ATen ops "
-          f"({', '.join(launches['aten'])}); ATen's sort may launch several kernels. The sorts (inverse index, "
+    counted = launches()
+    report["backward_launches"] = counted
+    print(f"\nLaunches per backward: {counted['triton']} Triton kernels and {len(counted['aten'])} ATen ops "
+          f"({', '.join(counted['aten'])}); ATen's sort may launch several kernels. The sorts (inverse index, "
           "rows busiest first) are not in the bounds above.")
+    for dtype in ("torch.float32", "torch.bfloat16"):
+        counted = launches(forward=True, dtype=dtype)
+        report[f"forward_launches {dtype}"] = counted
+        print(f"Launches per fused forward, {dtype}: {counted['triton']} Triton kernel and {len(counted['aten'])} "
+              f"ATen ops ({', '.join(counted['aten']) or 'none'}).")
 
 
 def main():

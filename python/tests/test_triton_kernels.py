@@ -15,6 +15,7 @@ import os
 import pytest
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 # Triton's interpreter must be chosen before triton is first imported in the process, so ctest runs
 # this file in a process of its own with TRITON_INTERPRET=1 (python.triton_interpreter in
@@ -389,7 +390,7 @@ def test_select_writes_every_output_element_once_and_no_guard_byte_changes():
     index_buffer = torch.full((2 * 40 * 6 + 128,), -5, dtype=torch.int64, device=DEVICE)
     indices = index_buffer[64:-64].view(2, 40, 6)
     indices.fill_(-1)
-    select._select_kernel[(3, 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0, SIMILARITY=0,
+    select._select_kernel[(3, 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0, 0, SIMILARITY=0,
                                   MASK=select.ADDITIVE_MASK, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES,
                                   SLOTS=8, FEATURES=16)
     assert not scores.isnan().any() and (indices >= 0).all()
@@ -846,6 +847,52 @@ def test_fused_attention_writes_every_output_element_once_and_no_guard_byte_chan
     assert_attention_equal((output, scores, indices, weights), want, torch.float32, "guarded")
 
 
+class _HostConversions(TorchDispatchMode):
+    """The dtypes that ATen converts tensors to outside the kernels' launches (the interpreter's own
+    copies while a kernel runs are not the launcher's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.targets, self.launching = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket is torch.ops.aten._to_copy and not self.launching:
+            self.targets.append(kwargs.get("dtype"))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_outputs_are_written_by_the_kernels_without_a_float32_copy(dtype, monkeypatch):
+    """issue 38 §1: the fused attention kernel writes its output, scores and weights (and the select
+    kernel its scores) in bfloat16/float16 directly: the launchers convert only the inputs to float32
+    (select.py and attention.py say why), nothing back, and the results are the generic path's."""
+    queries, keys, generator = select_inputs(dtype, d=4)
+    values, kernel, bias = attention_operands(dtype, queries, keys, generator)
+    conversions = _HostConversions()
+    launch = register.run
+
+    def run(*args):
+        conversions.launching.append(1)
+        try:
+            launch(*args)
+        finally:
+            conversions.launching.pop()
+
+    monkeypatch.setattr(register, "run", run)
+    arguments = (queries, keys, values, kernel, bias, 6, "scaled_dot", None, True, "softmax", 1.0)
+    with conversions:
+        got = attention_forward(*arguments)
+        selected = select_forward(queries, keys, 6, "l1", None, False)
+    # queries, keys, values, kernel and bias; then the select's queries and keys
+    assert conversions.targets == [torch.float32] * 7, f"the launchers converted tensors to {conversions.targets}"
+    assert all(t.dtype == dtype for t in (got[0], got[1], got[3], selected[0]))
+    assert_attention_equal(got, generic_attention(*arguments), dtype, "half precision read in registers")
+    want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, "l1", None, False)
+    assert torch.equal(selected[1], want[1])
+    torch.testing.assert_close(selected[0], want[0], rtol=1e-2, atol=1e-2)  # Triton's exp against the C++ one
+
+
 def test_a_rho_code_no_branch_knows_gives_nan_weights_not_another_rhos():
     """rho is a runtime argument of the fused kernel: a code past RHO_CODES (which the C++ launcher's
     switch cannot send) takes no rho's arithmetic but NaN weights, which every check catches."""
@@ -913,7 +960,7 @@ def test_an_unknown_similarity_code_is_refused_when_the_kernel_is_built():
     scores = torch.empty(2, 3, 2, device=DEVICE)
     indices = torch.empty(2, 3, 2, dtype=torch.int64, device=DEVICE)
     with pytest.raises(Exception, match="unknown similarity code 6"):
-        select._select_kernel[(1, 2)](queries, keys, queries, scores, indices, 3, 10, 5, 2, 0, 1.0,
+        select._select_kernel[(1, 2)](queries, keys, queries, scores, indices, 3, 10, 5, 2, 0, 1.0, 0,
                                       SIMILARITY=len(similarities.NAMES), MASK=select.NO_MASK, ROWS=select.ROWS,
                                       CANDIDATES=select.CANDIDATES, SLOTS=select.slots_for(2), FEATURES=16)
 

@@ -20,9 +20,10 @@ and output), as on every path. A standard kernel [C',C,K] is not fused (its chan
 Written as aggregate.py and select.py: each output element written by one program, no atomics,
 every load and store masked to its tensor's extent, `while` loops over runtime bounds, ranking
 scores by tl.dot in IEEE float32. Queries, keys, values, kernel, bias and mask are float32 in the
-kernel (the launcher converts; half precision exactly), so one compiled kernel per
-similarity, slot width and mask kind serves every dtype, rho and slot order, as the select kernel
-(scripts/triton_aot.py embeds them).
+kernel (the launcher converts; half precision exactly; select.py and _aggregate say why not in the
+kernel), and the outputs are written in the op's dtype (select.store_as), so one compiled kernel per
+similarity, slot width and mask kind serves every dtype, rho and slot order (scripts/triton_aot.py
+embeds them).
 """
 import torch
 import triton
@@ -33,16 +34,16 @@ from . import select
 CHANNELS = 32  # value channels per step of the aggregation
 RHO_CODES = {"uniform": 0, "mean": 1, "softmax": 2}  # in the C++ enum's order (a test holds it to rho_names())
 _UNIFORM, _MEAN, _SOFTMAX = (tl.constexpr(RHO_CODES[name]) for name in ("uniform", "mean", "softmax"))
-# The op's dtype, to which the kernel rounds the scores before rho and the weights before the
-# aggregation, as the composed ops do.
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# The op's dtype (select.py's codes): the kernel writes its outputs in it, and rounds the scores
+# before rho and the weights before the aggregation to it, as the composed ops do.
+DTYPE_CODES = select.DTYPE_CODES
 
 
 @triton.jit
 def _rounded(x, dtype_code):
     """x (float32) rounded to the op's dtype and back."""
-    return tl.where(dtype_code == 1, x.to(tl.bfloat16).to(tl.float32),
-                    tl.where(dtype_code == 2, x.to(tl.float16).to(tl.float32), x))
+    return tl.where(dtype_code == select.BFLOAT16_CODE, x.to(tl.bfloat16).to(tl.float32),
+                    tl.where(dtype_code == select.FLOAT16_CODE, x.to(tl.float16).to(tl.float32), x))
 
 
 @triton.jit
@@ -112,10 +113,24 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
     q_rows = (g * n + rows).to(tl.int64)
     out = q_rows[:, None] * k + positions
     written = row_ok[:, None] & in_k
-    tl.store(scores_ptr + out, scores, mask=written)
+    select.store_as(scores_ptr, out, scores, written, dtype_code)
     tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)
-    tl.store(weights_ptr + out, weights, mask=written)
-    # The aggregation, CHANNELS at a time, the slots in output order (as knn_aggregate sums them).
+    select.store_as(weights_ptr, out, weights, written, dtype_code)
+    _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows, unrankable, positions, top_index,
+               weights, in_k, m, c, k, has_bias, dtype_code, ROWS, CHANNELS)
+
+
+@triton.jit
+def _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows, unrankable, positions, top_index,
+               weights, in_k, m, c, k, has_bias, dtype_code, ROWS: tl.constexpr, CHANNELS: tl.constexpr):
+    """The block's output rows: CHANNELS at a time, the slots in output order (as knn_aggregate sums
+    them), in float32 from float32 values, kernel and bias; written in the op's dtype; NaN in
+    unrankable rows.
+
+    The values, kernel and bias stay a launcher conversion: read in half precision here, through one
+    branch per dtype around this loop, Triton 3.6 failed to compile the distances' unmasked
+    specialisations (TritonGPURemoveLayoutConversions: "operand does not dominate this use"), and
+    through a predicated load per dtype the loop's SASS grew from 111 to 198 per slot (sm_90)."""
     first = 0
     while first < c:
         channels = first + tl.arange(0, CHANNELS)
@@ -135,9 +150,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
             position += 1
         if has_bias != 0:
             acc += tl.load(bias_ptr + channels, mask=channel_ok, other=0.0)[None, :]
-        acc = tl.where(nan_row, float("nan"), acc)
-        tl.store(output_ptr + q_rows[:, None] * c + channels[None, :], acc,
-                 mask=row_ok[:, None] & channel_ok[None, :])
+        acc = tl.where(unrankable[:, None] != 0, float("nan"), acc)
+        select.store_as(output_ptr, q_rows[:, None] * c + channels[None, :], acc,
+                        row_ok[:, None] & channel_ok[None, :], dtype_code)
         first += CHANNELS
 
 

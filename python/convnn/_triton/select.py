@@ -19,6 +19,7 @@ interpreter's numpy 2.4 issue); the scores that rank candidates come from `tl.do
 input_precision="ieee" (a GPU's float32 default is TF32, which would rank by other scores than
 the ones the tests verify) and divisions by tl.math.div_rn (IEEE, as the CPU's).
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -69,6 +70,22 @@ def features_for(d):
 
 SIMILARITY_CODES = CODES  # the similarities' compile-time codes (similarities.py)
 NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
+# The op's dtype, a runtime argument of the kernels that write their outputs in it (issue 38 §1: no
+# float32 copy to round afterwards). The pointers' compiled type stays float32; a half-precision
+# output is written through a pointer of its own type.
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+BFLOAT16_CODE, FLOAT16_CODE = tl.constexpr(DTYPE_CODES[torch.bfloat16]), tl.constexpr(DTYPE_CODES[torch.float16])
+
+
+@triton.jit
+def store_as(ptr, offsets, x, mask, dtype_code):
+    """Stores float32 x at ptr + offsets in the dtype that dtype_code names, rounded to nearest even."""
+    if dtype_code == BFLOAT16_CODE:
+        tl.store(ptr.to(tl.pointer_type(tl.bfloat16)) + offsets, x.to(tl.bfloat16), mask=mask)
+    elif dtype_code == FLOAT16_CODE:
+        tl.store(ptr.to(tl.pointer_type(tl.float16)) + offsets, x.to(tl.float16), mask=mask)
+    else:
+        tl.store(ptr + offsets, x, mask=mask)
 
 
 @triton.jit
@@ -233,12 +250,17 @@ def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
 
 @triton.jit
 def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, root,
-                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
-                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
-    # Slots by descending key (the launcher reorders them by index where asked). Queries, keys,
-    # an additive mask and the scores are float32 (the launcher converts): one compiled kernel
-    # per similarity, slot width and mask kind serves every dtype and order, which keeps the images
-    # the C++ library embeds few (scripts/triton_aot.py). The mask kind stays a compile-time
+                   dtype_code, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+    # Slots by descending key (the launcher reorders them by index where asked). Queries, keys and
+    # an additive mask are float32 (the launcher converts), the scores written in the op's dtype
+    # (dtype_code): one compiled kernel per similarity, slot width and mask kind serves every dtype
+    # and order, which keeps the images the C++ library embeds few (scripts/triton_aot.py). Reading
+    # half-precision queries and keys in the kernel instead (a predicated load per dtype) doubled the
+    # SASS of the score tiles' loop (108 -> 203 per 16 features, sm_90), and a branch per dtype
+    # around such loads failed to compile in the fused attention kernel (Triton 3.6): the
+    # conversion stays a launcher pass.
+    # The mask kind stays a compile-time
     # choice: as a runtime one, ptxas spilled 8-24 bytes at K <= 16 and 64 (sm_80 and sm_90), and
     # so did a runtime index-order pass in the kernel (16 bytes, the distances at K <= 16, sm_80).
     block = tl.program_id(0)
@@ -252,5 +274,5 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     slots = tl.arange(0, SLOTS)
     out = (g * n + rows)[:, None] * k + slots[None, :]
     written = row_ok[:, None] & (slots[None, :] < k)
-    tl.store(scores_ptr + out, scores.to(scores_ptr.dtype.element_ty), mask=written)
+    store_as(scores_ptr, out, scores, written, dtype_code)
     tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)

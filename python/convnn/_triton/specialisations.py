@@ -15,6 +15,13 @@ DEFAULT_OPTIONS = {"num_warps": 4}
 POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
 
 
+def dtype_codes(kernel):
+    """The select kernel's runtime dtype code of its scores, where it takes one: its pointers are
+    compiled as float32 and write half precision through pointers of its type (select.store_as). A
+    report of an earlier revision (scripts/triton_cost_report.py --revision) compiles it without."""
+    return {"dtype_code": "i32"} if "dtype_code" in kernel.arg_names else {}
+
+
 def top_k_variants(select):
     """(key suffix, mask pointer type, constexprs) of every kernel built on the running top-K of
     select.py: every similarity at every width (8 to 64 slots) with every mask kind."""
@@ -32,13 +39,13 @@ def top_k_variants(select):
 
 
 def select_specialisations(module):
-    """knn_select: every kernel a call can launch (the kernel takes float32 inputs whatever the op's
-    dtype, and the launcher puts the slots in index order after it)."""
+    """knn_select: every kernel a call can launch (float32 queries and keys whatever the op's dtype,
+    scores written in it; the launcher puts the slots in index order after it)."""
     for suffix, mask_pointer, constexprs in top_k_variants(module):
         yield (f"select {suffix}", module._select_kernel,
                {"q_ptr": "*fp32", "k_ptr": "*fp32", "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
-                "mask_slice_stride": "i32", "root": "fp32"},
+                "mask_slice_stride": "i32", "root": "fp32", **dtype_codes(module._select_kernel)},
                constexprs)
 
 

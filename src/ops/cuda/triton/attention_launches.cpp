@@ -24,15 +24,6 @@ int rho_code(Rho rho) {
   TORCH_INTERNAL_ASSERT(false, "attention_forward: unknown rho ", static_cast<int>(rho));
 }
 
-int dtype_code(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return kAttentionCodes.float32;
-    case at::kBFloat16: return kAttentionCodes.bfloat16;
-    case at::kHalf: return kAttentionCodes.float16;
-    default: TORCH_INTERNAL_ASSERT(false, "attention_forward: no fused kernel for ", dtype);
-  }
-}
-
 std::string scores_gradient_key(int64_t k) {
   return "attention softmax scores gradient K<=" + std::to_string(top_k_slots(k));
 }
@@ -67,9 +58,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
   const int64_t g = queries_in.size(0), n = queries_in.size(1), d = queries_in.size(2);
   const int64_t m = values_in.size(1), c = values_in.size(2);
   const auto dtype = queries_in.scalar_type();
-  const auto as_float = queries_in.options().dtype(at::kFloat);
-  auto output = at::empty({g, n, c}, as_float), scores = at::empty({g, n, k}, as_float);
-  auto weights = at::empty({g, n, k}, as_float);
+  // The outputs in the op's dtype (the kernel writes them so); its inputs in float32 (attention.py's
+  // _aggregate and select.py's kernel say why).
+  auto output = at::empty({g, n, c}, queries_in.options()), scores = at::empty({g, n, k}, queries_in.options());
+  auto weights = at::empty({g, n, k}, queries_in.options());
   auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
   if (g * n > 0) {
     const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
@@ -85,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
         .int32(bias_in.defined() ? 1 : 0).int32(dtype_code(dtype));
     run(launch);
   }
-  return {output.to(dtype), scores.to(dtype), indices, weights.to(dtype)};
+  return {output, scores, indices, weights};
 }
 
 bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,

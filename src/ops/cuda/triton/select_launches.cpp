@@ -69,6 +69,15 @@ std::vector<std::string> top_k_keys(const char* kernel) {
   return keys;
 }
 
+int dtype_code(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return kAttentionCodes.float32;
+    case at::kBFloat16: return kAttentionCodes.bfloat16;
+    case at::kHalf: return kAttentionCodes.float16;
+    default: TORCH_INTERNAL_ASSERT(false, "the Triton kernels take float32, bfloat16 or float16, not ", dtype);
+  }
+}
+
 RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor& keys_in, const at::Tensor& mask_in,
                                  Similarity similarity) {
   RankingOperands operands;
@@ -118,21 +127,21 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
                                                   Similarity similarity, const at::Tensor& mask_in, bool index_order,
                                                   const LaunchRunner& run) {
   const int64_t g = queries_in.size(0), n = queries_in.size(1), d = queries_in.size(2), m = keys_in.size(1);
-  const auto dtype = queries_in.scalar_type();
-  auto scores = at::empty({g, n, k}, queries_in.options().dtype(at::kFloat));
+  auto scores = at::empty({g, n, k}, queries_in.options());
   auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
-  if (scores.numel() == 0) return {scores.to(dtype), indices};
+  if (scores.numel() == 0) return {scores, indices};
   const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
   Launch launch{top_k_key("select", similarity, k, in.mask_kind), {cdiv(n, kSelectBlocks.rows), g}, {}};
   launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
-      .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.root);
+      .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.root)
+      .int32(dtype_code(scores.scalar_type()));
   run(launch);
   if (index_order) {  // the same K slots by ascending index (a row's K indices are distinct)
     auto [sorted_indices, order] = indices.sort(/*dim=*/-1);
     scores = scores.gather(-1, order);
     indices = sorted_indices;
   }
-  return {scores.to(dtype), indices};
+  return {scores, indices};
 }
 
 namespace {

@@ -14,17 +14,18 @@
 
 namespace convnn::ops::cuda::triton {
 
-/// What the running top-K takes (the select and the fused attention kernels), as
-/// select.ranking_operands: queries and keys in float32 (half precision exactly), unit rows for
-/// cosine; the mask as given if bool, in float32 if additive, and if none the queries (a valid pointer the
-/// kernel does not read);
-/// root = sqrt(D) rounded to float32 for scaled_dot.
+/// What the running top-K takes (the select and the fused attention kernels): queries and keys in
+/// float32 (half precision exactly; select.py says why the kernel does not read it), unit rows for
+/// cosine; the mask as given if bool, in float32 if additive, and if none the queries (a valid
+/// pointer the kernel does not read); root = sqrt(D) rounded to float32 for scaled_dot.
 struct RankingOperands {
   at::Tensor queries, keys, mask;
   int mask_kind;
   int64_t mask_slice_stride;
   float root;
 };
+/// The kernels' runtime code of a tensor's dtype (select.py's DTYPE_CODES): float32, bfloat16, float16.
+int dtype_code(at::ScalarType dtype);
 RankingOperands ranking_operands(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& mask,
                                  Similarity similarity);
 /// Whether the similarity is a dot product (dot, scaled_dot): its gradients are the aggregation's
@@ -49,7 +50,7 @@ const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype
 
 /// As convnn::knn_select, for inputs that the caller checked (queries [G,N,D], keys [G,M,D] of one
 /// floating dtype; mask undefined, bool or floating, [N,M] or [G,N,M]). The kernel ranks in
-/// float32: half precision is converted first (exactly), the scores rounded back at the end.
+/// float32 (half precision is converted first, exactly) and writes the scores in the op's dtype.
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
                                                   Similarity similarity, const at::Tensor& mask, bool index_order,
                                                   const LaunchRunner& run);
