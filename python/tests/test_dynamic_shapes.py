@@ -116,6 +116,20 @@ def test_attention_with_a_mask_input_exports_with_dynamic_tokens():
     export_runs_at_other_sizes(layer, inputs(3, 12), shapes, [inputs(5, 20), inputs(2, 7)])
 
 
+def test_attention_with_key_padding_and_a_per_sample_mask_exports_with_dynamic_batch_and_tokens():
+    """The masks of docs/sequences.md keep the batch and the token count dynamic."""
+    layer = ConvNNAttention(8, 2, 5).eval()
+    batch, tokens = Dim("batch", min=2, max=64), Dim("tokens", min=5, max=256)
+    shapes = {"x": {0: batch, 1: tokens}, "attn_mask": {0: batch, 2: tokens, 3: tokens}, "is_causal": None,
+              "key_padding_mask": {0: batch, 1: tokens}}
+
+    def inputs(b, n):
+        padding = torch.arange(n)[None, :] >= torch.randint(1, n + 1, (b,))[:, None]
+        return torch.randn(b, n, 8), torch.rand(b, 1, n, n) < 0.7, False, padding
+
+    export_runs_at_other_sizes(layer, inputs(3, 12), shapes, [inputs(5, 20), inputs(2, 7)])
+
+
 @pytest.mark.parametrize("make_layer,first,others", [
     (lambda: ConvNN1d(3, 4, 3, padding=1), (2, 3, 12), [(3, 3, 12), (5, 3, 20), (4, 3, 9)]),
     (lambda: ConvNN2d(3, 4, 9, padding=1), (2, 3, 6, 7), [(3, 3, 6, 7), (5, 3, 8, 5), (4, 3, 5, 9)]),

@@ -64,8 +64,10 @@ def test_attn_mask_and_is_causal_map_onto_convnn_masks():
     # A mask and is_causal together: both apply (C++ combines them).
     band = (torch.arange(7)[:, None] - torch.arange(7)[None, :]).abs() <= 2
     assert torch.equal(attn(x, attn_mask=band, is_causal=True), attn(x, attn_mask=band & causal))
-    with pytest.raises(ValueError, match=r"attn_mask must be \[N, N\]"):
-        attn(x, attn_mask=causal.expand(2, 1, 7, 7))
+    # timm's broadcastable [B, 1, N, N] form is the same mask (tests/test_sequences.py has the rest).
+    assert torch.equal(attn(x, attn_mask=causal.expand(2, 1, 7, 7)), attn(x, is_causal=True))
+    with pytest.raises(RuntimeError, match=r"attn_mask must be \[N,N\], \[B,N,N\] or \[B,H,N,N\]"):
+        attn(x, attn_mask=causal.expand(2, 2, 7, 7))
 
 
 def test_the_convnn_models_are_in_timms_registry():

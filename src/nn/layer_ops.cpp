@@ -246,15 +246,16 @@ class NamedTensors {
   std::unordered_map<std::string, at::Tensor> by_name_;
 };
 
-// ConvNNAttention's tensors by their state_dict names.
-detail::AttentionTensors attention_tensors(const NamedTensors& named, const c10::optional<at::Tensor>& mask) {
+// ConvNNAttention's tensors by their state_dict names, with the call's masks.
+detail::AttentionTensors attention_tensors(const NamedTensors& named, const c10::optional<at::Tensor>& attn_mask,
+                                           const c10::optional<at::Tensor>& key_padding_mask = c10::nullopt) {
   return {named("kernel"),
           named("bias"),
           named.linear("query_projection"),
           named.linear("key_projection"),
           named.linear("value_projection"),
           named.linear("output_projection"),
-          mask.value_or(at::Tensor())};
+          {at::Tensor(), attn_mask.value_or(at::Tensor()), key_padding_mask.value_or(at::Tensor())}};
 }
 
 // Neighbours as the ops return them: its fields in order (an attention layer's grid fields empty).
@@ -282,23 +283,26 @@ ConvNNAttentionOptions attention_options(const OptionTexts& texts) {
 at::Tensor attention_aggregate_op(const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys,
                                   const at::Tensor& values, const std::vector<std::string>& names,
                                   const std::vector<at::Tensor>& tensors, bool training,
-                                  c10::optional<at::Generator> generator, const c10::optional<at::Tensor>& mask) {
+                                  c10::optional<at::Generator> generator, const c10::optional<at::Tensor>& mask,
+                                  const c10::optional<at::Tensor>& key_padding_mask) {
   const auto options = attention_options(texts);
   const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
-  return detail::attention_aggregate(options, queries, keys, values, attention_tensors(NamedTensors(names, tensors), mask),
+  return detail::attention_aggregate(options, queries, keys, values,
+                                     attention_tensors(NamedTensors(names, tensors), mask, key_padding_mask),
                                      draw.generator(training), training);
 }
 
 auto attention_aggregate_with_neighbours(const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys,
                                          const at::Tensor& values, const std::vector<std::string>& names,
                                          const std::vector<at::Tensor>& tensors, bool training,
-                                         c10::optional<at::Generator> generator, const c10::optional<at::Tensor>& mask) {
+                                         c10::optional<at::Generator> generator, const c10::optional<at::Tensor>& mask,
+                                         const c10::optional<at::Tensor>& key_padding_mask) {
   const auto options = attention_options(texts);
   const auto draw = CandidateDraw::with_generator(generator, options.eval_candidates(), options.eval_seed());
   Neighbours neighbours;
-  const auto output =
-      detail::attention_aggregate(options, queries, keys, values, attention_tensors(NamedTensors(names, tensors), mask),
-                                  draw.generator(training), training, &neighbours);
+  const auto output = detail::attention_aggregate(
+      options, queries, keys, values, attention_tensors(NamedTensors(names, tensors), mask, key_padding_mask),
+      draw.generator(training), training, &neighbours);
   return with_output(output, neighbour_fields(neighbours));
 }
 
@@ -484,14 +488,15 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("layer_forward(str layer, str[] options, Tensor input, str[] names, Tensor[] tensors, bool training, "
         "Generator? generator=None, Tensor? mask=None) -> Tensor");
   m.def("attention_aggregate(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, "
-        "Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None) -> Tensor");
+        "Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None, "
+        "Tensor? key_padding_mask=None) -> Tensor");
   static const auto forward_schema = std::string("layer_forward_with_neighbours(str layer, str[] options, Tensor input, str[] names, "
                     "Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None) -> (Tensor output, ") +
         kNeighbourFields + ")";
   m.def(forward_schema.c_str());
   static const auto aggregate_schema = std::string("attention_aggregate_with_neighbours(str[] options, Tensor queries, Tensor keys, Tensor values, "
-                    "str[] names, Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None) -> "
-                    "(Tensor output, ") +
+                    "str[] names, Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None, "
+                    "Tensor? key_padding_mask=None) -> (Tensor output, ") +
         kNeighbourFields + ")";
   m.def(aggregate_schema.c_str());
   static const auto token_grid_schema = std::string("neighbours_on_token_grid(Tensor indices, Tensor scores, Tensor weights, int k, int[] grid, "

@@ -424,13 +424,15 @@ class ConvNNAttention(_ConvNNLayer):
         return (_new_layer, (ConvNNAttention,), *reduced[2:])
 
     def forward(self, x: torch.Tensor, attn_mask: typing.Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
-        """[B, N, embed_dim] (or [N, embed_dim]) -> the same shape. attn_mask: an optional [N, N]
-        mask, bool (True = may be selected, as in scaled_dot_product_attention) or additive float;
-        is_causal adds the causal mask."""
-        if attn_mask is not None and attn_mask.dim() != 2:
-            raise ValueError(f"ConvNNAttention: attn_mask must be [N, N] (one mask for every batch element and "
-                             f"head), got shape {tuple(attn_mask.shape)}")
+                is_causal: bool = False, key_padding_mask: typing.Optional[torch.Tensor] = None) -> torch.Tensor:
+        """[B, N, embed_dim] (or [N, embed_dim]) -> the same shape (docs/sequences.md).
+
+        attn_mask: [N, N], [B, N, N] or [B, num_heads, N, N] (B and num_heads may be 1), as
+        scaled_dot_product_attention's: bool True = may be selected, or float added to the scores.
+        is_causal adds the causal mask. key_padding_mask: [B, N] ([N] for one sample), as
+        torch.nn.MultiheadAttention's: bool True = a padding key that no query selects, or float
+        added to the scores. The masks combine; a query with fewer than k selectable keys follows
+        the op's short-row rule (its remaining slots weigh 0)."""
         self._refuse_tracing()
         texts = self._causal_texts if is_causal else self._texts
         _ops.attention_check_input(texts, x, self.kernel)
@@ -442,7 +444,7 @@ class ConvNNAttention(_ConvNNLayer):
             op = _ops.attention_aggregate_with_neighbours if record else _ops.attention_aggregate
             qkv = self._project_qkv(x)  # indexed, not unpacked: torch.fx cannot iterate a traced tuple
             return op(texts, qkv[0], qkv[1], qkv[2], [n for n, _ in state], [t for _, t in state], self.training,
-                      self._generator, attn_mask)
+                      self._generator, attn_mask, key_padding_mask)
         aggregated = self._run(aggregate)
         if record:
             aggregated = self._keep_neighbours(aggregated)

@@ -25,21 +25,10 @@ using checks::shape_string;
 // ATen to infer (unflatten with -1): a concrete size() would specialise the traced program to this
 // call's batch and token counts. On concrete tensors a SymInt is a plain int.
 
-// [A,B,...] -> [A*B,...], contiguous. Not flatten(0, 1): under tracing its view's stride is
-// min(stride(0), stride(1)), e.g. Min(8*N, 4*N), which PyTorch's shape solver cannot simplify, so
-// the next view of the tensor guards on it and fixes the token count N. A contiguous tensor's merged
-// view is known: the strides of its dimensions 1, 2, ... (as_strided keeps its storage offset).
-at::Tensor merge_leading_dims(const at::Tensor& t) {
-  const auto c = t.contiguous();
-  auto sizes = c.sym_sizes().slice(1).vec();
-  sizes[0] *= c.sym_size(0);
-  return c.as_strided_symint(sizes, c.sym_strides().slice(1));
-}
-
 // [B,N,H*d] -> [B*H,N,d]. One head is a view of x (as reshape gave), more a contiguous copy.
 at::Tensor fold_heads(const at::Tensor& x, int64_t heads) {
   const auto split = x.unflatten(2, {heads, -1}).transpose(1, 2);  // [B,H,N,d]
-  return heads == 1 ? split.squeeze(1) : merge_leading_dims(split);
+  return heads == 1 ? split.squeeze(1) : detail::merge_leading_dims(split);
 }
 
 // [B*H,N,d] -> [B,N,H*d]
@@ -219,7 +208,7 @@ at::Tensor aggregate(const at::Tensor& values, const at::Tensor& weights, const 
                                          kernel[head],
                                          optional_bias(bias.defined() ? bias[head] : bias)));
   }
-  return merge_leading_dims(at::stack(outputs, 1));  // [B,H,N,dv'] -> [B*H,N,dv']
+  return detail::merge_leading_dims(at::stack(outputs, 1));  // [B,H,N,dv'] -> [B*H,N,dv']
 }
 
 }  // namespace
@@ -360,5 +349,18 @@ at::Tensor conv_nn3d(const at::Tensor& input, const at::Tensor& kernel, const at
                      const ConvNNFuncOptions& options) {
   return detail::conv_nn_spatial(input, kernel, bias, options, 3, {});
 }
+
+namespace detail {
+
+// symint_forms.h. A contiguous tensor's merged view is known: the strides of its dimensions 1, 2,
+// ... (as_strided keeps its storage offset).
+at::Tensor merge_leading_dims(const at::Tensor& t) {
+  const auto c = t.contiguous();
+  auto sizes = c.sym_sizes().slice(1).vec();
+  sizes[0] *= c.sym_size(0);
+  return c.as_strided_symint(sizes, c.sym_strides().slice(1));
+}
+
+}  // namespace detail
 
 }  // namespace convnn::nn::functional

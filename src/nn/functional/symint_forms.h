@@ -18,4 +18,9 @@ at::Tensor draw_candidates_symint(const c10::SymInt& m, int64_t r, c10::optional
 
 at::Tensor causal_mask_symint(const c10::SymInt& n, const at::Device& device);
 
+// [A,B,...] -> [A*B,...], contiguous. Not flatten(0, 1) or reshape: under tracing their view's
+// stride is min(stride(0), stride(1)), e.g. Min(8*N, 4*N), which PyTorch's shape solver cannot
+// simplify, so the next view of the tensor guards on it and fixes the token count N.
+at::Tensor merge_leading_dims(const at::Tensor& t);
+
 }  // namespace convnn::nn::functional::detail

@@ -255,20 +255,26 @@ void ConvNNAttentionImpl::reset_parameters() {
                        options.aggregation(), options.embed_dim() / options.num_heads(), options.k());
 }
 
-at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input) { return run(input, neighbours_sink()); }
-
-std::tuple<at::Tensor, Neighbours> ConvNNAttentionImpl::forward_with_neighbours(const at::Tensor& input) {
-  return with_neighbours([&](Neighbours* neighbours) { return run(input, neighbours); });
+at::Tensor ConvNNAttentionImpl::forward(const at::Tensor& input, const at::Tensor& attn_mask,
+                                       const at::Tensor& key_padding_mask) {
+  return run(input, attn_mask, key_padding_mask, neighbours_sink());
 }
 
-at::Tensor ConvNNAttentionImpl::run(const at::Tensor& input, Neighbours* neighbours) {
+std::tuple<at::Tensor, Neighbours> ConvNNAttentionImpl::forward_with_neighbours(const at::Tensor& input,
+                                                                                const at::Tensor& attn_mask,
+                                                                                const at::Tensor& key_padding_mask) {
+  return with_neighbours([&](Neighbours* neighbours) { return run(input, attn_mask, key_padding_mask, neighbours); });
+}
+
+at::Tensor ConvNNAttentionImpl::run(const at::Tensor& input, const at::Tensor& attn_mask,
+                                    const at::Tensor& key_padding_mask, Neighbours* neighbours) {
   const detail::AttentionTensors t{kernel,
                                    bias,
                                    {query_projection->weight, query_projection->bias},
                                    {key_projection->weight, key_projection->bias},
                                    {value_projection->weight, value_projection->bias},
                                    {output_projection->weight, output_projection->bias},
-                                   options.mask()};
+                                   {options.mask(), attn_mask, key_padding_mask}};
   return detail::attention_forward(options, input, t, draw_.generator(is_training()), is_training(), neighbours);
 }
 

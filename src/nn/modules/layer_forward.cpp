@@ -4,7 +4,6 @@
 #include <ATen/autocast_mode.h>
 
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "convnn/nn/functional/convnn.h"
@@ -31,25 +30,6 @@ at::Tensor apply_conv(const LinearTensors& conv, const at::Tensor& x, at::IntArr
 // The shapes of the input (the batch B, the tokens N, for the spatial layers H and W) are read as
 // SymInts only, so that torch.compile and torch.export keep them dynamic (see
 // src/nn/functional/convnn.cpp); size() would specialise the traced program to one shape.
-
-// [N,N] mask for the input's N: the fixed mask of the options, the causal one, or both combined.
-at::Tensor attention_mask(const ConvNNAttentionOptions& o, const at::Tensor& fixed, const c10::SymInt& n,
-                          const at::Device& device) {
-  at::Tensor mask = fixed;
-  if (mask.defined()) {
-    const auto shape_ok =
-        mask.dim() == 2 ? mask.sym_size(0).sym_eq(n) & mask.sym_size(1).sym_eq(n) : c10::SymBool(false);
-    TORCH_SYM_CHECK(shape_ok, "ConvNNAttention: mask must be [N,N] = [", n, ", ", n, "] for this input, got ",
-                    mask.sym_sizes());
-    mask = mask.to(device);
-  }
-  if (!o.causal()) return mask;
-  const auto causal = functional::detail::causal_mask_symint(n, device);
-  if (!mask.defined()) return causal;
-  if (mask.scalar_type() == at::kBool) return mask & causal;
-  return mask.masked_fill(~causal, -std::numeric_limits<double>::infinity());
-}
-
 
 // As nn.Conv2d does: a channels_last input gives a channels_last output (the kernels' tokens
 // come back NCHW-contiguous).
@@ -153,7 +133,10 @@ at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor
                                const at::Tensor& values, const AttentionTensors& tensors,
                                c10::optional<at::Generator> generator, bool training, Neighbours* neighbours) {
   if (is_one_sample(queries, 3)) {
-    auto output = attention_aggregate(o, queries.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), tensors,
+    auto batched = tensors;  // a one-sample key_padding_mask [N] as the batch's [1,N]
+    auto& padding = batched.masks.key_padding_mask;
+    if (padding.defined() && padding.dim() == 1) padding = padding.unsqueeze(0);
+    auto output = attention_aggregate(o, queries.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), batched,
                                       std::move(generator), training, neighbours)
                       .squeeze(0);
     if (neighbours != nullptr) drop_batch_dimension(*neighbours);
@@ -161,10 +144,11 @@ at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor
   }
   TORCH_CHECK(queries.dim() == 3, "ConvNNAttention: the projected queries must be [B,N,C], got ",
               queries.sym_sizes());
+  const auto mask = merged_attention_mask(o, tensors.masks, queries.sym_size(0), queries.sym_size(1), queries.device());
   const auto func = functional::ConvNNFuncOptions(o.k())
                         .similarity(o.similarity())
                         .heads(o.num_heads())
-                        .mask(attention_mask(o, tensors.mask, queries.sym_size(1), queries.device()))
+                        .mask(mask)
                         .num_candidates(o.num_candidates())
                         .include_self(o.include_self())
                         .generator(std::move(generator))

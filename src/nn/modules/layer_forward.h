@@ -11,6 +11,7 @@
 
 #include "convnn/nn/neighbours.h"
 #include "convnn/nn/options/convnn.h"
+#include "nn/modules/attention_masks.h"
 
 namespace convnn::nn::detail {
 
@@ -27,7 +28,7 @@ struct ConvNNTensors {
 struct AttentionTensors {
   at::Tensor kernel, bias;
   LinearTensors query, key, value, output;
-  at::Tensor mask;  // the fixed [N,N] mask of the options, if any
+  AttentionMasks masks;  // the options' fixed mask and the call's attn_mask and key_padding_mask
 };
 
 struct BranchingTensors {

@@ -2,6 +2,7 @@
 // ConvNN layers as LibTorch modules: Options / Impl / TORCH_MODULE, built in reset().
 #include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/common.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/dropout.h>
@@ -106,9 +107,19 @@ class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl>, pu
   void reset() override;
   void reset_parameters();
   void pretty_print(std::ostream& stream) const override;
-  at::Tensor forward(const at::Tensor& input);
+  /// input [B,N,C] (or [N,C]) -> the same shape. The call's masks (docs/sequences.md), as the Python
+  /// layer's forward(x, attn_mask, is_causal, key_padding_mask) takes them:
+  /// - attn_mask [N,N], [B,N,N] or [B,H,N,N] (B, H may be 1), as scaled_dot_product_attention's:
+  ///   bool true = may be selected, or float added to the scores;
+  /// - key_padding_mask [B,N] ([N] for one sample), as torch.nn.MultiheadAttention's: bool true =
+  ///   a padding key that no query selects, or float added to the scores.
+  /// Both combine with the options' mask and causal. A query with fewer than k selectable keys
+  /// follows the op's short-row rule (docs/operator.md): its remaining slots weigh 0.
+  at::Tensor forward(const at::Tensor& input, const at::Tensor& attn_mask = {},
+                     const at::Tensor& key_padding_mask = {});
   /// forward, and what it selected (the token indices; on_token_grid places them on a grid).
-  std::tuple<at::Tensor, Neighbours> forward_with_neighbours(const at::Tensor& input);
+  std::tuple<at::Tensor, Neighbours> forward_with_neighbours(const at::Tensor& input, const at::Tensor& attn_mask = {},
+                                                             const at::Tensor& key_padding_mask = {});
 
   ConvNNAttentionOptions options;
   torch::nn::Linear query_projection{nullptr}, key_projection{nullptr},
@@ -119,7 +130,9 @@ class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl>, pu
   at::Tensor bias;
 
  private:
-  at::Tensor run(const at::Tensor& input, Neighbours* neighbours);
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())}, {2, torch::nn::AnyValue(at::Tensor())})
+  at::Tensor run(const at::Tensor& input, const at::Tensor& attn_mask, const at::Tensor& key_padding_mask,
+                 Neighbours* neighbours);
   CandidateDraw draw_;
 };
 TORCH_MODULE(ConvNNAttention);
