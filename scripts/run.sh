@@ -7,8 +7,12 @@
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Only what training needs: the command-line tool and its libraries (the tests and the Python
-# package are most of a cold build; the test command builds them into the same build/).
-CONVNN_BUILD_TARGETS=convnn_cli bash "$repo_root/scripts/setup.sh"
+# package are most of a cold build; the test command builds them into the same build/), and the
+# GPU kernels where there is a GPU to train on (compiling them is minutes of a cold build; without
+# them a CUDA call takes the device-generic path).
+targets=convnn_cli
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then targets="$targets convnn_gpu_kernels"; fi
+CONVNN_BUILD_TARGETS="$targets" bash "$repo_root/scripts/setup.sh"
 cd "$repo_root"
 experiment=fashion-mnist-branching
 if [[ -e "runs/$experiment/checkpoint-latest.pt" ]]; then

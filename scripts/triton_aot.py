@@ -1,5 +1,5 @@
 """Compiles convnn's Triton kernels (python/convnn/_triton: the aggregation, knn_select and its
-backward, the fused knn_attention) ahead of time and writes them as a C++ source for libconvnn_ops (issue 25 §3): the CUDA
+backward, the fused knn_attention) ahead of time and writes them as a C++ source for libconvnn_triton_kernels (issue 25 §3): the CUDA
 build embeds the images and launches them through the CUDA runtime (src/ops/cuda/triton/), so a
 LibTorch program on a GPU runs the same kernels as the Python package with no Python and no Triton
 at run time.

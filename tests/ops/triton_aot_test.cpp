@@ -1,4 +1,4 @@
-// The Triton kernels compiled ahead of time into libconvnn_ops (src/ops/cuda/triton/),
+// The Triton kernels compiled ahead of time into libconvnn_triton_kernels (src/ops/cuda/triton/),
 // proved without a GPU: the embedded images are complete for every architecture, the image chosen
 // for a GPU follows its compute capability, and every launch the C++ host code makes (run here on
 // CPU tensors, with a runner that records instead of launching) passes exactly the parameters the
@@ -20,6 +20,7 @@
 #include "ops/cuda/triton/compiled_kernels.h"
 #include "ops/cuda/triton/first_call_check.h"
 #include "ops/cuda/triton/launch.h"
+#include "ops/cuda/triton/routes.h"
 #include "ops/cuda/triton/select_launches.h"
 #include "ops/generic/generic.h"
 
@@ -76,6 +77,13 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
     EXPECT_NE(text.find(std::string(".entry ") + ptx->name), std::string::npos) << key;
     EXPECT_NE(text.find(".target sm_80"), std::string::npos) << key;
   }
+}
+
+// libconvnn_ops loads the kernels' library by its file name from its own folder on the first CUDA
+// call: the name and folder it computes must be the ones the build gives the library (this test
+// binary links it, so the load finds it loaded; a wrong name or folder fails with dlopen's reason).
+TEST(TritonAot, TheOpsLibraryFindsTheKernelsLibraryBesideItself) {
+  EXPECT_EQ(triton::load_embedded_kernels(), "");
 }
 
 TEST(TritonAot, TheImageForAGpuFollowsItsComputeCapability) {

@@ -1,9 +1,9 @@
 #pragma once
 // Launching the embedded Triton kernels (compiled_kernels.h) through the CUDA runtime's library API
 // (cudaLibraryLoadData, cudaLibraryGetKernel, cudaLaunchKernel): libcudart only, no libcuda at link
-// time, so libconvnn_ops still loads on a machine without a driver. Every failure is a TORCH_CHECK
-// naming the kernel and the CUDA error; nothing prints or exits. Only in a build that embeds the
-// images (CONVNN_TRITON_AOT); it registers itself as the embedded route (routes.h).
+// time, so the library loads on a machine without a driver. Every failure is a TORCH_CHECK
+// naming the kernel and the CUDA error; nothing prints or exits. In libconvnn_triton_kernels only
+// (CONVNN_TRITON_AOT), which registers itself as the embedded route when loaded (routes.h).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>

@@ -5,7 +5,11 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <dlfcn.h>
+
 #include <mutex>
+
+#include "convnn/version.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
@@ -34,8 +38,37 @@ void register_embedded_kernels(EmbeddedKernels kernels) {
   embedded() = kernels;
 }
 
+std::string load_embedded_kernels() {
+#ifndef CONVNN_TRITON_KERNELS_LIBRARY
+  return std::string();  // a build without them (CONVNN_TRITON_AOT): "embeds no Triton kernels"
+#else
+  static const std::string why_not = [] {
+    Dl_info self{};
+    if (dladdr(reinterpret_cast<const void*>(&register_embedded_kernels), &self) == 0 || self.dli_fname == nullptr) {
+      return std::string("the folder of libconvnn_ops is unknown (dladdr failed)");
+    }
+    std::string folder(self.dli_fname);
+    folder = folder.substr(0, folder.find_last_of('/') + 1);
+    const std::string name = "libconvnn_triton_kernels.so";
+    const std::string versioned = name + "." + std::to_string(CONVNN_VERSION_MAJOR) + "." +
+                                  std::to_string(CONVNN_VERSION_MINOR);
+    std::string error;
+    for (const auto& file : {versioned, name}) {
+      if (dlopen((folder + file).c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return std::string();
+      const char* reason = dlerror();
+      error = reason != nullptr ? reason : file + " did not load";
+    }
+    return "this library's embedded Triton kernels are not built (" + error +
+           "; build the target convnn_triton_kernels, which scripts/test.sh builds)";
+  }();
+  return why_not;
+#endif
+}
+
 std::optional<Route> route_for(const at::Tensor& t, const std::string& set, const std::vector<std::string>& keys,
                                std::string& why_not) {
+  std::string not_built;
+  if (t.is_cuda()) not_built = load_embedded_kernels();  // once; a no-op where they are linked
   std::optional<EmbeddedKernels> kernels;
   {
     std::lock_guard<std::mutex> lock(embedded_mutex());
@@ -47,7 +80,8 @@ std::optional<Route> route_for(const at::Tensor& t, const std::string& set, cons
   if (python_launcher_registered()) return Route{"python", &run_through_python};
   const char* launcher = " and the Python package's Triton launcher is not registered (import convnn in Python, "
                          "with triton installed)";
-  why_not = std::string(!kernels       ? "this library embeds no Triton kernels"
+  why_not = std::string(!kernels && !not_built.empty() ? not_built
+                        : !kernels                     ? "this library embeds no Triton kernels"
                         : !t.is_cuda() ? "the embedded Triton kernels run on CUDA tensors only"
                                        : "this GPU has no embedded image of every kernel (older than sm_80)") +
             launcher;

@@ -1,8 +1,9 @@
 #pragma once
 // The two ways a call's Triton kernels are launched, both driven by the same C++ launchers
 // (*_launches.cpp: one key, grid and argument list per launch; issue 38 §4):
-// - embedded: the images compiled ahead of time into this library (CONVNN_TRITON_AOT), launched
-//   through the CUDA runtime (launch.h), for CUDA tensors on a GPU that has an image of each key;
+// - embedded: the images compiled ahead of time (CONVNN_TRITON_AOT) into libconvnn_triton_kernels,
+//   which this library loads from beside itself on the first call on a CUDA tensor, launched through
+//   the CUDA runtime (launch.h), for CUDA tensors on a GPU that has an image of each key;
 // - python: the Python package's launcher, the CUDA kernel of convnn::_triton_launch that
 //   python/convnn/_triton/register.py registers: Triton compiles each key's kernel
 //   (specialisations.py) for the GPU it runs on. A library without the embedded images (the
@@ -18,12 +19,18 @@
 
 namespace convnn::ops::cuda::triton {
 
-/// What a build with the embedded images provides (launch.cpp registers it when loaded).
+/// What libconvnn_triton_kernels provides (launch.cpp registers it when loaded).
 struct EmbeddedKernels {
   bool (*device_has)(int device, const std::string& set, const std::vector<std::string>& keys);
   void (*run)(Launch& launch);
 };
 void register_embedded_kernels(EmbeddedKernels kernels);
+
+/// Loads libconvnn_triton_kernels (built on request, linked by nothing: src/CMakeLists.txt) once
+/// from the folder of libconvnn_ops, where the build and the install put it; its static initialiser
+/// registers the kernels. route_for calls it on the first call on a CUDA tensor. Returns "" when it
+/// is loaded (or the build has no such library), else why not.
+std::string load_embedded_kernels();
 
 struct Route {
   std::string name;  // "embedded" or "python"
