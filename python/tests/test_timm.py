@@ -406,3 +406,55 @@ def test_set_grad_checkpointing_keeps_forward_intermediates():
         assert torch.equal(a, b)
     sum(m.sum() for m in got).backward()
     assert x.grad is not None
+
+
+def _small(name, depth=1):
+    """The registered model at its own widths and heads, `depth` blocks deep (a ResNet's stage count
+    is its depth, so it stays whole), on small images: four patches a side, or 64 px."""
+    if "vit" not in name:
+        return dict(img_size=64)
+    return dict(depth=depth, img_size=4 * int(name.rsplit("patch", 1)[1]))
+
+
+@pytest.mark.parametrize("name", sorted(timm.list_models("convnn_*")))
+def test_every_registered_model_keeps_timms_model_contract(name):
+    """pretrained_cfg complete and true (timm's load_pretrained finds first_conv's and classifier's
+    weights by these names; pool_size is forward_features's grid at input_size), torch.fx traces
+    it, and reset_classifier(0) / forward_head(pre_logits=True) give timm's shapes."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=7, **_small(name)).eval()
+    cfg = model.pretrained_cfg
+    for key in ("input_size", "crop_pct", "interpolation", "mean", "std", "first_conv", "classifier", "pool_size",
+                "num_classes"):
+        assert key in cfg, key
+    state = model.state_dict()
+    first = state[cfg["first_conv"] + ".weight"]
+    assert first.dim() == 4 and first.shape[1] == cfg["input_size"][0]
+    assert state[cfg["classifier"] + ".weight"].shape == (7, model.num_features) and cfg["num_classes"] == 7
+    x = torch.randn(1, *cfg["input_size"])
+    with torch.no_grad():
+        features = model.forward_features(x)
+        if cfg["pool_size"] is not None:
+            assert tuple(features.shape[2:]) == cfg["pool_size"]
+        traced = torch.fx.symbolic_trace(model)
+        assert torch.equal(traced(x), model(x))
+        assert model.forward_head(features, pre_logits=True).shape == (1, model.num_features)
+        model.reset_classifier(0)
+        assert model(x).shape == (1, model.num_features)
+
+
+@pytest.mark.parametrize("name", sorted(timm.list_models("convnn_*")))
+@pytest.mark.parametrize("feature_cls", ["getter", "hook", "fx"])
+def test_every_registered_model_gives_its_feature_maps_with_every_feature_class(name, feature_cls):
+    """features_only=True through each of timm's feature wrappers: one map per feature_info entry,
+    with the channels feature_info states."""
+    torch.manual_seed(0)
+    # depth 3: a ViT's default out_indices are its last 3 blocks
+    backbone = timm.create_model(name, features_only=True, feature_cls=feature_cls, **_small(name, 3)).eval()
+    size = backbone.pretrained_cfg["input_size"]
+    with torch.no_grad():
+        maps = backbone(torch.randn(1, *size))
+    channels = backbone.feature_info.channels()
+    assert len(maps) == len(channels) > 0
+    for got, expected in zip(maps, channels):
+        assert got.shape[1 if got.dim() == 4 else -1] == expected
