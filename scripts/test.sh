@@ -35,13 +35,13 @@ phase_done "ctest"
 # rot unseen. It runs the suites of tests/ops and tests/verify.
 op_and_identity_suites="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" \
   bin/convnn_tests ops verify | paste -sd'|' -)"
-CONVNN_CPU_ISA=baseline ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
+CONVNN_CPU_ISA=baseline ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)\$"
 phase_done "op and identity tests on the baseline ISA"
 # The same suites through the device-generic path (src/ops/generic/, what CUDA, MPS, ... run): with
 # CONVNN_CPU_KERNELS=generic the fused CPU kernels are not registered and CPU calls take it, so the
 # whole op matrix (reference and fused comparisons, gradchecks, deterministic backward) proves the
 # code that accelerators run.
-CONVNN_CPU_KERNELS=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)[./]"
+CONVNN_CPU_KERNELS=generic ctest --output-on-failure --parallel "$cores" -R "^($op_and_identity_suites)\$"
 phase_done "op and identity tests on the device-generic path"
 # The Triton kernels (python/convnn/_triton), compiled for sm_80 and sm_90 without a GPU: a compile
 # error, a register spill or a shared-memory overflow fails the run (their logic runs under Triton's
