@@ -18,5 +18,7 @@ CONVNN_APT_PACKAGES=(
   dataset-fashion-mnist gnuplot-nox
   libjpeg62-turbo-dev libpng-dev python-matplotlib-data
   libgloo-dev
-  clang-14 libclang-rt-14-dev
+  # Clang builds the fuzz targets (libFuzzer is its) and the sanitizer build (scripts/sanitize.sh);
+  # libomp-14-dev is its OpenMP, which the inline at::parallel_for of LibTorch's headers needs.
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )

@@ -246,7 +246,10 @@ class Trainer {
                   batch->index + 1, " of epoch ", position_.epoch + 1,
                   " is unreadable, and a data-parallel run cannot skip a whole batch (see the warnings)");
       if (b > 0) {
-        const auto [loss, correct] = forward_backward(*batch, group_size, step_now);
+        // Not a structured binding: the lambda below captures loss (C++17 forbids that; Clang refuses).
+        double loss = 0;
+        int64_t correct = 0;
+        std::tie(loss, correct) = forward_backward(*batch, group_size, step_now);
         totals.loss_sum += loss * b;
         totals.samples += b;
         totals.correct += correct;

@@ -389,7 +389,9 @@ TEST(ImageCodec, PixelLimitIsTheCallersAndInclusive) {
   const auto image = smooth_image(6, 8, 3);
   const std::vector<std::pair<Bytes, std::string>> files = {{encode_jpeg(image, 95), "JPEG"},
                                                             {encode_png(image), "PNG"}};
-  for (const auto& [bytes, format] : files) {
+  for (const auto& file : files) {
+    const Bytes& bytes = file.first;
+    const std::string& format = file.second;
     expect_rgb_of_size(decode_image(bytes.data(), bytes.size(), "small", 48), 6, 8);
     expect_parts(error_of([&] { decode_image(bytes.data(), bytes.size(), "small", 47); }),
                  {format + " image small: its header claims 8x6 = 48 pixels, more than the limit of 47"});

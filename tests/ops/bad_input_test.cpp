@@ -166,7 +166,8 @@ TEST_F(KnnSelectBadInput, DeviceMismatchIsNamed) {
 }
 
 TEST_F(KnnSelectBadInput, BackwardOpRejectsMismatchedShapes) {
-  auto [scores, indices] = select(q, k);
+  at::Tensor scores, indices;
+  std::tie(scores, indices) = select(q, k);
   EXPECT_ERROR(
       convnn::ops::knn_select_backward(scores.narrow(-1, 0, 1), q, k, indices, scores, "dot"),
       "knn_select_backward: grad_scores must have the shape of indices [2, 4, 2], got [2, 4, 1]");

@@ -121,7 +121,8 @@ TEST(DoubleBackward, EveryOpsSecondDerivativeEqualsTheReferenceCompositions) {
         return std::get<0>(convnn::reference::knn_select(q, in.k, 3, Similarity::Gaussian, c10::nullopt, false));
       },
       in.q);
-  auto [scores, indices] = convnn::ops::knn_select(in.q, in.k, 5, "dot", c10::nullopt, false);
+  at::Tensor scores, indices;
+  std::tie(scores, indices) = convnn::ops::knn_select(in.q, in.k, 5, "dot", c10::nullopt, false);
   const auto weights = scores.softmax(-1);
   expect_second_derivative_of_reference(
       "knn_aggregate",

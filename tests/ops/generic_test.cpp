@@ -322,7 +322,8 @@ TEST(GenericBackward, AttentionEqualsFusedAndHonoursOutputMask) {
   for (const auto& c : attention_sweep()) {
     SCOPED_TRACE(c.name());
     const auto in = make_inputs(c, ++seed);
-    auto [output, scores, indices, weights] = fused_attention(c, in);
+    at::Tensor output, scores, indices, weights;
+    std::tie(output, scores, indices, weights) = fused_attention(c, in);
     const auto grad_output = torch::randn_like(output);
     const auto run = [&](bool use_generic, std::array<bool, 5> wanted) {
       const auto f = use_generic ? &generic::knn_attention_backward
@@ -415,7 +416,8 @@ TEST(GenericGradients, RepeatedBackwardPassesAreBitwiseEqualAcrossThreadCounts) 
   // K = M and many queries: every key row receives many terms, where atomics would reorder sums.
   const Case c{2, 120, 16, 8, 6, 16, false, true, MaskKind::None, Similarity::ScaledDot, Rho::Softmax, false};
   const auto in = make_inputs(c, 70);
-  auto [output, scores, indices, weights] = generic_attention(c, in);
+  at::Tensor output, scores, indices, weights;
+  std::tie(output, scores, indices, weights) = generic_attention(c, in);
   const auto grad_output = torch::randn_like(output);
   const auto backward = [&] {
     return generic::knn_attention_backward(grad_output, in.queries, in.keys, in.values, in.kernel, scores,
@@ -478,7 +480,8 @@ TEST(GenericBlocks, AttentionBackwardInManyBlocksEqualsOneBlock) {
     SCOPED_TRACE(::testing::Message() << dtype);
     auto in = make_inputs(c, 81);
     for (auto* t : {&in.queries, &in.keys, &in.values, &in.kernel, &in.bias, &in.mask}) *t = t->to(dtype);
-    const auto [output, scores, indices, weights] = generic_attention(c, in);
+    at::Tensor output, scores, indices, weights;
+    std::tie(output, scores, indices, weights) = generic_attention(c, in);
     const auto grad_output = torch::randn_like(output);
     const auto backward = [&] {
       return generic::knn_attention_backward(grad_output, in.queries, in.keys, in.values, in.kernel, scores,

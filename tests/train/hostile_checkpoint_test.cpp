@@ -200,7 +200,12 @@ TEST(HostileCheckpoint, PositionsOutOfRangeAreErrorsNamingTheField) {
       {"best_top1", 101.0, "position's best_top1 is 101"},
       {"best_epoch", 3, "position's best_epoch is 3, outside [-1, 0]"},
   };
-  for (const auto& [field, value, message] : cases) {
+  for (const auto& c : cases) {
+    // Named references, not a structured binding: the lambda below captures them (C++17 forbids
+    // capturing bindings; Clang refuses).
+    const std::string& field = std::get<0>(c);
+    const nlohmann::json& value = std::get<1>(c);
+    const std::string& message = std::get<2>(c);
     SCOPED_TRACE(field);
     const auto path = with_header(good, field + ".pt", [&](nlohmann::json& h) { h["position"][field] = value; });
     testing::expect_error([&] { read_checkpoint_header(path); }, path, message);

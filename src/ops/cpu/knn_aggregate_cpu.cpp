@@ -46,7 +46,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
   checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
   const AggregateSizes sizes = aggregate_sizes(values, weights.size(1), weights.size(2), kernel);
-  const auto [want_values, want_weights, want_kernel, want_bias] = output_mask;
+  // Named variables, not a structured binding: C++17 lambdas cannot capture those (Clang refuses).
+  const bool want_values = output_mask[0], want_weights = output_mask[1];
+  const bool want_kernel = output_mask[2], want_bias = output_mask[3];
   const auto options = values.options();
   const auto empty_if = [&](bool wanted, c10::IntArrayRef shape) {
     return wanted ? at::empty(shape, options) : at::Tensor();

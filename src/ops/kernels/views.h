@@ -14,8 +14,10 @@ struct RowsView {
   T* data = nullptr;
   int64_t stride_g = 0;
   int64_t stride_row = 0;
+  // An empty tensor (width 0, as C = 0) has no storage: its rows are never read, but offsetting a
+  // null pointer is undefined behaviour all the same (Clang's UBSan reports it), hence the branch.
   C10_HOST_DEVICE T* row(int64_t g, int64_t r) const {
-    return data + g * stride_g + r * stride_row;
+    return data == nullptr ? data : data + g * stride_g + r * stride_row;
   }
 };
 
