@@ -42,16 +42,29 @@ export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:allocator_may_return_null=0:
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp_dir/ubsan.supp"
 export LSAN_OPTIONS="suppressions=$supp_dir/lsan.supp:print_suppressions=0"
 export OMP_NUM_THREADS=1
-status=0
-for target in checkpoint config; do
+# One target per core at once (libFuzzer runs on one thread): on 2 cores the two targets take the
+# time of one.
+fuzz_one() {
+  local target="$1"
   # New inputs go to a scratch folder; the seeds stay as written.
   mkdir -p "$corpus/$target"
-  log "fuzz_$target for ${seconds}s"
   # -rss_limit_mb: a file must not make a reader allocate much (a checkpoint of a 4x3 layer needs
   # a few MB); -timeout: nor take long; -max_len: the seeds are a few KB.
-  if ! "$build_dir/fuzz_$target" "$corpus/$target" "$corpus/seeds-$target" \
-      -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=20 -max_len=65536 \
-      -artifact_prefix="$build_dir/findings/$target-" -print_final_stats=1 2>"$build_dir/fuzz_$target.log"; then
+  "$build_dir/fuzz_$target" "$corpus/$target" "$corpus/seeds-$target" \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=20 -max_len=65536 \
+    -artifact_prefix="$build_dir/findings/$target-" -print_final_stats=1 2>"$build_dir/fuzz_$target.log"
+}
+targets=(checkpoint config)
+pids=()
+for target in "${targets[@]}"; do
+  log "fuzz_$target for ${seconds}s"
+  fuzz_one "$target" &
+  pids+=($!)
+done
+status=0
+for i in "${!targets[@]}"; do
+  target="${targets[$i]}"
+  if ! wait "${pids[$i]}"; then
     tail -n 60 "$build_dir/fuzz_$target.log" >&2
     log "fuzz_$target found a defect: input in $build_dir/findings/"
     status=1

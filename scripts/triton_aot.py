@@ -21,9 +21,6 @@ written once: --constants writes them alone (no compiling), for every build with
 embedded images or not (src/ops/cuda/triton/routes.h).
 """
 import argparse
-import concurrent.futures
-import multiprocessing
-import os
 import pathlib
 import re
 import sys
@@ -98,9 +95,7 @@ const AttentionBackwardBlocks kAttentionBackwardBlocks = {{{attention_backward.C
 def images_source(architectures):
     """The compiled images and their table (compiled_kernels.h)."""
     jobs = [(index, arch) for index in range(len(check.all_specialisations())) for arch in architectures]
-    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
-                                                mp_context=multiprocessing.get_context("fork")) as pool:
-        results = list(pool.map(compile_one, jobs))
+    results = check.map_in_parallel(compile_one, jobs)
     images, entries = [], []
 
     def add(key, arch, kind, name, num_warps, shared, parameters, data):

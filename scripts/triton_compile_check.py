@@ -1,12 +1,16 @@
 """Compiles every shipped specialisation of convnn's Triton kernels (python/convnn/_triton) for
-sm_80 and sm_90 without a GPU, and fails on a compile error, a register spill or a shared-memory
-overflow. Registers and spills come from the ptxas that ships inside the triton wheel (`ptxas -v`
-on the kernel's PTX), shared memory from Triton's metadata. Prints a Markdown table
-(BENCHMARKS.md lists it).
+sm_80 and sm_90 without a GPU, in parallel (one process per core), and fails on a compile error,
+a register spill or a shared-memory overflow. Registers and the stack frame come from the cubin that
+Triton's own ptxas run produced (the cuobjdump that ships inside the triton wheel), so a warm Triton
+cache (the build's scripts/triton_aot.py fills it) makes this a few seconds; only a kernel with a
+stack frame is put through `ptxas -v` again, to tell its spills from local arrays. Shared memory
+comes from Triton's metadata. Prints a Markdown table (BENCHMARKS.md lists it).
 
     .venv/bin/python scripts/triton_compile_check.py
 """
+import concurrent.futures
 import importlib.util
+import multiprocessing
 import os
 import pathlib
 import re
@@ -46,9 +50,28 @@ def load_file(path):
     return module
 
 
+def nvidia_tool(name):
+    """A CUDA binary tool (ptxas, cuobjdump, nvdisasm) from the triton wheel: the version Triton
+    compiles with, with no CUDA toolkit needed."""
+    return pathlib.Path(triton.__file__).parent / "backends/nvidia/bin" / name
+
+
+def cubin_usage(cubin):
+    """(registers, stack-frame bytes) of the cubin's one kernel, from `cuobjdump -res-usage`."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "kernel.cubin"
+        path.write_bytes(cubin)
+        result = subprocess.run([str(nvidia_tool("cuobjdump")), "-res-usage", str(path)], capture_output=True,
+                                text=True)
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", result.stdout)
+    if result.returncode != 0 or usage is None:
+        raise RuntimeError(f"cuobjdump -res-usage failed:\n{result.stdout}{result.stderr}")
+    return int(usage.group(1)), int(usage.group(2))
+
+
 def ptxas_usage(ptx, gpu_name):
     """(registers, spill bytes) from `ptxas -v`."""
-    ptxas = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+    ptxas = nvidia_tool("ptxas")
     with tempfile.TemporaryDirectory() as folder:
         source = pathlib.Path(folder) / "kernel.ptx"
         source.write_text(ptx)
@@ -82,25 +105,42 @@ def all_specialisations():
     return table.all_specialisations({name: load_kernels(name) for name in names})
 
 
+def map_in_parallel(function, jobs):
+    """[function(job) for job in jobs], one process per core (Triton compiles on one thread). Forked,
+    so that the workers inherit the loaded kernel modules."""
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(function, jobs))
+
+
+def check_one(job):
+    """(index, arch) -> (table row, failures) of that specialisation (in a worker process)."""
+    index, arch = job
+    name, kernel, signature, constexprs, launch_options = all_specialisations()[index]
+    gpu_name, shared_limit = ARCHITECTURES[arch]
+    try:
+        compiled = compile_for(kernel, signature, constexprs, launch_options, arch)
+        registers, stack = cubin_usage(compiled.asm["cubin"])
+        spills = ptxas_usage(compiled.asm["ptx"], gpu_name)[1] if stack else 0  # no stack frame: no spills
+    except Exception as error:  # report every kernel, then fail
+        return None, [f"{name} sm_{arch}: {type(error).__name__}: {error}"]
+    shared = compiled.metadata.shared
+    failures = []
+    if spills:
+        failures.append(f"{name} sm_{arch}: {spills} bytes of register spills")
+    if shared > shared_limit:
+        failures.append(f"{name} sm_{arch}: {shared} bytes of shared memory, over {shared_limit}")
+    return f"| {name} | sm_{arch} | {registers} | {spills} | {shared} |", failures
+
+
 def main():
-    failures, rows = [], []
     only = sys.argv[1] if len(sys.argv) > 1 else ""  # a name prefix, to check some kernels while editing them
-    for name, kernel, signature, constexprs, launch_options in all_specialisations():
-        if not name.startswith(only):
-            continue
-        for arch, (gpu_name, shared_limit) in ARCHITECTURES.items():
-            try:
-                compiled = compile_for(kernel, signature, constexprs, launch_options, arch)
-                registers, spills = ptxas_usage(compiled.asm["ptx"], gpu_name)
-            except Exception as error:  # report every kernel, then fail
-                failures.append(f"{name} sm_{arch}: {type(error).__name__}: {error}")
-                continue
-            shared = compiled.metadata.shared
-            rows.append(f"| {name} | sm_{arch} | {registers} | {spills} | {shared} |")
-            if spills:
-                failures.append(f"{name} sm_{arch}: {spills} bytes of register spills")
-            if shared > shared_limit:
-                failures.append(f"{name} sm_{arch}: {shared} bytes of shared memory, over {shared_limit}")
+    jobs = [(index, arch) for index, (name, *_) in enumerate(all_specialisations()) if name.startswith(only)
+            for arch in ARCHITECTURES]
+    rows, failures = [], []
+    for row, failed in map_in_parallel(check_one, jobs):
+        rows += [row] if row else []
+        failures += failed
     print(f"| kernel | arch | registers | spill bytes | shared bytes |\n|---|---|---|---|---|\n" + "\n".join(rows))
     if failures:
         sys.exit("triton_compile_check failed:\n  " + "\n  ".join(failures))

@@ -55,7 +55,6 @@ import torch
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import triton_compile_check as check  # noqa: E402
-import triton  # noqa: E402
 
 # The H100 SXM (assumptions of the estimate; see the module's text).
 SMS, SCHEDULERS, CLOCK_HZ, DRAM_BYTES_PER_S = 132, 4, 1.755e9, 3.35e12
@@ -81,7 +80,7 @@ def sass(kernel_name):
             break
     else:
         raise SystemExit(f"triton_cost_report: no specialisation named '{kernel_name}'")
-    nvdisasm = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+    nvdisasm = check.nvidia_tool("nvdisasm")
     with tempfile.TemporaryDirectory() as folder:
         cubin = pathlib.Path(folder) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
