@@ -11,8 +11,10 @@ import torch
 from . import _build_info
 
 LIBRARY = pathlib.Path(__file__).resolve().parent / "lib" / "libconvnn.so"
-# The models' library: in the package where nlohmann-json's headers were found at build time.
+# The models' library and the torch.save reader's (whose checks load_checkpoint runs): in the package
+# where nlohmann-json's headers were found at build time.
 MODELS_LIBRARY = LIBRARY.with_name("libconvnn_models.so")
+TORCH_FILE_LIBRARY = LIBRARY.with_name("libconvnn_torch_file.so")
 
 
 def _release(version: str) -> str:
@@ -30,8 +32,9 @@ def load() -> None:
     if not LIBRARY.is_file():
         raise ImportError(f"convnn's compiled library is missing: {LIBRARY} (reinstall the package)")
     torch.ops.load_library(str(LIBRARY))
-    if MODELS_LIBRARY.is_file():
-        torch.ops.load_library(str(MODELS_LIBRARY))
+    for library in (MODELS_LIBRARY, TORCH_FILE_LIBRARY):
+        if library.is_file():
+            torch.ops.load_library(str(library))
 
 
 def has_models() -> bool:

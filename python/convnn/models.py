@@ -11,7 +11,6 @@ import json
 import math
 import os
 import typing
-import zipfile
 
 import torch
 import torch.fx
@@ -544,38 +543,54 @@ def _state_of(root, name):
     return state[name]
 
 
+class CheckpointError(ValueError):
+    """A file that load_checkpoint refuses: not a convnn run's checkpoint, or one that the C++
+    reader's checks refuse (the message names the file and the rule)."""
+
+
 def load_checkpoint(path: typing.Union[str, os.PathLike], map_location: typing.Any = "cpu") -> nn.Module:
     """The model of a `convnn train` checkpoint, with its weights.
 
-    The file is read with ``torch.load(path, weights_only=True)``: a dict whose ``config`` names
-    the run's model and its options (``config["model"]``, ``config["model_config"]``), which
-    :func:`create_model` builds, and whose ``state_dict`` is then loaded strictly. The model is
-    returned in training mode, as ``create_model`` returns it; call ``.eval()`` to evaluate.
-    ``convnn eval`` also checks the file's CRC-32 checksums; this does not. A run directory stands
-    for its ``checkpoint-latest.pt``, as it does for ``convnn eval --checkpoint``.
+    The file is first put through the C++ reader's checks (torch.ops.convnn.check_torch_file, what
+    `convnn eval` reads it with: only plain data, nesting and what shared references expand to
+    bounded, every tensor within its record), without reading the tensors; only then is it read
+    with ``torch.load(path, weights_only=True)``: a dict whose ``config`` names the run's model and
+    its options (``config["model"]``, ``config["model_config"]``), which :func:`create_model`
+    builds, and whose ``state_dict`` is then loaded strictly. The model is returned in training
+    mode, as ``create_model`` returns it; call ``.eval()`` to evaluate. ``convnn eval`` also checks
+    the file's CRC-32 checksums; this does not. A run directory stands for its
+    ``checkpoint-latest.pt``, as it does for ``convnn eval --checkpoint``. A file refused for what
+    it holds raises :class:`CheckpointError` (a ValueError).
     """
+    _require_models()
+    path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint-latest.pt")
-    # Before torch.load, which would hand a TorchScript archive to torch.jit.load.
-    if _is_torchscript_archive(path):
-        raise RuntimeError(
+    # Before anything unpickles it: torch.load would hand a TorchScript archive to torch.jit.load.
+    if _ops.is_torchscript_archive(path):
+        raise CheckpointError(
             f"checkpoint '{path}' is a TorchScript archive (a convnn checkpoint of format 1 or 2): "
             "opening one runs the code it may contain, so it is not opened. If you trust where the "
             f"file came from, convert it once: convnn checkpoint convert {path} NEW.pt --trust-legacy")
     try:
+        _ops.check_torch_file(path)
+    except RuntimeError as error:  # torch.load's unpickler would recurse or allocate without bound
+        raise CheckpointError(f"checkpoint '{path}' cannot be read: {error}") from None
+    try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch.load's own errors do not always name the file
-        raise RuntimeError(f"checkpoint '{path}' cannot be read: {error}") from error
+        raise CheckpointError(f"checkpoint '{path}' cannot be read: {error}") from error
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict):
-        raise ValueError(f"checkpoint '{path}' is not a convnn run's checkpoint (it has no 'config' "
-                         "naming the model): for weights alone, build the model with "
-                         "convnn.models.create_model(name, **options) and call load_state_dict")
+        raise CheckpointError(f"checkpoint '{path}' is not a convnn run's checkpoint (it has no 'config' "
+                              "naming the model): for weights alone, build the model with "
+                              "convnn.models.create_model(name, **options) and call load_state_dict")
     config = checkpoint["config"]
     if not isinstance(config.get("model"), str) or not isinstance(config.get("model_config", {}), dict):
-        raise ValueError(f"checkpoint '{path}' has a 'config' without the run's model: it must name the model "
-                         "(config['model'], a string) and may give its options (config['model_config'], a dict)")
+        raise CheckpointError(f"checkpoint '{path}' has a 'config' without the run's model: it must name the "
+                              "model (config['model'], a string) and may give its options "
+                              "(config['model_config'], a dict)")
     if not isinstance(checkpoint.get("state_dict"), dict):
-        raise ValueError(f"checkpoint '{path}' has no 'state_dict' (a dict of the model's tensors)")
+        raise CheckpointError(f"checkpoint '{path}' has no 'state_dict' (a dict of the model's tensors)")
     model = create_model(config["model"], **config.get("model_config", {}))
     try:
         model.load_state_dict(checkpoint["state_dict"])
@@ -583,10 +598,3 @@ def load_checkpoint(path: typing.Union[str, os.PathLike], map_location: typing.A
         raise RuntimeError(f"checkpoint '{path}' does not fit its model {config['model']}: {error}") from error
     return model
 
-
-def _is_torchscript_archive(path):
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return any(name.endswith("/constants.pkl") for name in archive.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False

@@ -11,7 +11,8 @@ import typing
 
 import torch
 
-from .nn.neighbours import NeighbourView, Neighbours, record_neighbours
+from .nn.modules import record_neighbours
+from .nn.neighbours import NeighbourView, Neighbours
 
 _ops = torch.ops.convnn
 

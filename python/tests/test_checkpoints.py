@@ -171,18 +171,19 @@ def test_a_run_checkpoint_refuses_model_flags_and_weights_alone_cannot_resume(ru
 def test_load_checkpoint_errors_name_the_file_and_say_why(run, tmp_path):
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(run.checkpoint.read_bytes()[:5000])
-    with pytest.raises(RuntimeError, match=f"checkpoint '{truncated}' cannot be read"):
+    with pytest.raises(convnn.models.CheckpointError, match=f"checkpoint '{truncated}' cannot be read"):
         convnn.models.load_checkpoint(truncated)
     weights = tmp_path / "weights.pt"
     torch.save(state_of(run.checkpoint), weights)
-    with pytest.raises(ValueError, match="not a convnn run's checkpoint.*create_model"):
+    with pytest.raises(convnn.models.CheckpointError, match="not a convnn run's checkpoint.*create_model"):
         convnn.models.load_checkpoint(weights)
     # A TorchScript archive, as convnn wrote checkpoints before format 3: opening one runs its code,
     # so it is refused with the way to convert it (the C++ side likewise:
     # CheckpointIntegrity.Format1IsRefusedUnlessTrustedThenLoadsAndNewerFormatsAreRefused).
     old = tmp_path / "old.pt"
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), old)
-    with pytest.raises(RuntimeError, match="TorchScript archive.*convnn checkpoint convert .* --trust-legacy"):
+    with pytest.raises(convnn.models.CheckpointError,
+                       match="TorchScript archive.*convnn checkpoint convert .* --trust-legacy"):
         convnn.models.load_checkpoint(old)
 
 
@@ -198,5 +199,5 @@ def test_load_checkpoint_names_a_config_or_state_dict_of_the_wrong_shape(run, tm
     for name, (edited, message) in cases.items():
         path = tmp_path / f"{name}.pt"
         torch.save(edited, path)
-        with pytest.raises(ValueError, match=f"checkpoint '{path}' .*{message}"):
+        with pytest.raises(convnn.models.CheckpointError, match=f"checkpoint '{path}' .*{message}"):
             convnn.models.load_checkpoint(path)

@@ -213,6 +213,39 @@ def test_a_position_out_of_range_is_refused_by_resume(run, tmp_path, field, valu
     assert len(result.stderr.splitlines()) == 1 and "Exception raised from" not in result.stderr, result.stderr
 
 
+def pickle_file(path, pickle):
+    """A torch.save file (zip) whose data.pkl is `pickle`, and nothing else."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("hostile/data.pkl", pickle)
+        archive.writestr("hostile/byteorder", "little")
+        archive.writestr("hostile/version", "3\n")
+    return path
+
+
+# PROTO 2, EMPTY_DICT, the key: EMPTY_TUPLE wrapped by TUPLE1 a million times, the value NONE,
+# SETITEM, STOP. torch.load(weights_only=True) builds it, then hashing the key recurses in C.
+DEEP_TUPLE_KEY = b"\x80\x02}" + b")" + b"\x85" * 1_000_000 + b"Ns."
+
+
+def test_load_checkpoint_refuses_what_the_cpp_reader_refuses_before_torch_load_sees_it(run, tmp_path):
+    """A dict key nested a million deep killed Python (SIGSEGV) inside torch.load; load_checkpoint
+    now runs the C++ reader's checks first, so it is one CheckpointError, whose reason is the very
+    text the convnn command gives for the same file. In a child process, so that a signal fails the test
+    instead of ending the run."""
+    path = pickle_file(tmp_path / "deep-key.pt", DEEP_TUPLE_KEY)
+    load = ("import sys, convnn\ntry:\n    convnn.models.load_checkpoint(sys.argv[1])\n"
+            "except convnn.models.CheckpointError as error:\n    print(error)\n    sys.exit(3)\n")
+    child = subprocess.run([os.sys.executable, "-c", load, str(path)], capture_output=True, text=True,
+                           timeout=TIMEOUT_S)
+    assert child.returncode == 3, (child.returncode, child.stderr[-2000:])
+    assert child.stdout.startswith(f"checkpoint '{path}' cannot be read: "), child.stdout
+    reason = child.stdout.split(" cannot be read: ", 1)[1].strip()
+    assert "nested more than 64" in reason, reason
+    # The command that reads a file without a run's header whole: a run started from its weights.
+    started = run_convnn(*run.commands(path, "deep-key")["initial"], cwd=run.root)
+    assert started.returncode == 1 and reason in started.stderr, (reason, started.stderr)
+
+
 def test_a_record_that_claims_more_bytes_than_its_file_is_refused(run, tmp_path):
     """A deflated data.pkl of 256 MiB of zeros (a quarter of a MB on disk): the reader refuses it from
     the zip directory's size, before inflating anything."""

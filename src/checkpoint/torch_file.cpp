@@ -3,6 +3,7 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/Allocator.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
@@ -58,11 +59,16 @@ uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const std::
   return size;
 }
 
+// Whether the unpickler reads each storage's bytes (read_torch_file) or checks its record and
+// stands a meta-device storage of the declared size in for it (check_torch_file).
+enum class TensorBytes { Read, Skip };
+
 class RestrictedUnpickler {
  public:
   RestrictedUnpickler(std::string path, caffe2::serialize::PyTorchStreamReader& reader, std::string pickle,
-                      uint64_t file_bytes)
-      : path_(std::move(path)), reader_(reader), pickle_(std::move(pickle)), file_bytes_(file_bytes) {}
+                      uint64_t file_bytes, TensorBytes tensor_bytes)
+      : path_(std::move(path)), reader_(reader), pickle_(std::move(pickle)), file_bytes_(file_bytes),
+        tensor_bytes_(tensor_bytes) {}
 
   c10::IValue run() {
     while (true) {
@@ -301,6 +307,13 @@ class RestrictedUnpickler {
     TORCH_CHECK(declared == needed,
                 fail_text("record " + record + " holds " + std::to_string(declared) + " bytes where its " +
                           std::to_string(numel) + " elements need " + std::to_string(needed)));
+    if (tensor_bytes_ == TensorBytes::Skip) {
+      // No data, the declared size: rebuild_tensor checks each tensor's extent against it as usual.
+      at::Storage storage(c10::Storage::use_byte_size_t(), declared, c10::GetAllocator(at::kMeta), false);
+      auto tensor = at::empty({0}, at::TensorOptions().dtype(dtype).device(at::kMeta)).set_(storage);
+      storages_.emplace(key, tensor);
+      return tensor;
+    }
     auto [data, size] = reader_.getRecord(record);
     TORCH_CHECK(size == needed, fail_text("record " + record + " is truncated"));
     at::Storage storage(c10::Storage::use_byte_size_t(), size, std::move(data), nullptr, false);
@@ -451,6 +464,7 @@ class RestrictedUnpickler {
   caffe2::serialize::PyTorchStreamReader& reader_;
   std::string pickle_;
   uint64_t file_bytes_;
+  TensorBytes tensor_bytes_;
   size_t position_ = 0;
   std::vector<Item> stack_;
   std::vector<size_t> marks_;
@@ -480,6 +494,35 @@ std::unique_ptr<caffe2::serialize::PyTorchStreamReader> open_zip(const std::stri
   }
 }
 
+c10::IValue unpickle_torch_file(const std::string& path, TensorBytes tensor_bytes) {
+  auto reader = open_zip(path);
+  const uint64_t file_bytes = file_size(path);
+  std::string pickle;
+  try {
+    TORCH_CHECK(reader->hasRecord("data.pkl"), "it has no data.pkl record");
+    if (reader->hasRecord("byteorder")) {
+      auto [order, size] = reader->getRecord("byteorder");
+      TORCH_CHECK(std::string(static_cast<const char*>(order.get()), size) == "little",
+                  "it was written on a big-endian machine");
+    }
+    const auto declared = record_size(*reader, "data.pkl", file_bytes, path);
+    TORCH_CHECK(declared <= kMaxPickleBytes, "its data.pkl claims ", declared, " bytes, more than the ",
+                kMaxPickleBytes, " a checkpoint's list of values needs");
+    auto [data, size] = reader->getRecord("data.pkl");
+    pickle.assign(static_cast<const char*>(data.get()), size);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "'", path, "' is not a readable torch.save file: ", error_text(e));
+  }
+  RestrictedUnpickler unpickler(path, *reader, std::move(pickle), file_bytes, tensor_bytes);
+  try {
+    return unpickler.run();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {  // a record the zip reader cannot inflate, for instance
+    TORCH_CHECK(false, "'", path, "' is not a readable torch.save file: ", e.what());
+  }
+}
+
 }  // namespace
 
 std::string torch_save_bytes(const c10::IValue& value,
@@ -504,34 +547,9 @@ std::string torch_save_bytes(const c10::IValue& value,
   return file;
 }
 
-c10::IValue read_torch_file(const std::string& path) {
-  auto reader = open_zip(path);
-  const uint64_t file_bytes = file_size(path);
-  std::string pickle;
-  try {
-    TORCH_CHECK(reader->hasRecord("data.pkl"), "it has no data.pkl record");
-    if (reader->hasRecord("byteorder")) {
-      auto [order, size] = reader->getRecord("byteorder");
-      TORCH_CHECK(std::string(static_cast<const char*>(order.get()), size) == "little",
-                  "it was written on a big-endian machine");
-    }
-    const auto declared = record_size(*reader, "data.pkl", file_bytes, path);
-    TORCH_CHECK(declared <= kMaxPickleBytes, "its data.pkl claims ", declared, " bytes, more than the ",
-                kMaxPickleBytes, " a checkpoint's list of values needs");
-    auto [data, size] = reader->getRecord("data.pkl");
-    pickle.assign(static_cast<const char*>(data.get()), size);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "'", path, "' is not a readable torch.save file: ", error_text(e));
-  }
-  RestrictedUnpickler unpickler(path, *reader, std::move(pickle), file_bytes);
-  try {
-    return unpickler.run();
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::exception& e) {  // a record the zip reader cannot inflate, for instance
-    TORCH_CHECK(false, "'", path, "' is not a readable torch.save file: ", e.what());
-  }
-}
+c10::IValue read_torch_file(const std::string& path) { return unpickle_torch_file(path, TensorBytes::Read); }
+
+void check_torch_file(const std::string& path) { unpickle_torch_file(path, TensorBytes::Skip); }
 
 std::optional<std::string> read_torch_file_record(const std::string& path, const std::string& name,
                                                   uint64_t max_bytes) {

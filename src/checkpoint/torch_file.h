@@ -36,6 +36,12 @@ std::optional<std::string> read_torch_file_record(const std::string& path, const
 /// holds a reference cycle, or whose records claim more bytes than the file has.
 c10::IValue read_torch_file(const std::string& path);
 
+/// Every check read_torch_file makes, without reading the tensors' bytes (each storage record's
+/// declared size is checked, its contents are not read): what the Python package runs on a file
+/// before torch.load sees it (python/convnn/models.py), so that a hostile pickle is refused with
+/// this reader's message instead of reaching torch.load's own unpickler. The same c10::Errors.
+void check_torch_file(const std::string& path);
+
 /// True when `path` is a TorchScript archive (what convnn checkpoints of formats 1 and 2 are)
 /// rather than a torch.save file; false for anything else, including unreadable files.
 bool is_torchscript_archive(const std::string& path);

@@ -17,6 +17,7 @@
 #include "ops/generic/generic.h"
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
+#include "support/build_features.h"
 #include "support/enum_lists.h"
 #include "support/registered_devices.h"
 
@@ -49,7 +50,7 @@ TEST(RegisteredDevices, CudaKeyIsFoundInEveryBuildThroughTheAttentionComposition
   // src/ops/cuda/knn_attention_cuda.cpp registers knn_attention and its backward under CUDA in
   // every build; a build with the Triton route (src/ops/cuda/triton/routes.h) adds the core ops.
   EXPECT_TRUE(is_registered(c10::DispatchKey::CUDA));
-#ifdef CONVNN_TRITON_ROUTE
+#if CONVNN_BUILD_TRITON_ROUTE
   const auto& expected = convnn::testing::core_op_names();
 #else
   const std::vector<std::string> expected{"knn_attention", "knn_attention_backward"};

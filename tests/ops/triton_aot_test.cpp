@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
-#ifdef CONVNN_TRITON_AOT
+#include "support/build_features.h"
+
+#if CONVNN_BUILD_TRITON_AOT
 #include "convnn/ops/knn_ops.h"
 #include "ops/cuda/triton/aggregate_launches.h"
 #include "ops/cuda/triton/attention_launches.h"

@@ -12,7 +12,9 @@
 #include <tuple>
 #include <vector>
 
-#ifdef CONVNN_TRITON_ROUTE
+#include "support/build_features.h"
+
+#if CONVNN_BUILD_TRITON_ROUTE
 #include "ops/cuda/triton/aggregate_launches.h"
 #include "ops/cuda/triton/attention_launches.h"
 

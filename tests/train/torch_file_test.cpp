@@ -126,5 +126,43 @@ TEST(TorchFile, DamagedPicklesAreErrorsNamingTheFile) {
   testing::expect_error([&] { read_torch_file(path); }, path, "reaches past its storage");
 }
 
+// Proves check_torch_file (what the Python loader runs before torch.load) refuses each file that
+// read_torch_file refuses, with the same message, and passes what it reads: it reads the same
+// pickle and checks each tensor against its record's declared size, only without the bytes.
+TEST(TorchFile, CheckingRefusesWhatReadingRefusesWithTheSameMessage) {
+  testing::TempDir dir;
+  c10::impl::GenericDict good(c10::StringType::get(), c10::AnyType::get());
+  const auto base = torch::randn({4, 6});
+  good.insert("base", base);
+  good.insert("column", base.select(1, 2));
+  good.insert("empty", torch::empty({0, 5}, torch::kBFloat16));
+  const auto good_path = dir.file("good.pt");
+  write_string(good_path, torch_save_bytes(good));
+  EXPECT_NO_THROW(check_torch_file(good_path));
+
+  auto past_storage = torch_save_bytes(torch::arange(8, torch::kFloat));
+  const std::string size_8("(K\x08t", 4), size_9("(K\x09t", 4);
+  past_storage.replace(past_storage.find(size_8), size_8.size(), size_9);
+  std::string deep = "\x80\x02";  // lists nested 65 deep, one more than the reader allows
+  for (int i = 0; i < 65; ++i) deep += "]";
+  for (int i = 0; i < 64; ++i) deep += "a";
+  const std::vector<std::pair<std::string, std::string>> files{
+      {"not-a-zip", "plain text"},
+      {"past-storage", past_storage},
+      {"unknown-opcode", zip_with_pickle(std::string("\x80\x02\xff.", 4))},
+      {"os-system", zip_with_pickle(std::string("\x80\x02" "cos\nsystem\n") +
+                                    std::string("X\x04\x00\x00\x00true", 9) + "\x85" "R.")},
+      {"too-deep", zip_with_pickle(deep + ".")},
+  };
+  for (const auto& [name, bytes] : files) {
+    SCOPED_TRACE(name);
+    const auto path = dir.file(name + ".pt");
+    write_string(path, bytes);
+    const auto reading = testing::error_of([&] { read_torch_file(path); });
+    EXPECT_NE(reading, "<no error>");
+    EXPECT_EQ(testing::error_of([&] { check_torch_file(path); }), reading);
+  }
+}
+
 }  // namespace
 }  // namespace convnn::train

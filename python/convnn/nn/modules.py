@@ -6,7 +6,8 @@ state_dict keys, shapes and initialisation are the C++ ones and draw from the sa
 generator; the C++ sub-layers of LibTorch's Linear and ConvNd kinds are built as their torch.nn
 counterparts holding those tensors (torch.ops.convnn.layer_submodules gives their kinds and
 geometry). forward calls the C++ forward on these tensors (torch.ops.convnn.layer_forward), a
-composite op that autograd, torch.compile and torch.export see through.
+composite op that autograd, torch.compile and torch.export see through. record_neighbours, at the
+end, collects what the layers of a whole model select (the Neighbours of neighbours.py).
 """
 import contextlib
 import inspect
@@ -490,3 +491,29 @@ class BranchingConv3d(_ConvNNLayer):
         """[B, C, D, H, W] (or [C, D, H, W]) -> [B, out_channels, D, H, W], in the input's dtype and memory
         format."""
         return self._call(input)
+
+
+@contextlib.contextmanager
+def record_neighbours(module: torch.nn.Module) -> typing.Iterator[typing.Dict[str, Neighbours]]:
+    """Records what every ConvNN layer in `module` selects while the block runs::
+
+        with convnn.nn.record_neighbours(model) as neighbours:
+            model(images)
+        neighbours["layer1.0.conv1"].indices
+
+    The dict maps each layer that ran to its Neighbours by its module path ("" for `module`
+    itself), in the order they first ran (a layer run several times: its last run). Outside the
+    block, forward records nothing and costs nothing more."""
+    recorded: typing.Dict[str, Neighbours] = {}
+    layers = [(name, m) for name, m in module.named_modules() if isinstance(m, _ConvNNLayer)]
+    previous = [layer.__dict__.get("_neighbour_sink") for _, layer in layers]
+    for name, layer in layers:
+        layer._neighbour_sink = (lambda path: lambda n: recorded.__setitem__(path, n))(name)
+    try:
+        yield recorded
+    finally:
+        for (_, layer), sink in zip(layers, previous):
+            if sink is None:
+                layer.__dict__.pop("_neighbour_sink", None)
+            else:
+                layer._neighbour_sink = sink

@@ -1,7 +1,7 @@
-"""What the ConvNN layers select: each layer's forward_with_neighbours, record_neighbours for a
-whole model, and the Neighbours they return (the C++ struct convnn::nn::Neighbours, field for
-field; its rules, on_token_grid and view, are the C++ ones, called through the dispatcher)."""
-import contextlib
+"""What the ConvNN layers select: the Neighbours that each layer's forward_with_neighbours and
+record_neighbours (modules.py) return (the C++ struct convnn::nn::Neighbours, field for field; its
+rules, on_token_grid and view, are the C++ ones, called through the dispatcher). The layers use
+these types; nothing here uses the layers."""
 import typing
 
 import torch
@@ -76,30 +76,3 @@ class Neighbours(typing.NamedTuple):
             self.positions, self.weights, list(self.input_sizes), list(self.query_grid), list(self.stride),
             list(self.dilation), self.k, self.has_window, [float(p) for p in point], sample)
         return NeighbourView(row, tuple(query), neighbours, weights, window)
-
-
-@contextlib.contextmanager
-def record_neighbours(module: torch.nn.Module) -> typing.Iterator[typing.Dict[str, Neighbours]]:
-    """Records what every ConvNN layer in `module` selects while the block runs::
-
-        with convnn.nn.record_neighbours(model) as neighbours:
-            model(images)
-        neighbours["layer1.0.conv1"].indices
-
-    The dict maps each layer that ran to its Neighbours by its module path ("" for `module`
-    itself), in the order they first ran (a layer run several times: its last run). Outside the
-    block, forward records nothing and costs nothing more."""
-    from .modules import _ConvNNLayer
-    recorded: typing.Dict[str, Neighbours] = {}
-    layers = [(name, m) for name, m in module.named_modules() if isinstance(m, _ConvNNLayer)]
-    previous = [layer.__dict__.get("_neighbour_sink") for _, layer in layers]
-    for name, layer in layers:
-        layer._neighbour_sink = (lambda path: lambda n: recorded.__setitem__(path, n))(name)
-    try:
-        yield recorded
-    finally:
-        for (_, layer), sink in zip(layers, previous):
-            if sink is None:
-                layer.__dict__.pop("_neighbour_sink", None)
-            else:
-                layer._neighbour_sink = sink
