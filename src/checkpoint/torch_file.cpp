@@ -309,7 +309,10 @@ class RestrictedUnpickler {
                           std::to_string(numel) + " elements need " + std::to_string(needed)));
     if (tensor_bytes_ == TensorBytes::Skip) {
       // No data, the declared size: rebuild_tensor checks each tensor's extent against it as usual.
-      at::Storage storage(c10::Storage::use_byte_size_t(), declared, c10::GetAllocator(at::kMeta), false);
+      // Resizable only because set_ on the meta device resizes unconditionally (refused otherwise,
+      // even to the same size); the extent check comes first, so nothing grows past `declared`.
+      at::Storage storage(c10::Storage::use_byte_size_t(), declared, c10::GetAllocator(at::kMeta),
+                          /*resizable=*/true);
       auto tensor = at::empty({0}, at::TensorOptions().dtype(dtype).device(at::kMeta)).set_(storage);
       storages_.emplace(key, tensor);
       return tensor;
