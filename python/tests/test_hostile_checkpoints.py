@@ -156,7 +156,7 @@ def test_a_torchscript_payload_runs_in_no_command(run, tmp_path, kind):
         # Python's loader reads the weights with torch.load(weights_only=True), or refuses.
         try:
             convnn.models.load_checkpoint(path)
-        except RuntimeError as error:
+        except convnn.models.CheckpointError as error:
             assert file_kind == "torchscript" and "--trust-legacy" in str(error)
     assert not (run.root / f"out-{kind}-torchscript" / "converted.pt").exists()
 
