@@ -17,6 +17,7 @@
 #include "bench_data.h"
 #include "commands.h"
 #include "convnn/bench/bench.h"
+#include "convnn/bench/sequence_bench.h"
 #include "convnn/util/device.h"
 
 namespace convnn::cli {
@@ -47,6 +48,8 @@ struct BenchArgs {
   bool sweep = false;
   std::vector<int64_t> sweep_n{197, 1024, 3136, 4096}, sweep_k{8, 9, 16, 25, 100};
   int64_t sweep_batch = 1, sweep_iters = 3, sweep_warmup = 1;
+  bool sequence = false;
+  bench::SequenceBenchConfig sequence_config;  // its sizes; k, dtype, device and seed from the flags above
 };
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -304,6 +307,75 @@ void print_sweep(const std::vector<CaseResult>& cases, const MachinePeaks& machi
                            cases.empty() ? std::string("fused") : measured(cases.front()));
 }
 
+// -------------------------------------------------------------------------------------- sequence
+
+// The convnn row's time over the sdpa row's of the same workload and length, if both ran.
+std::optional<double> sequence_ratio(const std::vector<bench::SequenceTiming>& rows, const bench::SequenceTiming& row,
+                                     bool forward_backward) {
+  if (row.path == "sdpa") return std::nullopt;
+  for (const auto& other : rows) {
+    if (other.path != "sdpa" || other.workload != row.workload || other.length != row.length) continue;
+    const auto time = [&](const bench::SequenceTiming& t) {
+      return forward_backward ? t.forward_backward.median_ms : t.forward.median_ms;
+    };
+    if (forward_backward && !(row.has_backward && other.has_backward)) return std::nullopt;
+    return ratio(time(row), time(other));
+  }
+  return std::nullopt;
+}
+
+int run_sequence_bench(const BenchArgs& args) {
+  const auto started = std::chrono::steady_clock::now();
+  auto c = args.sequence_config;
+  const auto base = config_of(args);
+  c.k = base.k;
+  c.dtype = base.dtype;
+  c.device = base.device;
+  c.seed = base.seed;
+  bench::validate(c);
+  const auto rows = bench::run_sequence_bench(c);
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (args.json) {
+    nlohmann::json out{{"torch_version", TORCH_VERSION}, {"threads", at::get_num_threads()}, {"mode", "sequence"},
+                       {"batch", c.batch}, {"channels", c.channels}, {"heads", c.heads}, {"kv_heads", c.kv_heads},
+                       {"k", c.k}, {"dtype", bench::dtype_name(c.dtype)}, {"device", device_name(c.device)},
+                       {"iters", c.iters}, {"warmup", c.warmup}, {"wall_s", wall_s}};
+    out["cases"] = nlohmann::json::array();
+    for (const auto& row : rows) {
+      nlohmann::json item{{"workload", row.workload}, {"length", row.length}, {"path", row.path},
+                          {"tokens", row.tokens}, {"forward_ms", row.forward.median_ms},
+                          {"forward_p10_ms", row.forward.p10_ms}, {"forward_p90_ms", row.forward.p90_ms}};
+      if (row.has_backward) item["forward_backward_ms"] = row.forward_backward.median_ms;
+      if (const auto r = sequence_ratio(rows, row, false)) item["forward_vs_sdpa"] = *r;
+      if (const auto r = sequence_ratio(rows, row, true)) item["forward_backward_vs_sdpa"] = *r;
+      out["cases"].push_back(item);
+    }
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("sequence cases: batch {}, channels {}, heads {} sharing {} key/value heads (d {}), K {}, "
+                           "causal, {}, device {}, {} threads; {} iterations after {} warm-up\n\n",
+                           c.batch, c.channels, c.heads, c.kv_heads, c.channels / c.heads, c.k,
+                           bench::dtype_name(c.dtype), device_name(c.device), at::get_num_threads(), c.iters, c.warmup);
+  const auto header = fmt::format("{:<8} {:>7}  {:<7} {:>8} {:>10} {:>10} {:>12} {:>9} {:>9}", "workload", "length",
+                                  "path", "tokens", "fwd ms", "f+b ms", "fwd tok/s", "fwd c/s", "f+b c/s");
+  std::cout << header << "\n" << std::string(header.size(), '-') << "\n";
+  for (const auto& row : rows) {
+    const auto backward = row.has_backward ? fmt::format("{:>10.2f}", row.forward_backward.median_ms)
+                                           : fmt::format("{:>10}", "-");
+    std::cout << fmt::format("{:<8} {:>7}  {:<7} {:>8} {:>10.2f} ", row.workload, row.length, row.path, row.tokens,
+                             row.forward.median_ms)
+              << backward
+              << fmt::format(" {:>12.0f} {:>9} {:>9}\n", row.tokens / (row.forward.median_ms / 1e3),
+                             ratio_text(sequence_ratio(rows, row, false)), ratio_text(sequence_ratio(rows, row, true)));
+  }
+  std::cout << "(times are medians; c/s: convnn / sdpa time for the same workload and length; causal: [B,N,C]; "
+               "packed: the samples at N, 3N/4, ... with cu_seqlens; decode: one token per sample against a cache "
+               "of `length` tokens)\n";
+  std::cout << fmt::format("\nfinished in {:.1f} s\n", wall_s);
+  return 0;
+}
+
 // -------------------------------------------------------------------------------------- run
 
 int run_bench(const BenchArgs& args) {
@@ -427,8 +499,22 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--sweep-batch", args->sweep_batch, "Batch size of the sweep");
   sub->add_option("--sweep-iters", args->sweep_iters, "Timed iterations per phase in the sweep");
   sub->add_option("--sweep-warmup", args->sweep_warmup, "Warm-up iterations in the sweep");
+  auto& sequence = args->sequence_config;
+  sub->add_flag("--sequence", args->sequence,
+                "Sequence cases instead: causal ConvNNAttention with grouped heads against scaled_dot_product_attention "
+                "over [B,N,C] at each --sequence-n (and packed at decreasing lengths), and one decoding step against "
+                "a cache of each --sequence-cache tokens; --k, --dtype, --device, --seed apply");
+  sub->add_option("--sequence-n", sequence.tokens, "Sequence lengths of the causal cases")->delimiter(',');
+  sub->add_option("--sequence-cache", sequence.cache_lengths, "Cache lengths of the decoding cases")->delimiter(',');
+  sub->add_option("--sequence-batch", sequence.batch, "Batch size of the sequence cases");
+  sub->add_option("--sequence-channels", sequence.channels, "Embedding dimension C of the sequence cases");
+  sub->add_option("--sequence-heads", sequence.heads, "Query heads of the sequence cases");
+  sub->add_option("--kv-heads", sequence.kv_heads, "Key/value heads of the sequence cases (must divide the heads)");
+  sub->add_option("--sequence-iters", sequence.iters, "Timed iterations per sequence case");
+  sub->add_option("--sequence-warmup", sequence.warmup, "Warm-up iterations per sequence case");
   add_data_bench_options(sub, *data_args);
   return {sub, [args, data_args] {
+            if (args->sequence) return run_sequence_bench(*args);
             if (!data_bench_requested(*data_args)) return run_bench(*args);
             TORCH_CHECK(args->seed >= 0, "bench: seed must be non-negative, got ", args->seed);
             return run_data_bench(*data_args, args->batch, static_cast<uint64_t>(args->seed), args->json);

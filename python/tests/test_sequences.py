@@ -151,3 +151,117 @@ def test_masks_of_the_wrong_shape_or_dtype_are_refused_by_name(argument, mask, r
     attention = layer(2)
     with pytest.raises(RuntimeError, match=rule):
         attention(torch.randn(2, 5, EMBED, dtype=torch.float64), **{argument: mask})
+
+
+def packed_and_padded(lengths, generator_seed=4):
+    """The same sequences packed ([T, C] with cu_seqlens) and padded ([B, N, C] with key padding)."""
+    torch.manual_seed(generator_seed)
+    longest = max(lengths)
+    padded = torch.randn(len(lengths), longest, EMBED, dtype=torch.float64)
+    padding = padding_of(lengths, longest)
+    packed = padded[~padding]
+    cu_seqlens = torch.tensor([0] + lengths).cumsum(0)
+    return packed, cu_seqlens, padded, padding
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("num_kv_heads", [0, 1])
+def test_a_packed_batch_equals_the_padded_batch_forward_and_backward(is_causal, num_kv_heads):
+    lengths = [5, 2, 5, 7, 0, 3, 1]  # repeated, shorter than k, empty
+    attention = layer(3, num_kv_heads=num_kv_heads, bias=True)
+    packed, cu_seqlens, padded, padding = packed_and_padded(lengths)
+    got = attention(packed, is_causal=is_causal, cu_seqlens=cu_seqlens)
+    upstream = torch.randn_like(got)
+    packed_grads = torch.autograd.grad((got * upstream).sum(), list(attention.parameters()))
+    expected = attention(padded, is_causal=is_causal, key_padding_mask=padding)[~padding]
+    padded_grads = torch.autograd.grad((expected * upstream).sum(), list(attention.parameters()))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    for packed_grad, padded_grad in zip(packed_grads, padded_grads):
+        torch.testing.assert_close(packed_grad, padded_grad, rtol=0, atol=1e-11)
+
+
+def test_a_packed_batch_takes_int32_offsets_and_refuses_masks_by_name():
+    attention = layer(2)
+    packed, cu_seqlens, _, _ = packed_and_padded([4, 6])
+    torch.testing.assert_close(attention(packed, cu_seqlens=cu_seqlens.int()),
+                               attention(packed, cu_seqlens=cu_seqlens), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="key_padding_mask must be None with cu_seqlens"):
+        attention(packed, key_padding_mask=torch.zeros(10, dtype=torch.bool), cu_seqlens=cu_seqlens)
+    with pytest.raises(RuntimeError, match=r"cu_seqlens must start at 0 and end at the token count T = 10"):
+        attention(packed, cu_seqlens=torch.tensor([0, 4, 9]))
+    with pytest.raises(ValueError, match="recording neighbours is not supported on a packed batch"):
+        attention.forward_with_neighbours(packed, cu_seqlens=cu_seqlens)
+
+
+@pytest.mark.parametrize("num_kv_heads", [0, 1])
+def test_decoding_with_a_cache_equals_the_causal_forward(num_kv_heads):
+    """A prompt of 4 tokens, then one token per step: each step's rows equal the causal forward's
+    on the whole prefix (float64 rounding: the op sees other shapes, one row against the cache)."""
+    attention = layer(3, num_kv_heads=num_kv_heads, bias=True)
+    torch.manual_seed(5)
+    x = torch.randn(2, 8, EMBED, dtype=torch.float64)
+    full = attention(x, is_causal=True)
+    cache = attention.make_cache(2, 8)
+    kv_heads = num_kv_heads or HEADS
+    assert cache.keys.shape == (2, kv_heads, 8, EMBED // HEADS)  # head-major
+    with torch.no_grad():
+        steps = [attention.forward_step(x[:, :4], cache)]
+        steps += [attention.forward_step(x[:, i:i + 1], cache) for i in range(4, 8)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-12)
+    assert cache.lengths == [8, 8]
+
+
+def test_prompts_of_different_lengths_decode_as_each_alone():
+    attention = layer(3)
+    torch.manual_seed(6)
+    x = torch.randn(2, 7, EMBED, dtype=torch.float64)
+    cache = attention.make_cache(2, 7)
+    prompt = attention.forward_step(x[:, :5], cache, counts=[5, 2])
+    nxt = attention.forward_step(torch.stack([x[0, 5], x[1, 2]])[:, None], cache)
+    assert cache.lengths == [6, 3]
+    for b, length in enumerate([5, 2]):
+        alone = attention(x[b:b + 1, :length + 1], is_causal=True)[0]
+        torch.testing.assert_close(torch.cat([prompt[b, :length], nxt[b]]), alone, rtol=0, atol=1e-12)
+
+
+def test_a_step_past_max_length_is_refused_and_changes_nothing():
+    attention = layer(2)
+    cache = attention.make_cache(1, 4)
+    x = torch.randn(1, 3, EMBED, dtype=torch.float64)
+    attention.forward_step(x, cache)
+    with pytest.raises(RuntimeError, match="KVCache: sample 0 holds 3 tokens; 2 more would pass max_length = 4"):
+        attention.forward_step(x[:, :2], cache)
+    assert cache.lengths == [3]
+    cache.reset()
+    assert cache.lengths == [0]
+    with pytest.raises(TypeError, match="cache must be a convnn.nn.KVCache"):
+        attention.forward_step(x, (cache.keys, cache.values))
+
+
+def test_a_truncated_cache_decodes_the_next_token_again_as_before():
+    """truncate rolls a cache back (beam search, speculative decoding): the same token after a
+    rollback gives the same row."""
+    attention = layer(2)
+    x = torch.randn(1, 5, EMBED, dtype=torch.float64)
+    cache = attention.make_cache(1, 5)
+    attention.forward_step(x[:, :4], cache)
+    first = attention.forward_step(x[:, 4:], cache)
+    cache.truncate(4)
+    assert cache.lengths == [4]
+    torch.testing.assert_close(attention.forward_step(x[:, 4:], cache), first, rtol=0, atol=0)
+
+
+def test_the_python_examples_of_docs_sequences_md_run():
+    """Each Python block of docs/sequences.md alone, in a namespace of its own, so it cannot rot."""
+    import pathlib
+    import re
+    import runpy
+    import tempfile
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "sequences.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert len(blocks) >= 4
+    for block in blocks:
+        with tempfile.NamedTemporaryFile("w", suffix=".py") as script:
+            script.write(block)
+            script.flush()
+            runpy.run_path(script.name)

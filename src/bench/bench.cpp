@@ -47,7 +47,7 @@ double elapsed_ms(Clock::time_point start, Clock::time_point end) {
 // accelerator's kernels run asynchronously, so a clock read without a synchronisation would time
 // their launches only.
 Clock::time_point now_on(c10::Device device) {
-  if (!device.is_cpu()) at::accelerator::synchronizeDevice(device.index());
+  synchronize(device);
   return Clock::now();
 }
 
@@ -299,6 +299,10 @@ std::string bytes_text(double bytes) {
 }
 
 }  // namespace
+
+void synchronize(c10::Device device) {
+  if (!device.is_cpu()) at::accelerator::synchronizeDevice(device.index());
+}
 
 Level parse_level(const std::string& name) { return detail::parse_name(kLevels, name, "bench: level"); }
 const char* to_string(Level level) { return detail::name_of(kLevels, level); }

@@ -182,7 +182,10 @@ void add_convnn_attention(CostReport& report, const std::string& stage, const st
                           const nn::ConvNNAttentionOptions& o, int64_t tokens) {
   const int64_t c = o.embed_dim();
   // Projections apply to every token: each token is a query, and candidates are drawn from all.
-  report.add(stage, layer + ".qkv_projections", "linear", linear_cost(3 * tokens, c, c, o.qkv_bias()));
+  // With grouped heads the key and value projections give num_kv_heads * head_dim channels.
+  const int64_t kv_channels = c / o.num_heads() * nn::key_value_heads(o);
+  report.add(stage, layer + ".qkv_projections", "linear",
+             linear_cost(tokens, c, c + 2 * kv_channels, o.qkv_bias()));
   const int64_t m = o.num_candidates() > 0 ? o.num_candidates() + (o.include_self() ? 1 : 0) : tokens;
   add_convnn_op(report, stage, layer, {tokens, m, o.num_heads(), c, c, c},
                 {o.similarity(), o.k(), o.rho(), o.temperature(), o.aggregation(), o.bias()});

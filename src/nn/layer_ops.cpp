@@ -10,7 +10,10 @@
 //                                               their geometry, which Python builds as nn modules
 //   convnn::layer_forward(layer, options, ...)  the C++ module's forward on the given tensors
 //   convnn::attention_aggregate(options, q, k, v, ...)  ConvNNAttention's forward between its
-//                                               projections; attention_check_input its input rule
+//                                               projections; attention_check_input its input rule;
+//                                               attention_aggregate_packed on packed sequences,
+//                                               attention_step a decoding step with a cache,
+//                                               attention_cache_geometry the cache's per-sample shape
 //   convnn::conv_nn / conv_nn1d / 2d / 3d       the functional forms
 //   convnn::layer_forward_with_neighbours, attention_aggregate_with_neighbours: the forwards and
 //                                               what they selected (convnn/nn/neighbours.h, as a
@@ -37,6 +40,7 @@
 #include "convnn/nn/neighbours.h"
 #include "nn/layer_ops.h"
 #include "nn/modules/layer_forward.h"
+#include "nn/modules/sequence_forward.h"
 #include "nn/option_fields.h"
 
 namespace convnn::nn {
@@ -292,6 +296,31 @@ at::Tensor attention_aggregate_op(const OptionTexts& texts, const at::Tensor& qu
                                      draw.generator(training), training);
 }
 
+at::Tensor attention_aggregate_packed_op(const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys,
+                                         const at::Tensor& values, const std::vector<std::string>& names,
+                                         const std::vector<at::Tensor>& tensors, bool training,
+                                         const at::Tensor& cu_seqlens) {
+  return detail::attention_aggregate_packed(attention_options(texts), queries, keys, values,
+                                            attention_tensors(NamedTensors(names, tensors), c10::nullopt, c10::nullopt),
+                                            cu_seqlens, training);
+}
+
+// One decoding step on the cache's tensors (Python's convnn.nn.KVCache holds them): appends the new
+// keys and values, then aggregates; returns the output and the lengths after the step.
+std::tuple<at::Tensor, std::vector<int64_t>> attention_step_op(
+    const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+    const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors, bool training,
+    const at::Tensor& cache_keys, const at::Tensor& cache_values, std::vector<int64_t> lengths,
+    std::vector<int64_t> counts) {
+  const auto options = attention_options(texts);
+  const auto before = lengths;
+  const auto written = detail::append_to_cache(cache_keys, cache_values, lengths, keys, values, std::move(counts));
+  auto output = detail::attention_aggregate_step(
+      options, queries, attention_tensors(NamedTensors(names, tensors), c10::nullopt, c10::nullopt), cache_keys,
+      cache_values, before, written, training);
+  return {output, lengths};
+}
+
 auto attention_aggregate_with_neighbours(const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys,
                                          const at::Tensor& values, const std::vector<std::string>& names,
                                          const std::vector<at::Tensor>& tensors, bool training,
@@ -490,6 +519,14 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("attention_aggregate(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, "
         "Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None, "
         "Tensor? key_padding_mask=None) -> Tensor");
+  m.def("attention_aggregate_packed(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, "
+        "Tensor[] tensors, bool training, Tensor cu_seqlens) -> Tensor");
+  m.def("attention_cache_geometry(str[] options) -> int[]", [](const OptionTexts& texts) {
+    return detail::cache_geometry(attention_options(texts));
+  });
+  m.def("attention_step(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, Tensor[] tensors, "
+        "bool training, Tensor(a!) cache_keys, Tensor(b!) cache_values, int[] lengths, int[] counts) -> "
+        "(Tensor output, int[] lengths)");
   static const auto forward_schema = std::string("layer_forward_with_neighbours(str layer, str[] options, Tensor input, str[] names, "
                     "Tensor[] tensors, bool training, Generator? generator=None, Tensor? mask=None) -> (Tensor output, ") +
         kNeighbourFields + ")";
@@ -555,6 +592,8 @@ TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
   m.impl("layer_forward_with_neighbours", &layer_forward_with_neighbours);
   m.impl("attention_aggregate", &attention_aggregate_op);
   m.impl("attention_aggregate_with_neighbours", &attention_aggregate_with_neighbours);
+  m.impl("attention_aggregate_packed", &attention_aggregate_packed_op);
+  m.impl("attention_step", &attention_step_op);
   m.impl("attention_check_input", &attention_check_input_op);
   m.impl("attention_project_qkv", &attention_project_qkv_op);
   m.impl("conv_nn", &conv_nn_op);

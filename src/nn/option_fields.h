@@ -22,6 +22,7 @@ namespace convnn::nn::detail {
 // has the option and not the alias (ConvNN2d's heads may be given as num_heads).
 inline constexpr std::pair<const char*, const char*> kOptionAliases[] = {
     {"num_heads", "heads"},
+    {"num_kv_heads", "kv_heads"},
     {"is_causal", "causal"},
 };
 
@@ -31,6 +32,7 @@ void visit_option_fields(functional::ConvNNFuncOptions& o, Visit&& visit) {
   visit("k", o.k());
   visit("similarity", o.similarity());
   visit("heads", o.heads());
+  visit("kv_heads", o.kv_heads());
   visit("alpha", o.alpha());
   visit("coordinates", o.coordinates());
   visit("padding", o.padding());
@@ -85,6 +87,7 @@ void visit_option_fields(ConvNNAttentionOptions& o, Visit&& visit) {
   visit("embed_dim", o.embed_dim());
   visit("num_heads", o.num_heads());
   visit("k", o.k());
+  visit("num_kv_heads", o.num_kv_heads());
   visit("similarity", o.similarity());
   visit("rho", o.rho());
   visit("temperature", o.temperature());

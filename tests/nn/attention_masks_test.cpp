@@ -12,12 +12,14 @@
 
 #include "convnn/nn/modules/convnn.h"
 #include "support/assert_close.h"
+#include "support/error_message.h"
 
 namespace {
 
 using convnn::nn::ConvNNAttention;
 using convnn::nn::ConvNNAttentionOptions;
 using convnn::testing::AllClose;
+using convnn::testing::error_of;
 
 constexpr int64_t kEmbed = 8, kHeads = 2;
 
@@ -45,15 +47,6 @@ at::Tensor dense_attention(ConvNNAttention& attention, const at::Tensor& x, cons
                                                     heads(attention->key_projection),
                                                     heads(attention->value_projection), sdpa_mask);
   return attention->output_projection(out.transpose(1, 2).reshape({b, n, kEmbed}));
-}
-
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const c10::Error& error) {
-    return error.what();
-  }
-  return "no error";
 }
 
 TEST(AttentionMasks, KeyPaddingEqualsRunningEachSequenceAlone) {

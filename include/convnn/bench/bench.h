@@ -128,6 +128,10 @@ struct CaseResult {
   int64_t rows = 0;
 };
 
+/// Waits until `device` has finished the work queued so far (a no-op on the CPU, whose ops return
+/// when done): a clock read after it times the work, not only its launches.
+void synchronize(c10::Device device);
+
 /// Runs every path of one configuration with the tracking allocator installed.
 CaseResult run_case(const BenchConfig& config);
 

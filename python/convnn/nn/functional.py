@@ -1,6 +1,6 @@
 """The ConvNN operator as functions (C++: convnn::nn::functional), through the dispatcher ops
 torch.ops.convnn.conv_nn / conv_nn1d / conv_nn2d / conv_nn3d. Options are the C++ ConvNNFuncOptions: k
-(required), similarity, heads, alpha, coordinates, padding, num_candidates, include_self,
+(required), similarity, heads, kv_heads, alpha, coordinates, padding, num_candidates, include_self,
 slot_order, rho, temperature, kernel_per_head, fused; their defaults are C++'s
 (convnn.nn.functional.option_defaults())."""
 import typing
@@ -49,7 +49,8 @@ def _texts(where, options):
 
 def conv_nn(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kernel: torch.Tensor, bias: typing.Optional[torch.Tensor] = None, *, mask: typing.Optional[torch.Tensor] = None,
             coordinates: typing.Optional[torch.Tensor] = None, generator: typing.Optional[torch.Generator] = None, **options: typing.Any) -> torch.Tensor:
-    """ConvNN over tokens: queries [B,N,H*dq], keys [B,M,H*dq], values [B,M,H*dv] -> [B,N,H*dv']."""
+    """ConvNN over tokens: queries [B,N,H*dq], keys [B,M,Hkv*dq], values [B,M,Hkv*dv] -> [B,N,H*dv'],
+    with H = heads and Hkv = kv_heads (0: heads; fewer is grouped-query attention)."""
     return _ops.conv_nn(queries, keys, values, kernel, bias, _texts("conv_nn", options), mask, coordinates,
                         generator)
 

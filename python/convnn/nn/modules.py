@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .._options import layer_fields
+from .kv_cache import KVCache
 from .neighbours import Neighbours
 
 _ops = torch.ops.convnn
@@ -276,6 +277,8 @@ _OPTION_DOCS = {
     "out_channels": "channels of the output",
     "embed_dim": "width C of the tokens [B, N, C]",
     "num_heads": "attention heads; embed_dim is split among them",
+    "num_kv_heads": "key/value heads (0: num_heads); fewer, dividing num_heads, shares each among a group of "
+                    "query heads (grouped-query attention; 1: multi-query)",
     "heads": "heads: the channels are split into this many groups, each selecting its own neighbours",
     "k": "K, the number of neighbours each position aggregates",
     "similarity": "how candidates are ranked against a query (one of: {similarities})",
@@ -425,7 +428,8 @@ class ConvNNAttention(_ConvNNLayer):
         return (_new_layer, (ConvNNAttention,), *reduced[2:])
 
     def forward(self, x: torch.Tensor, attn_mask: typing.Optional[torch.Tensor] = None,
-                is_causal: bool = False, key_padding_mask: typing.Optional[torch.Tensor] = None) -> torch.Tensor:
+                is_causal: bool = False, key_padding_mask: typing.Optional[torch.Tensor] = None,
+                cu_seqlens: typing.Optional[torch.Tensor] = None) -> torch.Tensor:
         """[B, N, embed_dim] (or [N, embed_dim]) -> the same shape (docs/sequences.md).
 
         attn_mask: [N, N], [B, N, N] or [B, num_heads, N, N] (B and num_heads may be 1), as
@@ -433,9 +437,17 @@ class ConvNNAttention(_ConvNNLayer):
         is_causal adds the causal mask. key_padding_mask: [B, N] ([N] for one sample), as
         torch.nn.MultiheadAttention's: bool True = a padding key that no query selects, or float
         added to the scores. The masks combine; a query with fewer than k selectable keys follows
-        the op's short-row rule (its remaining slots weigh 0)."""
+        the op's short-row rule (its remaining slots weigh 0).
+
+        cu_seqlens: a packed batch of variable-length sequences, as FlashAttention's varlen
+        functions take it: x is [T, embed_dim], the sequences' tokens concatenated, and cu_seqlens
+        [S + 1] (int64 or int32) their offsets 0, ..., T. Each query selects among its own
+        sequence's keys (is_causal within it), equal to running each sequence alone; the masks must
+        then be None."""
         self._refuse_tracing()
         texts = self._causal_texts if is_causal else self._texts
+        if cu_seqlens is not None:
+            return self._forward_packed(texts, x, cu_seqlens, attn_mask, key_padding_mask)
         _ops.attention_check_input(texts, x, self.kernel)
         state = list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False))
 
@@ -449,6 +461,47 @@ class ConvNNAttention(_ConvNNLayer):
         aggregated = self._run(aggregate)
         if record:
             aggregated = self._keep_neighbours(aggregated)
+        return self.proj_drop(self.output_projection(aggregated))
+
+    def make_cache(self, batch: int, max_length: int) -> KVCache:
+        """An empty key/value cache for forward_step: `batch` samples of up to `max_length` tokens
+        in num_kv_heads heads of head_dim (C++'s rule), the parameters' dtype and device."""
+        weight = self.key_projection.weight
+        return KVCache(batch, max_length, *_ops.attention_cache_geometry(self._texts), dtype=weight.dtype,
+                       device=weight.device)
+
+    def forward_step(self, x: torch.Tensor, cache: KVCache,
+                     counts: typing.Optional[typing.Sequence[int]] = None) -> torch.Tensor:
+        """One decoding step, causal whatever the causal option says: x [B, t, embed_dim] are the
+        next t tokens of each sample (sample b's first counts[b] of them; all t when counts is None),
+        which attend to the sample's cached tokens and to each other causally; their keys and values
+        are appended to the cache (detached). Equal to those rows of the causal forward on the whole
+        prefix, at O(t * (M * d + K * d)) for M cached tokens (docs/sequences.md)."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"ConvNNAttention.forward_step: cache must be a convnn.nn.KVCache "
+                            f"(make_cache(batch, max_length)), got {type(cache).__name__}")
+        self._refuse_tracing()
+        _ops.attention_check_input(self._causal_texts, x, self.kernel)
+        state = list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False))
+        qkv = self._project_qkv(x)
+        aggregated, lengths = _ops.attention_step(
+            self._causal_texts, qkv[0], qkv[1], qkv[2], [n for n, _ in state], [t for _, t in state], self.training,
+            cache.keys, cache.values, cache.lengths, list(counts) if counts is not None else [])
+        cache.lengths = list(lengths)
+        return self.proj_drop(self.output_projection(aggregated))
+
+    def _forward_packed(self, texts, x, cu_seqlens, attn_mask, key_padding_mask):
+        for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+            if mask is not None:
+                raise ValueError(f"ConvNNAttention: {name} must be None with cu_seqlens (a packed batch: each query "
+                                 "sees its own sequence's keys; is_causal applies within it)")
+        if self._neighbour_sink is not None:
+            raise ValueError("ConvNNAttention: recording neighbours is not supported on a packed batch (cu_seqlens); "
+                             "record them on a padded [B, N, C] batch")
+        state = list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False))
+        qkv = self._project_qkv(x)
+        aggregated = _ops.attention_aggregate_packed(texts, qkv[0], qkv[1], qkv[2], [n for n, _ in state],
+                                                     [t for _, t in state], self.training, cu_seqlens)
         return self.proj_drop(self.output_projection(aggregated))
 
     def _project_qkv(self, x):

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "convnn/ops/knn_ops.h"
@@ -34,6 +35,27 @@ at::Tensor fold_heads(const at::Tensor& x, int64_t heads) {
 // [B*H,N,d] -> [B,N,H*d]
 at::Tensor unfold_heads(const at::Tensor& x, int64_t heads) {
   return x.unflatten(0, {-1, heads}).transpose(1, 2).flatten(2);
+}
+
+// Grouped-query attention without copying a key/value head per query head: the `group` query
+// heads that share a key/value head become one slice of group*N query rows against that head's
+// keys ([B*H,N,d] -> [B*H/group, group*N, d], a view of the folded queries). Selection, rho and the
+// aggregation are per query row, so every op and backend serves it unchanged.
+at::Tensor pack_query_groups(const at::Tensor& folded, int64_t group) {
+  return group == 1 ? folded : folded.unflatten(0, {-1, group}).flatten(1, 2);
+}
+
+// [B*H/group, group*N, c] -> [B*H, N, c], the inverse of pack_query_groups.
+at::Tensor unpack_query_groups(const at::Tensor& packed, int64_t group) {
+  return group == 1 ? packed : packed.unflatten(1, {group, -1}).flatten(0, 1);
+}
+
+// A mask over the grouped slices: a shared [N,M] mask repeated for the group's rows, a per-slice
+// [B*H,N,M] one regrouped as the queries are.
+at::Tensor pack_mask_groups(const at::Tensor& mask, int64_t group) {
+  if (!mask.defined() || group == 1) return mask;
+  if (mask.dim() == 2) return mask.repeat({group, 1});
+  return mask.unflatten(0, {-1, group}).flatten(1, 2);
 }
 
 // Similarity features [sqrt(alpha) x, sqrt(1-alpha) p]; exactly x or p at the ends, so that
@@ -85,9 +107,21 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
                   " and keys ", shape_string(keys), " must have the same batch size B");
   const int64_t h = o.heads();
   TORCH_CHECK(h >= 1, op, ": heads must be at least 1, got ", h);
-  TORCH_SYM_CHECK((queries.sym_size(2) % h).sym_eq(0) & (values.sym_size(2) % h).sym_eq(0), op,
-                  ": heads = ", h, " must divide the query channels (", queries.sym_size(2),
-                  ") and value channels (", values.sym_size(2), ")");
+  TORCH_CHECK(o.kv_heads() >= 0 && (o.kv_heads() == 0 || h % o.kv_heads() == 0), op, ": kv_heads = ", o.kv_heads(),
+              " must divide heads = ", h, " (0 = heads)");
+  const int64_t kv = o.kv_heads() == 0 ? h : o.kv_heads();
+  if (kv == h) {
+    TORCH_SYM_CHECK((queries.sym_size(2) % h).sym_eq(0) & (values.sym_size(2) % h).sym_eq(0), op,
+                    ": heads = ", h, " must divide the query channels (", queries.sym_size(2),
+                    ") and value channels (", values.sym_size(2), ")");
+  } else {
+    TORCH_SYM_CHECK((queries.sym_size(2) % h).sym_eq(0) & (keys.sym_size(2) % kv).sym_eq(0) &
+                        (values.sym_size(2) % kv).sym_eq(0) &
+                        (queries.sym_size(2) / h).sym_eq(keys.sym_size(2) / kv),
+                    op, ": with heads = ", h, " and kv_heads = ", kv, ", queries ", shape_string(queries),
+                    " must have heads * d channels and keys ", shape_string(keys), " kv_heads * d (the same d per head), ",
+                    "and kv_heads must divide the value channels (", values.sym_size(2), ")");
+  }
   TORCH_CHECK(o.padding() == 0, op, ": padding = ", o.padding(),
               " applies to spatial inputs only (conv_nn1d / conv_nn2d / conv_nn3d); token inputs take 0");
   const auto all_ones = [](const std::vector<int64_t>& v) {
@@ -190,25 +224,69 @@ std::pair<at::Tensor, at::Tensor> sort_slots_by_index(const at::Tensor& scores,
   return {scores.gather(-1, permutation), sorted};
 }
 
+c10::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
+  return bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+}
+
 at::Tensor aggregate(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
-                     const at::Tensor& kernel, const at::Tensor& bias,
-                     const ConvNNFuncOptions& o) {
-  const auto optional_bias = [](const at::Tensor& b) {
-    return b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt;
-  };
-  if (!o.kernel_per_head()) {
-    return ops::knn_aggregate(values, weights, indices, kernel, optional_bias(bias));
-  }
-  // One call per head on that head's slices of the folded batch.
-  const int64_t h = o.heads();
+                     const at::Tensor& kernel, const at::Tensor& bias) {
+  return ops::knn_aggregate(values, weights, indices, kernel, optional_bias(bias));
+}
+
+// kernel_per_head: one call per query head on that head's slices of the folded batch ([B*H,N,K]
+// weights and indices), with the values of its key/value head ([B*kv_heads,M,dv]).
+at::Tensor aggregate_per_head(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+                              const at::Tensor& kernel, const at::Tensor& bias, int64_t heads, int64_t kv_heads) {
   std::vector<at::Tensor> outputs;
-  for (int64_t head = 0; head < h; ++head) {
-    const auto slice = [&](const at::Tensor& t) { return t.unflatten(0, {-1, h}).select(1, head); };
-    outputs.push_back(ops::knn_aggregate(slice(values), slice(weights), slice(indices),
-                                         kernel[head],
+  for (int64_t head = 0; head < heads; ++head) {
+    const auto slice = [&](const at::Tensor& t, int64_t count, int64_t index) {
+      return t.unflatten(0, {-1, count}).select(1, index);
+    };
+    outputs.push_back(ops::knn_aggregate(slice(values, kv_heads, head / (heads / kv_heads)),
+                                         slice(weights, heads, head), slice(indices, heads, head), kernel[head],
                                          optional_bias(bias.defined() ? bias[head] : bias)));
   }
   return detail::merge_leading_dims(at::stack(outputs, 1));  // [B,H,N,dv'] -> [B*H,N,dv']
+}
+
+// How the query heads share key/value heads in one call: `group` query heads per packed slice
+// (1 when the key/value heads were repeated per query head).
+struct HeadGroups {
+  int64_t heads, kv_heads, group;
+};
+
+using KeepSelection = std::function<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+
+// The aggregation of packed slices ([B*H/group, group*N, K] weights and indices) -> [B*H,N,dv'].
+at::Tensor aggregate_heads(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+                           const at::Tensor& kernel, const at::Tensor& bias, const ConvNNFuncOptions& o,
+                           const HeadGroups& g) {
+  if (!o.kernel_per_head()) {
+    return unpack_query_groups(aggregate(values, weights, indices, kernel, bias), g.group);
+  }
+  return aggregate_per_head(values, unpack_query_groups(weights, g.group), unpack_query_groups(indices, g.group),
+                            kernel, bias, g.heads, g.group == 1 ? g.heads : g.kv_heads);
+}
+
+// Selection, rho and aggregation of packed query slices against their key/value slices (no random
+// candidates merged with the query): the fused op where it applies, else the three ops.
+// Returns [B*H,N,dv'], and hands the selection ([packed] indices, scores, weights) to `keep`.
+at::Tensor select_and_aggregate(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                                const at::Tensor& kernel, const at::Tensor& bias, const ConvNNFuncOptions& o,
+                                const c10::optional<at::Tensor>& mask, const HeadGroups& g,
+                                const KeepSelection& keep) {
+  const bool index_order = o.slot_order() == SlotOrder::Index;
+  if (o.fused() && !o.kernel_per_head()) {
+    const auto [output, scores, indices, weights] =
+        ops::knn_attention(q, keys, values, kernel, optional_bias(bias), o.k(), to_string(o.similarity()), mask,
+                           index_order, to_string(o.rho()), o.temperature());
+    if (keep) keep(indices, scores, weights);
+    return unpack_query_groups(output, g.group);
+  }
+  const auto [scores, indices] = ops::knn_select(q, keys, o.k(), to_string(o.similarity()), mask, index_order);
+  const auto weights = rho_weights(scores, o.rho(), o.temperature());
+  if (keep) keep(indices, scores, weights);
+  return aggregate_heads(values, weights, indices, kernel, bias, o, g);
 }
 
 }  // namespace
@@ -228,14 +306,28 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
   check_conv_nn_inputs(queries, keys, values, kernel, bias, o, key_coordinates, query_coordinates);
   const int64_t h = o.heads();
   const c10::SymInt m = keys.sym_size(1);
-  const auto q = blend_coordinates(fold_heads(queries, h), query_coordinates, o.alpha());
-  const auto k = blend_coordinates(fold_heads(keys, h), key_coordinates, o.alpha());
-  const auto v = fold_heads(values, h);
-
   const bool random = o.num_candidates() > 0 && o.num_candidates() < m;
   const bool merge = random && o.include_self();
   const bool index_order = o.slot_order() == SlotOrder::Index;
-  at::Tensor drawn, candidate_keys = k, candidate_mask = o.mask();
+  // Grouped heads: `group` query heads per key/value head, packed into one slice (pack_query_groups).
+  // merge_self pairs each query row with its own token, so there the key/value heads are repeated
+  // per query head instead (a copy).
+  const int64_t kv = o.kv_heads() == 0 ? h : o.kv_heads();
+  const bool repeat_kv = merge && kv < h;
+  const int64_t group = repeat_kv ? 1 : h / kv;
+  const auto kv_fold = [&](const at::Tensor& x) {
+    if (!repeat_kv) return fold_heads(x, kv);
+    return fold_heads(x.unflatten(2, {kv, 1, -1}).expand_symint({x.sym_size(0), x.sym_size(1), kv, h / kv,
+                                                                  x.sym_size(2) / kv}).flatten(2), h);
+  };
+  const auto query_coordinates_rows =
+      query_coordinates.defined() && group > 1 ? query_coordinates.repeat({group, 1}) : query_coordinates;
+  const auto q = blend_coordinates(pack_query_groups(fold_heads(queries, h), group), query_coordinates_rows,
+                                   o.alpha());
+  const auto k = blend_coordinates(kv_fold(keys), key_coordinates, o.alpha());
+  const auto v = kv_fold(values);
+
+  at::Tensor drawn, candidate_keys = k, candidate_mask = pack_mask_groups(o.mask(), group);
   if (random) {
     drawn = detail::draw_candidates_symint(m, o.num_candidates(), o.generator(), keys.device());
     candidate_keys = k.index_select(1, drawn);
@@ -251,29 +343,43 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
   const auto keep = [&](const at::Tensor& indices, const at::Tensor& scores, const at::Tensor& weights) {
     if (selection == nullptr) return;
     const auto tokens = random && !merge ? drawn.index_select(0, indices.reshape({-1})).view_as(indices) : indices;
-    *selection = {tokens.detach(), scores.detach(), weights.detach()};
+    *selection = {unpack_query_groups(tokens.detach(), group), unpack_query_groups(scores.detach(), group),
+                  unpack_query_groups(weights.detach(), group)};
   };
-  if (o.fused() && !merge && !o.kernel_per_head()) {
-    const auto [output, scores, indices, weights] = ops::knn_attention(
-        q, candidate_keys, candidate_values, kernel,
-        bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, o.k(),
-        to_string(o.similarity()), candidate_mask_arg, index_order, to_string(o.rho()),
-        o.temperature());
-    keep(indices, scores, weights);
-    return unfold_heads(output, h);
+  if (!merge) {
+    return unfold_heads(select_and_aggregate(q, candidate_keys, candidate_values, kernel, bias, o,
+                                             candidate_mask_arg, {h, kv, group}, keep),
+                        h);
   }
   auto [scores, indices] = ops::knn_select(q, candidate_keys, o.k(), to_string(o.similarity()),
-                                           candidate_mask_arg, index_order && !merge);
-  if (merge) {
-    // Candidate slot -> token index (drawn is sorted, so slot order is index order); the query
-    // itself is then a token outside the candidates.
-    indices = drawn.index_select(0, indices.reshape({-1})).view_as(indices);
-    std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, o.mask(), o);
-    if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
-  }
+                                           candidate_mask_arg, /*index_order=*/false);
+  // Candidate slot -> token index (drawn is sorted, so slot order is index order); the query
+  // itself is then a token outside the candidates.
+  indices = drawn.index_select(0, indices.reshape({-1})).view_as(indices);
+  std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, o.mask(), o);
+  if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
   const auto weights = rho_weights(scores, o.rho(), o.temperature());
   keep(indices, scores, weights);
-  return unfold_heads(aggregate(candidate_values, weights, indices, kernel, bias, o), h);
+  return unfold_heads(aggregate_heads(candidate_values, weights, indices, kernel, bias, o, {h, h, 1}), h);
+}
+
+at::Tensor conv_nn_folded_kv(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                             const at::Tensor& kernel, const at::Tensor& bias, const ConvNNFuncOptions& o) {
+  const int64_t h = o.heads(), kv = o.kv_heads() == 0 ? h : o.kv_heads();
+  TORCH_CHECK(queries.dim() == 3 && keys.dim() == 3 && values.dim() == 3 && h % kv == 0 &&
+                  keys.size(0) == queries.size(0) * kv && values.size(0) == keys.size(0) &&
+                  values.size(1) == keys.size(1) && queries.size(2) == h * keys.size(2),
+              "conv_nn: queries [B,N,H*d] and folded keys and values [B*kv_heads,M,d] expected, got ",
+              queries.sizes(), ", ", keys.sizes(), " and ", values.sizes(), " with heads = ", h, ", kv_heads = ", kv);
+  TORCH_CHECK(o.num_candidates() == 0 && o.alpha() == 1.0, "conv_nn: folded keys take no random candidates and no "
+              "coordinates");
+  detail::check_candidates(o, keys.size(1), "conv_nn");
+  const int64_t group = h / kv;
+  const auto mask = pack_mask_groups(o.mask(), group);
+  const auto mask_arg = mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt;
+  return unfold_heads(select_and_aggregate(pack_query_groups(fold_heads(queries, h), group), keys, values, kernel,
+                                           bias, o, mask_arg, {h, kv, group}, nullptr),
+                      h);
 }
 
 }  // namespace detail

@@ -222,6 +222,9 @@ at::Tensor conv_nn_spatial(const at::Tensor& input, const at::Tensor& kernel,
   TORCH_CHECK(pad >= 0, op, ": padding must be non-negative, got ", pad);
   TORCH_CHECK(options.alpha() == 1.0 || options.coordinates(), op, ": alpha = ", options.alpha(),
               " blends in positional similarity, which needs coordinates(true)");
+  TORCH_CHECK(options.kv_heads() == 0 || options.kv_heads() == options.heads(), op, ": kv_heads = ",
+              options.kv_heads(), " applies to token inputs only (conv_nn); the spatial forms' keys and values are "
+              "the input itself, with heads = ", options.heads(), " heads (give kv_heads 0)");
   const auto stride = per_axis(options.stride(), spatial_dims, op, "stride");
   const auto dilation = per_axis(options.dilation(), spatial_dims, op, "dilation");
   if (!all_ones(stride) || !all_ones(dilation)) {

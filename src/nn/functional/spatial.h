@@ -43,6 +43,12 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
                                           const ConvNNFuncOptions& options, const at::Tensor& query_coordinates,
                                           const at::Tensor& key_coordinates, Selection* selection = nullptr);
 
+// conv_nn on keys and values already folded per key/value head, [B*kv_heads,M,d] and
+// [B*kv_heads,M,dv] (slices of a head-major key/value cache, read in place), against queries
+// [B,N,H*d]; no random candidates and no coordinates. Returns [B,N,H*dv'].
+at::Tensor conv_nn_folded_kv(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                             const at::Tensor& kernel, const at::Tensor& bias, const ConvNNFuncOptions& options);
+
 // stride or dilation for `spatial_dims` axes: one value for every axis or one per axis, each at
 // least 1; `where` leads the message.
 std::vector<int64_t> per_axis(const std::vector<int64_t>& values, int64_t spatial_dims, std::string_view where,

@@ -9,6 +9,7 @@
 
 #include "nn/functional/spatial.h"
 #include "nn/modules/layer_forward.h"
+#include "nn/modules/sequence_forward.h"
 #include "ops/checks.h"
 
 namespace convnn::nn {
@@ -234,15 +235,19 @@ void ConvNNAttentionImpl::reset() {
   checks::check_temperature(o.temperature(), "ConvNNAttention");
   TORCH_CHECK(o.num_candidates() >= 0, "ConvNNAttention: num_candidates must be non-negative (0 = all), got ",
               o.num_candidates());
-  auto linear = [&](bool with_bias) {
-    return torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), o.embed_dim()).bias(with_bias));
-  };
-  query_projection = register_module("query_projection", linear(o.qkv_bias()));
-  key_projection = register_module("key_projection", linear(o.qkv_bias()));
-  value_projection = register_module("value_projection", linear(o.qkv_bias()));
-  output_projection = register_module("output_projection", linear(o.out_bias()));
-  dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
+  TORCH_CHECK(o.num_kv_heads() >= 0 && (o.num_kv_heads() == 0 || o.num_heads() % o.num_kv_heads() == 0),
+              "ConvNNAttention: num_kv_heads = ", o.num_kv_heads(), " must divide num_heads = ", o.num_heads(),
+              " (0 = num_heads)");
   const int64_t d = o.embed_dim() / o.num_heads();
+  const int64_t kv_channels = key_value_heads(o) * d;
+  auto linear = [&](int64_t out_features, bool with_bias) {
+    return torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), out_features).bias(with_bias));
+  };
+  query_projection = register_module("query_projection", linear(o.embed_dim(), o.qkv_bias()));
+  key_projection = register_module("key_projection", linear(kv_channels, o.qkv_bias()));
+  value_projection = register_module("value_projection", linear(kv_channels, o.qkv_bias()));
+  output_projection = register_module("output_projection", linear(o.embed_dim(), o.out_bias()));
+  dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
   register_kernel_and_bias(*this, kernel, bias,
                            kernel_shape(o.aggregation(), o.num_heads(), o.kernel_per_head(), d, d, o.k()),
                            o.learnable_kernel(), o.bias(), o.kernel_per_head(), o.num_heads(), d);
@@ -266,22 +271,42 @@ std::tuple<at::Tensor, Neighbours> ConvNNAttentionImpl::forward_with_neighbours(
   return with_neighbours([&](Neighbours* neighbours) { return run(input, attn_mask, key_padding_mask, neighbours); });
 }
 
+detail::AttentionTensors ConvNNAttentionImpl::tensors(const at::Tensor& attn_mask,
+                                                      const at::Tensor& key_padding_mask) const {
+  return {kernel,
+          bias,
+          {query_projection->weight, query_projection->bias},
+          {key_projection->weight, key_projection->bias},
+          {value_projection->weight, value_projection->bias},
+          {output_projection->weight, output_projection->bias},
+          {options.mask(), attn_mask, key_padding_mask}};
+}
+
 at::Tensor ConvNNAttentionImpl::run(const at::Tensor& input, const at::Tensor& attn_mask,
                                     const at::Tensor& key_padding_mask, Neighbours* neighbours) {
-  const detail::AttentionTensors t{kernel,
-                                   bias,
-                                   {query_projection->weight, query_projection->bias},
-                                   {key_projection->weight, key_projection->bias},
-                                   {value_projection->weight, value_projection->bias},
-                                   {output_projection->weight, output_projection->bias},
-                                   {options.mask(), attn_mask, key_padding_mask}};
-  return detail::attention_forward(options, input, t, draw_.generator(is_training()), is_training(), neighbours);
+  return detail::attention_forward(options, input, tensors(attn_mask, key_padding_mask),
+                                   draw_.generator(is_training()), is_training(), neighbours);
+}
+
+at::Tensor ConvNNAttentionImpl::forward_packed(const at::Tensor& input, const at::Tensor& cu_seqlens) {
+  return detail::attention_forward_packed(options, input, tensors({}, {}), cu_seqlens, is_training());
+}
+
+KVCache ConvNNAttentionImpl::make_cache(int64_t batch, int64_t max_length) const {
+  const auto geometry = detail::cache_geometry(options);
+  return KVCache(batch, max_length, geometry[0], geometry[1], geometry[2], key_projection->weight.options());
+}
+
+at::Tensor ConvNNAttentionImpl::forward_step(const at::Tensor& input, KVCache& cache,
+                                             const std::vector<int64_t>& counts) {
+  return detail::attention_forward_step(options, input, tensors({}, {}), cache, counts, is_training());
 }
 
 void ConvNNAttentionImpl::pretty_print(std::ostream& stream) const {
   const auto& o = options;
-  stream << "convnn::ConvNNAttention(embed_dim=" << o.embed_dim() << ", num_heads=" << o.num_heads()
-         << ", k=" << o.k() << ", similarity=" << to_string(o.similarity())
+  stream << "convnn::ConvNNAttention(embed_dim=" << o.embed_dim() << ", num_heads=" << o.num_heads();
+  if (o.num_kv_heads() != 0 && o.num_kv_heads() != o.num_heads()) stream << ", num_kv_heads=" << o.num_kv_heads();
+  stream << ", k=" << o.k() << ", similarity=" << to_string(o.similarity())
          << ", rho=" << to_string(o.rho()) << ", aggregation=" << to_string(o.aggregation())
          << ", learnable_kernel=" << yes_no(o.learnable_kernel())
          << ", kernel_per_head=" << yes_no(o.kernel_per_head()) << ", dropout=" << o.dropout();

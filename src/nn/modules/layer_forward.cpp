@@ -12,11 +12,12 @@
 #include "nn/neighbours_detail.h"
 
 namespace convnn::nn::detail {
-namespace {
 
 at::Tensor apply_linear(const LinearTensors& linear, const at::Tensor& x) {
   return at::linear(x, linear.weight, linear.bias.defined() ? c10::optional<at::Tensor>(linear.bias) : c10::nullopt);
 }
+
+namespace {
 
 // A convolution over x's spatial dimensions (2 or 3) with per-axis stride, padding and dilation:
 // conv2d / conv3d, which autocast casts (at::convolution it does not).
@@ -129,6 +130,20 @@ void check_attention_input(const ConvNNAttentionOptions& o, const at::Tensor& in
   check_input_dtype("ConvNNAttention", input, weight);
 }
 
+functional::ConvNNFuncOptions attention_func_options(const ConvNNAttentionOptions& o) {
+  return functional::ConvNNFuncOptions(o.k())
+      .similarity(o.similarity())
+      .heads(o.num_heads())
+      .kv_heads(o.num_kv_heads())
+      .num_candidates(o.num_candidates())
+      .include_self(o.include_self())
+      .slot_order(o.slot_order())
+      .rho(o.rho())
+      .temperature(o.temperature())
+      .kernel_per_head(o.kernel_per_head())
+      .fused(o.fused());
+}
+
 at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor& queries, const at::Tensor& keys,
                                const at::Tensor& values, const AttentionTensors& tensors,
                                c10::optional<at::Generator> generator, bool training, Neighbours* neighbours) {
@@ -144,19 +159,9 @@ at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor
   }
   TORCH_CHECK(queries.dim() == 3, "ConvNNAttention: the projected queries must be [B,N,C], got ",
               queries.sym_sizes());
-  const auto mask = merged_attention_mask(o, tensors.masks, queries.sym_size(0), queries.sym_size(1), queries.device());
-  const auto func = functional::ConvNNFuncOptions(o.k())
-                        .similarity(o.similarity())
-                        .heads(o.num_heads())
-                        .mask(mask)
-                        .num_candidates(o.num_candidates())
-                        .include_self(o.include_self())
-                        .generator(std::move(generator))
-                        .slot_order(o.slot_order())
-                        .rho(o.rho())
-                        .temperature(o.temperature())
-                        .kernel_per_head(o.kernel_per_head())
-                        .fused(o.fused());
+  auto func = attention_func_options(o);
+  func.mask(merged_attention_mask(o, tensors.masks, queries.sym_size(0), queries.sym_size(1), queries.device()));
+  func.generator(std::move(generator));
   functional::detail::Selection selection;
   const auto aggregated = functional::detail::conv_nn_with_query_coordinates(
       queries, keys, values, tensors.kernel, tensors.bias, func, {}, {}, neighbours != nullptr ? &selection : nullptr);
@@ -188,10 +193,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> project_qkv(const AttentionTensor
     auto keys = apply_linear(k, input);
     return {queries, keys, apply_linear(v, input)};
   }
-  // One [3C, C] product, as timm's qkv: one GEMM forward and two backward instead of three and six.
+  // One [3C, C] product, as timm's qkv: one GEMM forward and two backward instead of three and six
+  // (with grouped heads the key and value rows are fewer: [C + 2 kv_heads*d, C]).
   const auto weight = at::cat({q.weight, k.weight, v.weight});
   const auto bias = q.bias.defined() ? at::cat({q.bias, k.bias, v.bias}) : at::Tensor();
-  auto qkv = apply_linear({weight, bias}, input).chunk(3, -1);
+  auto qkv = apply_linear({weight, bias}, input)
+                 .split_with_sizes({q.weight.size(0), k.weight.size(0), v.weight.size(0)}, -1);
   return {qkv[0], qkv[1], qkv[2]};
 }
 

@@ -54,6 +54,12 @@ void check_input_dtype(const char* layer, const at::Tensor& input, const at::Ten
 // ConvNNAttention's input: [B,N,C] or [N,C] with C = embed_dim, of the dtype of its kernel (`weight`).
 void check_attention_input(const ConvNNAttentionOptions& options, const at::Tensor& input, const at::Tensor& weight);
 
+// The operator's options of a ConvNNAttention layer, without the call's mask and generator.
+functional::ConvNNFuncOptions attention_func_options(const ConvNNAttentionOptions& options);
+
+// input through a Linear map (its weight and, where defined, its bias).
+at::Tensor apply_linear(const LinearTensors& linear, const at::Tensor& input);
+
 // ConvNNAttention's forward between its projections: the projected queries, keys and values
 // ([B,N,C] or [N,C]) -> the aggregated values after dropout, before the output projection. The
 // Python layer runs its projections around it: through project_qkv while they are plain nn.Linear

@@ -61,7 +61,7 @@ KnnSelectParams<scalar_t, acc_t> select_block(const KnnSelectParams<scalar_t, ac
   const int64_t first_row = b.g * p.queries_n + b.row_begin;
   const int64_t mask_offset = b.g * p.mask_slice_stride + b.row_begin * p.keys_m;
   block.queries += first_row * p.features;
-  block.keys += b.g * p.keys_m * p.features;
+  block.keys += b.g * p.keys_slice_stride;
   if (block.mask_bool) block.mask_bool += mask_offset;
   if (block.mask_additive) block.mask_additive += mask_offset;
   block.slices = b.slices;

@@ -12,9 +12,20 @@
 
 namespace convnn::cpu {
 
+namespace {
+
+// keys [G,M,D] as they are when each slice's [M,D] is dense (the slice stride is the kernel's
+// keys_slice_stride), else a contiguous copy.
+at::Tensor dense_slices(const at::Tensor& keys) {
+  const bool dense = (keys.size(2) <= 1 || keys.stride(2) == 1) && (keys.size(1) <= 1 || keys.stride(1) == keys.size(2));
+  return dense ? keys : keys.contiguous();
+}
+
+}  // namespace
+
 SelectInputs::SelectInputs(const at::Tensor& queries_in, const at::Tensor& keys_in,
                            const c10::optional<at::Tensor>& mask_in, at::ScalarType acc_type)
-    : queries(queries_in.contiguous()), keys(keys_in.contiguous()) {
+    : queries(queries_in.contiguous()), keys(dense_slices(keys_in)) {
   if (!mask_in.has_value() || !mask_in->defined()) return;
   mask = mask_in->scalar_type() == at::kBool ? mask_in->contiguous() : mask_in->to(acc_type).contiguous();
 }

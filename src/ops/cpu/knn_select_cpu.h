@@ -10,8 +10,9 @@
 
 namespace convnn::cpu {
 
-// The tensors the select kernel reads: contiguous queries and keys, and the mask as the kernel
-// takes it (bool as is, additive converted to the accumulation type `acc_type`).
+// The tensors the select kernel reads: contiguous queries, keys whose slices are each dense (any
+// slice stride: a slice of a longer buffer is read in place), and the mask as the kernel takes it
+// (bool as is, additive converted to the accumulation type `acc_type`).
 struct SelectInputs {
   SelectInputs(const at::Tensor& queries, const at::Tensor& keys,
                const c10::optional<at::Tensor>& mask, at::ScalarType acc_type);
@@ -26,6 +27,7 @@ KnnSelectParams<scalar_t, acc_t> select_params(const SelectInputs& in, int64_t k
   KnnSelectParams<scalar_t, acc_t> p;
   p.queries = in.queries.const_data_ptr<scalar_t>();
   p.keys = in.keys.const_data_ptr<scalar_t>();
+  p.keys_slice_stride = in.keys.stride(0);
   if (in.mask.defined()) {
     p.mask_slice_stride = in.mask.dim() == 3 ? in.mask.size(1) * in.mask.size(2) : 0;
     if (in.mask.scalar_type() == at::kBool) {

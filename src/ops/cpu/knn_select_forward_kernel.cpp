@@ -138,7 +138,7 @@ class SelectTask {
   }
 
   void load_key_block(int64_t g, int64_t m0, int64_t columns) {
-    load_rows(p_.keys + (g * p_.keys_m + m0) * d_, columns, d_, Policy::kUnitRows, keys_block_.data());
+    load_rows(p_.keys + g * p_.keys_slice_stride + m0 * d_, columns, d_, Policy::kUnitRows, keys_block_.data());
     std::fill(kt_.begin(), kt_.end(), acc_t(0));
     for (int64_t c = 0; c < columns; ++c) {
       for (int64_t j = 0; j < d_; ++j) kt_[j * kKeyBlock + c] = keys_block_[c * d_ + j];

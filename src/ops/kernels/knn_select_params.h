@@ -12,7 +12,10 @@ namespace convnn::kernels {
 template <typename scalar_t, typename acc_t>
 struct KnnSelectParams {
   const scalar_t* queries = nullptr;  // [G,N,D] contiguous
-  const scalar_t* keys = nullptr;     // [G,M,D] contiguous
+  // [G,M,D]: each slice's [M,D] dense, slices keys_slice_stride elements apart (M*D when the whole
+  // tensor is contiguous; more for slices of a longer buffer, a key/value cache, read in place).
+  const scalar_t* keys = nullptr;
+  int64_t keys_slice_stride = 0;
   // At most one mask: bool (true = may be selected) or additive, [N,M] (slice stride 0) or
   // [G,N,M] (slice stride N*M), contiguous.
   const bool* mask_bool = nullptr;

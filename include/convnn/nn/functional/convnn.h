@@ -8,7 +8,9 @@
 
 namespace convnn::nn::functional {
 
-/// ConvNN over tokens. queries [B,N,H*dq], keys [B,M,H*dq], values [B,M,H*dv].
+/// ConvNN over tokens. queries [B,N,H*dq], keys [B,M,Hkv*dq], values [B,M,Hkv*dv], with H = heads and
+/// Hkv = kv_heads (= H unless set; fewer is grouped-query attention, query head h reading key/value
+/// head h / (H / Hkv)).
 /// kernel: depthwise [dv,K] (shared across heads) or [H,dv,K] (kernel_per_head); standard
 /// [dv',dv,K] or [H,dv',dv,K]. bias: undefined, [dv'] or [H,dv'].
 /// coordinates: undefined or [N,P] positional coordinates (requires N == M), blended by alpha.

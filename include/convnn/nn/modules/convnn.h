@@ -10,9 +10,11 @@
 #include <torch/nn/pimpl.h>
 
 #include <tuple>
+#include <vector>
 #include <type_traits>
 
 #include "convnn/nn/functional/convnn.h"
+#include "convnn/nn/kv_cache.h"
 #include "convnn/nn/neighbours.h"
 #include "convnn/nn/options/convnn.h"
 
@@ -98,6 +100,10 @@ class ConvNN3dImpl : public ConvNNNdImpl<3, ConvNN3dImpl> {
 };
 TORCH_MODULE(ConvNN3d);
 
+namespace detail {
+struct AttentionTensors;  // src/nn/modules/layer_forward.h
+}  // namespace detail
+
 /// Multi-head ConvNN attention on [B,N,C] -> [B,N,C].
 class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl>, public NeighbourRecording {
  public:
@@ -120,6 +126,21 @@ class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl>, pu
   /// forward, and what it selected (the token indices; on_token_grid places them on a grid).
   std::tuple<at::Tensor, Neighbours> forward_with_neighbours(const at::Tensor& input, const at::Tensor& attn_mask = {},
                                                              const at::Tensor& key_padding_mask = {});
+  /// A packed batch of variable-length sequences, as FlashAttention's varlen functions take them:
+  /// input [T,C], the S sequences' tokens concatenated, and cu_seqlens [S+1] (int64 or int32) their
+  /// offsets (0, ..., T). Each query selects among its own sequence's keys (causal within it); equal
+  /// to running each sequence alone, at the cost of the real tokens (docs/sequences.md).
+  at::Tensor forward_packed(const at::Tensor& input, const at::Tensor& cu_seqlens);
+  /// An empty key/value cache for incremental decoding: `batch` samples of up to `max_length` tokens,
+  /// num_kv_heads * head_dim key and value channels, the dtype and device of the layer's parameters.
+  KVCache make_cache(int64_t batch, int64_t max_length) const;
+  /// One decoding step, causal whatever the options' causal says: input [B,t,C] are the next t
+  /// tokens of each sample (sample b's first counts[b] of them; all t when counts is empty), which
+  /// attend to the sample's cached tokens and to each other causally; their keys and values are
+  /// appended to the cache. Equal to those rows of the causal forward on the whole prefix, at the
+  /// cost O(t * (M * d + K * d)) for M cached tokens (docs/sequences.md). Rows past counts[b] are
+  /// padding queries (computed, not meaningful).
+  at::Tensor forward_step(const at::Tensor& input, KVCache& cache, const std::vector<int64_t>& counts = {});
 
   ConvNNAttentionOptions options;
   torch::nn::Linear query_projection{nullptr}, key_projection{nullptr},
@@ -133,6 +154,7 @@ class ConvNNAttentionImpl : public torch::nn::Cloneable<ConvNNAttentionImpl>, pu
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())}, {2, torch::nn::AnyValue(at::Tensor())})
   at::Tensor run(const at::Tensor& input, const at::Tensor& attn_mask, const at::Tensor& key_padding_mask,
                  Neighbours* neighbours);
+  detail::AttentionTensors tensors(const at::Tensor& attn_mask, const at::Tensor& key_padding_mask) const;
   CandidateDraw draw_;
 };
 TORCH_MODULE(ConvNNAttention);

@@ -64,6 +64,10 @@ struct ConvNNFuncOptions {
   TORCH_ARG(Similarity, similarity) = Similarity::Cosine;
   /// Heads folded into the batch before selection; query/key/value channels split evenly.
   TORCH_ARG(int64_t, heads) = 1;
+  /// Key/value heads (token forms only): 0 = heads. Fewer than `heads` (dividing it) is grouped-
+  /// query attention: keys and values carry kv_heads heads, and query head h reads key/value head
+  /// h / (heads / kv_heads) (1 = multi-query attention).
+  TORCH_ARG(int64_t, kv_heads) = 0;
   /// Weight of the feature similarity against the positional one when coordinates are present:
   /// the similarity features are [sqrt(alpha) q, sqrt(1-alpha) p]. 1 = features only
   /// (attention), 0 = coordinates only (convolution).
@@ -159,6 +163,10 @@ struct ConvNNAttentionOptions {
   TORCH_ARG(int64_t, embed_dim);
   TORCH_ARG(int64_t, num_heads);
   TORCH_ARG(int64_t, k);
+  /// Key/value heads, 0 = num_heads: fewer (dividing num_heads) is grouped-query attention, 1
+  /// multi-query attention. The key and value projections then give num_kv_heads * head_dim
+  /// channels, and each group of num_heads / num_kv_heads query heads shares one key/value head.
+  TORCH_ARG(int64_t, num_kv_heads) = 0;
   TORCH_ARG(Similarity, similarity) = Similarity::ScaledDot;
   TORCH_ARG(Rho, rho) = Rho::Softmax;
   TORCH_ARG(double, temperature) = 1.0;
@@ -183,6 +191,11 @@ struct ConvNNAttentionOptions {
   TORCH_ARG(uint64_t, eval_seed) = 0;
   TORCH_ARG(c10::optional<uint64_t>, seed) = c10::nullopt;
 };
+
+/// The key/value heads a ConvNNAttention has: num_kv_heads, or num_heads when it is 0.
+inline int64_t key_value_heads(const ConvNNAttentionOptions& o) {
+  return o.num_kv_heads() == 0 ? o.num_heads() : o.num_kv_heads();
+}
 
 /// The hybrid branching layer: a ConvNN branch with round(lambda * out_channels) channels, first,
 /// and a 3x3 (3x3x3) convolution branch (with bias) with the rest, concatenated and mixed by a 1x1
