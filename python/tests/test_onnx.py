@@ -53,6 +53,16 @@ def test_attention_exports_with_a_dynamic_batch_and_runs_in_onnxruntime():
         _assert_runs_as_pytorch(layer, session, torch.randn(batch, 10, 16))
 
 
+def test_grouped_query_attention_exports():
+    """num_kv_heads: the packed query groups are plain reshapes around the same ops."""
+    torch.manual_seed(0)
+    layer = ConvNNAttention(16, 4, 3, num_kv_heads=2, causal=True).eval()
+    program, session = _export(layer, (torch.randn(2, 9, 16),))
+    _only_standard_operators(program)
+    for batch in (1, 3):
+        _assert_runs_as_pytorch(layer, session, torch.randn(batch, 9, 16))
+
+
 def test_an_attention_mask_and_the_causal_option_export():
     torch.manual_seed(0)
     layer = ConvNNAttention(8, 2, 3, causal=True, rho="softmax").eval()

@@ -129,6 +129,19 @@ INSTANTIATE_TEST_SUITE_P(Paths, GroupedHeadsPaths, ::testing::Combine(::testing:
                            return std::get<0>(info.param).name + "_kv" + std::to_string(std::get<1>(info.param));
                          });
 
+// At N = 80 with 4 query heads per key/value head, repeating the shared causal [N,N] mask for the
+// group's rows would copy more than repeating the keys and values per head: the layer repeats
+// those instead. Still the repeated layer's result, selection and gradients.
+TEST(GroupedHeads, ALongSharedMaskRepeatsTheKeyValueHeadsInsteadWithTheSameResult) {
+  auto t = twins(options(3).causal(true), 1);
+  at::manual_seed(4);
+  const auto x = at::randn({1, 80, kEmbed}, at::kDouble);
+  const auto [got, got_neighbours] = t.grouped->forward_with_neighbours(x);
+  const auto [expected, expected_neighbours] = t.repeated->forward_with_neighbours(x);
+  EXPECT_TRUE(AllClose(got, expected, 1e-12));
+  EXPECT_TRUE(at::equal(got_neighbours.indices, expected_neighbours.indices));
+}
+
 TEST(GroupedHeads, AtKEqualsNTheyAreGroupedQueryScaledDotProductAttention) {
   const int64_t b = 2, n = 6, kv_heads = 2;
   at::manual_seed(0);

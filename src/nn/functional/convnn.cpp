@@ -58,6 +58,25 @@ at::Tensor pack_mask_groups(const at::Tensor& mask, int64_t group) {
   return mask.unflatten(0, {-1, group}).flatten(1, 2);
 }
 
+// Whether packing `heads / kv_heads` query heads per slice would copy more bytes repeating a shared
+// [N,M] mask for the group's rows than repeating the keys and values per query head: at long
+// sequences it does (N = M = 16384, 4 heads per group: a 1 GiB bool mask against 0.1 GiB of keys and
+// values at B = 2, d = 64). Both are exact. Decided on concrete sizes only: under tracing the sizes
+// are symbolic and packing stays, so that a traced program does not specialise on them.
+bool shared_mask_outweighs_kv(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                              const at::Tensor& mask, int64_t heads, int64_t kv_heads) {
+  if (!mask.defined() || mask.dim() != 2) return false;
+  const auto b = queries.sym_size(0).maybe_as_int(), n = queries.sym_size(1).maybe_as_int(),
+             m = keys.sym_size(1).maybe_as_int(), ck = keys.sym_size(2).maybe_as_int(),
+             cv = values.sym_size(2).maybe_as_int();
+  if (!b || !n || !m || !ck || !cv) return false;
+  const double mask_bytes = static_cast<double>(heads / kv_heads - 1) * static_cast<double>(*n) *
+                            static_cast<double>(*m) * static_cast<double>(mask.element_size());
+  const double kv_bytes = static_cast<double>(*b) * static_cast<double>(heads - kv_heads) * static_cast<double>(*m) *
+                          static_cast<double>((*ck + *cv) / kv_heads) * static_cast<double>(keys.element_size());
+  return mask_bytes > kv_bytes;
+}
+
 // Similarity features [sqrt(alpha) x, sqrt(1-alpha) p]; exactly x or p at the ends, so that
 // alpha = 0 is pure convolution and alpha = 1 pure attention.
 at::Tensor blend_coordinates(const at::Tensor& x, const at::Tensor& coordinates, double alpha) {
@@ -119,8 +138,9 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
                         (values.sym_size(2) % kv).sym_eq(0) &
                         (queries.sym_size(2) / h).sym_eq(keys.sym_size(2) / kv),
                     op, ": with heads = ", h, " and kv_heads = ", kv, ", queries ", shape_string(queries),
-                    " must have heads * d channels and keys ", shape_string(keys), " kv_heads * d (the same d per head), ",
-                    "and kv_heads must divide the value channels (", values.sym_size(2), ")");
+                    " must have heads * d channels and keys ", shape_string(keys),
+                    " kv_heads * d (the same d per head), and kv_heads must divide the value channels (",
+                    values.sym_size(2), ")");
   }
   TORCH_CHECK(o.padding() == 0, op, ": padding = ", o.padding(),
               " applies to spatial inputs only (conv_nn1d / conv_nn2d / conv_nn3d); token inputs take 0");
@@ -310,10 +330,10 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
   const bool merge = random && o.include_self();
   const bool index_order = o.slot_order() == SlotOrder::Index;
   // Grouped heads: `group` query heads per key/value head, packed into one slice (pack_query_groups).
-  // merge_self pairs each query row with its own token, so there the key/value heads are repeated
-  // per query head instead (a copy).
+  // The key/value heads are repeated per query head instead (a copy) where packing cannot serve
+  // (merge_self pairs each query row with its own token) or would copy more (shared_mask_outweighs_kv).
   const int64_t kv = o.kv_heads() == 0 ? h : o.kv_heads();
-  const bool repeat_kv = merge && kv < h;
+  const bool repeat_kv = kv < h && (merge || shared_mask_outweighs_kv(queries, keys, values, o.mask(), h, kv));
   const int64_t group = repeat_kv ? 1 : h / kv;
   const auto kv_fold = [&](const at::Tensor& x) {
     if (!repeat_kv) return fold_heads(x, kv);

@@ -24,7 +24,6 @@ void check_no_masks(const AttentionTensors& tensors, const ConvNNAttentionOption
               " draws candidates over one sequence length; this form takes num_candidates = 0");
 }
 
-
 // cu_seqlens as host offsets, checked: 1-D integer [S+1], from 0 to `tokens`, non-decreasing.
 std::vector<int64_t> sequence_offsets(const at::Tensor& cu_seqlens, int64_t tokens) {
   constexpr const char* where = "ConvNNAttention (packed sequences)";
@@ -83,7 +82,8 @@ at::Tensor attention_aggregate_packed(const ConvNNAttentionOptions& o, const at:
     const auto none = [&](const at::Tensor& x) { return x.new_zeros({1, o.k(), x.size(1)}); };
     AttentionTensors group = tensors;
     group.masks.key_padding_mask = at::ones({1, o.k()}, index_options.dtype(at::kBool));
-    return attention_aggregate(o, none(queries), none(keys), none(values), group, c10::nullopt, training)[0].narrow(0, 0, 0);
+    const auto output = attention_aggregate(o, none(queries), none(keys), none(values), group, c10::nullopt, training);
+    return output[0].narrow(0, 0, 0);
   }
   // Back to the packed order: each token's row is where its sequence's batch put it.
   const auto order = at::cat(rows);
@@ -98,10 +98,9 @@ at::Tensor attention_forward_packed(const ConvNNAttentionOptions& o, const at::T
               "embed_dim = ", o.embed_dim(), ", got ", input.defined() ? input.sizes() : at::IntArrayRef{});
   check_input_dtype("ConvNNAttention", input, tensors.kernel);
   const auto [queries, keys, values] = project_qkv(tensors, input);
-  return apply_linear(tensors.output, attention_aggregate_packed(o, queries, keys, values, tensors, cu_seqlens, training));
+  return apply_linear(tensors.output,
+                      attention_aggregate_packed(o, queries, keys, values, tensors, cu_seqlens, training));
 }
-
-
 
 std::vector<int64_t> cache_geometry(const ConvNNAttentionOptions& o) {
   const int64_t head_dim = o.embed_dim() / o.num_heads();
