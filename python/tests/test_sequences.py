@@ -265,3 +265,49 @@ def test_the_python_examples_of_docs_sequences_md_run():
             script.write(block)
             script.flush()
             runpy.run_path(script.name)
+
+
+@pytest.mark.parametrize("num_kv_heads", [0, 1])
+def test_a_static_cache_decodes_as_the_causal_forward(num_kv_heads):
+    attention = layer(3, num_kv_heads=num_kv_heads, bias=True)
+    torch.manual_seed(7)
+    x = torch.randn(2, 8, EMBED, dtype=torch.float64)
+    full = attention(x, is_causal=True)
+    cache = attention.make_cache(2, 10, static=True)
+    with torch.no_grad():
+        steps = [attention.forward_step(x[:, :3], cache)]
+        steps += [attention.forward_step(x[:, i:i + 1], cache) for i in range(3, 8)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-12)
+    assert cache.lengths.tolist() == [8, 8]
+
+
+def test_a_compiled_step_on_a_static_cache_compiles_once_for_every_length():
+    """The step's shapes do not depend on the lengths (a tensor advanced in place): one graph serves
+    every step, and the compiled steps equal the eager ones."""
+    import torch._dynamo.testing
+    attention = layer(3)
+    torch.manual_seed(8)
+    tokens = torch.randn(2, 6, EMBED, dtype=torch.float64)
+    eager_cache, compiled_cache = attention.make_cache(2, 8, static=True), attention.make_cache(2, 8, static=True)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    step = torch.compile(attention.forward_step, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        for i in range(6):
+            expected = attention.forward_step(tokens[:, i:i + 1], eager_cache)
+            torch.testing.assert_close(step(tokens[:, i:i + 1], compiled_cache), expected, rtol=0, atol=1e-12)
+    assert counter.frame_count == 1
+    assert compiled_cache.lengths.tolist() == [6, 6]
+    torch.testing.assert_close(compiled_cache.keys, eager_cache.keys, rtol=0, atol=0)
+
+
+def test_a_static_step_past_max_length_and_counts_are_refused():
+    attention = layer(2)
+    cache = attention.make_cache(1, 4, static=True)
+    x = torch.randn(1, 3, EMBED, dtype=torch.float64)
+    attention.forward_step(x, cache)
+    with pytest.raises(RuntimeError, match="a step of 2 tokens would pass max_length = 4"):
+        attention.forward_step(x[:, :2], cache)
+    with pytest.raises(ValueError, match="a StaticKVCache advances every sample"):
+        attention.forward_step(x[:, :1], cache, counts=[1])
+    cache.truncate(1)
+    assert cache.lengths.tolist() == [1]

@@ -12,7 +12,8 @@
 //   convnn::attention_aggregate(options, q, k, v, ...)  ConvNNAttention's forward between its
 //                                               projections; attention_check_input its input rule;
 //                                               attention_aggregate_packed on packed sequences,
-//                                               attention_step a decoding step with a cache,
+//                                               attention_step a decoding step with a cache
+//                                               (attention_static_step on a static one),
 //                                               attention_cache_geometry the cache's per-sample shape
 //   convnn::conv_nn / conv_nn1d / 2d / 3d       the functional forms
 //   convnn::layer_forward_with_neighbours, attention_aggregate_with_neighbours: the forwards and
@@ -321,6 +322,16 @@ std::tuple<at::Tensor, std::vector<int64_t>> attention_step_op(
   return {output, lengths};
 }
 
+at::Tensor attention_static_step_op(const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys,
+                                    const at::Tensor& values, const std::vector<std::string>& names,
+                                    const std::vector<at::Tensor>& tensors, bool training, const at::Tensor& cache_keys,
+                                    const at::Tensor& cache_values, const at::Tensor& lengths) {
+  return detail::attention_aggregate_static_step(
+      attention_options(texts), queries, keys, values,
+      attention_tensors(NamedTensors(names, tensors), c10::nullopt, c10::nullopt), cache_keys, cache_values, lengths,
+      training);
+}
+
 auto attention_aggregate_with_neighbours(const OptionTexts& texts, const at::Tensor& queries, const at::Tensor& keys,
                                          const at::Tensor& values, const std::vector<std::string>& names,
                                          const std::vector<at::Tensor>& tensors, bool training,
@@ -521,6 +532,9 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
         "Tensor? key_padding_mask=None) -> Tensor");
   m.def("attention_aggregate_packed(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, "
         "Tensor[] tensors, bool training, Tensor cu_seqlens) -> Tensor");
+  m.def("attention_static_step(str[] options, Tensor queries, Tensor keys, Tensor values, str[] names, "
+        "Tensor[] tensors, bool training, Tensor(a!) cache_keys, Tensor(b!) cache_values, Tensor(c!) lengths) -> "
+        "Tensor");
   m.def("attention_cache_geometry(str[] options) -> int[]", [](const OptionTexts& texts) {
     return detail::cache_geometry(attention_options(texts));
   });
@@ -594,6 +608,7 @@ TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) {
   m.impl("attention_aggregate_with_neighbours", &attention_aggregate_with_neighbours);
   m.impl("attention_aggregate_packed", &attention_aggregate_packed_op);
   m.impl("attention_step", &attention_step_op);
+  m.impl("attention_static_step", &attention_static_step_op);
   m.impl("attention_check_input", &attention_check_input_op);
   m.impl("attention_project_qkv", &attention_project_qkv_op);
   m.impl("conv_nn", &conv_nn_op);

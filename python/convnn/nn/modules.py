@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .._options import layer_fields
-from .kv_cache import KVCache
+from .kv_cache import KVCache, StaticKVCache
 from .neighbours import Neighbours
 
 _ops = torch.ops.convnn
@@ -463,27 +463,39 @@ class ConvNNAttention(_ConvNNLayer):
             aggregated = self._keep_neighbours(aggregated)
         return self.proj_drop(self.output_projection(aggregated))
 
-    def make_cache(self, batch: int, max_length: int) -> KVCache:
+    def make_cache(self, batch: int, max_length: int, static: bool = False) -> typing.Union[KVCache, StaticKVCache]:
         """An empty key/value cache for forward_step: `batch` samples of up to `max_length` tokens
-        in num_kv_heads heads of head_dim (C++'s rule), the parameters' dtype and device."""
+        in num_kv_heads heads of head_dim (C++'s rule), the parameters' dtype and device. static:
+        a StaticKVCache, whose step has fixed shapes (torch.compile compiles it once, CUDA graphs)."""
         weight = self.key_projection.weight
-        return KVCache(batch, max_length, *_ops.attention_cache_geometry(self._texts), dtype=weight.dtype,
-                       device=weight.device)
+        kind = StaticKVCache if static else KVCache
+        return kind(batch, max_length, *_ops.attention_cache_geometry(self._texts), dtype=weight.dtype,
+                    device=weight.device)
 
-    def forward_step(self, x: torch.Tensor, cache: KVCache,
+    def forward_step(self, x: torch.Tensor, cache: typing.Union[KVCache, StaticKVCache],
                      counts: typing.Optional[typing.Sequence[int]] = None) -> torch.Tensor:
         """One decoding step, causal whatever the causal option says: x [B, t, embed_dim] are the
         next t tokens of each sample (sample b's first counts[b] of them; all t when counts is None),
         which attend to the sample's cached tokens and to each other causally; their keys and values
         are appended to the cache (detached). Equal to those rows of the causal forward on the whole
-        prefix, at O(t * (M * d + K * d)) for M cached tokens (docs/sequences.md)."""
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"ConvNNAttention.forward_step: cache must be a convnn.nn.KVCache "
+        prefix, at O(t * (M * d + K * d)) for M cached tokens with a KVCache; with a StaticKVCache
+        (every sample advances by t) at O(t * max_length * d), with shapes that do not depend on the
+        lengths (torch.compile compiles it once; docs/sequences.md)."""
+        if not isinstance(cache, (KVCache, StaticKVCache)):
+            raise TypeError(f"ConvNNAttention.forward_step: cache must be a convnn.nn.KVCache or StaticKVCache "
                             f"(make_cache(batch, max_length)), got {type(cache).__name__}")
         self._refuse_tracing()
         _ops.attention_check_input(self._causal_texts, x, self.kernel)
         state = list(self.named_parameters(recurse=False)) + list(self.named_buffers(recurse=False))
         qkv = self._project_qkv(x)
+        if isinstance(cache, StaticKVCache):
+            if counts is not None:
+                raise ValueError("ConvNNAttention.forward_step: a StaticKVCache advances every sample by the step's "
+                                 "t tokens; counts must be None (use a KVCache for per-sample counts)")
+            aggregated = _ops.attention_static_step(
+                self._causal_texts, qkv[0], qkv[1], qkv[2], [n for n, _ in state], [t for _, t in state],
+                self.training, cache.keys, cache.values, cache.lengths)
+            return self.proj_drop(self.output_projection(aggregated))
         aggregated, lengths = _ops.attention_step(
             self._causal_texts, qkv[0], qkv[1], qkv[2], [n for n, _ in state], [t for _, t in state], self.training,
             cache.keys, cache.values, cache.lengths, list(counts) if counts is not None else [])

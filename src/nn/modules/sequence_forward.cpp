@@ -201,6 +201,58 @@ at::Tensor attention_aggregate_step(const ConvNNAttentionOptions& o, const at::T
   return at::dropout(aggregated, o.dropout(), training);
 }
 
+at::Tensor attention_aggregate_static_step(const ConvNNAttentionOptions& o, const at::Tensor& queries,
+                                           const at::Tensor& keys, const at::Tensor& values,
+                                           const AttentionTensors& tensors, const at::Tensor& cache_keys,
+                                           const at::Tensor& cache_values, const at::Tensor& lengths, bool training) {
+  constexpr const char* where = "ConvNNAttention (static decoding step)";
+  check_no_masks(tensors, o, where, "a step is causal over the cache by construction");
+  TORCH_CHECK(cache_keys.dim() == 4 && cache_values.dim() == 4 && cache_keys.size(0) == cache_values.size(0) &&
+                  cache_keys.size(1) == cache_values.size(1) && cache_keys.size(2) == cache_values.size(2),
+              kCache, ": keys and values must be [B, kv_heads, max_length, head_dim] of the same B, kv_heads and "
+              "max_length");
+  const int64_t batch = cache_keys.size(0), heads = cache_keys.size(1), max_length = cache_keys.size(2);
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch && lengths.scalar_type() == at::kLong &&
+                  lengths.device() == cache_keys.device(),
+              kCache, ": lengths must be an int64 [B] tensor on the cache's device with B = ", batch);
+  TORCH_CHECK(queries.dim() == 3 && keys.dim() == 3 && values.dim() == 3 && queries.size(0) == batch &&
+                  keys.size(0) == batch && values.size(0) == batch && keys.size(1) == queries.size(1) &&
+                  values.size(1) == queries.size(1) && keys.size(2) == heads * cache_keys.size(3) &&
+                  values.size(2) == heads * cache_values.size(3),
+              where, ": the projected queries, keys and values must be [B,t,C] with B = the cache's batch = ", batch,
+              " and the cache's channels, got ", queries.sizes(), ", ", keys.sizes(), " and ", values.sizes());
+  TORCH_CHECK(max_length >= o.k(), where, ": the cache's max_length = ", max_length, " must be at least k = ", o.k(),
+              " (a static step reads the whole cache)");
+  const int64_t t = queries.size(1);
+  const auto index = lengths.options();
+  const auto positions = lengths.unsqueeze(1) + at::arange(t, index).unsqueeze(0);  // [B,t]
+  at::_assert_async(positions.lt(max_length).all(),
+                    c10::str(kCache, ": a step of ", t, " tokens would pass max_length = ", max_length,
+                             " (make the cache longer, or reset() it)"));
+  {
+    at::NoGradGuard no_grad;  // the cache holds values, not a graph: decoding is inference
+    const auto write = [&](const at::Tensor& cache, const at::Tensor& rows) {
+      const auto by_head = rows.unflatten(2, {heads, -1}).transpose(1, 2);  // [B,heads,t,d]
+      cache.scatter_(2, positions.view({batch, 1, t, 1}).expand(by_head.sizes()), by_head);
+    };
+    write(cache_keys, keys);
+    write(cache_values, values);
+  }
+  // allowed[b,i,j]: j <= lengths[b] + i, per (sample, head).
+  const auto allowed = at::arange(max_length, index).view({1, 1, max_length}) <= positions.unsqueeze(2);
+  auto func = attention_func_options(o);
+  func.mask(functional::detail::merge_leading_dims(
+      allowed.unsqueeze(1).expand({batch, o.num_heads(), t, max_length})));
+  const auto aggregated = functional::detail::conv_nn_folded_kv(queries, cache_keys.flatten(0, 1),
+                                                                cache_values.flatten(0, 1), tensors.kernel,
+                                                                tensors.bias, func);
+  {
+    at::NoGradGuard no_grad;
+    lengths.add_(t);
+  }
+  return at::dropout(aggregated, o.dropout(), training);
+}
+
 at::Tensor attention_forward_step(const ConvNNAttentionOptions& o, const at::Tensor& input,
                                   const AttentionTensors& tensors, KVCache& cache, const std::vector<int64_t>& counts,
                                   bool training) {

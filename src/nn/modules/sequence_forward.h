@@ -48,6 +48,17 @@ at::Tensor attention_aggregate_step(const ConvNNAttentionOptions& options, const
                                     const AttentionTensors& tensors, const at::Tensor& cache_keys,
                                     const at::Tensor& cache_values, const std::vector<int64_t>& lengths_before,
                                     const std::vector<int64_t>& counts, bool training);
+// A decoding step on a static cache, for torch.compile and CUDA graphs: every sample advances by
+// the same t tokens, the held tokens are `lengths` (int64 [B] on the cache's device, advanced in
+// place by t), and the step reads the whole cache [B,kv_heads,L,d] with a mask j < lengths[b] + i + 1,
+// so no shape and no host value depends on the lengths: a compiled step compiles once, and a CUDA
+// graph can replay it. Cost O(L·d) per query row (the cache's length L, not the held M). A write past
+// L fails through a device assertion (the message names max_length).
+at::Tensor attention_aggregate_static_step(const ConvNNAttentionOptions& options, const at::Tensor& queries,
+                                           const at::Tensor& keys, const at::Tensor& values,
+                                           const AttentionTensors& tensors, const at::Tensor& cache_keys,
+                                           const at::Tensor& cache_values, const at::Tensor& lengths, bool training);
+
 at::Tensor attention_forward_step(const ConvNNAttentionOptions& options, const at::Tensor& input,
                                   const AttentionTensors& tensors, KVCache& cache, const std::vector<int64_t>& counts,
                                   bool training);
