@@ -16,6 +16,8 @@ CONVNN_APT_PACKAGES=(
   googletest libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist gnuplot-nox
+  # The text corpus of the language models (data/text.h): 2.5 MB of English in /usr/share/games/fortunes.
+  fortunes
   libjpeg62-turbo-dev libpng-dev python-matplotlib-data
   libgloo-dev
   # Clang builds the fuzz targets (libFuzzer is its) and the sanitizer build (scripts/sanitize.sh);

@@ -25,6 +25,7 @@ Command add_bench_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
 Command add_checkpoint_command(CLI::App& app);
 Command add_viz_command(CLI::App& app);

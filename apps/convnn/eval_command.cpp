@@ -3,10 +3,12 @@
 // is; weights alone (a state_dict saved by Python) take them from --config or the model flags.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "commands.h"
 #include "convnn/checkpoint/checkpoint.h"
+#include "convnn/data/text.h"
 #include "convnn/data/datasets.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
@@ -84,8 +86,10 @@ int run_eval(const EvalArgs& a) {
                           : a.output;
   train::write_confusion(output, result.class_names, result.confusion);
   plot_confusion(output, result.class_names);
-  fmt::print("{} on {} {} ({} images): top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}\n", path,
-             config.data.dataset, a.split, result.samples, result.top1, result.top5, result.loss);
+  const bool text = data::is_text_dataset(config.data.dataset);
+  fmt::print("{} on {} {} ({} {}): top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}{}\n", path, config.data.dataset, a.split,
+             result.samples, text ? "tokens" : "images", result.top1, result.top5, result.loss,
+             text ? fmt::format(" ({:.4f} bits/token)", result.loss / std::log(2.0)) : std::string());
   if (result.skipped > 0) fmt::print("skipped {} unreadable files (see the warnings)\n", result.skipped);
   fmt::print("confusion matrix: {}/confusion.csv{}\n", output,
              std::filesystem::exists(std::filesystem::path(output) / "confusion.png") ? " and confusion.png" : "");

@@ -57,15 +57,22 @@ std::string describe(const std::string& name, const models::ModelConfig& c) {
     if (slots.strided_slots()) text += " strided_slots";
     return text + fmt::format(" width={} stem={}", o.width(), o.small_stem() ? "small" : "imagenet");
   }
-  const auto o = models::vit_options(name, c);
-  auto text = fmt::format("width={} depth={} heads={} patch={} attention={}", o.embed_dim(), o.depth(),
-                          o.num_heads(), o.patch_size(), to_string(o.attention()));
-  if (o.attention() != models::ViTAttention::MHSA) {
-    const auto& a = o.convnn();
-    text += fmt::format(" k={} candidates={} similarity={} rho={} aggregation={}", a.k(),
-                        candidates(a.num_candidates()), convnn::to_string(a.similarity()), to_string(a.rho()),
-                        to_string(a.aggregation()));
+  const auto attention_text = [&](models::ViTAttention attention, const nn::ConvNNAttentionOptions& a) {
+    auto text = fmt::format("attention={}", to_string(attention));
+    if (attention == models::ViTAttention::MHSA) return text;
+    return text + fmt::format(" k={} candidates={} similarity={} rho={} aggregation={}", a.k(),
+                              candidates(a.num_candidates()), convnn::to_string(a.similarity()), to_string(a.rho()),
+                              to_string(a.aggregation()));
+  };
+  if (models::model_entry(name).family == models::ModelFamily::LanguageModel) {
+    const auto o = models::language_model_options(name, c);
+    return fmt::format("width={} depth={} heads={} kv_heads={} context={} {} position={}", o.embed_dim(), o.depth(),
+                       o.num_heads(), o.num_kv_heads() > 0 ? o.num_kv_heads() : o.num_heads(), o.context(),
+                       attention_text(o.attention(), o.convnn()), to_string(o.position_embedding()));
   }
+  const auto o = models::vit_options(name, c);
+  auto text = fmt::format("width={} depth={} heads={} patch={} {}", o.embed_dim(), o.depth(), o.num_heads(),
+                          o.patch_size(), attention_text(o.attention(), o.convnn()));
   return text + fmt::format(" position={}{}", to_string(o.position_embedding()), c.vit.paper ? " paper" : "");
 }
 
@@ -104,8 +111,13 @@ void print_table(const models::Model& model, const models::CostReport& report, b
   const auto& c = model.config();
   const auto total = report.total();
   std::cout << fmt::format("model        {}  {}\n", model.name(), describe(model.name(), c));
-  std::cout << fmt::format("input        {} x {} x {}, {} classes\n", c.in_channels, c.image_size,
-                           c.image_size, c.num_classes);
+  if (models::model_entry(model.name()).family == models::ModelFamily::LanguageModel) {
+    std::cout << fmt::format("input        {} tokens (the context), a vocabulary of {}\n",
+                             models::language_model_options(model.name(), c).context(), c.num_classes);
+  } else {
+    std::cout << fmt::format("input        {} x {} x {}, {} classes\n", c.in_channels, c.image_size,
+                             c.image_size, c.num_classes);
+  }
   std::cout << fmt::format("parameters   {}\n", grouped(model.parameter_count()));
   std::cout << fmt::format("MACs         {:<10} ({})\n", scaled(total.macs), grouped(total.macs));
   std::cout << fmt::format("FLOPs        {:<10} (2 x MACs + {} other FLOPs)\n", scaled(total.flops()),

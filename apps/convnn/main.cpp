@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
   const std::vector<convnn::cli::Command> commands{
       convnn::cli::add_train_command(app),
       convnn::cli::add_eval_command(app),
+      convnn::cli::add_generate_command(app),
       convnn::cli::add_compare_command(app),
       convnn::cli::add_verify_command(app),
       convnn::cli::add_bench_command(app),

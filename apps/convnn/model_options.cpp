@@ -18,7 +18,7 @@ void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c)
   // The values shown after "=" in --help are the struct's (CLI11 captures them: main.cpp sets
   // always_capture_default); an unset optional's help says what it becomes.
   sub->add_option("--model", name, "Model name")->required()->check(CLI::IsMember(models::model_names()));
-  sub->add_option("--num-classes", c.num_classes, "Classes of the head");
+  sub->add_option("--num-classes", c.num_classes, "Classes of the head (a language model: its vocabulary)");
   sub->add_option("--in-channels", c.in_channels, "Input channels");
   sub->add_option("--image-size", c.image_size, "Side of the square input images in pixels");
   sub->add_option("--k", c.convnn.k, "ConvNN neighbours K");
@@ -42,20 +42,23 @@ void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c)
                 "replaces only the stride-1 ones)");
   sub->add_option("--patch-size", c.vit.patch_size, "ViT: patch side in pixels");
   add_enum_option(sub, "--attention", c.vit.attention, models::parse_vit_attention, models::vit_attention_names(),
-                  "ViT: attention");
+                  "ViT and language models: attention");
   sub->add_flag("--paper", c.vit.paper,
                 "ViT: the paper authors' variant (sinusoidal positions, patch LayerNorm, no final "
                 "LayerNorm, bias-free attention projections)");
   add_enum_option(sub, "--position-embedding", c.vit.position_embedding, models::parse_position_embedding,
-                  models::position_embedding_names(), "ViT: position embedding (unset: learned; sinusoidal with --paper)");
+                  models::position_embedding_names(), "ViT and language models: position embedding (unset: learned; sinusoidal with --paper)");
   // Left out: the preset's (models::validate checks a given value).
-  sub->add_option("--embed-dim", c.vit.embed_dim, "ViT: width (unset: the preset's)");
-  sub->add_option("--depth", c.vit.depth, "ViT: blocks (unset: the preset's)");
-  sub->add_option("--num-heads", c.vit.num_heads, "ViT: heads (unset: the preset's)");
-  sub->add_option("--mlp-dim", c.vit.mlp_dim, "ViT: MLP width (unset: 4 x width)");
-  sub->add_option("--dropout", c.vit.dropout, "ViT: dropout");
-  sub->add_option("--attention-dropout", c.vit.attention_dropout, "ViT: attention dropout");
-  sub->add_option("--drop-path", c.vit.drop_path, "ViT: stochastic depth of the last block");
+  sub->add_option("--embed-dim", c.vit.embed_dim, "ViT and language models: width (unset: the preset's)");
+  sub->add_option("--depth", c.vit.depth, "ViT and language models: blocks (unset: the preset's)");
+  sub->add_option("--num-heads", c.vit.num_heads, "ViT and language models: heads (unset: the preset's)");
+  sub->add_option("--mlp-dim", c.vit.mlp_dim, "ViT and language models: MLP width (unset: 4 x width)");
+  sub->add_option("--dropout", c.vit.dropout, "ViT and language models: dropout");
+  sub->add_option("--attention-dropout", c.vit.attention_dropout, "ViT and language models: attention dropout");
+  sub->add_option("--drop-path", c.vit.drop_path, "ViT and language models: stochastic depth of the last block");
+  sub->add_option("--context", c.lm.context, "Language models: the longest sequence in tokens (unset: the preset's)");
+  sub->add_option("--num-kv-heads", c.lm.num_kv_heads,
+                  "Language models: key/value heads shared by groups of query heads; 0 = num_heads");
 }
 
 }  // namespace convnn::cli

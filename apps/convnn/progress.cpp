@@ -17,8 +17,8 @@ std::string format_duration(double seconds) {
 bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
 
 EpochProgress::EpochProgress(std::string label, int64_t total_batches, int64_t first_batch,
-                             bool live, int64_t log_interval)
-    : label_(std::move(label)), total_(total_batches), first_(first_batch), live_(live),
+                             bool live, int64_t log_interval, std::string unit)
+    : label_(std::move(label)), unit_(std::move(unit)), total_(total_batches), first_(first_batch), live_(live),
       log_interval_(log_interval), start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
 
 void EpochProgress::update(int64_t batch, int64_t images, double loss, double lr) {
@@ -33,17 +33,17 @@ void EpochProgress::update(int64_t batch, int64_t images, double loss, double lr
     if (!last && drawn_ && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return;
     constexpr int kWidth = 28;
     const int filled = static_cast<int>(kWidth * (batch + 1) / std::max<int64_t>(1, total_));
-    std::printf("\r%s [%s%s] %lld/%lld %s<%s %.0f img/s loss %.4f lr %.2e\x1b[K", label_.c_str(),
+    std::printf("\r%s [%s%s] %lld/%lld %s<%s %.0f %s loss %.4f lr %.2e\x1b[K", label_.c_str(),
                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
                 static_cast<long long>(batch + 1), static_cast<long long>(total_),
-                format_duration(elapsed).c_str(), format_duration(eta).c_str(), rate, loss, lr);
+                format_duration(elapsed).c_str(), format_duration(eta).c_str(), rate, unit_.c_str(), loss, lr);
     std::fflush(stdout);
     drawn_ = true;
     last_draw_ = now;
   } else if (log_interval_ > 0 && ((batch + 1) % log_interval_ == 0 || last)) {
-    std::printf("%s batch %lld/%lld elapsed %s eta %s %.0f img/s loss %.4f lr %.2e\n", label_.c_str(),
+    std::printf("%s batch %lld/%lld elapsed %s eta %s %.0f %s loss %.4f lr %.2e\n", label_.c_str(),
                 static_cast<long long>(batch + 1), static_cast<long long>(total_),
-                format_duration(elapsed).c_str(), format_duration(eta).c_str(), rate, loss, lr);
+                format_duration(elapsed).c_str(), format_duration(eta).c_str(), rate, unit_.c_str(), loss, lr);
     std::fflush(stdout);
   }
 }

@@ -1,5 +1,5 @@
 #pragma once
-// One epoch's progress on stdout: a live bar (ETA, images/s, loss, lr) on a terminal, plain log
+// One epoch's progress on stdout: a live bar (ETA, samples/s, loss, lr) on a terminal, plain log
 // lines every `log_interval` batches otherwise or with --quiet (none when it is 0).
 #include <chrono>
 #include <cstdint>
@@ -9,15 +9,16 @@ namespace convnn::cli {
 
 class EpochProgress {
  public:
+  /// `unit`: what a sample is, per second ("img/s", "tok/s").
   EpochProgress(std::string label, int64_t total_batches, int64_t first_batch, bool live,
-                int64_t log_interval);
-  /// After batch `batch` (0-based): `images` trained in this call so far, running mean loss.
+                int64_t log_interval, std::string unit = "img/s");
+  /// After batch `batch` (0-based): `images` (samples) trained in this call so far, running mean loss.
   void update(int64_t batch, int64_t images, double loss, double lr);
   /// Ends the live bar's line.
   void finish();
 
  private:
-  std::string label_;
+  std::string label_, unit_;
   int64_t total_, first_;
   bool live_;
   int64_t log_interval_;

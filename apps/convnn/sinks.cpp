@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "convnn/train/trainer.h"
@@ -9,11 +10,12 @@
 
 namespace convnn::cli {
 
-ConsoleSink::ConsoleSink(bool quiet, int64_t log_interval)
-    : live_(!quiet && stdout_is_terminal()), log_interval_(log_interval) {}
+ConsoleSink::ConsoleSink(bool quiet, int64_t log_interval, bool text)
+    : live_(!quiet && stdout_is_terminal()), log_interval_(log_interval), text_(text) {}
 
 void ConsoleSink::epoch_started(int64_t epoch, int64_t epochs, int64_t batches, int64_t first_batch) {
-  progress_.emplace(fmt::format("epoch {}/{}", epoch, epochs), batches, first_batch, live_, log_interval_);
+  progress_.emplace(fmt::format("epoch {}/{}", epoch, epochs), batches, first_batch, live_, log_interval_,
+                    text_ ? "tok/s" : "img/s");
 }
 
 void ConsoleSink::batch_done(int64_t batch, int64_t images, double mean_loss, double lr) {
@@ -30,10 +32,11 @@ void ConsoleSink::epoch_done(const train::EpochMetrics& m, const train::Evaluati
                            ? std::string()
                            : fmt::format("  skipped {} train / {} val unreadable files (see the warnings)",
                                          m.skipped, evaluation.skipped);
-  fmt::print("epoch {}/{}  train loss {:.4f} top-1 {:.2f}%  val loss {:.4f} top-1 {:.2f}% top-5 {:.2f}%  "
-             "lr {:.2e}  {:.0f} img/s  {}{}\n",
-             m.epoch, epochs, m.train_loss, m.train_top1, m.val_loss, m.val_top1, m.val_top5, m.lr, m.images_per_s,
-             format_duration(m.epoch_time_s), skipped);
+  const auto bits = text_ ? fmt::format(" ({:.3f} bits/token)", m.val_loss / std::log(2.0)) : std::string();
+  fmt::print("epoch {}/{}  train loss {:.4f} top-1 {:.2f}%  val loss {:.4f}{} top-1 {:.2f}% top-5 {:.2f}%  "
+             "lr {:.2e}  {:.0f} {}  {}{}\n",
+             m.epoch, epochs, m.train_loss, m.train_top1, m.val_loss, bits, m.val_top1, m.val_top5, m.lr,
+             m.images_per_s, text_ ? "tok/s" : "img/s", format_duration(m.epoch_time_s), skipped);
   std::fflush(stdout);
 }
 

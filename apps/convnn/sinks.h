@@ -12,8 +12,9 @@ namespace convnn::cli {
 
 class ConsoleSink final : public train::TrainingSink {
  public:
-  /// `quiet`: plain lines even on a terminal, every `log_interval` batches.
-  ConsoleSink(bool quiet, int64_t log_interval);
+  /// `quiet`: plain lines even on a terminal, every `log_interval` batches. `text`: a language
+  /// model's run, whose samples are tokens and whose losses are also shown in bits per token.
+  ConsoleSink(bool quiet, int64_t log_interval, bool text = false);
   void epoch_started(int64_t epoch, int64_t epochs, int64_t batches, int64_t first_batch) override;
   void batch_done(int64_t batch, int64_t images, double mean_loss, double lr) override;
   void epoch_trained() override;
@@ -24,6 +25,7 @@ class ConsoleSink final : public train::TrainingSink {
  private:
   bool live_;
   int64_t log_interval_;
+  bool text_;
   std::optional<EpochProgress> progress_;
 };
 

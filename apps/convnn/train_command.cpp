@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <csignal>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include "commands.h"
 #include "convnn/dist/process_group.h"
 #include "convnn/checkpoint/checkpoint.h"
+#include "convnn/data/text.h"
 #include "convnn/train/trainer.h"
 #include "convnn/util/device.h"
 #include "local_ranks.h"
@@ -76,11 +78,16 @@ void check_same_model(const train::TrainConfig& requested, const std::string& ch
               "); drop the model flags to resume it");
 }
 
-void print_summary(const train::TrainResult& r) {
+void print_summary(const train::TrainResult& r, bool text) {
   const auto plots = std::filesystem::path(r.run_dir) / "plots";
   if (r.interrupted) return;
-  fmt::print("\ntest top-1 {:.2f}%  top-5 {:.2f}%  (best top-1 {:.2f}% at epoch {})\n", r.final_eval.top1,
-             r.final_eval.top5, r.best_top1, r.best_epoch);
+  if (text) {
+    fmt::print("\nvalidation loss {:.4f} ({:.4f} bits/token)  next-token top-1 {:.2f}%  top-5 {:.2f}%\n",
+               r.final_eval.loss, r.final_eval.loss / std::log(2.0), r.final_eval.top1, r.final_eval.top5);
+  } else {
+    fmt::print("\ntest top-1 {:.2f}%  top-5 {:.2f}%  (best top-1 {:.2f}% at epoch {})\n", r.final_eval.top1,
+               r.final_eval.top5, r.best_top1, r.best_epoch);
+  }
   fmt::print("run directory: {}\n", r.run_dir);
   fmt::print("  metrics:     {}/metrics.csv, metrics.json\n", r.run_dir);
   if (std::filesystem::exists(plots / "accuracy.png")) {
@@ -89,13 +96,18 @@ void print_summary(const train::TrainResult& r) {
   fmt::print("  checkpoints: {} (best: {})\n", checkpoint::latest_checkpoint_path(r.run_dir),
              checkpoint::best_checkpoint_path(r.run_dir));
   fmt::print("evaluate with: convnn eval --checkpoint {}\n", checkpoint::best_checkpoint_path(r.run_dir));
+  if (text) {
+    fmt::print("sample with:   convnn generate --checkpoint {} --prompt \"...\"\n",
+               checkpoint::latest_checkpoint_path(r.run_dir));
+  }
 }
 
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "Train a model (ResNet with ConvNN / branching layers, ViT with "
-                                          "MHSA / KVT / ConvNN attention) on an image data set");
+                                          "MHSA / KVT / ConvNN attention) on an image data set, or a "
+                                          "language model on a text data set");
   auto args = std::make_shared<TrainArgs>();
   add_train_options(sub, *args);
   // Here, not in add_train_options: `convnn compare` loads no checkpoint it did not just write.
@@ -164,7 +176,8 @@ Command add_train_command(CLI::App& app) {
             };
             train::TrainHooks hooks;
             hooks.stop = &interrupt_requested;
-            ConsoleSink console(args->config.run.quiet, args->config.run.log_interval);
+            const bool text = data::is_text_dataset(args->config.data.dataset);
+            ConsoleSink console(args->config.run.quiet, args->config.run.log_interval, text);
             PlotSink plots;
             hooks.sinks.push_back(&console);
             if (args->config.run.plots) hooks.sinks.push_back(&plots);
@@ -176,7 +189,7 @@ Command add_train_command(CLI::App& app) {
               throw;
             }
             restore();
-            if (main) print_summary(result);
+            if (main) print_summary(result, text);
             return result.interrupted ? 130 : 0;
           }};
 }

@@ -106,9 +106,9 @@ at::Tensor model_input(const train::TrainConfig& config, const VizArgs& a) {
   auto loader = train::make_loader(std::move(data), config, /*training=*/false);
   loader.start_epoch(0);
   auto batch = loader.next();
-  TORCH_CHECK(batch && batch->images.size(0) == 1, "convnn viz: '", a.image.empty() ? a.split : a.image,
+  TORCH_CHECK(batch && batch->inputs.size(0) == 1, "convnn viz: '", a.image.empty() ? a.split : a.image,
               "' gave no image (unreadable?)");
-  return batch->images[0].cpu();
+  return batch->inputs[0].cpu();
 }
 
 // An attention layer's tokens on the ViT's patch grid (the class token first); a spatial layer's

@@ -18,6 +18,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from . import _library
+from .nn.kv_cache import KVCache
 from .nn.modules import BranchingConv2d, ConvNN2d, ConvNNAttention
 
 _ops = torch.ops.convnn
@@ -215,17 +216,47 @@ class ResNet(_GradCheckpointing, nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention as timm builds it: fused qkv, scaled_dot_product_attention, proj."""
+    """Multi-head self-attention as timm builds it: fused qkv, scaled_dot_product_attention, proj.
+    With grouped key/value heads the fused projection gives the queries, then num_kv_heads heads of
+    keys, then of values; causal: each token attends to itself and the tokens before it."""
 
-    def __init__(self, num_heads, dropout):
+    def __init__(self, num_heads, dropout, num_kv_heads=None, causal=False):
         super().__init__()
         self.num_heads, self.dropout = num_heads, dropout
+        self.num_kv_heads, self.causal = num_kv_heads or num_heads, causal
+
+    def _project(self, x):
+        b, n, c = x.shape
+        d = c // self.num_heads
+        q, k, v = self.qkv(x).split([c, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
+        return (q.view(b, n, self.num_heads, d).transpose(1, 2), k.view(b, n, self.num_kv_heads, d).transpose(1, 2),
+                v.view(b, n, self.num_kv_heads, d).transpose(1, 2))
 
     def forward(self, x):
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, None, self.dropout if self.training else 0.0)
-        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+        q, k, v = self._project(x)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, None, self.dropout if self.training else 0.0, is_causal=self.causal,
+            enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.proj(out.transpose(1, 2).reshape(x.shape))
+
+    def make_cache(self, batch, max_length):
+        """An empty key/value cache for forward_step (a convnn.nn.KVCache)."""
+        d = self.qkv.in_features // self.num_heads
+        return KVCache(batch, max_length, self.num_kv_heads, d, d, dtype=self.qkv.weight.dtype,
+                       device=self.qkv.weight.device)
+
+    def forward_step(self, x, cache, counts=None):
+        """One decoding step (C++ SelfAttention.forward_step through the op convnn::self_attention_step):
+        x [B, t, C] the next tokens of each sample attend to the cached ones and to each other causally,
+        and are appended to the cache."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"SelfAttention.forward_step: cache must be a convnn.nn.KVCache (make_cache), "
+                            f"got {type(cache).__name__}")
+        q, k, v = self._project(x)
+        out, lengths = _ops.self_attention_step(q, k, v, cache.keys, cache.values, cache.lengths,
+                                                list(counts) if counts is not None else [])
+        cache.lengths = list(lengths)
+        return self.proj(out.transpose(1, 2).reshape(x.shape))
 
 
 class DropPath(nn.Module):
@@ -247,9 +278,119 @@ class TransformerBlock(nn.Module):
     """x + DropPath(Dropout(Attention(LayerNorm(x)))), then x + DropPath(MLP(LayerNorm(x)))."""
 
     def forward(self, x):
-        x = x + self.drop_path(self.dropout(self.attn(self.norm1(x))))
+        return self._mlp(x + self.drop_path(self.dropout(self.attn(self.norm1(x)))))
+
+    def _mlp(self, x):
         mlp = self.fc2(self.dropout(torch.nn.functional.gelu(self.fc1(self.norm2(x)))))
         return x + self.drop_path(self.dropout(mlp))
+
+    def make_cache(self, batch, max_length):
+        return self.attn.make_cache(batch, max_length)
+
+    def forward_step(self, x, cache):
+        """One decoding step of a causal block: the attention's forward_step in place of its forward."""
+        return self._mlp(x + self.drop_path(self.dropout(self.attn.forward_step(self.norm1(x), cache))))
+
+
+class LanguageModel(nn.Module):
+    """A decoder-only language model (C++ convnn::models::LanguageModel): token and position
+    embeddings, causal pre-norm blocks (MHSA, KVT or ConvNN attention), a final LayerNorm and a
+    linear head. forward(tokens [B, T]) -> logits [B, T, vocab_size]; make_caches and forward_step
+    decode incrementally; generate samples (the C++ rule, convnn::sample_tokens)."""
+
+    def __init__(self, context, vocab_size):
+        super().__init__()
+        self.context, self.vocab_size = context, vocab_size
+
+    def _init_interface(self):
+        self.num_classes = self.vocab_size
+        self.embed_dim = self.token_embed.embedding_dim
+
+    def _check_tokens(self, tokens, first_position=0):
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long \
+                or tokens.shape[1] < 1:
+            shape = f"{tokens.dtype} {list(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"LanguageModel: tokens must be int64 [B, T] with T >= 1, got {shape}")
+        if first_position + tokens.shape[1] > self.context:
+            raise ValueError(f"LanguageModel: positions {first_position} to {first_position + tokens.shape[1] - 1} "
+                             f"are past the context of {self.context} tokens")
+
+    def _logits(self, tokens, first_position, caches):
+        x = self.token_embed(tokens) + self.pos_embed[:, first_position:first_position + tokens.shape[1]]
+        x = self.pos_drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x) if caches is None else block.forward_step(x, caches[i])
+        return self.head(self.norm(x))
+
+    def forward(self, tokens):
+        self._check_tokens(tokens)
+        # As C++'s forward: ConvNN attention selects among at least k keys, and a causal model's
+        # positions never see later ones, so a short sequence is padded at its end to k tokens.
+        attention = self.blocks[0].attn
+        shortest = attention.options["k"] if isinstance(attention, ConvNNAttention) else 1
+        length = tokens.shape[1]
+        if length >= shortest:
+            return self._logits(tokens, 0, None)
+        padded = torch.nn.functional.pad(tokens, (0, shortest - length))
+        return self._logits(padded, 0, None)[:, :length]
+
+    def make_caches(self, batch, max_length=None):
+        """One empty key/value cache per block, for `batch` samples of up to max_length tokens
+        (default and at most: the context)."""
+        max_length = self.context if max_length is None else max_length
+        if not 1 <= max_length <= self.context:
+            raise ValueError(f"LanguageModel: max_length must be in [1, context = {self.context}], got {max_length}")
+        return [block.make_cache(batch, max_length) for block in self.blocks]
+
+    def forward_step(self, tokens, caches):
+        """The next tokens [B, t] after those the caches hold (as many for every sample) -> their
+        logits [B, t, vocab_size], equal to those rows of forward on the whole prefix."""
+        if len(caches) != len(self.blocks):
+            raise ValueError(f"LanguageModel: forward_step needs one cache per block ({len(self.blocks)}), "
+                             f"got {len(caches)} (make_caches makes them)")
+        lengths = set(caches[0].lengths)
+        if len(lengths) != 1:
+            raise ValueError(f"LanguageModel: forward_step needs every sample's cache to hold as many tokens; "
+                             f"they hold {sorted(lengths)}")
+        first = lengths.pop()
+        self._check_tokens(tokens, first)
+        return self._logits(tokens, first, caches)
+
+    @torch.no_grad()
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=0, seed=0):
+        """The prompts (int64 [B, P], or a str: its UTF-8 bytes) followed by max_new_tokens tokens
+        sampled one at a time with the caches, as `convnn generate` samples them (C++ generate):
+        softmax(logits / temperature) over the top_k most likely tokens (0: all; temperature 0: the
+        most likely), drawn by a CPU generator seeded with `seed`; past the context the caches restart
+        from the last context / 2 tokens. A str prompt gives the text back."""
+        text = isinstance(prompts, str)
+        if text:
+            prompts = torch.tensor([list(prompts.encode("utf-8"))], dtype=torch.long)
+        self._check_tokens(prompts)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        device = self.head.weight.device
+        generator = torch.Generator().manual_seed(seed)
+        was_training = self.training
+        self.eval()
+        try:
+            caches = self.make_caches(prompts.shape[0])
+            tokens = prompts.to(device)
+            logits = self.forward_step(tokens, caches)
+            for i in range(max_new_tokens):
+                following = _ops.sample_tokens(logits[:, -1], float(temperature), int(top_k), generator)[:, None]
+                tokens = torch.cat([tokens, following], 1)
+                if i + 1 == max_new_tokens:
+                    break
+                if caches[0].lengths[0] < self.context:
+                    logits = self.forward_step(following, caches)
+                    continue
+                for cache in caches:
+                    cache.reset()
+                logits = self.forward_step(tokens[:, -_ops.generation_restart_tokens(self.context):], caches)
+        finally:
+            self.train(was_training)
+        return bytes(tokens[0].tolist()).decode("utf-8", errors="replace") if text else tokens
 
 
 def _check_images(images, channels, size):
@@ -465,7 +606,10 @@ _BUILDERS = {
                                     elementwise_affine=a["elementwise_affine"]),
     "Dropout": lambda a: nn.Dropout(a["p"]),
     "DropPath": lambda a: DropPath(a["p"]),
-    "SelfAttention": lambda a: SelfAttention(a["num_heads"], a["dropout"]),
+    "SelfAttention": lambda a: SelfAttention(a["num_heads"], a["dropout"], a["num_kv_heads"], a["causal"]),
+    "Embedding": lambda a: _on_meta(nn.Embedding, num_embeddings=a["num_embeddings"],
+                                    embedding_dim=a["embedding_dim"]),
+    "LanguageModel": lambda a: LanguageModel(a["context"], a["vocab_size"]),
     "TransformerBlock": lambda a: TransformerBlock(),
     "VisionTransformer": lambda a: VisionTransformer(a["image_size"], a["in_channels"]),
     "ModuleList": lambda a: nn.ModuleList(),
@@ -498,8 +642,8 @@ def model_names() -> typing.List[str]:
 
 
 def create_model(name: str, **options: typing.Any) -> nn.Module:
-    """The model `name` (one of model_names(): resnet18/34/50, vit_tiny/small/base/large) with the
-    model options of `convnn info`; the names, options, defaults and checks are the C++ registry's
+    """The model `name` (one of model_names(): resnet18/34/50, vit_tiny/small/base/large, the
+    language models lm_tiny/small) with the model options of `convnn info`; the names, options, defaults and checks are the C++ registry's
     (an unknown name is refused with the valid ones)."""
     _require_models()
     paths, kinds, arguments, names, tensors, trainable = _ops.model_build(name, json.dumps(options))

@@ -8,6 +8,9 @@ The names come from the C++ registry's table (convnn.models.model_table(), which
                                      images, patch 16 for 224 px (convnn_vit_large_patch16, ...)
   ResNet  convnn_<name>              with branching layers (K = 9, lambda 0.5)
 
+The language models (family "lm") are not image classifiers: timm, an image library, does not list
+them (convnn.models.create_model builds them).
+
 timm's arguments map onto the model options of `convnn info`: num_classes, in_chans ->
 in_channels, img_size -> image_size, drop_rate -> dropout, drop_path_rate -> drop_path; any other
 keyword is a model option (e.g. k=16, attention="kvt"). global_pool sets the head's pooling (as
@@ -25,7 +28,8 @@ from . import _library, models
 
 _TIMM_ARGUMENTS = {"in_chans": "in_channels", "img_size": "image_size", "drop_rate": "dropout",
                    "drop_path_rate": "drop_path"}
-# What each family of the C++ table becomes in timm: name suffix -> the defaults of that variant.
+# What each family of the C++ table becomes in timm: name suffix -> the defaults of that variant. A
+# family without an entry (the language models) is not registered.
 _VARIANTS = {
     "vit": {f"_patch{patch}": dict(attention="convnn", patch_size=patch, image_size=32 if patch == 4 else 224)
             for patch in (4, 16)},
@@ -58,7 +62,7 @@ def timm_models():
     if not _library.has_models():
         return {}
     return {f"convnn_{row['name']}{suffix}": (row["name"], row["family"], defaults)
-            for row in models.model_table() for suffix, defaults in _VARIANTS[row["family"]].items()}
+            for row in models.model_table() for suffix, defaults in _VARIANTS.get(row["family"], {}).items()}
 
 
 def _default_cfg(family, defaults):

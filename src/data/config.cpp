@@ -9,6 +9,7 @@
 
 #include "convnn/data/datasets.h"
 #include "convnn/data/image_folder_source.h"
+#include "convnn/data/text.h"
 #include "util/enum_names.h"
 #include "util/value_checks.h"
 
@@ -106,6 +107,31 @@ void check_image_folder_only(const DataConfig& d, const AugmentationConfig& a) {
        fmt::format("({}, {})", a.ratio_min, a.ratio_max));
 }
 
+// A text set has no image to augment: every augmentation is off.
+void check_text(const DataConfig& d, const AugmentationConfig& a) {
+  const auto off = [&](bool is_off, const char* option, const auto& value) {
+    TORCH_CHECK(is_off, option, " is an image option; dataset ", d.dataset,
+                " is text (byte tokens in windows of the model's context), got ", value);
+  };
+  const auto zero = [](const auto& v) { return !v || *v == 0; };
+  off(!d.image_size, "image_size", d.image_size.value_or(0));
+  off(!d.val_resize, "val_resize", d.val_resize.value_or(0));
+  off(d.val_labels.empty(), "val_labels", d.val_labels);
+  off(a.recipe != Recipe::Paper, "recipe paper", "paper");
+  off(zero(a.crop_padding), "crop_padding", a.crop_padding.value_or(0));
+  off(zero(a.hflip), "hflip", a.hflip.value_or(0));
+  off(zero(a.rand_augment), "rand_augment", a.rand_augment.value_or(0));
+  off(zero(a.color_jitter), "color_jitter", a.color_jitter.value_or(0));
+  off(zero(a.reprob), "reprob", a.reprob.value_or(0));
+  off(zero(a.mixup), "mixup", a.mixup.value_or(0));
+  off(zero(a.cutmix), "cutmix", a.cutmix.value_or(0));
+  const AugmentationConfig defaults;
+  off(a.scale_min == defaults.scale_min && a.scale_max == defaults.scale_max, "scale",
+      fmt::format("({}, {})", a.scale_min, a.scale_max));
+  off(a.ratio_min == defaults.ratio_min && a.ratio_max == defaults.ratio_max, "ratio",
+      fmt::format("({}, {})", a.ratio_min, a.ratio_max));
+}
+
 void check_image_folder(const DataConfig& d, const AugmentationConfig& a) {
   TORCH_CHECK(!d.data_dir.empty(),
               "data_dir must name the root of the image folders (train/ and val/ inside) for "
@@ -129,6 +155,7 @@ const std::vector<std::string>& config_dataset_names() {
   static const std::vector<std::string> names = [] {
     auto all = dataset_names();
     all.push_back(kImageFolder);
+    for (const auto& name : text_dataset_names()) all.push_back(name);
     return all;
   }();
   return names;
@@ -142,6 +169,8 @@ void validate(const DataConfig& data, const AugmentationConfig& augmentation) {
   check_augmentation(augmentation);
   if (is_image_folder(data)) {
     check_image_folder(data, augmentation);
+  } else if (is_text_dataset(data.dataset)) {
+    check_text(data, augmentation);
   } else {
     check_image_folder_only(data, augmentation);
   }
@@ -155,7 +184,12 @@ void apply_recipe(DataConfig& d, AugmentationConfig& a) {
   if (!a.reprob) a.reprob = values.reprob;
   if (!a.mixup) a.mixup = values.mixup;
   if (!a.cutmix) a.cutmix = values.cutmix;
-  // Digits are not mirror-symmetric.
+  // Digits are not mirror-symmetric; text has no image.
+  if (is_text_dataset(d.dataset)) {
+    if (!a.hflip) a.hflip = 0.0;
+    if (!a.crop_padding) a.crop_padding = 0;
+    return;
+  }
   if (!a.hflip) a.hflip = d.dataset == to_string(DatasetKind::Mnist) ? 0.0 : 0.5;
   if (is_image_folder(d)) {
     if (!d.image_size) d.image_size = kDefaultFolderImageSize;

@@ -14,6 +14,14 @@ SplitData load_split(const DataConfig& d, Split split, uint64_t seed) {
   const bool train = split == Split::Train;
   const int64_t n = train ? d.train_subset : d.val_subset;
   SplitData data;
+  if (is_text_dataset(d.dataset)) {
+    // The split's documents are the same for every seed (kTextSplitSeed); the subsets are windows.
+    data.text = true;
+    const auto dir = d.data_dir.empty() ? default_text_dir(d.dataset) : d.data_dir;
+    auto splits = split_documents(read_fortune_documents(dir), kTextValidationFraction, kTextSplitSeed);
+    data.tokens = train ? std::move(splits.train) : std::move(splits.validation);
+    return data;
+  }
   data.image_folder = is_image_folder(d);
   if (data.image_folder) {
     data.files = subset(load_image_folder_split(d.data_dir, train, d.val_labels), n, seed);
@@ -38,7 +46,7 @@ LoaderOptions loader_options(const DataConfig& d, const AugmentationConfig& a, c
   o.shard_count = setup.shard_count;
   o.pad_shards = setup.training;
   o.on_skipped = setup.on_skipped;
-  if (!is_image_folder(d)) {
+  if (!is_image_folder(d) && !is_text_dataset(d.dataset)) {
     const auto norm = normalisation_of(parse_dataset(d.dataset));
     o.crop_padding = setup.training ? a.crop_padding.value_or(0) : 0;
     o.hflip = setup.training ? a.hflip.value_or(0.0) : 0.0;
@@ -92,6 +100,20 @@ DataLoader make_loader(SplitData split, const DataConfig& data, const Augmentati
   return DataLoader(std::make_shared<ImageFolderSource>(
                         std::move(split.files), image_transform_options(data, augmentation, training)),
                     options);
+}
+
+std::unique_ptr<BatchStream> make_batches(SplitData split, const DataConfig& data,
+                                          const AugmentationConfig& augmentation, LoaderSetup setup) {
+  if (!split.text) return std::make_unique<DataLoader>(make_loader(std::move(split), data, augmentation, setup));
+  TokenLoaderOptions o;
+  o.context = setup.context;
+  o.batch_size = setup.batch_size;
+  o.training = setup.training;
+  o.seed = setup.seed;
+  o.max_windows = setup.training ? data.train_subset : data.val_subset;
+  o.shard_rank = setup.shard_rank;
+  o.shard_count = setup.shard_count;
+  return std::make_unique<TokenLoader>(std::move(split.tokens), o);
 }
 
 }  // namespace convnn::data

@@ -47,7 +47,7 @@ int64_t shard_size(int64_t size, const LoaderOptions& o) {
 // Copies the batch into page-locked memory on the worker thread, so the trainer only launches the
 // asynchronous copy to the device.
 void pin(Batch& batch) {
-  batch.images = batch.images.pin_memory();
+  batch.inputs = batch.inputs.pin_memory();
   batch.labels = batch.labels.pin_memory();
   if (batch.targets.defined()) batch.targets = batch.targets.pin_memory();
 }
@@ -110,9 +110,9 @@ Batch DataLoader::State::build(int64_t index) const {
   const int64_t numel = source->sample_numel();
   Batch batch;
   batch.index = index;
-  batch.images = at::empty({count, shape[0], shape[1], shape[2]}, at::kFloat);
+  batch.inputs = at::empty({count, shape[0], shape[1], shape[2]}, at::kFloat);
   batch.labels = at::empty({count}, at::kLong);
-  auto* out_images = batch.images.data_ptr<float>();
+  auto* out_images = batch.inputs.data_ptr<float>();
   auto* out_labels = batch.labels.data_ptr<int64_t>();
   int64_t kept = 0;
   for (int64_t i = 0; i < count; ++i) {
@@ -128,7 +128,7 @@ Batch DataLoader::State::build(int64_t index) const {
     out_labels[kept++] = source->label(sample);
   }
   if (kept < count) {
-    batch.images = batch.images.narrow(0, 0, kept);
+    batch.inputs = batch.inputs.narrow(0, 0, kept);
     batch.labels = batch.labels.narrow(0, 0, kept);
   }
   if (options.mixup) mix(batch);
@@ -143,7 +143,7 @@ void DataLoader::State::mix(Batch& batch) const {
   }
   Rng rng(kMixupStream, options.seed, static_cast<uint64_t>(epoch),
           static_cast<uint64_t>(batch.index));
-  mixup_cutmix(batch.images, batch.labels, source->num_classes(), rng, *options.mixup,
+  mixup_cutmix(batch.inputs, batch.labels, source->num_classes(), rng, *options.mixup,
                batch.targets);
 }
 
@@ -241,6 +241,8 @@ DataLoader::DataLoader(std::shared_ptr<const SampleSource> source, LoaderOptions
   const int64_t n = shard_size(s.source->size(), s.options), b = s.options.batch_size;
   s.batches = s.options.drop_last ? n / b : (n + b - 1) / b;
 }
+
+DataLoader::DataLoader(DataLoader&&) noexcept = default;
 
 DataLoader::~DataLoader() {
   if (state_) state_->stop();

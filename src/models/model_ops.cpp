@@ -6,6 +6,11 @@
 //   convnn::model_build(name, config)     the C++ model built once: each module's path, kind and
 //                                         constructor arguments (in registration order), and its
 //                                         parameters and buffers, as initialised by C++
+//   convnn::self_attention_step(...)     SelfAttention's decoding step on a cache's tensors: appends
+//                                         the keys and values (the cache's rule), then attend_to_cache
+//   convnn::sample_tokens(logits, ...)    a language model's next tokens (models::sample_tokens), the
+//                                         one sampling rule of `convnn generate` and Python's generate
+//   convnn::generation_restart_tokens(n)  what generate reads again when its caches are full
 //
 // Python rebuilds the same tree from the structure (its convnn.nn layers from the option texts,
 // torch.nn layers from the arguments) and loads these tensors, so names, shapes, initialisation and
@@ -15,6 +20,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
@@ -30,6 +36,7 @@
 #include "convnn/models/registry.h"
 #include "convnn/nn/modules/convnn.h"
 #include "nn/layer_ops.h"
+#include "nn/modules/sequence_forward.h"
 
 namespace convnn::models {
 namespace {
@@ -82,7 +89,15 @@ std::pair<std::string, json> describe(const torch::nn::Module& module) {
   if (const auto* m = dynamic_cast<const torch::nn::DropoutImpl*>(&module)) return {"Dropout", {{"p", m->options.p()}}};
   if (const auto* m = dynamic_cast<const DropPathImpl*>(&module)) return {"DropPath", {{"p", m->probability}}};
   if (const auto* m = dynamic_cast<const SelfAttentionImpl*>(&module)) {
-    return {"SelfAttention", {{"num_heads", m->options.num_heads()}, {"dropout", m->options.dropout()}}};
+    return {"SelfAttention", {{"num_heads", m->options.num_heads()}, {"dropout", m->options.dropout()},
+                              {"num_kv_heads", m->options.kv_heads()}, {"causal", m->options.causal()}}};
+  }
+  if (const auto* m = dynamic_cast<const torch::nn::EmbeddingImpl*>(&module)) {
+    const auto& o = m->options;
+    return {"Embedding", {{"num_embeddings", o.num_embeddings()}, {"embedding_dim", o.embedding_dim()}}};
+  }
+  if (const auto* m = dynamic_cast<const LanguageModelImpl*>(&module)) {
+    return {"LanguageModel", {{"context", m->options.context()}, {"vocab_size", m->options.vocab_size()}}};
   }
   if (dynamic_cast<const TransformerBlockImpl*>(&module)) return {"TransformerBlock", json::object()};
   if (const auto* m = dynamic_cast<const VisionTransformerImpl*>(&module)) {
@@ -137,6 +152,16 @@ std::tuple<Texts, Texts, Texts, Texts, std::vector<at::Tensor>, c10::List<bool>>
   return {paths, kinds, arguments, names, tensors, trainable};
 }
 
+// Python's convnn.nn.KVCache holds the tensors and the lengths: returns the output [B,H,t,d] and the
+// lengths after the step.
+std::tuple<at::Tensor, std::vector<int64_t>> self_attention_step(
+    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cache_keys,
+    const at::Tensor& cache_values, std::vector<int64_t> lengths, std::vector<int64_t> counts) {
+  const auto before = lengths;
+  nn::detail::append_to_cache(cache_keys, cache_values, lengths, flat_heads(keys), flat_heads(values), std::move(counts));
+  return {attend_to_cache(queries, cache_keys, cache_values, before), lengths};
+}
+
 std::string model_config_defaults() { return json(ModelConfig{}).dump(); }
 
 std::string model_table() { return json(model_entries()).dump(); }
@@ -147,9 +172,18 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("model_names() -> str[]", [] { return model_names(); });
   m.def("model_table() -> str", &model_table);
   m.def("model_config_defaults() -> str", &model_config_defaults);
+  m.def("self_attention_step(Tensor queries, Tensor keys, Tensor values, Tensor(a!) cache_keys, "
+        "Tensor(b!) cache_values, int[] lengths, int[] counts) -> (Tensor output, int[] lengths)");
+  m.def("generation_restart_tokens(int context) -> int", &generation_restart_tokens);
+  m.def("sample_tokens(Tensor logits, float temperature, int top_k, Generator? generator=None) -> Tensor",
+        [](const at::Tensor& logits, double temperature, int64_t top_k, std::optional<at::Generator> generator) {
+          return sample_tokens(logits, SamplingOptions{temperature, top_k}, std::move(generator));
+        });
   m.def("model_build(str name, str config) -> (str[] paths, str[] kinds, str[] arguments, str[] names, "
         "Tensor[] tensors, bool[] trainable)",
         &model_build);
 }
+
+TORCH_LIBRARY_IMPL(convnn, CompositeImplicitAutograd, m) { m.impl("self_attention_step", &self_attention_step); }
 
 }  // namespace convnn::models

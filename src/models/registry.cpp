@@ -14,8 +14,8 @@
 namespace convnn::models {
 namespace {
 
-constexpr detail::NameTable<ModelFamily, 2> kFamilies{
-    {{"resnet", ModelFamily::ResNet}, {"vit", ModelFamily::ViT}}};
+constexpr detail::NameTable<ModelFamily, 3> kFamilies{
+    {{"resnet", ModelFamily::ResNet}, {"vit", ModelFamily::ViT}, {"lm", ModelFamily::LanguageModel}}};
 
 // Each part's fields, in the order of its struct: the one list that both JSON directions and the
 // family check follow.
@@ -47,6 +47,10 @@ const auto visit_vit_fields = [](auto& c, auto&& visit) {
   visit("attention_dropout", c.attention_dropout);
   visit("drop_path", c.drop_path);
 };
+const auto visit_lm_fields = [](auto& c, auto&& visit) {
+  visit("context", c.context);
+  visit("num_kv_heads", c.num_kv_heads);
+};
 // The model's JSON is flat (the keys of `convnn info` and Python's create_model).
 const auto visit_model_fields = [](auto& c, auto&& visit) {
   visit("num_classes", c.num_classes);
@@ -55,6 +59,7 @@ const auto visit_model_fields = [](auto& c, auto&& visit) {
   visit_convnn_fields(c.convnn, visit);
   visit_resnet_fields(c.resnet, visit);
   visit_vit_fields(c.vit, visit);
+  visit_lm_fields(c.lm, visit);
 };
 
 // Enums travel by name (src/util/json_fields.h).
@@ -121,6 +126,31 @@ nlohmann::json without_legacy_zeros(nlohmann::json json) {
   return json;
 }
 
+// The options a language model takes: the ViT's but patch_size and paper, and its own.
+std::string language_option_names() {
+  std::string names;
+  ViTConfig vit;
+  visit_vit_fields(vit, [&](const char* key, const auto&) {
+    if (std::string_view(key) != "patch_size" && std::string_view(key) != "paper") names += std::string(key) + ", ";
+  });
+  return names + option_names(LanguageModelConfig{}, visit_lm_fields);
+}
+
+// A language model reads tokens: the image options and the ViT's image-only ones keep their
+// defaults.
+void check_language_model(const std::string& name, const ModelConfig& c) {
+  const ModelConfig defaults;
+  const auto why = " is not used by " + name + " (a language model reads tokens; its options are " +
+                   language_option_names() + ")";
+  TORCH_CHECK(c.in_channels == defaults.in_channels, "in_channels = ", c.in_channels, why);
+  TORCH_CHECK(c.image_size == defaults.image_size, "image_size = ", c.image_size, why);
+  TORCH_CHECK(c.vit.patch_size == defaults.vit.patch_size, "patch_size = ", c.vit.patch_size, why);
+  TORCH_CHECK(!c.vit.paper, "paper = true", why);
+  TORCH_CHECK(!c.lm.context || *c.lm.context >= 1, "context must be at least 1 (or unset: the preset's), got ",
+              *c.lm.context);
+  TORCH_CHECK(c.lm.num_kv_heads >= 0, "num_kv_heads must be 0 (num_heads) or positive, got ", c.lm.num_kv_heads);
+}
+
 }  // namespace
 
 void to_json(nlohmann::json& json, const ModelConfig& config) {
@@ -146,6 +176,16 @@ Model build_vit(const ModelEntry& entry, const ModelConfig& config) {
   VisionTransformer net(vit_options(entry.name, config));
   return Model(entry.name, config, torch::nn::AnyModule(net),
                [net](int64_t h, int64_t w) { return net->cost(h, w); });
+}
+
+Model build_language_model(const ModelEntry& entry, const ModelConfig& config) {
+  LanguageModel net(language_model_options(entry.name, config));
+  return Model(entry.name, config, torch::nn::AnyModule(net),
+               [net](int64_t, int64_t) { return net->cost(net->options.context()); });
+}
+
+ModelEntry language_model(std::string name, LanguageModelOptions preset) {
+  return {std::move(name), ModelFamily::LanguageModel, std::move(preset), &build_language_model};
 }
 
 ModelEntry resnet(std::string name, int64_t depth) {
@@ -181,6 +221,8 @@ const std::vector<ModelEntry>& model_entries() {
       vit("vit_small", VisionTransformerOptions::small()),
       vit("vit_base", VisionTransformerOptions::base()),
       vit("vit_large", VisionTransformerOptions::large()),
+      language_model("lm_tiny", LanguageModelOptions::tiny()),
+      language_model("lm_small", LanguageModelOptions::small()),
   };
   return entries;
 }
@@ -216,12 +258,18 @@ void to_json(nlohmann::json& json, const ModelEntry& entry) {
   nlohmann::json preset;
   if (const auto* r = std::get_if<ResNetOptions>(&entry.preset)) {
     preset = {{"depth", r->depth()}};
+  } else if (const auto* v = std::get_if<VisionTransformerOptions>(&entry.preset)) {
+    preset = {{"embed_dim", v->embed_dim()},
+              {"depth", v->depth()},
+              {"num_heads", v->num_heads()},
+              {"mlp_dim", v->mlp_dim() > 0 ? v->mlp_dim() : 4 * v->embed_dim()}};
   } else {
-    const auto& v = std::get<VisionTransformerOptions>(entry.preset);
-    preset = {{"embed_dim", v.embed_dim()},
-              {"depth", v.depth()},
-              {"num_heads", v.num_heads()},
-              {"mlp_dim", v.mlp_dim() > 0 ? v.mlp_dim() : 4 * v.embed_dim()}};
+    const auto& l = std::get<LanguageModelOptions>(entry.preset);
+    preset = {{"embed_dim", l.embed_dim()},
+              {"depth", l.depth()},
+              {"num_heads", l.num_heads()},
+              {"mlp_dim", l.mlp_dim() > 0 ? l.mlp_dim() : 4 * l.embed_dim()},
+              {"context", l.context()}};
   }
   json = {{"name", entry.name}, {"family", to_string(entry.family)}, {"preset", preset}};
 }
@@ -236,6 +284,11 @@ void validate(const std::string& name, const ModelConfig& c) {
   TORCH_CHECK(v.num_candidates >= 0, "num_candidates must be 0 (all) or positive, got ", v.num_candidates);
   TORCH_CHECK(v.num_candidates == 0 || v.k <= v.num_candidates, "k = ", v.k,
               " must not exceed num_candidates = ", v.num_candidates, " (k of the r random candidates)");
+  if (entry.family != ModelFamily::LanguageModel) {
+    check_family_unused(c.lm, visit_lm_fields, name, "language",
+                        entry.family == ModelFamily::ResNet ? option_names(ResNetConfig{}, visit_resnet_fields)
+                                                            : option_names(ViTConfig{}, visit_vit_fields));
+  }
   if (entry.family == ModelFamily::ResNet) {
     check_family_unused(c.vit, visit_vit_fields, name, "ViT",
                         option_names(ResNetConfig{}, visit_resnet_fields));
@@ -253,9 +306,11 @@ void validate(const std::string& name, const ModelConfig& c) {
     }
     return;
   }
+  const bool language = entry.family == ModelFamily::LanguageModel;
   check_family_unused(c.resnet, visit_resnet_fields, name, "ResNet",
-                      option_names(ViTConfig{}, visit_vit_fields));
+                      language ? language_option_names() : option_names(ViTConfig{}, visit_vit_fields));
   const auto& t = c.vit;
+  if (language) check_language_model(name, c);
   if (t.attention == ViTAttention::MHSA) {
     check_unused(v, visit_convnn_fields,
                  "is not used by " + name + " with attention mhsa (ConvNN's options apply to attention convnn and kvt)");
@@ -263,9 +318,11 @@ void validate(const std::string& name, const ModelConfig& c) {
   check_dropout(t.dropout, "dropout");
   check_dropout(t.attention_dropout, "attention_dropout");
   check_dropout(t.drop_path, "drop_path");
-  TORCH_CHECK(t.patch_size >= 1, "patch_size must be at least 1, got ", t.patch_size);
-  TORCH_CHECK(c.image_size % t.patch_size == 0, "image_size = ", c.image_size,
-              " must be a multiple of patch_size = ", t.patch_size);
+  if (!language) {
+    TORCH_CHECK(t.patch_size >= 1, "patch_size must be at least 1, got ", t.patch_size);
+    TORCH_CHECK(c.image_size % t.patch_size == 0, "image_size = ", c.image_size,
+                " must be a multiple of patch_size = ", t.patch_size);
+  }
   for (const auto& [option, value] : {std::pair{"embed_dim", t.embed_dim}, std::pair{"depth", t.depth},
                                       std::pair{"num_heads", t.num_heads}, std::pair{"mlp_dim", t.mlp_dim}}) {
     TORCH_CHECK(!value || *value >= 1, option, " must be at least 1 (or unset: the preset's), got ", *value);
@@ -326,6 +383,40 @@ VisionTransformerOptions vit_options(const std::string& name, const ModelConfig&
       .attention_dropout(t.attention_dropout)
       .drop_path(t.drop_path);
   if (t.paper) o.paper_variant();
+  if (t.position_embedding) o.position_embedding(*t.position_embedding);
+  return o;
+}
+
+LanguageModelOptions language_model_options(const std::string& name, const ModelConfig& c) {
+  validate(name, c);
+  const auto& entry = model_entry(name);
+  TORCH_CHECK(entry.family == ModelFamily::LanguageModel, name, " is not a language model (its family is ",
+              to_string(entry.family), ")");
+  const auto& v = c.convnn;
+  const auto& t = c.vit;
+  auto o = std::get<LanguageModelOptions>(entry.preset);
+  if (t.embed_dim) o.embed_dim(*t.embed_dim);
+  if (t.depth) o.depth(*t.depth);
+  if (t.num_heads) o.num_heads(*t.num_heads);
+  if (t.mlp_dim) o.mlp_dim(*t.mlp_dim);
+  if (c.lm.context) o.context(*c.lm.context);
+  const auto preset_note = [&name](bool given) { return given ? std::string() : " (" + name + "'s)"; };
+  TORCH_CHECK(o.embed_dim() % o.num_heads() == 0, "num_heads = ", o.num_heads(), preset_note(t.num_heads.has_value()),
+              " must divide embed_dim = ", o.embed_dim(), preset_note(t.embed_dim.has_value()));
+  TORCH_CHECK(c.lm.num_kv_heads == 0 || o.num_heads() % c.lm.num_kv_heads == 0, "num_kv_heads = ",
+              c.lm.num_kv_heads, " must divide num_heads = ", o.num_heads(), preset_note(t.num_heads.has_value()));
+  const auto attention = nn::ConvNNAttentionOptions(o.embed_dim(), o.num_heads(), v.k)
+                             .num_candidates(v.num_candidates)
+                             .similarity(v.similarity.value_or(Similarity::ScaledDot))
+                             .rho(v.rho.value_or(nn::Rho::Softmax))
+                             .aggregation(v.aggregation.value_or(nn::Aggregation::Depthwise));
+  o.vocab_size(c.num_classes)
+      .num_kv_heads(c.lm.num_kv_heads)
+      .attention(t.attention)
+      .convnn(attention)
+      .dropout(t.dropout)
+      .attention_dropout(t.attention_dropout)
+      .drop_path(t.drop_path);
   if (t.position_embedding) o.position_embedding(*t.position_embedding);
   return o;
 }

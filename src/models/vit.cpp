@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/functional/activation.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -18,13 +19,6 @@ constexpr convnn::detail::NameTable<ViTAttention, 3> kAttention{
     {{"mhsa", ViTAttention::MHSA}, {"kvt", ViTAttention::KVT}, {"convnn", ViTAttention::ConvNN}}};
 constexpr convnn::detail::NameTable<PositionEmbedding, 2> kPositionEmbedding{
     {{"learned", PositionEmbedding::Learned}, {"sinusoidal", PositionEmbedding::Sinusoidal}}};
-
-// timm's LayerNorm epsilon for ViT.
-constexpr double kLayerNormEps = 1e-6;
-
-torch::nn::LayerNorm layer_norm(int64_t dim) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps));
-}
 
 void check_dropout(double p, const char* module, const char* option) {
   TORCH_CHECK(p >= 0.0 && p < 1.0, module, ": ", option, " must be in [0, 1), got ", p);
@@ -45,6 +39,10 @@ const char* to_string(PositionEmbedding embedding) { return convnn::detail::name
 const std::vector<std::string>& vit_attention_names() { return convnn::detail::table_names<kAttention>(); }
 const std::vector<std::string>& position_embedding_names() {
   return convnn::detail::table_names<kPositionEmbedding>();
+}
+
+torch::nn::LayerNorm layer_norm(int64_t dim) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps));
 }
 
 at::Tensor sinusoidal_position_encoding(int64_t tokens, int64_t dim) {
@@ -69,26 +67,77 @@ void SelfAttentionImpl::reset() {
               "SelfAttention: num_heads = ", o.num_heads(),
               " must be at least 1 and divide embed_dim = ", o.embed_dim());
   check_dropout(o.dropout(), "SelfAttention", "dropout");
-  qkv = register_module(
-      "qkv", torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), 3 * o.embed_dim()).bias(o.bias())));
+  TORCH_CHECK(o.num_kv_heads() >= 0 && o.num_heads() % o.kv_heads() == 0, "SelfAttention: num_kv_heads = ",
+              o.num_kv_heads(), " must divide num_heads = ", o.num_heads(), " (or be 0: num_heads)");
+  const int64_t kv_channels = o.kv_heads() * (o.embed_dim() / o.num_heads());
+  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), o.embed_dim() + 2 * kv_channels)
+                                                     .bias(o.bias())));
   proj = register_module(
       "proj", torch::nn::Linear(torch::nn::LinearOptions(o.embed_dim(), o.embed_dim()).bias(o.bias())));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> SelfAttentionImpl::project(const at::Tensor& input) {
+  const int64_t b = input.size(0), n = input.size(1), c = input.size(2), h = options.num_heads();
+  const int64_t kv = options.kv_heads(), d = c / h;
+  const auto fused = qkv(input);
+  const auto heads = [&](int64_t start, int64_t count) {
+    return fused.narrow(2, start, count * d).view({b, n, count, d}).transpose(1, 2);  // [B,count,N,d]
+  };
+  return {heads(0, h), heads(c, kv), heads(c + kv * d, kv)};
 }
 
 at::Tensor SelfAttentionImpl::forward(const at::Tensor& input) {
   TORCH_CHECK(input.defined() && input.dim() == 3 && input.size(2) == options.embed_dim(),
               "SelfAttention: input must be [B,N,C] with C = embed_dim = ", options.embed_dim(), ", got ",
               input.defined() ? input.sizes() : c10::IntArrayRef{});
-  const int64_t b = input.size(0), n = input.size(1), c = input.size(2), h = options.num_heads();
-  const auto qkv_heads = qkv(input).reshape({b, n, 3, h, c / h}).permute({2, 0, 3, 1, 4});  // [3,B,H,N,d]
-  const auto out = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], {},
-                                                    is_training() ? options.dropout() : 0.0);
-  return proj(out.transpose(1, 2).reshape({b, n, c}));
+  const auto [q, k, v] = project(input);
+  const auto out = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? options.dropout() : 0.0,
+                                                    options.causal(), std::nullopt,
+                                                    /*enable_gqa=*/options.kv_heads() != options.num_heads());
+  return proj(out.transpose(1, 2).reshape(input.sizes()));
+}
+
+nn::KVCache SelfAttentionImpl::make_cache(int64_t batch, int64_t max_length) const {
+  const int64_t d = options.embed_dim() / options.num_heads();
+  return nn::KVCache(batch, max_length, options.kv_heads(), d, d, qkv->weight.options());
+}
+
+at::Tensor SelfAttentionImpl::forward_step(const at::Tensor& input, nn::KVCache& cache,
+                                           const std::vector<int64_t>& counts) {
+  TORCH_CHECK(input.defined() && input.dim() == 3 && input.size(2) == options.embed_dim() &&
+                  input.size(0) == cache.batch(),
+              "SelfAttention.forward_step: input must be [B,t,C] with B = the cache's batch = ", cache.batch(),
+              " and C = embed_dim = ", options.embed_dim(), ", got ",
+              input.defined() ? input.sizes() : c10::IntArrayRef{});
+  const auto [q, k, v] = project(input);
+  const auto before = cache.append(flat_heads(k), flat_heads(v), counts);
+  const auto out = attend_to_cache(q, cache.keys(), cache.values(), before);
+  return proj(out.transpose(1, 2).reshape(input.sizes()));
+}
+
+at::Tensor flat_heads(const at::Tensor& heads) {
+  return heads.transpose(1, 2).flatten(2);  // [B,h,t,d] -> [B,t,h*d]
+}
+
+at::Tensor attend_to_cache(const at::Tensor& queries, const at::Tensor& cache_keys, const at::Tensor& cache_values,
+                           const std::vector<int64_t>& lengths_before) {
+  const int64_t b = queries.size(0), t = queries.size(2);
+  const int64_t held =
+      std::min(cache_keys.size(2), *std::max_element(lengths_before.begin(), lengths_before.end()) + t);
+  const auto longs = queries.options().dtype(at::kLong);
+  // Query i of sample b sees the keys up to its own position, lengths_before[b] + i.
+  const auto position =
+      at::tensor(lengths_before, at::kLong).to(queries.device()).view({b, 1, 1, 1}) + at::arange(t, longs).view({1, 1, t, 1});
+  const auto mask = at::arange(held, longs).view({1, 1, 1, held}) <= position;
+  return at::scaled_dot_product_attention(queries, cache_keys.narrow(2, 0, held), cache_values.narrow(2, 0, held), mask,
+                                          0.0, false, std::nullopt,
+                                          /*enable_gqa=*/queries.size(1) != cache_keys.size(1));
 }
 
 void SelfAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "convnn::models::SelfAttention(embed_dim=" << options.embed_dim()
-         << ", num_heads=" << options.num_heads() << ", bias=" << yes_no(options.bias())
+         << ", num_heads=" << options.num_heads() << ", num_kv_heads=" << options.kv_heads()
+         << ", causal=" << yes_no(options.causal()) << ", bias=" << yes_no(options.bias())
          << ", dropout=" << options.dropout() << ")";
 }
 
@@ -124,15 +173,20 @@ void TransformerBlockImpl::reset() {
   check_dropout(o.attention_dropout(), "TransformerBlock", "attention_dropout");
   norm1 = register_module("norm1", layer_norm(dim));
   if (o.attention() == ViTAttention::MHSA) {
-    attn = torch::nn::AnyModule(SelfAttention(
-        SelfAttentionOptions(dim, o.num_heads()).bias(o.attention_bias()).dropout(o.attention_dropout())));
+    attn = torch::nn::AnyModule(SelfAttention(SelfAttentionOptions(dim, o.num_heads())
+                                                  .bias(o.attention_bias())
+                                                  .dropout(o.attention_dropout())
+                                                  .num_kv_heads(o.num_kv_heads())
+                                                  .causal(o.causal())));
   } else {
     auto a = o.convnn();
     a.embed_dim(dim)
         .num_heads(o.num_heads())
         .qkv_bias(o.attention_bias())
         .out_bias(o.attention_bias())
-        .dropout(o.attention_dropout());
+        .dropout(o.attention_dropout())
+        .num_kv_heads(o.num_kv_heads())
+        .causal(o.causal());
     // KVT is ConvNN attention whose aggregation is a plain sum: the kernel is fixed to ones.
     if (o.attention() == ViTAttention::KVT) a.learnable_kernel(false);
     attn = torch::nn::AnyModule(nn::ConvNNAttention(a));
@@ -150,6 +204,22 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& input) {
   return x + drop_path(dropout(fc2(dropout(torch::gelu(fc1(norm2(x)))))));
 }
 
+nn::KVCache TransformerBlockImpl::make_cache(int64_t batch, int64_t max_length) const {
+  if (const auto* mhsa = attn.ptr()->as<SelfAttentionImpl>()) return mhsa->make_cache(batch, max_length);
+  return attn.ptr()->as<nn::ConvNNAttentionImpl>()->make_cache(batch, max_length);
+}
+
+at::Tensor TransformerBlockImpl::forward_step(const at::Tensor& input, nn::KVCache& cache,
+                                              const std::vector<int64_t>& counts) {
+  TORCH_CHECK(options.causal(), "TransformerBlock.forward_step: decoding needs a causal block (causal = true)");
+  const auto normed = norm1(input);
+  auto* mhsa = attn.ptr()->as<SelfAttentionImpl>();
+  const auto attended = mhsa != nullptr ? mhsa->forward_step(normed, cache, counts)
+                                        : attn.ptr()->as<nn::ConvNNAttentionImpl>()->forward_step(normed, cache, counts);
+  const auto x = input + drop_path(dropout(attended));
+  return x + drop_path(dropout(fc2(dropout(torch::gelu(fc1(norm2(x)))))));
+}
+
 void TransformerBlockImpl::add_cost(CostReport& report, const std::string& stage, int64_t tokens) const {
   const int64_t n = tokens, dim = options.embed_dim(), elements = n * dim;
   const int64_t mlp_dim = fc1->options.out_features();
@@ -158,7 +228,8 @@ void TransformerBlockImpl::add_cost(CostReport& report, const std::string& stage
   if (options.attention() == ViTAttention::MHSA) {
     const bool bias = options.attention_bias();
     const int64_t scores = options.num_heads() * n * n;
-    report.add(stage, attention + ".qkv", "linear", linear_cost(n, dim, 3 * dim, bias));
+    const int64_t qkv_features = attn.ptr<SelfAttentionImpl>()->qkv->options.out_features();
+    report.add(stage, attention + ".qkv", "linear", linear_cost(n, dim, qkv_features, bias));
     report.add(stage, attention, "scores", {n * n * dim, scores, 0});  // QK^T, then the scale
     report.add(stage, attention, "softmax", softmax_cost(scores));
     report.add(stage, attention, "weighted_sum", {n * n * dim, 0, 0});  // AV

@@ -1,6 +1,8 @@
 #include "convnn/train/config.h"
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +14,7 @@
 #include <sstream>
 #include <utility>
 
+#include "convnn/data/text.h"
 #include "util/enum_names.h"
 #include "util/json_fields.h"
 #include "util/value_checks.h"
@@ -204,6 +207,7 @@ void check_run(const RunConfig& r) {
 // calls with the loaded size; here the size is patch_size itself, which those rules accept.
 models::ModelConfig model_as_built(const TrainConfig& c) {
   auto m = c.model_config;
+  if (data::is_text_dataset(c.data.dataset)) return m;  // a language model reads no image
   if (data::is_image_folder(c.data)) {
     m.in_channels = 3;
     m.image_size = c.data.image_size.value_or(data::kDefaultFolderImageSize);
@@ -246,8 +250,19 @@ void from_json(const nlohmann::json& json, TrainConfig& config) {
                            visit_fields, TrainEnums{});
 }
 
+// Language models read text, the other models images.
+void check_model_reads_data(const TrainConfig& c) {
+  const bool language = models::model_entry(c.model).family == models::ModelFamily::LanguageModel;
+  const bool text = data::is_text_dataset(c.data.dataset);
+  TORCH_CHECK(language == text, "model ", c.model, language ? " is a language model: it trains on a text data set ("
+                                                            : " reads images: it cannot train on the text data set ",
+              language ? fmt::format("{}), got dataset {}", fmt::join(data::text_dataset_names(), ", "), c.data.dataset)
+                       : c.data.dataset);
+}
+
 void validate(const TrainConfig& c) {
   data::validate(c.data, c.augmentation);
+  check_model_reads_data(c);
   models::validate(c.model, model_as_built(c));
   check_optimization(c.optimization);
   check_run(c.run);

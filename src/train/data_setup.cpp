@@ -26,7 +26,17 @@ data::LoaderSetup loader_setup(const TrainConfig& c, bool training, const c10::D
     setup.shard_count = group->world_size();
   }
   setup.on_skipped = std::move(on_skipped);
+  if (models::model_entry(c.model).family == models::ModelFamily::LanguageModel) {
+    setup.context = models::language_model_options(c.model, c.model_config).context();
+  }
   return setup;
+}
+
+std::unique_ptr<data::BatchStream> make_batches(SplitData data, const TrainConfig& c, bool training,
+                                               const c10::Device& device, dist::ProcessGroup* group,
+                                               std::function<void(const std::string&)> on_skipped) {
+  return data::make_batches(std::move(data), c.data, c.augmentation,
+                            loader_setup(c, training, device, group, std::move(on_skipped)));
 }
 
 data::DataLoader make_loader(SplitData data, const TrainConfig& c, bool training, const c10::Device& device,
@@ -38,6 +48,7 @@ data::DataLoader make_loader(SplitData data, const TrainConfig& c, bool training
 TrainConfig resolve_config(TrainConfig c, const SplitData& train_data) {
   c = apply_recipe(std::move(c));
   c.model_config.num_classes = train_data.num_classes();
+  if (train_data.text) return c;
   if (train_data.image_folder) {
     c.model_config.in_channels = 3;  // decoded to RGB
     c.model_config.image_size = *c.data.image_size;

@@ -87,16 +87,25 @@ at::TensorOptions inputs_of(models::Model& model) {
 // A loader's batch on the model's device. The copies are non-blocking: from pinned memory they
 // overlap the device's work; on the CPU they are no copies at all.
 struct DeviceBatch {
-  at::Tensor images, labels, targets;
+  at::Tensor inputs, labels, targets;
 };
 
-// Images and soft targets take the model's floating type (float64 with --precision float64).
+// Images and soft targets take the model's floating type (float64 with --precision float64); tokens
+// and labels stay integers.
 DeviceBatch to_device(const data::Batch& batch, const at::TensorOptions& model) {
-  const auto move = [&](const at::Tensor& t, bool floating) {
+  const auto move = [&](const at::Tensor& t) {
     if (!t.defined()) return t;
-    return t.to(model.device(), floating ? model.dtype().toScalarType() : t.scalar_type(), /*non_blocking=*/true);
+    const auto type = t.is_floating_point() ? model.dtype().toScalarType() : t.scalar_type();
+    return t.to(model.device(), type, /*non_blocking=*/true);
   };
-  return {move(batch.images, true), move(batch.labels, false), move(batch.targets, true)};
+  return {move(batch.inputs), move(batch.labels), move(batch.targets)};
+}
+
+// A language model predicts every position: its logits [B,T,V] and labels [B,T] become the rows of
+// a classification, [B*T, V] and [B*T]. An image model's [B,C] and [B] pass as they are.
+std::pair<at::Tensor, at::Tensor> prediction_rows(const at::Tensor& logits, const at::Tensor& labels) {
+  if (logits.dim() == 2) return {logits, labels};
+  return {logits.flatten(0, -2), labels.flatten()};
 }
 
 std::string default_experiment(const TrainConfig& c) {
@@ -163,8 +172,8 @@ class Trainer {
         group_(group),
         is_main_(group == nullptr || group->is_main()),
         train_loader_(
-            make_loader(std::move(train_data), config_, true, device_, group, skip_reporter(hooks))),
-        val_loader_(make_loader(load_split(config_, data::Split::Test), config_, false, device_, group,
+            make_batches(std::move(train_data), config_, true, device_, group, skip_reporter(hooks))),
+        val_loader_(make_batches(load_split(config_, data::Split::Test), config_, false, device_, group,
                                 skip_reporter(hooks))),
         // Before the optimiser, which then holds (and keeps its state beside) the moved parameters.
         model_(make_model(config_, device_)),
@@ -205,7 +214,7 @@ class Trainer {
   // next batch is within the epoch (equal to its batch count when a stop came after its last batch,
   // before its evaluation), and no more steps were taken than the epochs allow.
   void check_position_fits_data(const std::string& path) const {
-    const auto batches = train_loader_.batches_per_epoch();
+    const auto batches = train_loader_->batches_per_epoch();
     TORCH_CHECK(position_.next_batch <= batches, "checkpoint '", path, "' is damaged or of another data set: its "
                 "position's next_batch ", position_.next_batch, " is past the epoch's ", batches, " batches");
     const auto most_steps = (position_.epoch + 1) * steps_per_epoch();
@@ -214,15 +223,15 @@ class Trainer {
   }
 
   int64_t steps_per_epoch() const {
-    return (train_loader_.batches_per_epoch() + config_.optimization.accum_steps - 1) /
+    return (train_loader_->batches_per_epoch() + config_.optimization.accum_steps - 1) /
            config_.optimization.accum_steps;
   }
 
   // Returns false when stopped (checkpoint-latest.pt then holds the position).
   bool train_epoch(int64_t& steps_this_call) {
     model_.module()->train();
-    const int64_t batches = train_loader_.batches_per_epoch();
-    train_loader_.start_epoch(position_.epoch, position_.next_batch);
+    const int64_t batches = train_loader_->batches_per_epoch();
+    train_loader_->start_epoch(position_.epoch, position_.next_batch);
     report([&](TrainingSink& s) {
       s.epoch_started(position_.epoch + 1, config_.optimization.epochs, batches, position_.next_batch);
     });
@@ -231,15 +240,16 @@ class Trainer {
     const int64_t skipped_before = position_.skipped;  // before a resumed epoch's first batch
     int64_t images_this_call = 0;
     const auto start = Clock::now();
-    while (auto batch = train_loader_.next()) {
+    while (auto batch = train_loader_->next()) {
       const int64_t group_start =
           batch->index / config_.optimization.accum_steps * config_.optimization.accum_steps;
       const int64_t group_size = std::min(config_.optimization.accum_steps, batches - group_start);
       const double lr = schedule_.at(position_.step);
       set_lr(*optimizer_, lr);
-      totals.skipped = skipped_before + train_loader_.skipped();
-      // A batch can be empty when all its files were unreadable: nothing to learn from.
-      const int64_t b = batch->labels.size(0);
+      totals.skipped = skipped_before + train_loader_->skipped();
+      // A batch can be empty when all its files were unreadable: nothing to learn from. Its samples
+      // are its labels: images, or the tokens a language model predicts.
+      const int64_t b = batch->labels.numel();
       const bool step_now = batch->index + 1 == group_start + group_size;
       // Every rank must take part in each synchronised backward.
       TORCH_CHECK(b > 0 || group_ == nullptr, "rank ", group_ ? group_->rank() : 0, ": every file of batch ",
@@ -328,19 +338,21 @@ class Trainer {
     at::Tensor logits;
     {
       AutocastGuard autocast(config_.optimization.precision, device_.type());
-      logits = model_.forward(batch.images);
+      logits = model_.forward(batch.inputs);
     }
+    at::Tensor labels;
+    std::tie(logits, labels) = prediction_rows(logits, batch.labels);
     // MixUp / CutMix targets come smoothed already.
     const auto targets = batch.targets.defined()
                              ? batch.targets
-                             : smooth_targets(batch.labels, logits.size(1), config_.optimization.smoothing);
+                             : smooth_targets(labels, logits.size(1), config_.optimization.smoothing);
     const auto loss = soft_target_cross_entropy(logits, targets);
     if (reducer_) reducer_->before_backward();
     backward(loss / static_cast<double>(group_size), synchronise);
     const double value = loss.item<double>();
     TORCH_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at epoch ",
                 position_.epoch + 1, " batch ", loaded.index + 1, " (lower --lr or set --clip-grad)");
-    return {value, correct_top_k(logits.detach(), batch.labels, 1)};
+    return {value, correct_top_k(logits.detach(), labels, 1)};
   }
 
   void optimizer_step() {
@@ -364,7 +376,7 @@ class Trainer {
   }
 
   Evaluation end_epoch() {
-    const auto evaluation = evaluate(model_, val_loader_, config_.optimization.precision, group_);
+    const auto evaluation = evaluate(model_, *val_loader_, config_.optimization.precision, group_);
     const auto t = group_ != nullptr ? sum_over_ranks(*group_, epoch_totals_) : epoch_totals_;
     EpochMetrics m;
     m.epoch = position_.epoch + 1;
@@ -407,7 +419,7 @@ class Trainer {
   dist::ProcessGroup* group_;  // null: a single process
   bool is_main_;               // rank 0 (or a single process): logs and writes files
   std::unique_ptr<dist::GradientReducer> reducer_;
-  data::DataLoader train_loader_, val_loader_;
+  std::unique_ptr<data::BatchStream> train_loader_, val_loader_;
   models::Model model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
@@ -425,7 +437,7 @@ models::Model make_model(const TrainConfig& config, const c10::Device& device) {
   return model;
 }
 
-Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision,
+Evaluation evaluate(models::Model& model, data::BatchStream& loader, Precision precision,
                     dist::ProcessGroup* group) {
   at::NoGradGuard no_grad;
   model.module()->eval();
@@ -439,20 +451,23 @@ Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision pr
   int64_t top1 = 0, top5 = 0;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
-    if (batch->labels.size(0) == 0) continue;  // every file of the batch was unreadable
+    if (batch->labels.numel() == 0) continue;  // every file of the batch was unreadable
     const auto on_device = to_device(*batch, inputs);
     at::Tensor logits;
     {
       AutocastGuard autocast(precision, device.type());
-      logits = model.forward(on_device.images);
+      logits = model.forward(on_device.inputs);
     }
+    at::Tensor labels;
+    std::tie(logits, labels) = prediction_rows(logits, on_device.labels);
     if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);  // bfloat16 under autocast
-    loss_sum += at::cross_entropy_loss(logits, on_device.labels, {}, at::Reduction::Sum).item<double>();
-    top1 += correct_top_k(logits, on_device.labels, 1);
-    top5 += correct_top_k(logits, on_device.labels, 5);
+    loss_sum += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
+    top1 += correct_top_k(logits, labels, 1);
+    top5 += correct_top_k(logits, labels, 5);
     const auto predicted = logits.argmax(1).cpu().contiguous();
+    const auto truth = labels.cpu().contiguous();
     const auto* p = predicted.const_data_ptr<int64_t>();
-    const auto* t = batch->labels.const_data_ptr<int64_t>();
+    const auto* t = truth.const_data_ptr<int64_t>();
     for (int64_t i = 0; i < predicted.size(0); ++i) ++e.confusion[t[i]][p[i]];
     e.samples += predicted.size(0);
   }
@@ -524,7 +539,7 @@ Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig&
   const auto& m = config.model_config;
   TORCH_CHECK(data.num_classes() == m.num_classes, "checkpoint '", checkpoint, "' was trained on ",
               m.num_classes, " classes; the data set has ", data.num_classes());
-  if (!data.image_folder) {
+  if (!data.image_folder && !data.text) {
     const auto& set = data.set;
     TORCH_CHECK(set.channels() == m.in_channels && set.height() == m.image_size &&
                     set.width() == m.image_size,
@@ -534,8 +549,8 @@ Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig&
   }
   auto model = make_model(config, device);
   load_checkpoint(checkpoint, *model.module(), nullptr, allow_non_finite);
-  auto loader = make_loader(std::move(data), config, /*training=*/false, device, nullptr, on_skipped_sample);
-  return evaluate(model, loader, precision);
+  auto loader = make_batches(std::move(data), config, /*training=*/false, device, nullptr, on_skipped_sample);
+  return evaluate(model, *loader, precision);
 }
 
 }  // namespace convnn::train

@@ -59,7 +59,7 @@ void expect_same_batches(const std::vector<Batch>& a, const std::vector<Batch>& 
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].index, b[i].index);
-    EXPECT_TRUE(torch::equal(a[i].images, b[i].images)) << "batch " << a[i].index;
+    EXPECT_TRUE(torch::equal(a[i].inputs, b[i].inputs)) << "batch " << a[i].index;
     EXPECT_TRUE(torch::equal(a[i].labels, b[i].labels)) << "batch " << a[i].index;
     ASSERT_EQ(a[i].targets.defined(), b[i].targets.defined());
     if (a[i].targets.defined()) {
@@ -84,13 +84,13 @@ TEST(ImageLoader, TrainingBatchesAreNormalisedCropsCarryingTheFilesLabels) {
   const auto batches = epoch(loader, 0);
   ASSERT_EQ(batches.size(), 3u);
   for (const auto& b : batches) {
-    EXPECT_EQ(b.images.sizes(), (torch::IntArrayRef{b.index < 2 ? 5 : 2, 3, kSize, kSize}));
-    EXPECT_EQ(b.images.scalar_type(), torch::kFloat);
+    EXPECT_EQ(b.inputs.sizes(), (torch::IntArrayRef{b.index < 2 ? 5 : 2, 3, kSize, kSize}));
+    EXPECT_EQ(b.inputs.scalar_type(), torch::kFloat);
     EXPECT_FALSE(b.targets.defined());
     EXPECT_TRUE(b.skipped.empty());
     // Without erasing, every value is a normalised pixel: (v / 255 - mean) / std, v in [0, 255].
     for (int64_t c = 0; c < 3; ++c) {
-      const auto channel = b.images.select(1, c);
+      const auto channel = b.inputs.select(1, c);
       EXPECT_GE(channel.min().item<float>(), (0.0f - kImageNetMean[c]) / kImageNetStd[c] - 1e-5f);
       EXPECT_LE(channel.max().item<float>(), (1.0f - kImageNetMean[c]) / kImageNetStd[c] + 1e-5f);
     }
@@ -112,7 +112,7 @@ TEST(ImageLoader, PaperRecipeWithMixupGivesTheSameBatchesForZeroOneAndThreeWorke
   }
   expect_same_batches(epoch(reference, 1), expected);  // and again on the same loader
   // The augmentation depends on the epoch.
-  EXPECT_FALSE(torch::equal(epoch(reference, 2)[0].images, expected[0].images));
+  EXPECT_FALSE(torch::equal(epoch(reference, 2)[0].inputs, expected[0].inputs));
 }
 
 TEST(ImageLoader, MixupTargetsAreSoftRowsSummingToOneWhileLabelsStayHard) {
@@ -245,7 +245,7 @@ TEST(ImageLoader, ValidationIsTheCentreCropOfTheBicubicResizedImage) {
   DataLoader loader(folder, loading);
   const auto batches = epoch(loader, 0);
   expect_same_batches(epoch(loader, 3), batches);
-  const auto images = torch::cat({batches[0].images, batches[1].images});
+  const auto images = torch::cat({batches[0].inputs, batches[1].inputs});
   ASSERT_EQ(images.size(0), 6);
   for (int64_t i = 0; i < 6; ++i) {
     const auto decoded = read_image(folder->files().paths[i]);

@@ -54,7 +54,7 @@ void expect_same_batches(const std::vector<Batch>& a, const std::vector<Batch>& 
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].index, b[i].index);
-    EXPECT_TRUE(torch::equal(a[i].images, b[i].images)) << "batch " << a[i].index;
+    EXPECT_TRUE(torch::equal(a[i].inputs, b[i].inputs)) << "batch " << a[i].index;
     EXPECT_TRUE(torch::equal(a[i].labels, b[i].labels)) << "batch " << a[i].index;
   }
 }
@@ -165,8 +165,8 @@ TEST(DataLoader, BatchesFollowTheEpochOrder) {
   ASSERT_EQ(batches.size(), 5u);
   for (size_t i = 0; i < batches.size(); ++i) {
     EXPECT_EQ(batches[i].index, static_cast<int64_t>(i));
-    EXPECT_EQ(batches[i].images.scalar_type(), torch::kFloat);
-    EXPECT_EQ(batches[i].images.sizes(),
+    EXPECT_EQ(batches[i].inputs.scalar_type(), torch::kFloat);
+    EXPECT_EQ(batches[i].inputs.sizes(),
               (std::vector<int64_t>{i < 4 ? 8 : 5, 3, 5, 6}));
   }
   EXPECT_EQ(labels_of(batches), epoch_order(37, true, 1234, 3));
@@ -234,14 +234,14 @@ TEST(DataLoader, CropIsAWindowOfThePaddedImage) {
   std::set<std::pair<int64_t, int64_t>> offsets;
   using torch::indexing::Slice;
   for (const auto& batch : epoch(loader, 0)) {
-    EXPECT_EQ(batch.images.sizes().slice(1), set.images.sizes().slice(1));
+    EXPECT_EQ(batch.inputs.sizes().slice(1), set.images.sizes().slice(1));
     for (int64_t i = 0; i < batch.labels.size(0); ++i) {
       const auto sample = batch.labels[i].item<int64_t>();
       bool found = false;
       for (int64_t dy = 0; dy <= 2 * p && !found; ++dy) {
         for (int64_t dx = 0; dx <= 2 * p && !found; ++dx) {
           const auto window = padded[sample].index({Slice(), Slice(dy, dy + 7), Slice(dx, dx + 9)});
-          if (torch::allclose(batch.images[i], window, 0, 1e-6)) {
+          if (torch::allclose(batch.inputs[i], window, 0, 1e-6)) {
             found = true;
             offsets.insert({dy, dx});
           }
@@ -263,7 +263,7 @@ TEST(DataLoader, FlipWithProbabilityOneMirrors) {
   DataLoader loader(set, options);
   for (const auto& batch : epoch(loader, 0)) {
     const auto expected = set.images.index_select(0, batch.labels).flip({3}).to(torch::kFloat);
-    EXPECT_TRUE(torch::allclose(batch.images, expected / 255, 0, 1e-6));
+    EXPECT_TRUE(torch::allclose(batch.inputs, expected / 255, 0, 1e-6));
   }
 }
 
@@ -276,7 +276,7 @@ TEST(DataLoader, Normalisation) {
   const auto set = indexed_set(10);
   DataLoader loader(set, options);
   const auto batches = epoch(loader, 0);
-  const auto images = torch::cat({batches[0].images, batches[1].images});
+  const auto images = torch::cat({batches[0].inputs, batches[1].inputs});
   const auto mean = torch::tensor(options.mean, torch::kDouble).view({1, 3, 1, 1});
   const auto std = torch::tensor(options.std, torch::kDouble).view({1, 3, 1, 1});
   const auto expected = (set.images.to(torch::kDouble) / 255 - mean) / std;
@@ -291,7 +291,7 @@ TEST(DataLoader, AugmentationChangesAcrossEpochs) {
   options.std.clear();
   DataLoader loader(indexed_set(16), options);
   const auto a = epoch(loader, 0), b = epoch(loader, 1);
-  EXPECT_FALSE(torch::equal(a[0].images, b[0].images));
+  EXPECT_FALSE(torch::equal(a[0].inputs, b[0].inputs));
   EXPECT_TRUE(torch::equal(a[0].labels, b[0].labels));
 }
 
@@ -369,7 +369,7 @@ TEST(DataLoader, PinnedBatchesArePinnedAndUnchanged) {
   const auto expected = epoch(plain, 1), got = epoch(pinned, 1);
   expect_same_batches(expected, got);
   for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(got[i].images.is_pinned() && got[i].labels.is_pinned() && got[i].targets.is_pinned());
+    EXPECT_TRUE(got[i].inputs.is_pinned() && got[i].labels.is_pinned() && got[i].targets.is_pinned());
     EXPECT_TRUE(torch::equal(got[i].targets, expected[i].targets)) << "batch " << i;
   }
 }

@@ -44,6 +44,8 @@ ModelConfig small_config(const std::string& name) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const auto& name : model_names()) {
+    // The image models; the language models read tokens (language_model_test.cpp).
+    if (model_entry(name).family == ModelFamily::LanguageModel) continue;
     const bool resnet = model_entry(name).family == ModelFamily::ResNet;
     for (int choice = 0; choice < 3; ++choice) {
       auto config = small_config(name);
@@ -307,10 +309,12 @@ TEST(Registry, IsOneTableOfNamedRows) {
   }
   EXPECT_EQ(names, model_names());
   EXPECT_EQ(names, (std::vector<std::string>{"resnet18", "resnet34", "resnet50", "vit_tiny", "vit_small", "vit_base",
-                                             "vit_large"}));
+                                             "vit_large", "lm_tiny", "lm_small"}));
   EXPECT_EQ(model_names(ModelFamily::ViT),
             (std::vector<std::string>{"vit_tiny", "vit_small", "vit_base", "vit_large"}));
-  EXPECT_EQ(model_family_names(), (std::vector<std::string>{"resnet", "vit"}));
+  EXPECT_EQ(model_family_names(), (std::vector<std::string>{"resnet", "vit", "lm"}));
+  EXPECT_EQ(nlohmann::json(model_entry("lm_tiny")).at("preset"),
+            (nlohmann::json{{"embed_dim", 128}, {"depth", 4}, {"num_heads", 4}, {"mlp_dim", 512}, {"context", 256}}));
   EXPECT_EQ(nlohmann::json(model_entry("resnet50")).at("preset"), (nlohmann::json{{"depth", 50}}));
   EXPECT_EQ(nlohmann::json(model_entry("vit_large")).at("preset"),
             (nlohmann::json{{"embed_dim", 1024}, {"depth", 24}, {"num_heads", 16}, {"mlp_dim", 4096}}));

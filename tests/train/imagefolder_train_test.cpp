@@ -141,7 +141,7 @@ TEST(ImageFolderTrain, ValidateNamesTheImageOptionItsValueAndTheRule) {
   EXPECT_TRUE(has(message("imagefolder", [](TrainConfig& c) { c.augmentation.mixup_switch_prob = 2; }),
                   "mixup_switch_prob must be in [0, 1], got 2"));
   EXPECT_TRUE(has(message("imagenet", [](TrainConfig&) {}),
-                  "dataset must be one of fashion-mnist, mnist, cifar10, cifar100, imagefolder; got 'imagenet'"));
+                  "dataset must be one of fashion-mnist, mnist, cifar10, cifar100, imagefolder, fortunes; got 'imagenet'"));
 }
 
 TEST(ImageFolderTrain, ConfigJsonKeepsTheImageAndAugmentationFields) {

@@ -19,8 +19,9 @@ std::string to_string(Recipe value);
 /// The recipes' names in enum order (the one table parse_recipe and to_string read).
 const std::vector<std::string>& recipe_names();
 
-/// The data sets a DataConfig names: dataset_names() (held in memory) and "imagefolder"
-/// (ImageNet-style folders of JPEG / PNG files, decoded per sample).
+/// The data sets a DataConfig names: dataset_names() (held in memory), "imagefolder"
+/// (ImageNet-style folders of JPEG / PNG files, decoded per sample) and the text sets of
+/// text_dataset_names() ("fortunes", for language models; text.h).
 const std::vector<std::string>& config_dataset_names();
 
 /// The crop side of an image folder when image_size is unset.
@@ -28,8 +29,8 @@ inline constexpr int64_t kDefaultFolderImageSize = 224;
 
 /// What a run reads, and how its loader reads it.
 struct DataConfig {
-  std::string dataset = "fashion-mnist";  // or imagefolder
-  std::string data_dir;                   // empty: default_data_dir; imagefolder: the root of train/, val/
+  std::string dataset = "fashion-mnist";  // or imagefolder, or fortunes (text)
+  std::string data_dir;  // empty: default_data_dir; imagefolder: the root of train/, val/; text: its files
   std::string val_labels;                 // imagefolder: labels file of a flat val/ (empty: found beside it)
   bool strict_data = false;               // imagefolder: stop at the first unreadable file (default: skip it)
   // imagefolder: an image whose header claims more pixels (width x height) is unreadable (skipped,
@@ -37,8 +38,10 @@ struct DataConfig {
   int64_t max_image_pixels = kDefaultMaxImagePixels;
   std::optional<int64_t> image_size;      // imagefolder: side of the crops; unset: 224 (others: their own)
   std::optional<int64_t> val_resize;  // imagefolder: shorter side before the centre crop; unset: size / 0.875
-  int64_t train_subset = 0;           // train on the first n samples of a seeded shuffle; 0: all
-  int64_t val_subset = 0;             // evaluate on the first n test samples of a seeded shuffle; 0: all
+  // Train on the first n samples of a seeded shuffle (text: n windows per epoch); 0: all.
+  int64_t train_subset = 0;
+  // Evaluate on the first n test samples of a seeded shuffle (text: windows); 0: all.
+  int64_t val_subset = 0;
   int64_t workers = 2;                // loader threads
   int64_t prefetch = 4;               // batches held ready
 };

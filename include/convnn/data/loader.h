@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "convnn/data/batch_stream.h"
 #include "convnn/data/datasets.h"
 #include "convnn/data/sample_source.h"
 #include "convnn/data/transforms.h"
@@ -52,16 +53,7 @@ struct LoaderOptions {
   bool pad_shards = true;  // training: equal shards; evaluation (false): no sample seen twice
 };
 
-struct Batch {
-  at::Tensor images;   // float32 [B,C,H,W]
-  at::Tensor labels;   // int64 [B], the hard labels (also under MixUp / CutMix)
-  at::Tensor targets;  // float32 [B, classes], soft targets, rows summing to 1; undefined
-                       // without MixUp / CutMix
-  int64_t index = 0;   // batch number within the epoch
-  std::vector<std::string> skipped;  // why each left-out sample was skipped (file and error)
-};
-
-class DataLoader {
+class DataLoader final : public BatchStream {
  public:
   /// Checks the options (c10::Error naming the option, its value and the rule).
   DataLoader(ImageSet set, LoaderOptions options);
@@ -69,22 +61,24 @@ class DataLoader {
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
+  /// The workers hold the loader's state, not the loader: a move keeps them running.
+  DataLoader(DataLoader&&) noexcept;
 
-  int64_t batches_per_epoch() const;
+  int64_t batches_per_epoch() const override;
   int64_t size() const;                 // samples of the source
-  int64_t samples_per_epoch() const;    // samples of this process's shard of an epoch
+  int64_t samples_per_epoch() const override;    // samples of this process's shard of an epoch
   const SampleSource& source() const;
-  int64_t num_classes() const { return source().num_classes(); }
-  const std::vector<std::string>& class_names() const { return source().class_names(); }
+  int64_t num_classes() const override { return source().num_classes(); }
+  const std::vector<std::string>& class_names() const override { return source().class_names(); }
   const LoaderOptions& options() const;
 
   /// Begins epoch `epoch` at batch `first_batch` (resume); stops any epoch in flight.
-  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  void start_epoch(int64_t epoch, int64_t first_batch = 0) override;
   /// The next batch of the current epoch in order, or nullopt when the epoch is done. Rethrows a
   /// worker's exception. Calls options().on_skipped for each sample the batch skipped.
-  std::optional<Batch> next();
+  std::optional<Batch> next() override;
   /// Samples skipped in the batches next() has returned since start_epoch.
-  int64_t skipped() const;
+  int64_t skipped() const override;
 
  private:
   struct State;

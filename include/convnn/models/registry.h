@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "convnn/models/cost.h"
+#include "convnn/models/language_model.h"
 #include "convnn/models/resnet.h"
 #include "convnn/models/vit.h"
 
@@ -53,9 +54,18 @@ struct ViTConfig {
   double drop_path = 0.0;
 };
 
-/// A model's options: those of every model, ConvNN's, and one family's. The other family's
-/// options must keep their defaults (validate names the first that does not).
+/// The options of the language models only. Their sizes, attention, position embedding and
+/// dropouts are ViTConfig's options (the same names on the command line and in JSON).
+struct LanguageModelConfig {
+  std::optional<int64_t> context;  // tokens; unset: the preset's
+  int64_t num_kv_heads = 0;        // grouped-query attention; 0: num_heads
+};
+
+/// A model's options: those of every model, ConvNN's, and one family's. The other families'
+/// options must keep their defaults (validate names the first that does not). A language model
+/// takes the ViT options but patch_size and paper, and its vocabulary is num_classes.
 struct ModelConfig {
+  /// Classes, or a language model's vocabulary (256 for byte tokens).
   int64_t num_classes = 1000;
   int64_t in_channels = 3;
   /// Side of the square input images in pixels.
@@ -63,6 +73,7 @@ struct ModelConfig {
   ConvNNConfig convnn;
   ResNetConfig resnet;
   ViTConfig vit;
+  LanguageModelConfig lm;
 };
 
 /// JSON: one flat object, a key per option as `convnn info` and Python's create_model name them
@@ -73,10 +84,10 @@ void to_json(nlohmann::json& json, const ModelConfig& config);
 void from_json(const nlohmann::json& json, ModelConfig& config);
 
 /// Which options a model takes (ModelConfig's resnet or vit part) and how it is built.
-enum class ModelFamily { ResNet, ViT };
+enum class ModelFamily { ResNet, ViT, LanguageModel };
 const char* to_string(ModelFamily family);
 ModelFamily parse_model_family(std::string_view name);
-/// "resnet", "vit": the families in value order.
+/// "resnet", "vit", "lm": the families in value order.
 const std::vector<std::string>& model_family_names();
 
 class Model;
@@ -87,8 +98,8 @@ struct ModelEntry {
   std::string name;
   ModelFamily family;
   /// ResNetOptions (the depth) for a ResNet, VisionTransformerOptions (embed_dim, depth, num_heads,
-  /// mlp_dim) for a ViT.
-  std::variant<ResNetOptions, VisionTransformerOptions> preset;
+  /// mlp_dim) for a ViT, LanguageModelOptions (those and the context) for a language model.
+  std::variant<ResNetOptions, VisionTransformerOptions, LanguageModelOptions> preset;
   /// Builds the model `entry` names with a config (validated first).
   Model (*build)(const ModelEntry& entry, const ModelConfig& config);
 };
@@ -110,6 +121,7 @@ void validate(const std::string& name, const ModelConfig& config);
 /// The options build_model uses for a ResNet / ViT name (c10::Error for a name of the other family).
 ResNetOptions resnet_options(const std::string& name, const ModelConfig& config);
 VisionTransformerOptions vit_options(const std::string& name, const ModelConfig& config);
+LanguageModelOptions language_model_options(const std::string& name, const ModelConfig& config);
 
 /// A model of the registry: its module behind forward(images), with its name, config and cost.
 class Model {
@@ -117,7 +129,8 @@ class Model {
   Model(std::string name, ModelConfig config, torch::nn::AnyModule module,
         std::function<CostReport(int64_t, int64_t)> cost);
 
-  /// images [B, in_channels, image_size, image_size] -> logits [B, num_classes].
+  /// images [B, in_channels, image_size, image_size] -> logits [B, num_classes]; a language
+  /// model: tokens int64 [B, T] -> logits [B, T, num_classes].
   at::Tensor forward(const at::Tensor& images) { return module_.forward(images); }
   at::Tensor operator()(const at::Tensor& images) { return forward(images); }
   /// The module itself: parameters(), train() / eval(), to(), torch::save / torch::load, printing.
@@ -127,7 +140,8 @@ class Model {
   std::shared_ptr<ModuleType> get() const {
     return module_.ptr<ModuleType>();
   }
-  /// Every operation for one image_size x image_size image.
+  /// Every operation for one image_size x image_size image (a language model: one sequence of its
+  /// context).
   CostReport cost() const { return cost_(config_.image_size, config_.image_size); }
   int64_t parameter_count() const;
   const std::string& name() const { return name_; }

@@ -11,8 +11,11 @@
 #include <torch/nn/pimpl.h>
 
 #include <string_view>
+#include <tuple>
+#include <vector>
 
 #include "convnn/models/cost.h"
+#include "convnn/nn/kv_cache.h"
 #include "convnn/nn/options/convnn.h"
 
 namespace convnn::models {
@@ -39,21 +42,49 @@ struct SelfAttentionOptions {
   TORCH_ARG(bool, bias) = true;
   /// Dropout on the attention weights (training only).
   TORCH_ARG(double, dropout) = 0.0;
+  /// Key/value heads shared by groups of query heads (grouped-query attention); 0: num_heads. Must
+  /// divide num_heads.
+  TORCH_ARG(int64_t, num_kv_heads) = 0;
+  /// Each token attends to itself and the tokens before it (a decoder).
+  TORCH_ARG(bool, causal) = false;
+
+ public:
+  int64_t kv_heads() const { return num_kv_heads_ > 0 ? num_kv_heads_ : num_heads_; }
 };
 
 /// Multi-head self-attention on [B,N,C] as timm builds it: a fused qkv Linear(C, 3C), then
-/// scaled_dot_product_attention, then proj Linear(C, C).
+/// scaled_dot_product_attention, then proj Linear(C, C). With grouped key/value heads the fused
+/// projection is Linear(C, C + 2 kv_heads d): the queries, then the keys, then the values.
 class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
  public:
   explicit SelfAttentionImpl(SelfAttentionOptions options);
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
+  /// An empty key/value cache for decoding: `batch` samples of up to `max_length` tokens.
+  nn::KVCache make_cache(int64_t batch, int64_t max_length) const;
+  /// One decoding step of the causal attention (nn::ConvNNAttentionImpl::forward_step's contract):
+  /// input [B,t,C], the next t tokens of each sample (sample b's first counts[b]; all when empty),
+  /// attend to the cached tokens and to each other causally, and are appended to the cache.
+  at::Tensor forward_step(const at::Tensor& input, nn::KVCache& cache, const std::vector<int64_t>& counts = {});
 
   SelfAttentionOptions options;
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
+
+ private:
+  /// q [B,H,N,d], k and v [B,kv,N,d] of input [B,N,C].
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& input);
 };
 TORCH_MODULE(SelfAttention);
+
+/// Heads [B,h,t,d] as the channels of tokens [B,t,h*d]: what a KVCache appends.
+at::Tensor flat_heads(const at::Tensor& heads);
+/// The causal attention of a decoding step after its keys and values were appended to the cache:
+/// queries [B,H,t,d] against cache_keys and cache_values [B,kv,L,d] (kv dividing H), new token i of
+/// sample b seeing the cached positions up to lengths_before[b] + i. -> [B,H,t,d]. The one rule of
+/// SelfAttention.forward_step in C++ and Python (the op convnn::self_attention_step).
+at::Tensor attend_to_cache(const at::Tensor& queries, const at::Tensor& cache_keys, const at::Tensor& cache_values,
+                           const std::vector<int64_t>& lengths_before);
 
 /// Stochastic depth: in training, zeroes a sample's residual branch with probability p and scales
 /// the kept ones by 1/(1-p); the identity in eval.
@@ -85,6 +116,10 @@ struct TransformerBlockOptions {
   /// MHSA: dropout on the attention weights; KVT / ConvNN: on the aggregated output.
   TORCH_ARG(double, attention_dropout) = 0.0;
   TORCH_ARG(double, drop_path) = 0.0;
+  /// Key/value heads (grouped-query attention, every kind of attention); 0: num_heads.
+  TORCH_ARG(int64_t, num_kv_heads) = 0;
+  /// Causal attention (a decoder block): each token attends to itself and the tokens before it.
+  TORCH_ARG(bool, causal) = false;
 };
 
 /// x + DropPath(Dropout(Attention(LayerNorm(x)))), then x + DropPath(MLP(LayerNorm(x))).
@@ -94,6 +129,10 @@ class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
+  /// The attention's key/value cache, and one decoding step of the block (causal blocks only):
+  /// input [B,t,C] the next tokens of each sample, as the attentions' forward_step take them.
+  nn::KVCache make_cache(int64_t batch, int64_t max_length) const;
+  at::Tensor forward_step(const at::Tensor& input, nn::KVCache& cache, const std::vector<int64_t>& counts = {});
   void add_cost(CostReport& report, const std::string& stage, int64_t tokens) const;
 
   TransformerBlockOptions options;
@@ -177,6 +216,11 @@ class VisionTransformerImpl : public torch::nn::Cloneable<VisionTransformerImpl>
   torch::nn::Linear head{nullptr};
 };
 TORCH_MODULE(VisionTransformer);
+
+/// timm's LayerNorm epsilon for ViT, which the language models share.
+inline constexpr double kLayerNormEps = 1e-6;
+/// LayerNorm over the last `dim` channels with kLayerNormEps.
+torch::nn::LayerNorm layer_norm(int64_t dim);
 
 /// 1-D sin/cos position encoding [tokens, dim]: sin(p / 10000^(2i/dim)) in even channels, cos in
 /// odd ones (Vaswani et al.).

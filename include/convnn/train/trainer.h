@@ -43,7 +43,7 @@ struct Evaluation {
 /// Runs `model` in eval mode over one pass of `loader`, on the device of the model's parameters.
 /// With `group`, each rank passes its shard of the data (a loader from make_loader with the group)
 /// and every rank gets the counts of all shards summed, exactly.
-Evaluation evaluate(models::Model& model, data::DataLoader& loader, Precision precision,
+Evaluation evaluate(models::Model& model, data::BatchStream& loader, Precision precision,
                     dist::ProcessGroup* group = nullptr);
 
 struct TrainResult {
