@@ -46,6 +46,8 @@ speed() {
     "$convnn" train --config "$repo_root/configs/lm-fortunes.json" $(model_flags "$attention" "$k") --epochs 1 \
       --train-subset 1280 --val-subset 32 --output "$speed_dir" --experiment "train-$name" --quiet --log-interval 0 \
       --no-plots >/dev/null
+    # shellcheck disable=SC2046
+    "$convnn" info --model lm_tiny $(model_flags "$attention" "$k") --num-classes 256 --json >"$speed_dir/info-$name.json"
     local start end
     start=$(date +%s.%N)
     "$convnn" generate --checkpoint "$out/$name-s0" --prompt $'%\n' -n 512 --seed 0 >"$speed_dir/generate-$name.txt"

@@ -83,14 +83,11 @@ void check_augmentation(const AugmentationConfig& a) {
               a.mixup_switch_prob);
 }
 
-// Options that mean something for one kind of data set only are errors with the other, rather
-// than silently ignored.
-void check_image_folder_only(const DataConfig& d, const AugmentationConfig& a) {
+// Options that mean something for one kind of data set only are errors with the others, rather
+// than silently ignored. The image folders' options, refused for any other data set with `why`.
+void check_folder_options_off(const DataConfig& d, const AugmentationConfig& a, const std::string& why) {
   const auto only = [&](bool unset, const char* option, const auto& value) {
-    TORCH_CHECK(unset, option,
-                " applies to dataset imagefolder only (the in-memory data sets keep "
-                "their size and train with crop padding and flip), got ",
-                value, " with dataset ", d.dataset);
+    TORCH_CHECK(unset, option, why, value, " with dataset ", d.dataset);
   };
   const auto off = [](const std::optional<double>& v) { return !v || *v == 0.0; };
   only(!d.image_size, "image_size", d.image_size.value_or(0));
@@ -107,29 +104,19 @@ void check_image_folder_only(const DataConfig& d, const AugmentationConfig& a) {
        fmt::format("({}, {})", a.ratio_min, a.ratio_max));
 }
 
-// A text set has no image to augment: every augmentation is off.
+// A text set has no image to augment: the in-memory sets' transforms are off too.
 void check_text(const DataConfig& d, const AugmentationConfig& a) {
-  const auto off = [&](bool is_off, const char* option, const auto& value) {
-    TORCH_CHECK(is_off, option, " is an image option; dataset ", d.dataset,
-                " is text (byte tokens in windows of the model's context), got ", value);
-  };
+  const std::string why = " is an image option; dataset " + d.dataset +
+                          " is text (byte tokens in windows of the model's context), got ";
+  check_folder_options_off(d, a, why);
   const auto zero = [](const auto& v) { return !v || *v == 0; };
-  off(!d.image_size, "image_size", d.image_size.value_or(0));
-  off(!d.val_resize, "val_resize", d.val_resize.value_or(0));
-  off(d.val_labels.empty(), "val_labels", d.val_labels);
-  off(a.recipe != Recipe::Paper, "recipe paper", "paper");
-  off(zero(a.crop_padding), "crop_padding", a.crop_padding.value_or(0));
+  const auto off = [&](bool is_off, const char* option, double value) {
+    TORCH_CHECK(is_off, option, why, value, " with dataset ", d.dataset);
+  };
+  off(zero(a.crop_padding), "crop_padding", static_cast<double>(a.crop_padding.value_or(0)));
   off(zero(a.hflip), "hflip", a.hflip.value_or(0));
-  off(zero(a.rand_augment), "rand_augment", a.rand_augment.value_or(0));
-  off(zero(a.color_jitter), "color_jitter", a.color_jitter.value_or(0));
-  off(zero(a.reprob), "reprob", a.reprob.value_or(0));
   off(zero(a.mixup), "mixup", a.mixup.value_or(0));
   off(zero(a.cutmix), "cutmix", a.cutmix.value_or(0));
-  const AugmentationConfig defaults;
-  off(a.scale_min == defaults.scale_min && a.scale_max == defaults.scale_max, "scale",
-      fmt::format("({}, {})", a.scale_min, a.scale_max));
-  off(a.ratio_min == defaults.ratio_min && a.ratio_max == defaults.ratio_max, "ratio",
-      fmt::format("({}, {})", a.ratio_min, a.ratio_max));
 }
 
 void check_image_folder(const DataConfig& d, const AugmentationConfig& a) {
@@ -172,7 +159,9 @@ void validate(const DataConfig& data, const AugmentationConfig& augmentation) {
   } else if (is_text_dataset(data.dataset)) {
     check_text(data, augmentation);
   } else {
-    check_image_folder_only(data, augmentation);
+    check_folder_options_off(data, augmentation,
+                             " applies to dataset imagefolder only (the in-memory data sets keep their size and "
+                             "train with crop padding and flip), got ");
   }
 }
 

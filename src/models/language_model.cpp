@@ -76,32 +76,16 @@ void LanguageModelImpl::reset() {
   pos_drop = register_module("pos_drop", torch::nn::Dropout(o.dropout()));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth(); ++i) {
-    const double drop_path = o.depth() > 1
-                                 ? o.drop_path() * static_cast<double>(i) / static_cast<double>(o.depth() - 1)
-                                 : o.drop_path();
-    blocks->push_back(TransformerBlock(TransformerBlockOptions(dim, o.num_heads())
-                                           .mlp_dim(o.mlp_dim())
-                                           .attention(o.attention())
-                                           .convnn(o.convnn())
-                                           .attention_bias(o.attention_bias())
-                                           .dropout(o.dropout())
-                                           .attention_dropout(o.attention_dropout())
-                                           .drop_path(drop_path)
-                                           .num_kv_heads(o.num_kv_heads())
-                                           .causal(true)));
+    blocks->push_back(
+        TransformerBlock(transformer_block_options(o, i).num_kv_heads(o.num_kv_heads()).causal(true)));
   }
   norm = register_module("norm", layer_norm(dim));
   head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(dim, o.vocab_size()).bias(false)));
 
   // GPT-2's initialisation: every Linear and the embeddings N(0, 0.02), zero biases; LayerNorm
   // starts as the identity.
+  normal_init_linear_layers(*this);
   torch::NoGradGuard no_grad;
-  for (const auto& module : modules(/*include_self=*/false)) {
-    if (auto* linear = module->as<torch::nn::Linear>()) {
-      linear->weight.normal_(0.0, 0.02);
-      if (linear->bias.defined()) linear->bias.zero_();
-    }
-  }
   token_embed->weight.normal_(0.0, 0.02);
   if (o.position_embedding() == PositionEmbedding::Learned) pos_embed.normal_(0.0, 0.02);
 }

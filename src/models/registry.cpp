@@ -196,6 +196,31 @@ ModelEntry vit(std::string name, VisionTransformerOptions preset) {
   return {std::move(name), ModelFamily::ViT, std::move(preset), &build_vit};
 }
 
+// The transformer sizes a ViT or language model takes from ViTConfig over its preset's, checked
+// together: one of the two may be the preset's, which the user never typed, and the message says
+// which.
+template <typename Options>
+void apply_transformer_sizes(Options& o, const ViTConfig& t, const std::string& name) {
+  if (t.embed_dim) o.embed_dim(*t.embed_dim);
+  if (t.depth) o.depth(*t.depth);
+  if (t.num_heads) o.num_heads(*t.num_heads);
+  if (t.mlp_dim) o.mlp_dim(*t.mlp_dim);
+  const auto preset_note = [&name](const std::optional<int64_t>& given) {
+    return given ? std::string() : " (" + name + "'s)";
+  };
+  TORCH_CHECK(o.embed_dim() % o.num_heads() == 0, "num_heads = ", o.num_heads(), preset_note(t.num_heads),
+              " must divide embed_dim = ", o.embed_dim(), preset_note(t.embed_dim));
+}
+
+// The KVT / ConvNN attention of the transformer families: the paper's ViT choices where unset.
+nn::ConvNNAttentionOptions transformer_attention(const ConvNNConfig& v, int64_t embed_dim, int64_t num_heads) {
+  return nn::ConvNNAttentionOptions(embed_dim, num_heads, v.k)
+      .num_candidates(v.num_candidates)
+      .similarity(v.similarity.value_or(Similarity::ScaledDot))
+      .rho(v.rho.value_or(nn::Rho::Softmax))
+      .aggregation(v.aggregation.value_or(nn::Aggregation::Depthwise));
+}
+
 }  // namespace
 
 const char* to_string(ModelFamily family) { return detail::name_of(kFamilies, family); }
@@ -358,21 +383,8 @@ VisionTransformerOptions vit_options(const std::string& name, const ModelConfig&
   TORCH_CHECK(entry.family == ModelFamily::ViT, name, " is not a ViT (its family is ", to_string(entry.family),
               ")");
   auto o = std::get<VisionTransformerOptions>(entry.preset);
-  if (t.embed_dim) o.embed_dim(*t.embed_dim);
-  if (t.depth) o.depth(*t.depth);
-  if (t.num_heads) o.num_heads(*t.num_heads);
-  if (t.mlp_dim) o.mlp_dim(*t.mlp_dim);
-  // One of the two may be the preset's, which the user never typed: the message says which.
-  const auto preset_note = [&name](const std::optional<int64_t>& given) {
-    return given ? std::string() : " (" + name + "'s)";
-  };
-  TORCH_CHECK(o.embed_dim() % o.num_heads() == 0, "num_heads = ", o.num_heads(), preset_note(t.num_heads),
-              " must divide embed_dim = ", o.embed_dim(), preset_note(t.embed_dim));
-  const auto attention = nn::ConvNNAttentionOptions(o.embed_dim(), o.num_heads(), v.k)
-                             .num_candidates(v.num_candidates)
-                             .similarity(v.similarity.value_or(Similarity::ScaledDot))
-                             .rho(v.rho.value_or(nn::Rho::Softmax))
-                             .aggregation(v.aggregation.value_or(nn::Aggregation::Depthwise));
+  apply_transformer_sizes(o, t, name);
+  const auto attention = transformer_attention(v, o.embed_dim(), o.num_heads());
   o.image_size(c.image_size)
       .patch_size(t.patch_size)
       .in_channels(c.in_channels)
@@ -395,21 +407,11 @@ LanguageModelOptions language_model_options(const std::string& name, const Model
   const auto& v = c.convnn;
   const auto& t = c.vit;
   auto o = std::get<LanguageModelOptions>(entry.preset);
-  if (t.embed_dim) o.embed_dim(*t.embed_dim);
-  if (t.depth) o.depth(*t.depth);
-  if (t.num_heads) o.num_heads(*t.num_heads);
-  if (t.mlp_dim) o.mlp_dim(*t.mlp_dim);
+  apply_transformer_sizes(o, t, name);
   if (c.lm.context) o.context(*c.lm.context);
-  const auto preset_note = [&name](bool given) { return given ? std::string() : " (" + name + "'s)"; };
-  TORCH_CHECK(o.embed_dim() % o.num_heads() == 0, "num_heads = ", o.num_heads(), preset_note(t.num_heads.has_value()),
-              " must divide embed_dim = ", o.embed_dim(), preset_note(t.embed_dim.has_value()));
   TORCH_CHECK(c.lm.num_kv_heads == 0 || o.num_heads() % c.lm.num_kv_heads == 0, "num_kv_heads = ",
-              c.lm.num_kv_heads, " must divide num_heads = ", o.num_heads(), preset_note(t.num_heads.has_value()));
-  const auto attention = nn::ConvNNAttentionOptions(o.embed_dim(), o.num_heads(), v.k)
-                             .num_candidates(v.num_candidates)
-                             .similarity(v.similarity.value_or(Similarity::ScaledDot))
-                             .rho(v.rho.value_or(nn::Rho::Softmax))
-                             .aggregation(v.aggregation.value_or(nn::Aggregation::Depthwise));
+              c.lm.num_kv_heads, " must divide num_heads = ", o.num_heads(), t.num_heads ? "" : " (" + name + "'s)");
+  const auto attention = transformer_attention(v, o.embed_dim(), o.num_heads());
   o.vocab_size(c.num_classes)
       .num_kv_heads(c.lm.num_kv_heads)
       .attention(t.attention)

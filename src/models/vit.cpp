@@ -41,6 +41,16 @@ const std::vector<std::string>& position_embedding_names() {
   return convnn::detail::table_names<kPositionEmbedding>();
 }
 
+void normal_init_linear_layers(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (const auto& child : module.modules(/*include_self=*/false)) {
+    if (auto* linear = child->as<torch::nn::Linear>()) {
+      linear->weight.normal_(0.0, 0.02);
+      if (linear->bias.defined()) linear->bias.zero_();
+    }
+  }
+}
+
 torch::nn::LayerNorm layer_norm(int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps));
 }
@@ -302,33 +312,14 @@ void VisionTransformerImpl::reset() {
   }
   pos_drop = register_module("pos_drop", torch::nn::Dropout(o.dropout()));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.depth(); ++i) {
-    // Stochastic depth grows linearly with depth, from 0 in the first block.
-    const double drop_path = o.depth() > 1
-                                 ? o.drop_path() * static_cast<double>(i) / static_cast<double>(o.depth() - 1)
-                                 : o.drop_path();
-    blocks->push_back(TransformerBlock(TransformerBlockOptions(dim, o.num_heads())
-                                           .mlp_dim(o.mlp_dim())
-                                           .attention(o.attention())
-                                           .convnn(o.convnn())
-                                           .attention_bias(o.attention_bias())
-                                           .dropout(o.dropout())
-                                           .attention_dropout(o.attention_dropout())
-                                           .drop_path(drop_path)));
-  }
+  for (int64_t i = 0; i < o.depth(); ++i) blocks->push_back(TransformerBlock(transformer_block_options(o, i)));
   norm = o.final_norm() ? register_module("norm", layer_norm(dim)) : nullptr;
   head = register_module("head", torch::nn::Linear(dim, o.num_classes()));
 
-  // timm's initialisation: every Linear N(0, 0.02) with zero bias (timm truncates at +-2, i.e.
-  // +-100 standard deviations: no truncation in practice), class token and learned positions
+  // timm's initialisation: every Linear N(0, 0.02) with zero bias, class token and learned positions
   // N(0, 0.02). LayerNorm starts as the identity; the patch embedding keeps Conv2d's default.
+  normal_init_linear_layers(*this);
   torch::NoGradGuard no_grad;
-  for (const auto& module : modules(/*include_self=*/false)) {
-    if (auto* linear = module->as<torch::nn::Linear>()) {
-      linear->weight.normal_(0.0, 0.02);
-      if (linear->bias.defined()) linear->bias.zero_();
-    }
-  }
   cls_token.normal_(0.0, 0.02);
   if (o.position_embedding() == PositionEmbedding::Learned) pos_embed.normal_(0.0, 0.02);
 }

@@ -145,6 +145,28 @@ class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
 };
 TORCH_MODULE(TransformerBlock);
 
+/// The options of block `index` of a transformer whose options `o` (VisionTransformerOptions,
+/// LanguageModelOptions) name its width, heads, MLP, attention, biases and dropouts; stochastic
+/// depth grows linearly from 0 in the first block to o.drop_path() in the last (timm).
+template <typename ModelOptions>
+TransformerBlockOptions transformer_block_options(const ModelOptions& o, int64_t index) {
+  const double drop_path = o.depth() > 1
+                               ? o.drop_path() * static_cast<double>(index) / static_cast<double>(o.depth() - 1)
+                               : o.drop_path();
+  return TransformerBlockOptions(o.embed_dim(), o.num_heads())
+      .mlp_dim(o.mlp_dim())
+      .attention(o.attention())
+      .convnn(o.convnn())
+      .attention_bias(o.attention_bias())
+      .dropout(o.dropout())
+      .attention_dropout(o.attention_dropout())
+      .drop_path(drop_path);
+}
+
+/// timm's (and GPT-2's) initialisation of every Linear inside `module`: weights N(0, 0.02), zero
+/// biases (timm truncates at +-2, i.e. +-100 standard deviations: no truncation in practice).
+void normal_init_linear_layers(torch::nn::Module& module);
+
 struct VisionTransformerOptions {
   VisionTransformerOptions(int64_t embed_dim, int64_t depth, int64_t num_heads)
       : embed_dim_(embed_dim), depth_(depth), num_heads_(num_heads) {}
