@@ -60,18 +60,27 @@ bool plot_metrics(const std::string& run_dir) {
 
 bool plot_confusion(const std::string& dir, const std::vector<std::string>& class_names) {
   if (!gnuplot_available()) return false;
+  // Past this many classes (a language model's 256 bytes) a label per row is unreadable: the axes
+  // keep their numbers and the picture its size.
+  constexpr size_t kMostLabelledClasses = 64;
+  const bool labelled = class_names.size() <= kMostLabelledClasses;
   std::string tics;
-  for (size_t c = 0; c < class_names.size(); ++c) {
-    tics += fmt::format("{}'{}' {}", c ? ", " : "", class_names[c], c);
+  for (size_t c = 0; c < class_names.size() && labelled; ++c) {
+    // A quote inside gnuplot's single-quoted string is written twice.
+    std::string name;
+    for (const char ch : class_names[c]) name += ch == '\'' ? std::string("''") : std::string(1, ch);
+    tics += fmt::format("{}'{}' {}", c ? ", " : "", name, c);
   }
-  const int64_t side = std::max<int64_t>(500, 40 * static_cast<int64_t>(class_names.size()) + 200);
+  const int64_t side =
+      labelled ? std::max<int64_t>(500, 40 * static_cast<int64_t>(class_names.size()) + 200) : 1200;
   run_gnuplot((fs::path(dir) / "confusion.gp").string(),
               fmt::format("set terminal pngcairo size {0},{0} noenhanced\nset output {1}\n"
                           "set title 'Confusion matrix (rows: true class)'\nset xlabel 'predicted'\n"
-                          "set ylabel 'true'\nset xtics ({2}) rotate by 45 right\nset ytics ({2})\n"
+                          "set ylabel 'true'\n{2}"
                           "set yrange [] reverse\nset palette defined (0 'white', 1 'dark-blue')\n"
                           "set autoscale fix\nplot {3} matrix with image notitle\n",
-                          side, quoted(fs::path(dir) / "confusion.png"), tics,
+                          side, quoted(fs::path(dir) / "confusion.png"),
+                          labelled ? fmt::format("set xtics ({0}) rotate by 45 right\nset ytics ({0})\n", tics) : "",
                           quoted(fs::path(dir) / "confusion.dat")));
   return true;
 }

@@ -110,3 +110,13 @@ def test_python_generates_the_text_convnn_generate_does(trained_run, sampling):
                           top_k=int(options.get("--top-k", 0)), seed=int(options.get("--seed", 0)))
     assert result.stdout == text + "\n"
     assert text.startswith("fortune ")
+
+
+def test_convnn_eval_reports_bits_per_token_and_draws_the_byte_confusion_matrix(trained_run, tmp_path):
+    result = subprocess.run([BINARY, "eval", "--checkpoint", str(trained_run), "--output", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "tokens): top-1" in result.stdout and "bits/token)" in result.stdout
+    assert (tmp_path / "confusion.csv").exists()
+    if subprocess.run(["which", "gnuplot"], capture_output=True).returncode == 0:
+        assert (tmp_path / "confusion.png").exists()
