@@ -179,7 +179,7 @@ nlohmann::json case_json(const CaseResult& r, const MachinePeaks& machine) {
                   {"rows_beyond_rounding", r.rows_beyond_rounding},
                   {"rows", r.rows}};
   out["costs"] = {{"convnn", cost_json(r.convnn_cost)}};
-  if (c.level == bench::Level::Module) out["costs"]["mhsa"] = cost_json(r.mhsa_cost);
+  out["costs"]["mhsa"] = cost_json(r.mhsa_cost);
   out["paths"] = nlohmann::json::array();
   for (const auto& path : r.paths) {
     nlohmann::json p{{"name", path.name}, {"workload", path.workload}, {"skipped", path.skipped}};
@@ -211,7 +211,8 @@ nlohmann::json case_json(const CaseResult& r, const MachinePeaks& machine) {
   const auto name = measured(r);
   out["ratios"][name + "/reference"] = ratios(name, "reference");
   out["ratios"][name + "/composed"] = ratios(name, "composed");
-  if (c.level == bench::Level::Module) out["ratios"][name + "/mhsa"] = ratios(name, "mhsa");
+  const std::string dense = bench::dense_path(c.level);
+  out["ratios"][name + "/" + dense] = ratios(name, dense);
   return out;
 }
 
@@ -272,7 +273,7 @@ void print_case(const CaseResult& r, const MachinePeaks& machine) {
   };
   print_ratios(measured(r), "reference");
   print_ratios(measured(r), "composed");
-  if (c.level == bench::Level::Module) print_ratios(measured(r), "mhsa");
+  print_ratios(measured(r), bench::dense_path(c.level));
 }
 
 void print_sweep(const std::vector<CaseResult>& cases, const MachinePeaks& machine) {

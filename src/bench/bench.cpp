@@ -202,7 +202,7 @@ class GenericAggregate : public torch::autograd::Function<GenericAggregate> {
 
 // Everything one case needs, alive for the whole case: inputs, weights, the paths over them.
 struct Setup {
-  std::vector<Path> paths;  // reference, fused, composed[, mhsa]
+  std::vector<Path> paths;  // reference, fused, composed, then sdpa (op level) or mhsa (module level)
   at::Tensor grad_output;   // the same upstream gradient for every path
   nn::ConvNNAttention module{nullptr};
 };
@@ -250,6 +250,12 @@ Setup make_op_setup(const BenchConfig& c, at::Generator& gen) {
   setup.paths.push_back({"composed", "convnn",
                          [=] { return convnn_op(impl, /*composed=*/true, q, k, v, kernel, kn, similarity); },
                          leaves});
+  // The anchor: dense attention on the same tensors, with the same scale.
+  const std::optional<double> scale =
+      similarity == Similarity::ScaledDot ? std::nullopt : std::optional<double>(1.0);
+  setup.paths.push_back({kDenseOpPath, "mhsa",
+                         [=] { return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale); },
+                         {q, k, v}});
   setup.grad_output = at::randn({g, c.tokens, d}, gen, at::TensorOptions().dtype(at::kFloat)).to(options);
   return setup;
 }
@@ -283,7 +289,8 @@ Setup make_module_setup(const BenchConfig& c, at::Generator& gen) {
   // Off the CPU the layer's ops have no fused kernel: the dispatcher runs the generic ones.
   setup.paths.push_back({to_string(c.impl), "convnn", [=]() mutable { return module(x); }, leaves});
   setup.paths.push_back({"composed", "convnn", [=]() mutable { return composed(x); }, composed_leaves});
-  setup.paths.push_back({"mhsa", "mhsa", [=] { return mhsa_attention(x, weights, heads, similarity); }, leaves});
+  setup.paths.push_back(
+      {kDenseModulePath, "mhsa", [=] { return mhsa_attention(x, weights, heads, similarity); }, leaves});
   setup.grad_output = at::randn({c.batch, c.tokens, c.channels}, gen, drawn).to(options);
   return setup;
 }
@@ -408,7 +415,7 @@ CaseResult run_case(const BenchConfig& config) {
                         config.similarity == Similarity::ScaledDot};
   const bool module_level = config.level == Level::Module;
   result.convnn_cost = module_level ? convnn_module_cost(shape) : convnn_op_cost(shape);
-  if (module_level) result.mhsa_cost = mhsa_module_cost(shape);
+  result.mhsa_cost = module_level ? mhsa_module_cost(shape) : mhsa_op_cost(shape);
 
   // The module's initial weights come from the default generator, the inputs from our own.
   at::manual_seed(config.seed);

@@ -82,14 +82,22 @@ CostModel convnn_module_cost(const CostShape& shape) {
                 s.b * s.n * s.c, shape.element_size);
 }
 
+// Dense attention on G slices: every score, its softmax, and the weighted sum of every value.
+std::vector<CostTerm> dense_attention_terms(const CostShape& shape) {
+  const auto s = sizes_of(shape);
+  return {term("scores", 2.0 * s.g * s.n * s.n * s.d + (shape.scaled ? s.g * s.n * s.n : 0.0)),
+          term("softmax", 4.0 * s.g * s.n * s.n), term("attention_values", 2.0 * s.g * s.n * s.n * s.d)};
+}
+
+CostModel mhsa_op_cost(const CostShape& shape) {
+  const auto s = sizes_of(shape);
+  return finish(dense_attention_terms(shape), 3.0 * s.g * s.n * s.d, 0.0, s.g * s.n * s.d, shape.element_size);
+}
+
 CostModel mhsa_module_cost(const CostShape& shape) {
   const auto s = sizes_of(shape);
-  std::vector<CostTerm> terms{
-      projections(s),
-      term("scores", 2.0 * s.g * s.n * s.n * s.d + (shape.scaled ? s.g * s.n * s.n : 0.0)),
-      term("softmax", 4.0 * s.g * s.n * s.n),
-      term("attention_values", 2.0 * s.g * s.n * s.n * s.d),
-  };
+  auto terms = dense_attention_terms(shape);
+  terms.insert(terms.begin(), projections(s));
   return finish(std::move(terms), s.b * s.n * s.c, 4.0 * s.c * s.c, s.b * s.n * s.c, shape.element_size);
 }
 

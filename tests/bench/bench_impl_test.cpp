@@ -127,10 +127,12 @@ TEST(BenchImpl, GenericOpLevelCaseRunsUnderItsOwnName) {
   c.iters = 2;
   c.warmup = 0;
   const auto result = bench::run_case(c);
-  ASSERT_EQ(result.paths.size(), 3u);
+  ASSERT_EQ(result.paths.size(), 4u);
   EXPECT_EQ(result.paths[0].name, "reference");
   EXPECT_EQ(result.paths[1].name, "generic");
   EXPECT_EQ(result.paths[2].name, "composed");
+  EXPECT_EQ(result.paths[3].name, "sdpa");  // the dense anchor on the same q, k, v
+  EXPECT_EQ(result.paths[3].workload, "mhsa");
   EXPECT_LT(result.max_abs_diff, 1e-4);  // float32: generic against Algorithm 1 on the same inputs
   EXPECT_EQ(result.rows, 2 * 24);  // one output row per (slice, query)
   EXPECT_EQ(result.rows_beyond_rounding, 0);

@@ -38,6 +38,9 @@ TEST(CostModel, ModuleAddsFourProjectionsAndMhsaIsDense) {
   EXPECT_DOUBLE_EQ(convnn_module_cost(shape).forward.flops - convnn_op_cost(shape).forward.flops, projections);
   EXPECT_DOUBLE_EQ(mhsa_module_cost(shape).forward.flops,
                    projections + 2 * g * n * n * d + g * n * n + 4 * g * n * n + 2 * g * n * n * d);
+  EXPECT_DOUBLE_EQ(mhsa_module_cost(shape).forward.flops - mhsa_op_cost(shape).forward.flops, projections);
+  // The op level reads q, k, v and writes the output; no weights.
+  EXPECT_DOUBLE_EQ(mhsa_op_cost(shape).forward.bytes, 8 * (3 * g * n * d + g * n * d));
 }
 
 TEST(CostModel, RooflineFloorIsTheSlowerCeiling) {

@@ -103,7 +103,8 @@ struct PhaseResult {
 
 struct PathResult {
   /// "reference"; the impl's own op or layer, named to_string(config.impl) ("fused" or
-  /// "generic"); "composed" (that impl's knn_select, rho and knn_aggregate); or "mhsa".
+  /// "generic"); "composed" (that impl's knn_select, rho and knn_aggregate); or the dense anchor,
+  /// dense_path(level).
   std::string name;
   std::string workload;  // cost model it is charged with: "convnn" or "mhsa"
   bool skipped = false;
@@ -111,10 +112,16 @@ struct PathResult {
   std::vector<PhaseResult> phases;  // in kPhases order; empty when skipped
 };
 
+/// The dense-attention anchor of each level: "sdpa" (scaled_dot_product_attention on the op's
+/// folded q, k, v) and "mhsa" (multi-head self-attention with the module's projections).
+inline constexpr const char* kDenseOpPath = "sdpa";
+inline constexpr const char* kDenseModulePath = "mhsa";
+inline const char* dense_path(Level level) { return level == Level::Op ? kDenseOpPath : kDenseModulePath; }
+
 struct CaseResult {
   BenchConfig config;
   CostModel convnn_cost;
-  CostModel mhsa_cost;  // module level only
+  CostModel mhsa_cost;  // of the dense path: mhsa_op_cost or mhsa_module_cost
   std::vector<PathResult> paths;
   /// Forward outputs of the impl's path and the reference path on the same inputs, compared before
   /// any timing: max |impl - reference| and max |reference| (NaN when the reference was skipped).

@@ -46,6 +46,9 @@ struct CostModel {
 CostModel convnn_op_cost(const CostShape& shape);
 /// ConvNNAttention on [B,N,C]: the op above plus four bias-free C x C projections.
 CostModel convnn_module_cost(const CostShape& shape);
+/// Dense attention on the same folded heads (scaled_dot_product_attention on [G,N,d]): every score,
+/// the softmax, the weighted sum of the values.
+CostModel mhsa_op_cost(const CostShape& shape);
 /// Multi-head self-attention on [B,N,C] with the same projections (dense N x N attention).
 CostModel mhsa_module_cost(const CostShape& shape);
 

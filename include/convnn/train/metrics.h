@@ -9,12 +9,12 @@ namespace convnn::train {
 struct EpochMetrics {
   int64_t epoch = 0;          // 1-based
   double train_loss = 0.0;
-  double train_top1 = 0.0;    // percent, on the augmented training batches
+  double train_top1 = 0.0;    // percent, on the augmented training batches (a language model: next-token)
   double val_loss = 0.0;
   double val_top1 = 0.0;      // percent
   double val_top5 = 0.0;      // percent
   double lr = 0.0;            // at the end of the epoch
-  double images_per_s = 0.0;  // training images per second
+  double images_per_s = 0.0;  // training samples per second: images, or a language model's tokens
   double epoch_time_s = 0.0;  // training time of the epoch (without evaluation)
   int64_t skipped = 0;        // training samples left out: unreadable image files
 };
