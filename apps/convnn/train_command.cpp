@@ -81,6 +81,12 @@ void check_same_model(const train::TrainConfig& requested, const std::string& ch
 void print_summary(const train::TrainResult& r, bool text) {
   const auto plots = std::filesystem::path(r.run_dir) / "plots";
   if (r.interrupted) return;
+  if (r.final_eval.samples == 0) {
+    // --resume of a run that had finished: no epoch ran, so there is no evaluation of this call.
+    fmt::print("\nnothing to train: the run had finished its {} epochs; its metrics are in {}/metrics.csv\n",
+               r.epochs.size(), r.run_dir);
+    return;
+  }
   if (text) {
     fmt::print("\nvalidation loss {:.4f} ({:.4f} bits/token)  next-token top-1 {:.2f}%  top-5 {:.2f}%\n",
                r.final_eval.loss, r.final_eval.loss / std::log(2.0), r.final_eval.top1, r.final_eval.top5);
