@@ -25,14 +25,11 @@ def finished_last_epoch(run):
 
 
 def generation_rates(speed):
-    """name -> generated tokens per second (512 tokens, the prompt's 2 read first)."""
-    times = speed / "generate-times.txt"
-    if not times.exists():
-        return {}
+    """name -> generated tokens per second, as `convnn generate --speed` reported it."""
     rates = {}
-    for line in times.read_text().splitlines():
-        name, start, end = line.split()
-        rates[name] = 512 / (float(end) - float(start))
+    for report in speed.glob("generate-*.speed"):
+        name = report.stem[len("generate-"):]
+        rates[name] = float(report.read_text().split(": ")[-1].split()[0])
     return rates
 
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -26,6 +27,7 @@ struct GenerateArgs {
   models::SamplingOptions sampling;
   uint64_t seed = 0;
   std::string device = "auto";
+  bool speed = false;
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -44,12 +46,18 @@ int run_generate(const GenerateArgs& a) {
   checkpoint::load_checkpoint(path, *model.module(), nullptr);
   const auto prompt = data::encode_bytes(a.prompt).unsqueeze(0).expand({a.samples, -1}).contiguous();
   auto& network = *model.get<models::LanguageModelImpl>();
+  const auto start = std::chrono::steady_clock::now();
   const auto tokens = models::generate(network, prompt, a.max_new_tokens, a.sampling, a.seed).cpu();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (int64_t i = 0; i < a.samples; ++i) {
     if (a.samples > 1) fmt::print("--- sample {} of {}\n", i + 1, a.samples);
     fmt::print("{}\n", data::decode_bytes(tokens[i]));
   }
   std::fflush(stdout);
+  if (a.speed) {
+    fmt::print(stderr, "generated {} x {} tokens after a prompt of {} in {:.3f} s: {:.0f} tokens/s\n", a.samples,
+               a.max_new_tokens, prompt.size(1), seconds, static_cast<double>(a.samples * a.max_new_tokens) / seconds);
+  }
   return 0;
 }
 
@@ -75,6 +83,8 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--samples", args->samples, "Continuations of the prompt, sampled side by side")
       ->capture_default_str();
   add_device_option(sub, args->device, "Device to load the model onto and sample on");
+  sub->add_flag("--speed", args->speed,
+                "Also print on stderr how long the sampling took (the prompt read and every step; not the loading)");
   sub->footer(
       "Examples:\n"
       "  convnn generate --checkpoint runs/<run>                      # a fresh fortune\n"
