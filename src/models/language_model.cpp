@@ -150,11 +150,7 @@ CostReport LanguageModelImpl::cost(int64_t tokens) const {
   }
   report.add("head", "norm", "layernorm", layer_norm_cost(tokens * dim));
   report.add("head", "head", "linear", linear_cost(tokens, dim, options.vocab_size(), false));
-  report.count_parameters(*this, [](const std::string& name) -> std::string {
-    if (name.rfind("blocks.", 0) == 0) return name.substr(0, name.find('.', 7));
-    if (name.rfind("norm.", 0) == 0 || name.rfind("head.", 0) == 0) return "head";
-    return "embed";
-  });
+  report.count_parameters(*this, transformer_stage);
   return report;
 }
 

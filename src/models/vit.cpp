@@ -51,6 +51,12 @@ void normal_init_linear_layers(torch::nn::Module& module) {
   }
 }
 
+std::string transformer_stage(const std::string& parameter) {
+  if (parameter.rfind("blocks.", 0) == 0) return parameter.substr(0, parameter.find('.', 7));
+  if (parameter.rfind("norm.", 0) == 0 || parameter.rfind("head.", 0) == 0) return "head";
+  return "embed";
+}
+
 torch::nn::LayerNorm layer_norm(int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps));
 }
@@ -357,11 +363,7 @@ CostReport VisionTransformerImpl::cost(int64_t height, int64_t width) const {
   }
   if (norm) report.add("head", "norm", "layernorm", layer_norm_cost(dim));
   report.add("head", "head", "linear", linear_cost(1, dim, o.num_classes(), true));
-  report.count_parameters(*this, [](const std::string& name) -> std::string {
-    if (name.rfind("blocks.", 0) == 0) return name.substr(0, name.find('.', 7));
-    if (name.rfind("norm.", 0) == 0 || name.rfind("head.", 0) == 0) return "head";
-    return "embed";
-  });
+  report.count_parameters(*this, transformer_stage);
   return report;
 }
 

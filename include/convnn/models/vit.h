@@ -239,6 +239,10 @@ class VisionTransformerImpl : public torch::nn::Cloneable<VisionTransformerImpl>
 };
 TORCH_MODULE(VisionTransformer);
 
+/// The cost report's stage of a transformer's parameter: "blocks.i" for block i's, "head" for the
+/// final norm's and the head's, "embed" for the rest (patch or token embedding, positions).
+std::string transformer_stage(const std::string& parameter);
+
 /// timm's LayerNorm epsilon for ViT, which the language models share.
 inline constexpr double kLayerNormEps = 1e-6;
 /// LayerNorm over the last `dim` channels with kLayerNormEps.
