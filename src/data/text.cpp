@@ -160,6 +160,8 @@ TokenLoader::TokenLoader(at::Tensor tokens, TokenLoaderOptions options) : option
   const int64_t needed = o.training ? 2 * o.context : o.context + 1;
   TORCH_CHECK(tokens_.numel() >= needed, "TokenLoader: ", tokens_.numel(), " tokens are too few for context ",
               o.context, ": ", o.training ? "training" : "evaluation", " needs at least ", needed);
+  // Every epoch has as many windows: counted once, not at each batch.
+  samples_ = static_cast<int64_t>(window_order(0).size());
 }
 
 int64_t TokenLoader::windows() const {
@@ -180,7 +182,7 @@ std::vector<int64_t> TokenLoader::window_order(int64_t epoch) const {
   return shard_order(order, o.shard_rank, o.shard_count, /*pad=*/o.training);
 }
 
-int64_t TokenLoader::samples_per_epoch() const { return static_cast<int64_t>(window_order(0).size()); }
+int64_t TokenLoader::samples_per_epoch() const { return samples_; }
 
 int64_t TokenLoader::batches_per_epoch() const {
   const int64_t samples = samples_per_epoch(), b = options_.batch_size;

@@ -199,11 +199,15 @@ at::Tensor generate(LanguageModelImpl& model, const at::Tensor& prompts, int64_t
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   const auto device = model.head->weight.device();
   auto caches = model.make_caches(prompts.size(0), context);
-  auto tokens = prompts.to(device);
-  auto logits = model.forward_step(tokens, caches);
+  // Written in place: no copy of the whole text per token.
+  const int64_t prompt_length = prompts.size(1);
+  auto tokens = at::empty({prompts.size(0), prompt_length + max_new_tokens}, prompts.options().device(device));
+  tokens.narrow(1, 0, prompt_length).copy_(prompts);
+  auto logits = model.forward_step(tokens.narrow(1, 0, prompt_length), caches);
   for (int64_t i = 0; i < max_new_tokens; ++i) {
-    const auto next = sample_tokens(logits.select(1, logits.size(1) - 1), options, generator).unsqueeze(1);
-    tokens = at::cat({tokens, next}, 1);
+    const int64_t length = prompt_length + i + 1;  // the text so far, the new token included
+    const auto next = tokens.narrow(1, length - 1, 1);
+    next.copy_(sample_tokens(logits.select(1, logits.size(1) - 1), options, generator).unsqueeze(1));
     if (i + 1 == max_new_tokens) break;
     if (caches.front().lengths().front() < context) {
       logits = model.forward_step(next, caches);
@@ -212,7 +216,7 @@ at::Tensor generate(LanguageModelImpl& model, const at::Tensor& prompts, int64_t
     // The caches are full: the positions restart, with the last half context read again.
     for (auto& cache : caches) cache.reset();
     const int64_t kept = generation_restart_tokens(context);
-    logits = model.forward_step(tokens.narrow(1, tokens.size(1) - kept, kept), caches);
+    logits = model.forward_step(tokens.narrow(1, length - kept, kept), caches);
   }
   return tokens;
 }

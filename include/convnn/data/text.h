@@ -98,6 +98,7 @@ class TokenLoader final : public BatchStream {
   std::vector<int64_t> window_order(int64_t epoch) const;
   at::Tensor tokens_;
   TokenLoaderOptions options_;
+  int64_t samples_ = 0;  // of every epoch (this shard's, max_windows applied)
   int64_t epoch_ = 0, offset_ = 0, next_batch_ = 0;
   std::vector<int64_t> order_;
 };
