@@ -102,6 +102,26 @@ TEST(FusedSelect, Float32SmallKTopKEqualsReferenceWithTiesSignedZerosAndMasks) {
   }
 }
 
+// Float32 rows of 33 to 1024 keys with K <= 16 are selected whole (AVX2 builds): a gate on the
+// K-th largest of 2K..32 lane maxima, then ranks of the keys that pass, or the running top-K when
+// more than 32 pass. Integer features (exact scores, many of them equal) reach both: every K (1 to
+// 4 lane subsets), rows just above 32 keys and at the 1024-key limit, 1025 keys (the streaming
+// tiles), masks and both slot orders; each must equal the reference bit for bit.
+TEST(FusedSelect, Float32WholeRowSelectionEqualsReferenceForEveryKUpTo16) {
+  torch::manual_seed(7);
+  for (const int64_t m : {int64_t{33}, int64_t{40}, int64_t{197}, int64_t{1024}, int64_t{1025}}) {
+    const auto q = torch::randint(-8, 9, {2, 37, 4}, torch::kFloat);
+    const auto k = torch::randint(-8, 9, {2, m, 4}, torch::kFloat);
+    const auto allowed = torch::rand({2, 37, m}) > 0.5;
+    for (int64_t top = 1; top <= 16; ++top) {
+      for (const auto& similarity : {std::string("dot"), std::string("scaled_dot")}) {
+        expect_same_selection(q, k, top, similarity, c10::nullopt, top % 2 == 0);
+        expect_same_selection(q, k, top, similarity, allowed, top % 2 == 1);
+      }
+    }
+  }
+}
+
 TEST(FusedSelect, Float32ScoresErrNoMoreThanTwiceTheReference) {
   torch::manual_seed(4);
   const auto q64 = torch::randn({4, 50, 32}, torch::kDouble), k64 = torch::randn({4, 180, 32}, torch::kDouble);

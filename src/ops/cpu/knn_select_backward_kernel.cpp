@@ -1,14 +1,19 @@
 // Fused knn_select backward: only the K selected similarities are recomputed, on raw rows, by
 // the similarity policy's pair gradient. d(queries) goes row by row; d(keys) gathers each key row's
 // slots through the inverse index, in slot order: deterministic, no atomics, independent of the
-// thread count. This file is compiled once per instruction set (CONVNN_CPU_ISA); see
-// src/ops/cpu/isa.h.
+// thread count. Where the pair gradient is a multiple of the other row (dot products) and the
+// inputs are already acc_t, a row's gradient is summed over its slots in vector registers, straight
+// from the input rows (sum_scaled_rows): the same products and additions in the same order as
+// add_pair_gradient's loop, without copying each row first. This file is compiled once per
+// instruction set (CONVNN_CPU_ISA); see src/ops/cpu/isa.h.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu/inverse_index.h"
@@ -35,6 +40,104 @@ void store_row(const acc_t* src, int64_t d, scalar_t* dst) {
   for (int64_t j = 0; j < d; ++j) dst[j] = static_cast<scalar_t>(src[j]);
 }
 
+template <typename acc_t>
+struct ScaledRow {
+  const acc_t* row;
+  acc_t coefficient;
+};
+
+// The terms of one output row, listed before they are summed: each listed row is prefetched then,
+// so that its cache lines (gathered from anywhere in the slice) are on their way before the sum
+// reads them.
+template <typename acc_t>
+class ScaledRows {
+ public:
+  explicit ScaledRows(int64_t d) : line_bytes_(std::min<int64_t>(d * sizeof(acc_t), kPrefetchBytes)) {}
+  // Room for `count` terms, and none listed.
+  void start(int64_t count) {
+    if (count > static_cast<int64_t>(terms_.size())) terms_.resize(count);
+    size_ = 0;
+  }
+  void add(const acc_t* row, acc_t coefficient) {
+    const char* bytes = reinterpret_cast<const char*>(row);
+    for (int64_t b = 0; b < line_bytes_; b += 64) __builtin_prefetch(bytes + b);
+    terms_[size_++] = {row, coefficient};
+  }
+  const ScaledRow<acc_t>* begin() const { return terms_.data(); }
+  const ScaledRow<acc_t>* end() const { return terms_.data() + size_; }
+
+ private:
+  static constexpr int64_t kPrefetchBytes = 512;
+  int64_t line_bytes_;
+  int64_t size_ = 0;
+  std::vector<ScaledRow<acc_t>> terms_;
+};
+
+// out[0, d) = sum over the terms, in order, of coefficient * row, each product rounded and then
+// added (as add_pair_gradient's loop does, from zero); 8 vectors of features at a time stay in
+// registers across all terms.
+template <typename acc_t>
+void sum_scaled_rows(const ScaledRows<acc_t>& terms, int64_t d, acc_t* out) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  constexpr int64_t kVectors = 8;
+  constexpr int64_t kChunk = kVectors * Vec::size();
+  int64_t j0 = 0;
+  for (; j0 + kChunk <= d; j0 += kChunk) {
+    Vec acc[kVectors];
+    for (auto& a : acc) a = Vec(acc_t(0));
+    for (const auto& term : terms) {
+      const Vec c(term.coefficient);
+      for (int64_t v = 0; v < kVectors; ++v) acc[v] = acc[v] + c * Vec::loadu(term.row + j0 + v * Vec::size());
+    }
+    for (int64_t v = 0; v < kVectors; ++v) acc[v].store(out + j0 + v * Vec::size());
+  }
+  for (; j0 < d; ++j0) {
+    acc_t a = 0;
+    for (const auto& term : terms) a += term.coefficient * term.row[j0];
+    out[j0] = a;
+  }
+}
+
+template <typename Policy, typename scalar_t, typename acc_t>
+constexpr bool kSumsRowsInPlace = Policy::kLinearPairGradient && std::is_same_v<scalar_t, acc_t>;
+
+template <typename Policy, typename scalar_t, typename acc_t>
+void grad_queries_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
+  const int64_t d = p.features;
+  at::parallel_for(0, p.slices * p.queries_n, 16, [&](int64_t begin, int64_t end) {
+    ScaledRows<acc_t> terms(d);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t g = row / p.queries_n, i = row % p.queries_n;
+      terms.start(p.k);
+      for (int64_t s = 0; s < p.k; ++s) {
+        if (!slot_contributes(p, g, i, s)) continue;
+        terms.add(p.keys + (g * p.keys_m + p.indices.at(g, i, s)) * d,
+                  Policy::pair_gradient_coefficient(static_cast<acc_t>(p.grad_scores.at(g, i, s)), d));
+      }
+      sum_scaled_rows(terms, d, p.grad_queries + row * d);
+    }
+  });
+}
+
+template <typename Policy, typename scalar_t, typename acc_t>
+void grad_keys_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const InverseIndex& inverse) {
+  const int64_t d = p.features;
+  at::parallel_for(0, p.slices * p.keys_m, 16, [&](int64_t begin, int64_t end) {
+    ScaledRows<acc_t> terms(d);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t g = row / p.keys_m, j = row % p.keys_m;
+      terms.start(inverse.end(g, j) - inverse.begin(g, j));
+      for (const int64_t* slot = inverse.begin(g, j); slot != inverse.end(g, j); ++slot) {
+        const int64_t i = inverse.query(*slot), s = inverse.tap(*slot);
+        if (!slot_contributes(p, g, i, s)) continue;
+        terms.add(p.queries + (g * p.queries_n + i) * d,
+                  Policy::pair_gradient_coefficient(static_cast<acc_t>(p.grad_scores.at(g, i, s)), d));
+      }
+      sum_scaled_rows(terms, d, p.grad_keys + row * d);
+    }
+  });
+}
+
 template <typename Policy, typename scalar_t, typename acc_t>
 void grad_queries_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
   const int64_t d = p.features;
@@ -56,9 +159,8 @@ void grad_queries_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
 }
 
 template <typename Policy, typename scalar_t, typename acc_t>
-void grad_keys_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
+void grad_keys_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const InverseIndex& inverse) {
   const int64_t d = p.features;
-  const InverseIndex inverse(p.indices, p.slices, p.queries_n, p.k, p.keys_m);
   at::parallel_for(0, p.slices * p.keys_m, 16, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> q(d), key(d), out(d);
     for (int64_t row = begin; row < end; ++row) {
@@ -82,8 +184,15 @@ void grad_keys_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
 template <typename scalar_t, typename acc_t>
 void knn_select_backward(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
   kernels::dispatch_similarity(p.similarity, [&](auto policy) {
-    grad_queries_pass<decltype(policy)>(p);
-    grad_keys_pass<decltype(policy)>(p);
+    using Policy = decltype(policy);
+    const InverseIndex inverse(p.indices, p.slices, p.queries_n, p.k, p.keys_m);
+    if constexpr (kSumsRowsInPlace<Policy, scalar_t, acc_t>) {
+      grad_queries_in_place<Policy>(p);
+      grad_keys_in_place<Policy>(p, inverse);
+    } else {
+      grad_queries_pass<Policy>(p);
+      grad_keys_pass<Policy>(p, inverse);
+    }
   });
 }
 

@@ -4,6 +4,9 @@
 //   vectorised over keys (the similarity policy's accumulate on whole vectors; a GEMM for dot
 //   products), turn it into ranking keys, apply the mask, and push every key into the row's
 //   running top-K (top_k.h).
+// Rows of at most WholeRowTopK::kMaxColumns keys (AVX2, float, K <= 16) take one block as wide as
+// the row instead, its keys transposed once per slice, and select each row whole (WholeRowTopK):
+// at short rows the running top-K's insertions, not the scores, were most of the time.
 // Candidates arrive in ascending index order and only a strictly larger score displaces a kept
 // one, so equal scores keep the lower index, as the reference's stable sort does.
 // This file is compiled once per instruction set (CONVNN_CPU_ISA); see src/ops/cpu/isa.h.
@@ -17,6 +20,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -33,6 +37,8 @@ constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 128;
 constexpr int64_t kRowTile = 4;     // query rows per micro-kernel call
 constexpr int64_t kColumnTile = 16; // keys per micro-kernel call
+// A whole-row tile's transposed keys stay within 1 MiB of acc_t (in L2 beside the score tile).
+constexpr int64_t kWholeRowTileElements = int64_t{1} << 18;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -63,13 +69,13 @@ inline void micro_kernel(const acc_t* q, int64_t d_size, const acc_t* kt, int64_
   }
 }
 
+// kt is [D][width], tile [rows][width].
 template <typename Policy, typename acc_t>
 void score_tile(const acc_t* q, int64_t rows, int64_t d_size, const acc_t* kt, int64_t columns,
-                acc_t* tile) {
+                int64_t width, acc_t* tile) {
   for (int64_t r = 0; r < rows; r += kRowTile) {
     for (int64_t c = 0; c < columns; c += kColumnTile) {
-      micro_kernel<Policy>(q + r * d_size, d_size, kt + c, kKeyBlock, tile + r * kKeyBlock + c,
-                         kKeyBlock);
+      micro_kernel<Policy>(q + r * d_size, d_size, kt + c, width, tile + r * width + c, width);
     }
   }
 }
@@ -95,16 +101,21 @@ class SelectTask {
   explicit SelectTask(const KnnSelectParams<scalar_t, acc_t>& p)
       : p_(p),
         d_(p.features),
+        whole_rows_(selects_whole_rows(p)),
+        width_(whole_rows_ ? round_up(p.keys_m, kColumnTile) : kKeyBlock),
         q_(round_up(kQueryBlock, kRowTile) * d_),
-        kt_(d_ * kKeyBlock),
-        keys_block_(kKeyBlock * d_),
-        tile_(kQueryBlock * kKeyBlock),
+        kt_(d_ * width_),
+        keys_block_(width_ * d_),
+        tile_(kQueryBlock * width_),
         top_keys_(kQueryBlock * p.k),
         top_indices_(kQueryBlock * p.k),
         row_keys_(p.k),
         row_indices_(p.k) {
     tops_.reserve(kQueryBlock);
     for (int64_t r = 0; r < kQueryBlock; ++r) tops_.push_back(make_top(r));
+#if defined(CPU_CAPABILITY_AVX2)
+    if (whole_rows_) whole_row_top_.emplace(p.k);
+#endif
   }
 
   // Returns false on an unrankable score.
@@ -114,7 +125,7 @@ class SelectTask {
     load_rows(p_.queries + (g * p_.queries_n + row_begin) * d_, rows, d_, Policy::kUnitRows, q_.data());
 #if defined(CPU_CAPABILITY_AVX2)
     if constexpr (std::is_same_v<TopK, LaneTopK>) {
-      if (p_.keys_m <= kRankColumns) return run_by_rank(g, row_begin, rows);
+      if (whole_rows_) return run_whole_rows(g, row_begin, rows);
     }
 #endif
     for (int64_t r = 0; r < rows; ++r) tops_[r].reset();
@@ -129,6 +140,16 @@ class SelectTask {
   }
 
  private:
+  static bool selects_whole_rows(const KnnSelectParams<scalar_t, acc_t>& p) {
+#if defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<TopK, LaneTopK>) {
+      return p.keys_m <= WholeRowTopK::kMaxColumns &&
+             round_up(p.keys_m, kColumnTile) * p.features <= kWholeRowTileElements;
+    }
+#endif
+    return false;
+  }
+
   TopK make_top(int64_t r) {
     if constexpr (std::is_constructible_v<TopK, int64_t>) {
       return TopK(p_.k);
@@ -137,11 +158,36 @@ class SelectTask {
     }
   }
 
+  // kt_ = the block's keys as [D][width_] acc_t, zero in the padding columns the tile reads.
   void load_key_block(int64_t g, int64_t m0, int64_t columns) {
-    load_rows(p_.keys + g * p_.keys_slice_stride + m0 * d_, columns, d_, Policy::kUnitRows, keys_block_.data());
-    std::fill(kt_.begin(), kt_.end(), acc_t(0));
-    for (int64_t c = 0; c < columns; ++c) {
-      for (int64_t j = 0; j < d_; ++j) kt_[j * kKeyBlock + c] = keys_block_[c * d_ + j];
+    const scalar_t* src = p_.keys + g * p_.keys_slice_stride + m0 * d_;
+    const acc_t* rows = nullptr;
+    if constexpr (std::is_same_v<scalar_t, acc_t> && !Policy::kUnitRows) {
+      rows = src;  // already acc_t and not normalised: transposed straight from the input
+    } else {
+      load_rows(src, columns, d_, Policy::kUnitRows, keys_block_.data());
+      rows = keys_block_.data();
+    }
+    transpose_rows(rows, columns);
+    const int64_t padded = round_up(columns, kColumnTile);
+    for (int64_t j = 0; j < d_; ++j) std::fill(kt_.data() + j * width_ + columns, kt_.data() + j * width_ + padded, acc_t(0));
+  }
+
+  // kt_[j][c] = rows[c][j] for c < columns, in 8 x 8 blocks (vectorised where ATen has them).
+  void transpose_rows(const acc_t* rows, int64_t columns) {
+    constexpr int64_t kBlock = 8;
+    for (int64_t c0 = 0; c0 < columns; c0 += kBlock) {
+      const int64_t c_count = std::min(kBlock, columns - c0);
+      for (int64_t j0 = 0; j0 < d_; j0 += kBlock) {
+        const int64_t j_count = std::min(kBlock, d_ - j0);
+        const acc_t* from = rows + c0 * d_ + j0;
+        acc_t* to = kt_.data() + j0 * width_ + c0;
+        if (c_count == kBlock && j_count == kBlock) {
+          at::vec::transpose_mxn<acc_t, kBlock, kBlock>(from, d_, to, width_);
+        } else {
+          at::vec::transpose_mxn<acc_t>(from, d_, to, width_, static_cast<int>(c_count), static_cast<int>(j_count));
+        }
+      }
     }
   }
 
@@ -150,11 +196,11 @@ class SelectTask {
     if constexpr (Policy::kIsDotProduct && std::is_same_v<acc_t, float>) {
       // A dot-product tile is a GEMM: the BLAS micro-kernel (oneDNN's where the CPU has one)
       // outruns the generic register-blocked loop below.
-      at::native::cpublas::brgemm(padded_rows, padded_columns, d_, d_, kKeyBlock, kKeyBlock,
+      at::native::cpublas::brgemm(padded_rows, padded_columns, d_, d_, width_, width_,
                                   /*add_C=*/false, q_.data(), kt_.data(), tile_.data(),
                                   /*is_vnni=*/false);
     } else {
-      score_tile<Policy>(q_.data(), padded_rows, d_, kt_.data(), padded_columns, tile_.data());
+      score_tile<Policy>(q_.data(), padded_rows, d_, kt_.data(), padded_columns, width_, tile_.data());
     }
   }
 
@@ -180,7 +226,7 @@ class SelectTask {
 
   bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns) {
     for (int64_t r = 0; r < rows; ++r) {
-      acc_t* row = tile_.data() + r * kKeyBlock;
+      acc_t* row = tile_.data() + r * width_;
       if (!ranking_keys(row, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0)) return false;
       tops_[r].offer_row(row, columns, m0);
     }
@@ -188,16 +234,20 @@ class SelectTask {
   }
 
 #if defined(CPU_CAPABILITY_AVX2)
-  // All candidates fit one key block of at most kRankColumns: rank each row whole.
-  bool run_by_rank(int64_t g, int64_t row_begin, int64_t rows) {
-    load_key_block(g, 0, p_.keys_m);
+  // One tile holds every key of the slice: its keys are transposed once for all the slice's blocks
+  // of rows this task runs, and each row is selected whole.
+  bool run_whole_rows(int64_t g, int64_t row_begin, int64_t rows) {
+    if (g != transposed_slice_) {
+      load_key_block(g, 0, p_.keys_m);
+      transposed_slice_ = g;
+    }
     compute_tile(rows, p_.keys_m);
     for (int64_t r = 0; r < rows; ++r) {
-      acc_t* row = tile_.data() + r * kKeyBlock;
+      acc_t* row = tile_.data() + r * width_;
       if (!ranking_keys(row, p_.keys_m, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
         return false;
       }
-      top_k_by_rank(row, p_.keys_m, p_.k, p_.index_order, row_keys_.data(), row_indices_.data());
+      whole_row_top_->select(row, p_.keys_m, p_.index_order, row_keys_.data(), row_indices_.data());
       write_row(g, row_begin + r);
     }
     return true;
@@ -224,11 +274,17 @@ class SelectTask {
 
   const KnnSelectParams<scalar_t, acc_t>& p_;
   const int64_t d_;
+  const bool whole_rows_;
+  const int64_t width_;  // keys per score tile
+  int64_t transposed_slice_ = -1;  // whole rows: the slice whose keys kt_ holds
   std::vector<acc_t> q_, kt_, keys_block_, tile_, top_keys_;
   std::vector<int64_t> top_indices_;
   std::vector<acc_t> row_keys_;
   std::vector<int64_t> row_indices_;
   std::vector<TopK> tops_;
+#if defined(CPU_CAPABILITY_AVX2)
+  std::optional<WholeRowTopK> whole_row_top_;
+#endif
 };
 
 template <typename Policy, typename scalar_t, typename acc_t, typename TopK>

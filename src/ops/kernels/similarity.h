@@ -17,6 +17,9 @@
 //                       computed once
 //   reported_score(key) the score knn_select reports for an unmasked key
 //   add_pair_gradient   out += g * d score / d q (wrt_query) or d score / d k, on raw rows
+//   kLinearPairGradient add_pair_gradient adds pair_gradient_coefficient(g, d) times the other
+//                       row (the key's for d q, the query's for d k), so a kernel may sum those
+//                       rows itself, in the same order of operations
 //   cost(shape)         MACs, other FLOPs and comparisons per call (docs/flops.md)
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
@@ -68,6 +71,7 @@ C10_HOST_DEVICE acc_t dot(const acc_t* a, const acc_t* b, int64_t d) {
 // Shared by the distance similarities: what a raw distance ranks and reports as.
 struct DistanceScores {
   static constexpr bool kIsDistance = true;
+  static constexpr bool kLinearPairGradient = false;
   static constexpr bool kUnitRows = false;
   static constexpr bool kIsDotProduct = false;
   template <typename acc_t>
@@ -80,6 +84,7 @@ struct DistanceScores {
 
 struct DotScores {
   static constexpr bool kIsDistance = false;
+  static constexpr bool kLinearPairGradient = false;
   static constexpr bool kIsDotProduct = true;
   template <typename V>
   C10_HOST_DEVICE static V accumulate(V a, V q, V k) { return Arith<V>::fmadd(q, k, a); }
@@ -93,13 +98,17 @@ struct DotSimilarity : detail::DotScores {
   static constexpr Similarity kKind = Similarity::Dot;
   static constexpr const char* kName = "dot";
   static constexpr bool kUnitRows = false;
+  static constexpr bool kLinearPairGradient = true;
   template <typename acc_t>
   C10_HOST_DEVICE static void to_ranking_keys(acc_t*, int64_t, int64_t) {}
+  template <typename acc_t>
+  C10_HOST_DEVICE static acc_t pair_gradient_coefficient(acc_t g, int64_t) { return g; }
   template <typename acc_t>
   C10_HOST_DEVICE static void add_pair_gradient(const acc_t* q, const acc_t* k, int64_t d, acc_t g,
                                                 bool wrt_query, acc_t* out) {
     const acc_t* other = wrt_query ? k : q;
-    for (int64_t j = 0; j < d; ++j) out[j] += g * other[j];
+    const acc_t c = pair_gradient_coefficient(g, d);
+    for (int64_t j = 0; j < d; ++j) out[j] += c * other[j];
   }
   static constexpr OpCost cost(const SimilarityShape& s) {
     return {s.queries * s.candidates * s.features, 0, 0};
@@ -115,10 +124,15 @@ struct ScaledDotSimilarity : detail::DotScores {
     const acc_t root = std::sqrt(static_cast<acc_t>(d));
     for (int64_t c = 0; c < count; ++c) values[c] /= root;
   }
+  static constexpr bool kLinearPairGradient = true;
+  template <typename acc_t>
+  C10_HOST_DEVICE static acc_t pair_gradient_coefficient(acc_t g, int64_t d) {
+    return g / std::sqrt(static_cast<acc_t>(d));
+  }
   template <typename acc_t>
   C10_HOST_DEVICE static void add_pair_gradient(const acc_t* q, const acc_t* k, int64_t d, acc_t g,
                                                 bool wrt_query, acc_t* out) {
-    DotSimilarity::add_pair_gradient(q, k, d, g / std::sqrt(static_cast<acc_t>(d)), wrt_query, out);
+    DotSimilarity::add_pair_gradient(q, k, d, pair_gradient_coefficient(g, d), wrt_query, out);
   }
   // The 1/sqrt(d) scale, once per score.
   static constexpr OpCost cost(const SimilarityShape& s) {
