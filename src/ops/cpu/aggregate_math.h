@@ -105,8 +105,18 @@ T dot(int64_t n, const T* x, const T* y) {
 template <typename T>
 T dot3_and_accumulate(int64_t n, const T* u, const T* x, const T* y, T a, T* acc) {
   const Vec<T> av(a);
-  Vec<T> sum_vec(T(0));
+  Vec<T> sum_vec(T(0)), sum2(T(0));
   int64_t c = 0;
+  for (; c + 2 * Vec<T>::size() <= n; c += 2 * Vec<T>::size()) {
+    const Vec<T> xy = Vec<T>::loadu(x + c) * Vec<T>::loadu(y + c);
+    sum_vec = at::vec::fmadd(Vec<T>::loadu(u + c), xy, sum_vec);
+    at::vec::fmadd(av, xy, Vec<T>::loadu(acc + c)).store(acc + c);
+    const int64_t c2 = c + Vec<T>::size();
+    const Vec<T> xy2 = Vec<T>::loadu(x + c2) * Vec<T>::loadu(y + c2);
+    sum2 = at::vec::fmadd(Vec<T>::loadu(u + c2), xy2, sum2);
+    at::vec::fmadd(av, xy2, Vec<T>::loadu(acc + c2)).store(acc + c2);
+  }
+  sum_vec = sum_vec + sum2;
   for (; c + Vec<T>::size() <= n; c += Vec<T>::size()) {
     const Vec<T> xy = Vec<T>::loadu(x + c) * Vec<T>::loadu(y + c);
     sum_vec = at::vec::fmadd(Vec<T>::loadu(u + c), xy, sum_vec);
@@ -163,7 +173,7 @@ void store_row(const T* src, int64_t n, scalar_t* dst) {
 template <bool kScaled, typename T, typename Term>
 void sum_of_products(int64_t n, const T* init, int64_t terms, const Term& term, T* out) {
   constexpr int64_t kWidth = Vec<T>::size();
-  constexpr int64_t kBlockVectors = 4;
+  constexpr int64_t kBlockVectors = 8;
   constexpr int64_t kBlock = kBlockVectors * kWidth;
   alignas(64) T scratch[kBlock];
   int64_t c0 = 0;

@@ -101,8 +101,10 @@ void sum_scaled_rows(const ScaledRows<acc_t>& terms, int64_t d, acc_t* out) {
 template <typename Policy, typename scalar_t, typename acc_t>
 constexpr bool kSumsRowsInPlace = Policy::kLinearPairGradient && std::is_same_v<scalar_t, acc_t>;
 
+// d(queries), and each slot's coefficient into coefficients [G*N*K] (zero where the slot does not
+// contribute), which d(keys) then reads with one load instead of the slot's score and gradient.
 template <typename Policy, typename scalar_t, typename acc_t>
-void grad_queries_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
+void grad_queries_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, acc_t* coefficients) {
   const int64_t d = p.features;
   at::parallel_for(0, p.slices * p.queries_n, 16, [&](int64_t begin, int64_t end) {
     ScaledRows<acc_t> terms(d);
@@ -110,17 +112,22 @@ void grad_queries_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
       const int64_t g = row / p.queries_n, i = row % p.queries_n;
       terms.start(p.k);
       for (int64_t s = 0; s < p.k; ++s) {
+        acc_t& coefficient = coefficients[row * p.k + s];
+        coefficient = acc_t(0);
         if (!slot_contributes(p, g, i, s)) continue;
-        terms.add(p.keys + (g * p.keys_m + p.indices.at(g, i, s)) * d,
-                  Policy::pair_gradient_coefficient(static_cast<acc_t>(p.grad_scores.at(g, i, s)), d));
+        coefficient = Policy::pair_gradient_coefficient(static_cast<acc_t>(p.grad_scores.at(g, i, s)), d);
+        terms.add(p.keys + (g * p.keys_m + p.indices.at(g, i, s)) * d, coefficient);
       }
       sum_scaled_rows(terms, d, p.grad_queries + row * d);
     }
   });
 }
 
+// d(keys) from the coefficients grad_queries_in_place listed (a zero one: the slot is skipped, as
+// a slot that does not contribute).
 template <typename Policy, typename scalar_t, typename acc_t>
-void grad_keys_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const InverseIndex& inverse) {
+void grad_keys_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const InverseIndex& inverse,
+                        const acc_t* coefficients) {
   const int64_t d = p.features;
   at::parallel_for(0, p.slices * p.keys_m, 16, [&](int64_t begin, int64_t end) {
     ScaledRows<acc_t> terms(d);
@@ -128,10 +135,10 @@ void grad_keys_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const
       const int64_t g = row / p.keys_m, j = row % p.keys_m;
       terms.start(inverse.end(g, j) - inverse.begin(g, j));
       for (const int64_t* slot = inverse.begin(g, j); slot != inverse.end(g, j); ++slot) {
-        const int64_t i = inverse.query(*slot), s = inverse.tap(*slot);
-        if (!slot_contributes(p, g, i, s)) continue;
-        terms.add(p.queries + (g * p.queries_n + i) * d,
-                  Policy::pair_gradient_coefficient(static_cast<acc_t>(p.grad_scores.at(g, i, s)), d));
+        const int64_t query_row = g * p.queries_n + inverse.query(*slot);
+        const acc_t coefficient = coefficients[query_row * p.k + inverse.tap(*slot)];
+        if (coefficient == acc_t(0)) continue;
+        terms.add(p.queries + query_row * d, coefficient);
       }
       sum_scaled_rows(terms, d, p.grad_keys + row * d);
     }
@@ -187,8 +194,9 @@ void knn_select_backward(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
     using Policy = decltype(policy);
     const InverseIndex inverse(p.indices, p.slices, p.queries_n, p.k, p.keys_m);
     if constexpr (kSumsRowsInPlace<Policy, scalar_t, acc_t>) {
-      grad_queries_in_place<Policy>(p);
-      grad_keys_in_place<Policy>(p, inverse);
+      Scratch<acc_t> coefficients(p.slices * p.queries_n * p.k);
+      grad_queries_in_place<Policy>(p, coefficients.get());
+      grad_keys_in_place<Policy>(p, inverse, coefficients.get());
     } else {
       grad_queries_pass<Policy>(p);
       grad_keys_pass<Policy>(p, inverse);

@@ -122,6 +122,13 @@ struct ScaledDotSimilarity : detail::DotScores {
   template <typename acc_t>
   C10_HOST_DEVICE static void to_ranking_keys(acc_t* values, int64_t count, int64_t d) {
     const acc_t root = std::sqrt(static_cast<acc_t>(d));
+    // When sqrt(d) is a power of two (d = 4, 16, 64, 256, ...) its reciprocal is exact, and x / root
+    // and x * (1 / root) are the same real number, rounded once: the same key, at a multiply's cost.
+    if (std::ldexp(acc_t(1), std::ilogb(root)) == root) {
+      const acc_t inverse = acc_t(1) / root;
+      for (int64_t c = 0; c < count; ++c) values[c] *= inverse;
+      return;
+    }
     for (int64_t c = 0; c < count; ++c) values[c] /= root;
   }
   static constexpr bool kLinearPairGradient = true;
