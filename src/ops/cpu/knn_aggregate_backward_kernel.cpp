@@ -52,7 +52,7 @@ void backward_depthwise_by_queries(const AggregateBackwardParams<scalar_t>& p,
     const auto add_row = [&](int64_t r, T* acc) {
       const int64_t g = r / s.n, i = r % s.n;
       const T* dy = opmath_row(p.grad_output.row(g, i), c_in, dy_buffer.get());
-      axpy(c_in, T(1), dy, acc + k_taps * c_in);
+      if (p.grad_bias) axpy(c_in, T(1), dy, acc + k_taps * c_in);
       for (int64_t k = 0; k < k_taps; ++k) {
         const T w = static_cast<T>(p.weights.at(g, i, k));
         const T* v = opmath_row(p.values.row(g, p.indices.at(g, i, k)), c_in, row_buffer.get());

@@ -45,6 +45,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
   checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
+  return knn_aggregate_backward_checked(grad_output, values, weights, indices, kernel, output_mask);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_checked(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
   const AggregateSizes sizes = aggregate_sizes(values, weights.size(1), weights.size(2), kernel);
   // Named variables, not a structured binding: C++17 lambdas cannot capture those (Clang refuses).
   const bool want_values = output_mask[0], want_weights = output_mask[1];
@@ -80,8 +88,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
   });
   return {grad_values, grad_weights, grad_kernel, grad_bias};
 }
-
-}  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
   if (ops::generic::serves_cpu()) return;  // CompositeExplicitAutograd takes CPU calls

@@ -2,6 +2,8 @@
 // CPU glue of knn_aggregate shared with the fused attention entry: the forward kernel's inputs in
 // the layouts it reads, and its parameter struct.
 #include <ATen/core/Tensor.h>
+#include <array>
+#include <tuple>
 #include <c10/util/Optional.h>
 
 #include "ops/cpu/knn_aggregate_kernel.h"
@@ -38,5 +40,11 @@ AggregateForwardParams<scalar_t> aggregate_forward_params(const AggregateSizes& 
   p.out = rows_view<scalar_t>(out);
   return p;
 }
+
+// knn_aggregate_backward on inputs its caller has already checked as its own (the fused attention's
+// backward): the same results without validating and reading the inputs a second time.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_checked(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
 
 }  // namespace convnn::cpu

@@ -64,14 +64,16 @@ at::Tensor softmax_rho_backward_cpu(const at::Tensor& weights, const at::Tensor&
   return grad_scores;
 }
 
+// knn_attention_backward checked every input of these steps (grad_scores is softmax_rho_backward's
+// own result): they skip the checks their ops would repeat.
 std::tuple<at::Tensor, at::Tensor> select_backward_cpu(const at::Tensor& grad_scores, const at::Tensor& queries,
                                                        const at::Tensor& keys, const at::Tensor& indices,
                                                        const at::Tensor& scores, c10::string_view similarity) {
-  return ops::knn_select_backward(grad_scores, queries, keys, indices, scores, std::string(similarity));
+  return knn_select_backward_checked(grad_scores, queries, keys, indices, scores, parse_similarity(similarity));
 }
 
 constexpr ops::composite::AttentionBackwardSteps kCpuSteps{
-    &ops::knn_aggregate_backward, &softmax_rho_backward_cpu, &select_backward_cpu};
+    &knn_aggregate_backward_checked, &softmax_rho_backward_cpu, &select_backward_cpu};
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
     const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,

@@ -64,6 +64,15 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
                                                        c10::string_view similarity_name) {
   const auto similarity =
       checks::check_select_backward_inputs(grad_scores, queries, keys, indices, scores, similarity_name);
+  return knn_select_backward_checked(grad_scores, queries, keys, indices, scores, similarity);
+}
+
+std::tuple<at::Tensor, at::Tensor> knn_select_backward_checked(const at::Tensor& grad_scores,
+                                                               const at::Tensor& queries,
+                                                               const at::Tensor& keys,
+                                                               const at::Tensor& indices,
+                                                               const at::Tensor& scores,
+                                                               Similarity similarity) {
   const auto q = queries.contiguous(), k = keys.contiguous();
   auto grad_queries = at::empty_like(q), grad_keys = at::empty_like(k);
   if (q.numel() == 0 && k.numel() == 0) return {grad_queries, grad_keys};

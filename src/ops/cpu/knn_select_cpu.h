@@ -65,4 +65,13 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
                                                        const at::Tensor& scores,
                                                        c10::string_view similarity);
 
+// knn_select_backward on inputs its caller has already checked as its own (the fused attention's
+// backward): the same results without validating and reading the inputs a second time.
+std::tuple<at::Tensor, at::Tensor> knn_select_backward_checked(const at::Tensor& grad_scores,
+                                                               const at::Tensor& queries,
+                                                               const at::Tensor& keys,
+                                                               const at::Tensor& indices,
+                                                               const at::Tensor& scores,
+                                                               Similarity similarity);
+
 }  // namespace convnn::cpu
