@@ -50,6 +50,7 @@ void backward_depthwise_by_queries(const AggregateBackwardParams<scalar_t>& p,
     Scratch<T> dy_buffer(c_in), row_buffer(c_in), block(partial_size);
     // Adds query row r's d(kernel) [K, C] and d(bias) [C] to acc, and stores its d(weights).
     const auto add_row = [&](int64_t r, T* acc) {
+      prefetch_selected_rows(p.values, p.indices, r + kGatherAhead, s.g * s.n, s.n, k_taps, c_in);
       const int64_t g = r / s.n, i = r % s.n;
       const T* dy = opmath_row(p.grad_output.row(g, i), c_in, dy_buffer.get());
       if (p.grad_bias) axpy(c_in, T(1), dy, acc + k_taps * c_in);
@@ -84,6 +85,12 @@ void backward_depthwise_values(const AggregateBackwardParams<scalar_t>& p,
   at::parallel_for(0, s.g * s.m, grain, [&](int64_t begin, int64_t end) {
     Scratch<T> acc_buffer(c_in);
     for (int64_t r = begin; r < end; ++r) {
+      if (r + kGatherAhead < end) {
+        const int64_t ahead_g = (r + kGatherAhead) / s.m, ahead_j = (r + kGatherAhead) % s.m;
+        for (const int64_t* slot = inverse.begin(ahead_g, ahead_j); slot != inverse.end(ahead_g, ahead_j); ++slot) {
+          prefetch_row(p.grad_output.row(ahead_g, inverse.query(*slot)), c_in * sizeof(scalar_t));
+        }
+      }
       const int64_t g = r / s.m, j = r % s.m;
       const int64_t* slots = inverse.begin(g, j);
       const auto contribution = [&](int64_t t, int64_t c0, int64_t width, T* scratch) {

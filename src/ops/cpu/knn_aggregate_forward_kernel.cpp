@@ -46,6 +46,7 @@ void forward_depthwise(const AggregateForwardParams<scalar_t>& p) {
   at::parallel_for(0, s.g * s.n, row_grain(k_taps * c_in), [&](int64_t begin, int64_t end) {
     Scratch<T> acc_buffer(c_in);
     for (int64_t r = begin; r < end; ++r) {
+      prefetch_selected_rows(p.values, p.indices, r + kGatherAhead, end, s.n, k_taps, c_in);
       const int64_t g = r / s.n, i = r % s.n;
       const auto tap = [&](int64_t k, int64_t c0, int64_t width, T* scratch) {
         return std::make_tuple(
