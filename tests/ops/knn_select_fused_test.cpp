@@ -102,14 +102,14 @@ TEST(FusedSelect, Float32SmallKTopKEqualsReferenceWithTiesSignedZerosAndMasks) {
   }
 }
 
-// Float32 rows of 33 to 1024 keys with K <= 16 are selected whole (AVX2 builds): a gate on the
+// Float32 rows of 33 to 2048 keys with K <= 16 are selected whole (AVX2 builds): a gate on the
 // K-th largest of 2K..32 lane maxima, then ranks of the keys that pass, or the running top-K when
 // more than 32 pass. Integer features (exact scores, many of them equal) reach both: every K (1 to
-// 4 lane subsets), rows just above 32 keys and at the 1024-key limit, 1025 keys (the streaming
+// 4 lane subsets), rows just above 32 keys and at the 2048-key limit, 2049 keys (the streaming
 // tiles), masks and both slot orders; each must equal the reference bit for bit.
 TEST(FusedSelect, Float32WholeRowSelectionEqualsReferenceForEveryKUpTo16) {
   torch::manual_seed(7);
-  for (const int64_t m : {int64_t{33}, int64_t{40}, int64_t{197}, int64_t{1024}, int64_t{1025}}) {
+  for (const int64_t m : {int64_t{33}, int64_t{40}, int64_t{197}, int64_t{2048}, int64_t{2049}}) {
     const auto q = torch::randint(-8, 9, {2, 37, 4}, torch::kFloat);
     const auto k = torch::randint(-8, 9, {2, m, 4}, torch::kFloat);
     const auto allowed = torch::rand({2, 37, m}) > 0.5;
