@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <c10/util/Exception.h>
 
@@ -99,8 +100,18 @@ struct SoftmaxRho {
                  : std::exp((static_cast<acc_t>(scores[s]) - largest) / temperature);
     };
     acc_t total = 0;
-    for (int64_t s = 0; s < k; ++s) total += exponential(s);
-    for (int64_t s = 0; s < k; ++s) weights[s] = static_cast<scalar_t>(exponential(s) / total);
+    if constexpr (std::is_same_v<acc_t, scalar_t>) {
+      // Each exponential once, kept in the output row and then divided in place: the same values
+      // as below, at half the exponentials (the output type keeps them exactly).
+      for (int64_t s = 0; s < k; ++s) {
+        weights[s] = exponential(s);
+        total += weights[s];
+      }
+      for (int64_t s = 0; s < k; ++s) weights[s] = weights[s] / total;
+    } else {
+      for (int64_t s = 0; s < k; ++s) total += exponential(s);
+      for (int64_t s = 0; s < k; ++s) weights[s] = static_cast<scalar_t>(exponential(s) / total);
+    }
   }
   // Subtract the max, exp, sum, divide (4 FLOPs) and the max (a comparison) per slot; a division
   // by the temperature when it is not 1.
