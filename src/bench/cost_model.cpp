@@ -82,11 +82,22 @@ CostModel convnn_module_cost(const CostShape& shape) {
                 s.b * s.n * s.c, shape.element_size);
 }
 
+namespace {
+
+// Dense attention's softmax: the softmax rho's rule over G*N rows of N scores (untempered: the
+// scale is the scores' term).
+double softmax_flops(const CostShape& shape) {
+  const int64_t rows = shape.batch * shape.heads * shape.tokens;
+  return static_cast<double>(ops::rho_cost(Rho::Softmax, rows, shape.tokens, 1.0)->flops());
+}
+
+}  // namespace
+
 // Dense attention on G slices: every score, its softmax, and the weighted sum of every value.
 std::vector<CostTerm> dense_attention_terms(const CostShape& shape) {
   const auto s = sizes_of(shape);
   return {term("scores", 2.0 * s.g * s.n * s.n * s.d + (shape.scaled ? s.g * s.n * s.n : 0.0)),
-          term("softmax", 4.0 * s.g * s.n * s.n), term("attention_values", 2.0 * s.g * s.n * s.n * s.d)};
+          term("softmax", softmax_flops(shape)), term("attention_values", 2.0 * s.g * s.n * s.n * s.d)};
 }
 
 CostModel mhsa_op_cost(const CostShape& shape) {

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "nn/functional/symint_forms.h"
+
 namespace convnn::bench {
 namespace {
 
@@ -14,17 +16,9 @@ void check_similarity(Similarity similarity, const char* where) {
               to_string(similarity));
 }
 
-// [B,N,H*d] -> [B*H,N,d], the same folding as the library's.
-at::Tensor fold_heads(const at::Tensor& x, int64_t heads) {
-  const auto b = x.size(0), n = x.size(1), d = x.size(2) / heads;
-  return x.reshape({b, n, heads, d}).permute({0, 2, 1, 3}).reshape({b * heads, n, d});
-}
-
-// [B*H,N,d] -> [B,N,H*d]
-at::Tensor unfold_heads(const at::Tensor& x, int64_t heads) {
-  const auto b = x.size(0) / heads, n = x.size(1), d = x.size(2);
-  return x.reshape({b, heads, n, d}).permute({0, 2, 1, 3}).reshape({b, n, heads * d});
-}
+// The library's head folding: the reference paths split heads as the layer does.
+using nn::functional::detail::fold_heads;
+using nn::functional::detail::unfold_heads;
 
 }  // namespace
 

@@ -21,6 +21,14 @@ int64_t topk_comparisons(int64_t rows, int64_t candidates, int64_t k) {
   return rows * candidates * depth;
 }
 
+std::optional<OpCost> rho_cost(Rho rho, int64_t rows, int64_t k, double temperature) {
+  return kernels::dispatch_rho(rho, [&](auto policy) -> std::optional<OpCost> {
+    using Policy = decltype(policy);
+    if (!Policy::kWeighsSlots) return std::nullopt;
+    return from_kernel(Policy::cost(rows, k, temperature != 1.0));
+  });
+}
+
 KnnCallCost knn_call_cost(const KnnCallShape& s, const KnnCallSettings& o) {
   TORCH_CHECK(s.queries >= 0 && s.candidates >= 0 && s.heads >= 1 && s.qk_features >= 0 &&
                   s.channels >= 0 && s.out_channels >= 0,
@@ -32,13 +40,9 @@ KnnCallCost knn_call_cost(const KnnCallShape& s, const KnnCallSettings& o) {
     return from_kernel(decltype(policy)::cost({n, s.candidates, h, s.qk_features, o.k}));
   });
   cost.topk = {0, 0, h * topk_comparisons(n, s.candidates, o.k)};
-  const bool weighs = kernels::dispatch_rho(o.rho, [&](auto policy) {
-    using Policy = decltype(policy);
-    if (Policy::kWeighsSlots) cost.rho = from_kernel(Policy::cost(h * n, o.k, o.temperature != 1.0));
-    return Policy::kWeighsSlots;
-  });
+  cost.rho = rho_cost(o.rho, h * n, o.k, o.temperature);
   // Weighting (skipped when every weight is 1), then the Conv1d of kernel K and stride K.
-  if (weighs) cost.aggregation.other_flops += n * o.k * s.channels;
+  if (cost.rho) cost.aggregation.other_flops += n * o.k * s.channels;
   cost.aggregation.macs = o.depthwise ? n * o.k * s.channels : n * o.k * s.channels * s.out_channels / h;
   if (o.bias) cost.aggregation.other_flops += n * s.out_channels;
   return cost;

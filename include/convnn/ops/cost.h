@@ -51,6 +51,10 @@ struct KnnCallCost {
 /// Throws c10::Error when a size is negative or k < 1.
 KnnCallCost knn_call_cost(const KnnCallShape& shape, const KnnCallSettings& settings);
 
+/// A rho over `rows` rows of k scores each, by its policy's rule; empty when it computes no weights
+/// (uniform). Dense attention's softmax is rho_cost(Rho::Softmax, rows, N, 1.0).
+std::optional<OpCost> rho_cost(Rho rho, int64_t rows, int64_t k, double temperature);
+
 /// Top-k over `candidates` for each of `rows` rows: ceil(log2 k) comparisons (at least 1) per
 /// candidate, the bound of a k-element heap.
 int64_t topk_comparisons(int64_t rows, int64_t candidates, int64_t k);

@@ -26,16 +26,8 @@ using checks::shape_string;
 // ATen to infer (unflatten with -1): a concrete size() would specialise the traced program to this
 // call's batch and token counts. On concrete tensors a SymInt is a plain int.
 
-// [B,N,H*d] -> [B*H,N,d]. One head is a view of x (as reshape gave), more a contiguous copy.
-at::Tensor fold_heads(const at::Tensor& x, int64_t heads) {
-  const auto split = x.unflatten(2, {heads, -1}).transpose(1, 2);  // [B,H,N,d]
-  return heads == 1 ? split.squeeze(1) : detail::merge_leading_dims(split);
-}
-
-// [B*H,N,d] -> [B,N,H*d]
-at::Tensor unfold_heads(const at::Tensor& x, int64_t heads) {
-  return x.unflatten(0, {-1, heads}).transpose(1, 2).flatten(2);
-}
+using detail::fold_heads;
+using detail::unfold_heads;
 
 // Grouped-query attention without copying a key/value head per query head: the `group` query
 // heads that share a key/value head become one slice of group*N query rows against that head's
@@ -477,6 +469,15 @@ at::Tensor conv_nn3d(const at::Tensor& input, const at::Tensor& kernel, const at
 }
 
 namespace detail {
+
+at::Tensor fold_heads(const at::Tensor& x, int64_t heads) {
+  const auto split = x.unflatten(2, {heads, -1}).transpose(1, 2);  // [B,H,N,d]
+  return heads == 1 ? split.squeeze(1) : merge_leading_dims(split);
+}
+
+at::Tensor unfold_heads(const at::Tensor& x, int64_t heads) {
+  return x.unflatten(0, {-1, heads}).transpose(1, 2).flatten(2);
+}
 
 // symint_forms.h. A contiguous tensor's merged view is known: the strides of its dimensions 1, 2,
 // ... (as_strided keeps its storage offset).

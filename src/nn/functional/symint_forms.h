@@ -1,8 +1,8 @@
 #pragma once
-// grid_coordinates, draw_candidates and causal_mask (convnn/nn/functional/convnn.h) on SymInt
-// sizes: the forms the layer composites call, which torch.compile and torch.export trace with
-// symbolic batch, token and spatial sizes. The public int64 functions call these, so each rule
-// has one implementation; on concrete sizes a SymInt is a plain int.
+// grid_coordinates, draw_candidates and causal_mask (convnn/nn/functional/convnn.h) and the head
+// folding on SymInt sizes: the forms the layer composites call, which torch.compile and
+// torch.export trace with symbolic batch, token and spatial sizes. The public int64 functions call
+// these, so each rule has one implementation; on concrete sizes a SymInt is a plain int.
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymInt.h>
@@ -22,5 +22,12 @@ at::Tensor causal_mask_symint(const c10::SymInt& n, const at::Device& device);
 // stride is min(stride(0), stride(1)), e.g. Min(8*N, 4*N), which PyTorch's shape solver cannot
 // simplify, so the next view of the tensor guards on it and fixes the token count N.
 at::Tensor merge_leading_dims(const at::Tensor& t);
+
+// [B,N,H*d] -> [B*H,N,d], the layers' head folding (the benchmarks' reference paths use it too).
+// One head is a view of x, more a contiguous copy.
+at::Tensor fold_heads(const at::Tensor& x, int64_t heads);
+
+// [B*H,N,d] -> [B,N,H*d]
+at::Tensor unfold_heads(const at::Tensor& x, int64_t heads);
 
 }  // namespace convnn::nn::functional::detail
