@@ -84,6 +84,23 @@ TEST(Cost, ConvNNOperatorRules) {
   EXPECT_EQ(standard.entries()[2].cost.other_flops, 4 * 6);              // bias only
 }
 
+TEST(Cost, RhoCostIsThePolicyRuleThatTheOperatorCostUses) {
+  using convnn::ops::rho_cost;
+  // Softmax: subtract, exp, sum, divide per slot (+ the temperature's division), a max comparison.
+  const auto softmax = rho_cost(convnn::Rho::Softmax, 5, 7, 1.0);
+  ASSERT_TRUE(softmax.has_value());
+  EXPECT_EQ(softmax->other_flops, 4 * 5 * 7);
+  EXPECT_EQ(softmax->comparisons, 5 * 7);
+  EXPECT_EQ(rho_cost(convnn::Rho::Softmax, 5, 7, 0.5)->other_flops, 5 * 5 * 7);
+  EXPECT_EQ(rho_cost(convnn::Rho::Mean, 5, 7, 1.0)->other_flops, 5);  // one reciprocal per row
+  EXPECT_FALSE(rho_cost(convnn::Rho::Uniform, 5, 7, 1.0).has_value());
+  // The operator's rho share is the same rule over H*N rows of K.
+  const auto call = convnn::ops::knn_call_cost({4, 6, 2, 8, 8, 8},
+                                               {convnn::Similarity::Dot, 3, convnn::Rho::Softmax, 2.0, true, false});
+  ASSERT_TRUE(call.rho.has_value());
+  EXPECT_EQ(call.rho->other_flops, rho_cost(convnn::Rho::Softmax, 2 * 4, 3, 2.0)->other_flops);
+}
+
 TEST(Cost, ResNet50MatchesTheConvolutionCount) {
   const auto cost = total_of("resnet50", resnet(ResNetLayer::Conv));
   EXPECT_EQ(cost.macs, 4'089'184'256);  // the "4.1 G" of the paper's Table 2 (MACs)
