@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <new>
 
+#include "ops/cpu/shared_inverse_index.h"
 #include "ops/kernels/views.h"
 
 namespace convnn::cpu::CONVNN_CPU_ISA {
@@ -80,5 +82,25 @@ class InverseIndex {
   Scratch<int64_t> offsets_;  // [G, M+1]
   Scratch<int64_t> slots_;    // [G, N*K]
 };
+
+// The inverse index of `indices`: the one the running knn_attention backward already built for
+// these indices (shared_inverse_index.h), else a new one, which that backward's other step then
+// reads.
+inline std::shared_ptr<const InverseIndex> inverse_index_for(const SlotsView<const int64_t>& indices, int64_t g,
+                                                             int64_t n, int64_t k, int64_t m) {
+  static const char kThisIsa = 0;  // one per instruction set: the namespaces differ
+  SharedInverseIndex* shared = shared_inverse_index;
+  if (shared != nullptr && shared->index != nullptr && shared->isa == &kThisIsa &&
+      shared->indices == indices.data && shared->stride_g == indices.stride_g &&
+      shared->stride_n == indices.stride_n && shared->stride_k == indices.stride_k && shared->g == g &&
+      shared->n == n && shared->k == k && shared->m == m) {
+    return std::static_pointer_cast<const InverseIndex>(shared->index);
+  }
+  auto built = std::make_shared<const InverseIndex>(indices, g, n, k, m);
+  if (shared != nullptr) {
+    *shared = {indices.data, indices.stride_g, indices.stride_n, indices.stride_k, g, n, k, m, &kThisIsa, built};
+  }
+  return built;
+}
 
 }  // namespace convnn::cpu::CONVNN_CPU_ISA

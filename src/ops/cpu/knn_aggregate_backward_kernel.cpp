@@ -22,7 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <optional>
+#include <memory>
 #include <tuple>
 
 #include "ops/cpu/aggregate_math.h"
@@ -374,11 +374,9 @@ void knn_aggregate_backward_kernel(const AggregateBackwardParams<scalar_t>& p) {
   const bool wants_routes = value_side ? (p.grad_values.data || p.grad_kernel) &&
                                              !scatter_by_slices(p.sizes)
                                        : p.grad_values.data != nullptr;
-  std::optional<InverseIndex> inverse;
-  if (wants_routes) {
-    inverse.emplace(p.indices, p.sizes.g, p.sizes.n, p.sizes.k, p.sizes.m);
-  }
-  const InverseIndex* routes = inverse ? &*inverse : nullptr;
+  std::shared_ptr<const InverseIndex> inverse;
+  if (wants_routes) inverse = inverse_index_for(p.indices, p.sizes.g, p.sizes.n, p.sizes.k, p.sizes.m);
+  const InverseIndex* routes = inverse.get();
   if (p.sizes.depthwise) {
     backward_depthwise(p, routes);
   } else if (value_side) {

@@ -14,6 +14,7 @@
 #include "ops/cpu/knn_aggregate_cpu.h"
 #include "ops/cpu/knn_attention_kernel.h"
 #include "ops/cpu/knn_select_cpu.h"
+#include "ops/cpu/shared_inverse_index.h"
 
 namespace convnn::cpu {
 namespace {
@@ -72,6 +73,20 @@ std::tuple<at::Tensor, at::Tensor> select_backward_cpu(const at::Tensor& grad_sc
   return knn_select_backward_checked(grad_scores, queries, keys, indices, scores, parse_similarity(similarity));
 }
 
+// Opens the shared inverse-index slot (shared_inverse_index.h) on this thread for one backward
+// call, and closes it after, whatever leaves the call.
+class ShareInverseIndex {
+ public:
+  ShareInverseIndex() : previous_(shared_inverse_index) { shared_inverse_index = &slot_; }
+  ~ShareInverseIndex() { shared_inverse_index = previous_; }
+  ShareInverseIndex(const ShareInverseIndex&) = delete;
+  ShareInverseIndex& operator=(const ShareInverseIndex&) = delete;
+
+ private:
+  SharedInverseIndex slot_;
+  SharedInverseIndex* previous_;
+};
+
 constexpr ops::composite::AttentionBackwardSteps kCpuSteps{
     &knn_aggregate_backward_checked, &softmax_rho_backward_cpu, &select_backward_cpu};
 
@@ -83,6 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
   const auto checked = checks::check_attention_backward_inputs(
       grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho_name,
       temperature);
+  const ShareInverseIndex share;
   return ops::composite::knn_attention_backward(kCpuSteps, grad_output, queries, keys, values, kernel,
                                                 scores, indices, weights, similarity, checked.rho,
                                                 temperature, output_mask);

@@ -191,14 +191,14 @@ template <typename scalar_t, typename acc_t>
 void knn_select_backward(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
   kernels::dispatch_similarity(p.similarity, [&](auto policy) {
     using Policy = decltype(policy);
-    const InverseIndex inverse(p.indices, p.slices, p.queries_n, p.k, p.keys_m);
+    const auto inverse = inverse_index_for(p.indices, p.slices, p.queries_n, p.k, p.keys_m);
     if constexpr (kSumsRowsInPlace<Policy, scalar_t, acc_t>) {
       Scratch<acc_t> coefficients(p.slices * p.queries_n * p.k);
       grad_queries_in_place<Policy>(p, coefficients.get());
-      grad_keys_in_place<Policy>(p, inverse, coefficients.get());
+      grad_keys_in_place<Policy>(p, *inverse, coefficients.get());
     } else {
       grad_queries_pass<Policy>(p);
-      grad_keys_pass<Policy>(p, inverse);
+      grad_keys_pass<Policy>(p, *inverse);
     }
   });
 }
