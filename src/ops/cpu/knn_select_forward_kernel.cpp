@@ -105,7 +105,7 @@ class SelectTask {
         width_(whole_rows_ ? round_up(p.keys_m, kColumnTile) : kKeyBlock),
         q_(round_up(kQueryBlock, kRowTile) * d_),
         kt_(d_ * width_),
-        keys_block_(width_ * d_),
+        keys_block_(kTransposesInputs ? 0 : width_ * d_),
         tile_(kQueryBlock * width_),
         top_keys_(kQueryBlock * p.k),
         top_indices_(kQueryBlock * p.k),
@@ -140,6 +140,9 @@ class SelectTask {
   }
 
  private:
+  // Keys already in acc_t and not normalised are transposed from the input, without a converted copy.
+  static constexpr bool kTransposesInputs = std::is_same_v<scalar_t, acc_t> && !Policy::kUnitRows;
+
   static bool selects_whole_rows(const KnnSelectParams<scalar_t, acc_t>& p) {
 #if defined(CPU_CAPABILITY_AVX2)
     if constexpr (std::is_same_v<TopK, LaneTopK>) {
@@ -162,7 +165,7 @@ class SelectTask {
   void load_key_block(int64_t g, int64_t m0, int64_t columns) {
     const scalar_t* src = p_.keys + g * p_.keys_slice_stride + m0 * d_;
     const acc_t* rows = nullptr;
-    if constexpr (std::is_same_v<scalar_t, acc_t> && !Policy::kUnitRows) {
+    if constexpr (kTransposesInputs) {
       rows = src;  // already acc_t and not normalised: transposed straight from the input
     } else {
       load_rows(src, columns, d_, Policy::kUnitRows, keys_block_.data());
