@@ -16,7 +16,7 @@
 namespace convnn::data {
 namespace {
 
-constexpr detail::NameTable<Recipe, 2> kRecipes{{{"paper", Recipe::Paper}, {"none", Recipe::None}}};
+constexpr convnn::detail::NameTable<Recipe, 2> kRecipes{{{"paper", Recipe::Paper}, {"none", Recipe::None}}};
 constexpr const char* kImageFolder = "imagefolder";
 
 // The values a recipe gives the unset augmentation fields (label smoothing 0.1 and the
@@ -74,7 +74,7 @@ void check_augmentation(const AugmentationConfig& a) {
   check_optional(a.rand_augment, "rand_augment", "a magnitude in [0, 10] (0: off)", "the recipe's value",
                  [](double v) { return v >= 0.0 && v <= 10.0; });
   TORCH_CHECK(a.rand_augment_ops >= 0, "rand_augment_ops must be >= 0 (0: off), got ", a.rand_augment_ops);
-  detail::check_finite_non_negative(a.rand_augment_mstd, "rand_augment_mstd");
+  convnn::detail::check_finite_non_negative(a.rand_augment_mstd, "rand_augment_mstd");
   check_optional(a.color_jitter, "color_jitter", ">= 0 (0: off)", "the recipe's value", non_negative);
   check_optional(a.reprob, "reprob", "a probability in [0, 1]", "the recipe's value", probability);
   check_optional(a.mixup, "mixup", "an alpha >= 0 (0: off)", "the recipe's value", non_negative);
@@ -134,9 +134,9 @@ void check_image_folder(const DataConfig& d, const AugmentationConfig& a) {
 
 }  // namespace
 
-Recipe parse_recipe(const std::string& name) { return detail::parse_name(kRecipes, name, "recipe"); }
-std::string to_string(Recipe value) { return detail::name_of(kRecipes, value); }
-const std::vector<std::string>& recipe_names() { return detail::table_names<kRecipes>(); }
+Recipe parse_recipe(const std::string& name) { return convnn::detail::parse_name(kRecipes, name, "recipe"); }
+std::string to_string(Recipe value) { return convnn::detail::name_of(kRecipes, value); }
+const std::vector<std::string>& recipe_names() { return convnn::detail::table_names<kRecipes>(); }
 
 const std::vector<std::string>& config_dataset_names() {
   static const std::vector<std::string> names = [] {

@@ -13,9 +13,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr detail::NameTable<Split, 2> kSplits{{{"train", Split::Train}, {"test", Split::Test}}};
+constexpr convnn::detail::NameTable<Split, 2> kSplits{{{"train", Split::Train}, {"test", Split::Test}}};
 
-constexpr detail::NameTable<DatasetKind, 4> kDatasetNames = {{
+constexpr convnn::detail::NameTable<DatasetKind, 4> kDatasetNames = {{
     {"fashion-mnist", DatasetKind::FashionMnist},
     {"mnist", DatasetKind::Mnist},
     {"cifar10", DatasetKind::Cifar10},
@@ -157,16 +157,16 @@ ImageSet load_cifar(DatasetKind kind, const fs::path& root, Split split) {
 }  // namespace
 
 DatasetKind parse_dataset(const std::string& name) {
-  return detail::parse_name(kDatasetNames, name, "dataset");
+  return convnn::detail::parse_name(kDatasetNames, name, "dataset");
 }
 
-std::string to_string(DatasetKind kind) { return detail::name_of(kDatasetNames, kind); }
+std::string to_string(DatasetKind kind) { return convnn::detail::name_of(kDatasetNames, kind); }
 
-const std::vector<std::string>& dataset_names() { return detail::table_names<kDatasetNames>(); }
+const std::vector<std::string>& dataset_names() { return convnn::detail::table_names<kDatasetNames>(); }
 
-Split parse_split(const std::string& name) { return detail::parse_name(kSplits, name, "split"); }
-std::string to_string(Split split) { return detail::name_of(kSplits, split); }
-const std::vector<std::string>& split_names() { return detail::table_names<kSplits>(); }
+Split parse_split(const std::string& name) { return convnn::detail::parse_name(kSplits, name, "split"); }
+std::string to_string(Split split) { return convnn::detail::name_of(kSplits, split); }
+const std::vector<std::string>& split_names() { return convnn::detail::table_names<kSplits>(); }
 
 std::string default_data_dir(DatasetKind kind) {
   if (kind == DatasetKind::FashionMnist) return "/usr/share/datasets/fashion-mnist";

@@ -134,15 +134,6 @@ at::Tensor random_images(at::IntArrayRef shape, uint64_t seed) {
   return at::randint(0, 256, shape, generator, at::TensorOptions().dtype(at::kByte));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
-
 void expect_error(const std::function<void()>& f, const std::string& path,
                   const std::string& what) {
   const auto message = error_of(f);

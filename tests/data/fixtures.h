@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "support/error_message.h"
+
 namespace convnn::testing {
 
 using Bytes = std::vector<uint8_t>;
@@ -72,8 +74,6 @@ Bytes png_claiming(uint32_t width, uint32_t height);
 /// damaged data there, one that stops early never sees it.
 Bytes gzip_bomb(const Bytes& prefix, uint64_t zeros);
 
-/// The message of the c10::Error that `f` throws; "<no error>" when it throws none.
-std::string error_of(const std::function<void()>& f);
 /// EXPECTs that `f` throws a c10::Error whose message holds both `path` and `what`.
 void expect_error(const std::function<void()>& f, const std::string& path,
                   const std::string& what);

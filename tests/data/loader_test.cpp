@@ -13,6 +13,8 @@
 
 #include "data/fixtures.h"
 
+namespace loader_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 using namespace convnn::data;
@@ -386,3 +388,5 @@ TEST(DataLoader, BadImageSet) {
 }
 
 }  // namespace
+
+}  // namespace loader_test

@@ -9,6 +9,8 @@
 #include "convnn/nn/modules/convnn.h"
 #include "support/assert_close.h"
 
+namespace vit_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 using namespace convnn::models;
@@ -178,3 +180,5 @@ TEST(ViT, StochasticDepthGrowsLinearly) {
 }
 
 }  // namespace
+
+}  // namespace vit_test

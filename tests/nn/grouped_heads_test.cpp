@@ -14,6 +14,8 @@
 #include "support/assert_close.h"
 #include "support/error_message.h"
 
+namespace grouped_heads_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 using convnn::nn::ConvNNAttention;
@@ -189,3 +191,5 @@ TEST(GroupedHeads, TheFunctionalFormChecksTheKeyValueChannelsAgainstKvHeads) {
 }
 
 }  // namespace
+
+}  // namespace grouped_heads_test

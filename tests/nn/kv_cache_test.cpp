@@ -14,6 +14,8 @@
 #include "support/assert_close.h"
 #include "support/error_message.h"
 
+namespace kv_cache_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 using convnn::nn::ConvNNAttention;
@@ -147,3 +149,5 @@ TEST(KVCacheRules, ACacheShorterThanKDecodesAsTheCausalForward) {
 }
 
 }  // namespace
+
+}  // namespace kv_cache_test

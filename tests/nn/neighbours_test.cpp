@@ -11,6 +11,9 @@
 #include "convnn/nn/modules/convnn.h"
 #include "convnn/nn/neighbours.h"
 #include "support/assert_close.h"
+#include "support/error_message.h"
+
+namespace neighbours_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
 
 namespace {
 
@@ -18,14 +21,7 @@ using namespace convnn::nn;
 using convnn::Similarity;
 using convnn::testing::AllClose;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& error) {
-    return error.what_without_backtrace();
-  }
-  return "no error";
-}
+using convnn::testing::error_of;
 
 // The spatial layer's output [B, C', *] recomputed from its input (identity projections), the
 // returned indices (flat in the padded grid) and weights, and its kernel shared by the heads.
@@ -268,3 +264,5 @@ TEST(Neighbours, RecordingAModelKeepsEachLayerThatRanByItsPathAndStopsAfterwards
 }
 
 }  // namespace
+
+}  // namespace neighbours_test

@@ -13,20 +13,16 @@
 #include "convnn/ops/knn_ops.h"
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
+#include "support/error_message.h"
+
+namespace defects_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
 
 namespace {
 
 using convnn::Rho;
 using convnn::testing::AllClose;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "no error";
-}
+using convnn::testing::error_of;
 
 struct Attention {
   at::Tensor q, k, v, kernel;
@@ -184,3 +180,5 @@ TEST(FiniteInputs, LargeFiniteKeysWhoseSumOverflowsAreAccepted) {
 }
 
 }  // namespace
+
+}  // namespace defects_test

@@ -24,6 +24,8 @@
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
 
+namespace fuzz_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 namespace ops = convnn::ops;
@@ -646,3 +648,5 @@ TEST(OpsFuzz, IsolationReportsACrashAndAHang) {
 }
 
 }  // namespace
+
+}  // namespace fuzz_test

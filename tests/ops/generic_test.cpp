@@ -26,6 +26,8 @@
 #include "support/enum_lists.h"
 #include "support/gradcheck.h"
 
+namespace generic_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 namespace generic = convnn::ops::generic;
@@ -798,3 +800,5 @@ TEST_P(GenericCuda, SelectAggregateAndAttentionEqualTheCpuAndBackwardIsBitwiseRe
 INSTANTIATE_TEST_SUITE_P(AttentionSweep, GenericCuda, ::testing::ValuesIn(attention_sweep()));
 
 }  // namespace
+
+}  // namespace generic_test

@@ -11,6 +11,8 @@
 #include "convnn/ops/knn_ops.h"
 #include "support/assert_close.h"
 
+namespace knn_aggregate_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 using convnn::testing::AllClose;
@@ -191,3 +193,5 @@ TEST(KnnAggregate, KEqualsOneIsAWeightedGatherThroughThePointwiseKernel) {
 }
 
 }  // namespace
+
+}  // namespace knn_aggregate_test

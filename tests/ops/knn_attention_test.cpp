@@ -21,6 +21,8 @@
 #include "support/assert_close.h"
 #include "support/gradcheck.h"
 
+namespace knn_attention_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 using convnn::Rho;
@@ -386,3 +388,5 @@ TEST(FusedAttention, ConvNNAttentionFusedDefaultEqualsComposedPath) {
 }
 
 }  // namespace
+
+}  // namespace knn_attention_test

@@ -9,6 +9,8 @@
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
 
+namespace knn_select_fused_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 using convnn::Similarity;
@@ -192,3 +194,5 @@ TEST(FusedSelect, NonContiguousInputsAndEmptyBatch) {
 }
 
 }  // namespace
+
+}  // namespace knn_select_fused_test

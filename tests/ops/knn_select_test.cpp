@@ -16,6 +16,8 @@
 #include "support/assert_close.h"
 #include "support/enum_lists.h"
 
+namespace knn_select_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace {
 
 using convnn::Similarity;
@@ -380,3 +382,5 @@ TEST(KnnSelect, PlusInfSimilarityRaisesAnErrorNamingItsPosition) {
 }
 
 }  // namespace
+
+}  // namespace knn_select_test

@@ -26,6 +26,8 @@
 #include "ops/cuda/triton/select_launches.h"
 #include "ops/generic/generic.h"
 
+namespace triton_aot_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
+
 namespace triton = convnn::ops::cuda::triton;
 
 namespace {
@@ -543,3 +545,5 @@ TEST(TritonAotCuda, FusedAttentionEqualsTheGenericPath) {
 TEST(TritonAot, NotInThisBuild) { GTEST_SKIP() << "this build does not embed the Triton kernels"; }
 
 #endif
+
+}  // namespace triton_aot_test

@@ -18,7 +18,7 @@
 namespace convnn::ops::generic {
 namespace {
 
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+using reference::kNegInf;
 
 void apply_mask(at::Tensor& ranking_keys, const at::Tensor& mask, const RowBlock& block) {
   if (!mask.defined()) return;

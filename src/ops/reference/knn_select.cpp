@@ -14,8 +14,6 @@
 namespace convnn::reference {
 namespace {
 
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
 at::Tensor apply_mask(at::Tensor keys_matrix, const c10::optional<at::Tensor>& mask) {
   if (!mask.has_value() || !mask->defined()) return keys_matrix;
   if (mask->scalar_type() == at::kBool) {

@@ -9,8 +9,6 @@
 namespace convnn::reference {
 namespace {
 
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
 // |x| from ops that have Meta kernels in C++ (at::abs has none).
 at::Tensor magnitude(const at::Tensor& x) { return x * x.sign(); }
 

@@ -5,11 +5,15 @@
 // Only ATen ops with C++ kernels on every device, Meta included (src/ops/generic/internal.h).
 #include <ATen/core/Tensor.h>
 
+#include <limits>
 #include <tuple>
 
 #include "convnn/ops/similarity.h"
 
 namespace convnn::reference {
+
+/// The ranking key of a masked-out or impossible pair.
+inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 /// x / max(|x|, eps) along the last dim (cosine's unit rows).
 at::Tensor unit_rows(const at::Tensor& x);
