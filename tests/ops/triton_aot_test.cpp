@@ -539,11 +539,11 @@ TEST(TritonAotCuda, FusedAttentionEqualsTheGenericPath) {
   EXPECT_TRUE(torch::equal(std::get<2>(two_kernels), std::get<2>(again))) << "d values bitwise repeatable";
 }
 
+}  // namespace triton_aot_test
+
 #else
 
 // A build without the embedded kernels (no nvcc, no triton, or CONVNN_TRITON_AOT=OFF) says so.
 TEST(TritonAot, NotInThisBuild) { GTEST_SKIP() << "this build does not embed the Triton kernels"; }
 
 #endif
-
-}  // namespace triton_aot_test
