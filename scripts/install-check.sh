@@ -61,13 +61,14 @@ if grep -F -e "$repo_root/include" -e "$repo_root/src" "$example/compile_command
   fail "the example compiles with convnn's source tree on its include path ($example/compile_commands.json)"
 fi
 
-# <convnn/convnn.h> brings every installed header but bench/ (its own library, convnn::bench): the
-# headers the example's main.cpp was compiled with, as the compiler reported them to ninja (paths
-# relative to the example's build folder when ccache rewrote them), as convnn/....
+# <convnn/convnn.h> brings every installed header but bench/ and verify/ (libraries of their own,
+# convnn::bench and convnn::verify): the headers the example's main.cpp was compiled with, as the
+# compiler reported them to ninja (paths relative to the example's build folder when ccache rewrote
+# them), as convnn/....
 included="$(ninja -C "$example" -t deps CMakeFiles/convnn_example.dir/main.cpp.o |
             sed -n 's|^ *.*prefix/include/\(convnn/.*\)$|\1|p')"
 while IFS= read -r header; do
-  case "$header" in convnn/bench/*) continue ;; esac
+  case "$header" in convnn/bench/* | convnn/verify/*) continue ;; esac
   grep -qxF "$header" <<<"$included" || fail "<convnn/convnn.h> does not bring $header"
 done < <(cd "$prefix/include" && find convnn -name '*.h' | sort)
 

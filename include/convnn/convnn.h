@@ -2,7 +2,8 @@
 // convnn's whole public API, as <torch/torch.h> is LibTorch's: the ops, the layers, the models,
 // the data pipeline, data parallelism, training and checkpoints. Link convnn::train, which brings
 // every library below it. Lighter: <convnn/ops.h> (convnn::ops) and <convnn/nn.h> (convnn::nn).
-// Not included: convnn/bench/ (library convnn::bench, the measurements of `convnn bench`).
+// Not included: convnn/bench/ (library convnn::bench, the measurements of `convnn bench`) and
+// convnn/verify/ (library convnn::verify, the paper's identities behind `convnn verify`).
 #include "convnn/nn.h"
 
 #include "convnn/models/batch_norm.h"

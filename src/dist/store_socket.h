@@ -12,11 +12,15 @@
 // holding a half-built store, which exit() would then race with. So a client first sends the
 // same validation and ping on a socket of its own, every wait of which (connect, send, receive)
 // is a poll bounded by the deadline, and hands the address to c10d only once a store answered
-// with its nonce: then c10d's own ping is answered at once, and c10d bounds its later waits (get
-// and wait) by the store's timeout itself. The bytes are c10d's, from its header
+// with its nonce: then c10d's own ping is answered at once. The bytes are c10d's, from its header
 // TCPStoreBackend.hpp (QueryType, validationMagicNumber), so they follow the torch convnn is built
-// against. What remains unbounded is a store that answers this ping and hangs within the next
-// milliseconds, before c10d's: only a broken TCPStore could do that.
+// against. What remains unbounded: a store that answers this ping and hangs within the next
+// milliseconds, before c10d's (only a broken TCPStore could do that), and a store whose process
+// stops answering after the rendezvous. c10d bounds a later get or wait by the store's timeout
+// only while the store's process runs: measured with torch 2.11 (2026-11-29), a get on a store
+// whose process was stopped (SIGSTOP) times out its poll after the timeout, then blocks in recv
+// for good (issue 43 §2, open). convnn reads the store once after the rendezvous
+// (ProcessGroup::share_from_main, at the start of a run).
 #include <unistd.h>
 
 #include <chrono>
