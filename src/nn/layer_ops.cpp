@@ -571,24 +571,6 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
           return std::make_tuple(view.row, view.query, view.neighbours, view.weights, view.window);
         });
   m.def("window_side(int k, int spatial_dims) -> int", &window_side);
-  // The query pixels flat (D coordinates each); the points flat likewise.
-  m.def("picture_points(int[] image_sizes, int[] pixels, int grid) -> float[]",
-        [](std::vector<int64_t> image_sizes, std::vector<int64_t> pixels, int64_t grid) {
-          const auto dims = static_cast<int64_t>(image_sizes.size());
-          TORCH_CHECK(dims >= 1 && static_cast<int64_t>(pixels.size()) % dims == 0, "picture_points: pixels must hold ",
-                      dims, " coordinates per query pixel, got ", pixels.size(), " numbers");
-          std::vector<std::vector<int64_t>> queries;
-          for (size_t i = 0; i < pixels.size(); i += dims) queries.emplace_back(pixels.begin() + i, pixels.begin() + i + dims);
-          std::vector<double> flat;
-          for (const auto& point : picture_points(image_sizes, queries, grid)) flat.insert(flat.end(), point.begin(), point.end());
-          return flat;
-        });
-  m.def("picture_colours() -> (str neighbour, str query, str window, str padding)", [] {
-    return std::make_tuple(std::string(PictureColours::neighbour), std::string(PictureColours::query),
-                           std::string(PictureColours::window), std::string(PictureColours::padding));
-  });
-  m.def("picture_background(Tensor image, int[] grid) -> Tensor",
-        [](const at::Tensor& image, std::vector<int64_t> grid) { return picture_background(image, grid); });
   m.def("attention_check_input(str[] options, Tensor input, Tensor weight) -> ()");
   // ConvNNAttention's three projections (detail::project_qkv: one GEMM where they allow it), for the
   // Python layer when its projections are plain nn.Linear modules.
