@@ -115,10 +115,11 @@ NamedTensors named_state(torch::nn::Module& model) {
 }
 
 nlohmann::json position_to_json(const TrainingPosition& p) {
+  const auto& t = p.totals;  // stored beside the other fields, as checkpoints have always held them
   return {{"epoch", p.epoch},       {"next_batch", p.next_batch}, {"step", p.step},
-          {"best_top1", p.best_top1}, {"best_epoch", p.best_epoch}, {"loss_sum", p.loss_sum},
-          {"samples", p.samples},   {"correct", p.correct},       {"seconds", p.seconds},
-          {"skipped", p.skipped}};
+          {"best_top1", p.best_top1}, {"best_epoch", p.best_epoch}, {"loss_sum", t.loss_sum},
+          {"samples", t.samples},   {"correct", t.correct},       {"seconds", t.seconds},
+          {"skipped", t.skipped}};
 }
 
 // A position field: an integer (or, for the sums, a finite number) in its range, named when not.
@@ -152,12 +153,13 @@ TrainingPosition position_from_json(const nlohmann::json& j) {
   const auto& best = j.at("best_top1");
   p.best_top1 = best.is_number() && best.get<double>() == -1.0 ? -1.0 : position_number(j, "best_top1", 0.0, 100.0);
   p.best_epoch = position_int(j, "best_epoch", -1, p.epoch);
-  p.samples = position_int(j, "samples", 0, kMax);
-  p.correct = position_int(j, "correct", 0, p.samples);
-  p.loss_sum = position_number(j, "loss_sum", 0.0, std::numeric_limits<double>::max());
-  p.seconds = position_number(j, "seconds", 0.0, std::numeric_limits<double>::max());
+  auto& t = p.totals;
+  t.samples = position_int(j, "samples", 0, kMax);
+  t.correct = position_int(j, "correct", 0, t.samples);
+  t.loss_sum = position_number(j, "loss_sum", 0.0, std::numeric_limits<double>::max());
+  t.seconds = position_number(j, "seconds", 0.0, std::numeric_limits<double>::max());
   // absent from checkpoints of older versions
-  p.skipped = j.contains("skipped") ? position_int(j, "skipped", 0, kMax) : 0;
+  t.skipped = j.contains("skipped") ? position_int(j, "skipped", 0, kMax) : 0;
   return p;
 }
 

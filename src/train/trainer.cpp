@@ -31,6 +31,7 @@ using checkpoint::holds_run;
 using checkpoint::latest_checkpoint_path;
 using checkpoint::load_checkpoint;
 using checkpoint::read_checkpoint_header;
+using checkpoint::EpochTotals;
 using checkpoint::TrainingPosition;
 using checkpoint::write_file_atomically;
 
@@ -119,14 +120,6 @@ void write_config(const std::string& run_dir, const TrainConfig& config) {
   write_file_atomically((fs::path(run_dir) / "config.json").string(),
                         nlohmann::json(config).dump(2) + "\n");
 }
-
-// Everything one epoch of training accumulates (also stored in checkpoints mid-epoch).
-struct EpochTotals {
-  double loss_sum = 0.0;
-  int64_t samples = 0, correct = 0;
-  double seconds = 0.0;
-  int64_t skipped = 0;
-};
 
 // The counts of every rank's shard, summed exactly (integers; the loss sum in float64).
 void sum_over_ranks(dist::ProcessGroup& group, Evaluation& e, double& loss_sum, int64_t& top1, int64_t& top5) {
@@ -235,9 +228,8 @@ class Trainer {
     report([&](TrainingSink& s) {
       s.epoch_started(position_.epoch + 1, config_.optimization.epochs, batches, position_.next_batch);
     });
-    EpochTotals totals{position_.loss_sum, position_.samples, position_.correct, position_.seconds,
-                       position_.skipped};
-    const int64_t skipped_before = position_.skipped;  // before a resumed epoch's first batch
+    EpochTotals totals = position_.totals;
+    const int64_t skipped_before = position_.totals.skipped;  // before a resumed epoch's first batch
     int64_t images_this_call = 0;
     const auto start = Clock::now();
     while (auto batch = train_loader_->next()) {
@@ -366,11 +358,7 @@ class Trainer {
 
   void save_position(int64_t next_batch, const EpochTotals& totals) {
     position_.next_batch = next_batch;
-    position_.loss_sum = totals.loss_sum;
-    position_.samples = totals.samples;
-    position_.correct = totals.correct;
-    position_.seconds = totals.seconds;
-    position_.skipped = totals.skipped;
+    position_.totals = totals;
     if (is_main_) saver_.stopped(config_, position_, *model_.module(), *optimizer_);
     if (group_ != nullptr) group_->barrier();  // the checkpoint is written before any rank goes on
   }
@@ -399,14 +387,12 @@ class Trainer {
     TrainingPosition next = position_;
     next.epoch = position_.epoch + 1;
     next.next_batch = 0;
-    next.loss_sum = next.seconds = 0.0;
-    next.samples = next.correct = next.skipped = 0;
+    next.totals = EpochTotals{};
     if (is_main_) saver_.epoch_done(config_, next, *model_.module(), *optimizer_, best);
     if (group_ != nullptr) group_->barrier();  // the checkpoints are written before any rank goes on
     report([&](TrainingSink& s) { s.epoch_done(m, evaluation, config_.optimization.epochs); });
     position_.next_batch = 0;
-    position_.loss_sum = position_.seconds = 0.0;
-    position_.samples = position_.correct = position_.skipped = 0;
+    position_.totals = EpochTotals{};
     return evaluation;
   }
 

@@ -65,7 +65,7 @@ TEST(Checkpoint, RoundTripRestoresModelOptimizerAndRng) {
   position.epoch = 3;
   position.next_batch = 7;
   position.step = 42;
-  position.loss_sum = 1.25;
+  position.totals.loss_sum = 1.25;
   const auto path = dir.file("checkpoint.pt");
   save_checkpoint(path, config, position, *model.ptr(), *optimizer);
   const auto after_save = torch::rand({3});
@@ -91,7 +91,7 @@ TEST(Checkpoint, RoundTripRestoresModelOptimizerAndRng) {
   EXPECT_EQ(header.position.epoch, 3);
   EXPECT_EQ(header.position.next_batch, 7);
   EXPECT_EQ(header.position.step, 42);
-  EXPECT_DOUBLE_EQ(header.position.loss_sum, 1.25);
+  EXPECT_DOUBLE_EQ(header.position.totals.loss_sum, 1.25);
   for (const auto& entry : fs::directory_iterator(dir.path())) {
     EXPECT_EQ(entry.path().filename(), "checkpoint.pt") << "temporary file left behind";
   }

@@ -38,19 +38,24 @@ namespace convnn::checkpoint {
 
 using train::TrainConfig;
 
+/// Everything one epoch of training accumulates: what the training loop sums batch by batch, and
+/// what a checkpoint written within an epoch stores, so that a resumed epoch reports what an
+/// uninterrupted one would.
+struct EpochTotals {
+  double loss_sum = 0.0;
+  int64_t samples = 0;
+  int64_t correct = 0;
+  double seconds = 0.0;
+  int64_t skipped = 0;  // unreadable training files left out so far in this epoch
+};
+
 struct TrainingPosition {
   int64_t epoch = 0;        // epoch in progress (0-based)
   int64_t next_batch = 0;   // first batch of `epoch` not yet trained; 0 at an epoch boundary
   int64_t step = 0;         // optimiser steps done
   double best_top1 = -1.0;  // best validation top-1 so far (percent); -1: none yet
   int64_t best_epoch = -1;
-  // Accumulators of the epoch in progress, so that a resumed epoch reports what an
-  // uninterrupted one would.
-  double loss_sum = 0.0;
-  int64_t samples = 0;
-  int64_t correct = 0;
-  double seconds = 0.0;
-  int64_t skipped = 0;  // unreadable training files left out so far in this epoch
+  EpochTotals totals;       // of the epoch in progress (zero at an epoch boundary)
 };
 
 struct Checkpoint {
