@@ -200,6 +200,33 @@ TEST(GenericSelect, LowerIndexWinsTiesOnAGrid) {
   }
 }
 
+TEST(GenericSelect, IntegerInputsSelectWhatTheFusedOpAndTheReferenceSelect) {
+  // Small integers: the ranking keys are exact, so rows have many exact ties, which every path
+  // must break the same way (the lower index first). Cosine is not among them: it normalises the
+  // rows first, and each path rounds its near-ties in its own order (docs/operator.md, "Ties").
+  torch::manual_seed(2911);
+  for (const auto similarity : kSimilarities) {
+    if (similarity == Similarity::Cosine) continue;
+    for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+      for (const int64_t d : {2, 3, 5}) {
+        const auto queries = torch::randint(-3, 4, {2, 6, d}).to(dtype);
+        const auto keys = torch::randint(-3, 4, {2, 12, d}).to(dtype);
+        for (const bool index_order : {false, true}) {
+          const auto name = convnn::to_string(similarity);
+          SCOPED_TRACE(std::string(name) + " " + c10::toString(dtype) + " D " + std::to_string(d) +
+                       (index_order ? " index-order" : ""));
+          const auto generic_indices = std::get<1>(generic::knn_select(queries, keys, 4, name, c10::nullopt, index_order));
+          const auto fused_indices = std::get<1>(convnn::ops::knn_select(queries, keys, 4, name, c10::nullopt, index_order));
+          const auto reference_indices =
+              std::get<1>(convnn::reference::knn_select(queries, keys, 4, similarity, c10::nullopt, index_order));
+          EXPECT_TRUE(torch::equal(generic_indices, fused_indices));
+          EXPECT_TRUE(torch::equal(generic_indices, reference_indices));
+        }
+      }
+    }
+  }
+}
+
 TEST(GenericAttention, Float32AndBFloat16AgreeWithTheFusedOp) {
   uint64_t seed = 110;
   for (const auto similarity : kSimilarities) {
