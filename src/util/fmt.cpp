@@ -9,7 +9,8 @@
 FMT_BEGIN_NAMESPACE
 namespace detail {
 // The function templates that format.h declares and only format-inl.h defines, for `char` (convnn
-// formats no wide strings).
+// formats no wide strings): fmt 12.1's list, the fmt of the pinned torch. Another fmt whose list
+// differs fails at link time, naming the template missing here.
 template FMT_API auto dragonbox::to_decimal(float x) noexcept -> dragonbox::decimal_fp<float>;
 template FMT_API auto dragonbox::to_decimal(double x) noexcept -> dragonbox::decimal_fp<double>;
 template FMT_API auto thousands_sep_impl(locale_ref) -> thousands_sep_result<char>;
