@@ -89,20 +89,21 @@ TrainResult train(const TrainConfig& config, const std::string& resume = "",
 /// process (c10::Error naming the device otherwise).
 models::Model make_model(const TrainConfig& config, const c10::Device& device);
 
-/// Evaluates the model of `checkpoint` on `split` of the data `config` names (the checkpoint's
-/// config, possibly with another data_dir, batch size or workers), without augmentation. For a
-/// file of weights alone (a state_dict saved by Python), `config` names the model, and its
-/// classes, channels and image size come from the data, as in training.
-/// A data set that does not fit the model (classes, channels, size) is an error; so are NaN or
-/// Inf weights unless `allow_non_finite` (load_checkpoint). The model is loaded onto `device` (as
-/// in train) and evaluated there.
-/// `on_skipped_sample` as in TrainHooks.
 /// Rewrites the checkpoint of a run at `from` (any format, TorchScript archives included, which this
 /// opens: for files from a trusted source only) as a format-4 checkpoint at `to`, with the same
 /// weights, optimiser state, RNG state, config and position, so that a run resumes from `to`
 /// exactly as it would have from `from`. `to` must not exist.
 void convert_checkpoint(const std::string& from, const std::string& to);
 
+/// Evaluates the model of `checkpoint` on `split` of the data `config` names (the checkpoint's
+/// config, possibly with another data_dir, batch size or workers), without augmentation. For a
+/// file of weights alone (a state_dict saved by Python), `config` names the model, and its
+/// classes, channels and image size come from the data, as in training.
+/// A data set that does not fit the model (classes, channels, size) is an error; so are NaN or
+/// Inf weights unless `allow_non_finite` (load_checkpoint). The model is loaded onto `device` (as
+/// in train) and evaluated there. `on_skipped_sample` is told why each unreadable sample was left
+/// out (its file and the error; data::LoaderOptions::on_skipped); Evaluation::skipped counts them
+/// either way.
 Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& config, data::Split split,
                                Precision precision, bool allow_non_finite = false,
                                const c10::Device& device = c10::Device(c10::kCPU),
