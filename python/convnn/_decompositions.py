@@ -20,7 +20,6 @@ import torch._decomp
 
 _ops = torch.ops.convnn
 _NEG_INF = float("-inf")
-_COSINE_EPS = 1e-8  # kCosineEps of src/ops/reference/similarity_forms.h
 _DISTANCES = ("gaussian", "chebyshev", "l1")
 
 
@@ -29,17 +28,18 @@ def _known(kind, name, names):
         raise ValueError(f"convnn export: {kind} must be one of {', '.join(names)}, got '{name}'")
 
 
-def _unit_rows(x):
-    return x / torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True).clamp_min(_COSINE_EPS)
+def _inverse_norms(x):
+    """1 / max(|x|, eps) along the last dim, kept: cosine's factors (eps: the library's kCosineEps)."""
+    return torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True).clamp_min(_ops.cosine_eps()).reciprocal()
 
 
 def _ranking_keys(queries, keys, similarity):
     """[G, N, M] ranking keys: the score, or minus the distance (from exact pairwise differences)."""
     _known("similarity", similarity, tuple(_ops.similarity_names()))
     if similarity in ("dot", "scaled_dot", "cosine"):
-        if similarity == "cosine":
-            queries, keys = _unit_rows(queries), _unit_rows(keys)
         scores = torch.bmm(queries, keys.transpose(1, 2))
+        if similarity == "cosine":  # (q.k * (1/|q|)) * (1/|k|), the order of every path
+            return scores * _inverse_norms(queries) * _inverse_norms(keys).transpose(1, 2)
         return scores / math.sqrt(queries.shape[2]) if similarity == "scaled_dot" else scores
     differences = queries.unsqueeze(2) - keys.unsqueeze(1)  # [G, N, M, D]
     if similarity == "gaussian":

@@ -33,7 +33,7 @@ def test_unfused_ops_count_select_and_aggregate():
     # weighting, which the fused op would skip for uniform rho).
     layer = ConvNN1d(4, 6, 3, fused=False)
     n, c, c_out, k = 7, 4, 6, 3
-    cosine = 2 * (n * n * c + 2 * n * c) + 2 * n * (1 + c)  # N M D + (N+M) D MACs; (N+M)(H+D)
+    cosine = 2 * (n * n * c + 2 * n * c) + 2 * n * n + 2 * 2 * n  # N M D + (N+M) D MACs; 2 H N M + 2 (N+M) H
     aggregate = n * k * c + 2 * n * k * c * c_out
     counts = convnn_flops(layer, torch.randn(1, 4, n))
     assert counts == {"convnn.knn_select": cosine, "convnn.knn_aggregate": aggregate}

@@ -305,19 +305,14 @@ def test_the_kernels_and_the_launcher_are_registered_for_cuda_tensors():
 SIMILARITIES = ["dot", "scaled_dot", "cosine", "gaussian", "chebyshev", "l1"]
 
 
-def select_inputs(dtype, g=2, n=9, m=70, d=5, seed=11, axis_rows=False):
-    """M = 70: two candidate tiles, the second short; values in [-3, 3]: many exact ties. With
-    axis_rows (for cosine), each row has one nonzero coordinate, a power of two: the unit rows and
-    so every cosine are exact too (parallel rows of other integers tie in exact arithmetic only)."""
+def select_inputs(dtype, g=2, n=9, m=70, d=5, seed=11):
+    """M = 70: two candidate tiles, the second short; values in [-3, 3]: many exact ties. Cosine's
+    scores are rounded, but every path computes them from the same exact dot products and norms in
+    the same order (src/ops/kernels/similarity.h), so they are the same bits, near-ties included."""
     generator = torch.Generator().manual_seed(seed)
 
     def draw(rows):
-        if not axis_rows:
-            return torch.randint(-3, 4, (g, rows, d), generator=generator).to(DEVICE, dtype)
-        scale = 2.0 ** torch.randint(0, 3, (g, rows, 1), generator=generator)
-        sign = torch.randint(0, 2, (g, rows, 1), generator=generator) * 2.0 - 1
-        axis = torch.nn.functional.one_hot(torch.randint(0, d, (g, rows), generator=generator), d)
-        return (axis * scale * sign).to(DEVICE, dtype)
+        return torch.randint(-3, 4, (g, rows, d), generator=generator).to(DEVICE, dtype)
 
     return draw(n), draw(m), generator
 
@@ -335,7 +330,7 @@ def select_masks(g, n, m, generator):
 @pytest.mark.parametrize("index_order", [False, True])
 @pytest.mark.parametrize("similarity", SIMILARITIES)
 def test_select_picks_the_generic_paths_indices_and_scores_with_every_similarity_and_mask(similarity, index_order):
-    queries, keys, generator = select_inputs(torch.float32, axis_rows=similarity == "cosine")
+    queries, keys, generator = select_inputs(torch.float32)
     for name, mask in select_masks(2, 9, 70, generator).items():
         got = select_forward(queries, keys, 6, similarity, mask, index_order)
         want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, similarity, mask, index_order)
@@ -343,6 +338,20 @@ def test_select_picks_the_generic_paths_indices_and_scores_with_every_similarity
         # The distances' scores are exp(-distance): Triton's exp on a GPU is within 1e-5 of the C++ one
         # (measured on an H100: 1.8e-6), not correctly rounded.
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=0, msg=lambda m: f"{similarity}, {name}: {m}")
+
+
+def test_select_scores_exactly_orthogonal_integer_rows_exactly_zero_under_cosine():
+    """The query (2, 3) against one candidate of positive cosine, one of negative cosine and four
+    exactly orthogonal ones, (3, -2) times 1, 9, 2 and 3: normalising the rows before the product
+    (the kernels before) scored (-9, 6) 3e-8 in float32, above the lower indices at 0. Here the two
+    lowest orthogonal indices follow the positive one, with scores exactly 0, as on the C++ paths
+    (GenericSelect.CosineOfExactlyOrthogonalIntegerRowsIsExactlyZeroOnEveryPath)."""
+    queries = torch.tensor([[[2.0, 3.0]]], device=DEVICE)
+    keys = torch.tensor([[[3.0, 1.0], [-1.0, -1.0], [3.0, -2.0], [-27.0, 18.0], [-6.0, 4.0], [-9.0, 6.0]]],
+                        device=DEVICE)
+    scores, indices = select_forward(queries, keys, 3, "cosine", None, False)
+    assert indices.tolist() == [[[0, 2, 3]]]
+    assert scores[0, 0, 0] > 0 and scores[0, 0, 1:].tolist() == [0.0, 0.0]
 
 
 @pytest.mark.parametrize("similarity", ["dot", "scaled_dot"])
@@ -768,7 +777,7 @@ def test_fused_attention_equals_the_generic_path_with_every_mask_order_and_bias(
     order: each mask runs once with it and once without, by slot order (the interpreter's time is
     per launch; every pair of them was half of this file's)."""
     for dtype in (torch.float32, torch.bfloat16):
-        queries, keys, generator = select_inputs(dtype, d=4, axis_rows=similarity == "cosine")
+        queries, keys, generator = select_inputs(dtype, d=4)
         values, kernel, bias = attention_operands(dtype, queries, keys, generator)
         for name, mask in select_masks(2, 9, 70, generator).items():
             mask = mask if mask is None or mask.dtype == torch.bool else mask.to(dtype)

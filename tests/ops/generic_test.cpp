@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "convnn/ops/knn_ops.h"
@@ -202,11 +203,11 @@ TEST(GenericSelect, LowerIndexWinsTiesOnAGrid) {
 
 TEST(GenericSelect, IntegerInputsSelectWhatTheFusedOpAndTheReferenceSelect) {
   // Small integers: the ranking keys are exact, so rows have many exact ties, which every path
-  // must break the same way (the lower index first). Cosine is not among them: it normalises the
-  // rows first, and each path rounds its near-ties in its own order (docs/operator.md, "Ties").
+  // must break the same way (the lower index first). Cosine's keys are not all exact, but every
+  // path computes them from exact dot products and norms in the same order of roundings, so they
+  // are the same bits on every path (docs/operator.md, "Ties").
   torch::manual_seed(2911);
   for (const auto similarity : kSimilarities) {
-    if (similarity == Similarity::Cosine) continue;
     for (const auto dtype : {torch::kDouble, torch::kFloat}) {
       for (const int64_t d : {2, 3, 5}) {
         const auto queries = torch::randint(-3, 4, {2, 6, d}).to(dtype);
@@ -223,6 +224,32 @@ TEST(GenericSelect, IntegerInputsSelectWhatTheFusedOpAndTheReferenceSelect) {
           EXPECT_TRUE(torch::equal(generic_indices, reference_indices));
         }
       }
+    }
+  }
+}
+
+TEST(GenericSelect, CosineOfExactlyOrthogonalIntegerRowsIsExactlyZeroOnEveryPath) {
+  // The query (2, 3) against: a candidate of positive cosine, one of negative cosine, then four
+  // exactly orthogonal ones, (3, -2) times 1, 9, 2 and 3. Normalising the rows before the product
+  // scored (-27, 18) 5.6e-17 in float64 (and (-9, 6) 3e-8 in float32), ranking it above the lower
+  // indices at exactly 0. Three slots: the positive one, then the two lowest orthogonal indices,
+  // with scores exactly 0.
+  const auto queries = torch::tensor({2, 3}).reshape({1, 1, 2});
+  const auto keys = torch::tensor({3, 1, -1, -1, 3, -2, -27, 18, -6, 4, -9, 6}).reshape({1, 6, 2});
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    const auto q = queries.to(dtype), k = keys.to(dtype);
+    const auto expected_indices = torch::tensor({0, 2, 3}, torch::kLong).reshape({1, 1, 3});
+    const std::vector<std::pair<const char*, std::tuple<at::Tensor, at::Tensor>>> paths{
+        {"fused", convnn::ops::knn_select(q, k, 3, "cosine", c10::nullopt, false)},
+        {"generic", generic::knn_select(q, k, 3, "cosine", c10::nullopt, false)},
+        {"reference", convnn::reference::knn_select(q, k, 3, Similarity::Cosine, c10::nullopt, false)}};
+    for (const auto& [path, selection] : paths) {
+      SCOPED_TRACE(std::string(path) + " " + c10::toString(dtype));
+      const auto& [scores, indices] = selection;
+      EXPECT_TRUE(torch::equal(indices, expected_indices)) << indices;
+      EXPECT_GT(scores[0][0][0].item<double>(), 0.0);
+      EXPECT_EQ(scores[0][0][1].item<double>(), 0.0);
+      EXPECT_EQ(scores[0][0][2].item<double>(), 0.0);
     }
   }
 }

@@ -266,7 +266,8 @@ TEST(KnnSelect, ChebyshevTiesAroundAGridPointResolveByIndex) {
 }
 
 TEST(KnnSelect, CosineTieBetweenParallelKeysGoesToTheLowerIndex) {
-  // Scaling by a power of two keeps the unit vector exact, so the cosines tie exactly.
+  // Scaling a row by a power of two scales its dot product and its norm exactly, so the cosines
+  // tie exactly.
   const auto q = rows({{1, 2, 3}});
   const auto k = rows({{-1, 0, 0}, {2, 4, 6}, {0, 1, 0}, {1, 2, 3}, {0.5, 1, 1.5}});
   EXPECT_EQ(selected(q, k, 3, "cosine"), (Indices{1, 3, 4}));

@@ -93,7 +93,7 @@ def _output_positions(top_index, in_k, k, index_order, ROWS: tl.constexpr, SLOTS
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
                       output_ptr, scores_ptr, indices_ptr, weights_ptr,
-                      n, m, d, c, k, mask_slice_stride, root, rho, temperature, index_order, has_bias, dtype_code,
+                      n, m, d, c, k, mask_slice_stride, similarity_constant, rho, temperature, index_order, has_bias, dtype_code,
                       SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                       SLOTS: tl.constexpr, FEATURES: tl.constexpr, CHANNELS: tl.constexpr):
     block = tl.program_id(0)
@@ -101,7 +101,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
     top_keys, top_index, unrankable = select._running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
-                                                            mask_slice_stride, root, SIMILARITY, MASK, ROWS,
+                                                            mask_slice_stride, similarity_constant, SIMILARITY, MASK, ROWS,
                                                             CANDIDATES, SLOTS, FEATURES)
     slots = tl.arange(0, SLOTS)
     in_k = slots[None, :] < k

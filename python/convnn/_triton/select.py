@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from . import bitonic
-from .similarities import CHEBYSHEV, CODES, GAUSSIAN, L1, SCALED_DOT, is_distance, is_dot_product
+from .similarities import CHEBYSHEV, CODES, COSINE, GAUSSIAN, L1, SCALED_DOT, is_distance, is_dot_product
 
 # Query rows per program: with 32, ptxas (sm_90, 4 warps) used all 255 registers and spilled at
 # some widths of the running top-K; with 16, 150-235 registers and no spill at any width.
@@ -89,15 +89,19 @@ def store_as(ptr, offsets, x, mask, dtype_code):
 
 
 @triton.jit
-def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
+def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_constant,
                SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr):
-    """[ROWS, CANDIDATES] ranking keys, in float32."""
+    """[ROWS, CANDIDATES] ranking keys, in float32. similarity_constant: sqrt(D) rounded to float32
+    for scaled_dot, the epsilon (kCosineEps in float32) for cosine, unread otherwise."""
     # Dot products as tl.dot tiles in IEEE float32, FEATURES features at a time; the distances
     # (exact pairwise differences) one feature at a time. Register use measured with ptxas -v
     # (sm_80, sm_90): 32 query rows and a tile of all 64 features spilled kilobytes; 16 rows,
     # 8 warps and 16-feature chunks, none (scripts/triton_compile_check.py fails on a spill).
     keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
     if is_dot_product(SIMILARITY):  # tl.dot over chunks of FEATURES features
+        # Cosine's squared norms ride along (the rows are raw: see below).
+        q_squares = tl.zeros([ROWS], dtype=tl.float32)
+        k_squares = tl.zeros([CANDIDATES], dtype=tl.float32)
         first = 0
         while first < d:
             features = first + tl.arange(0, FEATURES)
@@ -107,8 +111,19 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, root,
             k = tl.load(k_ptr + cand.to(tl.int64)[:, None] * d + features[None, :],
                         mask=cand_ok[:, None] & feature_ok[None, :], other=0.0).to(tl.float32)
             keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
+            if SIMILARITY == COSINE:
+                q_squares += tl.sum(q * q, 1)
+                k_squares += tl.sum(k * k, 1)
             first += FEATURES
+        if SIMILARITY == COSINE:
+            # (q.k * (1/max(|q|,eps))) * (1/max(|k|,eps)) from the raw rows, in that order, as on
+            # every path (src/ops/kernels/similarity.h): exactly orthogonal rows score exactly 0.
+            eps = tl.full([], similarity_constant, tl.float32)
+            q_factors = tl.math.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.maximum(tl.sqrt_rn(q_squares), eps))
+            k_factors = tl.math.div_rn(tl.full([CANDIDATES], 1.0, tl.float32), tl.maximum(tl.sqrt_rn(k_squares), eps))
+            keys = keys * q_factors[:, None] * k_factors[None, :]
         if SIMILARITY == SCALED_DOT:
+            root = similarity_constant
             # x / root correctly rounded. With root a power of two (D = 4, 16, 64, 256, ...) its
             # reciprocal is exact, so x * (1 / root) is the same correctly rounded quotient, at one
             # multiply instead of an IEEE division's dozen instructions.
@@ -164,7 +179,7 @@ def _unpacked(packed):
 
 
 @triton.jit
-def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, root,
+def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, similarity_constant,
                    SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                    SLOTS: tl.constexpr, FEATURES: tl.constexpr, ROUNDS: tl.constexpr = ROUNDS,
                    BITONIC_SLOTS: tl.constexpr = BITONIC_SLOTS):
@@ -196,7 +211,7 @@ def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_sli
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
-        keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand_ok, d, root,
+        keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand_ok, d, similarity_constant,
                           SIMILARITY, ROWS, CANDIDATES, FEATURES)
         both_ok = row_ok[:, None] & cand_ok[None, :]
         if MASK == 1:
@@ -249,7 +264,7 @@ def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
 
 
 @triton.jit
-def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, root,
+def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, similarity_constant,
                    dtype_code, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                    CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr):
     # Slots by descending key (the launcher reorders them by index where asked). Queries, keys and
@@ -268,7 +283,7 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
     top_keys, top_index, unrankable = _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
-                                                     mask_slice_stride, root, SIMILARITY, MASK, ROWS, CANDIDATES,
+                                                     mask_slice_stride, similarity_constant, SIMILARITY, MASK, ROWS, CANDIDATES,
                                                      SLOTS, FEATURES)
     scores = _reported_scores(top_keys, unrankable, SIMILARITY)
     slots = tl.arange(0, SLOTS)

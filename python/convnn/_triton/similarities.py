@@ -22,7 +22,7 @@ GAUSSIAN = tl.constexpr(CODES["gaussian"])
 CHEBYSHEV = tl.constexpr(CODES["chebyshev"])
 L1 = tl.constexpr(CODES["l1"])
 
-# Scores from dot products (cosine's rows are scaled to unit length before the kernel), and the
+# Scores from dot products (cosine's scaled by the rows' inverse norms afterwards), and the
 # distances, ranked by minus the distance and reported as exp(-distance). (Globals that a
 # constexpr_function reads must be constexpr, and what it calls a constexpr_function: Triton hashes
 # them into the kernel's cache key.)

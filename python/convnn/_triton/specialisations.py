@@ -45,7 +45,7 @@ def select_specialisations(module):
         yield (f"select {suffix}", module._select_kernel,
                {"q_ptr": "*fp32", "k_ptr": "*fp32", "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
-                "mask_slice_stride": "i32", "root": "fp32", **dtype_codes(module._select_kernel)},
+                "mask_slice_stride": "i32", "similarity_constant": "fp32", **dtype_codes(module._select_kernel)},
                constexprs)
 
 
@@ -57,7 +57,7 @@ def attention_specialisations(module, select):
                {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "kernel_ptr": "*fp32",
                 "bias_ptr": "*fp32", "mask_ptr": mask_pointer, "output_ptr": "*fp32", "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "weights_ptr": "*fp32", "n": "i32", "m": "i32", "d": "i32",
-                "c": "i32", "k": "i32", "mask_slice_stride": "i32", "root": "fp32", "rho": "i32",
+                "c": "i32", "k": "i32", "mask_slice_stride": "i32", "similarity_constant": "fp32", "rho": "i32",
                 "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32"},
                {**constexprs, "CHANNELS": module.CHANNELS})
     slots = select.MIN_SLOTS

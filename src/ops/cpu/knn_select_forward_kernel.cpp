@@ -1,6 +1,6 @@
 // Fused knn_select forward. Per task (slice g, block of kQueryBlock query rows):
-//   for each block of kKeyBlock keys: transpose the keys to [D][kKeyBlock] (converted to acc_t,
-//   normalised for cosine), compute the score tile with a 4 x 16 register-blocked micro-kernel
+//   for each block of kKeyBlock keys: transpose the keys to [D][kKeyBlock] (converted to acc_t),
+//   compute the score tile with a 4 x 16 register-blocked micro-kernel
 //   vectorised over keys (the similarity policy's accumulate on whole vectors; a GEMM for dot
 //   products), turn it into ranking keys, apply the mask, and push every key into the row's
 //   running top-K (top_k.h).
@@ -80,18 +80,17 @@ void score_tile(const acc_t* q, int64_t rows, int64_t d_size, const acc_t* kt, i
   }
 }
 
-// Copies `rows` rows of length d into dst (acc_t), optionally scaled to unit length (cosine).
+// Copies `rows` rows of length d into dst (acc_t), in one flat loop (it vectorises).
 template <typename scalar_t, typename acc_t>
-void load_rows(const scalar_t* src, int64_t rows, int64_t d, bool normalise, acc_t* dst) {
-  // The conversion is one flat loop (it vectorises); norms only where they are used.
+void load_rows(const scalar_t* src, int64_t rows, int64_t d, acc_t* dst) {
   for (int64_t e = 0; e < rows * d; ++e) dst[e] = static_cast<acc_t>(src[e]);
-  if (!normalise) return;
-  for (int64_t r = 0; r < rows; ++r) {
-    acc_t* row = dst + r * d;
-    acc_t norm_sq = 0;
-    for (int64_t j = 0; j < d; ++j) norm_sq += row[j] * row[j];
-    const acc_t scale = acc_t(1) / std::max(std::sqrt(norm_sq), static_cast<acc_t>(kCosineEps));
-    for (int64_t j = 0; j < d; ++j) row[j] *= scale;
+}
+
+// The policy's inverse norm of each of `rows` rows of length d (cosine's factors), into out.
+template <typename Policy, typename acc_t>
+void inverse_norms(const acc_t* src, int64_t rows, int64_t d, acc_t* out) {
+  if constexpr (Policy::kScalesByInverseNorms) {
+    for (int64_t r = 0; r < rows; ++r) out[r] = Policy::inverse_norm(src + r * d, d);
   }
 }
 
@@ -108,6 +107,8 @@ class SelectTask {
         keys_block_(kTransposesInputs ? 0 : width_ * d_),
         tile_(kQueryBlock * width_),
         top_keys_(kQueryBlock * p.k),
+        query_factors_(Policy::kScalesByInverseNorms ? kQueryBlock : 0),
+        key_factors_(Policy::kScalesByInverseNorms ? width_ : 0),
         top_indices_(kQueryBlock * p.k),
         row_keys_(p.k),
         row_indices_(p.k) {
@@ -122,7 +123,8 @@ class SelectTask {
   bool run(int64_t g, int64_t row_begin) {
     const int64_t rows = std::min(kQueryBlock, p_.queries_n - row_begin);
     std::fill(q_.begin(), q_.end(), acc_t(0));
-    load_rows(p_.queries + (g * p_.queries_n + row_begin) * d_, rows, d_, Policy::kUnitRows, q_.data());
+    load_rows(p_.queries + (g * p_.queries_n + row_begin) * d_, rows, d_, q_.data());
+    inverse_norms<Policy>(q_.data(), rows, d_, query_factors_.data());
 #if defined(CPU_CAPABILITY_AVX2)
     if constexpr (std::is_same_v<TopK, LaneTopK>) {
       if (whole_rows_) return run_whole_rows(g, row_begin, rows);
@@ -140,8 +142,8 @@ class SelectTask {
   }
 
  private:
-  // Keys already in acc_t and not normalised are transposed from the input, without a converted copy.
-  static constexpr bool kTransposesInputs = std::is_same_v<scalar_t, acc_t> && !Policy::kUnitRows;
+  // Keys already in acc_t are transposed from the input, without a converted copy.
+  static constexpr bool kTransposesInputs = std::is_same_v<scalar_t, acc_t>;
 
   static bool selects_whole_rows(const KnnSelectParams<scalar_t, acc_t>& p) {
 #if defined(CPU_CAPABILITY_AVX2)
@@ -166,11 +168,12 @@ class SelectTask {
     const scalar_t* src = p_.keys + g * p_.keys_slice_stride + m0 * d_;
     const acc_t* rows = nullptr;
     if constexpr (kTransposesInputs) {
-      rows = src;  // already acc_t and not normalised: transposed straight from the input
+      rows = src;  // already acc_t: transposed straight from the input
     } else {
-      load_rows(src, columns, d_, Policy::kUnitRows, keys_block_.data());
+      load_rows(src, columns, d_, keys_block_.data());
       rows = keys_block_.data();
     }
+    inverse_norms<Policy>(rows, columns, d_, key_factors_.data());
     transpose_rows(rows, columns);
     const int64_t padded = round_up(columns, kColumnTile);
     for (int64_t j = 0; j < d_; ++j) std::fill(kt_.data() + j * width_ + columns, kt_.data() + j * width_ + padded, acc_t(0));
@@ -207,11 +210,15 @@ class SelectTask {
     }
   }
 
-  // Turns the raw tile row into ranking keys (as the reference defines them) with the mask
-  // applied; returns false on a NaN or +inf key.
-  bool ranking_keys(acc_t* row, int64_t columns, int64_t mask_offset) const {
+  // Turns the raw tile row of query row r into ranking keys (as the reference defines them) with
+  // the mask applied; returns false on a NaN or +inf key.
+  bool ranking_keys(acc_t* row, int64_t r, int64_t columns, int64_t mask_offset) const {
     constexpr acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
     constexpr acc_t pos_inf = std::numeric_limits<acc_t>::infinity();
+    if constexpr (Policy::kScalesByInverseNorms) {
+      const acc_t query_factor = query_factors_[r];
+      for (int64_t c = 0; c < columns; ++c) row[c] = row[c] * query_factor * key_factors_[c];
+    }
     Policy::to_ranking_keys(row, columns, d_);
     if (p_.mask_bool) {
       const bool* allowed = p_.mask_bool + mask_offset;
@@ -230,7 +237,7 @@ class SelectTask {
   bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns) {
     for (int64_t r = 0; r < rows; ++r) {
       acc_t* row = tile_.data() + r * width_;
-      if (!ranking_keys(row, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0)) return false;
+      if (!ranking_keys(row, r, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0)) return false;
       tops_[r].offer_row(row, columns, m0);
     }
     return true;
@@ -247,7 +254,7 @@ class SelectTask {
     compute_tile(rows, p_.keys_m);
     for (int64_t r = 0; r < rows; ++r) {
       acc_t* row = tile_.data() + r * width_;
-      if (!ranking_keys(row, p_.keys_m, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
+      if (!ranking_keys(row, r, p_.keys_m, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
         return false;
       }
       whole_row_top_->select(row, p_.keys_m, p_.index_order, row_keys_.data(), row_indices_.data());
@@ -281,6 +288,8 @@ class SelectTask {
   const int64_t width_;  // keys per score tile
   int64_t transposed_slice_ = -1;  // whole rows: the slice whose keys kt_ holds
   std::vector<acc_t> q_, kt_, keys_block_, tile_, top_keys_;
+  // Cosine's inverse norms of the block's query rows and of the tile's keys (empty otherwise).
+  std::vector<acc_t> query_factors_, key_factors_;
   std::vector<int64_t> top_indices_;
   std::vector<acc_t> row_keys_;
   std::vector<int64_t> row_indices_;

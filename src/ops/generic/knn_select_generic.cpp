@@ -65,10 +65,6 @@ SelectOperands::SelectOperands(const at::Tensor& queries_in, const at::Tensor& k
   const auto acc = at::toOpMathType(queries_in.scalar_type());
   queries = queries_in.to(acc);
   keys = keys_in.to(acc);
-  if (similarity == Similarity::Cosine) {
-    queries = reference::unit_rows(queries);
-    keys = reference::unit_rows(keys);
-  }
   if (mask_in.has_value() && mask_in->defined()) {
     mask = mask_in->scalar_type() == at::kBool ? *mask_in : mask_in->to(acc);
   }

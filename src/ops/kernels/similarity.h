@@ -7,7 +7,10 @@
 // A policy has:
 //   kKind, kName        its enum value and the name users write
 //   kIsDistance         ranks by -distance and reports exp(-distance) (docs/operator.md)
-//   kUnitRows           queries and keys are scaled to unit length before accumulating (cosine)
+//   kScalesByInverseNorms
+//                       a raw pair value is q.k, and its ranking key (q.k * inverse_norm(q)) *
+//                       inverse_norm(k), in that order (cosine: exactly orthogonal rows score
+//                       exactly 0); to_ranking_keys then leaves the values as they are
 //   kIsDotProduct       the accumulation is q.k, so a GEMM may compute a tile of it
 //   accumulate(a, q, k) one feature's step of the raw pair value, from a = 0; V is a scalar or a
 //                       kernel's vector type (Arith<V> gives it fmadd, abs and maximum)
@@ -72,7 +75,7 @@ C10_HOST_DEVICE acc_t dot(const acc_t* a, const acc_t* b, int64_t d) {
 struct DistanceScores {
   static constexpr bool kIsDistance = true;
   static constexpr bool kLinearPairGradient = false;
-  static constexpr bool kUnitRows = false;
+  static constexpr bool kScalesByInverseNorms = false;
   static constexpr bool kIsDotProduct = false;
   template <typename acc_t>
   C10_HOST_DEVICE static void to_ranking_keys(acc_t* values, int64_t count, int64_t) {
@@ -97,7 +100,7 @@ struct DotScores {
 struct DotSimilarity : detail::DotScores {
   static constexpr Similarity kKind = Similarity::Dot;
   static constexpr const char* kName = "dot";
-  static constexpr bool kUnitRows = false;
+  static constexpr bool kScalesByInverseNorms = false;
   static constexpr bool kLinearPairGradient = true;
   template <typename acc_t>
   C10_HOST_DEVICE static void to_ranking_keys(acc_t*, int64_t, int64_t) {}
@@ -118,7 +121,7 @@ struct DotSimilarity : detail::DotScores {
 struct ScaledDotSimilarity : detail::DotScores {
   static constexpr Similarity kKind = Similarity::ScaledDot;
   static constexpr const char* kName = "scaled_dot";
-  static constexpr bool kUnitRows = false;
+  static constexpr bool kScalesByInverseNorms = false;
   template <typename acc_t>
   C10_HOST_DEVICE static void to_ranking_keys(acc_t* values, int64_t count, int64_t d) {
     const acc_t root = std::sqrt(static_cast<acc_t>(d));
@@ -147,13 +150,21 @@ struct ScaledDotSimilarity : detail::DotScores {
   }
 };
 
-// q.k / (max(|q|,eps) max(|k|,eps)): the rows are scaled to unit length first (kUnitRows).
+// (q.k * (1/max(|q|,eps))) * (1/max(|k|,eps)), from the raw rows, in that order on every path
+// (the ATen forms, the fused kernels, the Triton kernels): exactly orthogonal rows score exactly 0,
+// and integer-valued rows score the same bits on every path (docs/operator.md, "Ties").
 struct CosineSimilarity : detail::DotScores {
   static constexpr Similarity kKind = Similarity::Cosine;
   static constexpr const char* kName = "cosine";
-  static constexpr bool kUnitRows = true;
+  static constexpr bool kScalesByInverseNorms = true;
   template <typename acc_t>
   C10_HOST_DEVICE static void to_ranking_keys(acc_t*, int64_t, int64_t) {}
+  // 1 / max(|row|, eps); NaN stays NaN (the ranking check then sees a NaN key).
+  template <typename acc_t>
+  C10_HOST_DEVICE static acc_t inverse_norm(const acc_t* row, int64_t d) {
+    const acc_t eps = static_cast<acc_t>(kCosineEps), norm = std::sqrt(detail::dot(row, row, d));
+    return acc_t(1) / (norm < eps ? eps : norm);
+  }
   // d/dq of q/max(|q|,eps): the projection away from q when |q| > eps, 1/eps otherwise.
   template <typename acc_t>
   C10_HOST_DEVICE static void add_pair_gradient(const acc_t* q, const acc_t* k, int64_t d, acc_t g,
@@ -175,11 +186,11 @@ struct CosineSimilarity : detail::DotScores {
       for (int64_t j = 0; j < d; ++j) out[j] += g * other[j] * other_scale / eps;
     }
   }
-  // Squared norms (MACs), a square root per vector and head and a division per feature to
-  // normalise queries and candidates; then plain dot products.
+  // Plain dot products and squared norms (MACs), a square root and a division per vector and
+  // head (the inverse norms), and the two products by them per score.
   static constexpr OpCost cost(const SimilarityShape& s) {
     return {s.queries * s.candidates * s.features + (s.queries + s.candidates) * s.features,
-            (s.queries + s.candidates) * (s.heads + s.features), 0};
+            2 * (s.queries + s.candidates) * s.heads + 2 * s.heads * s.queries * s.candidates, 0};
   }
 };
 

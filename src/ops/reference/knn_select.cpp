@@ -26,10 +26,7 @@ at::Tensor apply_mask(at::Tensor keys_matrix, const c10::optional<at::Tensor>& m
 
 at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity,
                         const c10::optional<at::Tensor>& mask) {
-  const bool unit = similarity == Similarity::Cosine;
-  return apply_mask(reference::ranking_keys(unit ? reference::unit_rows(queries) : queries,
-                                             unit ? reference::unit_rows(keys) : keys, similarity),
-                    mask);
+  return apply_mask(reference::ranking_keys(queries, keys, similarity), mask);
 }
 
 at::Tensor selected_scores(const at::Tensor& queries, const at::Tensor& keys,
@@ -39,7 +36,8 @@ at::Tensor selected_scores(const at::Tensor& queries, const at::Tensor& keys,
   switch (similarity) {
     case Similarity::Dot: return (q * kk).sum(-1);
     case Similarity::ScaledDot: return (q * kk).sum(-1) / std::sqrt(static_cast<double>(queries.size(2)));
-    case Similarity::Cosine: return (reference::unit_rows(q) * reference::unit_rows(kk)).sum(-1);
+    case Similarity::Cosine:
+      return (q * kk).sum(-1) * reference::inverse_norms(q).squeeze(-1) * reference::inverse_norms(kk).squeeze(-1);
     case Similarity::Gaussian: return (-(q - kk).square().sum(-1)).exp();
     case Similarity::Chebyshev: {
       // The distance read at the first largest coordinate, not amax: at a tie the gradient goes to

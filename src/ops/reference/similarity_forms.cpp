@@ -48,14 +48,15 @@ at::Tensor sign_of_difference_gradient(const at::Tensor& diff, const at::Tensor&
 
 }  // namespace
 
-at::Tensor unit_rows(const at::Tensor& x) {
-  return x / at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true).clamp_min(kCosineEps);
+at::Tensor inverse_norms(const at::Tensor& x) {
+  return at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true).clamp_min(kCosineEps).reciprocal();
 }
 
 at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity) {
   switch (similarity) {
-    case Similarity::Dot:
-    case Similarity::Cosine: return at::bmm(queries, keys.transpose(1, 2));
+    case Similarity::Dot: return at::bmm(queries, keys.transpose(1, 2));
+    case Similarity::Cosine:
+      return at::bmm(queries, keys.transpose(1, 2)) * inverse_norms(queries) * inverse_norms(keys).transpose(1, 2);
     case Similarity::ScaledDot:
       return at::bmm(queries, keys.transpose(1, 2)).div_(std::sqrt(static_cast<double>(queries.size(2))));
     case Similarity::Gaussian: return pairwise_distance(queries, keys, Reduce::SumOfSquares).neg_();
@@ -84,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor> pair_gradients(const at::Tensor& q, const at:
       const auto k_norm = at::linalg_vector_norm(kk, 2, {-1}, true);
       const auto q_unit = q / q_norm.clamp_min(kCosineEps);
       const auto k_unit = kk / k_norm.clamp_min(kCosineEps);
-      const auto s = (q_unit * k_unit).sum(-1, true);
+      const auto s = (q * kk).sum(-1, true) * inverse_norms(q) * inverse_norms(kk);
       // d/dq of q/max(|q|,eps): the projection away from q when |q| > eps, 1/eps otherwise.
       return {(k_unit - (q_norm > kCosineEps) * s * q_unit) / q_norm.clamp_min(kCosineEps),
               (q_unit - (k_norm > kCosineEps) * s * k_unit) / k_norm.clamp_min(kCosineEps)};

@@ -15,12 +15,14 @@ namespace convnn::reference {
 /// The ranking key of a masked-out or impossible pair.
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-/// x / max(|x|, eps) along the last dim (cosine's unit rows).
-at::Tensor unit_rows(const at::Tensor& x);
+/// 1 / max(|x|, eps) along the last dim, kept: cosine's row factors. Every path computes cosine as
+/// (q.k * (1/|q|)) * (1/|k|), in that order, from the raw rows: an exactly orthogonal pair scores
+/// exactly 0, and integer-valued rows give every path the same bits (docs/operator.md, "Ties").
+at::Tensor inverse_norms(const at::Tensor& x);
 
 /// The ranking keys of every query against every key, [G,N,D] x [G,M,D] -> [G,N,M]: the
 /// similarity, or -distance for the distance similarities, from exact pairwise differences (mirror
-/// positions tie exactly). Cosine expects unit rows (the caller normalises once). No mask.
+/// positions tie exactly). No mask.
 at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity);
 
 /// Scores as knn_select reports them from selected ranking keys: exp(key) for the distance

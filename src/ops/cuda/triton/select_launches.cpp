@@ -35,11 +35,6 @@ std::vector<std::string> every_select_key() {
   return keys;
 }
 
-// x / max(|x|, eps) per row, as the other paths' cosine (the C++ epsilon, kCosineEps).
-at::Tensor unit_rows(const at::Tensor& x) {
-  return x / at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true).clamp_min(kCosineEps);
-}
-
 }  // namespace
 
 bool is_dot_product(Similarity similarity) {
@@ -83,10 +78,6 @@ RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor&
   RankingOperands operands;
   operands.queries = queries_in.to(at::kFloat).contiguous();
   operands.keys = keys_in.to(at::kFloat).contiguous();
-  if (similarity == Similarity::Cosine) {
-    operands.queries = unit_rows(operands.queries);
-    operands.keys = unit_rows(operands.keys);
-  }
   operands.mask_kind = !mask_in.defined()                      ? kSelectBlocks.no_mask
                        : mask_in.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
                                                               : kSelectBlocks.additive_mask;
@@ -95,8 +86,11 @@ RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor&
                   : operands.mask_kind == kSelectBlocks.additive_mask ? mask_in.to(at::kFloat).contiguous()
                                                                       : mask_in.contiguous();
   operands.mask_slice_stride = mask_in.defined() && mask_in.dim() == 3 ? queries_in.size(1) * keys_in.size(1) : 0;
-  // sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)).
-  operands.root = similarity == Similarity::ScaledDot ? std::sqrt(static_cast<float>(queries_in.size(2))) : 1.0f;
+  // sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)); cosine's epsilon as the CPU's
+  // float32 kernels round it.
+  operands.similarity_constant = similarity == Similarity::ScaledDot ? std::sqrt(static_cast<float>(queries_in.size(2)))
+                                 : similarity == Similarity::Cosine  ? static_cast<float>(kCosineEps)
+                                                                     : 1.0f;
   return operands;
 }
 
@@ -133,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
   Launch launch{top_k_key("select", similarity, k, in.mask_kind), {cdiv(n, kSelectBlocks.rows), g}, {}};
   launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
-      .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.root)
+      .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
       .int32(dtype_code(scores.scalar_type()));
   run(launch);
   if (index_order) {  // the same K slots by ascending index (a row's K indices are distinct)

@@ -15,14 +15,15 @@
 namespace convnn::ops::cuda::triton {
 
 /// What the running top-K takes (the select and the fused attention kernels): queries and keys in
-/// float32 (half precision exactly; select.py says why the kernel does not read it), unit rows for
-/// cosine; the mask as given if bool, in float32 if additive, and if none the queries (a valid
-/// pointer the kernel does not read); root = sqrt(D) rounded to float32 for scaled_dot.
+/// float32 (half precision exactly; select.py says why the kernel does not read it), raw rows for
+/// every similarity; the mask as given if bool, in float32 if additive, and if none the queries (a
+/// valid pointer the kernel does not read); similarity_constant = sqrt(D) rounded to float32 for
+/// scaled_dot, kCosineEps in float32 for cosine.
 struct RankingOperands {
   at::Tensor queries, keys, mask;
   int mask_kind;
   int64_t mask_slice_stride;
-  float root;
+  float similarity_constant;
 };
 /// The kernels' runtime code of a tensor's dtype (select.py's DTYPE_CODES): float32, bfloat16, float16.
 int dtype_code(at::ScalarType dtype);
