@@ -5,12 +5,17 @@ does not listen wider than asked:
   (c10d's client alone waits for its ping's answer forever) fails within --dist-timeout, with one
   error line naming the address and the timeout;
 - rank 0's store listens on MASTER_ADDR (127.0.0.1 here) only, not on every interface, and a
-  second rank still joins it and trains.
+  second rank still joins it and trains;
+- a rank whose peer, and the store that peer serves, stop answering once the group is built fails
+  within --dist-timeout too (c10d's store reads block for good once the store's process stops, so
+  nothing after the rendezvous reads the store).
 
 Every process is bounded by a subprocess timeout, so a regression fails instead of hanging."""
 import os
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -137,3 +142,46 @@ def test_rank_0_store_listens_on_master_addr_only_and_serves_the_group(tmp_path)
             if rank is not None and rank.poll() is None:
                 rank.kill()
                 rank.communicate()
+
+
+# Rank 0 of a two-process group as `convnn train` builds it (src/dist/process_group.cpp: the store
+# on MASTER_PORT, the prefix "convnn/<restart count>", Gloo), which stops itself (SIGSTOP) once the
+# group is built: it and the store it serves stop answering mid-run, before the run's first exchange.
+STOPPING_PEER = """
+import datetime, os, signal, sys
+import torch.distributed as dist
+port, timeout = int(sys.argv[1]), datetime.timedelta(seconds=float(sys.argv[2]))
+store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False, timeout=timeout)
+group = dist.ProcessGroupGloo(dist.PrefixStore("convnn/0", store), 0, 2, timeout)
+print("joined", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_a_rank_whose_peer_and_its_store_stop_answering_after_the_rendezvous_fails_within_the_timeout(tmp_path):
+    data_dir = make_data_set(tmp_path)
+    port = free_port()
+    peer = subprocess.Popen([sys.executable, "-c", STOPPING_PEER, str(port), "60"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        rank1 = subprocess.Popen(train_command(data_dir, tmp_path / "runs", "--dist-timeout", TIMEOUT_S),
+                                 env=rank_environment(1, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert peer.stdout.readline().strip() == "joined", peer.communicate(timeout=5)
+            stopped = time.monotonic()
+            _, stderr = rank1.communicate(timeout=TIMEOUT_S + MARGIN_S + 30)
+        finally:
+            if rank1.poll() is None:
+                rank1.kill()
+                rank1.communicate()
+        elapsed = time.monotonic() - stopped
+        assert rank1.returncode != 0, stderr
+        assert elapsed < TIMEOUT_S + MARGIN_S, f"{elapsed:.1f} s: --dist-timeout {TIMEOUT_S} was not kept"
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1, stderr
+        assert lines[0].startswith("convnn: error: rank 1 of 2: sharing 'run_dir' failed: "), stderr
+        assert lines[0].endswith("did not answer within --dist-timeout)"), stderr
+    finally:
+        peer.kill()  # SIGKILL ends a stopped process too
+        peer.communicate()

@@ -234,11 +234,24 @@ void ProcessGroup::barrier() {
   collective("barrier", rank(), world_size(), [&] { return state_->group->barrier()->wait(); });
 }
 
-std::string ProcessGroup::share_from_main(const std::string& key, const std::string& value) {
-  return collective("sharing '" + key + "'", rank(), world_size(), [&] {
-    if (is_main()) state_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-    const auto bytes = state_->store->get(key);
-    return std::string(bytes.begin(), bytes.end());
+std::string ProcessGroup::share_from_main(const std::string& name, const std::string& value) {
+  // Two broadcasts (the length, then the bytes) rather than the store: the group's collectives
+  // fail after its timeout when a peer stops answering, but c10d's store reads do not once the
+  // store's process stops (store_socket.h). NCCL broadcasts CUDA tensors only.
+  const auto device = state_->backend == Backend::Nccl ? c10::Device(c10::DeviceType::CUDA) : c10::Device(c10::kCPU);
+  const auto on_device = at::TensorOptions().device(device);
+  return collective("sharing '" + name + "'", rank(), world_size(), [&] {
+    std::vector<at::Tensor> length{at::full({1}, is_main() ? static_cast<int64_t>(value.size()) : 0,
+                                            on_device.dtype(at::kLong))};
+    state_->group->broadcast(length)->wait();
+    const int64_t size = length[0].item<int64_t>();
+    auto bytes = at::empty({size}, at::TensorOptions().dtype(at::kByte));
+    if (is_main()) std::copy(value.begin(), value.end(), bytes.data_ptr<uint8_t>());
+    std::vector<at::Tensor> shared{bytes.to(device)};
+    state_->group->broadcast(shared)->wait();
+    const auto received = shared[0].cpu();
+    const auto* first = received.data_ptr<uint8_t>();
+    return std::string(first, first + size);
   });
 }
 

@@ -15,12 +15,13 @@
 // with its nonce: then c10d's own ping is answered at once. The bytes are c10d's, from its header
 // TCPStoreBackend.hpp (QueryType, validationMagicNumber), so they follow the torch convnn is built
 // against. What remains unbounded: a store that answers this ping and hangs within the next
-// milliseconds, before c10d's (only a broken TCPStore could do that), and a store whose process
-// stops answering after the rendezvous. c10d bounds a later get or wait by the store's timeout
-// only while the store's process runs: measured with torch 2.11 (2026-11-29), a get on a store
-// whose process was stopped (SIGSTOP) times out its poll after the timeout, then blocks in recv
-// for good (issue 43 §2, open). convnn reads the store once after the rendezvous
-// (ProcessGroup::share_from_main, at the start of a run).
+// milliseconds, before c10d's (only a broken TCPStore could do that). A store whose process stops
+// answering after the rendezvous is why convnn reads the store no more once the group is built:
+// c10d bounds a get or wait by the store's timeout only while the store's process runs (measured
+// with torch 2.11, 2026-11-29: a get on a store whose process was stopped with SIGSTOP times out
+// its poll after the timeout, then blocks in recv for good), so ProcessGroup::share_from_main
+// broadcasts through the group, whose collectives have the group's timeout. (NCCL's communicator
+// still takes its id from the store at its first collective: c10d's, not testable here.)
 #include <unistd.h>
 
 #include <chrono>

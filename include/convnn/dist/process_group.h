@@ -70,8 +70,9 @@ class ProcessGroup {
   /// The maximum over ranks of `tensor`, in place on every rank.
   void all_reduce_max(const at::Tensor& tensor);
   void barrier();
-  /// Rank 0's `value` (others pass anything) under `key`, on every rank, through the store.
-  std::string share_from_main(const std::string& key, const std::string& value);
+  /// Rank 0's `value` (others pass anything), on every rank; `name` names it in errors. A collective
+  /// like the others (no store read after the rendezvous): bounded by the group's timeout.
+  std::string share_from_main(const std::string& name, const std::string& value);
 
   /// DDP's reducer over `parameters` (those that require gradients, every one used by each
   /// forward): gradients averaged over ranks in buckets all-reduced while backward runs.
