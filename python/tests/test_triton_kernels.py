@@ -302,7 +302,7 @@ def test_the_kernels_and_the_launcher_are_registered_for_cuda_tensors():
 
 # knn_select (python/convnn/_triton/select.py). Integer-valued features make every score and
 # distance exact on every path, ties included, so the selected indices must be equal, not close.
-SIMILARITIES = ["dot", "scaled_dot", "cosine", "gaussian", "chebyshev", "l1"]
+SIMILARITIES = list(ops.similarity_names())  # the library's name table: a new one is tested too
 
 
 def select_inputs(dtype, g=2, n=9, m=70, d=5, seed=11):

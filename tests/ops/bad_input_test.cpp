@@ -1,5 +1,6 @@
 // Every public entry point rejects bad input with a c10::Error whose message names the argument,
 // its value and the rule; none of them crashes the process.
+#include <c10/util/StringUtil.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -50,6 +51,9 @@ at::Tensor randn(c10::IntArrayRef shape, at::ScalarType dtype = at::kDouble) {
   return at::randn(shape, at::TensorOptions().dtype(dtype));
 }
 
+// The similarities an error lists, from the library's name table (a new one joins the list).
+std::string allowed_similarities() { return c10::Join(", ", convnn::similarity_names()); }
+
 // ------------------------------------------------------------------------------ knn_select
 
 class KnnSelectBadInput : public ::testing::Test {
@@ -92,9 +96,7 @@ TEST_F(KnnSelectBadInput, DtypesMustBeFloatingAndEqual) {
 }
 
 TEST_F(KnnSelectBadInput, UnknownSimilarityListsTheAllowedNames) {
-  EXPECT_ERROR(
-      select(q, k, 2, "euclidean"),
-      "similarity must be one of dot, scaled_dot, cosine, gaussian, chebyshev, l1; got 'euclidean'");
+  EXPECT_ERROR(select(q, k, 2, "euclidean"), "similarity must be one of " + allowed_similarities() + "; got 'euclidean'");
   EXPECT_ERROR(select(q, k, 2, ""), "got ''");
 }
 
@@ -444,8 +446,7 @@ TEST(FunctionalHelpersBadInput, GridCoordinatesAndDrawCandidates) {
 }
 
 TEST(FunctionalHelpersBadInput, UnknownOptionNamesListTheAllowedValues) {
-  EXPECT_ERROR(convnn::parse_similarity("l2"),
-               "similarity must be one of dot, scaled_dot, cosine, gaussian, chebyshev, l1; got 'l2'");
+  EXPECT_ERROR(convnn::parse_similarity("l2"), "similarity must be one of " + allowed_similarities() + "; got 'l2'");
   EXPECT_ERROR(parse_rho("max"), "rho must be one of uniform, mean, softmax; got 'max'");
   EXPECT_ERROR(parse_slot_order("random"), "slot_order must be one of score, index; got 'random'");
   EXPECT_ERROR(parse_aggregation("grouped"),
