@@ -14,13 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "convnn/dist/process_group.h"
-#include "convnn/models/batch_norm.h"
 #include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/loss.h"
 #include "convnn/train/optim.h"
 #include "convnn/train/schedule.h"
 #include "convnn/util/device.h"
 #include "convnn/train/sinks.h"
+#include "train/data_parallel.h"
 
 namespace convnn::train {
 namespace {
@@ -121,35 +121,48 @@ void write_config(const std::string& run_dir, const TrainConfig& config) {
                         nlohmann::json(config).dump(2) + "\n");
 }
 
-// The counts of every rank's shard, summed exactly (integers; the loss sum in float64).
-void sum_over_ranks(dist::ProcessGroup& group, Evaluation& e, double& loss_sum, int64_t& top1, int64_t& top5) {
-  const auto classes = static_cast<int64_t>(e.confusion.size());
-  auto counts = at::empty({4 + classes * classes}, at::kLong);
-  auto* c = counts.data_ptr<int64_t>();
-  c[0] = e.samples, c[1] = top1, c[2] = top5, c[3] = e.skipped;
-  for (int64_t t = 0; t < classes; ++t) {
-    for (int64_t q = 0; q < classes; ++q) c[4 + t * classes + q] = e.confusion[t][q];
+// The evaluation of this process's shard of `loader`, summed over the ranks.
+Evaluation evaluate_shards(models::Model& model, data::BatchStream& loader, Precision precision,
+                           DataParallel& parallel) {
+  at::NoGradGuard no_grad;
+  model.module()->eval();
+  const auto inputs = inputs_of(model);
+  const auto device = inputs.device();
+  const int64_t classes = loader.num_classes();
+  Evaluation e;
+  e.class_names = loader.class_names();
+  e.confusion.assign(classes, std::vector<int64_t>(classes, 0));
+  double loss_sum = 0.0;
+  int64_t top1 = 0, top5 = 0;
+  loader.start_epoch(0);
+  while (auto batch = loader.next()) {
+    if (batch->labels.numel() == 0) continue;  // every file of the batch was unreadable
+    const auto on_device = to_device(*batch, inputs);
+    at::Tensor logits;
+    {
+      AutocastGuard autocast(precision, device.type());
+      logits = model.forward(on_device.inputs);
+    }
+    at::Tensor labels;
+    std::tie(logits, labels) = prediction_rows(logits, on_device.labels);
+    if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);  // bfloat16 under autocast
+    loss_sum += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
+    top1 += correct_top_k(logits, labels, 1);
+    top5 += correct_top_k(logits, labels, 5);
+    const auto predicted = logits.argmax(1).cpu().contiguous();
+    const auto truth = labels.cpu().contiguous();
+    const auto* p = predicted.const_data_ptr<int64_t>();
+    const auto* t = truth.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < predicted.size(0); ++i) ++e.confusion[t[i]][p[i]];
+    e.samples += predicted.size(0);
   }
-  group.all_reduce_sum(counts);
-  e.samples = c[0], top1 = c[1], top5 = c[2], e.skipped = c[3];
-  for (int64_t t = 0; t < classes; ++t) {
-    for (int64_t q = 0; q < classes; ++q) e.confusion[t][q] = c[4 + t * classes + q];
-  }
-  auto loss = at::full({1}, loss_sum, at::kDouble);
-  group.all_reduce_sum(loss);
-  loss_sum = loss.item<double>();
-}
-
-// An epoch's training totals over every rank: sums, and the slowest rank's time.
-EpochTotals sum_over_ranks(dist::ProcessGroup& group, const EpochTotals& t) {
-  auto counts = at::tensor({t.samples, t.correct, t.skipped}, at::kLong);
-  auto sums = at::tensor({t.loss_sum}, at::kDouble);
-  auto seconds = at::tensor({t.seconds}, at::kDouble);
-  group.all_reduce_sum(counts);
-  group.all_reduce_sum(sums);
-  group.all_reduce_max(seconds);
-  const auto* c = counts.data_ptr<int64_t>();
-  return {sums.item<double>(), c[0], c[1], seconds.item<double>(), c[2]};
+  e.skipped = loader.skipped();
+  parallel.sum(e, loss_sum, top1, top5);
+  const double n = static_cast<double>(std::max<int64_t>(1, e.samples));
+  e.loss = loss_sum / n;
+  e.top1 = 100.0 * top1 / n;
+  e.top5 = 100.0 * top5 / n;
+  return e;
 }
 
 class Trainer {
@@ -162,8 +175,7 @@ class Trainer {
         position_(position),
         hooks_(hooks),
         device_(device),
-        group_(group),
-        is_main_(group == nullptr || group->is_main()),
+        parallel_(group),
         train_loader_(
             make_batches(std::move(train_data), config_, true, device_, group, skip_reporter(hooks))),
         val_loader_(make_batches(load_split(config_, data::Split::Test), config_, false, device_, group,
@@ -179,7 +191,7 @@ class Trainer {
     } else if (!config_.run.initial_checkpoint.empty()) {
       load_checkpoint(config_.run.initial_checkpoint, *model_.module(), nullptr, allow_non_finite);
     }
-    if (group_ != nullptr) join_data_parallel();
+    parallel_.join(model_, config_.run.sync_bn);
   }
 
   TrainResult run() {
@@ -243,8 +255,7 @@ class Trainer {
       // are its labels: images, or the tokens a language model predicts.
       const int64_t b = batch->labels.numel();
       const bool step_now = batch->index + 1 == group_start + group_size;
-      // Every rank must take part in each synchronised backward.
-      TORCH_CHECK(b > 0 || group_ == nullptr, "rank ", group_ ? group_->rank() : 0, ": every file of batch ",
+      TORCH_CHECK(b > 0 || parallel_.can_skip_a_batch(), parallel_.rank_name(), ": every file of batch ",
                   batch->index + 1, " of epoch ", position_.epoch + 1,
                   " is unreadable, and a data-parallel run cannot skip a whole batch (see the warnings)");
       if (b > 0) {
@@ -280,53 +291,16 @@ class Trainer {
   // The caller's sinks, on rank 0 only.
   template <typename Call>
   void report(Call&& call) {
-    if (!is_main_) return;
+    if (!parallel_.is_main()) return;
     for (auto* sink : hooks_.sinks) call(*sink);
   }
 
-  // A stop asked of any rank stops all of them at the same step: they agree by an all-reduce.
-  bool stop_requested() const {
-    const bool here = hooks_.stop != nullptr && hooks_.stop->load();
-    if (group_ == nullptr) return here;
-    auto flag = at::full({1}, here ? 1 : 0, at::kLong);
-    group_->all_reduce_max(flag);
-    return flag.item<int64_t>() != 0;
-  }
-
-  // Parameters and buffers from rank 0 (every rank built the same model from the same seed, or
-  // loaded the same checkpoint: this makes it so whatever happened), then DDP's reducer.
-  void join_data_parallel() {
-    std::vector<at::Tensor> state;
-    for (const auto& p : model_.module()->parameters()) state.push_back(p.detach());
-    for (const auto& b : model_.module()->buffers()) state.push_back(b.detach());
-    group_->broadcast_from_main(state);
-    if (config_.run.sync_bn) {
-      models::synchronise_batch_norms(*model_.module(), [group = group_](const at::Tensor& t) { group->all_reduce_sum(t); });
-    }
-    std::vector<at::Tensor> trained;
-    for (const auto& p : model_.module()->parameters()) {
-      if (p.requires_grad()) trained.push_back(p);
-    }
-    reducer_ = group_->gradient_reducer(trained);
-  }
-
-  // In a data-parallel run the reducer all-reduces during backward: a peer that died or stopped
-  // answering surfaces here, as Gloo's or NCCL's error, which this names.
-  void backward(const at::Tensor& loss, bool synchronise) {
-    if (!reducer_ || !synchronise) return loss.backward();
-    try {
-      loss.backward();
-    } catch (const std::exception& e) {
-      const auto* error = dynamic_cast<const c10::Error*>(&e);
-      TORCH_CHECK(false, "rank ", group_->rank(), " of ", group_->world_size(),
-                  ": backward with the gradient all-reduce failed: ", error ? error->msg() : e.what(),
-                  " (another process of the group died, or did not answer within --dist-timeout)");
-    }
-  }
+  // A stop asked of any rank stops all of them at the same step.
+  bool stop_requested() { return parallel_.any_stops(hooks_.stop != nullptr && hooks_.stop->load()); }
 
   std::pair<double, int64_t> forward_backward(const data::Batch& loaded, int64_t group_size, bool synchronise) {
     const auto batch = to_device(loaded, inputs_of(model_));
-    if (reducer_) reducer_->before_forward(synchronise);
+    parallel_.before_forward(synchronise);
     at::Tensor logits;
     {
       AutocastGuard autocast(config_.optimization.precision, device_.type());
@@ -339,8 +313,8 @@ class Trainer {
                              ? batch.targets
                              : smooth_targets(labels, logits.size(1), config_.optimization.smoothing);
     const auto loss = soft_target_cross_entropy(logits, targets);
-    if (reducer_) reducer_->before_backward();
-    backward(loss / static_cast<double>(group_size), synchronise);
+    parallel_.before_backward();
+    parallel_.backward(loss / static_cast<double>(group_size), synchronise);
     const double value = loss.item<double>();
     TORCH_CHECK(std::isfinite(value), "training diverged: the loss is ", value, " at epoch ",
                 position_.epoch + 1, " batch ", loaded.index + 1, " (lower --lr or set --clip-grad)");
@@ -359,13 +333,13 @@ class Trainer {
   void save_position(int64_t next_batch, const EpochTotals& totals) {
     position_.next_batch = next_batch;
     position_.totals = totals;
-    if (is_main_) saver_.stopped(config_, position_, *model_.module(), *optimizer_);
-    if (group_ != nullptr) group_->barrier();  // the checkpoint is written before any rank goes on
+    if (parallel_.is_main()) saver_.stopped(config_, position_, *model_.module(), *optimizer_);
+    parallel_.wait_for_main_writes();
   }
 
   Evaluation end_epoch() {
-    const auto evaluation = evaluate(model_, *val_loader_, config_.optimization.precision, group_);
-    const auto t = group_ != nullptr ? sum_over_ranks(*group_, epoch_totals_) : epoch_totals_;
+    const auto evaluation = evaluate_shards(model_, *val_loader_, config_.optimization.precision, parallel_);
+    const auto t = parallel_.sum(epoch_totals_);
     EpochMetrics m;
     m.epoch = position_.epoch + 1;
     m.train_loss = t.loss_sum / std::max<int64_t>(1, t.samples);
@@ -377,7 +351,7 @@ class Trainer {
     m.epoch_time_s = t.seconds;
     m.images_per_s = t.seconds > 0 ? t.samples / t.seconds : 0.0;
     m.skipped = t.skipped;
-    if (is_main_) metrics_.add(m);
+    if (parallel_.is_main()) metrics_.add(m);
     const bool best = evaluation.top1 > position_.best_top1;
     if (best) {
       position_.best_top1 = evaluation.top1;
@@ -388,8 +362,8 @@ class Trainer {
     next.epoch = position_.epoch + 1;
     next.next_batch = 0;
     next.totals = EpochTotals{};
-    if (is_main_) saver_.epoch_done(config_, next, *model_.module(), *optimizer_, best);
-    if (group_ != nullptr) group_->barrier();  // the checkpoints are written before any rank goes on
+    if (parallel_.is_main()) saver_.epoch_done(config_, next, *model_.module(), *optimizer_, best);
+    parallel_.wait_for_main_writes();
     report([&](TrainingSink& s) { s.epoch_done(m, evaluation, config_.optimization.epochs); });
     position_.next_batch = 0;
     position_.totals = EpochTotals{};
@@ -402,9 +376,7 @@ class Trainer {
   TrainingPosition position_;
   TrainHooks hooks_;
   c10::Device device_;
-  dist::ProcessGroup* group_;  // null: a single process
-  bool is_main_;               // rank 0 (or a single process): logs and writes files
-  std::unique_ptr<dist::GradientReducer> reducer_;
+  DataParallel parallel_;  // over no group: a single process
   std::unique_ptr<data::BatchStream> train_loader_, val_loader_;
   models::Model model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -425,45 +397,8 @@ models::Model make_model(const TrainConfig& config, const c10::Device& device) {
 
 Evaluation evaluate(models::Model& model, data::BatchStream& loader, Precision precision,
                     dist::ProcessGroup* group) {
-  at::NoGradGuard no_grad;
-  model.module()->eval();
-  const auto inputs = inputs_of(model);
-  const auto device = inputs.device();
-  const int64_t classes = loader.num_classes();
-  Evaluation e;
-  e.class_names = loader.class_names();
-  e.confusion.assign(classes, std::vector<int64_t>(classes, 0));
-  double loss_sum = 0.0;
-  int64_t top1 = 0, top5 = 0;
-  loader.start_epoch(0);
-  while (auto batch = loader.next()) {
-    if (batch->labels.numel() == 0) continue;  // every file of the batch was unreadable
-    const auto on_device = to_device(*batch, inputs);
-    at::Tensor logits;
-    {
-      AutocastGuard autocast(precision, device.type());
-      logits = model.forward(on_device.inputs);
-    }
-    at::Tensor labels;
-    std::tie(logits, labels) = prediction_rows(logits, on_device.labels);
-    if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);  // bfloat16 under autocast
-    loss_sum += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
-    top1 += correct_top_k(logits, labels, 1);
-    top5 += correct_top_k(logits, labels, 5);
-    const auto predicted = logits.argmax(1).cpu().contiguous();
-    const auto truth = labels.cpu().contiguous();
-    const auto* p = predicted.const_data_ptr<int64_t>();
-    const auto* t = truth.const_data_ptr<int64_t>();
-    for (int64_t i = 0; i < predicted.size(0); ++i) ++e.confusion[t[i]][p[i]];
-    e.samples += predicted.size(0);
-  }
-  e.skipped = loader.skipped();
-  if (group != nullptr) sum_over_ranks(*group, e, loss_sum, top1, top5);
-  const double n = static_cast<double>(std::max<int64_t>(1, e.samples));
-  e.loss = loss_sum / n;
-  e.top1 = 100.0 * top1 / n;
-  e.top5 = 100.0 * top5 / n;
-  return e;
+  DataParallel parallel(group);
+  return evaluate_shards(model, loader, precision, parallel);
 }
 
 TrainResult train(const TrainConfig& requested, const std::string& resume, const TrainHooks& hooks,
