@@ -31,23 +31,7 @@ at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Simil
 
 at::Tensor selected_scores(const at::Tensor& queries, const at::Tensor& keys,
                            const at::Tensor& indices, Similarity similarity) {
-  const auto q = queries.unsqueeze(2);         // [G,N,1,D]
-  const auto kk = gather_rows(keys, indices);  // [G,N,K,D]
-  switch (similarity) {
-    case Similarity::Dot: return (q * kk).sum(-1);
-    case Similarity::ScaledDot: return (q * kk).sum(-1) / std::sqrt(static_cast<double>(queries.size(2)));
-    case Similarity::Cosine:
-      return (q * kk).sum(-1) * reference::inverse_norms(q).squeeze(-1) * reference::inverse_norms(kk).squeeze(-1);
-    case Similarity::Gaussian: return (-(q - kk).square().sum(-1)).exp();
-    case Similarity::Chebyshev: {
-      // The distance read at the first largest coordinate, not amax: at a tie the gradient goes to
-      // that coordinate alone, as in the fused kernels (amax would split it among the tied ones).
-      const auto magnitudes = (q - kk).abs();
-      return (-magnitudes.gather(-1, magnitudes.argmax(-1, /*keepdim=*/true)).squeeze(-1)).exp();
-    }
-    case Similarity::L1: return (-(q - kk).abs().sum(-1)).exp();
-  }
-  TORCH_CHECK(false, "selected_scores: unknown similarity");
+  return reference::pair_scores(queries.unsqueeze(2), gather_rows(keys, indices), similarity);  // [G,N,K]
 }
 
 std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,

@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
+
+#include "ops/kernels/similarity.h"
 
 namespace convnn::reference {
 namespace {
@@ -52,18 +55,122 @@ at::Tensor inverse_norms(const at::Tensor& x) {
   return at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true).clamp_min(kCosineEps).reciprocal();
 }
 
-at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity) {
-  switch (similarity) {
-    case Similarity::Dot: return at::bmm(queries, keys.transpose(1, 2));
-    case Similarity::Cosine:
-      return at::bmm(queries, keys.transpose(1, 2)) * inverse_norms(queries) * inverse_norms(keys).transpose(1, 2);
-    case Similarity::ScaledDot:
-      return at::bmm(queries, keys.transpose(1, 2)).div_(std::sqrt(static_cast<double>(queries.size(2))));
-    case Similarity::Gaussian: return pairwise_distance(queries, keys, Reduce::SumOfSquares).neg_();
-    case Similarity::Chebyshev: return pairwise_distance(queries, keys, Reduce::MaxMagnitude).neg_();
-    case Similarity::L1: return pairwise_distance(queries, keys, Reduce::SumOfMagnitudes).neg_();
+namespace {
+
+using Gradients = std::tuple<at::Tensor, at::Tensor>;
+
+// Each similarity's whole-tensor forms, one specialisation per policy of ops/kernels/similarity.h
+// (the policy's element-by-element rules, as ATen computes them): dispatch_similarity is the only
+// switch, and a similarity without forms here fails to compile.
+//   ranking_keys(queries [G,N,D], keys [G,M,D]) -> [G,N,M]   the key that ranks candidates
+//   pair_scores(q [..,1,D], kk [..,K,D]) -> [..,K]           the score knn_select reports
+//   pair_gradients(q, kk) -> (d score/d q, d score/d k)       on raw rows, broadcastable
+template <typename Policy>
+struct WholeTensorForms;
+
+template <>
+struct WholeTensorForms<kernels::DotSimilarity> {
+  static at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys) {
+    return at::bmm(queries, keys.transpose(1, 2));
   }
-  TORCH_INTERNAL_ASSERT(false, "ranking_keys: unknown similarity ", static_cast<int>(similarity));
+  static at::Tensor pair_scores(const at::Tensor& q, const at::Tensor& kk) { return (q * kk).sum(-1); }
+  static Gradients pair_gradients(const at::Tensor& q, const at::Tensor& kk) { return {kk, q.expand_as(kk)}; }
+};
+
+template <>
+struct WholeTensorForms<kernels::ScaledDotSimilarity> {
+  static double root(const at::Tensor& x) { return std::sqrt(static_cast<double>(x.size(-1))); }
+  static at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys) {
+    return at::bmm(queries, keys.transpose(1, 2)).div_(root(queries));
+  }
+  static at::Tensor pair_scores(const at::Tensor& q, const at::Tensor& kk) { return (q * kk).sum(-1) / root(q); }
+  static Gradients pair_gradients(const at::Tensor& q, const at::Tensor& kk) {
+    const double scale = 1.0 / root(q);
+    return {kk * scale, q.expand_as(kk) * scale};
+  }
+};
+
+template <>
+struct WholeTensorForms<kernels::CosineSimilarity> {
+  static at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys) {
+    return at::bmm(queries, keys.transpose(1, 2)) * inverse_norms(queries) * inverse_norms(keys).transpose(1, 2);
+  }
+  static at::Tensor pair_scores(const at::Tensor& q, const at::Tensor& kk) {
+    return (q * kk).sum(-1) * inverse_norms(q).squeeze(-1) * inverse_norms(kk).squeeze(-1);
+  }
+  static Gradients pair_gradients(const at::Tensor& q, const at::Tensor& kk) {
+    const auto q_norm = at::linalg_vector_norm(q, 2, {-1}, true);
+    const auto k_norm = at::linalg_vector_norm(kk, 2, {-1}, true);
+    const auto q_unit = q / q_norm.clamp_min(kCosineEps);
+    const auto k_unit = kk / k_norm.clamp_min(kCosineEps);
+    const auto s = (q * kk).sum(-1, true) * inverse_norms(q) * inverse_norms(kk);
+    // d/dq of q/max(|q|,eps): the projection away from q when |q| > eps, 1/eps otherwise.
+    return {(k_unit - (q_norm > kCosineEps) * s * q_unit) / q_norm.clamp_min(kCosineEps),
+            (q_unit - (k_norm > kCosineEps) * s * k_unit) / k_norm.clamp_min(kCosineEps)};
+  }
+};
+
+template <>
+struct WholeTensorForms<kernels::GaussianSimilarity> {
+  static at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys) {
+    return pairwise_distance(queries, keys, Reduce::SumOfSquares).neg_();
+  }
+  static at::Tensor pair_scores(const at::Tensor& q, const at::Tensor& kk) {
+    return (-(q - kk).square().sum(-1)).exp();
+  }
+  static Gradients pair_gradients(const at::Tensor& q, const at::Tensor& kk) {
+    const auto diff = q - kk;
+    const auto d_q = -2.0 * (-diff.square().sum(-1, true)).exp() * diff;
+    return {d_q, -d_q};
+  }
+};
+
+template <>
+struct WholeTensorForms<kernels::ChebyshevSimilarity> {
+  static at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys) {
+    return pairwise_distance(queries, keys, Reduce::MaxMagnitude).neg_();
+  }
+  // The distance read at the first largest coordinate, not amax: at a tie the gradient goes to
+  // that coordinate alone, as in the fused kernels (amax would split it among the tied ones).
+  static at::Tensor pair_scores(const at::Tensor& q, const at::Tensor& kk) {
+    const auto magnitudes = (q - kk).abs();
+    return (-magnitudes.gather(-1, magnitudes.argmax(-1, /*keepdim=*/true)).squeeze(-1)).exp();
+  }
+  static Gradients pair_gradients(const at::Tensor& q, const at::Tensor& kk) {
+    const auto diff = q - kk;
+    const auto [distance, first_largest] = magnitude(diff).max(-1, true);
+    const auto one_hot = at::zeros_like(diff).scatter_(-1, first_largest, 1.0);
+    const auto d_q = sign_of_difference_gradient(diff, distance) * one_hot;
+    return {d_q, -d_q};
+  }
+};
+
+template <>
+struct WholeTensorForms<kernels::L1Similarity> {
+  static at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys) {
+    return pairwise_distance(queries, keys, Reduce::SumOfMagnitudes).neg_();
+  }
+  static at::Tensor pair_scores(const at::Tensor& q, const at::Tensor& kk) { return (-(q - kk).abs().sum(-1)).exp(); }
+  static Gradients pair_gradients(const at::Tensor& q, const at::Tensor& kk) {
+    const auto diff = q - kk;
+    const auto d_q = sign_of_difference_gradient(diff, magnitude(diff).sum(-1, true));
+    return {d_q, -d_q};
+  }
+};
+
+template <typename Policy>
+using FormsOf = WholeTensorForms<std::decay_t<Policy>>;
+
+}  // namespace
+
+at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity) {
+  return kernels::dispatch_similarity(
+      similarity, [&](auto policy) { return FormsOf<decltype(policy)>::ranking_keys(queries, keys); });
+}
+
+at::Tensor pair_scores(const at::Tensor& q, const at::Tensor& kk, Similarity similarity) {
+  return kernels::dispatch_similarity(similarity,
+                                      [&](auto policy) { return FormsOf<decltype(policy)>::pair_scores(q, kk); });
 }
 
 at::Tensor reported_scores(const at::Tensor& selected_keys, Similarity similarity) {
@@ -74,41 +181,8 @@ at::Tensor reported_scores(const at::Tensor& selected_keys, Similarity similarit
 
 std::tuple<at::Tensor, at::Tensor> pair_gradients(const at::Tensor& q, const at::Tensor& kk,
                                                   Similarity similarity) {
-  switch (similarity) {
-    case Similarity::Dot: return {kk, q.expand_as(kk)};
-    case Similarity::ScaledDot: {
-      const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-      return {kk * scale, q.expand_as(kk) * scale};
-    }
-    case Similarity::Cosine: {
-      const auto q_norm = at::linalg_vector_norm(q, 2, {-1}, true);
-      const auto k_norm = at::linalg_vector_norm(kk, 2, {-1}, true);
-      const auto q_unit = q / q_norm.clamp_min(kCosineEps);
-      const auto k_unit = kk / k_norm.clamp_min(kCosineEps);
-      const auto s = (q * kk).sum(-1, true) * inverse_norms(q) * inverse_norms(kk);
-      // d/dq of q/max(|q|,eps): the projection away from q when |q| > eps, 1/eps otherwise.
-      return {(k_unit - (q_norm > kCosineEps) * s * q_unit) / q_norm.clamp_min(kCosineEps),
-              (q_unit - (k_norm > kCosineEps) * s * k_unit) / k_norm.clamp_min(kCosineEps)};
-    }
-    case Similarity::Gaussian: {
-      const auto diff = q - kk;
-      const auto d_q = -2.0 * (-diff.square().sum(-1, true)).exp() * diff;
-      return {d_q, -d_q};
-    }
-    case Similarity::Chebyshev: {
-      const auto diff = q - kk;
-      const auto [distance, first_largest] = magnitude(diff).max(-1, true);
-      const auto one_hot = at::zeros_like(diff).scatter_(-1, first_largest, 1.0);
-      const auto d_q = sign_of_difference_gradient(diff, distance) * one_hot;
-      return {d_q, -d_q};
-    }
-    case Similarity::L1: {
-      const auto diff = q - kk;
-      const auto d_q = sign_of_difference_gradient(diff, magnitude(diff).sum(-1, true));
-      return {d_q, -d_q};
-    }
-  }
-  TORCH_INTERNAL_ASSERT(false, "pair_gradients: unknown similarity ", static_cast<int>(similarity));
+  return kernels::dispatch_similarity(similarity,
+                                      [&](auto policy) { return FormsOf<decltype(policy)>::pair_gradients(q, kk); });
 }
 
 }  // namespace convnn::reference

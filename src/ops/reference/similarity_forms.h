@@ -2,6 +2,8 @@
 // Each similarity in whole-tensor ATen form: what the reference ops (src/ops/reference/) and the
 // device-generic path (src/ops/generic/) compute with. The fused kernels compute the same maths
 // element by element from the policies of ops/kernels/similarity.h; the tests hold the two apart.
+// The forms are one specialisation per policy (similarity_forms.cpp), reached through the policies'
+// one dispatch (kernels::dispatch_similarity).
 // Only ATen ops with C++ kernels on every device, Meta included (src/ops/generic/internal.h).
 #include <ATen/core/Tensor.h>
 
@@ -24,6 +26,10 @@ at::Tensor inverse_norms(const at::Tensor& x);
 /// similarity, or -distance for the distance similarities, from exact pairwise differences (mirror
 /// positions tie exactly). No mask.
 at::Tensor ranking_keys(const at::Tensor& queries, const at::Tensor& keys, Similarity similarity);
+
+/// The score knn_select reports for each pair, q [..,1,D] against kk [..,K,D] -> [..,K]
+/// (exp(-distance) for the distance similarities), differentiable through ATen autograd.
+at::Tensor pair_scores(const at::Tensor& q, const at::Tensor& kk, Similarity similarity);
 
 /// Scores as knn_select reports them from selected ranking keys: exp(key) for the distance
 /// similarities, -inf (masked) kept.
