@@ -56,8 +56,9 @@ c10::Device device_of_rank(const c10::Device& device) {
 
 
 // --resume continues the same model: flags may change the schedule or the data, not the model.
-void check_same_model(const train::TrainConfig& requested, const std::string& checkpoint) {
-  const auto stored = checkpoint::read_checkpoint_header(checkpoint).config;
+void check_same_model(const train::TrainConfig& requested, const checkpoint::Resumption& resumed) {
+  const auto& stored = resumed.config();
+  const auto& checkpoint = resumed.path();
   const auto model_of = [](const train::TrainConfig& c) {
     auto m = c.model_config;
     m.num_classes = m.in_channels = m.image_size = 0;  // taken from the data set
@@ -163,7 +164,7 @@ Command add_train_command(CLI::App& app) {
             }
             // First: a device that is not there must fail before any file is read or written.
             const auto device = device_of_rank(resolve_device(args->device, "--device"));
-            if (!args->resume.empty()) check_same_model(args->config, args->resume);
+            if (args->resumed) check_same_model(args->config, *args->resumed);
             const auto group = join_group(*dist_args, device);
             const bool main = group == nullptr || group->is_main();
             if (main) {
@@ -189,7 +190,9 @@ Command add_train_command(CLI::App& app) {
             if (args->config.run.plots) hooks.sinks.push_back(&plots);
             train::TrainResult result;
             try {
-              result = train::train(args->config, args->resume, hooks, args->allow_non_finite, device, group.get());
+              result = args->resumed ? train::train(args->config, *args->resumed, hooks, args->allow_non_finite,
+                                                    device, group.get())
+                                     : train::train(args->config, "", hooks, args->allow_non_finite, device, group.get());
             } catch (...) {
               restore();
               throw;

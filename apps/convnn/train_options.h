@@ -3,8 +3,10 @@
 // them. A JSON file given with --config (or the config of the checkpoint given with --resume)
 // is read first; flags on the command line override it.
 #include <CLI/CLI.hpp>
+#include <memory>
 #include <string>
 
+#include "convnn/checkpoint/checkpoint.h"
 #include "convnn/train/config.h"
 
 namespace convnn::cli {
@@ -12,7 +14,9 @@ namespace convnn::cli {
 struct TrainArgs {
   train::TrainConfig config;
   std::string config_file;
-  std::string resume;  // a checkpoint file, or a run directory (its checkpoint-latest.pt)
+  // --resume's checkpoint (a file, or a run directory's checkpoint-latest.pt), opened and checked
+  // once: its config is `config`'s base, its records what training continues from.
+  std::shared_ptr<const checkpoint::Resumption> resumed;
   bool allow_non_finite = false;  // resume from a checkpoint holding NaN or Inf
   // Not in `config`: the device is a run-time choice, and a run resumes on any device.
   std::string device = "auto";

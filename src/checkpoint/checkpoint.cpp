@@ -388,6 +388,51 @@ void check_position(const std::string& path, const TrainingPosition& p, const Tr
               " disagree (both are -1 before the first evaluation)");
 }
 
+// The run a checkpoint holds (its config and position, each checked by its rules); a file of
+// weights alone is an error saying how such a file is used.
+Checkpoint run_of(const OpenedCheckpoint& file) {
+  const auto& path = file.path;
+  if (format_of(file) == kStateDictOnly) fail_weights_only(path, "config and position");
+  Checkpoint checkpoint;
+  try {
+    from_json(file.header.at("config"), checkpoint.config);
+    checkpoint.position = position_from_json(file.header.at("position"));
+  } catch (const std::exception& e) {
+    fail_damaged_header(path, e);
+  }
+  try {
+    validate(checkpoint.config);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' holds a config that is not valid: ", e.msg());
+  }
+  check_position(path, checkpoint.position, checkpoint.config);
+  return checkpoint;
+}
+
+// Puts checked records into the model (and the optimiser and the RNG, given an optimiser): every
+// check runs before anything changes.
+void load_records(const std::string& path, const detail::CheckpointRecords& records, torch::nn::Module& model,
+                  torch::optim::Optimizer* optimizer, bool allow_non_finite) {
+  auto state = named_state(model);
+  const auto fitted = fit_to_model(path, records.model, state);
+  if (!allow_non_finite) {
+    for (size_t i = 0; i < state.size(); ++i) {
+      check_finite(path, "model tensor '" + state[i].first + "'", fitted[i]);
+    }
+  }
+  const auto load_optimizer = optimizer == nullptr ? std::function<void()>()
+                                                   : optimizer_loader(*optimizer, records, path, allow_non_finite);
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < state.size(); ++i) state[i].second.copy_(fitted[i]);
+  }
+  if (optimizer == nullptr) return;
+  load_optimizer();
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(records.rng);
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const TrainConfig& config,
@@ -434,22 +479,7 @@ bool holds_run(const std::string& path, LegacyFiles legacy) {
 }
 
 Checkpoint read_checkpoint_header(const std::string& path, LegacyFiles legacy) {
-  const auto file = open_checkpoint(path, legacy);
-  if (format_of(file) == kStateDictOnly) fail_weights_only(path, "config and position");
-  Checkpoint checkpoint;
-  try {
-    from_json(file.header.at("config"), checkpoint.config);
-    checkpoint.position = position_from_json(file.header.at("position"));
-  } catch (const std::exception& e) {
-    fail_damaged_header(path, e);
-  }
-  try {
-    validate(checkpoint.config);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "checkpoint '", path, "' holds a config that is not valid: ", e.msg());
-  }
-  check_position(path, checkpoint.position, checkpoint.config);
-  return checkpoint;
+  return run_of(open_checkpoint(path, legacy));
 }
 
 void load_checkpoint(const std::string& path, torch::nn::Module& model,
@@ -458,26 +488,18 @@ void load_checkpoint(const std::string& path, torch::nn::Module& model,
   if (optimizer != nullptr && format_of(file) == kStateDictOnly) fail_weights_only(path, "optimiser state");
   // Every record's checksum is checked, even for those this call does not load: a damaged file is
   // reported. The optimiser's state is interpreted only when it is loaded.
-  const auto records = read_records(file, optimizer != nullptr);
-  auto state = named_state(model);
-  const auto fitted = fit_to_model(path, records.model, state);
-  if (!allow_non_finite) {
-    for (size_t i = 0; i < state.size(); ++i) {
-      check_finite(path, "model tensor '" + state[i].first + "'", fitted[i]);
-    }
-  }
-  // Checked whole before anything changes.
-  const auto load_optimizer = optimizer == nullptr ? std::function<void()>()
-                                                   : optimizer_loader(*optimizer, records, path, allow_non_finite);
-  {
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < state.size(); ++i) state[i].second.copy_(fitted[i]);
-  }
-  if (optimizer == nullptr) return;
-  load_optimizer();
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(records.rng);
+  load_records(path, read_records(file, optimizer != nullptr), model, optimizer, allow_non_finite);
+}
+
+Resumption::Resumption(const std::string& path, LegacyFiles legacy) : path_(path) {
+  const auto file = open_checkpoint(path, legacy);
+  run_ = run_of(file);
+  records_ = std::make_shared<const detail::CheckpointRecords>(read_records(file, /*with_optimizer=*/true));
+}
+
+void Resumption::load_into(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                           bool allow_non_finite) const {
+  load_records(path_, *records_, model, &optimizer, allow_non_finite);
 }
 
 CheckpointSaver::CheckpointSaver(std::string run_dir) : run_dir_(std::move(run_dir)) {}

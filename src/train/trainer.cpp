@@ -30,7 +30,7 @@ using Clock = std::chrono::steady_clock;
 using checkpoint::holds_run;
 using checkpoint::latest_checkpoint_path;
 using checkpoint::load_checkpoint;
-using checkpoint::read_checkpoint_header;
+using checkpoint::Resumption;
 using checkpoint::EpochTotals;
 using checkpoint::TrainingPosition;
 using checkpoint::write_file_atomically;
@@ -168,7 +168,7 @@ Evaluation evaluate_shards(models::Model& model, data::BatchStream& loader, Prec
 class Trainer {
  public:
   Trainer(TrainConfig config, SplitData train_data, std::string run_dir, TrainingPosition position,
-          const TrainHooks& hooks, const std::string& resume, bool allow_non_finite,
+          const TrainHooks& hooks, const Resumption* resumed, bool allow_non_finite,
           const c10::Device& device, dist::ProcessGroup* group)
       : config_(std::move(config)),
         run_dir_(std::move(run_dir)),
@@ -185,9 +185,9 @@ class Trainer {
         optimizer_(make_optimizer(config_.optimization, *model_.module())),
         schedule_(LrSchedule::from_config(config_.optimization, steps_per_epoch())),
         metrics_(run_dir_, position_.epoch + 1) {
-    if (!resume.empty()) {
-      check_position_fits_data(resume);
-      load_checkpoint(resume, *model_.module(), optimizer_.get(), allow_non_finite);
+    if (resumed != nullptr) {
+      check_position_fits_data(resumed->path());
+      resumed->load_into(*model_.module(), *optimizer_, allow_non_finite);
     } else if (!config_.run.initial_checkpoint.empty()) {
       load_checkpoint(config_.run.initial_checkpoint, *model_.module(), nullptr, allow_non_finite);
     }
@@ -215,7 +215,7 @@ class Trainer {
   }
 
  private:
-  // The parts of a stored position the data decides (read_checkpoint_header checked the rest): the
+  // The parts of a stored position the data decides (Resumption checked the rest): the
   // next batch is within the epoch (equal to its batch count when a stop came after its last batch,
   // before its evaluation), and no more steps were taken than the epochs allow.
   void check_position_fits_data(const std::string& path) const {
@@ -401,13 +401,17 @@ Evaluation evaluate(models::Model& model, data::BatchStream& loader, Precision p
   return evaluate_shards(model, loader, precision, parallel);
 }
 
-TrainResult train(const TrainConfig& requested, const std::string& resume, const TrainHooks& hooks,
-                  bool allow_non_finite, const c10::Device& device, dist::ProcessGroup* group) {
+namespace {
+
+// A run, new (resumed: null) or continued.
+TrainResult train_run(const TrainConfig& requested, const Resumption* resumed, const TrainHooks& hooks,
+                      bool allow_non_finite, const c10::Device& device, dist::ProcessGroup* group) {
   check_device(device, "device");
   TrainingPosition position;
   std::string run_dir;
-  if (!resume.empty()) {
-    position = read_checkpoint_header(resume).position;
+  const std::string resume = resumed != nullptr ? resumed->path() : "";
+  if (resumed != nullptr) {
+    position = resumed->position();
     run_dir = fs::path(resume).parent_path().string();
     if (run_dir.empty()) run_dir = ".";
   } else {
@@ -441,11 +445,25 @@ TrainResult train(const TrainConfig& requested, const std::string& resume, const
   // follow torch's global generator; the loader has its own (seed, epoch, index) streams.
   at::manual_seed(config.run.seed);
   // Before the run directory is made: a checkpoint that does not load leaves nothing behind.
-  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resume, allow_non_finite, device,
+  Trainer trainer(config, std::move(train_data), run_dir, position, hooks, resumed, allow_non_finite, device,
                   group);
   fs::create_directories(run_dir);
   if (group == nullptr || group->is_main()) write_config(run_dir, config);
   return trainer.run();
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& config, const std::string& resume, const TrainHooks& hooks,
+                  bool allow_non_finite, const c10::Device& device, dist::ProcessGroup* group) {
+  if (resume.empty()) return train_run(config, nullptr, hooks, allow_non_finite, device, group);
+  const Resumption resumed(resume);
+  return train_run(config, &resumed, hooks, allow_non_finite, device, group);
+}
+
+TrainResult train(const TrainConfig& config, const Resumption& resumed, const TrainHooks& hooks,
+                  bool allow_non_finite, const c10::Device& device, dist::ProcessGroup* group) {
+  return train_run(config, &resumed, hooks, allow_non_finite, device, group);
 }
 
 Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig& requested, data::Split split,

@@ -29,6 +29,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "convnn/checkpoint/atomic_file.h"
@@ -100,6 +101,29 @@ bool holds_run(const std::string& path, LegacyFiles legacy = LegacyFiles::Refuse
 void load_checkpoint(const std::string& path, torch::nn::Module& model,
                      torch::optim::Optimizer* optimizer, bool allow_non_finite = false,
                      LegacyFiles legacy = LegacyFiles::Refuse);
+
+namespace detail {
+struct CheckpointRecords;
+}
+
+/// A run to continue where it stopped (`--resume`): its checkpoint opened, and every record read
+/// and checked, once (checksums; the config and the position by their rules, as
+/// read_checkpoint_header; the errors of load_checkpoint). load_into then puts the weights, the
+/// optimiser state and the RNG state into the model and the optimiser built from config(),
+/// checked against them whole before anything changes.
+class Resumption {
+ public:
+  explicit Resumption(const std::string& path, LegacyFiles legacy = LegacyFiles::Refuse);
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] const TrainConfig& config() const { return run_.config; }
+  [[nodiscard]] const TrainingPosition& position() const { return run_.position; }
+  void load_into(torch::nn::Module& model, torch::optim::Optimizer& optimizer, bool allow_non_finite) const;
+
+ private:
+  std::string path_;
+  Checkpoint run_;
+  std::shared_ptr<const detail::CheckpointRecords> records_;
+};
 
 /// A run's checkpoints in its folder, written as its training loop reaches them (as timm's
 /// CheckpointSaver): checkpoint-latest.pt at every epoch's end and at a stop, checkpoint-best.pt

@@ -27,6 +27,9 @@
 namespace convnn::dist {
 class ProcessGroup;
 }
+namespace convnn::checkpoint {
+class Resumption;
+}
 
 namespace convnn::train {
 
@@ -83,6 +86,11 @@ struct TrainHooks {
 TrainResult train(const TrainConfig& config, const std::string& resume = "",
                   const TrainHooks& hooks = {}, bool allow_non_finite = false,
                   const c10::Device& device = c10::Device(c10::kCPU), dist::ProcessGroup* group = nullptr);
+/// The same, continuing the run that `resumed` opened (the command line opens it once: it reads the
+/// run's config from it too).
+TrainResult train(const TrainConfig& config, const checkpoint::Resumption& resumed, const TrainHooks& hooks = {},
+                  bool allow_non_finite = false, const c10::Device& device = c10::Device(c10::kCPU),
+                  dist::ProcessGroup* group = nullptr);
 
 /// The config's model, initialised on the CPU from torch's global generator (a seed gives the same
 /// weights on every device) and then moved to `device`: the CPU or an accelerator present in this
