@@ -53,7 +53,7 @@ log "configuring $build_dir"
 cmake -S "$repo_root" -B "$build_dir" -G Ninja \
   -DCMAKE_CXX_COMPILER="$compiler" \
   -DCONVNN_SANITIZE=ON \
-  -DCONVNN_TEST_DIRS="ops;nn;data;train" \
+  -DCONVNN_TEST_DIRS="ops;nn;data;config;train" \
   -DCONVNN_WITH_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" \
@@ -62,10 +62,10 @@ cmake -S "$repo_root" -B "$build_dir" -G Ninja \
 log "building (configured in ${SECONDS}s)"
 cmake --build "$build_dir" --parallel "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --target convnn_tests
 
-# The tests to run: every suite with tests under tests/ops, tests/nn or tests/data, read from the
+# The tests to run: every suite with tests under tests/ops, nn, data, config or train, read from the
 # binary's own listing (so new suites are picked up without editing this script).
 tests_bin="$build_dir/bin/convnn_tests"
-filter="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" "$tests_bin" ops nn data train |
+filter="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" "$tests_bin" ops nn data config train |
   sed 's/$/.*/' | paste -sd: -)"
 [ -n "$filter" ] || { log "no op/nn/data tests found in $tests_bin"; exit 1; }
 
@@ -74,7 +74,7 @@ filter="$("$repo_root/.venv/bin/python" "$repo_root/scripts/test_suites.py" "$te
 # (nproc itself honours OMP_NUM_THREADS, hence the count without it.)
 shards="${CONVNN_SANITIZE_SHARDS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-log "running the op, nn, data and train tests in $shards shards (built in ${SECONDS}s since the start)"
+log "running the op, nn, data, config and train tests in $shards shards (built in ${SECONDS}s since the start)"
 started=$SECONDS
 pids=()
 rm -f "$build_dir"/sanitize-shard*.log

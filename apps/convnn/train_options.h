@@ -7,7 +7,7 @@
 #include <string>
 
 #include "convnn/checkpoint/checkpoint.h"
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 
 namespace convnn::cli {
 

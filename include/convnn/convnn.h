@@ -27,7 +27,7 @@
 #include "convnn/dist/process_group.h"
 #include "convnn/checkpoint/atomic_file.h"
 #include "convnn/checkpoint/checkpoint.h"
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 #include "convnn/train/data_setup.h"
 #include "convnn/train/loss.h"
 #include "convnn/train/metrics.h"

@@ -16,7 +16,7 @@
 #include "convnn/data/config.h"
 #include "convnn/data/datasets.h"
 #include "convnn/dist/process_group.h"
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 #include "convnn/verify/identities.h"
 #include "data/fixtures.h"
 #include "train_options.h"

@@ -33,7 +33,7 @@
 #include <string>
 
 #include "convnn/checkpoint/atomic_file.h"
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 
 namespace convnn::checkpoint {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "convnn/data/config_loader.h"
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 
 namespace convnn::dist {
 class ProcessGroup;

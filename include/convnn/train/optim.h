@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 
 namespace convnn::train {
 

@@ -4,7 +4,7 @@
 // t_in_epochs=False.
 #include <cstdint>
 
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 
 namespace convnn::train {
 

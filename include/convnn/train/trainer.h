@@ -19,7 +19,7 @@
 #include "convnn/data/image_folder_source.h"
 #include "convnn/data/loader.h"
 #include "convnn/models/registry.h"
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 #include "convnn/train/data_setup.h"
 #include "convnn/train/metrics.h"
 #include "convnn/train/sinks.h"

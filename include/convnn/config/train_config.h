@@ -4,6 +4,10 @@
 // describe. Unset optional values are the recipe's or the data set's. Defaults are the paper's recipe
 // (AdamW lr 1e-3, wd 0.05, betas (0.9, 0.999), 20 warm-up epochs from 1e-7 then cosine to 5e-6,
 // label smoothing 0.1, gradient clipping 5, bf16 autocast off on the CPU by default).
+//
+// The config module (src/config, the library convnn_config) sits below the checkpoints, which
+// store a run's config, and the trainer, which follows it; the names stay in namespace
+// convnn::train, whose run they describe.
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>

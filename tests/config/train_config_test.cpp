@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 #include "data/fixtures.h"
 
 namespace convnn::train {

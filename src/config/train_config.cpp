@@ -1,4 +1,4 @@
-#include "convnn/train/config.h"
+#include "convnn/config/train_config.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
