@@ -164,8 +164,6 @@ nlohmann::json to_json(const std::vector<CellResult>& results, const CompareArgs
 int run_compare(CompareArgs& a, const std::string& command) {
   const auto device = resolve_device(a.base.device, "--device");
   auto& base = a.base.config;
-  base.run.quiet = true;
-  base.run.plots = false;
   const auto root =
       fs::path(base.run.output) / (base.run.experiment.empty() ? "compare" : base.run.experiment);
   const auto cells = grid(a);
@@ -200,7 +198,7 @@ int run_compare(CompareArgs& a, const std::string& command) {
         r.final_eval.top1 = r.epochs.back().val_top1;
         r.final_eval.top5 = r.epochs.back().val_top5;
       } else {
-        ConsoleSink console(config.run.quiet, config.run.log_interval);
+        ConsoleSink console(/*quiet=*/true, a.base.presentation.log_interval);  // no plots either
         train::TrainHooks hooks;
         hooks.sinks.push_back(&console);
         r = train::train(config, started ? latest : "", hooks, /*allow_non_finite=*/false, device);

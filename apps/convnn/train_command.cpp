@@ -184,10 +184,10 @@ Command add_train_command(CLI::App& app) {
             train::TrainHooks hooks;
             hooks.stop = &interrupt_requested;
             const bool text = data::is_text_dataset(args->config.data.dataset);
-            ConsoleSink console(args->config.run.quiet, args->config.run.log_interval, text);
+            ConsoleSink console(args->presentation.quiet, args->presentation.log_interval, text);
             PlotSink plots;
             hooks.sinks.push_back(&console);
-            if (args->config.run.plots) hooks.sinks.push_back(&plots);
+            if (args->presentation.plots) hooks.sinks.push_back(&plots);
             train::TrainResult result;
             try {
               result = args->resumed ? train::train(args->config, *args->resumed, hooks, args->allow_non_finite,

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "convnn/checkpoint/checkpoint.h"
@@ -115,6 +117,29 @@ void add_trained_model_options(CLI::App* sub, train::TrainConfig& config) {
   group_since(sub, first, kModelGroup);
 }
 
+namespace {
+
+// The command's own keys of a config file (how it shows the run), taken out before the library
+// reads the rest; null is "not given", as for every key.
+void take_presentation(nlohmann::json& json, const std::string& path, Presentation& shown) {
+  if (!json.is_object()) return;  // the library's reader names that error
+  const auto take = [&](const char* key, auto& field, bool valid, const char* rule) {
+    if (!json.contains(key)) return;
+    const auto value = json[key];
+    json.erase(key);
+    if (value.is_null()) return;
+    TORCH_CHECK(valid, "config file '", path, "': ", key, " must be ", rule, ", got ", value.dump());
+    field = value.template get<std::decay_t<decltype(field)>>();
+  };
+  take("quiet", shown.quiet, json.contains("quiet") && json["quiet"].is_boolean(), "true or false");
+  take("plots", shown.plots, json.contains("plots") && json["plots"].is_boolean(), "true or false");
+  const auto& interval = json.contains("log_interval") ? json["log_interval"] : nlohmann::json();
+  take("log_interval", shown.log_interval, interval.is_number_integer() && interval.get<int64_t>() >= 1,
+       "an integer of at least 1");
+}
+
+}  // namespace
+
 void add_train_options(CLI::App* sub, TrainArgs& args) {
   auto& c = args.config;
   const size_t run_first = sub->get_options().size();
@@ -122,7 +147,9 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
   auto* config_option = sub->add_option_function<std::string>(
       "--config", [&args](const std::string& path) {
         args.config_file = path;
-        args.config = train::read_config(path);
+        auto json = train::read_config_file(path);
+        take_presentation(json, path, args.presentation);
+        args.config = train::read_config(json, path);
       },
       "JSON config file (keys as in a run's config.json); flags override it");
   auto* resume_option = sub->add_option_function<std::string>(
@@ -215,9 +242,11 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
                   "Seed of the model initialisation, shuffling and augmentation");
   sub->add_option("--output", c.run.output, "Folder of the run directories");
   sub->add_option("--experiment", c.run.experiment, "Run directory name (unset: <model>-<dataset>-<time>)");
-  sub->add_option("--log-interval", c.run.log_interval, "Batches between log lines without a terminal");
-  sub->add_flag("--quiet,--plain", c.run.quiet, "Plain log lines instead of a progress bar");
-  sub->add_flag("!--no-plots", c.run.plots, "Do not draw PNG plots");
+  auto& shown = args.presentation;
+  sub->add_option("--log-interval", shown.log_interval, "Batches between log lines without a terminal")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  sub->add_flag("--quiet,--plain", shown.quiet, "Plain log lines instead of a progress bar");
+  sub->add_flag("!--no-plots", shown.plots, "Do not draw PNG plots");
   group_since(sub, first, "Miscellaneous parameters");
 }
 

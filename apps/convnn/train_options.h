@@ -11,8 +11,18 @@
 
 namespace convnn::cli {
 
+/// How the command shows a run: its own, not the run's config (a resumed run shows as its flags
+/// now say). A --config file may give them, as "quiet", "plots" (the negation of --no-plots) and
+/// "log_interval".
+struct Presentation {
+  bool quiet = false;         // plain log lines instead of a progress bar
+  bool plots = true;          // PNG plots through gnuplot (skipped with a warning if absent)
+  int64_t log_interval = 50;  // batches between plain log lines
+};
+
 struct TrainArgs {
   train::TrainConfig config;
+  Presentation presentation;
   std::string config_file;
   // --resume's checkpoint (a file, or a run directory's checkpoint-latest.pt), opened and checked
   // once: its config is `config`'s base, its records what training continues from.

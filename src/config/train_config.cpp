@@ -98,10 +98,17 @@ const auto visit_fields = [](auto& c, auto&& visit) {
   visit("sync_bn", c.run.sync_bn);
   visit("world_size", c.run.world_size);
   visit("dist_backend", c.run.dist_backend);
-  visit("quiet", c.run.quiet);
-  visit("plots", c.run.plots);
-  visit("log_interval", c.run.log_interval);
 };
+
+// The command's presentation (its --quiet, --no-plots, --log-interval), which configs written
+// before it left the run's config hold: dropped on reading.
+constexpr const char* kFormerPresentationKeys[] = {"quiet", "plots", "log_interval"};
+
+nlohmann::json without_presentation(nlohmann::json json) {
+  if (!json.is_object()) return json;
+  for (const char* key : kFormerPresentationKeys) json.erase(key);
+  return json;
+}
 
 // Files written before these options were optional hold these values for "unset".
 constexpr std::pair<const char*, double> kLegacyUnset[] = {
@@ -197,7 +204,6 @@ void check_run(const RunConfig& r) {
   TORCH_CHECK(!r.output.empty(), "output must name a directory");
   TORCH_CHECK(r.experiment.find('/') == std::string::npos && r.experiment != "." && r.experiment != "..",
               "experiment must be a plain directory name, got '", r.experiment, "'");
-  TORCH_CHECK(r.log_interval >= 1, "log_interval must be >= 1, got ", r.log_interval);
 }
 
 // The model as the data set will make it (resolve_config), so that no message shows a value that
@@ -246,8 +252,8 @@ void to_json(nlohmann::json& json, const TrainConfig& config) {
 }
 
 void from_json(const nlohmann::json& json, TrainConfig& config) {
-  detail::config_from_json(with_current_keys(without_legacy_sentinels(json), config), config, "train config",
-                           visit_fields, TrainEnums{});
+  detail::config_from_json(with_current_keys(without_legacy_sentinels(without_presentation(json)), config), config,
+                           "train config", visit_fields, TrainEnums{});
 }
 
 // Language models read text, the other models images.
@@ -268,7 +274,19 @@ void validate(const TrainConfig& c) {
   check_run(c.run);
 }
 
-TrainConfig read_config(const std::string& path) {
+TrainConfig read_config(const std::string& path) { return read_config(read_config_file(path), path); }
+
+TrainConfig read_config(const nlohmann::json& json, const std::string& path) {
+  TrainConfig config;
+  try {
+    from_json(json, config);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "config file '", path, "': ", e.msg());
+  }
+  return config;
+}
+
+nlohmann::json read_config_file(const std::string& path) {
   // A config is a few KB; the cap stops a read of /dev/zero or of a huge file before it costs memory.
   constexpr std::streamsize kMaxConfigBytes = std::streamsize{4} << 20;
   std::ifstream in(path, std::ios::binary);
@@ -280,14 +298,7 @@ TrainConfig read_config(const std::string& path) {
   TORCH_CHECK(in.gcount() <= kMaxConfigBytes, "config file '", path, "' is larger than ", kMaxConfigBytes >> 20,
               " MiB, which no config is");
   text.resize(static_cast<size_t>(in.gcount()));
-  const auto json = detail::parse_json(text, "config file '" + path + "'");
-  TrainConfig config;
-  try {
-    from_json(json, config);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "config file '", path, "': ", e.msg());
-  }
-  return config;
+  return detail::parse_json(text, "config file '" + path + "'");
 }
 
 }  // namespace convnn::train

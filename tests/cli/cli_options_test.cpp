@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "convnn/bench/bench.h"
@@ -108,7 +109,7 @@ TEST(CliOptions, EveryJsonKeyIsAFlagAndHelpShowsItsDefault) {
   TrainCommand command;
   const nlohmann::json defaults = train::TrainConfig{};
   // Keys that are not flags of add_train_options, as train/config.h says.
-  const std::vector<std::string> not_flags{"model_config", "world_size", "dist_backend", "sync_bn", "plots"};
+  const std::vector<std::string> not_flags{"model_config", "world_size", "dist_backend", "sync_bn"};
   for (const auto& [key, value] : defaults.items()) {
     if (std::find(not_flags.begin(), not_flags.end(), key) != not_flags.end()) continue;
     auto flag = "--" + key;
@@ -137,6 +138,42 @@ TEST(CliOptions, EveryJsonKeyIsAFlagAndHelpShowsItsDefault) {
     if (key == "num_classes" || key == "in_channels") continue;
     EXPECT_NE(command.sub->get_option_no_throw(flag), nullptr) << "model_config key " << key << " has no flag";
   }
+}
+
+TEST(CliOptions, AConfigFileGivesTheCommandsPresentationAndFlagsOverrideIt) {
+  // quiet, plots and log_interval are the command's, not the run's config: the command takes them
+  // out of a --config file before the library reads the rest, and checks them itself.
+  testing::TempDir dir;
+  const auto config_file = [&](const std::string& name, const std::string& text) {
+    const auto path = dir.file(name);
+    testing::write_file(path, testing::Bytes(text.begin(), text.end()));
+    return path;
+  };
+  {
+    TrainCommand command;
+    const auto path = config_file("a.json", R"({"quiet": true, "plots": false, "log_interval": 7, "epochs": 3})");
+    ASSERT_EQ(command.parse("--config " + path), "");
+    EXPECT_TRUE(command.args.presentation.quiet);
+    EXPECT_FALSE(command.args.presentation.plots);
+    EXPECT_EQ(command.args.presentation.log_interval, 7);
+    EXPECT_EQ(command.args.config.optimization.epochs, 3);
+  }
+  {
+    TrainCommand command;
+    const auto path = config_file("b.json", R"({"log_interval": 7})");
+    ASSERT_EQ(command.parse("--config " + path + " --log-interval 9"), "");
+    EXPECT_EQ(command.args.presentation.log_interval, 9);
+  }
+  for (const auto& [text, expected] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"quiet": "yes"})", "quiet must be true or false, got \"yes\""},
+           {R"({"log_interval": 0})", "log_interval must be an integer of at least 1, got 0"}}) {
+    TrainCommand command;
+    const auto path = config_file("c.json", text);
+    const auto message = testing::error_of([&] { command.parse("--config " + path); });
+    EXPECT_NE(message.find("config file '" + path + "': " + expected), std::string::npos) << message;
+  }
+  TrainCommand command;
+  EXPECT_NE(command.parse("--log-interval 0"), "");
 }
 
 TEST(CliOptions, NoHelpTextRestatesADefault) {

@@ -93,6 +93,15 @@ TEST(TrainConfig, FormerKeysStillReadAndNotBesideTheirCurrentOnes) {
             std::string::npos);
 }
 
+TEST(TrainConfig, TheCommandsPresentationIsNoPartOfTheConfigAndOlderFilesKeysAreDropped) {
+  // How the command shows a run left the run's config; a config.json or checkpoint of an earlier
+  // version holds it, and reads as before.
+  const nlohmann::json json = TrainConfig{};
+  for (const char* key : {"quiet", "plots", "log_interval"}) EXPECT_FALSE(json.contains(key)) << key;
+  const auto older = nlohmann::json::parse(R"({"quiet": true, "plots": false, "log_interval": 7, "epochs": 3})");
+  EXPECT_EQ(older.get<TrainConfig>().optimization.epochs, 3);
+}
+
 TEST(TrainConfig, ValidateNamesTheOptionAndItsValue) {
   const auto message = [](auto change) {
     TrainConfig c;

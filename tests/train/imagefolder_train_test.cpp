@@ -40,8 +40,6 @@ TrainConfig tiny_run(const std::string& data_dir, const std::string& output) {
   c.optimization.epochs = 1;
   c.optimization.warmup_epochs = 0;
   c.data.workers = 2;
-  c.run.quiet = true;
-  c.run.plots = false;
   c.run.output = output;
   c.run.experiment = "run";
   return c;

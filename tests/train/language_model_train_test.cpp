@@ -46,8 +46,6 @@ TrainConfig tiny_language_config(const std::string& data_dir, const std::string&
   c.optimization.warmup_epochs = 0.2;
   c.optimization.lr = 3e-3;
   c.optimization.smoothing = 0.0;
-  c.run.quiet = true;
-  c.run.plots = false;
   c.run.output = output;
   c.run.experiment = "run";
   return c;

@@ -43,8 +43,6 @@ TrainConfig tiny_vit_config(const std::string& output) {
   c.optimization.warmup_epochs = 0.5;
   c.optimization.lr = 3e-3;
   c.data.workers = 2;
-  c.run.quiet = true;
-  c.run.plots = false;
   c.run.output = output;
   c.run.experiment = "run";
   return c;

@@ -83,11 +83,6 @@ struct RunConfig {
   // a single process). Not options: a run's world is how it is launched (torchrun).
   int64_t world_size = 1;
   std::string dist_backend;
-  // For the command's sinks (the library prints nothing), kept so that a resumed run reports as
-  // it did.
-  bool quiet = false;         // plain log lines instead of a progress bar
-  bool plots = true;          // PNG plots through gnuplot (skipped with a warning if absent)
-  int64_t log_interval = 50;  // batches between plain log lines
 };
 
 /// Everything a training run is made of.
@@ -105,8 +100,11 @@ struct TrainConfig {
 /// One flat JSON object with a key per option, named as its flag with '_' for '-' (--opt-betas:
 /// "opt_betas"; a pair of numbers is an array [first, second]). The sections are not levels;
 /// "model_config" holds the model's options (models::ModelConfig's JSON, keys as the model flags).
-/// Where a key is not a flag: "plots" is the negation of --no-plots, and "world_size",
-/// "dist_backend" are records of how the run was launched. Files written before the keys matched
+/// Where a key is not a flag: "world_size" and "dist_backend" are records of how the run was
+/// launched. How the command shows a run (--quiet, --no-plots, --log-interval) is the command's,
+/// not the run's: files written before it left the config hold "quiet", "plots" and
+/// "log_interval", which reading drops (the command reads them from a --config file itself).
+/// Files written before the keys matched
 /// the flags hold "optimizer", "schedule", "accum_steps", "eps", "beta1"/"beta2",
 /// "scale_min"/"scale_max" and "ratio_min"/"ratio_max": they read as before, and a file giving a
 /// former key beside its current one is refused. Unset options are null. Reading accepts any subset and rejects unknown keys and ill-typed values (c10::Error
@@ -126,5 +124,9 @@ TrainConfig apply_recipe(TrainConfig config);
 
 /// Reads a JSON config file (c10::Error naming the path on a missing file or bad JSON).
 TrainConfig read_config(const std::string& path);
+/// The JSON of config file `path`, unread: for a reader that takes keys of its own out first, then
+/// reads the rest with read_config(json, path). At most 4 MiB; errors as read_config's.
+nlohmann::json read_config_file(const std::string& path);
+TrainConfig read_config(const nlohmann::json& json, const std::string& path);
 
 }  // namespace convnn::train
