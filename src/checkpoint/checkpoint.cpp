@@ -170,6 +170,8 @@ struct OpenedCheckpoint {
   std::string path;
   nlohmann::json header;  // format, config, position, tensor names, checksums; null: a state_dict alone
   LegacyFiles legacy = LegacyFiles::Refuse;
+  // The torch.save file, held open from its header to its records; null for a TorchScript archive.
+  std::shared_ptr<const TorchFile> file;
 };
 
 nlohmann::json parse_header(const std::string& path, const std::string& text) {
@@ -186,8 +188,9 @@ uint32_t stored_header_crc(const std::string& path, const std::string& text) {
   return static_cast<uint32_t>(value);
 }
 
-nlohmann::json read_torch_file_header(const std::string& path, const std::string& text) {
-  const auto crc_text = read_torch_file_record(path, kHeaderCrcRecord, 16);
+nlohmann::json read_torch_file_header(const TorchFile& file, const std::string& text) {
+  const auto& path = file.path();
+  const auto crc_text = file.record(kHeaderCrcRecord, 16);
   TORCH_CHECK(crc_text.has_value(), "checkpoint '", path, "' is damaged: its header has no checksum");
   check_crc(path, "convnn_header", crc32_of(text.data(), text.size()), stored_header_crc(path, *crc_text));
   auto header = parse_header(path, text);
@@ -202,19 +205,28 @@ nlohmann::json read_torch_file_header(const std::string& path, const std::string
 
 OpenedCheckpoint open_checkpoint(const std::string& path, LegacyFiles legacy) {
   TORCH_CHECK(fs::is_regular_file(path), "checkpoint '", path, "' does not exist");
-  if (is_torchscript_archive(path)) {
+  const auto fail_unreadable = [&path](const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' cannot be read (not a checkpoint or a state_dict, or damaged): ",
+                e.msg());
+  };
+  std::shared_ptr<const TorchFile> file;
+  try {
+    file = std::make_shared<const TorchFile>(path);
+  } catch (const c10::Error& e) {
+    fail_unreadable(e);
+  }
+  if (file->is_torchscript_archive()) {
     if (legacy == LegacyFiles::Refuse) fail_legacy(path, "is a checkpoint of format 1 or 2");
-    return {path, detail::read_archive_header(path), legacy};
+    return {path, detail::read_archive_header(path), legacy, nullptr};
   }
   std::optional<std::string> text;
   try {
-    text = read_torch_file_record(path, kHeaderRecord, kMaxHeaderBytes);
+    text = file->record(kHeaderRecord, kMaxHeaderBytes);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "checkpoint '", path, "' cannot be read (not a checkpoint or a state_dict, or damaged): ",
-                e.msg());
+    fail_unreadable(e);
   }
-  if (!text) return {path, nullptr, legacy};
-  return {path, read_torch_file_header(path, *text), legacy};
+  if (!text) return {path, nullptr, legacy, file};
+  return {path, read_torch_file_header(*file, *text), legacy, file};
 }
 
 int64_t format_of(const OpenedCheckpoint& file) {
@@ -231,9 +243,10 @@ int64_t format_of(const OpenedCheckpoint& file) {
 // ---------------------------------------------------------------------------------------------
 // Reading the records of format 3 and of a state_dict alone.
 
-c10::IValue read_contents(const std::string& path) {
+c10::IValue read_contents(const OpenedCheckpoint& opened) {
+  const auto& path = opened.path;
   try {
-    return read_torch_file(path);
+    return opened.file->contents();
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "checkpoint '", path, "' cannot be read (not a checkpoint or a state_dict, or damaged): ",
                 e.msg());
@@ -253,7 +266,7 @@ at::Tensor tensor_entry(const std::string& path, const c10::impl::GenericDict& d
 
 CheckpointRecords read_torch_file_records(const OpenedCheckpoint& file, bool with_optimizer) {
   const auto& path = file.path;
-  const auto contents = read_contents(path);
+  const auto contents = read_contents(file);
   TORCH_CHECK(contents.isGenericDict(), "checkpoint '", path, "' is damaged: it does not hold a dict");
   const auto dict = contents.toGenericDict();
   const auto state = entry(dict, "state_dict");
@@ -307,8 +320,9 @@ std::string wrapper_prefix(const c10::impl::GenericDict& state) {
 
 // Python's torch.save(model.state_dict()) or a dict holding one under "state_dict" (as timm's
 // and convnn's checkpoints do).
-CheckpointRecords read_state_dict_records(const std::string& path) {
-  const auto contents = read_contents(path);
+CheckpointRecords read_state_dict_records(const OpenedCheckpoint& file) {
+  const auto& path = file.path;
+  const auto contents = read_contents(file);
   auto state = contents.isGenericDict() ? entry(contents.toGenericDict(), "state_dict") : c10::IValue();
   if (!state.isGenericDict()) state = contents;
   bool tensors_by_name = state.isGenericDict();
@@ -329,7 +343,7 @@ CheckpointRecords read_state_dict_records(const std::string& path) {
 
 CheckpointRecords read_records(const OpenedCheckpoint& file, bool with_optimizer) {
   switch (format_of(file)) {
-    case kStateDictOnly: return read_state_dict_records(file.path);
+    case kStateDictOnly: return read_state_dict_records(file);
     case kFormatVersion:
     case kArchiveOptimizerFormat: return read_torch_file_records(file, with_optimizer);
     default: return detail::read_archive_records(file.path, file.header);  // opened as LegacyFiles::Trust

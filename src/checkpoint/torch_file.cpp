@@ -497,9 +497,8 @@ std::unique_ptr<caffe2::serialize::PyTorchStreamReader> open_zip(const std::stri
   }
 }
 
-c10::IValue unpickle_torch_file(const std::string& path, TensorBytes tensor_bytes) {
-  auto reader = open_zip(path);
-  const uint64_t file_bytes = file_size(path);
+c10::IValue unpickle_torch_file(caffe2::serialize::PyTorchStreamReader* reader, const std::string& path,
+                                uint64_t file_bytes, TensorBytes tensor_bytes) {
   std::string pickle;
   try {
     TORCH_CHECK(reader->hasRecord("data.pkl"), "it has no data.pkl record");
@@ -550,16 +549,26 @@ std::string torch_save_bytes(const c10::IValue& value,
   return file;
 }
 
-c10::IValue read_torch_file(const std::string& path) { return unpickle_torch_file(path, TensorBytes::Read); }
+TorchFile::TorchFile(const std::string& path) : path_(path), reader_(open_zip(path)), bytes_(file_size(path)) {}
 
-void check_torch_file(const std::string& path) { unpickle_torch_file(path, TensorBytes::Skip); }
+TorchFile::~TorchFile() = default;
 
-std::optional<std::string> read_torch_file_record(const std::string& path, const std::string& name,
-                                                  uint64_t max_bytes) {
-  auto reader = open_zip(path);
+c10::IValue TorchFile::contents() const { return unpickle_torch_file(reader_.get(), path_, bytes_, TensorBytes::Read); }
+
+bool TorchFile::is_torchscript_archive() const {
+  try {
+    return reader_->hasRecord("constants.pkl");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::optional<std::string> TorchFile::record(const std::string& name, uint64_t max_bytes) const {
+  auto* reader = reader_.get();
+  const auto& path = path_;
   try {
     if (!reader->hasRecord(name)) return std::nullopt;
-    const auto declared = record_size(*reader, name, file_size(path), path);
+    const auto declared = record_size(*reader, name, bytes_, path);
     TORCH_CHECK(declared <= max_bytes, "its record ", name, " claims ", declared, " bytes, more than the ",
                 max_bytes, " it may have");
     auto [data, size] = reader->getRecord(name);
@@ -567,6 +576,18 @@ std::optional<std::string> read_torch_file_record(const std::string& path, const
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "'", path, "' is not a readable torch.save file: ", error_text(e));
   }
+}
+
+c10::IValue read_torch_file(const std::string& path) { return TorchFile(path).contents(); }
+
+void check_torch_file(const std::string& path) {
+  const auto reader = open_zip(path);
+  unpickle_torch_file(reader.get(), path, file_size(path), TensorBytes::Skip);
+}
+
+std::optional<std::string> read_torch_file_record(const std::string& path, const std::string& name,
+                                                  uint64_t max_bytes) {
+  return TorchFile(path).record(name, max_bytes);
 }
 
 bool is_torchscript_archive(const std::string& path) {

@@ -9,12 +9,40 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+namespace caffe2::serialize {
+class PyTorchStreamReader;
+}
+
 namespace convnn::checkpoint {
+
+/// One torch.save file held open: its zip directory is read once, then its records and its
+/// contents are read from it, with the checks of the functions below (which each open the file
+/// for one read). A c10::Error names the path when it is not a zip archive or is truncated.
+class TorchFile {
+ public:
+  explicit TorchFile(const std::string& path);
+  ~TorchFile();
+  TorchFile(const TorchFile&) = delete;
+  TorchFile& operator=(const TorchFile&) = delete;
+  const std::string& path() const { return path_; }
+  /// As read_torch_file_record.
+  std::optional<std::string> record(const std::string& name, uint64_t max_bytes) const;
+  /// As read_torch_file.
+  c10::IValue contents() const;
+  /// Whether it is a TorchScript archive (convnn checkpoints of formats 1 and 2).
+  bool is_torchscript_archive() const;
+
+ private:
+  std::string path_;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
+  uint64_t bytes_;
+};
 
 /// The bytes of a torch.save file holding `value`, whose tensors must be on the CPU. Dicts and
 /// lists are written as plain Python dicts and lists, without TorchScript's type tags, which
