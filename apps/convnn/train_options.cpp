@@ -154,7 +154,7 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
       "JSON config file (keys as in a run's config.json); flags override it");
   auto* resume_option = sub->add_option_function<std::string>(
          "--resume", [&args](const std::string& path) {
-           args.resumed = std::make_shared<const checkpoint::Resumption>(resume_checkpoint_path(path));
+           args.resumed = std::make_shared<checkpoint::Resumption>(resume_checkpoint_path(path));
            args.config = args.resumed->config();
          },
          "Continue the run of this checkpoint (or run directory) exactly where it stopped")

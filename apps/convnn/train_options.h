@@ -26,7 +26,7 @@ struct TrainArgs {
   std::string config_file;
   // --resume's checkpoint (a file, or a run directory's checkpoint-latest.pt), opened and checked
   // once: its config is `config`'s base, its records what training continues from.
-  std::shared_ptr<const checkpoint::Resumption> resumed;
+  std::shared_ptr<checkpoint::Resumption> resumed;
   bool allow_non_finite = false;  // resume from a checkpoint holding NaN or Inf
   // Not in `config`: the device is a run-time choice, and a run resumes on any device.
   std::string device = "auto";

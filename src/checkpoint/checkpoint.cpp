@@ -511,9 +511,10 @@ Resumption::Resumption(const std::string& path, LegacyFiles legacy) : path_(path
   records_ = std::make_shared<const detail::CheckpointRecords>(read_records(file, /*with_optimizer=*/true));
 }
 
-void Resumption::load_into(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                           bool allow_non_finite) const {
+void Resumption::load_into(torch::nn::Module& model, torch::optim::Optimizer& optimizer, bool allow_non_finite) {
+  TORCH_CHECK(records_ != nullptr, "checkpoint '", path_, "': its records were loaded already (a Resumption loads once)");
   load_records(path_, *records_, model, &optimizer, allow_non_finite);
+  records_.reset();
 }
 
 CheckpointSaver::CheckpointSaver(std::string run_dir) : run_dir_(std::move(run_dir)) {}

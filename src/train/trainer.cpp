@@ -168,7 +168,7 @@ Evaluation evaluate_shards(models::Model& model, data::BatchStream& loader, Prec
 class Trainer {
  public:
   Trainer(TrainConfig config, SplitData train_data, std::string run_dir, TrainingPosition position,
-          const TrainHooks& hooks, const Resumption* resumed, bool allow_non_finite,
+          const TrainHooks& hooks, Resumption* resumed, bool allow_non_finite,
           const c10::Device& device, dist::ProcessGroup* group)
       : config_(std::move(config)),
         run_dir_(std::move(run_dir)),
@@ -404,7 +404,7 @@ Evaluation evaluate(models::Model& model, data::BatchStream& loader, Precision p
 namespace {
 
 // A run, new (resumed: null) or continued.
-TrainResult train_run(const TrainConfig& requested, const Resumption* resumed, const TrainHooks& hooks,
+TrainResult train_run(const TrainConfig& requested, Resumption* resumed, const TrainHooks& hooks,
                       bool allow_non_finite, const c10::Device& device, dist::ProcessGroup* group) {
   check_device(device, "device");
   TrainingPosition position;
@@ -457,11 +457,11 @@ TrainResult train_run(const TrainConfig& requested, const Resumption* resumed, c
 TrainResult train(const TrainConfig& config, const std::string& resume, const TrainHooks& hooks,
                   bool allow_non_finite, const c10::Device& device, dist::ProcessGroup* group) {
   if (resume.empty()) return train_run(config, nullptr, hooks, allow_non_finite, device, group);
-  const Resumption resumed(resume);
+  Resumption resumed(resume);
   return train_run(config, &resumed, hooks, allow_non_finite, device, group);
 }
 
-TrainResult train(const TrainConfig& config, const Resumption& resumed, const TrainHooks& hooks,
+TrainResult train(const TrainConfig& config, Resumption& resumed, const TrainHooks& hooks,
                   bool allow_non_finite, const c10::Device& device, dist::ProcessGroup* group) {
   return train_run(config, &resumed, hooks, allow_non_finite, device, group);
 }

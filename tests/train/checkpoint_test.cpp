@@ -175,6 +175,35 @@ TEST(CheckpointIntegrity, NonFiniteWeightsAreRefusedUnlessAllowed) {
   EXPECT_TRUE(std::isinf(other.linear->bias[3].item<float>()));
 }
 
+// Proves that a Resumption reads a run's checkpoint once (its config and position at once, its
+// records then loaded from memory: the file may be gone) and loads it once.
+TEST(Resumption, ReadsTheRunOnceAndLoadsItOnce) {
+  testing::TempDir dir;
+  SmallModel model;
+  model.step();
+  TrainConfig config;
+  config.optimization.epochs = 30;
+  TrainingPosition position;
+  position.epoch = 2;
+  position.step = 41;
+  const auto path = dir.file("run.pt");
+  save_checkpoint(path, config, position, *model.linear.ptr(), *model.optimizer);
+  Resumption resumed(path);
+  fs::remove(path);
+  EXPECT_EQ(resumed.path(), path);
+  EXPECT_EQ(resumed.config().optimization.epochs, 30);
+  EXPECT_EQ(resumed.position().epoch, 2);
+  EXPECT_EQ(resumed.position().step, 41);
+  SmallModel other;
+  other.step();
+  resumed.load_into(*other.linear.ptr(), *other.optimizer, /*allow_non_finite=*/false);
+  EXPECT_TRUE(torch::equal(other.linear->weight, model.linear->weight));
+  EXPECT_TRUE(torch::equal(other.adamw_state_of(other.linear->weight).exp_avg(),
+                           model.adamw_state_of(model.linear->weight).exp_avg()));
+  testing::expect_error([&] { resumed.load_into(*other.linear.ptr(), *other.optimizer, false); }, path,
+                        "its records were loaded already");
+}
+
 // Proves that NaN optimiser state is refused when the optimiser is loaded (resume), named by its
 // place in the optimiser's state_dict, and ignored when only the model is (eval).
 TEST(CheckpointIntegrity, NonFiniteOptimizerStateIsRefusedWhenItIsLoaded) {

@@ -110,14 +110,15 @@ struct CheckpointRecords;
 /// and checked, once (checksums; the config and the position by their rules, as
 /// read_checkpoint_header; the errors of load_checkpoint). load_into then puts the weights, the
 /// optimiser state and the RNG state into the model and the optimiser built from config(),
-/// checked against them whole before anything changes.
+/// checked against them whole before anything changes, and lets the records go (they are a copy
+/// of the model and its optimiser state): it loads once.
 class Resumption {
  public:
   explicit Resumption(const std::string& path, LegacyFiles legacy = LegacyFiles::Refuse);
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] const TrainConfig& config() const { return run_.config; }
   [[nodiscard]] const TrainingPosition& position() const { return run_.position; }
-  void load_into(torch::nn::Module& model, torch::optim::Optimizer& optimizer, bool allow_non_finite) const;
+  void load_into(torch::nn::Module& model, torch::optim::Optimizer& optimizer, bool allow_non_finite);
 
  private:
   std::string path_;

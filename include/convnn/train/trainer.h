@@ -87,8 +87,8 @@ TrainResult train(const TrainConfig& config, const std::string& resume = "",
                   const TrainHooks& hooks = {}, bool allow_non_finite = false,
                   const c10::Device& device = c10::Device(c10::kCPU), dist::ProcessGroup* group = nullptr);
 /// The same, continuing the run that `resumed` opened (the command line opens it once: it reads the
-/// run's config from it too).
-TrainResult train(const TrainConfig& config, const checkpoint::Resumption& resumed, const TrainHooks& hooks = {},
+/// run's config from it too), whose records it loads (Resumption::load_into: once).
+TrainResult train(const TrainConfig& config, checkpoint::Resumption& resumed, const TrainHooks& hooks = {},
                   bool allow_non_finite = false, const c10::Device& device = c10::Device(c10::kCPU),
                   dist::ProcessGroup* group = nullptr);
 
