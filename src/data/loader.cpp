@@ -61,18 +61,19 @@ void check_mixup(const MixupOptions& mixup) {
   mixup_cutmix(images, at::zeros({1}, at::kLong), 1, rng, mixup, targets);
 }
 
-// A finished batch, or the exception that building it threw.
-struct Slot {
-  std::optional<Batch> batch;
-  std::exception_ptr error;
-};
-
 }  // namespace
 
 // Workers take batch numbers in increasing order, never more than `prefetch` ahead of the one
 // next() waits for, and file the results by number; next() hands them out in order. Everything
 // under `mutex` is shared; the epoch (order, epoch, batches) only changes with no worker running.
 struct DataLoader::State {
+  // A finished batch, or the exception that building it threw. (Here, not in the anonymous
+  // namespace: State holds them, and in a unity build GCC warns of that.)
+  struct Slot {
+    std::optional<Batch> batch;
+    std::exception_ptr error;
+  };
+
   std::shared_ptr<const SampleSource> source;
   LoaderOptions options;
   int64_t batches = 0;

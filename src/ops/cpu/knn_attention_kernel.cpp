@@ -94,13 +94,17 @@ bool knn_attention_forward(const KnnAttentionParams<scalar_t, acc_t>& p) {
   auto aggregate = p.aggregate;
   aggregate.prepared = prepare_forward_kernel(aggregate, kernel_layouts.data());
   std::atomic<bool> rankable{true};
+  // Plain integers into the lambda: in a unity build this file is an included one, where GCC
+  // warns of a closure that holds a reference to a type of the anonymous namespace.
+  const int64_t row_blocks = tasks.row_blocks, slices_per_task = tasks.slices_per_task;
+  const int64_t rows_per_task = tasks.rows_per_task;
   at::parallel_for(0, tasks.count(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end && rankable.load(std::memory_order_relaxed); ++t) {
       Block b;
-      b.g = t / tasks.row_blocks * tasks.slices_per_task;
-      b.slices = std::min(tasks.slices_per_task, sel.slices - b.g);
-      b.row_begin = t % tasks.row_blocks * tasks.rows_per_task;
-      b.rows = std::min(tasks.rows_per_task, sel.queries_n - b.row_begin);
+      b.g = t / row_blocks * slices_per_task;
+      b.slices = std::min(slices_per_task, sel.slices - b.g);
+      b.row_begin = t % row_blocks * rows_per_task;
+      b.rows = std::min(rows_per_task, sel.queries_n - b.row_begin);
       const auto select = select_block(sel, b);
       if (!knn_select_forward(select)) {
         rankable = false;

@@ -37,8 +37,10 @@ constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 128;
 constexpr int64_t kRowTile = 4;     // query rows per micro-kernel call
 constexpr int64_t kColumnTile = 16; // keys per micro-kernel call
+#if defined(CPU_CAPABILITY_AVX2)
 // A whole-row tile's transposed keys stay within 1 MiB of acc_t (in L2 beside the score tile).
 constexpr int64_t kWholeRowTileElements = int64_t{1} << 18;
+#endif
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
