@@ -1,15 +1,11 @@
 // convnn::knn_select: schema and the C++ entry point, which goes through the dispatcher so that the
 // Autograd, CPU and CUDA kernels are chosen by the inputs.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
-
 #include "convnn/ops/knn_ops.h"
+#include "ops/op_signatures.h"
 
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
-  m.def("knn_select(Tensor queries, Tensor keys, int k, str similarity, Tensor? mask, "
-        "bool index_order) -> (Tensor scores, Tensor indices)");
-  m.def("knn_select_backward(Tensor grad_scores, Tensor queries, Tensor keys, Tensor indices, "
-        "Tensor scores, str similarity) -> (Tensor grad_queries, Tensor grad_keys)");
+  convnn::ops::op::define<convnn::ops::op::KnnSelect>(m);
+  convnn::ops::op::define<convnn::ops::op::KnnSelectBackward>(m);
 }
 
 namespace convnn::ops {
@@ -18,15 +14,11 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const a
                                               int64_t k, const std::string& similarity,
                                               const c10::optional<at::Tensor>& mask,
                                               bool index_order) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("convnn::knn_select", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, int64_t, c10::string_view,
-                           const c10::optional<at::Tensor>&, bool)>();
+  const auto& dispatched = op::handle<op::KnnSelect>();
   // The dispatcher needs a device from every tensor; say which one is missing before it asks.
   TORCH_CHECK(queries.defined(), "knn_select: queries must be a defined tensor");
   TORCH_CHECK(keys.defined(), "knn_select: keys must be a defined tensor");
-  return op.call(queries, keys, k, similarity, mask, index_order);
+  return dispatched.call(queries, keys, k, similarity, mask, index_order);
 }
 
 std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
@@ -35,12 +27,8 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
                                                        const at::Tensor& indices,
                                                        const at::Tensor& scores,
                                                        const std::string& similarity) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("convnn::knn_select_backward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(grad_scores, queries, keys, indices, scores, similarity);
+  const auto& dispatched = op::handle<op::KnnSelectBackward>();
+  return dispatched.call(grad_scores, queries, keys, indices, scores, similarity);
 }
 
 }  // namespace convnn::ops

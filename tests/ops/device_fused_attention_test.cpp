@@ -17,12 +17,14 @@
 #include "ops/composite/knn_attention_backward.h"
 #include "ops/composite/knn_attention_composed.h"
 #include "ops/generic/generic.h"
+#include "ops/op_signatures.h"
 
 namespace {
 
 // No tensors for K = 1 (the inputs it "does not take"), three for K = 2 (a broken kernel), else
 // recognisable outputs of knn_attention's shapes.
-std::vector<at::Tensor> test_kernel(const at::Tensor& queries, const at::Tensor&, const at::Tensor& values,
+std::vector<at::Tensor> test_kernel(const convnn::checks::AttentionChecked&, const at::Tensor& queries,
+                                    const at::Tensor&, const at::Tensor& values,
                                     const at::Tensor&, const c10::optional<at::Tensor>&, int64_t k,
                                     c10::string_view, const c10::optional<at::Tensor>&, bool, c10::string_view,
                                     double) {
@@ -38,7 +40,8 @@ std::vector<at::Tensor> test_kernel(const at::Tensor& queries, const at::Tensor&
 // gradients filled with their position (1 to 5), so that the tests can tell them apart.
 int backward_calls = 0;
 
-std::vector<at::Tensor> test_backward_kernel(const at::Tensor&, const at::Tensor& queries, const at::Tensor& keys,
+std::vector<at::Tensor> test_backward_kernel(const convnn::checks::AttentionChecked&, const at::Tensor&,
+                                             const at::Tensor& queries, const at::Tensor& keys,
                                              const at::Tensor& values, const at::Tensor& kernel, const at::Tensor&,
                                              const at::Tensor& indices, const at::Tensor&, c10::string_view,
                                              c10::string_view, double) {
@@ -51,9 +54,11 @@ std::vector<at::Tensor> test_backward_kernel(const at::Tensor&, const at::Tensor
   return gradients;
 }
 
+// Registered as a device registers its fused kernels: behind the op's check (src/ops/op_signatures.h).
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
-  m.impl("knn_attention_device_fused", &test_kernel);
-  m.impl("knn_attention_backward_device_fused", &test_backward_kernel);
+  namespace op = convnn::ops::op;
+  op::implement_checked<op::KnnAttentionDeviceFused, &test_kernel>(m);
+  op::implement_checked<op::KnnAttentionBackwardDeviceFused, &test_backward_kernel>(m);
 }
 
 struct Operands {
@@ -98,7 +103,7 @@ TEST(DeviceFusedAttention, AKernelReturningAnotherNumberOfTensorsIsAnError) {
   }
 }
 
-TEST(DeviceFusedAttention, KnnAttentionsChecksRunBeforeTheDevicesKernel) {
+TEST(DeviceFusedAttention, TheDevicesKernelChecksTheInputsByKnnAttentionsRulesBeforeItsBody) {
   const Operands in;
   try {
     convnn::ops::composite::device_fused_attention(c10::DispatchKey::CPU, in.queries, in.keys, in.values, in.kernel(3),
@@ -144,7 +149,7 @@ TEST(DeviceFusedAttention, TheCompositeBackwardUsesAFusedSoftmaxScoresGradientIn
   const auto queries = torch::randn({2, 5, 3}, opts), keys = torch::randn({2, 8, 3}, opts);
   const auto values = torch::randn({2, 8, 4}, opts), kernel = torch::randn({4, 3}, opts);
   const composite::AttentionBackwardSteps steps{&recording_aggregate_backward, &generic::softmax_rho_backward,
-                                                &generic::knn_select_backward, &fused_scores_gradient};
+                                                generic::knn_select_backward, &fused_scores_gradient};
   const std::array<bool, 5> all{true, true, true, true, true};
   for (const char* rho : {"softmax", "mean"}) {
     const auto [output, scores, indices, weights] =
@@ -226,7 +231,7 @@ TEST(DeviceFusedAttentionBackward, AKernelReturningAnotherNumberOfTensorsIsAnErr
   }
 }
 
-TEST(DeviceFusedAttentionBackward, KnnAttentionBackwardsChecksRunBeforeTheDevicesKernel) {
+TEST(DeviceFusedAttentionBackward, TheDevicesKernelChecksTheInputsByKnnAttentionBackwardsRulesBeforeItsBody) {
   backward_calls = 0;
   try {
     fused_backward(3, {true, true, true, true, true}, c10::DispatchKey::CPU, "no such similarity");

@@ -382,7 +382,7 @@ TEST(GenericBackward, AttentionEqualsFusedAndHonoursOutputMask) {
     std::tie(output, scores, indices, weights) = fused_attention(c, in);
     const auto grad_output = torch::randn_like(output);
     const auto run = [&](bool use_generic, std::array<bool, 5> wanted) {
-      const auto f = use_generic ? &generic::knn_attention_backward
+      const auto f = use_generic ? generic::knn_attention_backward
                                  : [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c2,
                                       const at::Tensor& d, const at::Tensor& e, const at::Tensor& f2,
                                       const at::Tensor& g, const at::Tensor& h, c10::string_view s,

@@ -6,6 +6,7 @@
 
 #include "convnn/ops/knn_ops.h"
 #include "ops/autocast/autocast_cast.h"
+#include "ops/op_signatures.h"
 
 namespace convnn::autocast {
 namespace {
@@ -25,9 +26,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(convnn, AutocastCPU, m) { m.impl("knn_attention", &knn_attention<c10::DeviceType::CPU>); }
-TORCH_LIBRARY_IMPL(convnn, AutocastCUDA, m) { m.impl("knn_attention", &knn_attention<c10::DeviceType::CUDA>); }
-TORCH_LIBRARY_IMPL(convnn, AutocastXPU, m) { m.impl("knn_attention", &knn_attention<c10::DeviceType::XPU>); }
-TORCH_LIBRARY_IMPL(convnn, AutocastMPS, m) { m.impl("knn_attention", &knn_attention<c10::DeviceType::MPS>); }
+TORCH_LIBRARY_IMPL(convnn, AutocastCPU, m) {
+  ops::op::implement<ops::op::KnnAttention>(m, &knn_attention<c10::DeviceType::CPU>);
+}
+TORCH_LIBRARY_IMPL(convnn, AutocastCUDA, m) {
+  ops::op::implement<ops::op::KnnAttention>(m, &knn_attention<c10::DeviceType::CUDA>);
+}
+TORCH_LIBRARY_IMPL(convnn, AutocastXPU, m) {
+  ops::op::implement<ops::op::KnnAttention>(m, &knn_attention<c10::DeviceType::XPU>);
+}
+TORCH_LIBRARY_IMPL(convnn, AutocastMPS, m) {
+  ops::op::implement<ops::op::KnnAttention>(m, &knn_attention<c10::DeviceType::MPS>);
+}
 
 }  // namespace convnn::autocast

@@ -75,41 +75,31 @@ bool builds_a_graph(std::initializer_list<at::Tensor> inputs) {
   return false;
 }
 
-std::tuple<at::Tensor, at::Tensor> knn_select_aten(const at::Tensor& queries, const at::Tensor& keys,
-                                                   int64_t k, c10::string_view similarity,
-                                                   const c10::optional<at::Tensor>& mask,
-                                                   bool index_order) {
-  const auto checked =
-      checks::check_select_inputs(queries, keys, k, std::string_view(similarity.data(), similarity.size()), mask);
-  return reference::knn_select(queries, keys, k, checked, mask, index_order);
+std::tuple<at::Tensor, at::Tensor> knn_select_aten_checked(const Similarity& similarity, const at::Tensor& queries,
+                                                           const at::Tensor& keys, int64_t k, c10::string_view,
+                                                           const c10::optional<at::Tensor>& mask, bool index_order) {
+  return reference::knn_select(queries, keys, k, similarity, mask, index_order);
 }
 
-at::Tensor knn_aggregate_aten(const at::Tensor& values, const at::Tensor& weights,
-                              const at::Tensor& indices, const at::Tensor& kernel,
-                              const c10::optional<at::Tensor>& bias) {
-  checks::check_aggregate_inputs(values, weights, indices, kernel, bias);
+at::Tensor knn_aggregate_aten_checked(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+                                      const at::Tensor& kernel, const c10::optional<at::Tensor>& bias) {
   return reference::knn_aggregate(values, weights, indices, kernel, bias);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_aten(
-    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
-    c10::string_view rho, double temperature) {
-  const auto checked = checks::check_attention_inputs(
-      queries, keys, values, kernel, bias, k, std::string_view(similarity.data(), similarity.size()),
-      mask, std::string_view(rho.data(), rho.size()), temperature);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_aten_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view, const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view,
+    double temperature) {
   auto [output, scores, indices, weights] =
       reference::knn_attention(queries, keys, values, kernel, bias, k, checked.similarity, mask,
                                index_order, checked.rho, temperature);
   return {output, scores.detach(), indices, weights.detach()};
 }
 
-std::tuple<at::Tensor, at::Tensor> knn_select_backward_aten(
-    const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& indices, const at::Tensor& scores, c10::string_view similarity) {
-  const auto checked = checks::check_select_backward_inputs(
-      grad_scores, queries, keys, indices, scores, std::string_view(similarity.data(), similarity.size()));
+std::tuple<at::Tensor, at::Tensor> knn_select_backward_aten_checked(
+    const Similarity& checked, const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& indices, const at::Tensor& scores, c10::string_view) {
   const std::vector<bool> wanted{true, true};
   const std::vector<at::Tensor> handles{differentiation_handle(queries, true),
                                         differentiation_handle(keys, true)};
@@ -118,10 +108,9 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward_aten(
   return {grads[0], grads[1]};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_aten(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_aten_checked(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
-  checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
   const std::vector<bool> wanted{output_mask[0], output_mask[1], output_mask[2]};
   const std::vector<at::Tensor> handles{differentiation_handle(values, wanted[0]),
                                         differentiation_handle(weights, wanted[1]),
@@ -131,15 +120,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
   return {grads[0], grads[1], grads[2], output_mask[3] ? bias_gradient(grad_output) : at::Tensor()};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward_aten(
-    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
-    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
-    c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
-  const auto checked = checks::check_attention_backward_inputs(
-      grad_output, queries, keys, values, kernel, scores, indices, weights,
-      std::string_view(similarity.data(), similarity.size()), std::string_view(rho.data(), rho.size()),
-      temperature);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward_aten_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& grad_output, const at::Tensor& queries,
+    const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view, c10::string_view, double temperature,
+    std::array<bool, 5> output_mask) {
   const std::vector<bool> wanted{output_mask[0], output_mask[1], output_mask[2], output_mask[3]};
   std::vector<at::Tensor> handles;
   for (size_t i = 0; i < wanted.size(); ++i) {

@@ -13,12 +13,10 @@
 // The selected indices are piecewise constant in the inputs, so every derivative holds the
 // selection fixed, as torch.topk's and torch.sort's do.
 #include <ATen/core/Tensor.h>
-#include <c10/util/Optional.h>
-#include <c10/util/string_view.h>
 
-#include <array>
 #include <initializer_list>
-#include <tuple>
+
+#include "ops/op_signatures.h"
 
 namespace convnn::autograd {
 
@@ -29,34 +27,28 @@ bool needs_aten_autograd(std::initializer_list<at::Tensor> inputs);
 /// True when the backward ops must build a graph: grad mode is on and an input requires grad.
 bool builds_a_graph(std::initializer_list<at::Tensor> inputs);
 
-// The forward ops through the reference composition, checked as the fused ops check.
-std::tuple<at::Tensor, at::Tensor> knn_select_aten(const at::Tensor& queries, const at::Tensor& keys,
-                                                   int64_t k, c10::string_view similarity,
-                                                   const c10::optional<at::Tensor>& mask,
-                                                   bool index_order);
-at::Tensor knn_aggregate_aten(const at::Tensor& values, const at::Tensor& weights,
-                              const at::Tensor& indices, const at::Tensor& kernel,
-                              const c10::optional<at::Tensor>& bias);
-// scores, indices and weights come back detached: as from the fused op, only the output carries
-// a gradient.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_aten(
-    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
-    c10::string_view rho, double temperature);
+namespace op = ops::op;
+
+// The forward ops through the reference composition, checked as every kernel is (their bodies take
+// what the op's check established; src/ops/op_signatures.h). knn_attention_aten's scores, indices
+// and weights come back detached: as from the fused op, only the output carries a gradient.
+op::Body<op::KnnSelect> knn_select_aten_checked;
+op::Body<op::KnnAggregate> knn_aggregate_aten_checked;
+op::Body<op::KnnAttention> knn_attention_aten_checked;
+inline constexpr auto knn_select_aten = op::checked_kernel<op::KnnSelect, &knn_select_aten_checked>;
+inline constexpr auto knn_aggregate_aten = op::checked_kernel<op::KnnAggregate, &knn_aggregate_aten_checked>;
+inline constexpr auto knn_attention_aten = op::checked_kernel<op::KnnAttention, &knn_attention_aten_checked>;
 
 // The backward ops as differentiable functions of all their tensor inputs (the incoming gradient
 // included), for create_graph=True. Same arguments and results as the ops.
-std::tuple<at::Tensor, at::Tensor> knn_select_backward_aten(
-    const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& indices, const at::Tensor& scores, c10::string_view similarity);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_aten(
-    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward_aten(
-    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
-    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
-    c10::string_view rho, double temperature, std::array<bool, 5> output_mask);
+op::Body<op::KnnSelectBackward> knn_select_backward_aten_checked;
+op::Body<op::KnnAggregateBackward> knn_aggregate_backward_aten_checked;
+op::Body<op::KnnAttentionBackward> knn_attention_backward_aten_checked;
+inline constexpr auto knn_select_backward_aten =
+    op::checked_kernel<op::KnnSelectBackward, &knn_select_backward_aten_checked>;
+inline constexpr auto knn_aggregate_backward_aten =
+    op::checked_kernel<op::KnnAggregateBackward, &knn_aggregate_backward_aten_checked>;
+inline constexpr auto knn_attention_backward_aten =
+    op::checked_kernel<op::KnnAttentionBackward, &knn_attention_backward_aten_checked>;
 
 }  // namespace convnn::autograd

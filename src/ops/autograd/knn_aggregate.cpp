@@ -61,8 +61,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, Autograd, m) {
-  m.impl("knn_aggregate", &knn_aggregate);
-  m.impl("knn_aggregate_backward", &knn_aggregate_backward);
+  op::implement<op::KnnAggregate>(m, &knn_aggregate);
+  op::implement<op::KnnAggregateBackward>(m, &knn_aggregate_backward);
 }
 
 }  // namespace convnn::autograd

@@ -83,8 +83,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, Autograd, m) {
-  m.impl("knn_attention", &knn_attention);
-  m.impl("knn_attention_backward", &knn_attention_backward);
+  op::implement<op::KnnAttention>(m, &knn_attention);
+  op::implement<op::KnnAttentionBackward>(m, &knn_attention_backward);
 }
 
 }  // namespace convnn::autograd

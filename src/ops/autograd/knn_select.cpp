@@ -62,8 +62,8 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, Autograd, m) {
-  m.impl("knn_select", &knn_select);
-  m.impl("knn_select_backward", &knn_select_backward);
+  op::implement<op::KnnSelect>(m, &knn_select);
+  op::implement<op::KnnSelectBackward>(m, &knn_select_backward);
 }
 
 }  // namespace convnn::autograd

@@ -9,7 +9,6 @@
 #include "ops/composite/knn_attention_composed.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <limits>
@@ -24,23 +23,12 @@
 #include "ops/generic/generic.h"
 #include "ops/generic/internal.h"
 
-// A device's single-kernel knn_attention forward, registered only where a device has one: its four
-// outputs, or an empty list for inputs it does not take (the caller composes then). It is called
-// by the device's knn_attention kernel after that op's checks, below autograd.
-// Its backward's counterpart: d(scores) for softmax rho from the incoming gradient of the output
-// (the aggregation's weights gradient and the softmax-rho backward in one kernel), [grad_scores] or
-// an empty list; called by the device's knn_attention_backward after that op's checks.
-// And the whole backward where a device has it for the inputs: [grad_queries, grad_keys,
-// grad_values, grad_kernel, grad_bias] (all five; the caller drops what output_mask does not ask
-// for), or an empty list, after knn_attention_backward's checks.
+// The device-fused ops a device may register (src/ops/op_signatures.h says what each answers).
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
-  m.def("knn_attention_device_fused(Tensor queries, Tensor keys, Tensor values, Tensor kernel, Tensor? bias, "
-        "int k, str similarity, Tensor? mask, bool index_order, str rho, float temperature) -> Tensor[]");
-  m.def("knn_attention_softmax_scores_gradient_device_fused(Tensor grad_output, Tensor values, Tensor weights, "
-        "Tensor indices, Tensor kernel, float temperature) -> Tensor[]");
-  m.def("knn_attention_backward_device_fused(Tensor grad_output, Tensor queries, Tensor keys, Tensor values, "
-        "Tensor kernel, Tensor scores, Tensor indices, Tensor weights, str similarity, str rho, float temperature) "
-        "-> Tensor[]");
+  namespace op = convnn::ops::op;
+  op::define<op::KnnAttentionDeviceFused>(m);
+  op::define<op::KnnAttentionSoftmaxScoresGradientDeviceFused>(m);
+  op::define<op::KnnAttentionBackwardDeviceFused>(m);
 }
 
 namespace convnn::ops::composite {
@@ -49,14 +37,9 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device
     c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
     const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature) {
-  static const auto fused = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_attention_device_fused", "");
+  const auto& fused = op::handle<op::KnnAttentionDeviceFused>();
   if (!fused.hasKernelForDispatchKey(key)) return std::nullopt;
-  checks::check_attention_inputs(queries, keys, values, kernel, bias, k, similarity, mask, rho, temperature);
-  static const auto call =
-      fused.typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                          const c10::optional<at::Tensor>&, int64_t, c10::string_view,
-                                          const c10::optional<at::Tensor>&, bool, c10::string_view, double)>();
-  auto outputs = call.call(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature);
+  auto outputs = fused.call(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature);
   if (outputs.empty()) return std::nullopt;
   TORCH_CHECK(outputs.size() == 4, "knn_attention_device_fused: a device kernel returned ", outputs.size(),
               " tensors, not the 4 of knn_attention (output, scores, indices, weights)");
@@ -68,17 +51,10 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Ten
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores, const at::Tensor& indices,
     const at::Tensor& weights, c10::string_view similarity, c10::string_view rho, double temperature,
     std::array<bool, 5> output_mask) {
-  static const auto fused =
-      c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_attention_backward_device_fused", "");
+  const auto& fused = op::handle<op::KnnAttentionBackwardDeviceFused>();
   // Without a query or key gradient to give, the aggregation's backward alone is the whole work.
   if (!fused.hasKernelForDispatchKey(key) || !(output_mask[0] || output_mask[1])) return std::nullopt;
-  checks::check_attention_backward_inputs(grad_output, queries, keys, values, kernel, scores, indices, weights,
-                                          similarity, rho, temperature);
-  static const auto call =
-      fused.typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                          const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                          c10::string_view, c10::string_view, double)>();
-  auto outputs = call.call(grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho,
+  auto outputs = fused.call(grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho,
                            temperature);
   if (outputs.empty()) return std::nullopt;
   TORCH_CHECK(outputs.size() == 5, "knn_attention_backward_device_fused: a device kernel returned ", outputs.size(),
@@ -90,20 +66,18 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Ten
 }
 
 bool has_device_kernels(c10::DispatchKey key) {
-  static const auto select = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_select", "");
-  static const auto aggregate = c10::Dispatcher::singleton().findSchemaOrThrow("convnn::knn_aggregate", "");
+  const auto& select = op::handle<op::KnnSelect>();
+  const auto& aggregate = op::handle<op::KnnAggregate>();
   // Either one is worth composing for: the other op then takes the generic path through the
   // dispatcher (a LibTorch build with the embedded Triton kernels has the aggregation's only).
   return select.hasKernelForDispatchKey(key) || aggregate.hasKernelForDispatchKey(key);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention(
-    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
-    c10::string_view rho, double temperature) {
-  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k,
-                                                      similarity, mask, rho, temperature);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view,
+    double temperature) {
   auto [scores, indices] = ops::knn_select(queries, keys, k, std::string(similarity), mask, index_order);
   auto weights = reference::rho_weights(scores, checked.rho, temperature);
   auto output = ops::knn_aggregate(values, weights, indices, kernel, bias);
@@ -135,13 +109,10 @@ std::tuple<at::Tensor, at::Tensor> dispatched_select_backward(
 at::Tensor dispatched_softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values,
                                               const at::Tensor& weights, const at::Tensor& indices,
                                               const at::Tensor& kernel, double temperature) {
-  static const auto fused = c10::Dispatcher::singleton().findSchemaOrThrow(
-      "convnn::knn_attention_softmax_scores_gradient_device_fused", "");
+  const auto& fused = op::handle<op::KnnAttentionSoftmaxScoresGradientDeviceFused>();
   const auto key = c10::computeDispatchKey(values.scalar_type(), values.layout(), values.device());
   if (!fused.hasKernelForDispatchKey(key)) return {};
-  static const auto call = fused.typed<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                               const at::Tensor&, const at::Tensor&, double)>();
-  const auto outputs = call.call(grad_output, values, weights, indices, kernel, temperature);
+  const auto outputs = fused.call(grad_output, values, weights, indices, kernel, temperature);
   TORCH_CHECK(outputs.size() <= 1, "knn_attention_softmax_scores_gradient_device_fused: a device kernel returned ",
               outputs.size(), " tensors, not 0 or 1");
   return outputs.empty() ? at::Tensor() : outputs[0];
@@ -153,14 +124,11 @@ constexpr composite::AttentionBackwardSteps kDispatchedSteps{
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_backward(
-    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
-    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
-    c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
-  const auto checked = checks::check_attention_backward_inputs(
-      grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho,
-      temperature);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_backward_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& grad_output, const at::Tensor& queries,
+    const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity, c10::string_view,
+    double temperature, std::array<bool, 5> output_mask) {
   // Per block of query rows, as the generic backward: the select step's per-slot [rows,K,D] tensors
   // stay within the block budget (unblocked, they set a 926 MiB peak at the paper's Table 1
   // configuration on an H100, against the generic path's 340).
@@ -177,11 +145,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention(
                                           rho, temperature)) {
     return *fused;
   }
+  // The fused op checked the inputs by knn_attention's rules if it was asked; it declined, so the
+  // check runs here, once, for the composition.
+  const auto checked = op::check<op::KnnAttention>(op::Scope::kShapesAndValues, queries, keys, values, kernel,
+                                                   bias, k, similarity, mask, index_order, rho, temperature);
   if (!has_device_kernels(key)) {
-    return generic::knn_attention(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho,
-                                  temperature);
+    return generic::knn_attention_checked(checked, queries, keys, values, kernel, bias, k, similarity, mask,
+                                          index_order, rho, temperature);
   }
-  return composed_attention(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature);
+  return composed_attention_checked(checked, queries, keys, values, kernel, bias, k, similarity, mask, index_order,
+                                    rho, temperature);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention_backward(
@@ -193,12 +166,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_at
                                                    weights, similarity, rho, temperature, output_mask)) {
     return *fused;
   }
+  const auto checked =
+      op::check<op::KnnAttentionBackward>(op::Scope::kShapesAndValues, grad_output, queries, keys, values, kernel,
+                                          scores, indices, weights, similarity, rho, temperature, output_mask);
   if (!has_device_kernels(key)) {
-    return generic::knn_attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights,
-                                           similarity, rho, temperature, output_mask);
+    return generic::knn_attention_backward_checked(checked, grad_output, queries, keys, values, kernel, scores,
+                                                   indices, weights, similarity, rho, temperature, output_mask);
   }
-  return composed_attention_backward(grad_output, queries, keys, values, kernel, scores, indices, weights, similarity,
-                                     rho, temperature, output_mask);
+  return composed_attention_backward_checked(checked, grad_output, queries, keys, values, kernel, scores, indices,
+                                             weights, similarity, rho, temperature, output_mask);
 }
 
 }  // namespace convnn::ops::composite

@@ -11,22 +11,24 @@
 #include <optional>
 #include <tuple>
 
+#include "ops/op_signatures.h"
+
 namespace convnn::ops::composite {
 
 // Whether the device has kernels of its own for knn_select and knn_aggregate (on CUDA, the Triton
 // route's). Asked at every call: they may be registered after the first one.
 bool has_device_kernels(c10::DispatchKey key);
 
-// The device's fused knn_attention forward (convnn::knn_attention_device_fused) for these inputs,
-// after knn_attention's checks; nothing where the device has no such kernel or it does not take
-// the inputs.
+// The device's fused knn_attention forward (convnn::knn_attention_device_fused) for these inputs;
+// nothing where the device has no such kernel or it does not take the inputs. The device's kernel
+// checks the inputs by knn_attention's rules before anything else (it is registered checked).
 std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device_fused_attention(
     c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
     const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature);
 
 // The device's whole knn_attention backward (convnn::knn_attention_backward_device_fused) for these
-// inputs, after knn_attention_backward's checks, with the gradients output_mask does not ask for
+// inputs (its kernel checks them by knn_attention_backward's rules), with the gradients output_mask does not ask for
 // undefined; nothing where the device has no such kernel, it does not take the inputs, or neither
 // a query nor a key gradient is asked for.
 std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device_fused_attention_backward(
@@ -36,25 +38,21 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Ten
     std::array<bool, 5> output_mask);
 
 // knn_select -> rho -> knn_aggregate through the dispatcher, each step the device's kernel (the
-// same arguments and results as convnn::knn_attention). Takes tensors of any device, so that the
-// tests can run it on the CPU.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention(
-    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
-    c10::string_view rho, double temperature);
+// same arguments and results as convnn::knn_attention; each step is an op call of its own, checked
+// as such). Takes tensors of any device, so that the tests can run it on the CPU. The body takes
+// knn_attention's checked facts (src/ops/op_signatures.h); composed_attention checks first.
+op::Body<op::KnnAttention> composed_attention_checked;
+inline constexpr auto composed_attention = op::checked_kernel<op::KnnAttention, &composed_attention_checked>;
 
 // Its backward: the shared composition (ops/composite) of the dispatched aggregation and select
 // backward ops and the generic softmax-rho backward, per block of query rows as the generic one.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_backward(
-    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
-    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
-    c10::string_view rho, double temperature, std::array<bool, 5> output_mask);
+op::Body<op::KnnAttentionBackward> composed_attention_backward_checked;
+inline constexpr auto composed_attention_backward =
+    op::checked_kernel<op::KnnAttentionBackward, &composed_attention_backward_checked>;
 
-// knn_attention on device `key` (the op's checks included): the device's fused kernel where it
-// takes the inputs, else the composition of the core ops where the device has a kernel of its own
-// for either, else the device-generic path.
+// knn_attention on device `key`, its inputs checked once: by the device's fused kernel where it
+// takes them, else here before the composition of the core ops (where the device has a kernel of
+// its own for either) or the device-generic path.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention(
     c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,

@@ -1,10 +1,9 @@
-// CPU entry of knn_aggregate and knn_aggregate_backward: validation (src/ops/checks.h), dtype
-// dispatch, and the fused kernels of ops/cpu/knn_aggregate_kernel.h.
+// CPU kernels of knn_aggregate and knn_aggregate_backward (checked as src/ops/op_signatures.h says): dtype
+// dispatch and the fused kernels of ops/cpu/knn_aggregate_kernel.h.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
-#include "ops/checks.h"
 #include "ops/generic/generic.h"
 #include "ops/cpu/knn_aggregate_cpu.h"
 
@@ -26,10 +25,8 @@ namespace {
 
 // ---- knn_aggregate: glue between the dispatcher and the fused kernels ---------------------------
 
-at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
-                         const at::Tensor& indices, const at::Tensor& kernel,
-                         const c10::optional<at::Tensor>& bias) {
-  checks::check_aggregate_inputs(values, weights, indices, kernel, bias);
+at::Tensor knn_aggregate_checked(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+                                 const at::Tensor& kernel, const c10::optional<at::Tensor>& bias) {
   const AggregateSizes sizes = aggregate_sizes(values, weights.size(1), weights.size(2), kernel);
   auto out = at::empty({sizes.g, sizes.n, sizes.c_out}, values.options());
   if (out.numel() == 0) return out;
@@ -39,13 +36,6 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
     knn_aggregate_forward_kernel(aggregate_forward_params<scalar_t>(sizes, inputs, weights, indices, out));
   });
   return out;
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
-    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
-  checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
-  return knn_aggregate_backward_checked(grad_output, values, weights, indices, kernel, output_mask);
 }
 
 }  // namespace
@@ -91,8 +81,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
   if (ops::generic::serves_cpu()) return;  // CompositeExplicitAutograd takes CPU calls
-  m.impl("knn_aggregate", &knn_aggregate);
-  m.impl("knn_aggregate_backward", &knn_aggregate_backward);
+  ops::op::implement_checked<ops::op::KnnAggregate, &knn_aggregate_checked>(m);
+  ops::op::implement_checked<ops::op::KnnAggregateBackward, &knn_aggregate_backward_checked>(m);
 }
 
 }  // namespace convnn::cpu

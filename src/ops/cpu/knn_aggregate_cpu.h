@@ -8,6 +8,7 @@
 
 #include "ops/cpu/knn_aggregate_kernel.h"
 #include "ops/cpu/tensor_views.h"
+#include "ops/op_signatures.h"
 
 namespace convnn::cpu {
 
@@ -41,10 +42,8 @@ AggregateForwardParams<scalar_t> aggregate_forward_params(const AggregateSizes& 
   return p;
 }
 
-// knn_aggregate_backward on inputs its caller has already checked as its own (the fused attention's
-// backward): the same results without validating and reading the inputs a second time.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_checked(
-    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
+// knn_aggregate_backward's body, on inputs its op's check has passed (src/ops/op_signatures.h); the
+// fused attention's backward calls it directly.
+ops::op::Body<ops::op::KnnAggregateBackward> knn_aggregate_backward_checked;
 
 }  // namespace convnn::cpu

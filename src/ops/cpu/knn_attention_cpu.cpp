@@ -1,5 +1,5 @@
-// CPU entry of knn_attention and its backward: validation (src/ops/checks.h), dtype dispatch, and
-// the fused kernel of ops/cpu/knn_attention_kernel.h. The backward is the shared composition
+// CPU kernels of knn_attention and its backward (checked as src/ops/op_signatures.h says): dtype
+// dispatch and the fused kernel of ops/cpu/knn_attention_kernel.h. The backward is the shared composition
 // (ops/composite/knn_attention_backward.h) of the fused CPU steps: each needs only the [G,N,K]
 // scores, indices and weights that the forward returned.
 #include <ATen/ATen.h>
@@ -19,13 +19,11 @@
 namespace convnn::cpu {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
-    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity_name, const c10::optional<at::Tensor>& mask, bool index_order,
-    c10::string_view rho_name, double temperature) {
-  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k,
-                                                      similarity_name, mask, rho_name, temperature);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view, const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view,
+    double temperature) {
   const int64_t g = queries.size(0), n = queries.size(1);
   const AggregateSizes sizes = aggregate_sizes(values, n, k, kernel);
   auto scores = at::empty({g, n, k}, queries.options());
@@ -66,11 +64,12 @@ at::Tensor softmax_rho_backward_cpu(const at::Tensor& weights, const at::Tensor&
 }
 
 // knn_attention_backward checked every input of these steps (grad_scores is softmax_rho_backward's
-// own result): they skip the checks their ops would repeat.
+// own result): they are the ops' bodies, which skip the checks their ops would repeat.
 std::tuple<at::Tensor, at::Tensor> select_backward_cpu(const at::Tensor& grad_scores, const at::Tensor& queries,
                                                        const at::Tensor& keys, const at::Tensor& indices,
                                                        const at::Tensor& scores, c10::string_view similarity) {
-  return knn_select_backward_checked(grad_scores, queries, keys, indices, scores, parse_similarity(similarity));
+  return knn_select_backward_checked(parse_similarity(similarity), grad_scores, queries, keys, indices, scores,
+                                     similarity);
 }
 
 // Opens the shared inverse-index slot (shared_inverse_index.h) on this thread for one backward
@@ -90,14 +89,11 @@ class ShareInverseIndex {
 constexpr ops::composite::AttentionBackwardSteps kCpuSteps{
     &knn_aggregate_backward_checked, &softmax_rho_backward_cpu, &select_backward_cpu};
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
-    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
-    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
-    c10::string_view rho_name, double temperature, std::array<bool, 5> output_mask) {
-  const auto checked = checks::check_attention_backward_inputs(
-      grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho_name,
-      temperature);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& grad_output, const at::Tensor& queries,
+    const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity, c10::string_view,
+    double temperature, std::array<bool, 5> output_mask) {
   const ShareInverseIndex share;
   return ops::composite::knn_attention_backward(kCpuSteps, grad_output, queries, keys, values, kernel,
                                                 scores, indices, weights, similarity, checked.rho,
@@ -108,8 +104,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_atten
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
   if (ops::generic::serves_cpu()) return;  // CompositeExplicitAutograd takes CPU calls
-  m.impl("knn_attention", &knn_attention);
-  m.impl("knn_attention_backward", &knn_attention_backward);
+  ops::op::implement_checked<ops::op::KnnAttention, &knn_attention_checked>(m);
+  ops::op::implement_checked<ops::op::KnnAttentionBackward, &knn_attention_backward_checked>(m);
 }
 
 }  // namespace convnn::cpu

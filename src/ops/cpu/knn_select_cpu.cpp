@@ -38,11 +38,9 @@ void report_unrankable(const SelectInputs& in, Similarity similarity,
                         "ranking did not find");
 }
 
-std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries_in, const at::Tensor& keys_in,
-                                              int64_t k, c10::string_view similarity_name,
-                                              const c10::optional<at::Tensor>& mask_in,
-                                              bool index_order) {
-  const auto similarity = checks::check_select_inputs(queries_in, keys_in, k, similarity_name, mask_in);
+std::tuple<at::Tensor, at::Tensor> knn_select_checked(const Similarity& similarity, const at::Tensor& queries_in,
+                                                      const at::Tensor& keys_in, int64_t k, c10::string_view,
+                                                      const c10::optional<at::Tensor>& mask_in, bool index_order) {
   const int64_t g = queries_in.size(0), n = queries_in.size(1);
   auto scores = at::empty({g, n, k}, queries_in.options());
   auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
@@ -56,23 +54,11 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries_in, cons
   return {scores, indices};
 }
 
-std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
-                                                       const at::Tensor& queries,
-                                                       const at::Tensor& keys,
-                                                       const at::Tensor& indices,
-                                                       const at::Tensor& scores,
-                                                       c10::string_view similarity_name) {
-  const auto similarity =
-      checks::check_select_backward_inputs(grad_scores, queries, keys, indices, scores, similarity_name);
-  return knn_select_backward_checked(grad_scores, queries, keys, indices, scores, similarity);
-}
-
-std::tuple<at::Tensor, at::Tensor> knn_select_backward_checked(const at::Tensor& grad_scores,
-                                                               const at::Tensor& queries,
-                                                               const at::Tensor& keys,
-                                                               const at::Tensor& indices,
-                                                               const at::Tensor& scores,
-                                                               Similarity similarity) {
+std::tuple<at::Tensor, at::Tensor> knn_select_backward_checked(const Similarity& similarity,
+                                                               const at::Tensor& grad_scores,
+                                                               const at::Tensor& queries, const at::Tensor& keys,
+                                                               const at::Tensor& indices, const at::Tensor& scores,
+                                                               c10::string_view) {
   const auto q = queries.contiguous(), k = keys.contiguous();
   auto grad_queries = at::empty_like(q), grad_keys = at::empty_like(k);
   if (q.numel() == 0 && k.numel() == 0) return {grad_queries, grad_keys};
@@ -103,11 +89,8 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward_checked(const at::Tensor&
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
   if (ops::generic::serves_cpu()) return;  // CompositeExplicitAutograd takes CPU calls
-  m.impl("knn_select", &knn_select);
-  m.impl("knn_select_backward",
-         static_cast<std::tuple<at::Tensor, at::Tensor> (*)(
-             const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-             const at::Tensor&, c10::string_view)>(&knn_select_backward));
+  op::implement<op::KnnSelect>(m, knn_select);
+  op::implement_checked<op::KnnSelectBackward, &knn_select_backward_checked>(m);
 }
 
 }  // namespace convnn::cpu

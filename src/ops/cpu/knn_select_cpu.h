@@ -7,8 +7,11 @@
 #include <tuple>
 
 #include "ops/cpu/knn_select_kernel.h"
+#include "ops/op_signatures.h"
 
 namespace convnn::cpu {
+
+namespace op = ops::op;
 
 // The tensors the select kernel reads: contiguous queries, keys whose slices are each dense (any
 // slice stride: a slice of a longer buffer is read in place), and the mask as the kernel takes it
@@ -53,25 +56,12 @@ KnnSelectParams<scalar_t, acc_t> select_params(const SelectInputs& in, int64_t k
 [[noreturn]] void report_unrankable(const SelectInputs& in, Similarity similarity,
                                     const c10::optional<at::Tensor>& mask, const char* op);
 
-std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
-                                              int64_t k, c10::string_view similarity,
-                                              const c10::optional<at::Tensor>& mask,
-                                              bool index_order);
+// The bodies of the CPU kernels, on inputs their op's check has passed (src/ops/op_signatures.h);
+// the fused attention's backward calls the select backward's directly.
+op::Body<op::KnnSelect> knn_select_checked;
+op::Body<op::KnnSelectBackward> knn_select_backward_checked;
 
-std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
-                                                       const at::Tensor& queries,
-                                                       const at::Tensor& keys,
-                                                       const at::Tensor& indices,
-                                                       const at::Tensor& scores,
-                                                       c10::string_view similarity);
-
-// knn_select_backward on inputs its caller has already checked as its own (the fused attention's
-// backward): the same results without validating and reading the inputs a second time.
-std::tuple<at::Tensor, at::Tensor> knn_select_backward_checked(const at::Tensor& grad_scores,
-                                                               const at::Tensor& queries,
-                                                               const at::Tensor& keys,
-                                                               const at::Tensor& indices,
-                                                               const at::Tensor& scores,
-                                                               Similarity similarity);
+// The registered knn_select kernel: the op's check, then the body.
+inline constexpr auto knn_select = op::checked_kernel<op::KnnSelect, &knn_select_checked>;
 
 }  // namespace convnn::cpu

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "ops/composite/knn_attention_composed.h"
+#include "ops/op_signatures.h"
 
 namespace convnn::ops::cuda {
 namespace {
@@ -32,8 +33,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_atte
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
-  m.impl("knn_attention", &cuda_attention);
-  m.impl("knn_attention_backward", &cuda_attention_backward);
+  op::implement<op::KnnAttention>(m, &cuda_attention);
+  op::implement<op::KnnAttentionBackward>(m, &cuda_attention_backward);
 }
 
 }  // namespace convnn::ops::cuda

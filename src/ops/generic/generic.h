@@ -13,12 +13,10 @@
 // - no host synchronisation beyond one read per forward (whether a score was NaN or +inf, which
 //   must raise) and the value checks of src/ops/checks.h.
 #include <ATen/core/Tensor.h>
-#include <c10/util/Optional.h>
-#include <c10/util/string_view.h>
 
-#include <array>
 #include <cstdint>
-#include <tuple>
+
+#include "ops/op_signatures.h"
 
 namespace convnn::ops::generic {
 
@@ -34,37 +32,24 @@ void set_block_bytes(int64_t bytes);
 // how the whole op test matrix runs through this path (scripts/test.sh).
 bool serves_cpu();
 
-std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
-                                              int64_t k, c10::string_view similarity,
-                                              const c10::optional<at::Tensor>& mask,
-                                              bool index_order);
+// The bodies, on inputs their op's check has passed (src/ops/op_signatures.h): what the attention's
+// backward calls per block of rows, where checking again would only repeat the work.
+op::Body<op::KnnSelect> knn_select_checked;
+op::Body<op::KnnSelectBackward> knn_select_backward_checked;
+op::Body<op::KnnAggregate> knn_aggregate_checked;
+op::Body<op::KnnAggregateBackward> knn_aggregate_backward_checked;
+op::Body<op::KnnAttention> knn_attention_checked;
+op::Body<op::KnnAttentionBackward> knn_attention_backward_checked;
 
-std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
-                                                       const at::Tensor& queries,
-                                                       const at::Tensor& keys,
-                                                       const at::Tensor& indices,
-                                                       const at::Tensor& scores,
-                                                       c10::string_view similarity);
-
-at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
-                         const at::Tensor& indices, const at::Tensor& kernel,
-                         const c10::optional<at::Tensor>& bias);
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
-    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask);
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
-    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
-    c10::string_view rho, double temperature);
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
-    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
-    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
-    c10::string_view rho, double temperature, std::array<bool, 5> output_mask);
+// The kernels registered under CompositeExplicitAutograd: the op's check, then the body.
+inline constexpr auto knn_select = op::checked_kernel<op::KnnSelect, &knn_select_checked>;
+inline constexpr auto knn_select_backward = op::checked_kernel<op::KnnSelectBackward, &knn_select_backward_checked>;
+inline constexpr auto knn_aggregate = op::checked_kernel<op::KnnAggregate, &knn_aggregate_checked>;
+inline constexpr auto knn_aggregate_backward =
+    op::checked_kernel<op::KnnAggregateBackward, &knn_aggregate_backward_checked>;
+inline constexpr auto knn_attention = op::checked_kernel<op::KnnAttention, &knn_attention_checked>;
+inline constexpr auto knn_attention_backward =
+    op::checked_kernel<op::KnnAttentionBackward, &knn_attention_backward_checked>;
 
 // d(scores) from d(weights) for softmax rho, w (g - sum w g) / T per row, in the accumulation type:
 // masked slots have w = 0 and get 0.

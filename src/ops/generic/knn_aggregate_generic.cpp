@@ -31,10 +31,8 @@ int64_t aggregate_bytes_per_row(const at::Tensor& values, int64_t k, const at::T
   return (3 * k * values.size(2) + checks::output_channels(values, kernel)) * element;
 }
 
-at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
-                         const at::Tensor& indices, const at::Tensor& kernel,
-                         const c10::optional<at::Tensor>& bias) {
-  checks::check_aggregate_inputs(values, weights, indices, kernel, bias);
+at::Tensor knn_aggregate_checked(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
+                                 const at::Tensor& kernel, const c10::optional<at::Tensor>& bias) {
   const int64_t g = values.size(0), n = weights.size(1);
   auto output = at::empty({g, n, checks::output_channels(values, kernel)}, values.options());
   const int64_t bytes_per_row = aggregate_bytes_per_row(values, weights.size(2), kernel);
@@ -84,10 +82,9 @@ int64_t aggregate_backward_bytes_per_row(const at::Tensor& values, int64_t k, co
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_checked(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
-  checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
   const int64_t g = values.size(0), n = weights.size(1), k = weights.size(2);
   if (g == 0 || n == 0) return aggregate_backward_block(grad_output, values, weights, indices, kernel, output_mask);
   // Per block of query rows, so that the per-slot [rows,K,C] tensors stay within the block budget;
@@ -107,8 +104,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
 }
 
 TORCH_LIBRARY_IMPL(convnn, CompositeExplicitAutograd, m) {
-  m.impl("knn_aggregate", &knn_aggregate);
-  m.impl("knn_aggregate_backward", &knn_aggregate_backward);
+  op::implement<op::KnnAggregate>(m, knn_aggregate);
+  op::implement<op::KnnAggregateBackward>(m, knn_aggregate_backward);
 }
 
 }  // namespace convnn::ops::generic

@@ -26,13 +26,11 @@ at::Tensor softmax_rho_backward(const at::Tensor& weights, const at::Tensor& gra
   return (w * centred).div_(temperature).to(weights.scalar_type());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
-    const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order,
-    c10::string_view rho, double temperature) {
-  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k,
-                                                      similarity, mask, rho, temperature);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view, const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view,
+    double temperature) {
   const int64_t g = queries.size(0), n = queries.size(1);
   auto scores = at::empty({g, n, k}, queries.options());
   auto indices = at::empty({g, n, k}, queries.options().dtype(at::kLong));
@@ -100,24 +98,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> blocked_a
           grad_bias.result()};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(
-    const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
-    const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
-    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity,
-    c10::string_view rho, double temperature, std::array<bool, 5> output_mask) {
-  const auto checked = checks::check_attention_backward_inputs(
-      grad_output, queries, keys, values, kernel, scores, indices, weights, similarity, rho,
-      temperature);
+namespace {
+
+// knn_attention_backward checked every input of the steps (grad_scores is softmax_rho_backward's
+// own result): they are the ops' bodies, which skip the checks their ops would repeat per block.
+std::tuple<at::Tensor, at::Tensor> select_backward_step(const at::Tensor& grad_scores, const at::Tensor& queries,
+                                                        const at::Tensor& keys, const at::Tensor& indices,
+                                                        const at::Tensor& scores, c10::string_view similarity) {
+  return knn_select_backward_checked(parse_similarity(similarity), grad_scores, queries, keys, indices, scores,
+                                     similarity);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& grad_output, const at::Tensor& queries,
+    const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity, c10::string_view,
+    double temperature, std::array<bool, 5> output_mask) {
   // The generic steps, called directly: a direct call on CPU tensors stays on this path.
   static constexpr composite::AttentionBackwardSteps kGenericSteps{
-      &knn_aggregate_backward, &softmax_rho_backward, &knn_select_backward};
+      &knn_aggregate_backward_checked, &softmax_rho_backward, &select_backward_step};
   return blocked_attention_backward(kGenericSteps, grad_output, queries, keys, values, kernel, scores, indices,
                                     weights, similarity, checked.rho, temperature, output_mask);
 }
 
 TORCH_LIBRARY_IMPL(convnn, CompositeExplicitAutograd, m) {
-  m.impl("knn_attention", &knn_attention);
-  m.impl("knn_attention_backward", &knn_attention_backward);
+  op::implement<op::KnnAttention>(m, knn_attention);
+  op::implement<op::KnnAttentionBackward>(m, knn_attention_backward);
 }
 
 }  // namespace convnn::ops::generic

@@ -113,11 +113,9 @@ void settle_unrankable_rows(const SelectOperands& in, const char* op,
   TORCH_INTERNAL_ASSERT(false, op, ": a block met a NaN or +inf score that the whole matrix lacks");
 }
 
-std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
-                                              int64_t k, c10::string_view similarity_name,
-                                              const c10::optional<at::Tensor>& mask,
-                                              bool index_order) {
-  const auto similarity = checks::check_select_inputs(queries, keys, k, similarity_name, mask);
+std::tuple<at::Tensor, at::Tensor> knn_select_checked(const Similarity& similarity, const at::Tensor& queries,
+                                                      const at::Tensor& keys, int64_t k, c10::string_view,
+                                                      const c10::optional<at::Tensor>& mask, bool index_order) {
   const int64_t g = queries.size(0), n = queries.size(1);
   auto scores = at::empty({g, n, k}, queries.options());
   auto indices = at::empty({g, n, k}, queries.options().dtype(at::kLong));
@@ -132,14 +130,11 @@ std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const a
   return {scores, indices};
 }
 
-std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_scores,
-                                                       const at::Tensor& queries,
-                                                       const at::Tensor& keys,
-                                                       const at::Tensor& indices,
-                                                       const at::Tensor& scores,
-                                                       c10::string_view similarity_name) {
-  const auto similarity = checks::check_select_backward_inputs(grad_scores, queries, keys, indices,
-                                                               scores, similarity_name);
+std::tuple<at::Tensor, at::Tensor> knn_select_backward_checked(const Similarity& similarity,
+                                                               const at::Tensor& grad_scores,
+                                                               const at::Tensor& queries, const at::Tensor& keys,
+                                                               const at::Tensor& indices, const at::Tensor& scores,
+                                                               c10::string_view) {
   // Masked slots have a constant score (-inf): no gradient flows through them.
   const auto live = grad_scores.masked_fill(at::isneginf(scores), 0).unsqueeze(-1);  // [G,N,K,1]
   // Per block of query rows, so that the per-slot [rows,K,D] tensors (the gathered keys, the pair
@@ -165,8 +160,8 @@ std::tuple<at::Tensor, at::Tensor> knn_select_backward(const at::Tensor& grad_sc
 }
 
 TORCH_LIBRARY_IMPL(convnn, CompositeExplicitAutograd, m) {
-  m.impl("knn_select", &knn_select);
-  m.impl("knn_select_backward", &knn_select_backward);
+  op::implement<op::KnnSelect>(m, knn_select);
+  op::implement<op::KnnSelectBackward>(m, knn_select_backward);
 }
 
 }  // namespace convnn::ops::generic

@@ -10,19 +10,15 @@ namespace {
 
 at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
                          const at::Tensor& indices, const at::Tensor& kernel,
-                         const c10::optional<at::Tensor>& bias) {
-  checks::check_aggregate_inputs(values, weights, indices, kernel, bias, "knn_aggregate",
-                                 kShapesOnly);
+                         const c10::optional<at::Tensor>&) {
   return at::empty_symint({values.sym_size(0), weights.sym_size(1),
                            checks::output_channels_symint(values, kernel)},
                           values.options());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward(
-    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+    const at::Tensor&, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
-  checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel,
-                                          "knn_aggregate_backward", kShapesOnly);
   const auto& o = values.options();
   return {empty_if(output_mask[0], values.sym_sizes(), o),
           empty_if(output_mask[1], weights.sym_sizes(), o),
@@ -33,8 +29,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backwar
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, Meta, m) {
-  m.impl("knn_aggregate", &knn_aggregate);
-  m.impl("knn_aggregate_backward", &knn_aggregate_backward);
+  implement_meta<op::KnnAggregate, &knn_aggregate>(m);
+  implement_meta<op::KnnAggregateBackward, &knn_aggregate_backward>(m);
 }
 
 }  // namespace convnn::meta

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "ops/checks.h"
+#include "ops/op_signatures.h"
 #include "ops/cuda/triton/aggregate_launches.h"
 #include "ops/cuda/triton/path_choice.h"
 #include "ops/generic/generic.h"
@@ -33,10 +34,9 @@ PathChoice aggregate_path(const char* op, const at::Tensor& values, const at::Te
 
 at::Tensor cuda_aggregate(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
                           const at::Tensor& kernel, const c10::optional<at::Tensor>& bias) {
-  checks::check_aggregate_inputs(values, weights, indices, kernel, bias);
   const at::Tensor bias_tensor = bias.has_value() ? *bias : at::Tensor();
   const auto path = aggregate_path("knn_aggregate", values, weights, kernel, {weights, indices, kernel, bias_tensor});
-  if (!path.fused()) return generic::knn_aggregate(values, weights, indices, kernel, bias);
+  if (!path.fused()) return generic::knn_aggregate_checked(values, weights, indices, kernel, bias);
   const c10::OptionalDeviceGuard device(values.device());
   return aggregate_forward(values.contiguous(), weights.contiguous(), indices.contiguous(), kernel.contiguous(),
                            bias_tensor.defined() ? bias_tensor.contiguous() : bias_tensor, path.run);
@@ -45,10 +45,11 @@ at::Tensor cuda_aggregate(const at::Tensor& values, const at::Tensor& weights, c
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
     const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
-  checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
   const auto path =
       aggregate_path("knn_aggregate_backward", values, weights, kernel, {grad_output, weights, indices, kernel});
-  if (!path.fused()) return generic::knn_aggregate_backward(grad_output, values, weights, indices, kernel, output_mask);
+  if (!path.fused()) {
+    return generic::knn_aggregate_backward_checked(grad_output, values, weights, indices, kernel, output_mask);
+  }
   const c10::OptionalDeviceGuard device(values.device());
   return aggregate_backward(grad_output.contiguous(), values.contiguous(), weights.contiguous(),
                             indices.contiguous(), kernel.contiguous(), output_mask, path.run);
@@ -57,8 +58,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_aggregate_backwa
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
-  m.impl("knn_aggregate", &cuda_aggregate);
-  m.impl("knn_aggregate_backward", &cuda_aggregate_backward);
+  op::implement_checked<op::KnnAggregate, &cuda_aggregate>(m);
+  op::implement_checked<op::KnnAggregateBackward, &cuda_aggregate_backward>(m);
 }
 
 }  // namespace convnn::ops::cuda::triton

@@ -14,19 +14,18 @@
 #include <vector>
 
 #include "ops/checks.h"
+#include "ops/op_signatures.h"
 #include "ops/cuda/triton/attention_launches.h"
 #include "ops/cuda/triton/path_choice.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
 
-std::vector<at::Tensor> cuda_attention_fused(const at::Tensor& queries, const at::Tensor& keys,
-                                             const at::Tensor& values, const at::Tensor& kernel,
-                                             const c10::optional<at::Tensor>& bias, int64_t k,
-                                             c10::string_view similarity_name, const c10::optional<at::Tensor>& mask,
-                                             bool index_order, c10::string_view rho_name, double temperature) {
-  const auto checked = checks::check_attention_inputs(queries, keys, values, kernel, bias, k, similarity_name, mask,
-                                                      rho_name, temperature);
+std::vector<at::Tensor> cuda_attention_fused(const checks::AttentionChecked& checked, const at::Tensor& queries,
+                                             const at::Tensor& keys, const at::Tensor& values,
+                                             const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                                             int64_t k, c10::string_view, const c10::optional<at::Tensor>& mask,
+                                             bool index_order, c10::string_view, double temperature) {
   const at::Tensor mask_tensor = mask.has_value() ? *mask : at::Tensor();
   const at::Tensor bias_tensor = bias.has_value() ? *bias : at::Tensor();
   const auto path = PathRules(queries, {keys, values, kernel, bias_tensor, mask_tensor})
@@ -48,7 +47,6 @@ std::vector<at::Tensor> cuda_attention_fused(const at::Tensor& queries, const at
 std::vector<at::Tensor> cuda_softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values,
                                                      const at::Tensor& weights, const at::Tensor& indices,
                                                      const at::Tensor& kernel, double temperature) {
-  checks::check_aggregate_backward_inputs(grad_output, values, weights, indices, kernel);
   const auto path = PathRules(values, {grad_output, weights, indices, kernel})
                         .require(scores_gradient_fits(grad_output, values, weights, kernel),
                                  "a standard kernel, K above 64 or a size past 32 bits (the softmax scores gradient "
@@ -61,15 +59,12 @@ std::vector<at::Tensor> cuda_softmax_scores_gradient(const at::Tensor& grad_outp
                                   indices.contiguous(), kernel.contiguous(), temperature, path.run)};
 }
 
-std::vector<at::Tensor> cuda_attention_backward_fused(const at::Tensor& grad_output, const at::Tensor& queries,
+std::vector<at::Tensor> cuda_attention_backward_fused(const checks::AttentionChecked& checked,
+                                                      const at::Tensor& grad_output, const at::Tensor& queries,
                                                       const at::Tensor& keys, const at::Tensor& values,
                                                       const at::Tensor& kernel, const at::Tensor& scores,
                                                       const at::Tensor& indices, const at::Tensor& weights,
-                                                      c10::string_view similarity_name, c10::string_view rho_name,
-                                                      double temperature) {
-  const auto checked = checks::check_attention_backward_inputs(grad_output, queries, keys, values, kernel, scores,
-                                                               indices, weights, similarity_name, rho_name,
-                                                               temperature);
+                                                      c10::string_view, c10::string_view, double temperature) {
   const auto path =
       PathRules(queries, {grad_output, keys, values, kernel, scores, indices, weights})
           .require(attention_backward_fits(queries, keys, values, kernel, scores, checked.similarity, checked.rho),
@@ -86,9 +81,9 @@ std::vector<at::Tensor> cuda_attention_backward_fused(const at::Tensor& grad_out
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
-  m.impl("knn_attention_device_fused", &cuda_attention_fused);
-  m.impl("knn_attention_softmax_scores_gradient_device_fused", &cuda_softmax_scores_gradient);
-  m.impl("knn_attention_backward_device_fused", &cuda_attention_backward_fused);
+  op::implement_checked<op::KnnAttentionDeviceFused, &cuda_attention_fused>(m);
+  op::implement_checked<op::KnnAttentionSoftmaxScoresGradientDeviceFused, &cuda_softmax_scores_gradient>(m);
+  op::implement_checked<op::KnnAttentionBackwardDeviceFused, &cuda_attention_backward_fused>(m);
 }
 
 }  // namespace convnn::ops::cuda::triton

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "ops/checks.h"
+#include "ops/op_signatures.h"
 #include "ops/cuda/triton/path_choice.h"
 #include "ops/cuda/triton/select_launches.h"
 #include "ops/generic/generic.h"
@@ -21,25 +22,25 @@ namespace {
 
 constexpr const char* kTooWide = "K, a size or a grid past the select kernels' limits (K <= 64, 32-bit sizes)";
 
-std::tuple<at::Tensor, at::Tensor> cuda_select(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
-                                               c10::string_view similarity_name,
+std::tuple<at::Tensor, at::Tensor> cuda_select(const Similarity& similarity, const at::Tensor& queries,
+                                               const at::Tensor& keys, int64_t k, c10::string_view similarity_name,
                                                const c10::optional<at::Tensor>& mask, bool index_order) {
-  const auto similarity = checks::check_select_inputs(queries, keys, k, similarity_name, mask);
   const at::Tensor mask_tensor = mask.has_value() ? *mask : at::Tensor();
   const auto path = PathRules(queries, {keys, mask_tensor})
                         .require(!device_value_checks(), "CONVNN_DEVICE_VALUE_CHECKS=1")
                         .require(select_fits(queries, keys, k), kTooWide)
                         .choose("knn_select", "select", select_kernel_keys());
-  if (!path.fused()) return generic::knn_select(queries, keys, k, similarity_name, mask, index_order);
+  if (!path.fused()) {
+    return generic::knn_select_checked(similarity, queries, keys, k, similarity_name, mask, index_order);
+  }
   const c10::OptionalDeviceGuard device(queries.device());
   return select_forward(queries.contiguous(), keys.contiguous(), k, similarity, mask_tensor, index_order, path.run);
 }
 
-std::tuple<at::Tensor, at::Tensor> cuda_select_backward(const at::Tensor& grad_scores, const at::Tensor& queries,
-                                                        const at::Tensor& keys, const at::Tensor& indices,
-                                                        const at::Tensor& scores, c10::string_view similarity_name) {
-  const auto similarity =
-      checks::check_select_backward_inputs(grad_scores, queries, keys, indices, scores, similarity_name);
+std::tuple<at::Tensor, at::Tensor> cuda_select_backward(const Similarity& similarity, const at::Tensor& grad_scores,
+                                                        const at::Tensor& queries, const at::Tensor& keys,
+                                                        const at::Tensor& indices, const at::Tensor& scores,
+                                                        c10::string_view similarity_name) {
   const int64_t k = indices.size(2);
   // The dot products go through the aggregation kernels: their limits and kernels too.
   const auto ones_like_kernel = at::empty({queries.size(2), k}, queries.options().device(at::kMeta));
@@ -51,7 +52,8 @@ std::tuple<at::Tensor, at::Tensor> cuda_select_backward(const at::Tensor& grad_s
   const auto path = rules.choose("knn_select_backward", std::string("select backward ") + c10::toString(dtype),
                                  select_backward_kernel_keys(dtype));
   if (!path.fused()) {
-    return generic::knn_select_backward(grad_scores, queries, keys, indices, scores, similarity_name);
+    return generic::knn_select_backward_checked(similarity, grad_scores, queries, keys, indices, scores,
+                                                similarity_name);
   }
   const c10::OptionalDeviceGuard device(queries.device());
   return select_backward(grad_scores.contiguous(), queries.contiguous(), keys.contiguous(), indices.contiguous(),
@@ -61,8 +63,8 @@ std::tuple<at::Tensor, at::Tensor> cuda_select_backward(const at::Tensor& grad_s
 }  // namespace
 
 TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
-  m.impl("knn_select", &cuda_select);
-  m.impl("knn_select_backward", &cuda_select_backward);
+  op::implement_checked<op::KnnSelect, &cuda_select>(m);
+  op::implement_checked<op::KnnSelectBackward, &cuda_select_backward>(m);
 }
 
 }  // namespace convnn::ops::cuda::triton
