@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -24,11 +25,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The families of image classifiers, which the grid has cells for (the language models train on
-// text: scripts/lm-results.sh compares them).
+// The families the grid has cells for: the image classifiers of the family table (the language
+// models train on text: scripts/lm-results.sh compares them).
 const std::vector<std::string>& image_families() {
-  static const std::vector<std::string> families{models::to_string(models::ModelFamily::ResNet),
-                                                 models::to_string(models::ModelFamily::ViT)};
+  static const std::vector<std::string> families = [] {
+    std::vector<std::string> names;
+    for (const auto& row : models::model_families()) {
+      if (row.image_classifier) names.emplace_back(row.name);
+    }
+    return names;
+  }();
   return families;
 }
 
@@ -40,6 +46,7 @@ struct CompareArgs {
   std::vector<std::string> families = image_families();
   std::string vit_model = "vit_tiny";
   int64_t vit_patch = 4, vit_depth = 4, vit_embed_dim = 96, vit_heads = 3;
+  bool dry_run = false;
 };
 
 struct Cell {
@@ -55,49 +62,60 @@ std::string cell_name(const Cell& c) {
   return name;
 }
 
+// A family's starting config: the training options', and for the ViTs the preset and sizes of the
+// --vit-* options.
+train::TrainConfig family_base(const CompareArgs& a, const models::ModelFamilyRow& row) {
+  train::TrainConfig base = a.base.config;
+  if (row.family != models::ModelFamily::ViT) return base;
+  base.model = a.vit_model;
+  base.model_config = models::ModelConfig{};
+  base.model_config.vit.patch_size = a.vit_patch;
+  base.model_config.vit.depth = a.vit_depth;
+  base.model_config.vit.embed_dim = a.vit_embed_dim;
+  base.model_config.vit.num_heads = a.vit_heads;
+  return base;
+}
+
+// `config` with options set by name, through the flat JSON that names them (the family row's
+// names: its layer option, its ConvNN-only options).
+models::ModelConfig with_options(const models::ModelConfig& config, const nlohmann::json& options) {
+  nlohmann::json json = config;
+  json.update(options);
+  return json.get<models::ModelConfig>();
+}
+
+// Per image family: its layer without ConvNN, then each ConvNN layer at every K, on all candidates
+// and, where the family's row asks for it, on random ones.
 std::vector<Cell> grid(const CompareArgs& a) {
   std::vector<Cell> cells;
-  const auto has = [&](const std::string& f) {
-    return std::find(a.families.begin(), a.families.end(), f) != a.families.end();
-  };
-  if (has("resnet")) {
-    Cell conv{"resnet", "conv", "", 0, a.base.config};
-    conv.config.model_config.resnet.layer = models::ResNetLayer::Conv;
-    // The baseline uses none of ConvNN's options: their values of the grid would be refused.
-    conv.config.model_config.convnn = models::ConvNNConfig{};
-    conv.config.model_config.resnet.padding = models::ResNetConfig{}.padding;
-    cells.push_back(conv);
-    for (const auto layer : {models::ResNetLayer::ConvNN, models::ResNetLayer::Branching}) {
+  for (const auto& row : models::model_families()) {
+    if (!row.image_classifier ||
+        std::find(a.families.begin(), a.families.end(), row.name) == a.families.end()) {
+      continue;
+    }
+    const auto base = family_base(a, row);
+    Cell baseline{row.name, row.baseline_layer, "", 0, base};
+    // The baseline uses none of ConvNN's options: the grid's values of them would be refused.
+    nlohmann::json baseline_options = {{row.layer_option, row.baseline_layer}};
+    const nlohmann::json defaults = models::ModelConfig{};
+    for (const auto& [option, what] : row.convnn_only_options) baseline_options[option] = defaults.at(option);
+    baseline.config.model_config = with_options(base.model_config, baseline_options);
+    baseline.config.model_config.convnn = models::ConvNNConfig{};
+    cells.push_back(baseline);
+    const std::vector<bool> random_candidates =
+        row.compare_random_candidates ? std::vector<bool>{false, true} : std::vector<bool>{false};
+    for (const auto& layer : row.convnn_layers) {
       for (const int64_t k : a.ks) {
-        for (const bool random : {false, true}) {
-          Cell cell{"resnet", models::to_string(layer), random ? fmt::format("r{}", a.random_candidates) : "all",
-                    k, a.base.config};
-          cell.config.model_config.resnet.layer = layer;
-          cell.config.model_config.resnet.lambda = 0.5;
+        for (const bool random : random_candidates) {
+          const auto candidates = !row.compare_random_candidates ? ""
+                                  : random                       ? fmt::format("r{}", a.random_candidates)
+                                                                 : "all";
+          Cell cell{row.name, layer, candidates, k, base};
+          cell.config.model_config = with_options(base.model_config, {{row.layer_option, layer}});
           cell.config.model_config.convnn.k = k;
           cell.config.model_config.convnn.num_candidates = random ? a.random_candidates : 0;
           cells.push_back(cell);
         }
-      }
-    }
-  }
-  if (has("vit")) {
-    train::TrainConfig vit = a.base.config;
-    vit.model = a.vit_model;
-    vit.model_config = models::ModelConfig{};
-    vit.model_config.vit.patch_size = a.vit_patch;
-    vit.model_config.vit.depth = a.vit_depth;
-    vit.model_config.vit.embed_dim = a.vit_embed_dim;
-    vit.model_config.vit.num_heads = a.vit_heads;
-    Cell mhsa{"vit", "mhsa", "", 0, vit};
-    mhsa.config.model_config.convnn = models::ConvNNConfig{};
-    cells.push_back(mhsa);
-    for (const int64_t k : a.ks) {
-      for (const auto attention : {models::ViTAttention::KVT, models::ViTAttention::ConvNN}) {
-        Cell cell{"vit", models::to_string(attention), "", k, vit};
-        cell.config.model_config.vit.attention = attention;
-        cell.config.model_config.convnn.k = k;
-        cells.push_back(cell);
       }
     }
   }
@@ -169,6 +187,11 @@ int run_compare(CompareArgs& a, const std::string& command) {
   const auto cells = grid(a);
   // A bad cell fails now rather than after the cells before it have trained.
   for (const auto& cell : cells) train::validate(cell.config);
+  if (a.dry_run) {
+    fmt::print("{} cells x {} seeds:\n", cells.size(), a.seeds.size());
+    for (const auto& cell : cells) fmt::print("  {} ({})\n", cell_name(cell), cell.config.model);
+    return 0;
+  }
   fs::create_directories(root);
   std::vector<CellResult> results;
   fmt::print("{} cells x {} seeds into {} on {}\n", cells.size(), a.seeds.size(), root.string(),
@@ -245,6 +268,7 @@ Command add_compare_command(CLI::App& app) {
       ->group("Compare");
   sub->add_option("--families", args->families, "Model families to compare (comma-separated)")
       ->delimiter(',')->check(CLI::IsMember(image_families()))->group("Compare");
+  sub->add_flag("--dry-run", args->dry_run, "List the cells (checked) and train none")->group("Compare");
   sub->add_option("--vit-model", args->vit_model, "ViT preset of the attention cells")
       ->check(CLI::IsMember(models::model_names(models::ModelFamily::ViT)))
       ->group("Compare");

@@ -631,9 +631,20 @@ def _require_models():
 
 def model_table() -> typing.List[typing.Dict[str, typing.Any]]:
     """The C++ registry's rows, in order (what `convnn info --list --json` prints): dicts with the
-    model's name, its family ("resnet" or "vit") and its preset (the sizes the name stands for)."""
+    model's name, its family (a name of model_family_table()) and its preset (the sizes the name
+    stands for)."""
     _require_models()
     return json.loads(_ops.model_table())
+
+
+def model_family_table() -> typing.List[typing.Dict[str, typing.Any]]:
+    """The C++ family rows, in order: dicts with the family's name and title, its own options, the
+    option that picks its layer (its value without ConvNN, its ConvNN values), whether it is an
+    image classifier (`convnn compare` has cells for it, on random candidates too where
+    compare_random_candidates), and how timm lists it ("timm": variants, out_indices, first_conv, classifier,
+    feature_map, dynamic_img_size; None for a family timm does not list)."""
+    _require_models()
+    return json.loads(_ops.model_family_table())
 
 
 def model_names() -> typing.List[str]:

@@ -1,8 +1,9 @@
 """The convnn models in timm's model registry, registered when timm is installed (`import convnn`
 does it): timm.create_model("convnn_vit_tiny_patch4", num_classes=10) and friends.
 
-The names come from the C++ registry's table (convnn.models.model_table(), which `convnn info
---list` prints), by family:
+The names come from the C++ registry's tables (convnn.models.model_table(), which `convnn info
+--list` prints, and the family rows of convnn.models.model_family_table(), which say how timm lists
+each family: its name suffixes and their defaults, its feature taps and timm config), by family:
 
   ViT     convnn_<name>_patch{4,16}  with ConvNN attention (K = 9 by default); patch 4 for 32 px
                                      images, patch 16 for 224 px (convnn_vit_large_patch16, ...)
@@ -28,13 +29,6 @@ from . import _library, models
 
 _TIMM_ARGUMENTS = {"in_chans": "in_channels", "img_size": "image_size", "drop_rate": "dropout",
                    "drop_path_rate": "drop_path"}
-# What each family of the C++ table becomes in timm: name suffix -> the defaults of that variant. A
-# family without an entry (the language models) is not registered.
-_VARIANTS = {
-    "vit": {f"_patch{patch}": dict(attention="convnn", patch_size=patch, image_size=32 if patch == 4 else 224)
-            for patch in (4, 16)},
-    "resnet": {"": dict(layer="branching")},
-}
 def _feature_getter():
     from timm.models._features import FeatureGetterNet
     return FeatureGetterNet
@@ -52,34 +46,39 @@ def _feature_graph():
 
 # timm's features_only wrappers by feature_cls: the same classes timm's build_model_with_cfg picks.
 _FEATURE_CLASSES = {"getter": _feature_getter, "hook": _feature_hooks, "fx": _feature_graph}
-# timm's default feature taps: every ResNet stage (stem included), the last 3 ViT blocks.
-_DEFAULT_OUT_INDICES = {"resnet": (0, 1, 2, 3, 4), "vit": 3}
+@functools.lru_cache(maxsize=None)
+def _timm_listings():
+    """family name -> how timm lists it (the C++ family table's "timm" object: variants, out_indices,
+    first_conv, classifier, feature_map, dynamic_img_size); families without one are not listed."""
+    return {row["name"]: row["timm"] for row in models.model_family_table() if row["timm"] is not None}
 
 
 @functools.lru_cache(maxsize=None)
 def timm_models():
-    """timm name -> (registry model, its family, the variant's defaults), from the C++ table."""
+    """timm name -> (registry model, its family's timm listing, the variant's defaults), from the C++
+    tables."""
     if not _library.has_models():
         return {}
-    return {f"convnn_{row['name']}{suffix}": (row["name"], row["family"], defaults)
-            for row in models.model_table() for suffix, defaults in _VARIANTS.get(row["family"], {}).items()}
+    listings = _timm_listings()
+    return {f"convnn_{row['name']}{suffix}": (row["name"], listings[row["family"]], defaults)
+            for row in models.model_table() if row["family"] in listings
+            for suffix, defaults in listings[row["family"]]["variants"].items()}
 
 
-def _default_cfg(family, defaults):
+def _default_cfg(listing, defaults):
     """timm's default config of a model: its input size and class count (no weights to fetch)."""
     size = defaults.get("image_size", 224)
-    vit = family == "vit"
     return {"url": "", "num_classes": 1000, "input_size": (3, size, size), "pool_size": None,
             "crop_pct": 1.0 if size <= 32 else 0.875, "interpolation": "bicubic",
             "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "patch_embed" if vit else "conv1", "classifier": "head" if vit else "fc"}
+            "first_conv": listing["first_conv"], "classifier": listing["classifier"]}
 
 
-def _pool_size(model, family, image_size):
-    """forward_features's spatial size at input_size, as timm's CNN configs give it (None for a ViT,
-    whose features are tokens, as timm's own ViT configs): the last stage's reduction rounded up,
-    since every stride-2 step of the ResNets (3x3 or 1x1 kernels, padding 1 or 0) rounds up."""
-    if family != "resnet":
+def _pool_size(model, listing, image_size):
+    """forward_features's spatial size at input_size, as timm's CNN configs give it (None where the
+    features are tokens, as timm's own ViT configs): the last stage's reduction rounded up, since
+    every stride-2 step of the ResNets (3x3 or 1x1 kernels, padding 1 or 0) rounds up."""
+    if not listing["feature_map"]:
         return None
     side = -(-image_size // model.feature_info[-1]["reduction"])
     return (side, side)
@@ -92,10 +91,11 @@ default_cfgs = {}
 def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=None, **kwargs):
     if pretrained:
         raise ValueError(f"{name}: convnn has no pretrained weights; use pretrained=False")
-    model_name, family, defaults = timm_models()[name]
+    model_name, listing, defaults = timm_models()[name]
     features_only = kwargs.pop("features_only", False)
     if features_only:
-        out_indices = kwargs.pop("out_indices", _DEFAULT_OUT_INDICES[family])
+        out_indices = kwargs.pop("out_indices", listing["out_indices"])
+        out_indices = tuple(out_indices) if isinstance(out_indices, list) else out_indices
         feature_cls = kwargs.pop("feature_cls", "getter")
         if feature_cls not in _FEATURE_CLASSES:
             raise ValueError(f"{name}: features_only takes feature_cls 'getter' (timm's FeatureGetterNet over "
@@ -103,7 +103,7 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
                              f"feature_info modules) or 'fx' (FeatureGraphNet), got feature_cls={feature_cls!r}")
     global_pool = kwargs.pop("global_pool", None)
     dynamic_img_size = kwargs.pop("dynamic_img_size", False)
-    if dynamic_img_size and family != "vit":
+    if dynamic_img_size and not listing["dynamic_img_size"]:
         raise ValueError(f"{name}: dynamic_img_size is a ViT option (a ResNet takes any image size as it is)")
     options = dict(defaults)
     for key, value in kwargs.items():
@@ -112,7 +112,7 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
     model = models.create_model(model_name, **options)
     if global_pool is not None:
         model.reset_classifier(model.num_classes, global_pool)
-    if family == "vit":
+    if listing["dynamic_img_size"]:
         model.dynamic_img_size = bool(dynamic_img_size)
     cfg = dict(default_cfgs[name])
     if pretrained_cfg is not None:
@@ -120,7 +120,7 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
     cfg.update(pretrained_cfg_overlay or {})
     image_size, channels = options.get("image_size", 224), options.get("in_channels", 3)
     cfg.update(num_classes=options.get("num_classes", 1000), input_size=(channels, image_size, image_size),
-               pool_size=_pool_size(model, family, image_size))
+               pool_size=_pool_size(model, listing, image_size))
     model.pretrained_cfg = model.default_cfg = cfg
     if features_only:
         model = _FEATURE_CLASSES[feature_cls]()(model, out_indices=out_indices)
@@ -136,7 +136,7 @@ def register():
     except ImportError:
         return False
     entries = timm_models()
-    default_cfgs.update({name: _default_cfg(family, defaults) for name, (_, family, defaults) in entries.items()})
+    default_cfgs.update({name: _default_cfg(listing, defaults) for name, (_, listing, defaults) in entries.items()})
     for name in entries:
         function = functools.partial(_create, name)
         function.__name__ = name

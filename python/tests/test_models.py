@@ -143,6 +143,33 @@ def test_the_cpp_table_is_the_one_list_of_models():
     assert choices["--families"] == {row["family"] for row in table} - {"lm"}
 
 
+def test_compares_grid_and_timms_listing_follow_the_family_rows(tmp_path):
+    """`convnn compare`'s cells are each image family's layer without ConvNN, then its ConvNN layers
+    at every K (on random candidates too where the row says so), as the C++ family rows list them;
+    timm lists exactly the rows with a timm listing, under their suffixes."""
+    from cli_support import make_data_set
+
+    families = models.model_family_table()
+    assert [row["name"] for row in families] == ["resnet", "vit", "lm"]
+    image = [row for row in families if row["image_classifier"]]
+    assert [row["name"] for row in image] == [row["name"] for row in families if row["timm"] is not None]
+    data = make_data_set(tmp_path)
+    listed = run_cli("compare", "--dry-run", "--families", ",".join(row["name"] for row in image), "--ks", "4,9",
+                     "--random-candidates", "16", "--data-dir", str(data), "--output", str(tmp_path / "runs"))
+    cells = [line.split()[0] for line in listed.splitlines()[1:]]
+    expected = []
+    for row in image:
+        expected.append(f"{row['name']}-{row['baseline_layer']}")
+        for layer in row["convnn_layers"]:
+            for k in (4, 9):
+                if row["compare_random_candidates"]:
+                    expected += [f"{row['name']}-{layer}-k{k}-all", f"{row['name']}-{layer}-k{k}-r16"]
+                else:
+                    expected.append(f"{row['name']}-{layer}-k{k}")
+    assert cells == expected
+    assert not (tmp_path / "runs").exists()  # a dry run trains nothing and writes nothing
+
+
 def test_vit_large_is_one_row_with_timms_parameter_count():
     row = next(row for row in models.model_table() if row["name"] == "vit_large")
     assert row == {"name": "vit_large", "family": "vit",

@@ -2,6 +2,7 @@
 //
 //   convnn::model_names()                 the registry's names
 //   convnn::model_table()                 the registry's rows (name, family, preset), as JSON
+//   convnn::model_family_table()          the family rows (names, ConvNN layers, timm's listing), as JSON
 //   convnn::model_config_defaults()       ModelConfig's defaults, as JSON
 //   convnn::model_build(name, config)     the C++ model built once: each module's path, kind and
 //                                         constructor arguments (in registration order), and its
@@ -166,11 +167,14 @@ std::string model_config_defaults() { return json(ModelConfig{}).dump(); }
 
 std::string model_table() { return json(model_entries()).dump(); }
 
+std::string model_family_table() { return json(model_families()).dump(); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("model_names() -> str[]", [] { return model_names(); });
   m.def("model_table() -> str", &model_table);
+  m.def("model_family_table() -> str", &model_family_table);
   m.def("model_config_defaults() -> str", &model_config_defaults);
   m.def("self_attention_step(Tensor queries, Tensor keys, Tensor values, Tensor(a!) cache_keys, "
         "Tensor(b!) cache_values, int[] lengths, int[] counts) -> (Tensor output, int[] lengths)");

@@ -8,113 +8,23 @@
 #include <type_traits>
 #include <utility>
 
-#include "util/enum_names.h"
+#include "models/model_config_fields.h"
+#include "models/model_families.h"
 #include "util/json_fields.h"
 
 namespace convnn::models {
 namespace {
 
-constexpr detail::NameTable<ModelFamily, 3> kFamilies{
-    {{"resnet", ModelFamily::ResNet}, {"vit", ModelFamily::ViT}, {"lm", ModelFamily::LanguageModel}}};
+using namespace model_fields;
 
-// Each part's fields, in the order of its struct: the one list that both JSON directions and the
-// family check follow.
-const auto visit_convnn_fields = [](auto& c, auto&& visit) {
-  visit("k", c.k);
-  visit("num_candidates", c.num_candidates);
-  visit("similarity", c.similarity);
-  visit("rho", c.rho);
-  visit("aggregation", c.aggregation);
+// std::visit over a set of lambdas.
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
 };
-const auto visit_resnet_fields = [](auto& c, auto&& visit) {
-  visit("layer", c.layer);
-  visit("lambda", c.lambda);
-  visit("padding", c.padding);
-  visit("small_stem", c.small_stem);
-  visit("width", c.width);
-  visit("strided_slots", c.strided_slots);
-};
-const auto visit_vit_fields = [](auto& c, auto&& visit) {
-  visit("patch_size", c.patch_size);
-  visit("attention", c.attention);
-  visit("paper", c.paper);
-  visit("position_embedding", c.position_embedding);
-  visit("embed_dim", c.embed_dim);
-  visit("depth", c.depth);
-  visit("num_heads", c.num_heads);
-  visit("mlp_dim", c.mlp_dim);
-  visit("dropout", c.dropout);
-  visit("attention_dropout", c.attention_dropout);
-  visit("drop_path", c.drop_path);
-};
-const auto visit_lm_fields = [](auto& c, auto&& visit) {
-  visit("context", c.context);
-  visit("num_kv_heads", c.num_kv_heads);
-};
-// The model's JSON is flat (the keys of `convnn info` and Python's create_model).
-const auto visit_model_fields = [](auto& c, auto&& visit) {
-  visit("num_classes", c.num_classes);
-  visit("in_channels", c.in_channels);
-  visit("image_size", c.image_size);
-  visit_convnn_fields(c.convnn, visit);
-  visit_resnet_fields(c.resnet, visit);
-  visit_vit_fields(c.vit, visit);
-  visit_lm_fields(c.lm, visit);
-};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
 
-// Enums travel by name (src/util/json_fields.h).
-struct ModelEnums {
-  std::string name(Similarity v) const { return to_string(v); }
-  std::string name(nn::Rho v) const { return nn::to_string(v); }
-  std::string name(nn::Aggregation v) const { return nn::to_string(v); }
-  std::string name(ResNetLayer v) const { return to_string(v); }
-  std::string name(ViTAttention v) const { return to_string(v); }
-  std::string name(PositionEmbedding v) const { return to_string(v); }
-  Similarity parse(const std::string& s, Similarity*) const { return parse_similarity(s); }
-  nn::Rho parse(const std::string& s, nn::Rho*) const { return nn::parse_rho(s); }
-  nn::Aggregation parse(const std::string& s, nn::Aggregation*) const { return nn::parse_aggregation(s); }
-  ResNetLayer parse(const std::string& s, ResNetLayer*) const { return parse_resnet_layer(s); }
-  ViTAttention parse(const std::string& s, ViTAttention*) const { return parse_vit_attention(s); }
-  PositionEmbedding parse(const std::string& s, PositionEmbedding*) const {
-    return parse_position_embedding(s);
-  }
-};
-
-void check_dropout(double p, const char* option) {
-  TORCH_CHECK(p >= 0.0 && p < 1.0, option, " must be in [0, 1), got ", p);
-}
-
-// Options the model does not use keep their defaults: one given is an error rather than silently
-// ignored. Compared as JSON, so that the message names the option; `why` ends it.
-template <typename Part, typename VisitFields>
-void check_unused(const Part& given, VisitFields visit_fields, const std::string& why) {
-  const auto json_given = detail::config_to_json(given, visit_fields, ModelEnums{});
-  const auto json_default = detail::config_to_json(Part{}, visit_fields, ModelEnums{});
-  for (const auto& item : json_default.items()) {
-    const auto& value = json_given.at(item.key());
-    const auto shown = value.is_string() ? value.template get<std::string>() : detail::shown(value);
-    TORCH_CHECK(value == item.value(), item.key(), " = ", shown, " ", why);
-  }
-}
-
-// The other family's options keep their defaults.
-template <typename FamilyConfig, typename VisitFields>
-void check_family_unused(const FamilyConfig& given, VisitFields visit_fields, const std::string& name,
-                         const char* family, const std::string& options_of_name) {
-  check_unused(given, visit_fields,
-               std::string("applies to ") + family + " models only; " + name + "'s own options are " + options_of_name);
-}
-
-// "a, b and c": the options of a family, for messages.
-template <typename FamilyConfig, typename VisitFields>
-std::string option_names(const FamilyConfig& config, VisitFields visit_fields) {
-  std::vector<std::string> keys;
-  visit_fields(config, [&](const char* key, const auto&) { keys.emplace_back(key); });
-  std::string text;
-  for (size_t i = 0; i < keys.size(); ++i)
-    text += (i == 0 ? "" : i + 1 == keys.size() ? " and " : ", ") + keys[i];
-  return text;
-}
 
 // Files written before the options were optional hold 0 for "the preset's".
 nlohmann::json without_legacy_zeros(nlohmann::json json) {
@@ -124,31 +34,6 @@ nlohmann::json without_legacy_zeros(nlohmann::json json) {
       json[key] = nullptr;
   }
   return json;
-}
-
-// The options a language model takes: the ViT's but patch_size and paper, and its own.
-std::string language_option_names() {
-  std::string names;
-  ViTConfig vit;
-  visit_vit_fields(vit, [&](const char* key, const auto&) {
-    if (std::string_view(key) != "patch_size" && std::string_view(key) != "paper") names += std::string(key) + ", ";
-  });
-  return names + option_names(LanguageModelConfig{}, visit_lm_fields);
-}
-
-// A language model reads tokens: the image options and the ViT's image-only ones keep their
-// defaults.
-void check_language_model(const std::string& name, const ModelConfig& c) {
-  const ModelConfig defaults;
-  const auto why = " is not used by " + name + " (a language model reads tokens; its options are " +
-                   language_option_names() + ")";
-  TORCH_CHECK(c.in_channels == defaults.in_channels, "in_channels = ", c.in_channels, why);
-  TORCH_CHECK(c.image_size == defaults.image_size, "image_size = ", c.image_size, why);
-  TORCH_CHECK(c.vit.patch_size == defaults.vit.patch_size, "patch_size = ", c.vit.patch_size, why);
-  TORCH_CHECK(!c.vit.paper, "paper = true", why);
-  TORCH_CHECK(!c.lm.context || *c.lm.context >= 1, "context must be at least 1 (or unset: the preset's), got ",
-              *c.lm.context);
-  TORCH_CHECK(c.lm.num_kv_heads >= 0, "num_kv_heads must be 0 (num_heads) or positive, got ", c.lm.num_kv_heads);
 }
 
 }  // namespace
@@ -164,36 +49,16 @@ void from_json(const nlohmann::json& json, ModelConfig& config) {
 
 namespace {
 
-Model build_resnet(const ModelEntry& entry, const ModelConfig& config) {
-  ResNet net(resnet_options(entry.name, config));
-  Model model(entry.name, config, torch::nn::AnyModule(net),
-              [net](int64_t h, int64_t w) { return net->cost(h, w); });
-  net->check_image_size(config.image_size, config.image_size);
-  return model;
-}
-
-Model build_vit(const ModelEntry& entry, const ModelConfig& config) {
-  VisionTransformer net(vit_options(entry.name, config));
-  return Model(entry.name, config, torch::nn::AnyModule(net),
-               [net](int64_t h, int64_t w) { return net->cost(h, w); });
-}
-
-Model build_language_model(const ModelEntry& entry, const ModelConfig& config) {
-  LanguageModel net(language_model_options(entry.name, config));
-  return Model(entry.name, config, torch::nn::AnyModule(net),
-               [net](int64_t, int64_t) { return net->cost(net->options.context()); });
-}
-
 ModelEntry language_model(std::string name, LanguageModelOptions preset) {
-  return {std::move(name), ModelFamily::LanguageModel, std::move(preset), &build_language_model};
+  return {std::move(name), ModelFamily::LanguageModel, std::move(preset)};
 }
 
 ModelEntry resnet(std::string name, int64_t depth) {
-  return {std::move(name), ModelFamily::ResNet, ResNetOptions(depth), &build_resnet};
+  return {std::move(name), ModelFamily::ResNet, ResNetOptions(depth)};
 }
 
 ModelEntry vit(std::string name, VisionTransformerOptions preset) {
-  return {std::move(name), ModelFamily::ViT, std::move(preset), &build_vit};
+  return {std::move(name), ModelFamily::ViT, std::move(preset)};
 }
 
 // The transformer sizes a ViT or language model takes from ViTConfig over its preset's, checked
@@ -222,19 +87,6 @@ nn::ConvNNAttentionOptions transformer_attention(const ConvNNConfig& v, int64_t 
 }
 
 }  // namespace
-
-const char* to_string(ModelFamily family) { return detail::name_of(kFamilies, family); }
-
-ModelFamily parse_model_family(std::string_view name) { return detail::parse_name(kFamilies, name, "family"); }
-
-const std::vector<std::string>& model_family_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> all;
-    for (const auto& [name, family] : kFamilies) all.emplace_back(name);
-    return all;
-  }();
-  return names;
-}
 
 // Adding a model is adding its row.
 const std::vector<ModelEntry>& model_entries() {
@@ -280,27 +132,26 @@ const ModelEntry& model_entry(const std::string& name) {
 }
 
 void to_json(nlohmann::json& json, const ModelEntry& entry) {
-  nlohmann::json preset;
-  if (const auto* r = std::get_if<ResNetOptions>(&entry.preset)) {
-    preset = {{"depth", r->depth()}};
-  } else if (const auto* v = std::get_if<VisionTransformerOptions>(&entry.preset)) {
-    preset = {{"embed_dim", v->embed_dim()},
-              {"depth", v->depth()},
-              {"num_heads", v->num_heads()},
-              {"mlp_dim", v->mlp_dim() > 0 ? v->mlp_dim() : 4 * v->embed_dim()}};
-  } else {
-    const auto& l = std::get<LanguageModelOptions>(entry.preset);
-    preset = {{"embed_dim", l.embed_dim()},
-              {"depth", l.depth()},
-              {"num_heads", l.num_heads()},
-              {"mlp_dim", l.mlp_dim() > 0 ? l.mlp_dim() : 4 * l.embed_dim()},
-              {"context", l.context()}};
-  }
+  const auto transformer_sizes = [](const auto& o) {
+    return nlohmann::json{{"embed_dim", o.embed_dim()},
+                          {"depth", o.depth()},
+                          {"num_heads", o.num_heads()},
+                          {"mlp_dim", o.mlp_dim() > 0 ? o.mlp_dim() : 4 * o.embed_dim()}};
+  };
+  const auto preset = std::visit(
+      Overloaded{[](const ResNetOptions& r) { return nlohmann::json{{"depth", r.depth()}}; },
+                 [&](const VisionTransformerOptions& v) { return transformer_sizes(v); },
+                 [&](const LanguageModelOptions& l) {
+                   auto sizes = transformer_sizes(l);
+                   sizes["context"] = l.context();
+                   return sizes;
+                 }},
+      entry.preset);
   json = {{"name", entry.name}, {"family", to_string(entry.family)}, {"preset", preset}};
 }
 
 void validate(const std::string& name, const ModelConfig& c) {
-  const auto& entry = model_entry(name);
+  model_entry(name);  // an unknown name first
   TORCH_CHECK(c.num_classes >= 1, "num_classes must be at least 1, got ", c.num_classes);
   TORCH_CHECK(c.in_channels >= 1, "in_channels must be at least 1, got ", c.in_channels);
   TORCH_CHECK(c.image_size >= 1, "image_size must be at least 1, got ", c.image_size);
@@ -309,49 +160,7 @@ void validate(const std::string& name, const ModelConfig& c) {
   TORCH_CHECK(v.num_candidates >= 0, "num_candidates must be 0 (all) or positive, got ", v.num_candidates);
   TORCH_CHECK(v.num_candidates == 0 || v.k <= v.num_candidates, "k = ", v.k,
               " must not exceed num_candidates = ", v.num_candidates, " (k of the r random candidates)");
-  if (entry.family != ModelFamily::LanguageModel) {
-    check_family_unused(c.lm, visit_lm_fields, name, "language",
-                        entry.family == ModelFamily::ResNet ? option_names(ResNetConfig{}, visit_resnet_fields)
-                                                            : option_names(ViTConfig{}, visit_vit_fields));
-  }
-  if (entry.family == ModelFamily::ResNet) {
-    check_family_unused(c.vit, visit_vit_fields, name, "ViT",
-                        option_names(ResNetConfig{}, visit_resnet_fields));
-    const auto& r = c.resnet;
-    TORCH_CHECK(r.lambda >= 0.0 && r.lambda <= 1.0, "lambda must be in [0, 1], got ", r.lambda);
-    TORCH_CHECK(r.padding >= 0, "padding must be non-negative, got ", r.padding);
-    TORCH_CHECK(r.width >= 1, "width must be at least 1, got ", r.width);
-    if (r.layer == ResNetLayer::Conv) {
-      check_unused(v, visit_convnn_fields,
-                   "is not used by " + name + " with layer conv (ConvNN's options apply to layers convnn and branching)");
-      TORCH_CHECK(r.padding == ResNetConfig{}.padding, "padding = ", r.padding, " is not used by ", name,
-                  " with layer conv (it pads ConvNN's search in layers convnn and branching)");
-      TORCH_CHECK(!r.strided_slots, "strided_slots is not used by ", name,
-                  " with layer conv (it gives the stride-2 3x3 convolutions to layers convnn and branching)");
-    }
-    return;
-  }
-  const bool language = entry.family == ModelFamily::LanguageModel;
-  check_family_unused(c.resnet, visit_resnet_fields, name, "ResNet",
-                      language ? language_option_names() : option_names(ViTConfig{}, visit_vit_fields));
-  const auto& t = c.vit;
-  if (language) check_language_model(name, c);
-  if (t.attention == ViTAttention::MHSA) {
-    check_unused(v, visit_convnn_fields,
-                 "is not used by " + name + " with attention mhsa (ConvNN's options apply to attention convnn and kvt)");
-  }
-  check_dropout(t.dropout, "dropout");
-  check_dropout(t.attention_dropout, "attention_dropout");
-  check_dropout(t.drop_path, "drop_path");
-  if (!language) {
-    TORCH_CHECK(t.patch_size >= 1, "patch_size must be at least 1, got ", t.patch_size);
-    TORCH_CHECK(c.image_size % t.patch_size == 0, "image_size = ", c.image_size,
-                " must be a multiple of patch_size = ", t.patch_size);
-  }
-  for (const auto& [option, value] : {std::pair{"embed_dim", t.embed_dim}, std::pair{"depth", t.depth},
-                                      std::pair{"num_heads", t.num_heads}, std::pair{"mlp_dim", t.mlp_dim}}) {
-    TORCH_CHECK(!value || *value >= 1, option, " must be at least 1 (or unset: the preset's), got ", *value);
-  }
+  check_family_options(name, c);
 }
 
 ResNetOptions resnet_options(const std::string& name, const ModelConfig& c) {
@@ -438,7 +247,7 @@ int64_t Model::parameter_count() const {
 
 Model build_model(const std::string& name, const ModelConfig& config) {
   const auto& entry = model_entry(name);
-  return entry.build(entry, config);
+  return model_family(entry.family).build(entry, config);
 }
 
 }  // namespace convnn::models

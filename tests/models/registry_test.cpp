@@ -323,6 +323,61 @@ TEST(Registry, IsOneTableOfNamedRows) {
   expect_error_mentions([] { parse_model_family("convnext"); }, {"family", "resnet, vit", "convnext"});
 }
 
+// A family is one row: its names, the parts it reads, its layer without ConvNN (which refuses
+// ConvNN's options and the family's options for its ConvNN layers), its builder and timm's listing
+// all come from model_families(), for every family alike.
+TEST(Registry, EachFamilyIsOneRowThatItsRulesBuildersAndListingsFollow) {
+  const auto& rows = model_families();
+  std::vector<std::string> names;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    SCOPED_TRACE(row.name);
+    names.emplace_back(row.name);
+    EXPECT_EQ(static_cast<size_t>(row.family), i);
+    EXPECT_EQ(&model_family(row.family), &row);
+    EXPECT_EQ(parse_model_family(row.name), row.family);
+    const auto family_models = model_names(row.family);
+    ASSERT_FALSE(family_models.empty());
+    const auto& model = family_models.front();
+    // A family's layer without ConvNN refuses a ConvNN option and each ConvNN-only option by name.
+    const nlohmann::json defaults = ModelConfig{};
+    nlohmann::json baseline = defaults;
+    baseline[row.layer_option] = row.baseline_layer;
+    baseline["k"] = 5;
+    expect_error_mentions([&] { validate(model, baseline.get<ModelConfig>()); },
+                          {"k = 5 is not used by " + model + " with " + row.layer_option + " " + row.baseline_layer});
+    for (const auto& [option, what] : row.convnn_only_options) {
+      nlohmann::json given = defaults;
+      given[row.layer_option] = row.baseline_layer;
+      given[option] = defaults.at(option).is_boolean() ? nlohmann::json(true) : nlohmann::json(7);
+      expect_error_mentions([&] { validate(model, given.get<ModelConfig>()); },
+                            {option + " = ", "is not used by " + model, what});
+    }
+    // Each ConvNN layer takes ConvNN's options.
+    for (const auto& layer : row.convnn_layers) {
+      nlohmann::json given = defaults;
+      given[row.layer_option] = layer;
+      given["k"] = 5;
+      EXPECT_NO_THROW(validate(model, given.get<ModelConfig>())) << layer;
+    }
+    // timm lists the image classifiers, each variant's defaults a valid config of the family's models.
+    const nlohmann::json json = row;
+    EXPECT_EQ(json.at("name"), row.name);
+    EXPECT_EQ(json.at("timm").is_null(), !row.image_classifier);
+    if (!row.image_classifier) continue;
+    ASSERT_FALSE(json.at("timm").at("variants").empty());
+    for (const auto& [suffix, variant] : json.at("timm").at("variants").items()) {
+      nlohmann::json given = defaults;
+      given.update(variant);
+      EXPECT_NO_THROW(validate(model, given.get<ModelConfig>())) << suffix;
+    }
+    for (const char* key : {"out_indices", "first_conv", "classifier", "feature_map", "dynamic_img_size"}) {
+      EXPECT_TRUE(json.at("timm").contains(key)) << key;
+    }
+  }
+  EXPECT_EQ(names, model_family_names());
+}
+
 // vit_large is one row: ViT-L/16 with plain attention at 224 px and 1000 classes has the parameters
 // of timm's vit_large_patch16_224.
 TEST(Registry, VitLargeHasTimmsParameterCount) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -91,17 +92,59 @@ ModelFamily parse_model_family(std::string_view name);
 const std::vector<std::string>& model_family_names();
 
 class Model;
+struct ModelEntry;
 
-/// One row of the registry, as timm's model entrypoints: a name, its family, the architecture the
-/// name stands for (its default config, on which a ModelConfig's options apply) and its builder.
+/// A family, one row of model_families(): everything the library, the command line and the
+/// Python package know of it. Validation, the builders, timm's names (python/convnn/timm_models.py
+/// reads model_family_table()) and `convnn compare`'s grid follow the rows, so a new family is a
+/// row (with its preset's options type and, if it has options of its own, a ModelConfig part).
+struct ModelFamilyRow {
+  ModelFamily family;
+  /// "resnet", as options and JSON name it; "ResNet", as messages do ("applies to ResNet models").
+  const char* name;
+  const char* title;
+  /// The parts of ModelConfig it reads; the others must keep their defaults.
+  bool reads_resnet, reads_vit, reads_lm;
+  /// Its own options, as messages list them ("layer, lambda, padding, ...").
+  std::string (*own_options)();
+  /// Its rules beyond those of every model and the unread parts (c10::Error naming the option).
+  void (*check)(const std::string& name, const ModelConfig& config);
+  /// Builds the model `entry` names with a config (validated first).
+  Model (*build)(const ModelEntry& entry, const ModelConfig& config);
+  /// The option that picks its layer ("layer"), that option's value without ConvNN ("conv"), which
+  /// refuses ConvNN's options, and its ConvNN values in the order `convnn compare` trains them.
+  const char* layer_option;
+  const char* baseline_layer;
+  std::vector<std::string> convnn_layers;
+  /// Options of its own that only its ConvNN layers read, each with what it does there.
+  std::vector<std::pair<std::string, std::string>> convnn_only_options;
+  /// An image classifier: timm lists it and `convnn compare` has cells for it (the language
+  /// models read tokens).
+  bool image_classifier;
+  /// `convnn compare` also trains its ConvNN cells on random candidates.
+  bool compare_random_candidates;
+  /// How timm lists it, as a JSON object (nullptr: not in timm): "variants" (name suffix -> that
+  /// variant's option defaults; "" for the name itself), "out_indices" (features_only's default
+  /// taps), timm's "first_conv" and "classifier", "feature_map" (forward_features is a feature map,
+  /// which has a pool_size) and "dynamic_img_size" (whether it takes timm's option of that name).
+  const char* timm;
+};
+
+/// The families, in value order.
+const std::vector<ModelFamilyRow>& model_families();
+const ModelFamilyRow& model_family(ModelFamily family);
+/// A row as Python's model_family_table() gives it (the function pointers left out).
+void to_json(nlohmann::json& json, const ModelFamilyRow& row);
+
+/// One row of the registry, as timm's model entrypoints: a name, its family (whose row builds it)
+/// and the architecture the name stands for (its default config, on which a ModelConfig's options
+/// apply).
 struct ModelEntry {
   std::string name;
   ModelFamily family;
   /// ResNetOptions (the depth) for a ResNet, VisionTransformerOptions (embed_dim, depth, num_heads,
   /// mlp_dim) for a ViT, LanguageModelOptions (those and the context) for a language model.
   std::variant<ResNetOptions, VisionTransformerOptions, LanguageModelOptions> preset;
-  /// Builds the model `entry` names with a config (validated first).
-  Model (*build)(const ModelEntry& entry, const ModelConfig& config);
 };
 
 /// The registry: one row per model, in the order `convnn info --list` shows them. Every list of
