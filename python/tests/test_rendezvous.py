@@ -145,15 +145,35 @@ def test_rank_0_store_listens_on_master_addr_only_and_serves_the_group(tmp_path)
 
 
 # Rank 0 of a two-process group as `convnn train` builds it (src/dist/process_group.cpp: the store
-# on MASTER_PORT, the prefix "convnn/<restart count>", Gloo), which stops itself (SIGSTOP) once the
-# group is built: it and the store it serves stop answering mid-run, before the run's first exchange.
+# on MASTER_PORT, the prefix "convnn/<restart count>", Gloo), which stops itself (SIGSTOP) mid-run:
+# once the group is built and it has sent the length of the run's first shared value (run_dir), so
+# that rank 1 has certainly finished joining, it and the store it serves stop answering before the
+# value's bytes.
 STOPPING_PEER = """
 import datetime, os, signal, sys
+import torch
 import torch.distributed as dist
 port, timeout = int(sys.argv[1]), datetime.timedelta(seconds=float(sys.argv[2]))
 store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False, timeout=timeout)
 group = dist.ProcessGroupGloo(dist.PrefixStore("convnn/0", store), 0, 2, timeout)
+group.broadcast([torch.tensor([4], dtype=torch.int64)]).wait()
 print("joined", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+# A store on MASTER_PORT whose process stops (SIGSTOP) during the rendezvous: once rank 1 has put
+# its Gloo address in it, while rank 1 waits there for rank 0's.
+STOPPING_STORE = """
+import datetime, os, signal, sys, time
+import torch.distributed as dist
+port = int(sys.argv[1])
+store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=60))
+print("listening", flush=True)
+deadline = time.monotonic() + 60
+while store.num_keys() < 1 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("stopping", flush=True)
 os.kill(os.getpid(), signal.SIGSTOP)
 """
 
@@ -185,3 +205,36 @@ def test_a_rank_whose_peer_and_its_store_stop_answering_after_the_rendezvous_fai
     finally:
         peer.kill()  # SIGKILL ends a stopped process too
         peer.communicate()
+
+
+def test_a_rank_whose_store_stops_during_the_rendezvous_fails_within_twice_the_timeout(tmp_path):
+    """c10d's store client waits for an answer with no time limit once its poll timed out; convnn
+    bounds its socket's receives by --dist-timeout (src/dist/store_socket.h), so the wait fails
+    after the poll's timeout and the receive's: at most twice --dist-timeout."""
+    data_dir = make_data_set(tmp_path)
+    port = free_port()
+    store = subprocess.Popen([sys.executable, "-c", STOPPING_STORE, str(port)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert store.stdout.readline().strip() == "listening", store.communicate(timeout=5)
+        rank1 = subprocess.Popen(train_command(data_dir, tmp_path / "runs", "--dist-timeout", TIMEOUT_S),
+                                 env=rank_environment(1, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert store.stdout.readline().strip() == "stopping", store.communicate(timeout=5)
+            stopped = time.monotonic()
+            _, stderr = rank1.communicate(timeout=2 * TIMEOUT_S + MARGIN_S + 30)
+        finally:
+            if rank1.poll() is None:
+                rank1.kill()
+                rank1.communicate()
+        elapsed = time.monotonic() - stopped
+        assert rank1.returncode != 0, stderr
+        assert elapsed < 2 * TIMEOUT_S + MARGIN_S, f"{elapsed:.1f} s: --dist-timeout {TIMEOUT_S} was not kept"
+        # c10d logs its own warnings first; convnn's message is the last line.
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith("convnn: error: rank 1 of 2 could not join the process group at 127.0.0.1:"), stderr
+        assert f"within {TIMEOUT_S} s (--dist-timeout)" in last, stderr
+    finally:
+        store.kill()  # SIGKILL ends a stopped process too
+        store.communicate()

@@ -25,6 +25,7 @@ namespace {
 constexpr convnn::detail::NameTable<Backend, 2> kBackends{{{"gloo", Backend::Gloo}, {"nccl", Backend::Nccl}}};
 
 using detail::FileDescriptor;
+using detail::bound_store_client_sockets;
 using detail::listen_on;
 using detail::wait_for_store;
 
@@ -186,6 +187,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const Environment& e, Backend b
     }
     auto tcp = c10::make_intrusive<c10d::TCPStore>(e.master_addr, options);
     listener.reset();
+    TORCH_CHECK(bound_store_client_sockets(port, timeout) >= 1, "found no socket of the store's client to bound");
     state->store = c10::make_intrusive<c10d::PrefixStore>("convnn/" + e.restart_count, tcp);
     state->group = c10::make_intrusive<c10d::ProcessGroup>(state->store, e.rank, e.world_size);
     const auto type = c10::DeviceType::CPU;

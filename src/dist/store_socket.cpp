@@ -3,8 +3,12 @@
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <torch/csrc/distributed/c10d/TCPStoreBackend.hpp>
 #include <unistd.h>
 
@@ -179,6 +183,47 @@ FileDescriptor listen_on(const std::string& host, uint16_t port, std::chrono::mi
     return fd;
   }
   return FileDescriptor();
+}
+
+namespace {
+
+// The peer's port of a connected TCP socket; 0 for anything else (not a socket, not connected).
+uint16_t peer_port(int fd) {
+  struct stat status {};
+  if (::fstat(fd, &status) != 0 || !S_ISSOCK(status.st_mode)) return 0;
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return 0;
+  if (peer.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&peer)->sin_port);
+  if (peer.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_port);
+  return 0;
+}
+
+}  // namespace
+
+int bound_store_client_sockets(uint16_t port, std::chrono::milliseconds timeout) {
+  struct CloseDirectory {
+    void operator()(DIR* directory) const { ::closedir(directory); }
+  };
+  std::unique_ptr<DIR, CloseDirectory> descriptors(::opendir("/proc/self/fd"));
+  TORCH_CHECK(descriptors != nullptr, "cannot list this process's descriptors (/proc/self/fd): ",
+              std::strerror(errno));
+  timeval limit{};
+  limit.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  limit.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  int bounded = 0;
+  while (const dirent* entry = ::readdir(descriptors.get())) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == ::dirfd(descriptors.get())) continue;
+    if (peer_port(static_cast<int>(fd)) != port) continue;
+    for (const int option : {SO_RCVTIMEO, SO_SNDTIMEO}) {
+      TORCH_CHECK(::setsockopt(static_cast<int>(fd), SOL_SOCKET, option, &limit, sizeof(limit)) == 0,
+                  "cannot bound the store's socket: ", std::strerror(errno));
+    }
+    ++bounded;
+  }
+  return bounded;
 }
 
 }  // namespace convnn::dist::detail
