@@ -130,8 +130,9 @@ struct KnnAttentionBackward {
   }
 };
 
-// A device's single-kernel forward, asked by that device's knn_attention kernel after its checks:
-// the four outputs, or no tensors for inputs it does not take (the caller composes then).
+// A device's single-kernel forward, asked first by that device's knn_attention kernel, which leaves
+// the inputs' check to it (knn_attention's): the four outputs, or no tensors for inputs it does not
+// take (the caller checks and composes then).
 struct KnnAttentionDeviceFused {
   static constexpr const char* kName = "knn_attention_device_fused";
   static constexpr const char* kSchema =
@@ -146,7 +147,7 @@ struct KnnAttentionDeviceFused {
 };
 
 // d(scores) for softmax rho from the incoming gradient of the output in one device kernel,
-// [grad_scores] or no tensors; asked by the device's knn_attention_backward after its checks.
+// [grad_scores] or no tensors; asked by the composition of the device's knn_attention_backward.
 struct KnnAttentionSoftmaxScoresGradientDeviceFused {
   static constexpr const char* kName = "knn_attention_softmax_scores_gradient_device_fused";
   static constexpr const char* kSchema =
@@ -164,7 +165,8 @@ struct KnnAttentionSoftmaxScoresGradientDeviceFused {
 };
 
 // The device's whole knn_attention backward where it has one for the inputs: all five gradients,
-// or no tensors; asked by the device's knn_attention_backward after its checks.
+// or no tensors; asked first by the device's knn_attention_backward, which leaves the inputs' check
+// to it (knn_attention_backward's).
 struct KnnAttentionBackwardDeviceFused {
   static constexpr const char* kName = "knn_attention_backward_device_fused";
   static constexpr const char* kSchema =

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <functional>
+#include <tuple>
 
 #include "convnn/ops/knn_ops.h"
 #include "ops/generic/generic.h"
@@ -52,7 +53,9 @@ class ManyGenericBlocks {
 
 TEST(ChecksOncePerCall, EachOpThroughTheDispatcherChecksItsInputsOnce) {
   const CheckedOnceOperands in;
-  const auto [scores, indices] = convnn::ops::knn_select(in.queries, in.keys, in.kK, "cosine", c10::nullopt, false);
+  // Named tensors, not a structured binding: C++17 lambdas cannot capture those (Clang refuses).
+  torch::Tensor scores, indices;
+  std::tie(scores, indices) = convnn::ops::knn_select(in.queries, in.keys, in.kK, "cosine", c10::nullopt, false);
   const auto weights = torch::softmax(scores, -1);
   const auto grad_output = torch::randn({2, 9, 5}, torch::kDouble);
   for (const char* rho : {"softmax", "uniform"}) {
@@ -78,9 +81,9 @@ TEST(ChecksOncePerCall, EachOpThroughTheDispatcherChecksItsInputsOnce) {
 TEST(ChecksOncePerCall, TheGenericPathChecksOnceHoweverManyBlocksACallRunsIn) {
   const CheckedOnceOperands in;
   const ManyGenericBlocks blocks;
-  const auto [output, scores, indices, weights] =
-      generic::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias, in.kK, "dot", c10::nullopt, false,
-                             "softmax", 0.5);
+  torch::Tensor output, scores, indices, weights;
+  std::tie(output, scores, indices, weights) = generic::knn_attention(
+      in.queries, in.keys, in.values, in.kernel, in.bias, in.kK, "dot", c10::nullopt, false, "softmax", 0.5);
   const auto grad_output = torch::randn_like(output);
   EXPECT_EQ(checks_counted_during([&] { generic::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias, in.kK,
                                                        "dot", c10::nullopt, false, "softmax", 0.5); }),

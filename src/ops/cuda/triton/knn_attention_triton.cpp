@@ -3,7 +3,8 @@
 // its backward's softmax scores gradient and its two-kernel backward, the Triton kernels of
 // python/convnn/_triton/attention.py and attention_backward.py, over the route that serves the call
 // (routes.h). The CUDA knn_attention and its backward (src/ops/composite/knn_attention_composed.cpp)
-// ask them first, after their checks; where the kernels do not apply (path_choice.h says why: a
+// ask them first; each is registered behind its op's check (src/ops/op_signatures.h), which is then
+// the call's one check. Where the kernels do not apply (path_choice.h says why: a
 // standard kernel, float64, K above the widest running top-K, a size past 32 bits, no route, the
 // first-call check failed, CONVNN_CUDA_KERNELS=generic, the debug switch
 // CONVNN_DEVICE_VALUE_CHECKS=1) they answer with no tensors and the caller composes the core ops.
@@ -14,9 +15,9 @@
 #include <vector>
 
 #include "ops/checks.h"
-#include "ops/op_signatures.h"
 #include "ops/cuda/triton/attention_launches.h"
 #include "ops/cuda/triton/path_choice.h"
+#include "ops/op_signatures.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {

@@ -12,10 +12,10 @@
 #include <tuple>
 
 #include "ops/checks.h"
-#include "ops/op_signatures.h"
 #include "ops/cuda/triton/path_choice.h"
 #include "ops/cuda/triton/select_launches.h"
 #include "ops/generic/generic.h"
+#include "ops/op_signatures.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
