@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
 
 #include <fcntl.h>
@@ -21,6 +22,22 @@
 
 namespace convnn::dist {
 namespace {
+
+// c10d logs a store operation that timed out as a warning, with the C++ backtrace of the exception
+// it then throws, before convnn's one-line error says the same; the join runs with c10's warnings
+// off, unless the user chose c10's log level (TORCH_CPP_LOG_LEVEL), and restores the level after.
+class QuietStoreWarnings {
+ public:
+  QuietStoreWarnings() : saved_(FLAGS_caffe2_log_level) {
+    if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = std::max(saved_, c10::GLOG_ERROR);
+  }
+  ~QuietStoreWarnings() { FLAGS_caffe2_log_level = saved_; }
+  QuietStoreWarnings(const QuietStoreWarnings&) = delete;
+  QuietStoreWarnings& operator=(const QuietStoreWarnings&) = delete;
+
+ private:
+  int saved_;
+};
 
 constexpr convnn::detail::NameTable<Backend, 2> kBackends{{{"gloo", Backend::Gloo}, {"nccl", Backend::Nccl}}};
 
@@ -163,6 +180,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const Environment& e, Backend b
   state->world_size = e.world_size;
   state->backend = backend;
   const auto where = e.master_addr + ":" + std::to_string(e.master_port);
+  const QuietStoreWarnings quiet;
   try {
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(e.master_port);
