@@ -169,16 +169,18 @@ void check_family_options(const std::string& name, const ModelConfig& c) {
   const auto& row = model_family(model_entry(name).family);
   // The parts another family reads keep their defaults.
   const auto own = row.own_options();
-  if (!row.reads_lm) check_family_unused(c.lm, visit_lm_fields, name, model_family(ModelFamily::LanguageModel).title, own);
-  if (!row.reads_vit) check_family_unused(c.vit, visit_vit_fields, name, model_family(ModelFamily::ViT).title, own);
-  if (!row.reads_resnet) check_family_unused(c.resnet, visit_resnet_fields, name, model_family(ModelFamily::ResNet).title, own);
+  const auto title = [](ModelFamily family) { return model_family(family).title; };
+  if (!row.reads_lm) check_family_unused(c.lm, visit_lm_fields, name, title(ModelFamily::LanguageModel), own);
+  if (!row.reads_vit) check_family_unused(c.vit, visit_vit_fields, name, title(ModelFamily::ViT), own);
+  if (!row.reads_resnet) check_family_unused(c.resnet, visit_resnet_fields, name, title(ModelFamily::ResNet), own);
   // The layer without ConvNN refuses ConvNN's options and the family's options for its ConvNN layers.
   const nlohmann::json given = c;
   const auto layer = given.at(row.layer_option).get<std::string>();
   if (layer == row.baseline_layer) {
     const auto with_baseline = std::string(" is not used by ") + name + " with " + row.layer_option + " " + layer;
     const auto convnn_layers = std::string(row.layer_option) + " " + joined_with_and(row.convnn_layers) + ")";
-    check_unused(c.convnn, visit_convnn_fields, with_baseline.substr(1) + " (ConvNN's options apply to " + convnn_layers);
+    check_unused(c.convnn, visit_convnn_fields,
+                 with_baseline.substr(1) + " (ConvNN's options apply to " + convnn_layers);
     const nlohmann::json defaults = ModelConfig{};
     for (const auto& [option, what] : row.convnn_only_options) {
       const auto& value = given.at(option);

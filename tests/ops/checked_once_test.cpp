@@ -18,7 +18,8 @@ namespace {
 namespace op = convnn::ops::op;
 namespace generic = convnn::ops::generic;
 
-int64_t checks_counted_during(const std::function<void()>& call) {
+// The checks of op inputs that `call` ran on this thread.
+int64_t checks_in(const std::function<void()>& call) {
   const int64_t before = op::checks_on_this_thread;
   call();
   return op::checks_on_this_thread - before;
@@ -58,22 +59,26 @@ TEST(ChecksOncePerCall, EachOpThroughTheDispatcherChecksItsInputsOnce) {
   std::tie(scores, indices) = convnn::ops::knn_select(in.queries, in.keys, in.kK, "cosine", c10::nullopt, false);
   const auto weights = torch::softmax(scores, -1);
   const auto grad_output = torch::randn({2, 9, 5}, torch::kDouble);
+  namespace ops = convnn::ops;
   for (const char* rho : {"softmax", "uniform"}) {
     SCOPED_TRACE(rho);
-    EXPECT_EQ(checks_counted_during([&] { convnn::ops::knn_select(in.queries, in.keys, in.kK, "chebyshev", c10::nullopt, true); }), 1);
-    EXPECT_EQ(checks_counted_during([&] { convnn::ops::knn_select_backward(weights, in.queries, in.keys, indices, scores,
-                                                                   "cosine"); }),
+    EXPECT_EQ(checks_in([&] { ops::knn_select(in.queries, in.keys, in.kK, "chebyshev", c10::nullopt, true); }), 1);
+    EXPECT_EQ(checks_in([&] { ops::knn_select_backward(weights, in.queries, in.keys, indices, scores, "cosine"); }), 1);
+    EXPECT_EQ(checks_in([&] { ops::knn_aggregate(in.values, weights, indices, in.kernel, in.bias); }), 1);
+    EXPECT_EQ(checks_in([&] {
+                ops::knn_aggregate_backward(grad_output, in.values, weights, indices, in.kernel,
+                                            {true, true, true, true});
+              }),
               1);
-    EXPECT_EQ(checks_counted_during([&] { convnn::ops::knn_aggregate(in.values, weights, indices, in.kernel, in.bias); }), 1);
-    EXPECT_EQ(checks_counted_during([&] { convnn::ops::knn_aggregate_backward(grad_output, in.values, weights, indices,
-                                                                      in.kernel, {true, true, true, true}); }),
+    EXPECT_EQ(checks_in([&] {
+                ops::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias, in.kK, "cosine", c10::nullopt,
+                                   false, rho, 0.5);
+              }),
               1);
-    EXPECT_EQ(checks_counted_during([&] { convnn::ops::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias, in.kK,
-                                                             "cosine", c10::nullopt, false, rho, 0.5); }),
-              1);
-    EXPECT_EQ(checks_counted_during([&] { convnn::ops::knn_attention_backward(grad_output, in.queries, in.keys, in.values,
-                                                                      in.kernel, scores, indices, weights, "cosine",
-                                                                      rho, 0.5, {true, true, true, true, true}); }),
+    EXPECT_EQ(checks_in([&] {
+                ops::knn_attention_backward(grad_output, in.queries, in.keys, in.values, in.kernel, scores, indices,
+                                            weights, "cosine", rho, 0.5, {true, true, true, true, true});
+              }),
               1);
   }
 }
@@ -85,17 +90,21 @@ TEST(ChecksOncePerCall, TheGenericPathChecksOnceHoweverManyBlocksACallRunsIn) {
   std::tie(output, scores, indices, weights) = generic::knn_attention(
       in.queries, in.keys, in.values, in.kernel, in.bias, in.kK, "dot", c10::nullopt, false, "softmax", 0.5);
   const auto grad_output = torch::randn_like(output);
-  EXPECT_EQ(checks_counted_during([&] { generic::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias, in.kK,
-                                                       "dot", c10::nullopt, false, "softmax", 0.5); }),
+  EXPECT_EQ(checks_in([&] {
+              generic::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias, in.kK, "dot", c10::nullopt,
+                                     false, "softmax", 0.5);
+            }),
             1);
-  EXPECT_EQ(checks_counted_during([&] { generic::knn_attention_backward(grad_output, in.queries, in.keys, in.values,
-                                                                in.kernel, scores, indices, weights, "dot",
-                                                                "softmax", 0.5, {true, true, true, true, true}); }),
+  EXPECT_EQ(checks_in([&] {
+              generic::knn_attention_backward(grad_output, in.queries, in.keys, in.values, in.kernel, scores, indices,
+                                              weights, "dot", "softmax", 0.5, {true, true, true, true, true});
+            }),
             1);
-  EXPECT_EQ(checks_counted_during([&] { generic::knn_select_backward(weights, in.queries, in.keys, indices, scores, "dot"); }),
-            1);
-  EXPECT_EQ(checks_counted_during([&] { generic::knn_aggregate_backward(grad_output, in.values, weights, indices, in.kernel,
-                                                                {true, true, true, true}); }),
+  EXPECT_EQ(checks_in([&] { generic::knn_select_backward(weights, in.queries, in.keys, indices, scores, "dot"); }), 1);
+  EXPECT_EQ(checks_in([&] {
+              generic::knn_aggregate_backward(grad_output, in.values, weights, indices, in.kernel,
+                                              {true, true, true, true});
+            }),
             1);
 }
 
@@ -103,22 +112,24 @@ TEST(ChecksOncePerCall, ATrainingStepThroughAutogradChecksTheForwardOnceAndTheBa
   CheckedOnceOperands in;
   for (auto* t : {&in.queries, &in.keys, &in.values, &in.kernel, &in.bias}) t->requires_grad_(true);
   torch::Tensor output;
-  EXPECT_EQ(checks_counted_during([&] {
+  EXPECT_EQ(checks_in([&] {
               output = std::get<0>(convnn::ops::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias,
                                                               in.kK, "scaled_dot", c10::nullopt, false, "softmax",
                                                               1.0));
             }),
             1);
   // CPU-only graphs run their backward on the calling thread, so its checks are counted here too.
-  EXPECT_EQ(checks_counted_during([&] { output.pow(2).sum().backward(); }), 1);
+  EXPECT_EQ(checks_in([&] { output.pow(2).sum().backward(); }), 1);
   EXPECT_TRUE(in.queries.grad().defined());
   EXPECT_TRUE(in.kernel.grad().defined());
 }
 
 TEST(ChecksOncePerCall, MetaTensorsAreCheckedOnceByShapesOnly) {
   const CheckedOnceOperands in(torch::TensorOptions().dtype(torch::kFloat).device(torch::kMeta));
-  EXPECT_EQ(checks_counted_during([&] { convnn::ops::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias, in.kK,
-                                                           "l1", c10::nullopt, false, "softmax", 1.0); }),
+  EXPECT_EQ(checks_in([&] {
+              convnn::ops::knn_attention(in.queries, in.keys, in.values, in.kernel, in.bias, in.kK, "l1",
+                                         c10::nullopt, false, "softmax", 1.0);
+            }),
             1);
 }
 

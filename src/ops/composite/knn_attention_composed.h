@@ -28,9 +28,9 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device
     const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature);
 
 // The device's whole knn_attention backward (convnn::knn_attention_backward_device_fused) for these
-// inputs (its kernel checks them by knn_attention_backward's rules), with the gradients output_mask does not ask for
-// undefined; nothing where the device has no such kernel, it does not take the inputs, or neither
-// a query nor a key gradient is asked for.
+// inputs (its kernel checks them by knn_attention_backward's rules), with the gradients output_mask
+// does not ask for undefined; nothing where the device has no such kernel, it does not take the
+// inputs, or neither a query nor a key gradient is asked for.
 std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>> device_fused_attention_backward(
     c10::DispatchKey key, const at::Tensor& grad_output, const at::Tensor& queries, const at::Tensor& keys,
     const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores, const at::Tensor& indices,
@@ -50,9 +50,10 @@ op::Body<op::KnnAttentionBackward> composed_attention_backward_checked;
 inline constexpr auto composed_attention_backward =
     op::checked_kernel<op::KnnAttentionBackward, &composed_attention_backward_checked>;
 
-// knn_attention on device `key`, its inputs checked once: by the device's fused kernel where it
-// takes them, else here before the composition of the core ops (where the device has a kernel of
-// its own for either) or the device-generic path.
+// knn_attention on device `key`. The device's fused kernel, asked first, checks the inputs before it
+// answers: where it takes them, that is the call's one check. Where it declines, or the device has
+// none, they are checked here (after a decline, a second time) before the composition of the core
+// ops (where the device has a kernel of its own for either) or the device-generic path.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention(
     c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
