@@ -19,7 +19,7 @@ from ._triton import register as _triton_kernels  # noqa: E402
 _triton_kernels.register()  # the launcher of the Triton kernels (Triton compiles each on first use)
 cuda_paths = _triton_kernels.cuda_paths
 
-timm_models.register()
+timm_models.register_when_timm_loads()  # at timm's first import: `import convnn` does not import timm
 
 ops = __import__("torch").ops.convnn
 __version__ = _build_info.CONVNN_VERSION

@@ -1,5 +1,7 @@
-"""The convnn models in timm's model registry, registered when timm is installed (`import convnn`
-does it): timm.create_model("convnn_vit_tiny_patch4", num_classes=10) and friends.
+"""The convnn models in timm's model registry, registered when timm is installed (after `import
+convnn`, at timm's first import, or at once if timm was imported first; `import convnn` itself does
+not import timm, nor the Dynamo that timm imports): timm.create_model("convnn_vit_tiny_patch4",
+num_classes=10) and friends.
 
 The names come from the C++ registry's tables (convnn.models.model_table(), which `convnn info
 --list` prints, and the family rows of convnn.models.model_family_table(), which say how timm lists
@@ -24,6 +26,9 @@ to each call's grid, as timm's); a ViT loads the weights of another image size w
 embedding resampled. There are no pretrained weights.
 """
 import functools
+import importlib.abc
+import importlib.util
+import sys
 
 from . import _library, models
 
@@ -86,6 +91,7 @@ def _pool_size(model, listing, image_size):
 
 # Read by timm's register_model from this module (timm's convention); filled by register().
 default_cfgs = {}
+_registered = []
 
 
 def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=None, **kwargs):
@@ -131,10 +137,14 @@ def _create(name, pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=
 
 
 def register():
+    """Registers the models in timm's registry now (once); False where timm is not installed."""
+    if _registered:
+        return True
     try:
         from timm.models import register_model
     except ImportError:
         return False
+    _registered.append(True)
     entries = timm_models()
     default_cfgs.update({name: _default_cfg(listing, defaults) for name, (_, listing, defaults) in entries.items()})
     for name in entries:
@@ -143,3 +153,36 @@ def register():
         function.__module__ = __name__
         register_model(function)
     return True
+
+
+class _RegisterWhenTimmLoads(importlib.abc.MetaPathFinder):
+    """Registers the models once timm's own import has finished: importing timm (and the Dynamo it
+    imports) costs about a second, which `import convnn` should not pay for a program that never
+    uses timm. It finds timm's spec through the other finders and runs register() after timm's
+    module has executed, so `import timm; timm.create_model("convnn_...")` works as before."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "timm":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("timm")
+        if spec is None or spec.loader is None:
+            return spec
+        exec_timm = spec.loader.exec_module
+
+        def exec_module(module):
+            exec_timm(module)
+            register()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def register_when_timm_loads():
+    """register() now if timm is imported already; otherwise at timm's first import; nothing where
+    timm is not installed."""
+    if "timm" in sys.modules:
+        register()
+    elif importlib.util.find_spec("timm") is not None and not any(
+            isinstance(finder, _RegisterWhenTimmLoads) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterWhenTimmLoads())

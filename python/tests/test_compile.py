@@ -57,6 +57,21 @@ def test_export_runs_and_equals_eager(net):
     net.train()
 
 
+def test_the_constant_result_mark_is_torchs_own():
+    """convnn.nn.functional marks its option-text function as torch.compiler.assume_constant_result
+    does, without importing Dynamo at convnn's import: the same attributes on a fresh function."""
+    from convnn.nn import functional
+
+    def with_torchs(): return None
+
+    def with_convnns(): return None
+
+    torch.compiler.assume_constant_result(with_torchs)
+    functional._assume_constant_result(with_convnns)
+    assert vars(with_torchs) == vars(with_convnns) != {}
+    assert all(getattr(functional._option_texts, name) == value for name, value in vars(with_torchs).items())
+
+
 def test_torchscript_is_refused_with_one_message_naming_convnn_and_what_to_use():
     """TorchScript cannot carry the layers' option texts (it failed with "unsupported input list
     type: str"); script and trace, of a layer or of a model holding one, say so and point to

@@ -3,6 +3,8 @@ builds it with its own arguments (checked against the pinned timm), each honoure
 a clear error, and calls it with attn_mask / is_causal."""
 import copy
 import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -91,6 +93,23 @@ def test_the_convnn_models_are_in_timms_registry():
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="no pretrained weights"):
         timm.create_model("convnn_resnet18", pretrained=True)
+
+
+@pytest.mark.parametrize("first, then", [("convnn", "timm"), ("timm", "convnn")])
+def test_the_models_reach_timm_whichever_is_imported_first_and_convnn_alone_imports_no_timm(first, then):
+    """`import convnn` leaves timm (and the Dynamo it imports) unimported; the models are registered
+    at timm's first import, or at once where timm was imported before convnn."""
+    script = "\n".join([
+        "import sys",
+        f"import {first}",
+        f"assert ('timm' in sys.modules) == {first == 'timm'}, sorted(sys.modules)",
+        f"import {then}",
+        "import timm",
+        "print(sorted(timm.list_models('convnn_*')))",
+    ])
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert eval(result.stdout) == sorted(convnn.timm_models.timm_models()), result.stdout
 
 
 def test_a_timm_model_built_with_with_options_is_saved_and_loaded_whole(tmp_path):

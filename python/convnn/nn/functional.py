@@ -6,7 +6,6 @@ slot_order, rho, temperature, kernel_per_head, fused; their defaults are C++'s
 import typing
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from .._options import functional_fields
 
@@ -28,13 +27,23 @@ def option_defaults():
 # ("Unexpected type in sourceless builder"). This rather than a cache keyed by the options: Dynamo
 # would still trace the cache's lookup, and a miss would run the binding inside the traced code.
 # Eagerly and under non-strict export it is plain Python on plain values.
-@torch.compiler.assume_constant_result
+def _assume_constant_result(fn):
+    """torch.compiler.assume_constant_result's mark (Dynamo reads the attribute when it meets the
+    function) without importing Dynamo at convnn's import, which costs about half a second;
+    test_compile.py checks that torch's decorator sets exactly this."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
 def _option_texts(where, options):
     return _FIELDS.texts(_FIELDS.bind(where, (), options))
 
 
 def _texts(where, options):
     if torch.compiler.is_compiling():
+        from torch.fx.experimental.symbolic_shapes import guard_scalar  # loaded by the compiler already
+
         # An option passed into the compiled function (k=k) becomes a SymInt once Dynamo has seen
         # two values of it, and a constant-result function takes constants only: guard_scalar
         # makes it one again (a new value compiles a new graph, as any Python constant does).
