@@ -144,7 +144,6 @@ def register():
         from timm.models import register_model
     except ImportError:
         return False
-    _registered.append(True)
     entries = timm_models()
     default_cfgs.update({name: _default_cfg(listing, defaults) for name, (_, listing, defaults) in entries.items()})
     for name in entries:
@@ -152,6 +151,7 @@ def register():
         function.__name__ = name
         function.__module__ = __name__
         register_model(function)
+    _registered.append(True)
     return True
 
 
