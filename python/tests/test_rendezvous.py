@@ -145,16 +145,17 @@ def test_rank_0_store_listens_on_master_addr_only_and_serves_the_group(tmp_path)
 
 
 # Rank 0 of a two-process group as `convnn train` builds it (src/dist/process_group.cpp: the store
-# on MASTER_PORT, the prefix "convnn/<restart count>", Gloo), which stops itself (SIGSTOP) mid-run:
-# once the group is built and it has sent the length of the run's first shared value (run_dir), so
-# that rank 1 has certainly finished joining, it and the store it serves stop answering before the
-# value's bytes.
+# on MASTER_PORT, the prefix "convnn/<restart count>", Gloo; it says when its store listens), which
+# stops itself (SIGSTOP) mid-run: once the group is built and it has sent the length of the run's
+# first shared value (run_dir), so that rank 1 has certainly finished joining, it and the store it
+# serves stop answering before the value's bytes.
 STOPPING_PEER = """
 import datetime, os, signal, sys
 import torch
 import torch.distributed as dist
 port, timeout = int(sys.argv[1]), datetime.timedelta(seconds=float(sys.argv[2]))
 store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False, timeout=timeout)
+print("listening", flush=True)
 group = dist.ProcessGroupGloo(dist.PrefixStore("convnn/0", store), 0, 2, timeout)
 group.broadcast([torch.tensor([4], dtype=torch.int64)]).wait()
 print("joined", flush=True)
@@ -178,64 +179,56 @@ os.kill(os.getpid(), signal.SIGSTOP)
 """
 
 
-def test_a_rank_whose_peer_and_its_store_stop_answering_after_the_rendezvous_fails_within_the_timeout(tmp_path):
+def rank_1_against(stopper_script, stopper_args, stopped_line, tmp_path, budget_s):
+    """Rank 1 of `convnn train --dist-timeout TIMEOUT_S` against a rank 0 / store process that runs
+    `stopper_script`: started once the stopper's store listens (its first line, so that the stopper's
+    start-up is not charged to rank 1's timeout), it meets the stopper, which stops itself after
+    printing `stopped_line`. Returns rank 1's exit status, its stderr and the seconds from the stop to
+    its exit; rank 1 is killed after budget_s + 30 s."""
     data_dir = make_data_set(tmp_path)
     port = free_port()
-    peer = subprocess.Popen([sys.executable, "-c", STOPPING_PEER, str(port), "60"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    stopper = subprocess.Popen([sys.executable, "-c", stopper_script, str(port), *stopper_args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        assert stopper.stdout.readline().strip() == "listening", stopper.communicate(timeout=5)
         rank1 = subprocess.Popen(train_command(data_dir, tmp_path / "runs", "--dist-timeout", TIMEOUT_S),
                                  env=rank_environment(1, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
         try:
-            assert peer.stdout.readline().strip() == "joined", peer.communicate(timeout=5)
+            assert stopper.stdout.readline().strip() == stopped_line, stopper.communicate(timeout=5)
             stopped = time.monotonic()
-            _, stderr = rank1.communicate(timeout=TIMEOUT_S + MARGIN_S + 30)
+            _, stderr = rank1.communicate(timeout=budget_s + 30)
         finally:
             if rank1.poll() is None:
                 rank1.kill()
                 rank1.communicate()
-        elapsed = time.monotonic() - stopped
-        assert rank1.returncode != 0, stderr
-        assert elapsed < TIMEOUT_S + MARGIN_S, f"{elapsed:.1f} s: --dist-timeout {TIMEOUT_S} was not kept"
-        lines = stderr.strip().splitlines()
-        assert len(lines) == 1, stderr
-        assert lines[0].startswith("convnn: error: rank 1 of 2: sharing 'run_dir' failed: "), stderr
-        assert lines[0].endswith("did not answer within --dist-timeout)"), stderr
+        return rank1.returncode, stderr, time.monotonic() - stopped
     finally:
-        peer.kill()  # SIGKILL ends a stopped process too
-        peer.communicate()
+        stopper.kill()  # SIGKILL ends a stopped process too
+        stopper.communicate()
+
+
+def test_a_rank_whose_peer_and_its_store_stop_answering_after_the_rendezvous_fails_within_the_timeout(tmp_path):
+    budget = TIMEOUT_S + MARGIN_S
+    status, stderr, elapsed = rank_1_against(STOPPING_PEER, ["60"], "joined", tmp_path, budget)
+    assert status != 0, stderr
+    assert elapsed < budget, f"{elapsed:.1f} s: --dist-timeout {TIMEOUT_S} was not kept"
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("convnn: error: rank 1 of 2: sharing 'run_dir' failed: "), stderr
+    assert lines[0].endswith("did not answer within --dist-timeout)"), stderr
 
 
 def test_a_rank_whose_store_stops_during_the_rendezvous_fails_within_twice_the_timeout(tmp_path):
     """c10d's store client waits for an answer with no time limit once its poll timed out; convnn
     bounds its socket's receives by --dist-timeout (src/dist/store_socket.h), so the wait fails
     after the poll's timeout and the receive's: at most twice --dist-timeout."""
-    data_dir = make_data_set(tmp_path)
-    port = free_port()
-    store = subprocess.Popen([sys.executable, "-c", STOPPING_STORE, str(port)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert store.stdout.readline().strip() == "listening", store.communicate(timeout=5)
-        rank1 = subprocess.Popen(train_command(data_dir, tmp_path / "runs", "--dist-timeout", TIMEOUT_S),
-                                 env=rank_environment(1, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
-        try:
-            assert store.stdout.readline().strip() == "stopping", store.communicate(timeout=5)
-            stopped = time.monotonic()
-            _, stderr = rank1.communicate(timeout=2 * TIMEOUT_S + MARGIN_S + 30)
-        finally:
-            if rank1.poll() is None:
-                rank1.kill()
-                rank1.communicate()
-        elapsed = time.monotonic() - stopped
-        assert rank1.returncode != 0, stderr
-        assert elapsed < 2 * TIMEOUT_S + MARGIN_S, f"{elapsed:.1f} s: --dist-timeout {TIMEOUT_S} was not kept"
-        # One line: c10d's warnings (with a C++ backtrace) are off during the join.
-        lines = stderr.strip().splitlines()
-        assert len(lines) == 1, stderr
-        assert lines[0].startswith("convnn: error: rank 1 of 2 could not join the process group at 127.0.0.1:"), stderr
-        assert f"within {TIMEOUT_S} s (--dist-timeout)" in lines[0], stderr
-    finally:
-        store.kill()  # SIGKILL ends a stopped process too
-        store.communicate()
+    budget = 2 * TIMEOUT_S + MARGIN_S
+    status, stderr, elapsed = rank_1_against(STOPPING_STORE, [], "stopping", tmp_path, budget)
+    assert status != 0, stderr
+    assert elapsed < budget, f"{elapsed:.1f} s: --dist-timeout {TIMEOUT_S} was not kept"
+    # One line: c10d's warnings (with a C++ backtrace) are off during the join.
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("convnn: error: rank 1 of 2 could not join the process group at 127.0.0.1:"), stderr
+    assert f"within {TIMEOUT_S} s (--dist-timeout)" in lines[0], stderr
