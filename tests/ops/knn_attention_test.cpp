@@ -139,7 +139,9 @@ std::vector<Case> sweep() {
         const bool random_candidates = variant % 3 == 0;  // M < N, as the layers' r candidates
         const int64_t n = 9, m = random_candidates ? 5 : 9;
         const int64_t k = variant % 5 == 0 ? m : (variant % 5 == 1 ? 1 : 3);
-        cases.push_back({2, n, m, 4, 3, k, depthwise, variant % 2 == 0,
+        // Every third case over enough slices for the CPU backward's tasks of whole slices.
+        const int64_t g = variant % 3 == 2 ? 17 : 2;
+        cases.push_back({g, n, m, 4, 3, k, depthwise, variant % 2 == 0,
                          mask == MaskKind::Causal && random_candidates ? MaskKind::Bool : mask,
                          similarity, rho, variant % 4 == 1});
       }
@@ -149,6 +151,9 @@ std::vector<Case> sweep() {
   cases.push_back({3, 300, 70, 5, 6, 9, true, true, MaskKind::AdditivePerSlice, Similarity::ScaledDot,
                    Rho::Softmax, false});
   cases.push_back({2, 270, 40, 3, 4, 8, false, false, MaskKind::Causal, Similarity::Dot, Rho::Mean, true});
+  // The backward's tasks of two slices, the last one of one; and tasks of 130-row slices.
+  cases.push_back({37, 9, 9, 4, 3, 3, false, true, MaskKind::Bool, Similarity::ScaledDot, Rho::Softmax, false});
+  cases.push_back({20, 130, 130, 8, 8, 9, true, true, MaskKind::None, Similarity::Dot, Rho::Softmax, false});
   return cases;
 }
 
@@ -217,7 +222,9 @@ TEST(FusedAttention, GradientsEqualTheComposedOpsInFloat64) {
 TEST(FusedAttention, GradientsPassFiniteDifferencesInFloat64) {
   for (const bool depthwise : {true, false}) {
     for (const auto rho : {Rho::Softmax, Rho::Mean}) {
-      const Case c{2, 6, 7, 3, 2, 3, depthwise, true, MaskKind::Causal, Similarity::ScaledDot, rho, true};
+      // 17 slices: the CPU backward's tasks of whole slices.
+      const int64_t g = rho == Rho::Softmax ? 17 : 2;
+      const Case c{g, 6, 7, 3, 2, 3, depthwise, true, MaskKind::Causal, Similarity::ScaledDot, rho, true};
       SCOPED_TRACE(c.name());
       auto in = make_inputs(c, depthwise ? 7 : 8);
       in.queries = (in.queries * 3.0).detach().requires_grad_();
@@ -267,29 +274,70 @@ TEST(FusedAttention, LowPrecisionErrorIsAtMostTwiceTheReference) {
 }
 
 TEST(FusedAttention, BackwardIsBitwiseReproducibleAndIndependentOfThreadCount) {
-  const Case c{4, 300, 300, 8, 16, 9, false, true, MaskKind::None, Similarity::ScaledDot, Rho::Softmax, false};
-  const auto in = make_inputs(c, 500).to(torch::kFloat);
-  auto run = [&](int threads) {
-    const int before = at::get_num_threads();
-    at::set_num_threads(threads);
-    std::vector<torch::Tensor> x = {in.queries.detach().clone().requires_grad_(),
-                                    in.keys.detach().clone().requires_grad_(),
-                                    in.values.detach().clone().requires_grad_(),
-                                    in.kernel.detach().clone().requires_grad_()};
-    Inputs r = in;
-    std::tie(r.queries, r.keys, r.values, r.kernel) = std::tie(x[0], x[1], x[2], x[3]);
-    r.bias = torch::Tensor();
-    const auto out = std::get<0>(fused(c, r));
-    out.backward(torch::ones_like(out));
-    at::set_num_threads(before);
-    std::vector<torch::Tensor> results = {out.detach()};
-    for (const auto& t : x) results.push_back(t.grad());
-    return results;
-  };
-  const auto first = run(2), second = run(2), single = run(1);
-  for (size_t e = 0; e < first.size(); ++e) {
-    EXPECT_TRUE(torch::equal(first[e], second[e])) << "tensor " << e << ", two runs";
-    EXPECT_TRUE(torch::equal(first[e], single[e])) << "tensor " << e << ", one against two threads";
+  // The composed steps (4 slices) and the tasks of whole slices (37).
+  for (const int64_t g : {4, 37}) {
+    const Case c{g, 300, 300, 8, 16, 9, g > 4, true, MaskKind::None, Similarity::ScaledDot, Rho::Softmax, false};
+    SCOPED_TRACE(c.name());
+    const auto in = make_inputs(c, 500).to(torch::kFloat);
+    auto run = [&](int threads) {
+      const int before = at::get_num_threads();
+      at::set_num_threads(threads);
+      std::vector<torch::Tensor> x = {in.queries.detach().clone().requires_grad_(),
+                                      in.keys.detach().clone().requires_grad_(),
+                                      in.values.detach().clone().requires_grad_(),
+                                      in.kernel.detach().clone().requires_grad_()};
+      Inputs r = in;
+      std::tie(r.queries, r.keys, r.values, r.kernel) = std::tie(x[0], x[1], x[2], x[3]);
+      r.bias = torch::Tensor();
+      const auto out = std::get<0>(fused(c, r));
+      out.backward(torch::ones_like(out));
+      at::set_num_threads(before);
+      std::vector<torch::Tensor> results = {out.detach()};
+      for (const auto& t : x) results.push_back(t.grad());
+      return results;
+    };
+    const auto first = run(2), second = run(2), single = run(1);
+    for (size_t e = 0; e < first.size(); ++e) {
+      EXPECT_TRUE(torch::equal(first[e], second[e])) << "tensor " << e << ", two runs";
+      EXPECT_TRUE(torch::equal(first[e], single[e])) << "tensor " << e << ", one against two threads";
+    }
+  }
+}
+
+// knn_attention_backward returns exactly the gradients asked for, each the same as the call that
+// asks for all five: the composed steps (2 slices) and the tasks of whole slices (17) alike.
+TEST(FusedAttention, BackwardAnswersEveryOutputMaskWithTheFullCallsGradients) {
+  for (const int64_t g : {2, 17}) {
+    for (const auto rho : {Rho::Softmax, Rho::Uniform}) {
+      for (const bool depthwise : {true, false}) {
+        const Case c{g, 9, 9, 4, 3, 3, depthwise, true, MaskKind::None, Similarity::Dot, rho, false};
+        SCOPED_TRACE(c.name());
+        const auto in = make_inputs(c, 700);
+        // Named variables, not a structured binding: C++17 lambdas cannot capture those (Clang refuses).
+        torch::Tensor output, scores, indices, weights;
+        std::tie(output, scores, indices, weights) = fused(c, in);
+        const auto grad_output = torch::randn_like(output);
+        const auto backward = [&](std::array<bool, 5> wanted) {
+          const auto [dq, dk, dv, dw, db] = convnn::ops::knn_attention_backward(
+              grad_output, in.queries, in.keys, in.values, in.kernel, scores, indices, weights,
+              convnn::to_string(c.similarity), convnn::to_string(c.rho), kTemperature, wanted);
+          return std::vector<torch::Tensor>{dq, dk, dv, dw, db};
+        };
+        const auto all = backward({true, true, true, true, true});
+        const bool score_gradient = rho == Rho::Softmax;
+        for (int bits = 0; bits < 32; ++bits) {
+          std::array<bool, 5> wanted{};
+          for (int e = 0; e < 5; ++e) wanted[e] = (bits >> e & 1) != 0;
+          const auto some = backward(wanted);
+          for (int e = 0; e < 5; ++e) {
+            SCOPED_TRACE("mask " + std::to_string(bits) + ", gradient " + std::to_string(e));
+            const bool expected = wanted[e] && (e >= 2 || score_gradient);
+            ASSERT_EQ(some[e].defined(), expected);
+            if (expected) EXPECT_TRUE(torch::equal(some[e], all[e]));
+          }
+        }
+      }
+    }
   }
 }
 

@@ -19,6 +19,7 @@
 
 #include "ops/cpu/aggregate_math.h"
 #include "ops/cpu/inverse_index.h"
+#include "ops/cpu/pairwise_tree.h"
 
 namespace convnn::cpu::CONVNN_CPU_ISA {
 namespace {
@@ -47,17 +48,15 @@ struct Chunking {
   return chunking;
 }
 
-// Sums the chunk partials pairwise (chunk c absorbs chunk c + step for step = 1, 2, 4, ...), a
-// fixed tree; the total ends in chunk 0. Parallel over elements, so the order stays fixed.
+// Sums the chunk partials by the fixed pairwise tree (pairwise_tree.h); the total ends in chunk 0.
+// Parallel over elements, so the order stays fixed.
 template <typename T>
 void sum_partials(T* partials, int64_t chunks, int64_t size) {
   if (chunks <= 1) return;
   const auto tree = [&](int64_t begin, int64_t end) {
-    for (int64_t step = 1; step < chunks; step *= 2) {
-      for (int64_t c = 0; c + step < chunks; c += 2 * step) {
-        axpy(end - begin, T(1), partials + (c + step) * size + begin, partials + c * size + begin);
-      }
-    }
+    pairwise_tree(chunks, [&](int64_t into, int64_t from) {
+      axpy(end - begin, T(1), partials + from * size + begin, partials + into * size + begin);
+    });
   };
   at::parallel_for(0, size, std::max<int64_t>(1, kGrainWork / chunks), tree);
 }

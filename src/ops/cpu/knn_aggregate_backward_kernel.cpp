@@ -28,6 +28,7 @@
 #include "ops/cpu/aggregate_math.h"
 #include "ops/cpu/aggregate_reduction.h"
 #include "ops/cpu/inverse_index.h"
+#include "ops/cpu/upcoming_lines.h"
 
 namespace convnn::cpu::CONVNN_CPU_ISA {
 namespace {
@@ -50,6 +51,7 @@ void backward_depthwise_by_queries(const AggregateBackwardParams<scalar_t>& p,
     Scratch<T> dy_buffer(c_in), row_buffer(c_in), block(partial_size);
     // Adds query row r's d(kernel) [K, C] and d(bias) [C] to acc, and stores its d(weights).
     const auto add_row = [&](int64_t r, T* acc) {
+      prefetch_upcoming_lines();
       prefetch_selected_rows(p.values, p.indices, r + kGatherAhead, s.g * s.n, s.n, k_taps, c_in);
       const int64_t g = r / s.n, i = r % s.n;
       const T* dy = opmath_row(p.grad_output.row(g, i), c_in, dy_buffer.get());
@@ -85,6 +87,7 @@ void backward_depthwise_values(const AggregateBackwardParams<scalar_t>& p,
   at::parallel_for(0, s.g * s.m, grain, [&](int64_t begin, int64_t end) {
     Scratch<T> acc_buffer(c_in);
     for (int64_t r = begin; r < end; ++r) {
+      prefetch_upcoming_lines();
       if (r + kGatherAhead < end) {
         const int64_t ahead_g = (r + kGatherAhead) / s.m, ahead_j = (r + kGatherAhead) % s.m;
         for (const int64_t* slot = inverse.begin(ahead_g, ahead_j); slot != inverse.end(ahead_g, ahead_j); ++slot) {
@@ -130,6 +133,7 @@ void gather_weighted_gradients(const AggregateBackwardParams<scalar_t>& p,
   const int64_t c_out = s.c_out, flat_out = s.k * s.c_out;
   std::fill_n(z, count * flat_out, T(0));
   for (int64_t t = 0; t < count; ++t) {
+    prefetch_upcoming_lines();
     const int64_t g = (r0 + t) / s.m, j = (r0 + t) % s.m;
     for (const int64_t* slot = inverse.begin(g, j); slot != inverse.end(g, j); ++slot) {
       const int64_t i = inverse.query(*slot), k = inverse.tap(*slot);
@@ -198,6 +202,7 @@ void backward_standard_by_queries(const AggregateBackwardParams<scalar_t>& p,
       for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
         const int64_t r0 = tile * tile_rows, count = std::min(tile_rows, rows - r0);
         for (int64_t t = 0; t < count; ++t) {
+          prefetch_upcoming_lines();
           const int64_t g = (r0 + t) / s.n, i = (r0 + t) % s.n;
           copy_row(p.grad_output.row(g, i), c_out, dy.get() + t * c_out);
           for (int64_t k = 0; k < k_taps; ++k) {
@@ -297,6 +302,7 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
       for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
         const int64_t r0 = tile * tile_rows, count = std::min(tile_rows, value_rows - r0);
         for (int64_t t = 0; t < count; ++t) {
+          prefetch_upcoming_lines();
           copy_row(p.values.row((r0 + t) / s.m, (r0 + t) % s.m), c_in, v.get() + t * c_in);
         }
         if (want_weights) {
@@ -346,6 +352,7 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
     Scratch<T> dy_buffer(c_out), block(c_out);
     // Adds query row r's d(bias) to acc, and stores its d(weights).
     const auto add_row = [&](int64_t r, T* acc) {
+      prefetch_upcoming_lines();
       const int64_t g = r / s.n, i = r % s.n;
       const T* dy = opmath_row(p.grad_output.row(g, i), c_out, dy_buffer.get());
       axpy(c_out, T(1), dy, acc);

@@ -40,43 +40,32 @@ at::Tensor knn_aggregate_checked(const at::Tensor& values, const at::Tensor& wei
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_checked(
-    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
-    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
-  const AggregateSizes sizes = aggregate_sizes(values, weights.size(1), weights.size(2), kernel);
-  // Named variables, not a structured binding: C++17 lambdas cannot capture those (Clang refuses).
-  const bool want_values = output_mask[0], want_weights = output_mask[1];
-  const bool want_kernel = output_mask[2], want_bias = output_mask[3];
+AggregateBackwardTensors::AggregateBackwardTensors(const AggregateSizes& sizes, const at::Tensor& grad_output,
+                                                   const at::Tensor& values, const at::Tensor& kernel,
+                                                   std::array<bool, 4> output_mask)
+    : grad_output_rows(unit_stride_rows(grad_output)),
+      values_rows(unit_stride_rows(values)),
+      kernel_dense(kernel.contiguous()) {
   const auto options = values.options();
   const auto empty_if = [&](bool wanted, c10::IntArrayRef shape) {
     return wanted ? at::empty(shape, options) : at::Tensor();
   };
-  auto grad_values = empty_if(want_values, {sizes.g, sizes.m, sizes.c});
-  auto grad_weights = empty_if(want_weights, {sizes.g, sizes.n, sizes.k});
-  auto grad_kernel = empty_if(want_kernel, kernel.sizes());
-  auto grad_bias = empty_if(want_bias, {sizes.c_out});
-  const auto grad_output_rows = unit_stride_rows(grad_output);
-  const auto values_rows = unit_stride_rows(values);
-  const auto kernel_dense = kernel.contiguous();
+  grad_values = empty_if(output_mask[0], {sizes.g, sizes.m, sizes.c});
+  grad_weights = empty_if(output_mask[1], {sizes.g, sizes.n, sizes.k});
+  grad_kernel = empty_if(output_mask[2], kernel.sizes());
+  grad_bias = empty_if(output_mask[3], {sizes.c_out});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_aggregate_backward_checked(
+    const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
+    const at::Tensor& indices, const at::Tensor& kernel, std::array<bool, 4> output_mask) {
+  const AggregateSizes sizes = aggregate_sizes(values, weights.size(1), weights.size(2), kernel);
+  AggregateBackwardTensors t(sizes, grad_output, values, kernel, output_mask);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, values.scalar_type(),
                                   "knn_aggregate_backward_cpu", [&] {
-    const auto data_or_null = [](at::Tensor& t) {
-      return t.defined() ? t.mutable_data_ptr<scalar_t>() : nullptr;
-    };
-    AggregateBackwardParams<scalar_t> p;
-    p.sizes = sizes;
-    p.grad_output = rows_view<const scalar_t>(grad_output_rows);
-    p.values = rows_view<const scalar_t>(values_rows);
-    p.weights = slots_view<const scalar_t>(weights);
-    p.indices = slots_view<const int64_t>(indices);
-    p.kernel = kernel_dense.const_data_ptr<scalar_t>();
-    if (want_values) p.grad_values = rows_view<scalar_t>(grad_values);
-    if (want_weights) p.grad_weights = slots_view<scalar_t>(grad_weights);
-    p.grad_kernel = data_or_null(grad_kernel);
-    p.grad_bias = data_or_null(grad_bias);
-    knn_aggregate_backward_kernel(p);
+    knn_aggregate_backward_kernel(aggregate_backward_params<scalar_t>(sizes, t, weights, indices));
   });
-  return {grad_values, grad_weights, grad_kernel, grad_bias};
+  return {t.grad_values, t.grad_weights, t.grad_kernel, t.grad_bias};
 }
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {

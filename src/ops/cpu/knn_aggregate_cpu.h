@@ -42,6 +42,37 @@ AggregateForwardParams<scalar_t> aggregate_forward_params(const AggregateSizes& 
   return p;
 }
 
+// The tensors the backward kernel reads (unit-stride rows of dy and the values, a dense kernel), and
+// the gradients it writes: allocated where output_mask (values, weights, kernel, bias) asks.
+struct AggregateBackwardTensors {
+  AggregateBackwardTensors(const AggregateSizes& sizes, const at::Tensor& grad_output, const at::Tensor& values,
+                           const at::Tensor& kernel, std::array<bool, 4> output_mask);
+  at::Tensor grad_output_rows, values_rows, kernel_dense;
+  at::Tensor grad_values, grad_weights, grad_kernel, grad_bias;
+};
+
+template <typename scalar_t>
+AggregateBackwardParams<scalar_t> aggregate_backward_params(const AggregateSizes& sizes,
+                                                            AggregateBackwardTensors& t,
+                                                            const at::Tensor& weights,
+                                                            const at::Tensor& indices) {
+  const auto data_or_null = [](at::Tensor& out) {
+    return out.defined() ? out.mutable_data_ptr<scalar_t>() : nullptr;
+  };
+  AggregateBackwardParams<scalar_t> p;
+  p.sizes = sizes;
+  p.grad_output = rows_view<const scalar_t>(t.grad_output_rows);
+  p.values = rows_view<const scalar_t>(t.values_rows);
+  p.weights = slots_view<const scalar_t>(weights);
+  p.indices = slots_view<const int64_t>(indices);
+  p.kernel = t.kernel_dense.const_data_ptr<scalar_t>();
+  if (t.grad_values.defined()) p.grad_values = rows_view<scalar_t>(t.grad_values);
+  if (t.grad_weights.defined()) p.grad_weights = slots_view<scalar_t>(t.grad_weights);
+  p.grad_kernel = data_or_null(t.grad_kernel);
+  p.grad_bias = data_or_null(t.grad_bias);
+  return p;
+}
+
 // knn_aggregate_backward's body, on inputs its op's check has passed (src/ops/op_signatures.h); the
 // fused attention's backward calls it directly.
 ops::op::Body<ops::op::KnnAggregateBackward> knn_aggregate_backward_checked;

@@ -27,6 +27,7 @@
 
 #include "ops/cpu/aggregate_math.h"
 #include "ops/cpu/inverse_index.h"
+#include "ops/cpu/upcoming_lines.h"
 
 namespace convnn::cpu::CONVNN_CPU_ISA {
 namespace {
@@ -46,6 +47,7 @@ void forward_depthwise(const AggregateForwardParams<scalar_t>& p) {
   at::parallel_for(0, s.g * s.n, row_grain(k_taps * c_in), [&](int64_t begin, int64_t end) {
     Scratch<T> acc_buffer(c_in);
     for (int64_t r = begin; r < end; ++r) {
+      prefetch_upcoming_lines();
       prefetch_selected_rows(p.values, p.indices, r + kGatherAhead, end, s.n, k_taps, c_in);
       const int64_t g = r / s.n, i = r % s.n;
       const auto tap = [&](int64_t k, int64_t c0, int64_t width, T* scratch) {
@@ -79,6 +81,7 @@ void forward_standard_by_queries(const AggregateForwardParams<scalar_t>& p) {
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t r0 = tile * tile_rows, count = std::min(tile_rows, rows - r0);
       for (int64_t t = 0; t < count; ++t) {
+        prefetch_upcoming_lines();
         const int64_t g = (r0 + t) / s.n, i = (r0 + t) % s.n;
         for (int64_t k = 0; k < k_taps; ++k) {
           const T w = static_cast<T>(p.weights.at(g, i, k));
@@ -135,6 +138,7 @@ void forward_standard_by_values(const AggregateForwardParams<scalar_t>& p) {
   at::parallel_for(0, s.g * s.n, row_grain(flat_out), [&](int64_t begin, int64_t end) {
     Scratch<T> acc_buffer(c_out);
     for (int64_t r = begin; r < end; ++r) {
+      prefetch_upcoming_lines();
       const int64_t g = r / s.n, i = r % s.n;
       const auto tap = [&](int64_t k, int64_t c0, int64_t, T*) {
         const T* u = transformed.get() + (g * s.m + p.indices.at(g, i, k)) * flat_out + k * c_out;

@@ -7,6 +7,8 @@
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
 
+#include <optional>
+
 #include "convnn/ops/knn_ops.h"
 #include "ops/checks.h"
 #include "ops/composite/knn_attention_backward.h"
@@ -72,28 +74,55 @@ std::tuple<at::Tensor, at::Tensor> select_backward_cpu(const at::Tensor& grad_sc
                                      similarity);
 }
 
-// Opens the shared inverse-index slot (shared_inverse_index.h) on this thread for one backward
-// call, and closes it after, whatever leaves the call.
-class ShareInverseIndex {
- public:
-  ShareInverseIndex() : previous_(shared_inverse_index) { shared_inverse_index = &slot_; }
-  ~ShareInverseIndex() { shared_inverse_index = previous_; }
-  ShareInverseIndex(const ShareInverseIndex&) = delete;
-  ShareInverseIndex& operator=(const ShareInverseIndex&) = delete;
-
- private:
-  SharedInverseIndex slot_;
-  SharedInverseIndex* previous_;
-};
+// The backward in one kernel, by tasks of whole slices (knn_attention_kernel.h).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward_by_slices(
+    const checks::AttentionChecked& checked, const at::Tensor& grad_output, const at::Tensor& queries,
+    const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
+    const at::Tensor& indices, const at::Tensor& weights, double temperature, std::array<bool, 5> output_mask) {
+  // Named variables, not a structured binding: C++17 lambdas cannot capture those (Clang refuses).
+  const bool want_queries = output_mask[0], want_keys = output_mask[1];
+  // As the composition: uniform and mean rho have no score gradient, and no d(weights) to pay.
+  const bool score_gradient = (want_queries || want_keys) && rho_has_score_gradient(checked.rho);
+  const AggregateSizes sizes = aggregate_sizes(values, indices.size(1), indices.size(2), kernel);
+  AggregateBackwardTensors aggregate(sizes, grad_output, values, kernel,
+                                     {output_mask[2], /*weights: the kernel's own*/ false, output_mask[3], output_mask[4]});
+  const auto weights_dense = weights.contiguous();
+  std::optional<SelectBackwardTensors> select;
+  if (score_gradient) select.emplace(queries, keys);
+  AT_DISPATCH_FLOATING_TYPES(queries.scalar_type(), "knn_attention_backward_cpu", [&] {
+    KnnAttentionBackwardParams<scalar_t, scalar_t> p;
+    p.aggregate = aggregate_backward_params<scalar_t>(sizes, aggregate, weights_dense, indices);
+    if (score_gradient) {
+      p.select = select_backward_params<scalar_t, scalar_t>(*select, indices, scores, checked.similarity);
+    }
+    p.weights = weights_dense.const_data_ptr<scalar_t>();
+    p.temperature = static_cast<scalar_t>(temperature);
+    p.score_gradient = score_gradient;
+    knn_attention_backward(p);
+  });
+  at::Tensor grad_queries, grad_keys;
+  if (want_queries && score_gradient) grad_queries = select->grad_queries;
+  if (want_keys && score_gradient) grad_keys = select->grad_keys;
+  return {grad_queries, grad_keys, aggregate.grad_values, aggregate.grad_kernel, aggregate.grad_bias};
+}
 
 constexpr ops::composite::AttentionBackwardSteps kCpuSteps{
     &knn_aggregate_backward_checked, &softmax_rho_backward_cpu, &select_backward_cpu};
 
+// Float and double over enough slices take the one kernel; the rest, the composition of the fused
+// steps, which share one inverse index (shared_inverse_index.h).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward_checked(
     const checks::AttentionChecked& checked, const at::Tensor& grad_output, const at::Tensor& queries,
     const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel, const at::Tensor& scores,
     const at::Tensor& indices, const at::Tensor& weights, c10::string_view similarity, c10::string_view,
     double temperature, std::array<bool, 5> output_mask) {
+  const bool one_kernel = (queries.scalar_type() == at::kFloat || queries.scalar_type() == at::kDouble) &&
+                          attention_backward_splits_by_slices(queries.size(0)) && indices.numel() > 0 &&
+                          values.numel() > 0;
+  if (one_kernel) {
+    return knn_attention_backward_by_slices(checked, grad_output, queries, keys, values, kernel, scores, indices,
+                                            weights, temperature, output_mask);
+  }
   const ShareInverseIndex share;
   return ops::composite::knn_attention_backward(kCpuSteps, grad_output, queries, keys, values, kernel,
                                                 scores, indices, weights, similarity, checked.rho,

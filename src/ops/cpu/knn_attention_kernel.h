@@ -13,12 +13,27 @@
 
 namespace convnn::cpu {
 
+using kernels::KnnAttentionBackwardParams;
 using kernels::KnnAttentionParams;
 
 // Returns false (outputs unspecified) when a NaN or +inf score was met; the caller reports it.
 // Deterministic and independent of the thread count, as the composed kernels are.
 template <typename scalar_t, typename acc_t>
 bool knn_attention_forward(const KnnAttentionParams<scalar_t, acc_t>& params);
+
+// Whether knn_attention_backward (below) takes a problem of `slices` slices: it splits the work
+// into tasks of whole slices, and needs enough of them to keep the threads busy (the decision is
+// the shape's alone, so results never depend on the thread count); fewer run the composed steps.
+bool attention_backward_splits_by_slices(int64_t slices);
+
+// The backward's three steps (the aggregation's, softmax rho's, the selection's) per task of whole
+// slices, each task's steps in turn while its slices' rows are in cache: the composed steps each
+// pass over the whole problem, from memory. Float and double only (each task's d(kernel) and
+// d(bias) are partial sums in the input type, added up by pairwise_tree.h). Deterministic and
+// independent of the thread count; the sums of d(kernel) and d(bias) run in another order than the
+// composed steps', so they may differ from theirs in the last bits.
+template <typename scalar_t, typename acc_t>
+void knn_attention_backward(const KnnAttentionBackwardParams<scalar_t, acc_t>& params);
 
 // grad_scores[r,:] = softmax-rho backward of rows r < rows ([rows, k] contiguous each).
 template <typename scalar_t, typename acc_t>

@@ -18,6 +18,7 @@
 
 #include "ops/cpu/inverse_index.h"
 #include "ops/cpu/isa.h"
+#include "ops/cpu/upcoming_lines.h"
 #include "ops/cpu/knn_select_kernel.h"
 #include "ops/kernels/similarity.h"
 
@@ -108,6 +109,7 @@ void grad_queries_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, ac
   at::parallel_for(0, p.slices * p.queries_n, 16, [&](int64_t begin, int64_t end) {
     ScaledRows<acc_t> terms(d);
     for (int64_t row = begin; row < end; ++row) {
+      prefetch_upcoming_lines();
       const int64_t g = row / p.queries_n, i = row % p.queries_n;
       terms.start(p.k);
       for (int64_t s = 0; s < p.k; ++s) {
@@ -131,6 +133,7 @@ void grad_keys_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const
   at::parallel_for(0, p.slices * p.keys_m, 16, [&](int64_t begin, int64_t end) {
     ScaledRows<acc_t> terms(d);
     for (int64_t row = begin; row < end; ++row) {
+      prefetch_upcoming_lines();
       const int64_t g = row / p.keys_m, j = row % p.keys_m;
       terms.start(inverse.end(g, j) - inverse.begin(g, j));
       for (const int64_t* slot = inverse.begin(g, j); slot != inverse.end(g, j); ++slot) {
@@ -150,6 +153,7 @@ void grad_queries_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
   at::parallel_for(0, p.slices * p.queries_n, 16, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> q(d), key(d), out(d);
     for (int64_t row = begin; row < end; ++row) {
+      prefetch_upcoming_lines();
       const int64_t g = row / p.queries_n, i = row % p.queries_n;
       load_row(p.queries + row * d, d, q.data());
       std::fill(out.begin(), out.end(), acc_t(0));
@@ -170,6 +174,7 @@ void grad_keys_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const Inv
   at::parallel_for(0, p.slices * p.keys_m, 16, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> q(d), key(d), out(d);
     for (int64_t row = begin; row < end; ++row) {
+      prefetch_upcoming_lines();
       const int64_t g = row / p.keys_m, j = row % p.keys_m;
       load_row(p.keys + row * d, d, key.data());
       std::fill(out.begin(), out.end(), acc_t(0));

@@ -54,37 +54,27 @@ std::tuple<at::Tensor, at::Tensor> knn_select_checked(const Similarity& similari
   return {scores, indices};
 }
 
+SelectBackwardTensors::SelectBackwardTensors(const at::Tensor& queries_in, const at::Tensor& keys_in)
+    : queries(queries_in.contiguous()),
+      keys(keys_in.contiguous()),
+      grad_queries(at::empty_like(queries)),
+      grad_keys(at::empty_like(keys)) {}
+
 std::tuple<at::Tensor, at::Tensor> knn_select_backward_checked(const Similarity& similarity,
                                                                const at::Tensor& grad_scores,
                                                                const at::Tensor& queries, const at::Tensor& keys,
                                                                const at::Tensor& indices, const at::Tensor& scores,
                                                                c10::string_view) {
-  const auto q = queries.contiguous(), k = keys.contiguous();
-  auto grad_queries = at::empty_like(q), grad_keys = at::empty_like(k);
-  if (q.numel() == 0 && k.numel() == 0) return {grad_queries, grad_keys};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "knn_select_backward_cpu", [&] {
+  SelectBackwardTensors t(queries, keys);
+  if (t.queries.numel() == 0 && t.keys.numel() == 0) return {t.grad_queries, t.grad_keys};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, t.queries.scalar_type(), "knn_select_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const auto slots = [](const at::Tensor& t) {
-      return SlotsView<const scalar_t>{t.const_data_ptr<scalar_t>(), t.stride(0), t.stride(1), t.stride(2)};
-    };
-    KnnSelectBackwardParams<scalar_t, acc_t> p;
-    p.queries = q.const_data_ptr<scalar_t>();
-    p.keys = k.const_data_ptr<scalar_t>();
-    p.indices = {indices.const_data_ptr<int64_t>(), indices.stride(0), indices.stride(1), indices.stride(2)};
-    const auto grad = grad_scores.to(q.scalar_type());
-    p.grad_scores = slots(grad);
-    p.scores = slots(scores);
-    p.slices = q.size(0);
-    p.queries_n = q.size(1);
-    p.keys_m = k.size(1);
-    p.features = q.size(2);
-    p.k = indices.size(2);
-    p.similarity = similarity;
-    p.grad_queries = grad_queries.mutable_data_ptr<scalar_t>();
-    p.grad_keys = grad_keys.mutable_data_ptr<scalar_t>();
+    auto p = select_backward_params<scalar_t, acc_t>(t, indices, scores, similarity);
+    const auto grad = grad_scores.to(t.queries.scalar_type());
+    p.grad_scores = slots_view<const scalar_t>(grad);
     knn_select_backward(p);
   });
-  return {grad_queries, grad_keys};
+  return {t.grad_queries, t.grad_keys};
 }
 
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "ops/cpu/knn_select_kernel.h"
+#include "ops/cpu/tensor_views.h"
 #include "ops/op_signatures.h"
 
 namespace convnn::cpu {
@@ -48,6 +49,33 @@ KnnSelectParams<scalar_t, acc_t> select_params(const SelectInputs& in, int64_t k
   p.index_order = index_order;
   p.scores = scores.mutable_data_ptr<scalar_t>();
   p.indices = indices.mutable_data_ptr<int64_t>();
+  return p;
+}
+
+// The tensors the select backward kernel reads (contiguous queries and keys), and the gradients it
+// writes.
+struct SelectBackwardTensors {
+  SelectBackwardTensors(const at::Tensor& queries, const at::Tensor& keys);
+  at::Tensor queries, keys, grad_queries, grad_keys;
+};
+
+// Parameters of the whole select backward, but for its d(scores) (the caller's to set).
+template <typename scalar_t, typename acc_t>
+KnnSelectBackwardParams<scalar_t, acc_t> select_backward_params(SelectBackwardTensors& t, const at::Tensor& indices,
+                                                                const at::Tensor& scores, Similarity similarity) {
+  KnnSelectBackwardParams<scalar_t, acc_t> p;
+  p.queries = t.queries.const_data_ptr<scalar_t>();
+  p.keys = t.keys.const_data_ptr<scalar_t>();
+  p.indices = slots_view<const int64_t>(indices);
+  p.scores = slots_view<const scalar_t>(scores);
+  p.slices = t.queries.size(0);
+  p.queries_n = t.queries.size(1);
+  p.keys_m = t.keys.size(1);
+  p.features = t.queries.size(2);
+  p.k = indices.size(2);
+  p.similarity = similarity;
+  p.grad_queries = t.grad_queries.mutable_data_ptr<scalar_t>();
+  p.grad_keys = t.grad_keys.mutable_data_ptr<scalar_t>();
   return p;
 }
 

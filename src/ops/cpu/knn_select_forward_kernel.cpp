@@ -27,6 +27,7 @@
 #include "ops/cpu/isa.h"
 #include "ops/cpu/knn_select_kernel.h"
 #include "ops/cpu/top_k.h"
+#include "ops/cpu/upcoming_lines.h"
 #include "ops/cpu/vec_arith.h"
 #include "ops/kernels/similarity.h"
 
@@ -238,6 +239,7 @@ class SelectTask {
 
   bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns) {
     for (int64_t r = 0; r < rows; ++r) {
+      if (m0 == 0) prefetch_upcoming_lines();
       acc_t* row = tile_.data() + r * width_;
       if (!ranking_keys(row, r, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0)) return false;
       tops_[r].offer_row(row, columns, m0);
@@ -255,6 +257,7 @@ class SelectTask {
     }
     compute_tile(rows, p_.keys_m);
     for (int64_t r = 0; r < rows; ++r) {
+      prefetch_upcoming_lines();
       acc_t* row = tile_.data() + r * width_;
       if (!ranking_keys(row, r, p_.keys_m, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
         return false;

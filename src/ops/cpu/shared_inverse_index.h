@@ -3,8 +3,8 @@
 // that route gradients through it (the aggregation's d(values), the selection's d(keys)): they take
 // the same indices, and each built its own (about 1 ms at the paper's Table 1 shape). Data only, so
 // that the per-instruction-set kernel files and the CPU entry may both include it: the kernels
-// read and fill the slot (ops/cpu/inverse_index.h, inverse_index_for); knn_attention_cpu.cpp opens
-// it for the duration of one backward call (ShareInverseIndex).
+// read and fill the slot (ops/cpu/inverse_index.h, inverse_index_for); the attention backward opens
+// it for the duration of one backward call, or of one of its tasks (ShareInverseIndex).
 #include <cstdint>
 #include <memory>
 
@@ -20,5 +20,19 @@ struct SharedInverseIndex {
 
 // Non-null while a knn_attention backward runs on this thread.
 inline thread_local SharedInverseIndex* shared_inverse_index = nullptr;
+
+// Opens a slot on this thread for the lifetime of the object, and restores the previous one after,
+// whatever leaves the scope.
+class ShareInverseIndex {
+ public:
+  ShareInverseIndex() : previous_(shared_inverse_index) { shared_inverse_index = &slot_; }
+  ~ShareInverseIndex() { shared_inverse_index = previous_; }
+  ShareInverseIndex(const ShareInverseIndex&) = delete;
+  ShareInverseIndex& operator=(const ShareInverseIndex&) = delete;
+
+ private:
+  SharedInverseIndex slot_;
+  SharedInverseIndex* previous_;
+};
 
 }  // namespace convnn::cpu

@@ -18,4 +18,18 @@ struct KnnAttentionParams {
   scalar_t* weights = nullptr;  // [G,N,K] contiguous out
 };
 
+// knn_attention's backward, the three steps of its composition (the aggregation's backward, the
+// softmax-rho backward, the select backward) run by one kernel.
+template <typename scalar_t, typename acc_t>
+struct KnnAttentionBackwardParams {
+  // The whole aggregation backward; its grad_weights is left empty (the kernel keeps d(weights)).
+  AggregateBackwardParams<scalar_t> aggregate;
+  // The whole select backward, run when score_gradient; its grad_scores is left empty (the kernel
+  // keeps d(scores)), and both of its outputs are written.
+  KnnSelectBackwardParams<scalar_t, acc_t> select;
+  const scalar_t* weights = nullptr;  // [G,N,K] contiguous: the forward's softmax weights
+  acc_t temperature = 1;
+  bool score_gradient = false;  // softmax rho, and d(queries) or d(keys) wanted
+};
+
 }  // namespace convnn::kernels
