@@ -3,8 +3,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
 #include <tuple>
+#include <vector>
 
+#include "ops/cpu/isa.h"
 #include "ops/cpu/knn_select_cpu.h"
 #include "ops/reference/reference.h"
 #include "support/assert_close.h"
@@ -35,6 +41,104 @@ void expect_same_selection(const torch::Tensor& q, const torch::Tensor& k, int64
   EXPECT_TRUE(torch::equal(fused_indices, ref_indices));
   const double tolerance = 64 * convnn::testing::epsilon_of(q.scalar_type());
   EXPECT_TRUE(AllClose(fused_scores, ref_scores, tolerance, tolerance));
+}
+
+// Gaussian's distance as the fused CPU select defines it: the float32 sum, in feature order from
+// zero, of (q_j - k_j)^2, each step one fused multiply-add where the kernels run their AVX2 build,
+// a rounded product then a rounded sum in the baseline build (docs/operator.md, "Ties").
+float gaussian_distance(const float* q, const float* k, int64_t d) {
+  const bool fused = convnn::cpu::runtime_isa() == convnn::cpu::Isa::Avx2;
+  float sum = 0;
+  for (int64_t j = 0; j < d; ++j) {
+    const float diff = q[j] - k[j];
+    if (fused) {
+      sum = std::fma(diff, diff, sum);
+    } else {
+      volatile float square = diff * diff;  // no contraction into a fused multiply-add
+      sum = sum + square;
+    }
+  }
+  return sum;
+}
+
+// The Gaussian selection emulated from gaussian_distance: ranking keys -distance (-inf where the
+// bool mask forbids a key, plus the additive mask), the top `top` of each row in descending order
+// with ties to the lower index (index_order: then by index), reported as exp(key) (masked: -inf).
+std::tuple<torch::Tensor, torch::Tensor> emulated_gaussian_select(const torch::Tensor& q, const torch::Tensor& k,
+                                                                  int64_t top, const torch::Tensor& mask,
+                                                                  bool index_order) {
+  const int64_t g_size = q.size(0), n = q.size(1), m = k.size(1), d = q.size(2);
+  const auto qc = q.contiguous(), kc = k.contiguous();
+  const bool bool_mask = mask.defined() && mask.scalar_type() == torch::kBool;
+  const auto allowed = bool_mask ? mask.expand({g_size, n, m}).contiguous() : torch::Tensor();
+  const auto added = mask.defined() && !bool_mask ? mask.expand({g_size, n, m}).contiguous() : torch::Tensor();
+  auto scores = torch::empty({g_size, n, top}, torch::kFloat);
+  auto indices = torch::empty({g_size, n, top}, torch::kLong);
+  std::vector<float> keys(m);
+  std::vector<int64_t> order(m);
+  for (int64_t row = 0; row < g_size * n; ++row) {
+    const int64_t g = row / n;
+    for (int64_t j = 0; j < m; ++j) {
+      float key = -gaussian_distance(qc.data_ptr<float>() + row * d, kc.data_ptr<float>() + (g * m + j) * d, d);
+      if (bool_mask && !allowed.data_ptr<bool>()[row * m + j]) key = -std::numeric_limits<float>::infinity();
+      if (added.defined()) key += added.data_ptr<float>()[row * m + j];
+      keys[j] = key;
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[a] > keys[b]; });
+    if (index_order) std::sort(order.begin(), order.begin() + top);
+    for (int64_t s = 0; s < top; ++s) {
+      const float key = keys[order[s]];
+      scores.data_ptr<float>()[row * top + s] = key == -std::numeric_limits<float>::infinity() ? key : std::exp(key);
+      indices.data_ptr<int64_t>()[row * top + s] = order[s];
+    }
+  }
+  return {scores, indices};
+}
+
+void expect_emulated_gaussian(const torch::Tensor& q, const torch::Tensor& k, int64_t top, const torch::Tensor& mask,
+                              bool index_order) {
+  SCOPED_TRACE("k=" + std::to_string(top) + " M=" + std::to_string(k.size(1)) + " D=" + std::to_string(q.size(2)) +
+               (mask.defined() ? " masked" : "") + (index_order ? " index order" : ""));
+  const auto optional_mask = mask.defined() ? c10::optional<torch::Tensor>(mask) : c10::nullopt;
+  const auto [scores, indices] = convnn::cpu::knn_select(q, k, top, "gaussian", optional_mask, index_order);
+  const auto [expected_scores, expected_indices] = emulated_gaussian_select(q, k, top, mask, index_order);
+  EXPECT_TRUE(torch::equal(indices, expected_indices));
+  EXPECT_TRUE(torch::equal(scores, expected_scores));
+}
+
+// The fused select ranks Gaussian candidates by gaussian_distance bit for bit, however it gets there
+// (through the GEMM identity |q|^2 + |k|^2 - 2 q.k, then exactly for the keys near the K-th): random
+// rows, whole-row and streamed tiles, masks, near ties (keys a few ulps apart), exact ties
+// (duplicated keys), and magnitudes whose squares underflow or overflow float32.
+TEST(FusedSelect, Float32GaussianRanksByTheFeatureOrderSumOfSquaredDifferencesBitForBit) {
+  torch::manual_seed(11);
+  for (const auto& [n, m, d] : {std::make_tuple(int64_t{37}, int64_t{197}, int64_t{64}),
+                                std::make_tuple(int64_t{70}, int64_t{300}, int64_t{17}),
+                                std::make_tuple(int64_t{9}, int64_t{2100}, int64_t{16})}) {
+    const auto q = torch::randn({2, n, d}, torch::kFloat), k = torch::randn({2, m, d}, torch::kFloat);
+    const auto allowed = torch::rand({n, m}) > 0.4;
+    // Distances take additive masks of 0 and -inf only (a finite bias has no distance meaning).
+    const auto additive = torch::zeros({2, n, m}).masked_fill(torch::rand({2, n, m}) > 0.8, -INFINITY);
+    for (const int64_t top : {int64_t{1}, int64_t{8}, int64_t{17}}) {
+      expect_emulated_gaussian(q, k, top, {}, top == 8);
+      expect_emulated_gaussian(q, k, top, allowed, top != 8);
+      expect_emulated_gaussian(q, k, top, additive, false);
+    }
+  }
+  // Near and exact ties: every key a copy of one of 5 rows, moved by at most 3 ulps.
+  const auto base = torch::randn({1, 5, 32}, torch::kFloat);
+  auto k = base.index({torch::indexing::Slice(), torch::randint(5, {400})}).contiguous();
+  const auto ulps = torch::randint(-3, 4, k.sizes(), torch::kInt) * (torch::rand(k.sizes()) > 0.7).to(torch::kInt);
+  k = torch::nextafter(k, k + ulps.sign().to(torch::kFloat) * INFINITY).where(ulps != 0, k);
+  const auto q = base.index({torch::indexing::Slice(), torch::randint(5, {40})}) + 1e-3 * torch::randn({1, 40, 32});
+  for (const int64_t top : {int64_t{4}, int64_t{9}, int64_t{16}}) expect_emulated_gaussian(q, k, top, {}, false);
+  // Tiny and huge rows: squares below float32's smallest normal, and sums past its largest.
+  for (const double scale : {1e-21, 3e18}) {
+    const auto small_q = torch::randn({2, 20, 24}, torch::kFloat) * scale;
+    const auto small_k = torch::randn({2, 150, 24}, torch::kFloat) * scale;
+    expect_emulated_gaussian(small_q, small_k, 6, {}, false);
+  }
 }
 
 // Sizes that cover several query and key blocks and ragged block ends.
