@@ -113,7 +113,11 @@ void expect_emulated_gaussian(const torch::Tensor& q, const torch::Tensor& k, in
 // (duplicated keys), and magnitudes whose squares underflow or overflow float32.
 TEST(FusedSelect, Float32GaussianRanksByTheFeatureOrderSumOfSquaredDifferencesBitForBit) {
   torch::manual_seed(11);
-  for (const auto& [n, m, d] : {std::make_tuple(int64_t{37}, int64_t{197}, int64_t{64}),
+  // Shapes through the identity (1100 keys x 48 features, 800 x 64) and through the direct sums
+  // only (197 x 64 and 300 x 17: too few pairs; 2100 x 16: streamed tiles).
+  for (const auto& [n, m, d] : {std::make_tuple(int64_t{37}, int64_t{1100}, int64_t{48}),
+                                std::make_tuple(int64_t{20}, int64_t{800}, int64_t{64}),
+                                std::make_tuple(int64_t{37}, int64_t{197}, int64_t{64}),
                                 std::make_tuple(int64_t{70}, int64_t{300}, int64_t{17}),
                                 std::make_tuple(int64_t{9}, int64_t{2100}, int64_t{16})}) {
     const auto q = torch::randn({2, n, d}, torch::kFloat), k = torch::randn({2, m, d}, torch::kFloat);
@@ -128,15 +132,15 @@ TEST(FusedSelect, Float32GaussianRanksByTheFeatureOrderSumOfSquaredDifferencesBi
   }
   // Near and exact ties: every key a copy of one of 5 rows, moved by at most 3 ulps.
   const auto base = torch::randn({1, 5, 32}, torch::kFloat);
-  auto k = base.index({torch::indexing::Slice(), torch::randint(5, {400})}).contiguous();
+  auto k = base.index({torch::indexing::Slice(), torch::randint(5, {1030})}).contiguous();
   const auto ulps = torch::randint(-3, 4, k.sizes(), torch::kInt) * (torch::rand(k.sizes()) > 0.7).to(torch::kInt);
   k = torch::nextafter(k, k + ulps.sign().to(torch::kFloat) * INFINITY).where(ulps != 0, k);
   const auto q = base.index({torch::indexing::Slice(), torch::randint(5, {40})}) + 1e-3 * torch::randn({1, 40, 32});
   for (const int64_t top : {int64_t{4}, int64_t{9}, int64_t{16}}) expect_emulated_gaussian(q, k, top, {}, false);
   // Tiny and huge rows: squares below float32's smallest normal, and sums past its largest.
   for (const double scale : {1e-21, 3e18}) {
-    const auto small_q = torch::randn({2, 20, 24}, torch::kFloat) * scale;
-    const auto small_k = torch::randn({2, 150, 24}, torch::kFloat) * scale;
+    const auto small_q = torch::randn({2, 20, 32}, torch::kFloat) * scale;
+    const auto small_k = torch::randn({2, 1024, 32}, torch::kFloat) * scale;
     expect_emulated_gaussian(small_q, small_k, 6, {}, false);
   }
 }

@@ -48,10 +48,11 @@ void backward_depthwise_by_queries(const AggregateBackwardParams<scalar_t>& p,
   const int64_t partial_size = k_taps * c_in + c_in;
   ChunkedSum<T> sum(s.g * s.n, grain, partial_size);
   sum.run([&](const auto& for_each_chunk) {
+    const UpcomingLinesCursor upcoming;
     Scratch<T> dy_buffer(c_in), row_buffer(c_in), block(partial_size);
     // Adds query row r's d(kernel) [K, C] and d(bias) [C] to acc, and stores its d(weights).
     const auto add_row = [&](int64_t r, T* acc) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       prefetch_selected_rows(p.values, p.indices, r + kGatherAhead, s.g * s.n, s.n, k_taps, c_in);
       const int64_t g = r / s.n, i = r % s.n;
       const T* dy = opmath_row(p.grad_output.row(g, i), c_in, dy_buffer.get());
@@ -85,9 +86,10 @@ void backward_depthwise_values(const AggregateBackwardParams<scalar_t>& p,
   const auto& s = p.sizes;
   const int64_t c_in = s.c;
   at::parallel_for(0, s.g * s.m, grain, [&](int64_t begin, int64_t end) {
+    const UpcomingLinesCursor upcoming;
     Scratch<T> acc_buffer(c_in);
     for (int64_t r = begin; r < end; ++r) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       if (r + kGatherAhead < end) {
         const int64_t ahead_g = (r + kGatherAhead) / s.m, ahead_j = (r + kGatherAhead) % s.m;
         for (const int64_t* slot = inverse.begin(ahead_g, ahead_j); slot != inverse.end(ahead_g, ahead_j); ++slot) {
@@ -129,11 +131,12 @@ template <typename scalar_t, typename T>
 void gather_weighted_gradients(const AggregateBackwardParams<scalar_t>& p,
                                const InverseIndex& inverse, int64_t r0, int64_t count, T* z,
                                T* dy_buffer) {
+  const UpcomingLinesCursor upcoming;
   const auto& s = p.sizes;
   const int64_t c_out = s.c_out, flat_out = s.k * s.c_out;
   std::fill_n(z, count * flat_out, T(0));
   for (int64_t t = 0; t < count; ++t) {
-    prefetch_upcoming_lines();
+    upcoming.step();
     const int64_t g = (r0 + t) / s.m, j = (r0 + t) % s.m;
     for (const int64_t* slot = inverse.begin(g, j); slot != inverse.end(g, j); ++slot) {
       const int64_t i = inverse.query(*slot), k = inverse.tap(*slot);
@@ -195,6 +198,7 @@ void backward_standard_by_queries(const AggregateBackwardParams<scalar_t>& p,
   const int64_t partial_size = c_out * flat + c_out;
   ChunkedSum<T> sum(want_pass1 ? tiles : 0, 1, partial_size);
   sum.run([&](const auto& for_each_chunk) {
+    const UpcomingLinesCursor upcoming;
     Scratch<T> dy(tile_rows * c_out), dy_t(c_out * tile_rows), gathered(tile_rows * flat),
         pulled(want_weights ? tile_rows * flat : 0), tile_grad(partial_size),
         block(std::max(c_out, tile_rows) * flat);
@@ -202,7 +206,7 @@ void backward_standard_by_queries(const AggregateBackwardParams<scalar_t>& p,
       for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
         const int64_t r0 = tile * tile_rows, count = std::min(tile_rows, rows - r0);
         for (int64_t t = 0; t < count; ++t) {
-          prefetch_upcoming_lines();
+          upcoming.step();
           const int64_t g = (r0 + t) / s.n, i = (r0 + t) % s.n;
           copy_row(p.grad_output.row(g, i), c_out, dy.get() + t * c_out);
           for (int64_t k = 0; k < k_taps; ++k) {
@@ -295,6 +299,7 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
   const int64_t partial_size = flat_out * c_in;
   ChunkedSum<T> kernel_sum(want_z || want_weights ? tiles : 0, 1, partial_size);
   kernel_sum.run([&](const auto& for_each_chunk) {
+    const UpcomingLinesCursor upcoming;
     Scratch<T> z(tile_rows * flat_out), z_t(flat_out * tile_rows), v(tile_rows * c_in),
         dv(tile_rows * c_in), tile_grad(partial_size), block(std::max(tile_rows, c_in) * flat_out),
         dy_buffer(c_out);
@@ -302,7 +307,7 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
       for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
         const int64_t r0 = tile * tile_rows, count = std::min(tile_rows, value_rows - r0);
         for (int64_t t = 0; t < count; ++t) {
-          prefetch_upcoming_lines();
+          upcoming.step();
           copy_row(p.values.row((r0 + t) / s.m, (r0 + t) % s.m), c_in, v.get() + t * c_in);
         }
         if (want_weights) {
@@ -349,10 +354,11 @@ void backward_standard_by_values(const AggregateBackwardParams<scalar_t>& p,
   if (!want_weights && !p.grad_bias) return;
   ChunkedSum<T> bias_sum(s.g * s.n, row_grain(flat_out), c_out);
   bias_sum.run([&](const auto& for_each_chunk) {
+    const UpcomingLinesCursor upcoming;
     Scratch<T> dy_buffer(c_out), block(c_out);
     // Adds query row r's d(bias) to acc, and stores its d(weights).
     const auto add_row = [&](int64_t r, T* acc) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       const int64_t g = r / s.n, i = r % s.n;
       const T* dy = opmath_row(p.grad_output.row(g, i), c_out, dy_buffer.get());
       axpy(c_out, T(1), dy, acc);

@@ -45,9 +45,10 @@ void forward_depthwise(const AggregateForwardParams<scalar_t>& p) {
   for (int64_t c = 0; c < c_in; ++c) bias.get()[c] = p.bias ? static_cast<T>(p.bias[c]) : T(0);
 
   at::parallel_for(0, s.g * s.n, row_grain(k_taps * c_in), [&](int64_t begin, int64_t end) {
+    const UpcomingLinesCursor upcoming;
     Scratch<T> acc_buffer(c_in);
     for (int64_t r = begin; r < end; ++r) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       prefetch_selected_rows(p.values, p.indices, r + kGatherAhead, end, s.n, k_taps, c_in);
       const int64_t g = r / s.n, i = r % s.n;
       const auto tap = [&](int64_t k, int64_t c0, int64_t width, T* scratch) {
@@ -76,12 +77,13 @@ void forward_standard_by_queries(const AggregateForwardParams<scalar_t>& p) {
   const int64_t rows = s.g * s.n;
   const int64_t tile_rows = standard_tile_rows(s, sizeof(T));
   at::parallel_for(0, ceil_div(rows, tile_rows), 1, [&](int64_t begin, int64_t end) {
+    const UpcomingLinesCursor upcoming;
     Scratch<T> neighbourhoods(tile_rows * flat), y(tile_rows * c_out), block(tile_rows * c_out),
         row_buffer(c_in);
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t r0 = tile * tile_rows, count = std::min(tile_rows, rows - r0);
       for (int64_t t = 0; t < count; ++t) {
-        prefetch_upcoming_lines();
+        upcoming.step();
         const int64_t g = (r0 + t) / s.n, i = (r0 + t) % s.n;
         for (int64_t k = 0; k < k_taps; ++k) {
           const T w = static_cast<T>(p.weights.at(g, i, k));
@@ -136,9 +138,10 @@ void forward_standard_by_values(const AggregateForwardParams<scalar_t>& p) {
   transform_values(s, p.values, kernel, transformed.get());
 
   at::parallel_for(0, s.g * s.n, row_grain(flat_out), [&](int64_t begin, int64_t end) {
+    const UpcomingLinesCursor upcoming;
     Scratch<T> acc_buffer(c_out);
     for (int64_t r = begin; r < end; ++r) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       const int64_t g = r / s.n, i = r % s.n;
       const auto tap = [&](int64_t k, int64_t c0, int64_t, T*) {
         const T* u = transformed.get() + (g * s.m + p.indices.at(g, i, k)) * flat_out + k * c_out;

@@ -107,9 +107,10 @@ template <typename Policy, typename scalar_t, typename acc_t>
 void grad_queries_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, acc_t* coefficients) {
   const int64_t d = p.features;
   at::parallel_for(0, p.slices * p.queries_n, 16, [&](int64_t begin, int64_t end) {
+    const UpcomingLinesCursor upcoming;
     ScaledRows<acc_t> terms(d);
     for (int64_t row = begin; row < end; ++row) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       const int64_t g = row / p.queries_n, i = row % p.queries_n;
       terms.start(p.k);
       for (int64_t s = 0; s < p.k; ++s) {
@@ -131,9 +132,10 @@ void grad_keys_in_place(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const
                         const acc_t* coefficients) {
   const int64_t d = p.features;
   at::parallel_for(0, p.slices * p.keys_m, 16, [&](int64_t begin, int64_t end) {
+    const UpcomingLinesCursor upcoming;
     ScaledRows<acc_t> terms(d);
     for (int64_t row = begin; row < end; ++row) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       const int64_t g = row / p.keys_m, j = row % p.keys_m;
       terms.start(inverse.end(g, j) - inverse.begin(g, j));
       for (const int64_t* slot = inverse.begin(g, j); slot != inverse.end(g, j); ++slot) {
@@ -151,9 +153,10 @@ template <typename Policy, typename scalar_t, typename acc_t>
 void grad_queries_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p) {
   const int64_t d = p.features;
   at::parallel_for(0, p.slices * p.queries_n, 16, [&](int64_t begin, int64_t end) {
+    const UpcomingLinesCursor upcoming;
     std::vector<acc_t> q(d), key(d), out(d);
     for (int64_t row = begin; row < end; ++row) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       const int64_t g = row / p.queries_n, i = row % p.queries_n;
       load_row(p.queries + row * d, d, q.data());
       std::fill(out.begin(), out.end(), acc_t(0));
@@ -172,9 +175,10 @@ template <typename Policy, typename scalar_t, typename acc_t>
 void grad_keys_pass(const KnnSelectBackwardParams<scalar_t, acc_t>& p, const InverseIndex& inverse) {
   const int64_t d = p.features;
   at::parallel_for(0, p.slices * p.keys_m, 16, [&](int64_t begin, int64_t end) {
+    const UpcomingLinesCursor upcoming;
     std::vector<acc_t> q(d), key(d), out(d);
     for (int64_t row = begin; row < end; ++row) {
-      prefetch_upcoming_lines();
+      upcoming.step();
       const int64_t g = row / p.keys_m, j = row % p.keys_m;
       load_row(p.keys + row * d, d, key.data());
       std::fill(out.begin(), out.end(), acc_t(0));

@@ -28,6 +28,7 @@
 #include "ops/cpu/knn_select_kernel.h"
 #include "ops/cpu/top_k.h"
 #include "ops/cpu/upcoming_lines.h"
+#include "ops/cpu/gemm_distance.h"
 #include "ops/cpu/vec_arith.h"
 #include "ops/kernels/similarity.h"
 
@@ -38,10 +39,21 @@ constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 128;
 constexpr int64_t kRowTile = 4;     // query rows per micro-kernel call
 constexpr int64_t kColumnTile = 16; // keys per micro-kernel call
-#if defined(CPU_CAPABILITY_AVX2)
 // A whole-row tile's transposed keys stay within 1 MiB of acc_t (in L2 beside the score tile).
 constexpr int64_t kWholeRowTileElements = int64_t{1} << 18;
+constexpr int64_t kWholeRowMaxKeys = 2048;
+#if defined(CPU_CAPABILITY_AVX2)
+static_assert(kWholeRowMaxKeys == WholeRowTopK::kMaxColumns, "whole rows are as long as WholeRowTopK takes");
 #endif
+// Gaussian rows take the GEMM identity (gemm_distance.h) where its fixed cost per row (bounds, a
+// top-K of them, the exact sums of about K keys) is below what the GEMM saves on the row's M x D
+// pairs: from 32 features, and 1024 keys or 48 Ki pairs (measured on AMD Zen 5, 2 threads, K = 9:
+// 768 keys x 64 features 9 % faster, x 32 10 % slower; 512 x 64 even, x 128 8 % faster; 1024 x 32
+// 25 % faster, x 16 5 % slower, x 4 60 % slower; 2048 x 64 2x faster; 197 x 64, Table 1's heads,
+// 1.5x slower).
+constexpr int64_t kGemmDistanceMinFeatures = 32;
+constexpr int64_t kGemmDistanceMinKeys = 1024;
+constexpr int64_t kGemmDistanceMinPairs = 48 * 1024;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -72,6 +84,37 @@ inline void micro_kernel(const acc_t* q, int64_t d_size, const acc_t* kt, int64_
   }
 }
 
+// One lane of the vectors the direct path accumulates in (at::vec::Vectorized<float>), as a scalar:
+// Policy::accumulate on VectorLane values performs what it performs on each lane of those vectors,
+// so a distance summed in VectorLane is the same bits as the direct path's. at::vec's fmadd is one
+// fused multiply-add per lane in the AVX2 build (_mm256_fmadd_ps) and its generic a * b + c (a
+// rounded product, then a rounded sum) in the baseline build.
+struct VectorLane {
+  float value;
+  friend VectorLane operator-(VectorLane a, VectorLane b) { return {a.value - b.value}; }
+};
+
+}  // namespace
+}  // namespace convnn::cpu::CONVNN_CPU_ISA
+
+namespace convnn::kernels {
+template <>
+struct Arith<cpu::CONVNN_CPU_ISA::VectorLane> {
+  using Lane = cpu::CONVNN_CPU_ISA::VectorLane;
+  static Lane fmadd(Lane a, Lane b, Lane c) {
+#if defined(CPU_CAPABILITY_AVX2)
+    return {std::fma(a.value, b.value, c.value)};
+#else
+    volatile float product = a.value * b.value;  // rounded on its own, never fused into the sum
+    return {product + c.value};
+#endif
+  }
+};
+}  // namespace convnn::kernels
+
+namespace convnn::cpu::CONVNN_CPU_ISA {
+namespace {
+
 // kt is [D][width], tile [rows][width].
 template <typename Policy, typename acc_t>
 void score_tile(const acc_t* q, int64_t rows, int64_t d_size, const acc_t* kt, int64_t columns,
@@ -97,6 +140,164 @@ void inverse_norms(const acc_t* src, int64_t rows, int64_t d, acc_t* out) {
   }
 }
 
+// Selects Gaussian rows of float keys from their dot products with the slice's keys, as
+// gemm_distance.h proves exact: bounds, the keys they cannot rule out, and those ranked by the
+// exact sums (row_micro_kernel, as the direct path computes them). One per task.
+template <typename Policy>
+class DistanceRowSelector {
+ public:
+  DistanceRowSelector(int64_t features, int64_t k, int64_t width)
+      : d_(features),
+        k_(k),
+        bounds_(features),
+        key_squares_(width),
+        key_roots_(width),
+        lower_(width),
+        upper_(width),
+        candidates_(width),
+        candidate_keys_(width),
+
+        tau_keys_(k),
+        tau_indices_(k),
+        top_keys_(k),
+        top_indices_(k) {
+#if defined(CPU_CAPABILITY_AVX2)
+    if (k <= LaneTopK::kLanes) whole_row_top_.emplace(k);
+#endif
+  }
+
+  // The slice's `columns` keys, as rows ([columns][D]) and transposed ([D][width]): their squared
+  // norms and norms, summed over the features in order (any order would do: the bounds hold for
+  // every order).
+  void set_keys(const float* rows, const float* kt, int64_t width, int64_t columns) {
+    rows_ = rows;
+    columns_ = columns;
+    std::fill_n(key_squares_.data(), columns, 0.0f);
+    for (int64_t j = 0; j < d_; ++j) {
+      for (int64_t c = 0; c < columns; ++c) key_squares_[c] += kt[j * width + c] * kt[j * width + c];
+    }
+    key_root_max_ = 0;
+    keys_finite_ = true;
+    for (int64_t c = 0; c < columns; ++c) {
+      key_roots_[c] = std::sqrt(key_squares_[c]);
+      key_root_max_ = std::max(key_root_max_, key_roots_[c]);
+      keys_finite_ = keys_finite_ && std::isfinite(key_squares_[c]);
+    }
+  }
+
+  // Selects the query row q ([D]) from its dot products with the keys, masked by allowed / added
+  // (each null, or the row's), into keys_out / indices_out (slot order as index_order says);
+  // returns false on an unrankable key (a NaN distance).
+  bool select(const float* q, const float* dots, const bool* allowed, const float* added, bool index_order,
+              float* keys_out, int64_t* indices_out) {
+    float q_square = 0;
+    for (int64_t j = 0; j < d_; ++j) q_square += q[j] * q[j];
+    const float q_root = std::sqrt(q_square);
+    int64_t count = columns_;
+    if (keys_finite_ && DistanceBounds::finite(q_root, key_root_max_)) {
+      bounds_.row(q_square, q_root, dots, key_squares_.data(), key_roots_.data(), columns_, lower_.data(),
+                  upper_.data());
+      apply_masks(lower_.data(), allowed, added);
+      apply_masks(upper_.data(), allowed, added);
+      count = list_candidates(kth_largest(lower_.data()));
+    } else {
+      for (int64_t c = 0; c < columns_; ++c) candidates_[c] = c;
+    }
+    if (!exact_keys(q, count, allowed, added)) return false;
+    RunningTopK<float> top(top_keys_.data(), top_indices_.data(), k_);
+    for (int64_t t = 0; t < count; ++t) top.offer(candidate_keys_[t], candidates_[t]);
+    top.read(keys_out, indices_out, index_order);
+    return true;
+  }
+
+ private:
+  void apply_masks(float* row, const bool* allowed, const float* added) const {
+    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+    if (allowed != nullptr) {
+      for (int64_t c = 0; c < columns_; ++c) row[c] = allowed[c] ? row[c] : neg_inf;
+    }
+    if (added != nullptr) {
+      for (int64_t c = 0; c < columns_; ++c) row[c] += added[c];
+    }
+  }
+
+  // The K-th largest of the row's lower bounds.
+  float kth_largest(const float* row) {
+#if defined(CPU_CAPABILITY_AVX2)
+    if (whole_row_top_) {
+      whole_row_top_->select(row, columns_, /*index_order=*/false, tau_keys_.data(), tau_indices_.data());
+      return tau_keys_[k_ - 1];
+    }
+#endif
+    RunningTopK<float> top(tau_keys_.data(), tau_indices_.data(), k_);
+    top.offer_row(row, columns_, 0);
+    return tau_keys_[k_ - 1];
+  }
+
+  // Lists, in ascending order, the keys whose upper bound reaches tau (a NaN bound would too);
+  // returns how many. Few keys pass: a vector of bounds at a time, the passing lanes by their bits.
+  int64_t list_candidates(float tau) {
+    int64_t count = 0, c = 0;
+#if defined(CPU_CAPABILITY_AVX2)
+    const __m256 threshold = _mm256_set1_ps(tau);
+    for (; c + 8 <= columns_; c += 8) {
+      // Not less than: unordered (NaN) lanes pass too.
+      int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(upper_.data() + c), threshold, _CMP_NLT_UQ));
+      for (; bits != 0; bits &= bits - 1) candidates_[count++] = c + __builtin_ctz(static_cast<unsigned>(bits));
+    }
+#endif
+    for (; c < columns_; ++c) {
+      if (!(upper_[c] < tau)) candidates_[count++] = c;
+    }
+    return count;
+  }
+
+  // The listed keys' ranking keys from their exact distances, masked as ranking_keys masks; returns
+  // false on a NaN or +inf key. kChains candidates at a time, each summed in its own chain (straight
+  // from the key rows), so that the chains' latencies overlap.
+  bool exact_keys(const float* q, int64_t count, const bool* allowed, const float* added) {
+    constexpr int64_t kChains = 8;
+    for (int64_t t0 = 0; t0 < count; t0 += kChains) {
+      const int64_t chains = std::min(kChains, count - t0);
+      const float* keys[kChains];
+      // Chains past the count repeat the first candidate; their sums are not read.
+      for (int64_t t = 0; t < kChains; ++t) keys[t] = rows_ + candidates_[t0 + (t < chains ? t : 0)] * d_;
+      VectorLane sums[kChains];
+      for (auto& sum : sums) sum = {0.0f};
+      for (int64_t j = 0; j < d_; ++j) {
+        const VectorLane query{q[j]};
+        for (int64_t t = 0; t < kChains; ++t) sums[t] = Policy::accumulate(sums[t], query, VectorLane{keys[t][j]});
+      }
+      for (int64_t t = 0; t < chains; ++t) candidate_keys_[t0 + t] = sums[t].value;
+    }
+    Policy::to_ranking_keys(candidate_keys_.data(), count, d_);
+    int unrankable = 0;
+    for (int64_t t = 0; t < count; ++t) {
+      float& key = candidate_keys_[t];
+      if (allowed != nullptr && !allowed[candidates_[t]]) key = -std::numeric_limits<float>::infinity();
+      if (added != nullptr) key += added[candidates_[t]];
+      unrankable |= !(key < std::numeric_limits<float>::infinity());
+    }
+    return unrankable == 0;
+  }
+
+  const int64_t d_, k_;
+  const DistanceBounds bounds_;
+  const float* rows_ = nullptr;  // the slice's keys, [columns_][D]
+  int64_t columns_ = 0;
+  float key_root_max_ = 0;
+  bool keys_finite_ = false;  // every squared norm finite (a NaN would hide from key_root_max_)
+  std::vector<float> key_squares_, key_roots_, lower_, upper_;
+  std::vector<int64_t> candidates_;
+  std::vector<float> candidate_keys_, tau_keys_;
+  std::vector<int64_t> tau_indices_;
+  std::vector<float> top_keys_;
+  std::vector<int64_t> top_indices_;
+#if defined(CPU_CAPABILITY_AVX2)
+  std::optional<WholeRowTopK> whole_row_top_;
+#endif
+};
+
 template <typename Policy, typename scalar_t, typename acc_t, typename TopK>
 class SelectTask {
  public:
@@ -104,7 +305,8 @@ class SelectTask {
       : p_(p),
         d_(p.features),
         whole_rows_(selects_whole_rows(p)),
-        width_(whole_rows_ ? round_up(p.keys_m, kColumnTile) : kKeyBlock),
+        distance_rows_(selects_distance_rows(p)),
+        width_(whole_rows_ || distance_rows_ ? round_up(p.keys_m, kColumnTile) : kKeyBlock),
         q_(round_up(kQueryBlock, kRowTile) * d_),
         kt_(d_ * width_),
         keys_block_(kTransposesInputs ? 0 : width_ * d_),
@@ -120,6 +322,9 @@ class SelectTask {
 #if defined(CPU_CAPABILITY_AVX2)
     if (whole_rows_) whole_row_top_.emplace(p.k);
 #endif
+    if constexpr (kGemmDistance) {
+      if (distance_rows_) distance_selector_.emplace(d_, p.k, width_);
+    }
   }
 
   // Returns false on an unrankable score.
@@ -128,6 +333,9 @@ class SelectTask {
     std::fill(q_.begin(), q_.end(), acc_t(0));
     load_rows(p_.queries + (g * p_.queries_n + row_begin) * d_, rows, d_, q_.data());
     inverse_norms<Policy>(q_.data(), rows, d_, query_factors_.data());
+    if constexpr (kGemmDistance) {
+      if (distance_rows_) return run_distance_rows(g, row_begin, rows);
+    }
 #if defined(CPU_CAPABILITY_AVX2)
     if constexpr (std::is_same_v<TopK, LaneTopK>) {
       if (whole_rows_) return run_whole_rows(g, row_begin, rows);
@@ -148,14 +356,24 @@ class SelectTask {
   // Keys already in acc_t are transposed from the input, without a converted copy.
   static constexpr bool kTransposesInputs = std::is_same_v<scalar_t, acc_t>;
 
+  static bool fits_whole_row_tile(const KnnSelectParams<scalar_t, acc_t>& p) {
+    return p.keys_m <= kWholeRowMaxKeys && round_up(p.keys_m, kColumnTile) * p.features <= kWholeRowTileElements;
+  }
+
   static bool selects_whole_rows(const KnnSelectParams<scalar_t, acc_t>& p) {
 #if defined(CPU_CAPABILITY_AVX2)
-    if constexpr (std::is_same_v<TopK, LaneTopK>) {
-      return p.keys_m <= WholeRowTopK::kMaxColumns &&
-             round_up(p.keys_m, kColumnTile) * p.features <= kWholeRowTileElements;
-    }
+    if constexpr (std::is_same_v<TopK, LaneTopK>) return fits_whole_row_tile(p);
 #endif
     return false;
+  }
+
+  // Gaussian on float keys through the GEMM identity (gemm_distance.h): whole rows of a slice.
+  static constexpr bool kGemmDistance =
+      std::is_same_v<Policy, kernels::GaussianSimilarity> && std::is_same_v<acc_t, float>;
+
+  static bool selects_distance_rows(const KnnSelectParams<scalar_t, acc_t>& p) {
+    return kGemmDistance && fits_whole_row_tile(p) && p.features >= kGemmDistanceMinFeatures &&
+           (p.keys_m >= kGemmDistanceMinKeys || p.keys_m * p.features >= kGemmDistanceMinPairs);
   }
 
   TopK make_top(int64_t r) {
@@ -167,7 +385,8 @@ class SelectTask {
   }
 
   // kt_ = the block's keys as [D][width_] acc_t, zero in the padding columns the tile reads.
-  void load_key_block(int64_t g, int64_t m0, int64_t columns) {
+  // Returns the block's keys as acc_t rows ([columns][D]).
+  const acc_t* load_key_block(int64_t g, int64_t m0, int64_t columns) {
     const scalar_t* src = p_.keys + g * p_.keys_slice_stride + m0 * d_;
     const acc_t* rows = nullptr;
     if constexpr (kTransposesInputs) {
@@ -180,6 +399,7 @@ class SelectTask {
     transpose_rows(rows, columns);
     const int64_t padded = round_up(columns, kColumnTile);
     for (int64_t j = 0; j < d_; ++j) std::fill(kt_.data() + j * width_ + columns, kt_.data() + j * width_ + padded, acc_t(0));
+    return rows;
   }
 
   // kt_[j][c] = rows[c][j] for c < columns, in 8 x 8 blocks (vectorised where ATen has them).
@@ -202,15 +422,17 @@ class SelectTask {
 
   void compute_tile(int64_t rows, int64_t columns) {
     const int64_t padded_rows = round_up(rows, kRowTile), padded_columns = round_up(columns, kColumnTile);
-    if constexpr (Policy::kIsDotProduct && std::is_same_v<acc_t, float>) {
-      // A dot-product tile is a GEMM: the BLAS micro-kernel (oneDNN's where the CPU has one)
-      // outruns the generic register-blocked loop below.
-      at::native::cpublas::brgemm(padded_rows, padded_columns, d_, d_, width_, width_,
-                                  /*add_C=*/false, q_.data(), kt_.data(), tile_.data(),
-                                  /*is_vnni=*/false);
-    } else {
-      score_tile<Policy>(q_.data(), padded_rows, d_, kt_.data(), padded_columns, width_, tile_.data());
+    // A dot-product tile is a GEMM: the BLAS micro-kernel (oneDNN's where the CPU has one)
+    // outruns the generic register-blocked loop below. Distance rows' tiles are dot products too.
+    if constexpr (std::is_same_v<acc_t, float>) {
+      if (Policy::kIsDotProduct || distance_rows_) {
+        at::native::cpublas::brgemm(padded_rows, padded_columns, d_, d_, width_, width_,
+                                    /*add_C=*/false, q_.data(), kt_.data(), tile_.data(),
+                                    /*is_vnni=*/false);
+        return;
+      }
     }
+    score_tile<Policy>(q_.data(), padded_rows, d_, kt_.data(), padded_columns, width_, tile_.data());
   }
 
   // Turns the raw tile row of query row r into ranking keys (as the reference defines them) with
@@ -239,7 +461,7 @@ class SelectTask {
 
   bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns) {
     for (int64_t r = 0; r < rows; ++r) {
-      if (m0 == 0) prefetch_upcoming_lines();
+      if (m0 == 0) upcoming_.step();
       acc_t* row = tile_.data() + r * width_;
       if (!ranking_keys(row, r, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0)) return false;
       tops_[r].offer_row(row, columns, m0);
@@ -257,7 +479,7 @@ class SelectTask {
     }
     compute_tile(rows, p_.keys_m);
     for (int64_t r = 0; r < rows; ++r) {
-      prefetch_upcoming_lines();
+      upcoming_.step();
       acc_t* row = tile_.data() + r * width_;
       if (!ranking_keys(row, r, p_.keys_m, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
         return false;
@@ -268,6 +490,29 @@ class SelectTask {
     return true;
   }
 #endif
+
+  // Gaussian rows through the GEMM identity: the slice's keys transposed once per slice (their
+  // norms with them), one GEMM of dot products per block of rows, then each row by the selector.
+  bool run_distance_rows(int64_t g, int64_t row_begin, int64_t rows) {
+    if (g != transposed_slice_) {
+      const acc_t* rows = load_key_block(g, 0, p_.keys_m);
+      distance_selector_->set_keys(rows, kt_.data(), width_, p_.keys_m);
+      transposed_slice_ = g;
+    }
+    compute_tile(rows, p_.keys_m);
+    for (int64_t r = 0; r < rows; ++r) {
+      upcoming_.step();
+      const int64_t mask_offset = g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m;
+      const bool* allowed = p_.mask_bool ? p_.mask_bool + mask_offset : nullptr;
+      const acc_t* added = p_.mask_additive ? p_.mask_additive + mask_offset : nullptr;
+      if (!distance_selector_->select(q_.data() + r * d_, tile_.data() + r * width_, allowed, added,
+                                      p_.index_order, row_keys_.data(), row_indices_.data())) {
+        return false;
+      }
+      write_row(g, row_begin + r);
+    }
+    return true;
+  }
 
   void write_rows(int64_t g, int64_t row_begin, int64_t rows) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -289,7 +534,9 @@ class SelectTask {
 
   const KnnSelectParams<scalar_t, acc_t>& p_;
   const int64_t d_;
+  const UpcomingLinesCursor upcoming_;
   const bool whole_rows_;
+  const bool distance_rows_;  // Gaussian through the GEMM identity (selects_distance_rows)
   const int64_t width_;  // keys per score tile
   int64_t transposed_slice_ = -1;  // whole rows: the slice whose keys kt_ holds
   std::vector<acc_t> q_, kt_, keys_block_, tile_, top_keys_;
@@ -302,6 +549,7 @@ class SelectTask {
 #if defined(CPU_CAPABILITY_AVX2)
   std::optional<WholeRowTopK> whole_row_top_;
 #endif
+  std::optional<DistanceRowSelector<Policy>> distance_selector_;
 };
 
 template <typename Policy, typename scalar_t, typename acc_t, typename TopK>

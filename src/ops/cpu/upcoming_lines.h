@@ -2,7 +2,7 @@
 // The memory a task will read next, fetched a few cache lines at a time from inside the current
 // task's row loops, so that its fetch overlaps the current task's work instead of stalling the
 // next one. The attention backward (knn_attention_kernel.cpp) lists the next task's rows, the
-// kernels' row loops call prefetch_upcoming_lines() once per row. Measured at the paper's Table 1
+// kernels' row loops ask for a few of them per row (UpcomingLinesCursor). Measured at the paper's Table 1
 // shape on AMD Zen 5: the same backward over slices already in cache took 22.5 us per slice, over
 // slices read from memory 32.7 us. Data only (no ISA-specific code), so that the per-instruction-set
 // kernel files and the attention kernel may both include it.
@@ -65,9 +65,18 @@ class UpcomingLinesScope {
   UpcomingLines* previous_;
 };
 
-// Called by the kernels' row loops: fetches the next few of the upcoming lines, if any are listed.
-inline void prefetch_upcoming_lines() {
-  if (upcoming_lines != nullptr) upcoming_lines->step();
-}
+// The upcoming lines of the thread that constructs it, read once: each access to a thread_local of
+// a shared library is a call (__tls_get_addr), too dear once per row. A kernel's row loop builds one
+// per parallel task and calls step() once per row.
+class UpcomingLinesCursor {
+ public:
+  UpcomingLinesCursor() : lines_(upcoming_lines) {}
+  void step() const {
+    if (lines_ != nullptr) lines_->step();
+  }
+
+ private:
+  UpcomingLines* lines_;
+};
 
 }  // namespace convnn::cpu
