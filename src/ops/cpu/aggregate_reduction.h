@@ -3,11 +3,11 @@
 // knn_aggregate backward (knn_aggregate_backward_kernel.cpp): a sum, over many rows or tiles of
 // rows, of contributions of a fixed size, computed in parallel but in an order fixed by the shapes
 // alone, so that the result does not depend on the number of threads:
-//   - the work units are cut into consecutive chunks by the shapes alone (kernel_grad_chunks), and
+//   - the work units are cut into consecutive chunks by the shapes alone (chunk_units in partial_sums.h), and
 //     each chunk adds its units, in order, into its own zeroed partial;
 //   - rows are added in blocks of kRowBlock (add_rows_in_blocks): each block is summed on its own
 //     and the block sums are added to the partial in order;
-//   - the partials are summed by a fixed pairwise tree (sum_partials).
+//   - the partials are summed by the fixed pairwise tree of partial_sums.h (sum_partials).
 // ChunkedSum puts the three together; each gradient pass supplies only what one chunk adds.
 //
 // Included only by kernel files, so it lives in the per-instruction-set namespace (see
@@ -19,36 +19,16 @@
 
 #include "ops/cpu/aggregate_math.h"
 #include "ops/cpu/inverse_index.h"
-#include "ops/cpu/pairwise_tree.h"
+#include "ops/cpu/partial_sums.h"
 
 namespace convnn::cpu::CONVNN_CPU_ISA {
 namespace {
 
-// Kernel-gradient partials: at most this many chunks, and at most this much memory for all of them.
-constexpr int64_t kMaxChunks = 256;
-constexpr int64_t kPartialBytes = 128 << 20;
 // A chunk sums at most kRowBlock rows in one chain (as a GEMM sums at most kGemmBlock products,
 // aggregate_math.h): a single chain over L rows loses accuracy like L.
 constexpr int64_t kRowBlock = 32;
 
-// Split of `units` work units (rows or tiles) into consecutive chunks, each owning one partial
-// kernel gradient of `partial_bytes`.
-struct Chunking {
-  int64_t units_per_chunk = 1;
-  int64_t count = 0;
-};
-
-[[maybe_unused]] Chunking kernel_grad_chunks(int64_t units, int64_t min_units_per_chunk,
-                                             int64_t partial_bytes) {
-  const int64_t max_chunks =
-      std::clamp<int64_t>(kPartialBytes / std::max<int64_t>(1, partial_bytes), 1, kMaxChunks);
-  Chunking chunking;
-  chunking.units_per_chunk = std::max(min_units_per_chunk, ceil_div(units, max_chunks));
-  chunking.count = units == 0 ? 0 : ceil_div(units, chunking.units_per_chunk);
-  return chunking;
-}
-
-// Sums the chunk partials by the fixed pairwise tree (pairwise_tree.h); the total ends in chunk 0.
+// Sums the chunk partials by the fixed pairwise tree (partial_sums.h); the total ends in chunk 0.
 // Parallel over elements, so the order stays fixed.
 template <typename T>
 void sum_partials(T* partials, int64_t chunks, int64_t size) {
@@ -79,7 +59,7 @@ class ChunkedSum {
  public:
   ChunkedSum(int64_t units, int64_t min_units_per_chunk, int64_t size)
       : size_(size),
-        chunking_(kernel_grad_chunks(units, min_units_per_chunk, size * sizeof(T))),
+        chunking_(chunk_units(units, min_units_per_chunk, size * sizeof(T))),
         units_(units),
         partials_(chunking_.count * size) {}
 

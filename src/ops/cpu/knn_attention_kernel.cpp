@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/cpu/pairwise_tree.h"
+#include "ops/cpu/partial_sums.h"
 #include "ops/cpu/shared_inverse_index.h"
 #include "ops/cpu/upcoming_lines.h"
 #include "ops/kernels/rho.h"
@@ -59,9 +59,8 @@ struct Block {
   int64_t g, slices, row_begin, rows;
 };
 
-// Task t's block, of `slices` slices of `rows` rows split as `tasks` says (its fields passed one by
-// one: in a unity build this file is an included one, where GCC warns of a closure that holds a
-// reference to a type of the anonymous namespace).
+// Task t's block, of `slices` slices of `rows` rows split as Tasks says (its fields passed one by
+// one, for the lambdas of knn_attention_forward).
 Block task_block(int64_t slices_per_task, int64_t row_blocks, int64_t rows_per_task, int64_t slices, int64_t rows,
                  int64_t t) {
   Block b;
@@ -241,22 +240,28 @@ void knn_attention_backward(const KnnAttentionBackwardParams<scalar_t, acc_t>& p
   const int64_t kernel_size = p.aggregate.grad_kernel ? s.k * s.c * (s.depthwise ? 1 : s.c_out) : 0;
   const int64_t bias_size = p.aggregate.grad_bias ? s.c_out : 0;
   const int64_t partial_size = kernel_size + bias_size;
-  // Each task's d(kernel) then d(bias).
-  std::vector<scalar_t> partials(tasks.count * partial_size);
-  const int64_t slices_per_task = tasks.slices_per_task;
-  at::parallel_for(0, tasks.count, 1, [&](int64_t begin, int64_t end) {
-    std::vector<scalar_t> grad_weights, grad_scores;
-    for (int64_t t = begin; t < end; ++t) {
+  // Each chunk of tasks adds its tasks' d(kernel) then d(bias), in task order, into its partial.
+  const Chunking chunks = chunk_units(tasks.count, 1, partial_size * static_cast<int64_t>(sizeof(scalar_t)));
+  std::vector<scalar_t> partials(chunks.count * partial_size);
+  // Plain integers into the lambda (as in the forward below).
+  const int64_t slices_per_task = tasks.slices_per_task, task_count = tasks.count;
+  const int64_t tasks_per_chunk = chunks.units_per_chunk;
+  at::parallel_for(0, chunks.count, 1, [&](int64_t begin, int64_t end) {
+    std::vector<scalar_t> task_partial(partial_size), grad_weights, grad_scores;
+    const int64_t last_task = std::min(task_count, end * tasks_per_chunk);
+    for (int64_t t = begin * tasks_per_chunk; t < last_task; ++t) {
       const int64_t g0 = t * slices_per_task, slices = std::min(slices_per_task, s.g - g0);
       UpcomingLines upcoming;
-      if (t + 1 < end) list_backward_task(p, g0 + slices, std::min(slices_per_task, s.g - g0 - slices), upcoming);
+      if (t + 1 < last_task) list_backward_task(p, g0 + slices, std::min(slices_per_task, s.g - g0 - slices), upcoming);
       const UpcomingLinesScope listed(upcoming);
-      scalar_t* partial = partials.data() + t * partial_size;
-      backward_task(p, g0, slices, kernel_size > 0 ? partial : nullptr,
-                    bias_size > 0 ? partial + kernel_size : nullptr, grad_weights, grad_scores);
+      backward_task(p, g0, slices, kernel_size > 0 ? task_partial.data() : nullptr,
+                    bias_size > 0 ? task_partial.data() + kernel_size : nullptr, grad_weights, grad_scores);
+      scalar_t* partial = partials.data() + t / tasks_per_chunk * partial_size;
+      const bool first_of_chunk = t % tasks_per_chunk == 0;
+      for (int64_t e = 0; e < partial_size; ++e) partial[e] = (first_of_chunk ? scalar_t(0) : partial[e]) + task_partial[e];
     }
   });
-  pairwise_tree(tasks.count, [&](int64_t into, int64_t from) {
+  pairwise_tree(chunks.count, [&](int64_t into, int64_t from) {
     for (int64_t e = 0; e < partial_size; ++e) partials[into * partial_size + e] += partials[from * partial_size + e];
   });
   if (kernel_size > 0) std::copy_n(partials.data(), kernel_size, p.aggregate.grad_kernel);
@@ -272,6 +277,8 @@ bool knn_attention_forward(const KnnAttentionParams<scalar_t, acc_t>& p) {
   auto aggregate = p.aggregate;
   aggregate.prepared = prepare_forward_kernel(aggregate, kernel_layouts.data());
   std::atomic<bool> rankable{true};
+  // Plain integers into the lambdas: in a unity build this file is an included one, where GCC
+  // warns of a closure that holds a reference to a type of the anonymous namespace.
   const int64_t row_blocks = tasks.row_blocks, slices_per_task = tasks.slices_per_task;
   const int64_t rows_per_task = tasks.rows_per_task;
   const auto block_of = [&](int64_t t) {

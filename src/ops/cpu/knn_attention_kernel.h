@@ -29,7 +29,7 @@ bool attention_backward_splits_by_slices(int64_t slices);
 // The backward's three steps (the aggregation's, softmax rho's, the selection's) per task of whole
 // slices, each task's steps in turn while its slices' rows are in cache: the composed steps each
 // pass over the whole problem, from memory. Float and double only (each task's d(kernel) and
-// d(bias) are partial sums in the input type, added up by pairwise_tree.h). Deterministic and
+// d(bias) are partial sums in the input type, added up as partial_sums.h says). Deterministic and
 // independent of the thread count; the sums of d(kernel) and d(bias) run in another order than the
 // composed steps', so they may differ from theirs in the last bits.
 template <typename scalar_t, typename acc_t>

@@ -142,7 +142,7 @@ void inverse_norms(const acc_t* src, int64_t rows, int64_t d, acc_t* out) {
 
 // Selects Gaussian rows of float keys from their dot products with the slice's keys, as
 // gemm_distance.h proves exact: bounds, the keys they cannot rule out, and those ranked by the
-// exact sums (row_micro_kernel, as the direct path computes them). One per task.
+// exact sums (in VectorLane, as the direct path computes them). One per task.
 template <typename Policy>
 class DistanceRowSelector {
  public:
@@ -156,7 +156,6 @@ class DistanceRowSelector {
         upper_(width),
         candidates_(width),
         candidate_keys_(width),
-
         tau_keys_(k),
         tau_indices_(k),
         top_keys_(k),
@@ -495,8 +494,8 @@ class SelectTask {
   // norms with them), one GEMM of dot products per block of rows, then each row by the selector.
   bool run_distance_rows(int64_t g, int64_t row_begin, int64_t rows) {
     if (g != transposed_slice_) {
-      const acc_t* rows = load_key_block(g, 0, p_.keys_m);
-      distance_selector_->set_keys(rows, kt_.data(), width_, p_.keys_m);
+      const acc_t* key_rows = load_key_block(g, 0, p_.keys_m);
+      distance_selector_->set_keys(key_rows, kt_.data(), width_, p_.keys_m);
       transposed_slice_ = g;
     }
     compute_tile(rows, p_.keys_m);
