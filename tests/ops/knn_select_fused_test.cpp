@@ -96,21 +96,25 @@ std::tuple<torch::Tensor, torch::Tensor> emulated_gaussian_select(const torch::T
   return {scores, indices};
 }
 
+// q and k in float32, bfloat16 or float16: the kernels sum in float32 whatever the input type.
 void expect_emulated_gaussian(const torch::Tensor& q, const torch::Tensor& k, int64_t top, const torch::Tensor& mask,
                               bool index_order) {
-  SCOPED_TRACE("k=" + std::to_string(top) + " M=" + std::to_string(k.size(1)) + " D=" + std::to_string(q.size(2)) +
-               (mask.defined() ? " masked" : "") + (index_order ? " index order" : ""));
+  SCOPED_TRACE(std::string(c10::toString(q.scalar_type())) + " k=" + std::to_string(top) + " M=" +
+               std::to_string(k.size(1)) + " D=" + std::to_string(q.size(2)) + (mask.defined() ? " masked" : "") +
+               (index_order ? " index order" : ""));
   const auto optional_mask = mask.defined() ? c10::optional<torch::Tensor>(mask) : c10::nullopt;
   const auto [scores, indices] = convnn::cpu::knn_select(q, k, top, "gaussian", optional_mask, index_order);
-  const auto [expected_scores, expected_indices] = emulated_gaussian_select(q, k, top, mask, index_order);
+  const auto [expected_scores, expected_indices] =
+      emulated_gaussian_select(q.to(torch::kFloat), k.to(torch::kFloat), top, mask, index_order);
   EXPECT_TRUE(torch::equal(indices, expected_indices));
-  EXPECT_TRUE(torch::equal(scores, expected_scores));
+  EXPECT_TRUE(torch::equal(scores, expected_scores.to(q.scalar_type())));
 }
 
 // The fused select ranks Gaussian candidates by gaussian_distance bit for bit, however it gets there
 // (through the GEMM identity |q|^2 + |k|^2 - 2 q.k, then exactly for the keys near the K-th): random
 // rows, whole-row and streamed tiles, masks, near ties (keys a few ulps apart), exact ties
-// (duplicated keys), and magnitudes whose squares underflow or overflow float32.
+// (duplicated keys), magnitudes whose squares underflow or overflow float32, and bfloat16 and
+// float16 inputs (summed in float32 too).
 TEST(FusedSelect, Float32GaussianRanksByTheFeatureOrderSumOfSquaredDifferencesBitForBit) {
   torch::manual_seed(11);
   // Shapes through the identity (1100 keys x 48 features, 800 x 64) and through the direct sums
@@ -137,6 +141,10 @@ TEST(FusedSelect, Float32GaussianRanksByTheFeatureOrderSumOfSquaredDifferencesBi
   k = torch::nextafter(k, k + ulps.sign().to(torch::kFloat) * INFINITY).where(ulps != 0, k);
   const auto q = base.index({torch::indexing::Slice(), torch::randint(5, {40})}) + 1e-3 * torch::randn({1, 40, 32});
   for (const int64_t top : {int64_t{4}, int64_t{9}, int64_t{16}}) expect_emulated_gaussian(q, k, top, {}, false);
+  // Half-precision inputs, converted to float32 rows before either path sums them.
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    expect_emulated_gaussian(torch::randn({2, 30, 48}).to(dtype), torch::randn({2, 1100, 48}).to(dtype), 9, {}, false);
+  }
   // Tiny and huge rows: squares below float32's smallest normal, and sums past its largest.
   for (const double scale : {1e-21, 3e18}) {
     const auto small_q = torch::randn({2, 20, 32}, torch::kFloat) * scale;
