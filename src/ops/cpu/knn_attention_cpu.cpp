@@ -1,7 +1,8 @@
 // CPU kernels of knn_attention and its backward (checked as src/ops/op_signatures.h says): dtype
-// dispatch and the fused kernel of ops/cpu/knn_attention_kernel.h. The backward is the shared composition
-// (ops/composite/knn_attention_backward.h) of the fused CPU steps: each needs only the [G,N,K]
-// scores, indices and weights that the forward returned.
+// dispatch and the fused kernels of ops/cpu/knn_attention_kernel.h. The backward of float and
+// double over enough slices is one kernel by tasks of whole slices; the rest is the shared
+// composition (ops/composite/knn_attention_backward.h) of the fused CPU steps. Either needs only the
+// [G,N,K] scores, indices and weights that the forward returned.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
