@@ -113,8 +113,8 @@ void expect_emulated_gaussian(const torch::Tensor& q, const torch::Tensor& k, in
 // The fused select ranks Gaussian candidates by gaussian_distance bit for bit, however it gets there
 // (through the GEMM identity |q|^2 + |k|^2 - 2 q.k, then exactly for the keys near the K-th): random
 // rows, whole-row and streamed tiles, masks, near ties (keys a few ulps apart), exact ties
-// (duplicated keys), magnitudes whose squares underflow or overflow float32, and bfloat16 and
-// float16 inputs (summed in float32 too).
+// (duplicated keys), rows with fewer than K valid keys, magnitudes whose squares underflow or
+// overflow float32, and bfloat16 and float16 inputs (summed in float32 too).
 TEST(FusedSelect, Float32GaussianRanksByTheFeatureOrderSumOfSquaredDifferencesBitForBit) {
   torch::manual_seed(11);
   // Shapes through the identity (1100 keys x 48 features, 800 x 64) and through the direct sums
@@ -126,12 +126,14 @@ TEST(FusedSelect, Float32GaussianRanksByTheFeatureOrderSumOfSquaredDifferencesBi
                                 std::make_tuple(int64_t{9}, int64_t{2100}, int64_t{16})}) {
     const auto q = torch::randn({2, n, d}, torch::kFloat), k = torch::randn({2, m, d}, torch::kFloat);
     const auto allowed = torch::rand({n, m}) > 0.4;
+    const auto few_allowed = torch::rand({2, n, m}) > 0.997;  // rows with fewer than K valid keys
     // Distances take additive masks of 0 and -inf only (a finite bias has no distance meaning).
     const auto additive = torch::zeros({2, n, m}).masked_fill(torch::rand({2, n, m}) > 0.8, -INFINITY);
     for (const int64_t top : {int64_t{1}, int64_t{8}, int64_t{17}}) {
       expect_emulated_gaussian(q, k, top, {}, top == 8);
       expect_emulated_gaussian(q, k, top, allowed, top != 8);
       expect_emulated_gaussian(q, k, top, additive, false);
+      expect_emulated_gaussian(q, k, top, few_allowed, true);
     }
   }
   // Near and exact ties: every key a copy of one of 5 rows, moved by at most 3 ulps.
