@@ -81,8 +81,8 @@ def constants_source():
 namespace convnn::ops::cuda::triton {{
 
 const AggregateBlocks kAggregateBlocks = {{{aggregate.ROWS}, {aggregate.CHANNELS}, {aggregate.KERNEL_GRADIENT_CHUNKS}}};
-const SelectBlocks kSelectBlocks = {{{select.ROWS}, {select.MIN_SLOTS}, {select.MAX_SLOTS}, {select.NO_MASK}, {select.BOOL_MASK},
-                                    {select.ADDITIVE_MASK}}};
+const SelectBlocks kSelectBlocks = {{{select.ROWS}, {select.THREAD_ROWS}, {select.THREAD_SLOTS}, {select.MIN_SLOTS},
+                                    {select.MAX_SLOTS}, {select.NO_MASK}, {select.BOOL_MASK}, {select.ADDITIVE_MASK}}};
 const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 const AttentionCodes kAttentionCodes = {{{attention.CHANNELS}, {rho["uniform"]}, {rho["mean"]}, {rho["softmax"]},
                                         {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]}}};

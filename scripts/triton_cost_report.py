@@ -12,10 +12,13 @@ without a mask, at the paper's Table 1 shape (K = 8) and at 12 x 4096 (K = 8 and
    product per FEATURES features (the loop holding the FFMAs), the per-tile work every tile does,
    one selection round (the other loop inside the tile loop) and, where the kernel has one, the
    bitonic merge of a tile (the block of the tile loop that a branch skips and that holds the
-   network of bitonic.py; the end's sort of the K slots is outside the loop);
+   network of bitonic.py; the end's sort of the K slots is outside the loop); the IEEE division
+   by sqrt(D) that a power-of-two sqrt(D) skips (D = 64 here) is counted apart, not in the tile;
 3. counts, on seeded random Gaussian features, how often each part runs: per block of query rows
    and per tile, the selection rounds and whether the tile is merged by the bitonic network (the
-   kernel's own rule, read from its module: ROUNDS and BITONIC_SLOTS; a kernel without them runs K
+   kernel's own rule, read from its module: a set held a row per thread, select.held_per_thread,
+   does the same work on every tile, no rounds; a kernel with ROUNDS and BITONIC_SLOTS merges by
+   the network past ROUNDS entries, the design of 2026-11-27; a kernel without either runs K
    merge rounds on every tile that some row of the block enters, the design before issue 38);
 4. estimates the kernel's time from the warp instructions it issues: every instruction at the
    H100 SXM's issue rate (132 SMs x 4 schedulers x 1 warp instruction per cycle x 1.755 GHz), no
@@ -72,8 +75,17 @@ def sources_at(revision, folder):
     return pathlib.Path(folder)
 
 
+class Source(str):
+    """An instruction's source file, and its line there (.line)."""
+
+    def __new__(cls, path, line):
+        source = super().__new__(cls, path)
+        source.line = line
+        return source
+
+
 def sass(kernel_name):
-    """(instructions [(text, source file)], labels {name: position}) of the kernel for sm_90."""
+    """(instructions [(text, source file: a Source)], labels {name: position}) of the kernel for sm_90."""
     for name, kernel, signature, constexprs, options in check.all_specialisations():
         if name == kernel_name:
             compiled = check.compile_for(kernel, signature, constexprs, options, 90)
@@ -88,8 +100,8 @@ def sass(kernel_name):
                               check=True).stdout
     instructions, labels, source = [], {}, ""
     for line in text.splitlines():
-        if (match := re.match(r'\s*//## File "([^"]*)"', line)):
-            source = match.group(1)
+        if (match := re.match(r'\s*//## File "([^"]*)", line (\d+)', line)):
+            source = Source(match.group(1), int(match.group(2)))
         elif (match := re.match(r"^(\.L_x_\d+|\$\S+):", line)):  # a branch target or a subroutine
             labels[match.group(1)] = len(instructions)
         elif (match := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)):
@@ -130,8 +142,16 @@ def bitonic_region(instructions, labels, tiles, inner_loops):
     return best
 
 
-def parts(kernel_name, bitonic_merges):
-    """The kernel's instruction counts per part (see the module's text), per warp."""
+def division_lines(module):
+    """The lines of select.py that divide a score tile by sqrt(D) in IEEE arithmetic: a branch that a
+    power-of-two sqrt(D) (D = 64 in every shape here) skips for one multiply."""
+    lines = pathlib.Path(module.__file__).read_text().splitlines()
+    return {number for number, text in enumerate(lines, 1) if "tl.math.div_rn(keys," in text}
+
+
+def parts(kernel_name, bitonic_merges, skipped_lines=frozenset()):
+    """The kernel's instruction counts per part (see the module's text), per warp. Instructions of the
+    tile loop from select.py's skipped_lines are counted apart ("skipped"), not in the tile's base."""
     instructions, labels, warps = sass(kernel_name)
     ranges = loops(instructions, labels)
 
@@ -148,9 +168,13 @@ def parts(kernel_name, bitonic_merges):
     round_loop = max(rounds, key=size) if rounds else None
     inner = size(dot) + (size(round_loop) if round_loop else 0)
     bitonic = size(bitonic_region(instructions, labels, tiles, [dot, round_loop])) if bitonic_merges else 0
+    inside = [r for r in (dot, round_loop) if r]
+    skipped = sum(source.endswith("select.py") and getattr(source, "line", 0) in skipped_lines
+                  and not any(r[0] <= position <= r[1] for r in inside)
+                  for position, (_, source) in enumerate(instructions[tiles[0]:tiles[1] + 1], tiles[0]))
     return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
-            "tile": size(tiles) - inner - bitonic, "round": size(round_loop) if round_loop else 0,
-            "bitonic": bitonic, "once": len(instructions) - size(tiles)}
+            "tile": size(tiles) - inner - bitonic - skipped, "round": size(round_loop) if round_loop else 0,
+            "bitonic": bitonic, "skipped": skipped, "once": len(instructions) - size(tiles)}
 
 
 def tile_width(module, k):
@@ -158,13 +182,24 @@ def tile_width(module, k):
     return module.candidates_for(k, module.NO_MASK)
 
 
+def rows_per_block(module, k):
+    """Query rows per program at K (one ROWS for every width before the set held per thread)."""
+    return module.rows_for(module.slots_for(k)) if hasattr(module, "rows_for") else module.ROWS
+
+
 def round_counts(module, g, n, d, k, seed=0, blocks_wanted=96):
     """Per tile of CANDIDATES candidates, summed over a sample of blocks of ROWS query rows on seeded
-    Gaussian features (scaled_dot): (rounds, bitonic tiles, tiles, blocks sampled, blocks in all)."""
-    rows_per_block, tile = module.ROWS, tile_width(module, k)
-    blocks_per_slice = math.ceil(n / rows_per_block)
+    Gaussian features (scaled_dot): (rounds, bitonic tiles, tiles, blocks sampled, blocks in all).
+    A set held a row per thread (select.held_per_thread) does the same work on every tile: no
+    rounds, no merges."""
+    rows, tile = rows_per_block(module, k), tile_width(module, k)
+    blocks_per_slice = math.ceil(n / rows)
     generator = torch.Generator().manual_seed(seed)
+    per_thread = hasattr(module, "held_per_thread") and module.held_per_thread(module.slots_for(k))
     limit = getattr(module, "ROUNDS", None)  # None: the design before issue 38 (K merge rounds)
+    merges = limit is not None and module.slots_for(k) <= module.BITONIC_SLOTS
+    if hasattr(module, "held_per_thread"):  # from the set held per thread on: rounds only, no merges
+        limit, merges = k, False
     rounds = bitonic = tiles = sampled = 0
     slices = max(1, min(g, blocks_wanted // blocks_per_slice))
     for _ in range(slices):
@@ -172,16 +207,18 @@ def round_counts(module, g, n, d, k, seed=0, blocks_wanted=96):
         keys = torch.randn(n, d, generator=generator, dtype=torch.float64)
         blocks = range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted))
         for block in blocks:
-            scores = queries[block * rows_per_block:(block + 1) * rows_per_block] @ keys.T / math.sqrt(d)
+            scores = queries[block * rows:(block + 1) * rows] @ keys.T / math.sqrt(d)
             sampled += 1
             for first in range(0, n, tile):
                 tiles += 1
+                if per_thread:
+                    continue
                 seen = scores[:, :first]
                 kth = seen.topk(k, dim=1).values[:, -1:] if first >= k else torch.full((len(scores), 1), -math.inf)
                 entries = int((scores[:, first:first + tile] > kth).sum(dim=1).max())
                 if limit is None:
                     rounds += k if entries > 0 else 0
-                elif entries > limit and module.slots_for(k) <= module.BITONIC_SLOTS:
+                elif entries > limit and merges:
                     bitonic += 1
                 else:
                     rounds += min(entries, k)
@@ -202,7 +239,7 @@ def estimate(counts, module, shape, runs):
     dram_bytes = 4 * (2 * g * n * d) + g * n * k * (4 + 8)  # q and k once; scores and indices
     dram_s = dram_bytes / DRAM_BYTES_PER_S
     return {"rounds_per_tile": rounds / tiles, "bitonic_tiles_share": bitonic_tiles / tiles,
-            "warp_instructions_per_score": warp_instructions / (blocks * module.ROWS * tile_width(module, k)
+            "warp_instructions_per_score": warp_instructions / (blocks * rows_per_block(module, k) * tile_width(module, k)
                                                                 * (tiles / sampled)),
             "issue_bound_us": issue_s * 1e6, "dram_bound_us": dram_s * 1e6,
             "bound_us": max(issue_s, dram_s) * 1e6, "set_by": "instruction issue" if issue_s > dram_s else "DRAM"}
@@ -449,22 +486,26 @@ def main():
             module.candidates_for = lambda k, mask_kind: module.CANDIDATES
         report = {"revision": args.revision or "working tree", "kernels": {}}
         print(f"Static cost report ({report['revision']}), sm_90, H100 SXM issue-rate bound\n")
-        print("| kernel | shape | SASS per tile: base / dot per 16 features / round / bitonic merge "
-              "| rounds per tile | bitonic tiles | warp instr. per score | bound (µs) | set by |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| kernel | shape | program: rows x tile, warps | SASS per tile: base / dot per 16 features / round / "
+              "bitonic merge | skipped at D = 64 | rounds per tile | bitonic tiles | warp instr. per score | bound (µs) "
+              "| set by |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         counted = {}
         runs = {name: round_counts(module, *shape) for name, shape in SHAPES.items()}
         for family in FAMILIES:
             for shape_name, shape in SHAPES.items():
                 kernel = f"{family} scaled_dot K<={module.slots_for(shape[3])} no mask"
                 if kernel not in counted:
-                    counted[kernel] = parts(kernel, bitonic_merges=hasattr(module, "ROUNDS"))
+                    counted[kernel] = parts(kernel, bitonic_merges=hasattr(module, "ROUNDS"),
+                                            skipped_lines=division_lines(module))
                     report["kernels"][kernel] = {"sass": counted[kernel], "shapes": {}}
                 counts = counted[kernel]
                 figures = estimate(counts, module, shape, runs[shape_name])
                 report["kernels"][kernel]["shapes"][shape_name] = figures
-                print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_per_chunk']} / {counts['round']} / "
-                      f"{counts['bitonic']} | {figures['rounds_per_tile']:.2f} | {figures['bitonic_tiles_share']:.0%} | "
+                program = f"{rows_per_block(module, shape[3])} x {tile_width(module, shape[3])}, {counts['warps']}"
+                print(f"| {kernel} | {shape_name} | {program} | {counts['tile']} / {counts['dot_per_chunk']} / "
+                      f"{counts['round']} / {counts['bitonic']} | {counts['skipped']} | {figures['rounds_per_tile']:.2f} | "
+                      f"{figures['bitonic_tiles_share']:.0%} | "
                       f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
         if args.revision is None or (check.REPO / "python/convnn/_triton/attention_backward.py").exists():
             report_backward(report)

@@ -399,9 +399,11 @@ def test_select_writes_every_output_element_once_and_no_guard_byte_changes():
     index_buffer = torch.full((2 * 40 * 6 + 128,), -5, dtype=torch.int64, device=DEVICE)
     indices = index_buffer[64:-64].view(2, 40, 6)
     indices.fill_(-1)
-    select._select_kernel[(3, 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0, 0, SIMILARITY=0,
-                                  MASK=select.ADDITIVE_MASK, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES,
-                                  SLOTS=8, FEATURES=16)
+    rows = select.rows_for(8)
+    select._select_kernel[(triton.cdiv(40, rows), 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0, 0,
+                                                      SIMILARITY=0, MASK=select.ADDITIVE_MASK, ROWS=rows,
+                                                      CANDIDATES=select.candidates_for(6, select.ADDITIVE_MASK),
+                                                      SLOTS=8, FEATURES=16)
     assert not scores.isnan().any() and (indices >= 0).all()
     assert (score_buffer[:64] == canary).all() and (score_buffer[-64:] == canary).all()
     assert (index_buffer[:64] == -5).all() and (index_buffer[-64:] == -5).all()
@@ -442,23 +444,18 @@ def test_select_gives_nan_scores_in_rows_that_met_a_nan_or_plus_inf_score_as_the
 
 
 @triton.jit
-def _bitonic_probe(x_ptr, y_ptr, top_ptr, ascending_ptr, merged_ptr, R: tl.constexpr, W: tl.constexpr,
-                   K: tl.constexpr):
-    """bitonic.largest (both orders) of rows of x [R, W], and bitonic.merge_sorted of y's rows
-    [R, K] sorted descending with x's K largest ascending."""
+def _bitonic_probe(x_ptr, top_ptr, ascending_ptr, R: tl.constexpr, W: tl.constexpr, K: tl.constexpr):
+    """bitonic.largest, in both orders, of the rows of x [R, W]."""
     r = tl.arange(0, R)
     x = tl.load(x_ptr + r[:, None] * W + tl.arange(0, W)[None, :])
-    y = tl.load(y_ptr + r[:, None] * K + tl.arange(0, K)[None, :])
     out = r[:, None] * K + tl.arange(0, K)[None, :]
-    ascending = bitonic.largest(x, K, 0)
     tl.store(top_ptr + out, bitonic.largest(x, K, 1))
-    tl.store(ascending_ptr + out, ascending)
-    tl.store(merged_ptr + out, bitonic.merge_sorted(bitonic.largest(y, K, 1), ascending))
+    tl.store(ascending_ptr + out, bitonic.largest(x, K, 0))
 
 
 @pytest.mark.parametrize("width,k", [(64, 8), (64, 64), (32, 16), (8, 8), (64, 1), (2, 2)])
-def test_bitonic_networks_give_the_k_largest_int64_keys_sorted_even_at_the_extremes(width, k):
-    """The networks of bitonic.py against torch.topk: distinct keys spread over the whole int64
+def test_bitonic_network_gives_the_k_largest_int64_keys_sorted_even_at_the_extremes(width, k):
+    """The network of bitonic.py against torch.topk: distinct keys spread over the whole int64
     range (the pair sums that find a partner wrap around), and repeated least keys (the gate's
     rejected candidates) beside them."""
     generator = torch.Generator().manual_seed(24)
@@ -466,15 +463,13 @@ def test_bitonic_networks_give_the_k_largest_int64_keys_sorted_even_at_the_extre
     x = torch.randint(-(2**62), 2**62, (rows, width), generator=generator) * 2 + 1
     x[0, : width // 2] = -(2**63)  # rejected candidates: the least key, repeated
     x[1, 0], x[1, -1] = 2**63 - 1, -(2**63) + 1
-    y = torch.randint(-(2**62), 2**62, (rows, k), generator=generator) * 2
-    top, ascending, merged = (torch.empty(rows, k, dtype=torch.int64) for _ in range(3))
-    on_device = [t.to(DEVICE) for t in (x, y, top, ascending, merged)]
+    top, ascending = (torch.empty(rows, k, dtype=torch.int64) for _ in range(2))
+    on_device = [t.to(DEVICE) for t in (x, top, ascending)]
     _bitonic_probe[(1,)](*on_device, R=rows, W=width, K=k)
-    top, ascending, merged = (t.cpu() for t in on_device[2:])
+    top, ascending = (t.cpu() for t in on_device[1:])
     want = x.topk(k, dim=1).values
     assert torch.equal(top, want)
     assert torch.equal(ascending, want.flip(1))
-    assert torch.equal(merged, torch.cat([x, y], 1).topk(k, dim=1).values)
 
 
 def adversarial_tie_inputs(case):
@@ -515,10 +510,10 @@ TIE_CASES = ["dozens tie at the K-th", "plus and minus zero", "every candidate e
 
 @pytest.mark.parametrize("case", TIE_CASES)
 def test_select_without_merge_rounds_keeps_the_tie_rule_on_adversarial_ties(case):
-    """The packed ranking keys, the threshold gate, the rounds and the bitonic merge (select.py):
-    exact ties go to the lower index at every width of the running top-K, in both slot orders,
-    with and without a mask (a masked candidate ranks after every unmasked one, lower index
-    first)."""
+    """Both running top-K sets of select.py (held a row per thread at K <= THREAD_SLOTS: the ordered
+    keys and the order of insertion; shared by a row's threads above: the packed keys, the threshold
+    gate and the rounds): exact ties go to the lower index at every width, in both slot orders, with
+    and without a mask (a masked candidate ranks after every unmasked one, lower index first)."""
     queries, keys = adversarial_tie_inputs(case)
     generator = torch.Generator().manual_seed(22)
     masks = [None, (torch.rand(2, 17, 150, generator=generator) > 0.5).to(DEVICE)]
@@ -531,20 +526,38 @@ def test_select_without_merge_rounds_keeps_the_tie_rule_on_adversarial_ties(case
                 assert torch.equal(got[0], want[0]) if similarity == "dot" else True
 
 
-def test_select_gate_rounds_and_bitonic_merges_both_serve_a_block():
-    """A block whose rows enter a tile few times (the rounds) and a block whose rows enter it many
-    times (the bitonic merge), in one call: ROUNDS decides per tile; either way the generic path's
-    indices."""
+def test_select_both_sets_serve_tiles_that_rows_enter_many_times_never_and_a_few_times():
+    """A first tile every row enters, a second that no row enters (every score 0, below the sets'),
+    a third that a few rows enter a few times: the set held per thread (K <= 16) and the shared set's
+    gate and rounds (K = 32) give the generic path's indices and scores."""
     generator = torch.Generator().manual_seed(23)
     queries = torch.randint(-3, 4, (1, 32, 6), generator=generator).float()
     keys = torch.randint(-3, 4, (1, 200, 6), generator=generator).float()
     keys[0, 64:128] *= 0  # the second tile: every score 0 (below the set's) — no row enters
     keys[0, 128:133] = queries[0, :5].repeat(1, 1) * 4  # the third: a few rows enter a few times
-    for k in (4, 8, 16):
+    for k in (4, 8, 16, 32):
         got = select_forward(queries.to(DEVICE), keys.to(DEVICE), k, "dot", None, False)
         want = ops.knn_select.default._op_dk(GENERIC, queries.to(DEVICE), keys.to(DEVICE), k, "dot", None, False)
         assert torch.equal(got[1], want[1]), k
         assert torch.equal(got[0], want[0]), k
+
+
+def test_the_set_held_per_thread_moves_tied_members_down_in_index_order():
+    """select.py's _insert: equal keys fill the slots lowest index first; a later, larger key goes
+    above them and each tied member moves down one slot, so the one that drops out is the highest
+    index, whether the newcomer is in the same tile or a later one; a second newcomer of the same key
+    goes below the first. 35 rows: the second program's rows past N read nothing."""
+    queries = torch.ones(1, 35, 4)
+    keys = torch.zeros(1, 40, 4)  # every score 0 ...
+    keys[0, 9, 0] = -1.0          # ... but one below the rest,
+    keys[0, 12, 0] = 1.0          # one above it in the first tile,
+    keys[0, 20, 0] = 1.0          # its equal in the second,
+    keys[0, 35, 0] = 2.0          # and the best last
+    for k, want in ((8, [35, 12, 20, 0, 1, 2, 3, 4]), (16, [35, 12, 20, 0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 13, 14])):
+        got = select_forward(queries.to(DEVICE), keys.to(DEVICE), k, "dot", None, False)
+        assert (got[1].cpu() == torch.tensor(want)).all(), (k, got[1][0, 0])
+        generic = ops.knn_select.default._op_dk(GENERIC, queries.to(DEVICE), keys.to(DEVICE), k, "dot", None, False)
+        assert torch.equal(got[1], generic[1]) and torch.equal(got[0], generic[0])
 
 
 def select_backward_inputs(dtype, similarity, seed, m=20, integer=False):
@@ -844,11 +857,12 @@ def test_fused_attention_writes_every_output_element_once_and_no_guard_byte_chan
     indices = index_buffer[64:-64].view(2, 40, 6)
     indices.fill_(-1)
     output, scores, weights = outputs
-    attention._attention_kernel[(3, 2)](
+    rows = select.rows_for(8)
+    attention._attention_kernel[(triton.cdiv(40, rows), 2)](
         queries, keys, values, kernel, bias, mask, output, scores, indices, weights,
         40, 70, 4, 40, 6, 0, 1.0, attention.RHO_CODES["softmax"], 1.0, 1, 1, 0,
-        SIMILARITY=0, MASK=select.ADDITIVE_MASK, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES, SLOTS=8,
-        FEATURES=16, CHANNELS=attention.CHANNELS)
+        SIMILARITY=0, MASK=select.ADDITIVE_MASK, ROWS=rows, CANDIDATES=select.candidates_for(6, select.ADDITIVE_MASK),
+        SLOTS=8, FEATURES=16, CHANNELS=attention.forward_channels(8))
     for t in outputs:
         assert not t.isnan().any()
     assert (indices >= 0).all()
@@ -912,11 +926,11 @@ def test_a_rho_code_no_branch_knows_gives_nan_weights_not_another_rhos():
     values, kernel, _ = attention_operands(torch.float32, queries, keys, generator, c=8, k=6)
     output, scores, weights = (torch.empty(2, 16, size, device=DEVICE) for size in (8, 6, 6))
     indices = torch.empty(2, 16, 6, dtype=torch.int64, device=DEVICE)
-    attention._attention_kernel[(1, 2)](
+    attention._attention_kernel[(triton.cdiv(16, select.rows_for(8)), 2)](
         queries, keys, values, kernel, values, queries, output, scores, indices, weights,
         16, 70, 4, 8, 6, 0, 1.0, len(attention.RHO_CODES), 1.0, 0, 0, 0,
-        SIMILARITY=0, MASK=select.NO_MASK, ROWS=select.ROWS, CANDIDATES=select.CANDIDATES, SLOTS=8,
-        FEATURES=16, CHANNELS=attention.CHANNELS)
+        SIMILARITY=0, MASK=select.NO_MASK, ROWS=select.rows_for(8), CANDIDATES=select.candidates_for(6, select.NO_MASK),
+        SLOTS=8, FEATURES=16, CHANNELS=attention.forward_channels(8))
     assert weights.isnan().all()
 
 
@@ -973,8 +987,10 @@ def test_an_unknown_similarity_code_is_refused_when_the_kernel_is_built():
     indices = torch.empty(2, 3, 2, dtype=torch.int64, device=DEVICE)
     with pytest.raises(Exception, match="unknown similarity code 6"):
         select._select_kernel[(1, 2)](queries, keys, queries, scores, indices, 3, 10, 5, 2, 0, 1.0, 0,
-                                      SIMILARITY=len(similarities.NAMES), MASK=select.NO_MASK, ROWS=select.ROWS,
-                                      CANDIDATES=select.CANDIDATES, SLOTS=select.slots_for(2), FEATURES=16)
+                                      SIMILARITY=len(similarities.NAMES), MASK=select.NO_MASK,
+                                      ROWS=select.rows_for(select.slots_for(2)),
+                                      CANDIDATES=select.candidates_for(2, select.NO_MASK), SLOTS=select.slots_for(2),
+                                      FEATURES=16)
 
 
 def test_the_fused_attention_answers_nothing_where_the_kernel_does_not_apply_and_says_why(monkeypatch):

@@ -68,7 +68,14 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       const bool running_top_k = (key.rfind("select ", 0) == 0 || key.rfind("attention ", 0) == 0) &&
                                  key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
-      EXPECT_EQ(cubin->num_warps, running_top_k || two_kernel_backward ? 8 : 4) << key;
+      // A running top-K held a query row per thread (K <= thread_slots) is one lane per row of the
+      // program (top_k_rows); the shared set and the two-kernel backward take 8 warps.
+      const auto width = running_top_k ? std::stoll(key.substr(key.find("K<=") + 3)) : int64_t{0};
+      const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
+                                ? triton::kSelectBlocks.thread_rows / 32
+                            : running_top_k || two_kernel_backward ? 8
+                                                                   : 4;
+      EXPECT_EQ(cubin->num_warps, warps) << key;
       EXPECT_LE(cubin->shared_bytes, 48 * 1024) << key;
       // Triton's two scratch pointers close every parameter list.
       const std::string parameters = cubin->parameters;
@@ -224,6 +231,18 @@ const std::vector<convnn::Similarity> kSimilarities{
     convnn::Similarity::Dot,      convnn::Similarity::ScaledDot, convnn::Similarity::Cosine,
     convnn::Similarity::Gaussian, convnn::Similarity::Chebyshev, convnn::Similarity::L1};
 
+TEST(TritonAot, RunningTopKProgramsTakeARowPerLaneUpToThreadSlotsAndSixteenRowsAbove) {
+  // select.py's rule, read through the generated constants: the set held per thread takes one warp
+  // of thread_rows rows; wider sets, 16 rows shared by 8 warps.
+  EXPECT_EQ(triton::kSelectBlocks.thread_rows % 32, 0);
+  for (int64_t k = 1; k <= triton::kSelectBlocks.max_slots; ++k) {
+    const bool per_thread = triton::top_k_slots(k) <= triton::kSelectBlocks.thread_slots;
+    EXPECT_EQ(triton::top_k_rows(k), per_thread ? triton::kSelectBlocks.thread_rows : triton::kSelectBlocks.rows) << k;
+  }
+  EXPECT_EQ(triton::top_k_rows(1), triton::kSelectBlocks.thread_rows);
+  EXPECT_EQ(triton::top_k_rows(triton::kSelectBlocks.max_slots), triton::kSelectBlocks.rows);
+}
+
 TEST(TritonAot, EverySelectLaunchPassesTheParametersTheCompiledKernelDeclares) {
   const int64_t g = 3, n = 21, m = 70, d = 5;
   for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
@@ -237,7 +256,7 @@ TEST(TritonAot, EverySelectLaunchPassesTheParametersTheCompiledKernelDeclares) {
           const auto [scores, indices] =
               triton::select_forward(queries, keys, k, similarity, mask, /*index_order=*/k == 9, recorder.runner());
           ASSERT_EQ(recorder.launches.size(), 1u);
-          EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::kSelectBlocks.rows));
+          EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::top_k_rows(k)));
           EXPECT_EQ(recorder.launches[0].grid.y, g) << "one program column per slice";
           EXPECT_EQ(scores.scalar_type(), dtype);
           EXPECT_EQ(indices.sizes(), (std::vector<int64_t>{g, n, k}));
@@ -301,7 +320,7 @@ TEST(TritonAot, EveryFusedAttentionLaunchPassesTheParametersTheCompiledKernelDec
                 recorder.runner());
             ASSERT_EQ(recorder.launches.size(), 1u);
             EXPECT_EQ(recorder.launches[0].key.rfind("attention ", 0), 0u);
-            EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::kSelectBlocks.rows));
+            EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::top_k_rows(k)));
             EXPECT_EQ(recorder.launches[0].grid.y, g) << "one program column per slice";
             EXPECT_EQ(output.sizes(), (std::vector<int64_t>{g, n, c}));
             EXPECT_EQ(output.scalar_type(), dtype);

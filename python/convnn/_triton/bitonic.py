@@ -1,5 +1,5 @@
-"""Bitonic networks over the rows of a tile (the running top-K of select.py): the K largest keys of
-each row, sorted, and the merge of two sorted rows. Keys are distinct int64 (select.py's packed
+"""A bitonic network over the rows of a tile (the running top-K of select.py shared by a row's
+threads): the K largest keys of each row, sorted. Keys are distinct int64 (select.py's packed
 ranking keys), so the networks' results are exact whatever the order of their steps.
 
 Written here rather than taken from tl.sort / tl.topk / tl.flip: those exchange a pair through an
@@ -78,13 +78,3 @@ def largest(x, K: tl.constexpr, DESCENDING: tl.constexpr):
         h = tl.max(h, BITS - halving - KEEP)  # the axis of bit KEEP
         h = _merge(h, BITS - halving - 1, KEEP, DESCENDING)
     return tl.reshape(h, [R, K])
-
-
-@triton.jit
-def merge_sorted(descending, ascending):
-    """The largest W keys of two rows of W keys, one sorted descending and one ascending (W a power
-    of two), sorted descending: their position-wise larger keys form a bitonic row holding them."""
-    R: tl.constexpr = descending.shape[0]
-    BITS: tl.constexpr = _log2(descending.shape[1])
-    h = tl.reshape(tl.maximum(descending, ascending), _hypercube(R, BITS))
-    return tl.reshape(_merge(h, BITS, BITS, 1), [R, descending.shape[1]])

@@ -1,6 +1,8 @@
 """Fused GPU kernel of knn_select, in Triton (issue 25 §1): per program, one slice and a block of
 query rows; score tiles against blocks of candidates feed a running top-K held on chip, so the
-[G,N,M] score matrix is never written to memory.
+[G,N,M] score matrix is never written to memory. At K <= THREAD_SLOTS (the layers' usual K) the
+running top-K of a query row is held by one thread (_thread_top_k: one warp of 32 rows per
+program); at larger K by the threads of a row together (_shared_top_k: 16 rows, 8 warps).
 
 The selection rule is docs/operator.md's, the one every path follows:
 - candidates rank by their key (larger is more similar), the lower candidate index winning ties;
@@ -26,23 +28,47 @@ import triton.language as tl
 from . import bitonic
 from .similarities import CHEBYSHEV, CODES, COSINE, GAUSSIAN, L1, SCALED_DOT, is_distance, is_dot_product
 
-# Query rows per program: with 32, ptxas (sm_90, 4 warps) used all 255 registers and spilled at
-# some widths of the running top-K; with 16, 150-235 registers and no spill at any width.
+# Query rows per program of the set shared by a row's threads (K above THREAD_SLOTS), and of the
+# backward kernels that take select's rows: with 32, ptxas (sm_90, 4 warps) used all 255 registers
+# and spilled at some widths of the running top-K; with 16, 150-235 registers and no spill.
 ROWS = 16
-CANDIDATES = 64    # candidates per score tile (candidates_for: 32 with a mask)
+CANDIDATES = 64    # candidates per score tile of the shared set (candidates_for: 32 with a mask)
 MAX_SLOTS = 64     # the largest K the kernel holds on chip; a larger K takes the generic path
-# A tile that some row of the block enters more than ROUNDS times is merged by a bitonic network
-# (_running_top_k): on sm_90 one merge costs about as many instructions as 4.7 rounds
-# (scripts/triton_cost_report.py: 654 and 139 SASS instructions per warp at K <= 8). The network
-# serves K <= BITONIC_SLOTS: at 16 slots and more it spilled registers beside a mask.
-ROUNDS = 4
-BITONIC_SLOTS = 8
 
 
-# Launch options: 8 warps, and at most 128 registers per thread. Without the cap, ptxas chose 64 or
-# 80 registers for some specialisations and spilled 8-20 bytes (sm_80 and sm_90); with it, none
-# spills (scripts/triton_compile_check.py) and two blocks fit an SM.
+# Launch options of the shared set: 8 warps, and at most 128 registers per thread. Without the cap,
+# ptxas chose 64 or 80 registers for some specialisations and spilled 8-20 bytes (sm_80 and sm_90);
+# with it, none spills (scripts/triton_compile_check.py) and two blocks fit an SM.
 COMPILE_OPTIONS = {"num_warps": 8, "maxnreg": 128}
+
+# At K <= THREAD_SLOTS the running top-K is held a query row per thread (_thread_top_k): one warp per
+# program, a row per lane (THREAD_ROWS), THREAD_CANDIDATES candidates per score tile (the least
+# tl.dot takes). Registers (ptxas, sm_80 and sm_90, every similarity and mask kind): 114-255 without
+# a spill under THREAD_OPTIONS' cap; each thread's 4x4 block of the score tile reads 128 operands
+# per 16 features. A cap of 168 spills 32-104 bytes (the dot products at K <= 8), and 255 spilled
+# while masks were loaded as [rows, candidates] tiles (now a column at a time, in the row's
+# thread). At 200-255 registers an SM holds 8 such warps (16 of the shared set's): the static cost
+# report does not model occupancy; a GPU measurement decides between the two sets.
+THREAD_SLOTS = 16
+THREAD_ROWS = 32
+THREAD_CANDIDATES = 16
+THREAD_OPTIONS = {"num_warps": 1, "maxnreg": 255}
+_THREAD_SLOTS = tl.constexpr(THREAD_SLOTS)  # for the kernels
+
+
+def held_per_thread(slots):
+    """Whether the running top-K of this width is held a query row per thread (_thread_top_k)."""
+    return slots <= THREAD_SLOTS
+
+
+def rows_for(slots):
+    """Query rows per program of the kernels built on the running top-K at this width."""
+    return THREAD_ROWS if held_per_thread(slots) else ROWS
+
+
+def compile_options(slots):
+    """Launch options of the kernels built on the running top-K at this width."""
+    return THREAD_OPTIONS if held_per_thread(slots) else COMPILE_OPTIONS
 
 
 # Widths of the running top-K: 8, 16, 32, 64. A K below 8 holds 8 slots (a few registers more; the
@@ -55,10 +81,13 @@ def slots_for(k):
 
 
 def candidates_for(k, mask_kind):
-    """Candidates per score tile: 64 without a mask, 32 with one. With a mask at 64, its loads
-    beside the running top-K spilled 8-60 bytes (ptxas, sm_80 and sm_90: the bitonic network at
-    K <= 8, the rounds' state at 16 slots and more); at 32, 94-108 registers and no spill. Without
-    a mask, 64 costs fewer instructions per score than 32 (scripts/triton_cost_report.py)."""
+    """Candidates per score tile. Held a row per thread: THREAD_CANDIDATES. Shared by a row's
+    threads: 64 without a mask, 32 with one. With a mask at 64, its loads beside the running top-K
+    spilled 8-60 bytes (ptxas, sm_80 and sm_90: the rounds' state at 16 slots and more); at 32,
+    94-108 registers and no spill. Without a mask, 64 costs fewer instructions per score than 32
+    (scripts/triton_cost_report.py)."""
+    if held_per_thread(slots_for(k)):
+        return THREAD_CANDIDATES
     return CANDIDATES if mask_kind == NO_MASK else CANDIDATES // 2
 
 
@@ -89,19 +118,43 @@ def store_as(ptr, offsets, x, mask, dtype_code):
 
 
 @triton.jit
-def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_constant,
+def _inverse_of_norms(squares, eps):
+    """1 / max(sqrt(squares), eps) in IEEE float32 (cosine's factors, as src/ops/kernels/similarity.h)."""
+    return tl.math.div_rn(tl.full(squares.shape, 1.0, tl.float32),
+                          tl.maximum(tl.sqrt_rn(squares), tl.full([], eps, tl.float32)))
+
+
+@triton.jit
+def _row_factors(ptr, rows, row_ok, d, similarity_constant, SIMILARITY: tl.constexpr, R: tl.constexpr,
+                 FEATURES: tl.constexpr):
+    """Cosine's inverse norms of R rows of ptr [*, d], summed FEATURES features at a time; zeros for
+    the other similarities (unread). Apart from the dot products' loop, whose tiles it would keep
+    live beside the ones tl.dot reads (ptxas spilled with a mask at K <= 8)."""
+    squares = tl.zeros([R], dtype=tl.float32)
+    if SIMILARITY == COSINE:
+        first = 0
+        while first < d:
+            features = first + tl.arange(0, FEATURES)
+            x = tl.load(ptr + rows.to(tl.int64)[:, None] * d + features[None, :],
+                        mask=row_ok[:, None] & (features < d)[None, :], other=0.0).to(tl.float32)
+            squares += tl.sum(x * x, 1)
+            first += FEATURES
+        squares = _inverse_of_norms(squares, similarity_constant)
+    return squares
+
+
+@triton.jit
+def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_constant, q_factors,
                SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr):
     """[ROWS, CANDIDATES] ranking keys, in float32. similarity_constant: sqrt(D) rounded to float32
-    for scaled_dot, the epsilon (kCosineEps in float32) for cosine, unread otherwise."""
+    for scaled_dot, the epsilon (kCosineEps in float32) for cosine, unread otherwise; q_factors:
+    cosine's _row_factors of the query rows (once per program), unread otherwise."""
     # Dot products as tl.dot tiles in IEEE float32, FEATURES features at a time; the distances
     # (exact pairwise differences) one feature at a time. Register use measured with ptxas -v
     # (sm_80, sm_90): 32 query rows and a tile of all 64 features spilled kilobytes; 16 rows,
     # 8 warps and 16-feature chunks, none (scripts/triton_compile_check.py fails on a spill).
     keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
     if is_dot_product(SIMILARITY):  # tl.dot over chunks of FEATURES features
-        # Cosine's squared norms ride along (the rows are raw: see below).
-        q_squares = tl.zeros([ROWS], dtype=tl.float32)
-        k_squares = tl.zeros([CANDIDATES], dtype=tl.float32)
         first = 0
         while first < d:
             features = first + tl.arange(0, FEATURES)
@@ -111,16 +164,11 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_consta
             k = tl.load(k_ptr + cand.to(tl.int64)[:, None] * d + features[None, :],
                         mask=cand_ok[:, None] & feature_ok[None, :], other=0.0).to(tl.float32)
             keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
-            if SIMILARITY == COSINE:
-                q_squares += tl.sum(q * q, 1)
-                k_squares += tl.sum(k * k, 1)
             first += FEATURES
         if SIMILARITY == COSINE:
             # (q.k * (1/max(|q|,eps))) * (1/max(|k|,eps)) from the raw rows, in that order, as on
             # every path (src/ops/kernels/similarity.h): exactly orthogonal rows score exactly 0.
-            eps = tl.full([], similarity_constant, tl.float32)
-            q_factors = tl.math.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.maximum(tl.sqrt_rn(q_squares), eps))
-            k_factors = tl.math.div_rn(tl.full([CANDIDATES], 1.0, tl.float32), tl.maximum(tl.sqrt_rn(k_squares), eps))
+            k_factors = _row_factors(k_ptr, cand, cand_ok, d, similarity_constant, SIMILARITY, CANDIDATES, FEATURES)
             keys = keys * q_factors[:, None] * k_factors[None, :]
         if SIMILARITY == SCALED_DOT:
             root = similarity_constant
@@ -150,51 +198,203 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_consta
     return keys
 
 
-# Packed ranking keys (the running top-K's currency): a float32 key and its candidate index in one
-# int64, so that one integer comparison applies the whole ranking rule. The upper half is the key's
-# bits mapped to a signed integer of the same order (negative floats have their magnitude bits
-# flipped), after -0 is made +0 (the two tie); the lower half is the index's complement in 32 bits
-# (2^32 - 1 - index), so an exact tie goes to the lower index. -inf (masked) packs below every
-# finite key; a candidate past the slice packs as the least int64, below every real candidate; NaN
-# and +inf keys flag their row (unrankable) whatever they pack to.
+# Ranking keys. A float32 key's bits mapped to a signed integer of the same order (negative floats
+# have their magnitude bits flipped), after -0 is made +0 (the two tie): -inf (masked) maps below
+# every finite key and UNFILLED below -inf (only a NaN's bits map there; NaN and +inf keys flag
+# their row, unrankable, whatever they map to). The set shared by a row's threads packs the ordered
+# key and the candidate index in one int64 (the index's 32-bit complement below it), so that one
+# integer comparison applies the whole rule, larger first and the lower index on a tie; the set held
+# by one thread compares the ordered keys alone and gets the tie rule from the order in which it
+# takes the candidates (_thread_top_k).
+UNFILLED = tl.constexpr(-(2**31))
 LEAST_KEY = tl.constexpr(-(2**63))
 GREATEST_KEY = tl.constexpr(2**63 - 1)
 INDEX_BITS = tl.constexpr(2**32 - 1)
 
 
 @triton.jit
+def _ordered(keys):
+    """int32 ranking keys of float32 keys, in the floats' order, -0 and +0 equal."""
+    bits = tl.where(keys == 0.0, 0.0, keys).to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _unordered(ordered):
+    """The float32 keys of int32 ranking keys: the inverse of _ordered."""
+    return tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _packed(keys, cand):
     """int64 ranking keys of float32 keys [ROWS, CANDIDATES] and their candidate indices."""
-    bits = tl.where(keys == 0.0, 0.0, keys).to(tl.int32, bitcast=True)
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return (ordered.to(tl.int64) << 32) | (cand.to(tl.int64) ^ INDEX_BITS)
+    return (_ordered(keys).to(tl.int64) << 32) | (cand.to(tl.int64) ^ INDEX_BITS)
 
 
 @triton.jit
 def _unpacked(packed):
     """(float32 keys, int32 indices) of packed ranking keys: the inverse of _packed."""
-    ordered = (packed >> 32).to(tl.int32)
-    bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
-    return bits.to(tl.float32, bitcast=True), ((packed & INDEX_BITS) ^ INDEX_BITS).to(tl.int32)
+    return _unordered((packed >> 32).to(tl.int32)), ((packed & INDEX_BITS) ^ INDEX_BITS).to(tl.int32)
+
+
+@triton.jit
+def _tile_keys(q_ptr, k_ptr, mask_ptr, g, q_rows, rows, row_ok, cand, cand_ok, m, d, mask_slice_stride,
+               similarity_constant, q_factors, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+               CANDIDATES: tl.constexpr, FEATURES: tl.constexpr):
+    """The [ROWS, CANDIDATES] tile's ranking keys in float32 with the mask applied (a false bool
+    entry: -inf; an additive one added), and which rows met a NaN or +inf key among the valid pairs
+    ([ROWS] int32, 1 if so)."""
+    keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand_ok, d, similarity_constant, q_factors,
+                      SIMILARITY, ROWS, CANDIDATES, FEATURES)
+    both_ok = row_ok[:, None] & cand_ok[None, :]
+    keys = _masked(keys, mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :], both_ok,
+                   MASK)
+    return keys, tl.max(_unrankable(keys, both_ok), 1)
+
+
+@triton.jit
+def _masked(keys, mask_at, valid, MASK: tl.constexpr):
+    """keys with the mask applied, read at mask_at where valid: a false bool entry makes the key -inf,
+    an additive entry is added in float32; without a mask, keys."""
+    if MASK == 1:
+        keys = tl.where(tl.load(mask_at, mask=valid, other=0) != 0, keys, float("-inf"))
+    elif MASK == 2:
+        keys += tl.load(mask_at, mask=valid, other=0.0).to(tl.float32)
+    return keys
+
+
+@triton.jit
+def _unrankable(keys, valid):
+    """1 where a valid pair's key is NaN or +inf, whose row cannot be ranked: its scores come out NaN,
+    as the generic path's (docs/operator.md, "NaN and Inf rule")."""
+    return (valid & ((keys != keys) | (keys == float("inf")))).to(tl.int32)
 
 
 @triton.jit
 def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, similarity_constant,
                    SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
-                   SLOTS: tl.constexpr, FEATURES: tl.constexpr, ROUNDS: tl.constexpr = ROUNDS,
-                   BITONIC_SLOTS: tl.constexpr = BITONIC_SLOTS):
+                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
     """The K best candidates of each of the ROWS query rows of slice g, best first: (keys [ROWS,
     SLOTS] float32, indices [ROWS, SLOTS] int32, unrankable [ROWS]: rows that met a NaN or +inf key).
-    Shared by the select kernel and the fused attention kernel (attention.py).
+    Shared by the select kernel and the fused attention kernel (attention.py). At K <= THREAD_SLOTS
+    each row's set is held by one thread (_thread_top_k), above by the threads of a row together
+    (_shared_top_k); the launch options and ROWS follow (rows_for, compile_options)."""
+    if SLOTS <= _THREAD_SLOTS:
+        top_keys, top_index, unrankable = _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d,
+                                                        mask_slice_stride, similarity_constant, SIMILARITY, MASK,
+                                                        ROWS, CANDIDATES, SLOTS, FEATURES)
+    else:
+        top_keys, top_index, unrankable = _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
+                                                        mask_slice_stride, similarity_constant, SIMILARITY, MASK,
+                                                        ROWS, CANDIDATES, SLOTS, FEATURES)
+    in_k = tl.arange(0, SLOTS)[None, :] < k
+    return tl.where(in_k, top_keys, float("-inf")), tl.where(in_k, top_index, m), unrankable
 
-    Selection without merge rounds (issue 38): each row keeps its K best packed keys as an unordered
-    set and their least, the threshold. A tile's keys are gated against the threshold; the ones
-    that pass enter one per row per round, each replacing the set's least (the keys are distinct,
-    so exactly one slot holds it), for as many rounds as the block's busiest row has entries (at
-    most K: after K no key left in the tile beats the set), so none once the thresholds settle. At
-    K <= BITONIC_SLOTS a tile with more than ROUNDS entries in some row (the first tiles) is merged
-    by bitonic networks instead (bitonic.py). One sort of the K slots at the end puts them best
-    first."""
+
+@triton.jit
+def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, mask_slice_stride, similarity_constant,
+                  SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
+                  SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+    """The running top-K held a query row per thread (issue 38: a selection without merge rounds or
+    shuffles). Each row keeps its SLOTS best as a sorted tuple of [ROWS] registers. Each score tile
+    is split down to its columns (tl.split moves a row's candidates into its thread), and each
+    column, its mask applied in the thread, is inserted into the row's sorted slots without a
+    branch (_insert). Candidates come in ascending index (tiles in order, each tile's columns in
+    order: _insert_columns) and a key moves past a slot only if it is strictly larger, so of equal
+    keys the lower index stays ahead: the tie rule without comparing indices. Empty slots hold
+    UNFILLED, below every real candidate (masked ones included), so a row with fewer than K valid
+    candidates fills its slots with the masked ones, lower index first."""
+    q_rows = g * n + rows
+    top = (tl.full([ROWS], UNFILLED, tl.int32),) * SLOTS
+    index = (tl.full([ROWS], 0, tl.int32) + m,) * SLOTS
+    unrankable = tl.zeros([ROWS], dtype=tl.int32)
+    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, similarity_constant, SIMILARITY, ROWS, FEATURES)
+    mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64) * m  # unread without a mask
+    first = 0
+    while first < m:
+        cand = first + tl.arange(0, CANDIDATES)
+        keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand < m, d, similarity_constant, q_factors,
+                          SIMILARITY, ROWS, CANDIDATES, FEATURES)
+        top, index, unrankable = _insert_columns(top, index, unrankable, keys, first, mask_rows, row_ok, m, MASK)
+        first += CANDIDATES
+    return _unordered(_stacked(top)), _stacked(index), unrankable
+
+
+@triton.jit
+def _insert_column(top, index, unrankable, key, column, mask_rows, row_ok, m, MASK: tl.constexpr):
+    """Candidate `column`'s float32 keys [ROWS] through the mask, the NaN and +inf rule and _insert
+    (a column past the candidates enters as UNFILLED: never)."""
+    valid = column < m
+    key = _masked(key, mask_rows + column, row_ok & valid, MASK)
+    unrankable |= _unrankable(key, row_ok & valid)
+    top, index = _insert(top, index, tl.where(valid, _ordered(key), UNFILLED), column)
+    return top, index, unrankable
+
+
+@triton.jit
+def _insert(top, index, key, key_index):
+    """One candidate per row (key [ROWS], of index key_index) into the sorted slots (top, index): it goes
+    above the first slot whose key it strictly exceeds, and the slots from there move down one (the
+    last drops out). Every slot compares with the candidate alone, so the comparisons do not wait on
+    each other."""
+    new_top, new_index = top, index
+    for slot in tl.static_range(len(top)):
+        larger = key > top[slot]
+        if slot == 0:
+            arriving, arriving_index = key, key_index
+        else:  # the slot above's key if the candidate went above that one too, else the candidate
+            arriving = tl.where(larger_above, top[slot - 1], key)
+            arriving_index = tl.where(larger_above, index[slot - 1], key_index)
+        new_top = new_top[:slot] + (tl.where(larger, arriving, top[slot]),) + new_top[slot + 1:]
+        new_index = new_index[:slot] + (tl.where(larger, arriving_index, index[slot]),) + new_index[slot + 1:]
+        larger_above = larger
+    return new_top, new_index
+
+
+@triton.jit
+def _halves(x):
+    """The first and second halves of the columns of x [R, W] (W >= 4), each [R, W / 2]."""
+    return tl.split(tl.permute(tl.reshape(x, [x.shape[0], 2, x.shape[1] // 2]), (0, 2, 1)))
+
+
+@triton.jit
+def _insert_columns(top, index, unrankable, keys, first, mask_rows, row_ok, m, MASK: tl.constexpr):
+    """Every column of keys [ROWS, W] (W a power of two), in column order, through _insert_column:
+    column j is candidate first + j."""
+    if keys.shape[1] == 2:
+        left, right = tl.split(keys)
+        top, index, unrankable = _insert_column(top, index, unrankable, left, first, mask_rows, row_ok, m, MASK)
+        top, index, unrankable = _insert_column(top, index, unrankable, right, first + 1, mask_rows, row_ok, m, MASK)
+    else:
+        left, right = _halves(keys)
+        top, index, unrankable = _insert_columns(top, index, unrankable, left, first, mask_rows, row_ok, m, MASK)
+        top, index, unrankable = _insert_columns(top, index, unrankable, right, first + keys.shape[1] // 2,
+                                                 mask_rows, row_ok, m, MASK)
+    return top, index, unrankable
+
+
+@triton.jit
+def _stacked(parts):
+    """The tuple of 2^B tensors [R] as one tensor [R, 2^B], parts[i] in column i."""
+    if len(parts) == 2:
+        stacked = tl.join(parts[0], parts[1])
+    else:
+        pairs = tl.join(_stacked(parts[:len(parts) // 2]), _stacked(parts[len(parts) // 2:]))  # [R, W / 2, 2]
+        stacked = tl.reshape(tl.permute(pairs, (0, 2, 1)), [pairs.shape[0], len(parts)])
+    return stacked
+
+
+@triton.jit
+def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, similarity_constant,
+                  SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
+                  SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+    """The running top-K shared by the threads of a row, for K above THREAD_SLOTS (issue 38:
+    selection without merge rounds). Each row keeps its K best packed keys as an unordered set and
+    their least, the threshold. A tile's keys are gated against the threshold; the ones that pass
+    enter one per row per round, each replacing the set's least (the keys are distinct, so exactly
+    one slot holds it), for as many rounds as the block's busiest row has entries (at most K: after K
+    no key left in the tile beats the set), so none once the thresholds settle. One sort of the K
+    slots at the end puts them best first (bitonic.py)."""
     q_rows = g * n + rows
     slots = tl.arange(0, SLOTS)
     in_k = slots[None, :] < k
@@ -204,41 +404,22 @@ def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_sli
                     m + 1 + slots[None, :] + tl.zeros([ROWS, SLOTS], tl.int32))
     top = tl.where(in_k, empty, GREATEST_KEY)
     threshold = tl.min(top, 1)
-    # Rows that met a NaN or +inf key cannot be ranked: their scores come out NaN, as the generic
-    # path's where values are not read (docs/operator.md, "NaN and Inf rule").
     unrankable = tl.zeros([ROWS], dtype=tl.int32)
+    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, similarity_constant, SIMILARITY, ROWS, FEATURES)
     first = 0
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
-        keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand_ok, d, similarity_constant,
-                          SIMILARITY, ROWS, CANDIDATES, FEATURES)
+        keys, bad = _tile_keys(q_ptr, k_ptr, mask_ptr, g, q_rows, rows, row_ok, cand, cand_ok, m, d, mask_slice_stride,
+                               similarity_constant, q_factors, SIMILARITY, MASK, ROWS, CANDIDATES, FEATURES)
+        unrankable |= bad
         both_ok = row_ok[:, None] & cand_ok[None, :]
-        if MASK == 1:
-            allowed = tl.load(mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :],
-                              mask=both_ok, other=0)
-            keys = tl.where(allowed != 0, keys, float("-inf"))
-        elif MASK == 2:
-            keys += tl.load(mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :],
-                            mask=both_ok, other=0.0).to(tl.float32)
-        unrankable |= tl.max((both_ok & ((keys != keys) | (keys == float("inf")))).to(tl.int32), 1)
         packed = tl.where(both_ok, _packed(keys, cand[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)),
                           LEAST_KEY)
         # The gate: only keys above their row's threshold can enter.
         passing = tl.where(packed > threshold[:, None], packed, LEAST_KEY)
-        # Rounds for the busiest row, at most K.
+        # One round per entry of the busiest row, at most K, each entry replacing its set's least.
         entries = tl.minimum(tl.max(tl.sum((passing != LEAST_KEY).to(tl.int32), 1), 0), k)
-        if SLOTS <= BITONIC_SLOTS:  # a compile-time choice: the network at K <= 8 only
-            if entries > ROUNDS:
-                # Many entries (the first tiles): the tile's best SLOTS by a bitonic network, merged
-                # into the set (sorted for it) by one bitonic merge (bitonic.py).
-                best = bitonic.largest(passing, SLOTS, 0)
-                top = bitonic.largest(tl.where(in_k, top, LEAST_KEY), SLOTS, 1)
-                top = bitonic.merge_sorted(top, best)
-                top = tl.where(in_k, top, GREATEST_KEY)
-                threshold = tl.min(top, 1)
-                entries = 0
-        # Few: one round per entry of the busiest row, each entry replacing its set's least.
         entry = 0
         while entry < entries:
             best = tl.max(passing, 1)
@@ -248,9 +429,8 @@ def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_sli
             threshold = tl.min(top, 1)
             entry += 1
         first += CANDIDATES
-    top = bitonic.largest(tl.where(in_k, top, LEAST_KEY), SLOTS, 1)
-    top_keys, top_index = _unpacked(top)
-    return tl.where(in_k, top_keys, float("-inf")), tl.where(in_k, top_index, m), unrankable
+    top_keys, top_index = _unpacked(bitonic.largest(tl.where(in_k, top, LEAST_KEY), SLOTS, 1))
+    return top_keys, top_index, unrankable
 
 
 @triton.jit

@@ -32,7 +32,8 @@ def top_k_variants(select):
             slots = select.MIN_SLOTS
             while slots <= select.slots_for(select.MAX_SLOTS):
                 yield (f"{name} K<={slots} {mask_name}", mask_pointer,
-                       {"SIMILARITY": code, "MASK": mask, "ROWS": select.ROWS,
+                       {"SIMILARITY": code, "MASK": mask,
+                        "ROWS": select.rows_for(slots) if hasattr(select, "rows_for") else select.ROWS,
                         "CANDIDATES": select.candidates_for(slots, mask),
                         "SLOTS": slots, "FEATURES": select.features_for(64)})
                 slots *= 2
@@ -59,7 +60,8 @@ def attention_specialisations(module, select):
                 "indices_ptr": "*i64", "weights_ptr": "*fp32", "n": "i32", "m": "i32", "d": "i32",
                 "c": "i32", "k": "i32", "mask_slice_stride": "i32", "similarity_constant": "fp32", "rho": "i32",
                 "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32"},
-               {**constexprs, "CHANNELS": module.CHANNELS})
+               {**constexprs, "CHANNELS": module.forward_channels(constexprs["SLOTS"])
+                if hasattr(module, "forward_channels") else module.CHANNELS})
     slots = select.MIN_SLOTS
     while slots <= select.slots_for(select.MAX_SLOTS):
         yield (f"attention softmax scores gradient K<={slots}", module._softmax_scores_gradient_kernel,
@@ -154,6 +156,14 @@ def pair_gradient_specialisations(module):
                {"SIMILARITY": code, **common})
 
 
+def top_k_options(select, spec):
+    """The launch options of a kernel built on the running top-K: its width's (select.py), or one set
+    for every width in a revision before the per-thread set (scripts/triton_cost_report.py --revision)."""
+    if hasattr(select, "compile_options"):
+        return select.compile_options(spec[3]["SLOTS"])
+    return select.COMPILE_OPTIONS
+
+
 def all_specialisations(modules=None):
     """(key, kernel, signature, constexprs, launch options) of every kernel the C++ launchers ask
     for. `modules`: {name: module} of aggregate, select, pair_gradients, attention and
@@ -164,9 +174,9 @@ def all_specialisations(modules=None):
                    "attention": attention, "attention_backward": attention_backward}
     select, backward = modules["select"], modules["attention_backward"]
     every = [(*spec, DEFAULT_OPTIONS) for spec in aggregate_specialisations(modules["aggregate"])]
-    every += [(*spec, select.COMPILE_OPTIONS) for spec in select_specialisations(select)]
+    every += [(*spec, top_k_options(select, spec)) for spec in select_specialisations(select)]
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(modules["pair_gradients"])]
-    every += [(*spec, select.COMPILE_OPTIONS if "gradient" not in spec[0] else DEFAULT_OPTIONS)
+    every += [(*spec, top_k_options(select, spec) if "gradient" not in spec[0] else DEFAULT_OPTIONS)
               for spec in attention_specialisations(modules["attention"], select)]
     every += [(*spec, backward.COMPILE_OPTIONS) for spec in attention_backward_specialisations(backward, select)]
     return every

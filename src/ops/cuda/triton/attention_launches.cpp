@@ -69,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     // Without a bias the kernel does not read bias_ptr (has_bias is 0); any valid pointer does.
     const auto bias = bias_in.defined() ? bias_in.to(at::kFloat).contiguous() : values;
     Launch launch{top_k_key("attention", similarity, k, in.mask_kind),
-                  {(n + kSelectBlocks.rows - 1) / kSelectBlocks.rows, g}, {}};
+                  {cdiv(n, top_k_rows(k)), g}, {}};
     launch.arguments.pointer(in.queries).pointer(in.keys).pointer(values).pointer(kernel).pointer(bias)
         .pointer(in.mask).pointer(output).pointer(scores).pointer(indices).pointer(weights)
         .int32(n).int32(m).int32(d).int32(c).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)

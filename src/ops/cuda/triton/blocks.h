@@ -15,10 +15,13 @@ struct AggregateBlocks {
 };
 extern const AggregateBlocks kAggregateBlocks;
 
-// From select.py: query rows per program, the running top-K's narrowest and widest slot counts (a
-// call with K above the widest takes the generic path), and the mask kinds' codes.
+// From select.py: query rows per program (ROWS; THREAD_ROWS for the running top-K held a row per
+// thread, at widths up to THREAD_SLOTS: top_k_rows), the running top-K's narrowest and widest slot
+// counts (a call with K above the widest takes the generic path), and the mask kinds' codes.
 struct SelectBlocks {
   int64_t rows;
+  int64_t thread_rows;
+  int64_t thread_slots;
   int64_t min_slots;
   int64_t max_slots;
   int no_mask, bool_mask, additive_mask;

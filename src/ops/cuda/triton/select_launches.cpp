@@ -47,6 +47,10 @@ int64_t top_k_slots(int64_t k) {
   return slots;
 }
 
+int64_t top_k_rows(int64_t k) {
+  return top_k_slots(k) <= kSelectBlocks.thread_slots ? kSelectBlocks.thread_rows : kSelectBlocks.rows;
+}
+
 std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind) {
   return std::string(kernel) + " " + to_string(similarity) + " K<=" + std::to_string(top_k_slots(k)) + " " +
          mask_name(mask_kind);
@@ -125,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
   if (scores.numel() == 0) return {scores, indices};
   const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
-  Launch launch{top_k_key("select", similarity, k, in.mask_kind), {cdiv(n, kSelectBlocks.rows), g}, {}};
+  Launch launch{top_k_key("select", similarity, k, in.mask_kind), {cdiv(n, top_k_rows(k)), g}, {}};
   launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
       .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
       .int32(dtype_code(scores.scalar_type()));

@@ -34,6 +34,8 @@ RankingOperands ranking_operands(const at::Tensor& queries, const at::Tensor& ke
 bool is_dot_product(Similarity similarity);
 /// The width of the running top-K that holds K slots: the narrowest compiled one (8 .. 64) >= K.
 int64_t top_k_slots(int64_t k);
+/// Query rows per program of the running-top-K kernels (select, fused attention forward) at K.
+int64_t top_k_rows(int64_t k);
 /// The key of a running-top-K kernel ("select" or "attention") for a similarity, K and mask kind, as
 /// scripts/triton_compile_check.py names it.
 std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind);
