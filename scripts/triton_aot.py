@@ -86,7 +86,8 @@ const SelectBlocks kSelectBlocks = {{{select.ROWS}, {select.THREAD_ROWS}, {selec
 const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 const AttentionCodes kAttentionCodes = {{{attention.CHANNELS}, {rho["uniform"]}, {rho["mean"]}, {rho["softmax"]},
                                         {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]}}};
-const AttentionBackwardBlocks kAttentionBackwardBlocks = {{{attention_backward.COLUMN_ROWS}, {attention_backward.COLUMN_WIDTH}}};
+const AttentionBackwardBlocks kAttentionBackwardBlocks = {{{attention_backward.ROW_ROWS}, {attention_backward.COLUMN_ROWS},
+                                                          {attention_backward.COLUMN_WIDTH}}};
 
 }}  // namespace convnn::ops::cuda::triton
 """

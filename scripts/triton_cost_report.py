@@ -306,10 +306,10 @@ def backward_estimates(backward, select, shape):
     selection: issue bound, DRAM bound of compulsory bytes (every tensor once, gathers from L2)."""
     g, n, d, k = shape
     c, rows = CHANNELS, g * n
-    chunks = math.ceil(c / backward.attention.CHANNELS)
+    chunks = math.ceil(c / getattr(backward, "ROW_CHANNELS", backward.attention.CHANNELS))
     rows_kernel = f"attention backward rows scaled_dot K<={select.slots_for(k)}"
     per_program, warps = instructions_per_program(rows_kernel, [(chunks, k), (chunks, k)])
-    row_programs = math.ceil(rows / select.ROWS)
+    row_programs = math.ceil(rows / getattr(backward, "ROW_ROWS", select.ROWS))
     row_bytes = (4 * rows * c + 4 * g * n * (c + d) + rows * k * (8 + 4 + 4 + 4) + 4 * rows * d
                  + 4 * row_programs * c * k)
     steps, blocks = longest_runs(backward, g, n, d, k)
@@ -369,7 +369,8 @@ def report_walkers(report):
     print("\nInverse-index walkers (float32): SASS instructions per warp per trip of each loop, outermost first "
           "(a loop's own, without the loops inside it), + those of a subroutine a trip may call. The step over a "
           "slot is the outer loop; the standard kernel's inner loop is over blocks of output channels; the column "
-          "kernel's two loops step 16 rows at once (values, then keys)\n")
+          f"kernel's two loops step {check.load_kernels('attention_backward').COLUMN_ROWS} rows at once (values, "
+          "then keys)\n")
     print("| kernel | per trip of each loop |\n|---|---|")
     report["walkers"] = {}
     for kernel in WALKERS:

@@ -1175,7 +1175,7 @@ def test_two_kernel_backward_writes_every_element_once_and_no_guard_byte_changes
     dy, q, keys_in, values_in, taps, s, w = placed
     canary = 777.0
     outputs = {}
-    row_blocks = triton.cdiv(g * n, select.ROWS)
+    row_blocks = triton.cdiv(g * n, attention_backward.ROW_ROWS)
     for name, shape in (("live", (g, n, k)), ("d queries", (g, n, d)), ("partial", (row_blocks, c, k)),
                         ("d keys", (g, m, d)), ("d values", (g, m, c))):
         buffer, view = guarded(shape, torch.float32, canary)
@@ -1184,8 +1184,8 @@ def test_two_kernel_backward_writes_every_element_once_and_no_guard_byte_changes
     root = float(torch.tensor(float(d)).sqrt())
     attention_backward._rows_kernel[(row_blocks,)](
         dy, values_in, taps, indices, w, s, keys_in, outputs["live"][1], outputs["d queries"][1],
-        outputs["partial"][1], g * n, n, m, c, d, k, 0.7, root, 0, SCALED=True, ROWS=select.ROWS, SLOTS=8,
-        CHANNELS=attention.CHANNELS)
+        outputs["partial"][1], g * n, n, m, c, d, k, 0.7, root, 0, SCALED=True, ROWS=attention_backward.ROW_ROWS,
+        SLOTS=8, CHANNELS=attention_backward.ROW_CHANNELS)
     order, run_start = inverse_index(indices, m)
     value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
     attention_backward._columns_kernel[(triton.cdiv(g * m, attention_backward.COLUMN_ROWS),

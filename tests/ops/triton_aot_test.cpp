@@ -68,13 +68,15 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       const bool running_top_k = (key.rfind("select ", 0) == 0 || key.rfind("attention ", 0) == 0) &&
                                  key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
-      // A running top-K held a query row per thread (K <= thread_slots) is one lane per row of the
-      // program (top_k_rows); the shared set and the two-kernel backward take 8 warps.
+      // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
+      // are one lane per row of the program (top_k_rows, row_rows, column_rows); the shared set
+      // takes 8 warps.
       const auto width = running_top_k ? std::stoll(key.substr(key.find("K<=") + 3)) : int64_t{0};
       const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
-                            : running_top_k || two_kernel_backward ? 8
-                                                                   : 4;
+                            : running_top_k       ? 8
+                            : two_kernel_backward ? triton::kAttentionBackwardBlocks.row_rows / 32
+                                                  : 4;
       EXPECT_EQ(cubin->num_warps, warps) << key;
       EXPECT_LE(cubin->shared_bytes, 48 * 1024) << key;
       // Triton's two scratch pointers close every parameter list.
@@ -367,7 +369,7 @@ TEST(TritonAot, EveryTwoKernelBackwardLaunchPassesTheParametersTheCompiledKernel
                                                           slots, similarity, 0.5, recorder.runner());
         ASSERT_EQ(recorder.launches.size(), 2u) << "the row kernel and the column kernel";
         EXPECT_EQ(recorder.launches[0].key.rfind("attention backward rows ", 0), 0u);
-        EXPECT_EQ(recorder.launches[0].grid.x, cdiv(g * n, triton::kSelectBlocks.rows));
+        EXPECT_EQ(recorder.launches[0].grid.x, cdiv(g * n, triton::kAttentionBackwardBlocks.row_rows));
         EXPECT_EQ(recorder.launches[1].key, "attention backward columns");
         const int64_t width = triton::kAttentionBackwardBlocks.column_width;
         EXPECT_EQ(recorder.launches[1].grid.x, cdiv(g * m, triton::kAttentionBackwardBlocks.column_rows));

@@ -31,11 +31,17 @@ import triton.language as tl
 from . import attention
 
 SIMILARITY_SCALED = {"dot": False, "scaled_dot": True}  # the similarities it takes; whether d scores is divided by sqrt(D)
-COLUMN_ROWS = 16    # key/value rows per program of the column kernel
-COLUMN_WIDTH = 64   # channels (values) or features (keys) per program of the column kernel
-# Both kernels at 8 warps: at 4 the row kernel spills on sm_80 at K <= 32 (96 registers), and the
-# column kernel takes 154 registers (3 blocks per SM); at 8, 59-80 and 94, no spills (ptxas -v).
-COMPILE_OPTIONS = {"num_warps": 8}
+# Both kernels take one warp of 32 rows per program, a row per lane (issue 38, as select.py's set
+# held per thread): at 16 rows over 8 warps each thread held 2-4 elements of a step, and the step's
+# index loads, divisions and 64-bit addresses were most of its instructions (the static cost report:
+# rows 1718 -> 890, columns 1815 -> 753 warp instructions per query row at Table 1). The widths are
+# the widest without a spill at every slot width (ptxas, sm_80 and sm_90): the row kernel spilled at
+# 16 channels per step, the column kernel took 233-238 registers at 32.
+ROW_ROWS = 32       # query rows per program of the row kernel
+ROW_CHANNELS = 8    # channels (and features) per step of the row kernel
+COLUMN_ROWS = 32    # key/value rows per program of the column kernel
+COLUMN_WIDTH = 16   # channels (values) or features (keys) per program of the column kernel
+COMPILE_OPTIONS = {"num_warps": 1}
 
 
 @triton.jit

@@ -84,7 +84,8 @@ def attention_backward_specialisations(module, select):
                     "grad_queries_ptr": "*fp32", "partial_ptr": "*fp32", "rows_total": "i32", "n": "i32",
                     "m": "i32", "c": "i32", "d": "i32", "k": "i32", "temperature": "fp32", "root": "fp32",
                     "dtype_code": "i32"},
-                   {"SCALED": scaled, "ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.attention.CHANNELS})
+                   {"SCALED": scaled, "ROWS": getattr(module, "ROW_ROWS", select.ROWS), "SLOTS": slots,
+                    "CHANNELS": getattr(module, "ROW_CHANNELS", module.attention.CHANNELS)})
             slots *= 2
     # The rows busiest first (row_order_ptr) since the column kernel's balance; a report of an
     # earlier revision (triton_cost_report.py --revision) compiles its kernel without it.

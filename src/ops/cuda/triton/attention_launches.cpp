@@ -122,7 +122,7 @@ bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, 
   constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
   const int64_t g = queries.size(0), n = queries.size(1), d = queries.size(2);
   const int64_t m = keys.size(1), c = values.size(2), k = scores.size(2);
-  const int64_t row_blocks = cdiv(g * n, kSelectBlocks.rows);
+  const int64_t row_blocks = cdiv(g * n, kAttentionBackwardBlocks.row_rows);
   return kernel.dim() == 2 && rho == Rho::Softmax && is_dot_product(similarity) && k >= 1 &&
          k <= kSelectBlocks.max_slots &&
          std::min({g * n, g * m, c, d}) > 0 && g * n * std::max({c, d, k}) < kInt32 &&
@@ -161,7 +161,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const 
   const auto values = as_float(values_in), taps = as_float(kernel), weights = as_float(weights_in);
   const auto scores = as_float(scores_in);
   const auto float_options = queries.options().dtype(at::kFloat);
-  const int64_t row_blocks = cdiv(g * n, kSelectBlocks.rows);
+  const int64_t row_blocks = cdiv(g * n, kAttentionBackwardBlocks.row_rows);
   auto live = at::empty({g, n, k}, float_options), grad_queries = at::empty({g, n, d}, float_options);
   auto partial = at::empty({row_blocks, c, k}, float_options);
   // sqrt(D) correctly rounded to float32, as the select backward divides by it.

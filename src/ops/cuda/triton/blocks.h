@@ -45,9 +45,10 @@ struct AttentionCodes {
 };
 extern const AttentionCodes kAttentionCodes;
 
-// From attention_backward.py: key/value rows and channels per program of the backward's column
-// kernel (COLUMN_ROWS, COLUMN_WIDTH).
+// From attention_backward.py: query rows per program of the backward's row kernel (ROW_ROWS), and
+// key/value rows and channels per program of its column kernel (COLUMN_ROWS, COLUMN_WIDTH).
 struct AttentionBackwardBlocks {
+  int64_t row_rows;
   int64_t column_rows;
   int64_t column_width;
 };
