@@ -32,6 +32,8 @@ import triton.language as tl
 from . import select
 
 CHANNELS = 32  # value channels per step of the aggregation
+RHO_CODES = {"uniform": 0, "mean": 1, "softmax": 2}  # in the C++ enum's order (a test holds it to rho_names())
+_UNIFORM, _MEAN, _SOFTMAX = (tl.constexpr(RHO_CODES[name]) for name in ("uniform", "mean", "softmax"))
 # Value channels per step of the forward's aggregation where the running top-K is held a query row
 # per thread (select.held_per_thread: one warp of 32 rows): a [32, 32] step held 32 accumulators and
 # 32 gather addresses per thread beside the selection's state, and ptxas spilled at 255 registers.
@@ -41,8 +43,8 @@ THREAD_CHANNELS = 8
 def forward_channels(slots):
     """Value channels per step of the fused forward's aggregation at this width of the running top-K."""
     return THREAD_CHANNELS if select.held_per_thread(slots) else CHANNELS
-RHO_CODES = {"uniform": 0, "mean": 1, "softmax": 2}  # in the C++ enum's order (a test holds it to rho_names())
-_UNIFORM, _MEAN, _SOFTMAX = (tl.constexpr(RHO_CODES[name]) for name in ("uniform", "mean", "softmax"))
+
+
 # The op's dtype (select.py's codes): the kernel writes its outputs in it, and rounds the scores
 # before rho and the weights before the aggregation to it, as the composed ops do.
 DTYPE_CODES = select.DTYPE_CODES

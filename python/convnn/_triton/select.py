@@ -28,9 +28,9 @@ import triton.language as tl
 from . import bitonic
 from .similarities import CHEBYSHEV, CODES, COSINE, GAUSSIAN, L1, SCALED_DOT, is_distance, is_dot_product
 
-# Query rows per program of the set shared by a row's threads (K above THREAD_SLOTS), and of the
-# backward kernels that take select's rows: with 32, ptxas (sm_90, 4 warps) used all 255 registers
-# and spilled at some widths of the running top-K; with 16, 150-235 registers and no spill.
+# Query rows per program of the set shared by a row's threads (K above THREAD_SLOTS), and of
+# attention.py's softmax scores gradient: with 32, ptxas (sm_90, 4 warps) used all 255 registers and
+# spilled at some widths of the running top-K; with 16, 150-235 registers and no spill.
 ROWS = 16
 CANDIDATES = 64    # candidates per score tile of the shared set (candidates_for: 32 with a mask)
 MAX_SLOTS = 64     # the largest K the kernel holds on chip; a larger K takes the generic path
