@@ -104,6 +104,8 @@ print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0
     --memory-cap 40 --sweep-batch 1 --sweep-iters 5 --sweep-warmup 2
   step "Triton kernels and op-level paths" 200 bench.log \
     "$python" scripts/gpu_bench.py --json "$report/gpu-bench.json"
+  step "the running top-K's two designs (one warp per 32 rows, or 8 warps per 16)" 90 bench.log \
+    "$python" scripts/gpu_bench.py --designs --json "$report/gpu-designs.json"
   # compute-sanitizer: out-of-bounds and misaligned accesses, shared-memory races.
   step "memcheck: C++ GenericCuda (2 cases)" 120 sanitizer.log \
     compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/convnn_tests" --gtest_brief=1 \

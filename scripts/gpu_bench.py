@@ -9,13 +9,19 @@ configuration (G = 384 slices, N = M = 197, d = 64, K = 8, depthwise, scaled_dot
   forward the fused kernel of attention.py, its backward the two kernels of attention_backward.py), and
   scaled_dot_product_attention on the same [G,N,d] tensors for scale;
 - the paper's Table 1 module (ConvNNAttention against timm's Attention), eager, and its
-  forward+backward step replayed from a CUDA graph (issue 38 §3).
+  forward+backward step replayed from a CUDA graph (issue 38 §3);
+- the two designs of the running top-K (select.design) on the same inputs: the set held a query row
+  per thread (one warp of 32 rows per program, what the launchers take at K <= 16) and the set
+  shared by a row's threads (16 rows, 8 warps), the select kernel and the fused attention forward
+  launched directly, at Table 1 and at 12 x 4096 (K 8, float32), with --designs (a step of its own
+  in scripts/gpu-check.sh): the static cost report counts instructions, not occupancy, and this
+  decides between them.
 The C++ `convnn bench --device cuda` times the generic paths; the Triton kernels are registered
 from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events); peak memory
 from the caching allocator over one call of its own; GB/s of the aggregation forward counts its
 minimum bytes (every gathered row read once per slot, weights and indices read, output written).
 
-    python scripts/gpu_bench.py [--json FILE]
+    python scripts/gpu_bench.py [--json FILE] [--designs]
 """
 import argparse
 import json
@@ -25,6 +31,7 @@ import torch
 import triton.testing
 
 import convnn  # noqa: F401  (registers the ops and the Triton launcher)
+from convnn._triton import attention, select
 
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 CUDA = torch._C.DispatchKey.CUDA  # each op's CUDA kernel: the Triton kernels where they apply
@@ -215,13 +222,59 @@ def op_paths(g, n, d, neighbours, dtype, device):
     return row
 
 
+def selection_designs(g, n, d, neighbours, device):
+    """The select kernel and the fused attention forward (scaled_dot, no mask, softmax, float32) in both
+    designs of select.design, launched directly on the same inputs: ms of each, and the query rows
+    whose indices, scores or outputs differ between them (none on a GPU, whose IEEE tl.dot sums each
+    score in feature order whatever the tile; the interpreter tests prove the designs equal on
+    integer-valued inputs)."""
+    generator = torch.Generator(device=device).manual_seed(2)
+    q, k, v = (torch.randn(g, n, d, device=device, generator=generator) for _ in range(3))
+    taps = torch.randn(d, neighbours, device=device, generator=generator)
+    slots, root = select.slots_for(neighbours), float(torch.tensor(float(d)).sqrt())
+    row = {"G": g, "N": n, "d": d, "K": neighbours}
+    results = {}
+    for label, shared_set in (("per_thread", False), ("shared", True)):
+        blocks, options = select.design(slots, select.NO_MASK, shared_set)
+        grid = (triton.cdiv(n, blocks["ROWS"]), g)
+        constexprs = {"SIMILARITY": 1, "MASK": select.NO_MASK, "SLOTS": slots, "FEATURES": 16, **blocks, **options}
+        scores, indices = torch.empty(g, n, neighbours, device=device), torch.empty(g, n, neighbours, dtype=torch.int64,
+                                                                                  device=device)
+        output, weights = torch.empty(g, n, d, device=device), torch.empty(g, n, neighbours, device=device)
+        chosen = torch.empty_like(indices)
+
+        def run_select(grid=grid, constexprs=constexprs, scores=scores, indices=indices):
+            select._select_kernel[grid](q, k, q, scores, indices, n, n, d, neighbours, 0, root, 0, **constexprs)
+
+        def run_attention(grid=grid, constexprs=constexprs, output=output, weights=weights, chosen=chosen,
+                          shared_set=shared_set):
+            attention._attention_kernel[grid](q, k, v, taps, v, q, output, scores.clone(), chosen, weights, n, n, d, d,
+                                              neighbours, 0, root, attention.RHO_CODES["softmax"], 1.0, 0, 0, 0,
+                                              CHANNELS=attention.forward_channels(slots, shared_set), **constexprs)
+
+        row[f"select_{label}_ms"], _ = timed(run_select)
+        row[f"attention_{label}_ms"], _ = timed(run_attention)
+        results[label] = (indices, scores, chosen, output)
+    apart = torch.zeros(g, n, dtype=torch.bool, device=device)
+    for a, b in zip(results["per_thread"], results["shared"]):
+        apart |= (a != b).any(-1)
+    row["rows_apart"] = int(apart.sum())
+    row["index_rows_apart"] = int(((results["per_thread"][0] != results["shared"][0]).any(-1)
+                                   | (results["per_thread"][2] != results["shared"][2]).any(-1)).sum())
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--designs", action="store_true", help="only the running top-K's two designs")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_bench: no CUDA device")
     device = torch.device("cuda", torch.cuda.current_device())
+    if args.designs:
+        compare_designs(device, args.json)
+        return
     shapes = [(384, 197, 64, 8)] + [(12, n, 64, 9) for n in (197, 1024, 4096, 16384)]
     rows = [one(*shape, dtype, device) for dtype in (torch.float32, torch.bfloat16) for shape in shapes]
     print(f"device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; triton {triton.__version__}")
@@ -260,6 +313,21 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(device), "aggregate": rows, "op_paths": paths,
                        "modules": modules}, f, indent=1)
+
+
+def compare_designs(device, json_path):
+    """selection_designs at Table 1 and 12 x 4096, printed as a table (and written as JSON)."""
+    designs = [selection_designs(*shape, device) for shape in ((384, 197, 64, 8), (12, 4096, 64, 8))]
+    print(f"device: {torch.cuda.get_device_name(device)}; the running top-K's two designs (scaled_dot, no mask, "
+          "float32), ms: per thread (1 warp, 32 rows) / shared (8 warps, 16 rows):")
+    print("| G | N | K | knn_select | fused attention forward | rows apart (indices) |\n|---|---|---|---|---|---|")
+    for r in designs:
+        print(f"| {r['G']} | {r['N']} | {r['K']} | {r['select_per_thread_ms']:.3f} / {r['select_shared_ms']:.3f} | "
+              f"{r['attention_per_thread_ms']:.3f} / {r['attention_shared_ms']:.3f} | {r['rows_apart']} "
+              f"({r['index_rows_apart']}) |")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(device), "selection_designs": designs}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -560,6 +560,61 @@ def test_the_set_held_per_thread_moves_tied_members_down_in_index_order():
         assert torch.equal(got[1], generic[1]) and torch.equal(got[0], generic[0])
 
 
+@pytest.mark.parametrize("k", [1, 8, 13])
+def test_the_two_selection_designs_give_the_same_indices_and_scores(k):
+    """select.design: the set held a row per thread (what the launchers take at K <= THREAD_SLOTS) and
+    the set shared by a row's threads (SHARED_SET, which scripts/gpu_bench.py times beside it), on
+    integer-valued inputs full of exact ties, with and without a bool mask: bit for bit, both kernels
+    (select and the fused attention forward), as each launches in gpu_bench."""
+    queries, keys, generator = select_inputs(torch.float32, g=2, n=37, m=150, d=5, seed=66)
+    mask = (torch.rand(37, 150, generator=generator) > 0.4).to(DEVICE)
+    values = torch.randn(2, 150, 12, generator=generator).to(DEVICE)
+    taps = torch.randn(12, k, generator=generator).to(DEVICE)
+    slots = select.slots_for(k)
+    for mask_kind, mask_in in ((select.NO_MASK, queries), (select.BOOL_MASK, mask)):
+        results = []
+        for shared_set in (False, True):
+            blocks, _ = select.design(slots, mask_kind, shared_set)
+            grid = (triton.cdiv(37, blocks["ROWS"]), 2)
+            scores, indices = torch.empty(2, 37, k, device=DEVICE), torch.empty(2, 37, k, dtype=torch.int64, device=DEVICE)
+            select._select_kernel[grid](queries, keys, mask_in, scores, indices, 37, 150, 5, k, 0, 1.0, 0, SIMILARITY=0,
+                                        MASK=mask_kind, SLOTS=slots, FEATURES=16, **blocks)
+            outputs = [torch.empty(2, 37, size, device=DEVICE) for size in (12, k, k)]
+            chosen = torch.empty(2, 37, k, dtype=torch.int64, device=DEVICE)
+            attention._attention_kernel[grid](queries, keys, values, taps, values, mask_in, outputs[0], outputs[1], chosen,
+                                              outputs[2], 37, 150, 5, 12, k, 0, 1.0, attention.RHO_CODES["softmax"], 1.0,
+                                              0, 0, 0, SIMILARITY=0, MASK=mask_kind, SLOTS=slots, FEATURES=16,
+                                              CHANNELS=attention.forward_channels(slots, shared_set), **blocks)
+            results.append((scores, indices, chosen, *outputs))
+        for name, a, b in zip(("scores", "indices", "attention indices", "output", "attention scores", "weights"),
+                              *results):
+            assert torch.equal(a, b), (name, k, mask_kind)
+        want = ops.knn_select.default._op_dk(GENERIC, queries, keys, k, "dot",
+                                             None if mask_kind == select.NO_MASK else mask, False)
+        assert torch.equal(results[0][1], want[1]) and torch.equal(results[0][0], want[0])
+
+
+def test_gpu_bench_launches_both_selection_designs(monkeypatch):
+    """scripts/gpu_bench.py's comparison of the two designs, its launches run here (its timer replaced:
+    CUDA events need a GPU), so that a GPU session does not spend device time on a broken launch. Its
+    inputs are Gaussian: here numpy's float32 matmul (the interpreter's tl.dot) rounds scores apart
+    between the designs' tile shapes (in 41 of these 80 rows), so bitwise agreement is the test
+    above's, on integers; the indices agree."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts/gpu_bench.py"
+    spec = importlib.util.spec_from_file_location("gpu_bench_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls = []
+    monkeypatch.setattr(bench, "timed", lambda fn: (calls.append(fn()), 0.0))
+    row = bench.selection_designs(2, 40, 16, 8, torch.device(DEVICE))
+    assert len(calls) == 4
+    assert {"select_per_thread_ms", "select_shared_ms", "attention_per_thread_ms", "attention_shared_ms"} <= row.keys()
+    assert row["index_rows_apart"] == 0 and 0 <= row["rows_apart"] <= 80
+
+
 def select_backward_inputs(dtype, similarity, seed, m=20, integer=False):
     """Queries [2,9,5], keys [2,m,5] and a bool mask with a row of fewer valid candidates than K = 6
     (masked slots, score -inf), the generic path's selection, and an incoming gradient. Small

@@ -40,9 +40,10 @@ _UNIFORM, _MEAN, _SOFTMAX = (tl.constexpr(RHO_CODES[name]) for name in ("uniform
 THREAD_CHANNELS = 8
 
 
-def forward_channels(slots):
-    """Value channels per step of the fused forward's aggregation at this width of the running top-K."""
-    return THREAD_CHANNELS if select.held_per_thread(slots) else CHANNELS
+def forward_channels(slots, shared_set=False):
+    """Value channels per step of the fused forward's aggregation at this width of the running top-K
+    (select.design's; shared_set: of the set shared by a row's threads at any width)."""
+    return THREAD_CHANNELS if select.held_per_thread(slots) and not shared_set else CHANNELS
 
 
 # The op's dtype (select.py's codes): the kernel writes its outputs in it, and rounds the scores
@@ -106,14 +107,15 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
                       output_ptr, scores_ptr, indices_ptr, weights_ptr,
                       n, m, d, c, k, mask_slice_stride, similarity_constant, rho, temperature, index_order, has_bias, dtype_code,
                       SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
-                      SLOTS: tl.constexpr, FEATURES: tl.constexpr, CHANNELS: tl.constexpr):
+                      SLOTS: tl.constexpr, FEATURES: tl.constexpr, CHANNELS: tl.constexpr,
+                      SHARED_SET: tl.constexpr = False):
     block = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
     top_keys, top_index, unrankable = select._running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
                                                             mask_slice_stride, similarity_constant, SIMILARITY, MASK, ROWS,
-                                                            CANDIDATES, SLOTS, FEATURES)
+                                                            CANDIDATES, SLOTS, FEATURES, SHARED_SET)
     slots = tl.arange(0, SLOTS)
     in_k = slots[None, :] < k
     scores = _rounded(select._reported_scores(top_keys, unrankable, SIMILARITY), dtype_code)

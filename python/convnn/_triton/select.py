@@ -62,13 +62,8 @@ def held_per_thread(slots):
 
 
 def rows_for(slots):
-    """Query rows per program of the kernels built on the running top-K at this width."""
-    return THREAD_ROWS if held_per_thread(slots) else ROWS
-
-
-def compile_options(slots):
-    """Launch options of the kernels built on the running top-K at this width."""
-    return THREAD_OPTIONS if held_per_thread(slots) else COMPILE_OPTIONS
+    """Query rows per program of the kernels built on the running top-K at this width (design)."""
+    return design(slots, NO_MASK)[0]["ROWS"]
 
 
 # Widths of the running top-K: 8, 16, 32, 64. A K below 8 holds 8 slots (a few registers more; the
@@ -80,13 +75,23 @@ def slots_for(k):
     return max(MIN_SLOTS, triton.next_power_of_2(k))
 
 
-def candidates_for(k, mask_kind):
+def design(slots, mask_kind, shared_set=False):
+    """How the running-top-K kernels launch at this width: {"ROWS", "CANDIDATES", "SHARED_SET"} (their
+    constexprs beside the similarity, mask, slots and features) and the launch options. The launchers'
+    choice (specialisations.py, the C++ top_k_rows), or with shared_set the set shared by a row's
+    threads at any width, which no launcher asks for: scripts/gpu_bench.py times the two on one GPU."""
+    per_thread = held_per_thread(slots) and not shared_set
+    rows, options = (THREAD_ROWS, THREAD_OPTIONS) if per_thread else (ROWS, COMPILE_OPTIONS)
+    return {"ROWS": rows, "CANDIDATES": candidates_for(slots, mask_kind, shared_set), "SHARED_SET": shared_set}, options
+
+
+def candidates_for(k, mask_kind, shared_set=False):
     """Candidates per score tile. Held a row per thread: THREAD_CANDIDATES. Shared by a row's
     threads: 64 without a mask, 32 with one. With a mask at 64, its loads beside the running top-K
     spilled 8-60 bytes (ptxas, sm_80 and sm_90: the rounds' state at 16 slots and more); at 32,
     94-108 registers and no spill. Without a mask, 64 costs fewer instructions per score than 32
     (scripts/triton_cost_report.py)."""
-    if held_per_thread(slots_for(k)):
+    if held_per_thread(slots_for(k)) and not shared_set:
         return THREAD_CANDIDATES
     return CANDIDATES if mask_kind == NO_MASK else CANDIDATES // 2
 
@@ -273,13 +278,15 @@ def _unrankable(keys, valid):
 @triton.jit
 def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, similarity_constant,
                    SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
-                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+                   SLOTS: tl.constexpr, FEATURES: tl.constexpr, SHARED_SET: tl.constexpr):
     """The K best candidates of each of the ROWS query rows of slice g, best first: (keys [ROWS,
     SLOTS] float32, indices [ROWS, SLOTS] int32, unrankable [ROWS]: rows that met a NaN or +inf key).
     Shared by the select kernel and the fused attention kernel (attention.py). At K <= THREAD_SLOTS
     each row's set is held by one thread (_thread_top_k), above by the threads of a row together
-    (_shared_top_k); the launch options and ROWS follow (rows_for, compile_options)."""
-    if SLOTS <= _THREAD_SLOTS:
+    (_shared_top_k); the launch options and ROWS follow (design). SHARED_SET takes
+    the shared set at every K: no launch asks for it, scripts/gpu_bench.py times the two designs with
+    it on one GPU (the per-thread set trades occupancy for instructions: select.py's THREAD_OPTIONS)."""
+    if SLOTS <= _THREAD_SLOTS and not SHARED_SET:
         top_keys, top_index, unrankable = _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d,
                                                         mask_slice_stride, similarity_constant, SIMILARITY, MASK,
                                                         ROWS, CANDIDATES, SLOTS, FEATURES)
@@ -446,7 +453,8 @@ def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
 @triton.jit
 def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, similarity_constant,
                    dtype_code, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
-                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr):
+                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
+                   SHARED_SET: tl.constexpr = False):
     # Slots by descending key (the launcher reorders them by index where asked). Queries, keys and
     # an additive mask are float32 (the launcher converts), the scores written in the op's dtype
     # (dtype_code): one compiled kernel per similarity, slot width and mask kind serves every dtype
@@ -464,7 +472,7 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     row_ok = rows < n
     top_keys, top_index, unrankable = _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
                                                      mask_slice_stride, similarity_constant, SIMILARITY, MASK, ROWS, CANDIDATES,
-                                                     SLOTS, FEATURES)
+                                                     SLOTS, FEATURES, SHARED_SET)
     scores = _reported_scores(top_keys, unrankable, SIMILARITY)
     slots = tl.arange(0, SLOTS)
     out = (g * n + rows)[:, None] * k + slots[None, :]

@@ -31,11 +31,11 @@ def top_k_variants(select):
         for mask, (mask_name, mask_pointer) in masks.items():
             slots = select.MIN_SLOTS
             while slots <= select.slots_for(select.MAX_SLOTS):
+                blocks = (select.design(slots, mask)[0] if hasattr(select, "design")
+                          else {"ROWS": select.ROWS, "CANDIDATES": select.candidates_for(slots, mask)})
                 yield (f"{name} K<={slots} {mask_name}", mask_pointer,
-                       {"SIMILARITY": code, "MASK": mask,
-                        "ROWS": select.rows_for(slots) if hasattr(select, "rows_for") else select.ROWS,
-                        "CANDIDATES": select.candidates_for(slots, mask),
-                        "SLOTS": slots, "FEATURES": select.features_for(64)})
+                       {"SIMILARITY": code, "MASK": mask, **blocks, "SLOTS": slots,
+                        "FEATURES": select.features_for(64)})
                 slots *= 2
 
 
@@ -160,8 +160,8 @@ def pair_gradient_specialisations(module):
 def top_k_options(select, spec):
     """The launch options of a kernel built on the running top-K: its width's (select.py), or one set
     for every width in a revision before the per-thread set (scripts/triton_cost_report.py --revision)."""
-    if hasattr(select, "compile_options"):
-        return select.compile_options(spec[3]["SLOTS"])
+    if hasattr(select, "design"):
+        return select.design(spec[3]["SLOTS"], spec[3]["MASK"])[1]
     return select.COMPILE_OPTIONS
 
 
