@@ -241,14 +241,14 @@ def selection_designs(g, n, d, neighbours, device):
         scores, indices = torch.empty(g, n, neighbours, device=device), torch.empty(g, n, neighbours, dtype=torch.int64,
                                                                                   device=device)
         output, weights = torch.empty(g, n, d, device=device), torch.empty(g, n, neighbours, device=device)
-        chosen = torch.empty_like(indices)
+        chosen, chosen_scores = torch.empty_like(indices), torch.empty_like(scores)
 
         def run_select(grid=grid, constexprs=constexprs, scores=scores, indices=indices):
             select._select_kernel[grid](q, k, q, scores, indices, n, n, d, neighbours, 0, root, 0, **constexprs)
 
-        def run_attention(grid=grid, constexprs=constexprs, output=output, weights=weights, chosen=chosen,
-                          shared_set=shared_set):
-            attention._attention_kernel[grid](q, k, v, taps, v, q, output, scores.clone(), chosen, weights, n, n, d, d,
+        def run_attention(grid=grid, constexprs=constexprs, output=output, chosen_scores=chosen_scores, chosen=chosen,
+                          weights=weights, shared_set=shared_set):
+            attention._attention_kernel[grid](q, k, v, taps, v, q, output, chosen_scores, chosen, weights, n, n, d, d,
                                               neighbours, 0, root, attention.RHO_CODES["softmax"], 1.0, 0, 0, 0,
                                               CHANNELS=attention.forward_channels(slots, shared_set), **constexprs)
 
