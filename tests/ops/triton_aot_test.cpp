@@ -241,7 +241,6 @@ TEST(TritonAot, RunningTopKProgramsTakeARowPerLaneUpToThreadSlotsAndSixteenRowsA
     const bool per_thread = triton::top_k_slots(k) <= triton::kSelectBlocks.thread_slots;
     EXPECT_EQ(triton::top_k_rows(k), per_thread ? triton::kSelectBlocks.thread_rows : triton::kSelectBlocks.rows) << k;
   }
-  EXPECT_EQ(triton::top_k_rows(1), triton::kSelectBlocks.thread_rows);
   EXPECT_EQ(triton::top_k_rows(triton::kSelectBlocks.max_slots), triton::kSelectBlocks.rows);
 }
 
