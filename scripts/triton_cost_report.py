@@ -32,9 +32,10 @@ x slots) and the column kernel's two loops (one step per slot of the block's mos
 from the inverse index of the top-K on seeded Gaussian features), each nest sized in SASS and
 multiplied by its trip counts; and its launches per backward, and the fused forward's in float32
 and bfloat16 (the Triton launches and the ATen ops the launchers call, conversions included,
-counted on CPU tensors with the kernels recorded instead of run). The inverse index's sort is in
-the launches, not in the bounds. Last, the SASS per step of every kernel that walks the inverse
-index.
+counted on CPU tensors with the kernels recorded instead of run). The backward's two sorts (the
+inverse index, the rows busiest first) are bounded apart by their DRAM traffic (ATen's sort taken as
+a radix sort of 8-bit digits, the key width read from the launch count) and added to the op's
+forward + backward total. Last, the SASS per step of every kernel that walks the inverse index.
 
 With --revision REV the kernels come from that commit (git archive), so that one script reports
 before and after a change. The instruction counts are exact for the compiled code; the round counts
@@ -391,12 +392,15 @@ NO_KERNEL = (torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.vie
              torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.slice, torch.ops.aten.as_strided,
              torch.ops.aten.lift_fresh)
 aten = []
+sorts = []  # (elements, key bytes) of each sort
 launching = []  # the interpreter's own copies while a kernel runs are no launch of the op's
 
 class Count(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket not in NO_KERNEL and not launching:
             aten.append(func.overloadpacket.__name__)
+            if func.overloadpacket is torch.ops.aten.sort:
+                sorts.append((args[0].numel(), args[0].element_size()))
         return func(*args, **(kwargs or {{}}))
 
 def run(*args, launch=register.run):
@@ -426,11 +430,24 @@ register.recording = []
 with Count():
     results = op._op_dk(torch._C.DispatchKey.CUDA, *args)
 assert len(results) == outputs, "the Triton kernels did not run"
-print(json.dumps({{"triton": len(register.recording), "aten": aten}}))
+print(json.dumps({{"triton": len(register.recording), "aten": aten, "sorts": sorts}}))
 """
 
 
-def launches(forward=False, dtype="torch.float32", shape=(4, 9, 8, 3)):
+# Assumed for the sorts' bound: ATen's sort of a CUDA tensor is a radix sort (CUB's) of 8-bit digits.
+SORT_DIGIT_BITS = 8
+LAUNCH_SHAPE = (4, 9, 8, 3)  # (G, N = M, D, K) of the launch count
+
+
+def sort_bound_us(elements, key_bytes):
+    """A DRAM lower bound of ATen's stable sort of `elements` keys that returns their int64 positions:
+    the positions written once, a histogram pass reading the keys, then a pass per digit of the key
+    reading and writing keys and positions. No launch latency (each pass is a launch)."""
+    passes = key_bytes * 8 // SORT_DIGIT_BITS
+    return elements * (8 + key_bytes + passes * 2 * (key_bytes + 8)) / DRAM_BYTES_PER_S * 1e6
+
+
+def launches(forward=False, dtype="torch.float32", shape=LAUNCH_SHAPE):
     """Kernel launches of one fused forward (knn_attention_device_fused) or one two-kernel backward
     (knn_attention_backward_device_fused), as a CUDA tensor runs their C++ launchers: the Triton
     launches and the ATen ops they call (each one launch or more: ATen's sort is several), counted on
@@ -443,6 +460,28 @@ def launches(forward=False, dtype="torch.float32", shape=(4, 9, 8, 3)):
     if result.returncode != 0:
         raise RuntimeError(f"counting the launches failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def report_sorts(report, sorts):
+    """The backward's two sorts at each shape (their key widths as the launchers sort them, counted on the
+    launch count's shape), and the op's forward+backward bound with them."""
+    g, n, _, k = LAUNCH_SHAPE
+    key_bytes = {elements: size for elements, size in sorts}
+    inverse_key, rows_key = key_bytes[g * n * k], key_bytes[g * n]
+    print(f"\nThe backward's sorts, a DRAM lower bound (ATen's sort taken as a radix sort of {SORT_DIGIT_BITS}-bit "
+          "digits, keys and int64 positions read and written each pass; no launch latency), and the op's "
+          "forward + backward with them (the fused forward, the row and column kernels, the sorts):\n")
+    print("| shape | inverse index: keys, bytes each, µs | rows busiest first: keys, bytes each, µs | "
+          "op forward + backward bound µs |\n|---|---|---|---|")
+    report["sorts"] = {}
+    for shape_name, (g, n, _, k) in SHAPES.items():
+        inverse, rows = sort_bound_us(g * n * k, inverse_key), sort_bound_us(g * n, rows_key)
+        kernels = report["kernels"][f"attention scaled_dot K<={check.load_kernels('select').slots_for(k)} no mask"]
+        backward = report["backward"][shape_name]
+        total = kernels["shapes"][shape_name]["bound_us"] + sum(f["bound_us"] for f in backward.values()) + inverse + rows
+        report["sorts"][shape_name] = {"inverse_index_us": inverse, "rows_us": rows, "op_forward_backward_us": total}
+        print(f"| {shape_name} | {g * n * k:,}, {inverse_key}, {inverse:.1f} | {g * n:,}, {rows_key}, {rows:.1f} | "
+              f"{total:.0f} |")
 
 
 def report_backward(report):
@@ -467,6 +506,7 @@ def report_backward(report):
     print(f"\nLaunches per backward: {counted['triton']} Triton kernels and {len(counted['aten'])} ATen ops "
           f"({', '.join(counted['aten'])}); ATen's sort may launch several kernels. The sorts (inverse index, "
           "rows busiest first) are not in the bounds above.")
+    report_sorts(report, counted["sorts"])
     for dtype in ("torch.float32", "torch.bfloat16"):
         counted = launches(forward=True, dtype=dtype)
         report[f"forward_launches {dtype}"] = counted

@@ -211,6 +211,9 @@ TEST(TritonAot, InverseIndexListsEachValuesRowsSlotsInSlotOrder) {
   const int64_t g = 3, n = 11, m = 6, k = 4;
   const auto indices = torch::randint(0, m, {g, n, k}, torch::kLong);
   const auto [order, run_start] = triton::inverse_index(indices, m);
+  // The kernels read both through int64 pointers, whatever the width the sort ran in.
+  EXPECT_EQ(order.scalar_type(), torch::kLong);
+  EXPECT_EQ(run_start.scalar_type(), torch::kLong);
   ASSERT_EQ(run_start.numel(), g * m + 1);
   EXPECT_EQ(run_start[0].item<int64_t>(), 0);
   EXPECT_EQ(run_start[g * m].item<int64_t>(), g * n * k);

@@ -84,7 +84,10 @@ at::Tensor aggregate_forward(const at::Tensor& values, const at::Tensor& weights
 
 std::pair<at::Tensor, at::Tensor> inverse_index(const at::Tensor& indices, int64_t m) {
   const int64_t g = indices.size(0);
-  const auto target = (indices + at::arange(g, indices.options()).view({g, 1, 1}) * m).reshape(-1);
+  // The targets in 32 bits (every launcher's fits rule bounds G*M below 2^31): a radix sort passes
+  // over the key's bits, so int32 keys take half the passes of int64 ones; a stable sort's order is
+  // the same permutation whatever the key's width.
+  const auto target = (indices + at::arange(g, indices.options()).view({g, 1, 1}) * m).reshape(-1).to(at::kInt);
   const auto [sorted_target, order] = target.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
   // From the sorted targets by searchsorted: a bincount would read its input's maximum back to the
   // host, which a CUDA graph cannot capture.

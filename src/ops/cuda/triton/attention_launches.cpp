@@ -144,7 +144,8 @@ const std::vector<std::string>& attention_backward_kernel_keys() {
 
 at::Tensor busiest_first(const at::Tensor& run_start) {
   const int64_t rows = run_start.size(0) - 1;
-  const auto lengths = run_start.slice(0, 1) - run_start.slice(0, 0, rows);
+  // Run lengths in 32 bits (at most G*N*K < 2^31: attention_backward_fits), as inverse_index's keys.
+  const auto lengths = (run_start.slice(0, 1) - run_start.slice(0, 0, rows)).to(at::kInt);
   return std::get<1>(lengths.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
 }
 
