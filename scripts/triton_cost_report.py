@@ -12,8 +12,10 @@ without a mask, at the paper's Table 1 shape (K = 8) and at 12 x 4096 (K = 8 and
    product per FEATURES features (the loop holding the FFMAs), the per-tile work every tile does,
    one selection round (the other loop inside the tile loop) and, where the kernel has one, the
    bitonic merge of a tile (the block of the tile loop that a branch skips and that holds the
-   network of bitonic.py; the end's sort of the K slots is outside the loop); the IEEE division
-   by sqrt(D) that a power-of-two sqrt(D) skips (D = 64 here) is counted apart, not in the tile;
+   network of bitonic.py; the end's sort of the K slots is outside the loop); what D = 64 on
+   16-byte aligned tensors skips is counted apart, not in the tile: the IEEE division by sqrt(D)
+   that a power-of-two sqrt(D) saves, and the masked dot-product loop beside the vector-load one
+   (select._dot_keys; the report assumes the aligned rows that PyTorch's allocator gives);
 3. counts, on seeded random Gaussian features, how often each part runs: per block of query rows
    and per tile, the selection rounds and whether the tile is merged by the bitonic network (the
    kernel's own rule, read from its module: a set held a row per thread, select.held_per_thread,
@@ -152,7 +154,8 @@ def division_lines(module):
 
 def parts(kernel_name, bitonic_merges, skipped_lines=frozenset()):
     """The kernel's instruction counts per part (see the module's text), per warp. Instructions of the
-    tile loop from select.py's skipped_lines are counted apart ("skipped"), not in the tile's base."""
+    tile loop from select.py's skipped_lines, and a dot-product loop not taken on aligned rows, are
+    counted apart ("skipped"), not in the tile's base."""
     instructions, labels, warps = sass(kernel_name)
     ranges = loops(instructions, labels)
 
@@ -163,16 +166,22 @@ def parts(kernel_name, bitonic_merges, skipped_lines=frozenset()):
         return sum(opcode(text) == "FFMA" and source.endswith("select.py")
                    for text, source in instructions[r[0]:r[1] + 1])
 
-    dot = min((r for r in ranges if ffma(r) >= 16), key=size)  # the innermost loop of score FFMAs
+    dots = [r for r in ranges if ffma(r) >= 16]
+    # The innermost loop of score FFMAs; where a kernel has two (select._dot_keys: vector loads when
+    # the rows are 16-byte aligned whole chunks, masked scalar loads otherwise), the vector one,
+    # which D = 64 on aligned tensors takes: the other is counted as skipped.
+    dot = min(dots, key=size)
     tiles = min((r for r in ranges if r[0] < dot[0] and dot[1] <= r[1]), key=size)
-    rounds = [r for r in ranges if tiles[0] < r[0] and r[1] < tiles[1] and r != dot]
+    untaken = [r for r in dots if r != dot and tiles[0] < r[0] and r[1] < tiles[1]]
+    rounds = [r for r in ranges if tiles[0] < r[0] and r[1] < tiles[1] and r != dot and r not in untaken]
     round_loop = max(rounds, key=size) if rounds else None
     inner = size(dot) + (size(round_loop) if round_loop else 0)
     bitonic = size(bitonic_region(instructions, labels, tiles, [dot, round_loop])) if bitonic_merges else 0
     inside = [r for r in (dot, round_loop) if r]
     skipped = sum(source.endswith("select.py") and getattr(source, "line", 0) in skipped_lines
-                  and not any(r[0] <= position <= r[1] for r in inside)
+                  and not any(r[0] <= position <= r[1] for r in inside + untaken)
                   for position, (_, source) in enumerate(instructions[tiles[0]:tiles[1] + 1], tiles[0]))
+    skipped += sum(size(r) for r in untaken)
     return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
             "tile": size(tiles) - inner - bitonic - skipped, "round": size(round_loop) if round_loop else 0,
             "bitonic": bitonic, "skipped": skipped, "once": len(instructions) - size(tiles)}

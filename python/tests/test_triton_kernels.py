@@ -560,6 +560,43 @@ def test_the_set_held_per_thread_moves_tied_members_down_in_index_order():
         assert torch.equal(got[1], generic[1]) and torch.equal(got[0], generic[0])
 
 
+def one_float_past_a_16_byte_boundary(t):
+    """A contiguous copy of t whose data starts 4 bytes past a 16-byte boundary."""
+    buffer = torch.empty(t.numel() + 4, dtype=t.dtype, device=t.device)
+    start = next(i for i in range(4) if (buffer.data_ptr() + i * t.element_size()) % 16 == t.element_size())
+    placed = buffer[start:start + t.numel()].view(t.shape)
+    placed.copy_(t)
+    return placed
+
+
+@pytest.mark.parametrize("similarity", ["dot", "scaled_dot", "cosine"])
+def test_aligned_whole_chunk_rows_load_as_vectors_and_select_as_the_masked_loads(similarity):
+    """select._dot_keys: rows that start on 16-byte boundaries and hold whole chunks of 16 features
+    (D = 16, 32) load as unmasked vectors, the rows and candidates past N and M reading row 0; the
+    same values 4 bytes past a boundary take the masked loads. On integer-valued features full of
+    ties, N and M not multiples of the 32 rows and 16 candidates of a program, with each mask kind
+    and short rows: the two give the same bits (select and the fused attention forward), and the
+    generic path's indices."""
+    for d, k in ((16, 8), (32, 13)):
+        queries, keys, generator = select_inputs(torch.float32, g=2, n=37, m=70, d=d, seed=70 + d)
+        values, kernel, bias = attention_operands(torch.float32, queries, keys, generator, c=6, k=k)
+        shifted = [one_float_past_a_16_byte_boundary(t) for t in (queries, keys)]
+        assert queries.data_ptr() % 16 == 0 and keys.data_ptr() % 16 == 0
+        assert all(t.data_ptr() % 16 == 4 for t in shifted)
+        for name, mask in select_masks(2, 37, 70, generator).items():
+            got = [select_forward(q, kk, k, similarity, mask, False) for q, kk in ((queries, keys), shifted)]
+            assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]), (d, name)
+            want = ops.knn_select.default._op_dk(GENERIC, queries, keys, k, similarity, mask, False)
+            assert torch.equal(got[0][1], want[1]), (d, name)
+            torch.testing.assert_close(got[0][0], want[0], rtol=1e-5, atol=0)
+        mask = select_masks(2, 37, 70, generator)["bool [G,N,M] with short rows"]
+        fused = [attention_forward(q, kk, values, kernel, bias, k, similarity, mask, False, "softmax", 0.5)
+                 for q, kk in ((queries, keys), shifted)]
+        assert all(torch.equal(a, b) for a, b in zip(*fused)), d
+        args = (queries, keys, values, kernel, bias, k, similarity, mask, False, "softmax", 0.5)
+        assert_attention_equal(fused[0], generic_attention(*args), torch.float32, f"D = {d}")
+
+
 @pytest.mark.parametrize("k", [1, 8, 13])
 def test_the_two_selection_designs_give_the_same_indices_and_scores(k):
     """select.design: the set held a row per thread (what the launchers take at K <= THREAD_SLOTS) and

@@ -149,18 +149,35 @@ def _row_factors(ptr, rows, row_ok, d, similarity_constant, SIMILARITY: tl.const
 
 
 @triton.jit
-def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_constant, q_factors,
-               SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr):
-    """[ROWS, CANDIDATES] ranking keys, in float32. similarity_constant: sqrt(D) rounded to float32
-    for scaled_dot, the epsilon (kCosineEps in float32) for cosine, unread otherwise; q_factors:
-    cosine's _row_factors of the query rows (once per program), unread otherwise."""
-    # Dot products as tl.dot tiles in IEEE float32, FEATURES features at a time; the distances
-    # (exact pairwise differences) one feature at a time. Register use measured with ptxas -v
-    # (sm_80, sm_90): 32 query rows and a tile of all 64 features spilled kilobytes; 16 rows,
-    # 8 warps and 16-feature chunks, none (scripts/triton_compile_check.py fails on a spill).
-    keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
-    if is_dot_product(SIMILARITY):  # tl.dot over chunks of FEATURES features
-        first = 0
+def _whole_chunks(q_ptr, k_ptr, d, FEATURES: tl.constexpr):
+    """Whether the rows of both matrices [*, d] start on 16-byte boundaries and hold whole chunks of
+    FEATURES features (any D that is a multiple of 16, with the allocator's alignment): then
+    _dot_keys loads them as 128-bit vectors."""
+    return (((q_ptr.to(tl.int64) | k_ptr.to(tl.int64)) & 15) == 0) & (d % FEATURES == 0)
+
+
+@triton.jit
+def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS: tl.constexpr,
+              FEATURES: tl.constexpr):
+    """keys + the dot products of the query rows q_rows and the candidate rows cand of q_ptr and k_ptr
+    [*, d], by tl.dot in IEEE float32 over chunks of FEATURES features, in feature order. With
+    WHOLE_CHUNKS (_whole_chunks holds) the loads are unmasked 128-bit vectors: a row or candidate
+    past its extent reads row 0 instead, whose products no caller keeps; otherwise every element is
+    masked (a scalar load each: ptxas cannot vectorise a per-feature mask), the tail chunk's missing
+    features reading 0 (their +0 products leave every sum as it is). The arithmetic is the same."""
+    first = 0
+    if WHOLE_CHUNKS:
+        # (d // FEATURES) * FEATURES equals d here and shows the compiler that it is a multiple.
+        whole = (d // FEATURES) * FEATURES
+        q_rows = tl.where(row_ok, q_rows, 0).to(tl.int64) * whole
+        cand = tl.where(cand_ok, cand, 0).to(tl.int64) * whole
+        while first < whole:
+            features = first + tl.arange(0, FEATURES)
+            q = tl.load(tl.multiple_of(q_ptr + q_rows[:, None] + features[None, :], [FEATURES, FEATURES]))
+            k = tl.load(tl.multiple_of(k_ptr + cand[:, None] + features[None, :], [FEATURES, FEATURES]))
+            keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
+            first += FEATURES
+    else:
         while first < d:
             features = first + tl.arange(0, FEATURES)
             feature_ok = features < d
@@ -170,6 +187,33 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_consta
                         mask=cand_ok[:, None] & feature_ok[None, :], other=0.0).to(tl.float32)
             keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
             first += FEATURES
+    return keys
+
+
+@triton.jit
+def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_constant, q_factors,
+               SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
+               VECTOR_LOADS: tl.constexpr = False):
+    """[ROWS, CANDIDATES] ranking keys, in float32. similarity_constant: sqrt(D) rounded to float32
+    for scaled_dot, the epsilon (kCosineEps in float32) for cosine, unread otherwise; q_factors:
+    cosine's _row_factors of the query rows (once per program), unread otherwise. VECTOR_LOADS: the
+    dot products take _dot_keys' vector loads where _whole_chunks holds (a branch per tile, the same
+    arithmetic either way); the set held per thread asks for them (scripts/triton_cost_report.py:
+    386 -> 329 SASS per 16 features at K <= 8, sm_90); the shared set does not (with them, ptxas
+    spilled 8-24 bytes for cosine with a mask at K <= 32, sm_90)."""
+    # Dot products as tl.dot tiles in IEEE float32, FEATURES features at a time; the distances
+    # (exact pairwise differences) one feature at a time. Register use measured with ptxas -v
+    # (sm_80, sm_90): 32 query rows and a tile of all 64 features spilled kilobytes; 16 rows,
+    # 8 warps and 16-feature chunks, none (scripts/triton_compile_check.py fails on a spill).
+    keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
+    if is_dot_product(SIMILARITY):  # tl.dot over chunks of FEATURES features
+        if VECTOR_LOADS:
+            if _whole_chunks(q_ptr, k_ptr, d, FEATURES):
+                keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, True, FEATURES)
+            else:
+                keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, False, FEATURES)
+        else:
+            keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, False, FEATURES)
         if SIMILARITY == COSINE:
             # (q.k * (1/max(|q|,eps))) * (1/max(|k|,eps)) from the raw rows, in that order, as on
             # every path (src/ops/kernels/similarity.h): exactly orthogonal rows score exactly 0.
@@ -321,7 +365,7 @@ def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, mask_slice_s
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)
         keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand < m, d, similarity_constant, q_factors,
-                          SIMILARITY, ROWS, CANDIDATES, FEATURES)
+                          SIMILARITY, ROWS, CANDIDATES, FEATURES, VECTOR_LOADS=True)
         top, index, unrankable = _insert_columns(top, index, unrankable, keys, first, mask_rows, row_ok, m, MASK)
         first += CANDIDATES
     return _unordered(_stacked(top)), _stacked(index), unrankable
