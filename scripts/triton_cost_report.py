@@ -64,6 +64,9 @@ import triton_compile_check as check  # noqa: E402
 
 # The H100 SXM (assumptions of the estimate; see the module's text).
 SMS, SCHEDULERS, CLOCK_HZ, DRAM_BYTES_PER_S = 132, 4, 1.755e9, 3.35e12
+# The value channels of a head (C = D = 64, the paper's), for the fused forward's aggregation and the
+# two-kernel backward (attention_backward.py: softmax rho, scaled_dot, depthwise kernel).
+CHANNELS = 64
 SHAPES = {"Table 1 (G 384, N 197, D 64, K 8)": (384, 197, 64, 8),
           "12 x 4096 (G 12, N 4096, D 64, K 8)": (12, 4096, 64, 8),
           "12 x 4096 (G 12, N 4096, D 64, K 9)": (12, 4096, 64, 9)}
@@ -182,9 +185,19 @@ def parts(kernel_name, bitonic_merges, skipped_lines=frozenset()):
                   and not any(r[0] <= position <= r[1] for r in inside + untaken)
                   for position, (_, source) in enumerate(instructions[tiles[0]:tiles[1] + 1], tiles[0]))
     skipped += sum(size(r) for r in untaken)
+    # Loops after the tile loop (the fused attention's): the aggregation, which loads the values, a
+    # loop over blocks of channels (around a loop over the K slots, or with the slots unrolled),
+    # taken (its vector-load body where it has two: vector_load_nests); and the slots' index order,
+    # a loop over K that loads nothing and that a score-ordered call (the layers' default) skips.
+    after = [nest for nest in loop_nests(instructions, labels) if (nest[0] or nest[1])[0] > tiles[1]]
+    loading = [nest for nest in after
+               if any(opcode(text) == "LDG" for text, _ in instructions[(nest[0] or nest[1])[0]:(nest[0] or nest[1])[1] + 1])]
+    aggregation, _ = vector_load_nests(instructions, labels, loading)
+    aggregation = [(nest_size(nest) if nest[0] else None, nest_size((None, nest[1]))) for nest in aggregation]
     return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
             "tile": size(tiles) - inner - bitonic - skipped, "round": size(round_loop) if round_loop else 0,
-            "bitonic": bitonic, "skipped": skipped, "once": len(instructions) - size(tiles)}
+            "bitonic": bitonic, "skipped": skipped, "aggregation": aggregation,
+            "once": len(instructions) - size(tiles) - sum(nest_size(nest) for nest in after)}
 
 
 def tile_width(module, k):
@@ -242,7 +255,11 @@ def estimate(counts, module, shape, runs):
     rounds, bitonic_tiles, tiles, sampled, blocks = runs
     scale = blocks / sampled
     chunks = math.ceil(d / module.features_for(d))
-    per_warp = (sampled * counts["once"] + tiles * (counts["tile"] + chunks * counts["dot_per_chunk"])
+    blocks_of_channels = math.ceil(CHANNELS / forward_channels(module.slots_for(k)))
+    aggregation = sum(inner * blocks_of_channels if outer is None  # the slots unrolled in the loop
+                      else (outer - inner) * blocks_of_channels + inner * blocks_of_channels * k
+                      for outer, inner in counts["aggregation"])
+    per_warp = (sampled * (counts["once"] + aggregation) + tiles * (counts["tile"] + chunks * counts["dot_per_chunk"])
                 + rounds * counts["round"] + bitonic_tiles * counts["bitonic"]) * scale
     warp_instructions = per_warp * counts["warps"]
     issue_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ)
@@ -255,9 +272,11 @@ def estimate(counts, module, shape, runs):
             "bound_us": max(issue_s, dram_s) * 1e6, "set_by": "instruction issue" if issue_s > dram_s else "DRAM"}
 
 
-# knn_attention's two-kernel backward (attention_backward.py), softmax rho, scaled_dot, depthwise
-# kernel, C = D = 64 (the paper's heads), at the shapes above.
-CHANNELS = 64
+def forward_channels(slots):
+    """Value channels per step of the fused forward's aggregation at this width (one for every width
+    before the set held per thread)."""
+    attention = check.load_kernels("attention")
+    return attention.forward_channels(slots) if hasattr(attention, "forward_channels") else attention.CHANNELS
 
 
 def loop_nests(instructions, labels):
@@ -271,15 +290,37 @@ def loop_nests(instructions, labels):
     return [(min((r for r in found if inside(i, r)), key=lambda r: r[1] - r[0], default=None), i) for i in inner]
 
 
+def vector_load_nests(instructions, labels, nests=None):
+    """(the loop nests taken, the loop nests not taken) of a kernel at D = C = 64 on aligned tensors,
+    of all its nests or of `nests`: where some nests load 128-bit vectors (row_chunks.py: the body that
+    a kernel runs on rows of whole chunks on 16-byte boundaries, beside the same body with scalar
+    loads), those; otherwise every nest."""
+    nests = loop_nests(instructions, labels) if nests is None else nests
+
+    def vector(nest):
+        first, last = nest[0] or nest[1]
+        return any(re.search(r"\bLDG\.E\.128\b", text) for text, _ in instructions[first:last + 1])
+
+    taken = [nest for nest in nests if vector(nest)] or nests
+    return taken, [nest for nest in nests if nest not in taken]
+
+
+def nest_size(nest):
+    first, last = nest[0] or nest[1]
+    return last - first + 1
+
+
 def instructions_per_program(kernel_name, trips):
     """Warp instructions one program issues, and its warps: straight-line code once, each loop nest
-    by `trips`, one (outer trips, inner trips) per nest in code order (outer None for a single loop)."""
+    by `trips`, one (outer trips, inner trips) per nest in code order (outer None for a single loop).
+    The nests of a body not taken on aligned tensors (vector_load_nests) are not counted; its
+    straight-line code is (an overcount of a few instructions per program)."""
     instructions, labels, warps = sass(kernel_name)
-    nests = loop_nests(instructions, labels)
+    nests, untaken = vector_load_nests(instructions, labels)
     if len(nests) != len(trips):
         raise SystemExit(f"triton_cost_report: {kernel_name} has {len(nests)} loop nests, the report expects "
                          f"{len(trips)}: update the report with the kernel")
-    total = len(instructions)
+    total = len(instructions) - sum(nest_size(nest) for nest in untaken)
     for (outer, inner), (outer_trips, inner_trips) in zip(nests, trips):
         inner_size = inner[1] - inner[0] + 1
         if outer is None:
@@ -326,9 +367,9 @@ def backward_estimates(backward, select, shape):
     parts = math.ceil(c / backward.COLUMN_WIDTH), math.ceil(d / backward.COLUMN_WIDTH)
     column_program, column_warps = instructions_per_program("attention backward columns", [(None, 1), (None, 1)])
     instructions, labels, _ = sass("attention backward columns")
-    nests = loop_nests(instructions, labels)
+    nests, untaken = vector_load_nests(instructions, labels)
     values_loop, keys_loop = (inner[1] - inner[0] + 1 for _, inner in nests)
-    straight = len(instructions) - values_loop - keys_loop
+    straight = len(instructions) - values_loop - keys_loop - sum(nest_size(nest) for nest in untaken)
     column_instructions = column_warps * (blocks * sum(parts) * straight
                                           + steps * (parts[0] * values_loop + parts[1] * keys_loop))
     column_bytes = 8 * g * n + rows * k * (8 + 4 + 4) + 4 * rows * (c + d) + 4 * g * n * (c + d)
@@ -379,8 +420,8 @@ def report_walkers(report):
     print("\nInverse-index walkers (float32): SASS instructions per warp per trip of each loop, outermost first "
           "(a loop's own, without the loops inside it), + those of a subroutine a trip may call. The step over a "
           "slot is the outer loop; the standard kernel's inner loop is over blocks of output channels; the column "
-          f"kernel's two loops step {check.load_kernels('attention_backward').COLUMN_ROWS} rows at once (values, "
-          "then keys)\n")
+          f"kernel's loops step {check.load_kernels('attention_backward').COLUMN_ROWS} rows at once (values, "
+          "then keys; where it has four, values and keys on rows of whole chunks, vector loads, then on others)\n")
     print("| kernel | per trip of each loop |\n|---|---|")
     report["walkers"] = {}
     for kernel in WALKERS:
@@ -537,9 +578,9 @@ def main():
         report = {"revision": args.revision or "working tree", "kernels": {}}
         print(f"Static cost report ({report['revision']}), sm_90, H100 SXM issue-rate bound\n")
         print("| kernel | shape | program: rows x tile, warps | SASS per tile: base / dot per 16 features / round / "
-              "bitonic merge | skipped at D = 64 | rounds per tile | bitonic tiles | warp instr. per score | bound (µs) "
-              "| set by |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "bitonic merge | skipped at D = 64 | aggregation: SASS per slot (or per block of channels, slots unrolled) | rounds per tile | "
+              "bitonic tiles | warp instr. per score | bound (µs) | set by |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         counted = {}
         runs = {name: round_counts(module, *shape) for name, shape in SHAPES.items()}
         for family in FAMILIES:
@@ -553,8 +594,12 @@ def main():
                 figures = estimate(counts, module, shape, runs[shape_name])
                 report["kernels"][kernel]["shapes"][shape_name] = figures
                 program = f"{rows_per_block(module, shape[3])} x {tile_width(module, shape[3])}, {counts['warps']}"
+                aggregation = "–" if not counts["aggregation"] else ", ".join(
+                    [f"{inner} per {'slot' if outer else 'block'}" for outer, inner in counts["aggregation"]]
+                    + [f"{forward_channels(module.slots_for(shape[3]))} channels per block"])
                 print(f"| {kernel} | {shape_name} | {program} | {counts['tile']} / {counts['dot_per_chunk']} / "
-                      f"{counts['round']} / {counts['bitonic']} | {counts['skipped']} | {figures['rounds_per_tile']:.2f} | "
+                      f"{counts['round']} / {counts['bitonic']} | {counts['skipped']} | {aggregation} | "
+                      f"{figures['rounds_per_tile']:.2f} | "
                       f"{figures['bitonic_tiles_share']:.0%} | "
                       f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
         if args.revision is None or (check.REPO / "python/convnn/_triton/attention_backward.py").exists():

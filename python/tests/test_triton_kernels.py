@@ -561,40 +561,42 @@ def test_the_set_held_per_thread_moves_tied_members_down_in_index_order():
 
 
 def one_float_past_a_16_byte_boundary(t):
-    """A contiguous copy of t whose data starts 4 bytes past a 16-byte boundary."""
+    """A contiguous copy of t (float32) whose data starts 4 bytes past a 16-byte boundary."""
     buffer = torch.empty(t.numel() + 4, dtype=t.dtype, device=t.device)
-    start = next(i for i in range(4) if (buffer.data_ptr() + i * t.element_size()) % 16 == t.element_size())
+    start = next(i for i in range(4) if (buffer.data_ptr() + 4 * i) % 16 == 4)
     placed = buffer[start:start + t.numel()].view(t.shape)
     placed.copy_(t)
     return placed
 
 
 @pytest.mark.parametrize("similarity", ["dot", "scaled_dot", "cosine"])
-def test_aligned_whole_chunk_rows_load_as_vectors_and_select_as_the_masked_loads(similarity):
-    """select._dot_keys: rows that start on 16-byte boundaries and hold whole chunks of 16 features
-    (D = 16, 32) load as unmasked vectors, the rows and candidates past N and M reading row 0; the
-    same values 4 bytes past a boundary take the masked loads. On integer-valued features full of
-    ties, N and M not multiples of the 32 rows and 16 candidates of a program, with each mask kind
-    and short rows: the two give the same bits (select and the fused attention forward), and the
-    generic path's indices."""
+def test_aligned_whole_chunk_rows_load_as_vectors_and_give_the_bits_of_the_masked_loads(similarity):
+    """select._dot_keys and row_chunks.py: rows that start on 16-byte boundaries and hold whole
+    chunks (D = 16, 32 features; C = 16 value channels) load as unmasked vectors, the rows and
+    candidates past N and M reading row 0; the same values 4 bytes past a boundary take the masked
+    loads. On integer-valued features full of ties, N and M not multiples of the 32 rows and 16
+    candidates of a program, with each mask kind and short rows: the two give the same bits (select;
+    the fused attention forward, whose aggregation holds a row's slots as columns at K <= 8 and not
+    at 13, in both slot orders), and the generic path's indices."""
     for d, k in ((16, 8), (32, 13)):
         queries, keys, generator = select_inputs(torch.float32, g=2, n=37, m=70, d=d, seed=70 + d)
-        values, kernel, bias = attention_operands(torch.float32, queries, keys, generator, c=6, k=k)
-        shifted = [one_float_past_a_16_byte_boundary(t) for t in (queries, keys)]
-        assert queries.data_ptr() % 16 == 0 and keys.data_ptr() % 16 == 0
+        values, kernel, bias = attention_operands(torch.float32, queries, keys, generator, c=16, k=k)
+        shifted = [one_float_past_a_16_byte_boundary(t) for t in (queries, keys, values)]
+        assert all(t.data_ptr() % 16 == 0 for t in (queries, keys, values))
         assert all(t.data_ptr() % 16 == 4 for t in shifted)
         for name, mask in select_masks(2, 37, 70, generator).items():
-            got = [select_forward(q, kk, k, similarity, mask, False) for q, kk in ((queries, keys), shifted)]
+            got = [select_forward(q, kk, k, similarity, mask, False) for q, kk in ((queries, keys), shifted[:2])]
             assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]), (d, name)
             want = ops.knn_select.default._op_dk(GENERIC, queries, keys, k, similarity, mask, False)
             assert torch.equal(got[0][1], want[1]), (d, name)
             torch.testing.assert_close(got[0][0], want[0], rtol=1e-5, atol=0)
         mask = select_masks(2, 37, 70, generator)["bool [G,N,M] with short rows"]
-        fused = [attention_forward(q, kk, values, kernel, bias, k, similarity, mask, False, "softmax", 0.5)
-                 for q, kk in ((queries, keys), shifted)]
-        assert all(torch.equal(a, b) for a, b in zip(*fused)), d
-        args = (queries, keys, values, kernel, bias, k, similarity, mask, False, "softmax", 0.5)
-        assert_attention_equal(fused[0], generic_attention(*args), torch.float32, f"D = {d}")
+        for index_order in (False, True):
+            fused = [attention_forward(q, kk, v, kernel, bias, k, similarity, mask, index_order, "softmax", 0.5)
+                     for q, kk, v in ((queries, keys, values), shifted)]
+            assert all(torch.equal(a, b) for a, b in zip(*fused)), (d, index_order)
+            args = (queries, keys, values, kernel, bias, k, similarity, mask, index_order, "softmax", 0.5)
+            assert_attention_equal(fused[0], generic_attention(*args), torch.float32, f"D = {d} {index_order}")
 
 
 @pytest.mark.parametrize("k", [1, 8, 13])
@@ -1228,6 +1230,21 @@ def test_two_kernel_backward_at_every_k_the_kernels_hold(k):
     got = two_kernel_backward(*args, "scaled_dot", 1.3)
     want = generic_attention_backward(*args, "scaled_dot", "softmax", 1.3, [True] * 5)
     assert_gradients_equal(got, want, torch.float32, f"K={k}")
+
+
+def test_two_kernel_backward_on_aligned_whole_chunk_rows_gives_the_bits_of_the_masked_loads():
+    """row_chunks.py: with C = D = 32 (whole chunks of the row kernel's 8 and the column kernel's 16)
+    on 16-byte boundaries both kernels take their vector-load bodies; the same values 4 bytes past a
+    boundary take the masked ones. K = 8 and 32 (vector bodies) and 64 (the row kernel has none):
+    the five gradients bitwise equal, and the generic backward's to rounding."""
+    for k in (8, 32, 64):
+        args = two_kernel_backward_case(torch.float32, "scaled_dot", seed=65, n=40, m=max(k, 30), d=32, c=32, k=k)
+        shifted = [one_float_past_a_16_byte_boundary(t) if t.is_floating_point() else t for t in args]
+        assert all(t.data_ptr() % 16 == 0 for t in args[:4]) and all(t.data_ptr() % 16 == 4 for t in shifted[:4])
+        got = two_kernel_backward(*args, "scaled_dot", 1.3)
+        assert all(torch.equal(a, b) for a, b in zip(got, two_kernel_backward(*shifted, "scaled_dot", 1.3))), k
+        want = generic_attention_backward(*args, "scaled_dot", "softmax", 1.3, [True] * 5)
+        assert_gradients_equal(got, want, torch.float32, f"K={k}")
 
 
 def test_two_kernel_backward_is_bitwise_repeatable_and_a_hub_row_sums_in_slot_order():

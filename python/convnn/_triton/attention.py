@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import select
+from . import row_chunks, select
 
 CHANNELS = 32  # value channels per step of the aggregation
 RHO_CODES = {"uniform": 0, "mean": 1, "softmax": 2}  # in the C++ enum's order (a test holds it to rho_names())
@@ -38,6 +38,11 @@ _UNIFORM, _MEAN, _SOFTMAX = (tl.constexpr(RHO_CODES[name]) for name in ("uniform
 # per thread (select.held_per_thread: one warp of 32 rows): a [32, 32] step held 32 accumulators and
 # 32 gather addresses per thread beside the selection's state, and ptxas spilled at 255 registers.
 THREAD_CHANNELS = 8
+# The widest running top-K whose aggregation takes each row's slots as columns of its thread, the
+# slots unrolled (_aggregate_columns); wider ones extract a slot per step (_aggregate). At 16 slots
+# ptxas spilled 3.8 KB (sm_80 and sm_90, the unmasked specialisations): it hoists every slot's loads.
+COLUMN_SLOTS = 8
+_COLUMN_SLOTS = tl.constexpr(COLUMN_SLOTS)
 
 
 def forward_channels(slots, shared_set=False):
@@ -129,8 +134,67 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
     select.store_as(scores_ptr, out, scores, written, dtype_code)
     tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)
     select.store_as(weights_ptr, out, weights, written, dtype_code)
-    _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows, unrankable, positions, top_index,
-               weights, in_k, m, c, k, has_bias, dtype_code, ROWS, CHANNELS)
+    if SLOTS <= _COLUMN_SLOTS and not SHARED_SET:  # a row per thread: its slots as columns
+        index_columns, weight_columns = _columns_in_output_order(top_index, weights, positions, SLOTS)
+        # Value rows of whole chunks on 16-byte boundaries load as vectors (row_chunks.py).
+        if row_chunks.on_16_bytes(v_ptr) & row_chunks.whole(c, CHANNELS):
+            _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_rows, unrankable, index_columns,
+                               weight_columns, m, c, k, has_bias, dtype_code, ROWS, CHANNELS, True)
+        else:
+            _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_rows, unrankable, index_columns,
+                               weight_columns, m, c, k, has_bias, dtype_code, ROWS, CHANNELS, False)
+    else:
+        _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows, unrankable, positions, top_index,
+                   weights, in_k, m, c, k, has_bias, dtype_code, ROWS, CHANNELS)
+
+
+@triton.jit
+def _columns_in_output_order(top_index, weights, positions, SLOTS: tl.constexpr):
+    """The slots' indices and weights [ROWS, SLOTS] as two tuples of SLOTS columns [ROWS], column p the
+    slot written at output position p (positions: a permutation of each row's slots)."""
+    index_columns = ()
+    weight_columns = ()
+    for position in tl.static_range(SLOTS):
+        here = positions == position
+        index_columns = index_columns + (tl.sum(tl.where(here, top_index, 0), 1),)
+        weight_columns = weight_columns + (tl.sum(tl.where(here, weights, 0.0), 1),)
+    return index_columns, weight_columns
+
+
+@triton.jit
+def _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_rows, unrankable, index_columns,
+                       weight_columns, m, c, k, has_bias, dtype_code, ROWS: tl.constexpr, CHANNELS: tl.constexpr,
+                       WHOLE: tl.constexpr):
+    """_aggregate where each row's slots are held by its thread (the columns of _columns_in_output_order):
+    the same products and order, the K positions unrolled. Extracting a slot from [ROWS, SLOTS] tiles
+    for every position of every block of channels took 48 of the loop's 232 SASS per slot in
+    shuffles, and as much again in the sums (sm_90, K <= 8)."""
+    first = 0
+    while first < c:
+        channels = first + tl.arange(0, CHANNELS)
+        channel_ok = channels < c
+        acc = tl.zeros([ROWS, CHANNELS], dtype=tl.float32)
+        for position in tl.static_range(len(index_columns)):
+            if position < k:
+                index = index_columns[position]
+                # An unrankable row's indices may be past the candidates: read nothing there.
+                neighbour = row_chunks.load(v_ptr, (g * m + index.to(tl.int64)) * c, first, c, row_ok & (index < m),
+                                            WHOLE, CHANNELS)
+                tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0)
+                acc += weight_columns[position][:, None] * neighbour * tap[None, :]
+        _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias,
+                      dtype_code)
+        first += CHANNELS
+
+
+@triton.jit
+def _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias, dtype_code):
+    """A block of output channels: acc plus the bias, NaN in unrankable rows, in the op's dtype."""
+    if has_bias != 0:
+        acc += tl.load(bias_ptr + channels, mask=channel_ok, other=0.0)[None, :]
+    acc = tl.where(unrankable[:, None] != 0, float("nan"), acc)
+    select.store_as(output_ptr, q_rows[:, None] * c + channels[None, :], acc, row_ok[:, None] & channel_ok[None, :],
+                    dtype_code)
 
 
 @triton.jit
@@ -161,18 +225,15 @@ def _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows,
             tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0)
             acc += weight[:, None] * neighbour * tap[None, :]
             position += 1
-        if has_bias != 0:
-            acc += tl.load(bias_ptr + channels, mask=channel_ok, other=0.0)[None, :]
-        acc = tl.where(unrankable[:, None] != 0, float("nan"), acc)
-        select.store_as(output_ptr, q_rows[:, None] * c + channels[None, :], acc,
-                        row_ok[:, None] & channel_ok[None, :], dtype_code)
+        _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias,
+                      dtype_code)
         first += CHANNELS
 
 
 @triton.jit
 def _weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, partial_ptr, block, rows,
                       row_ok, n, m, c, k, KERNEL_PARTIAL: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr,
-                      CHANNELS: tl.constexpr):
+                      CHANNELS: tl.constexpr, WHOLE: tl.constexpr = False):
     """d weights [ROWS, SLOTS] in float32 (not rounded) as knn_aggregate_backward's weights gradient,
 
         d weights[row, s] = sum_c dy[row, c] * kernel[c, s] * values[slice, indices[row, s], c],
@@ -187,16 +248,13 @@ def _weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weig
     while first < c:
         channels = first + tl.arange(0, CHANNELS)
         channel_ok = channels < c
-        rows_and_channels = row_ok[:, None] & channel_ok[None, :]
-        dy = tl.load(grad_output_ptr + rows.to(tl.int64)[:, None] * c + channels[None, :],
-                     mask=rows_and_channels, other=0.0)
+        dy = row_chunks.load(grad_output_ptr, rows.to(tl.int64) * c, first, c, row_ok, WHOLE, CHANNELS)
         slot = 0
         while slot < k:
             index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
             # An unrankable row's indices may be past the candidates: read nothing there.
             read = row_ok & (index >= 0) & (index < m)
-            neighbour = tl.load(values_ptr + (slice_start + index)[:, None] * c + channels[None, :],
-                                mask=read[:, None] & channel_ok[None, :], other=0.0)
+            neighbour = row_chunks.load(values_ptr, (slice_start + index) * c, first, c, read, WHOLE, CHANNELS)
             tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok, other=0.0)
             term = tl.sum(dy * neighbour * tap[None, :], axis=1)
             grad_weights = tl.where(slots[None, :] == slot, grad_weights + term[:, None], grad_weights)

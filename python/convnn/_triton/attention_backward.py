@@ -28,7 +28,7 @@ slot width and similarity serves every dtype, as the forward's.
 import triton
 import triton.language as tl
 
-from . import attention
+from . import attention, row_chunks
 
 SIMILARITY_SCALED = {"dot": False, "scaled_dot": True}  # the similarities it takes; whether d scores is divided by sqrt(D)
 # Both kernels take one warp of 32 rows per program, a row per lane (issue 38, as select.py's set
@@ -42,17 +42,39 @@ ROW_CHANNELS = 8    # channels (and features) per step of the row kernel
 COLUMN_ROWS = 32    # key/value rows per program of the column kernel
 COLUMN_WIDTH = 16   # channels (values) or features (keys) per program of the column kernel
 COMPILE_OPTIONS = {"num_warps": 1}
+VECTOR_SLOTS = tl.constexpr(32)  # the widest running top-K whose row kernel has a vector-load body
 
 
 @triton.jit
 def _rows_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr,
                  live_ptr, grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code,
                  SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
+    # Rows of whole chunks on 16-byte boundaries load as vectors (row_chunks.py); the same body either
+    # way. Not at the widest running top-K: the two bodies side by side spilled 48-136 bytes at 64 slots.
+    whole = (row_chunks.on_16_bytes(grad_output_ptr) & row_chunks.on_16_bytes(values_ptr)
+             & row_chunks.on_16_bytes(keys_ptr) & row_chunks.on_16_bytes(grad_queries_ptr)
+             & row_chunks.whole(c, CHANNELS) & row_chunks.whole(d, CHANNELS))
+    if SLOTS > VECTOR_SLOTS:
+        whole = False
+    if whole:
+        _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
+              grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code, SCALED, ROWS,
+              SLOTS, CHANNELS, True)
+    else:
+        _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
+              grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code, SCALED, ROWS,
+              SLOTS, CHANNELS, False)
+
+
+@triton.jit
+def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
+          grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code,
+          SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
     block, rows, row_ok, both_ok, slot_offsets = attention._slot_block(rows_total, k, ROWS, SLOTS)
     slots = tl.arange(0, SLOTS)
     grad_weights = attention._weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr,
                                                partial_ptr, block, rows, row_ok, n, m, c, k, True, ROWS, SLOTS,
-                                               CHANNELS)
+                                               CHANNELS, WHOLE)
     weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
     grad_scores = attention._softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS, SLOTS)
     # The select backward's incoming gradient: none on masked slots, scaled as the score was.
@@ -64,20 +86,16 @@ def _rows_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_p
     slice_start = (rows // n).to(tl.int64) * m
     first = 0
     while first < d:
-        features = first + tl.arange(0, CHANNELS)
-        feature_ok = features < d
         acc = tl.zeros([ROWS, CHANNELS], dtype=tl.float32)
         slot = 0
         while slot < k:
             index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
             read = row_ok & (index >= 0) & (index < m)
-            key = tl.load(keys_ptr + (slice_start + index)[:, None] * d + features[None, :],
-                          mask=read[:, None] & feature_ok[None, :], other=0.0)
+            key = row_chunks.load(keys_ptr, (slice_start + index) * d, first, d, read, WHOLE, CHANNELS)
             weight = tl.sum(tl.where(slots[None, :] == slot, live, 0.0), 1)
             acc += weight[:, None] * key
             slot += 1
-        tl.store(grad_queries_ptr + rows.to(tl.int64)[:, None] * d + features[None, :], acc,
-                 mask=row_ok[:, None] & feature_ok[None, :])
+        row_chunks.store(grad_queries_ptr, rows.to(tl.int64) * d, first, d, row_ok, acc, WHOLE, CHANNELS)
         first += CHANNELS
 
 
@@ -96,37 +114,60 @@ def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_
     rows = tl.load(row_order_ptr + positions, mask=row_ok, other=0)
     start = tl.load(run_start_ptr + rows, mask=row_ok, other=0)
     length = tl.load(run_start_ptr + rows + 1, mask=row_ok, other=0) - start
-    longest = tl.max(length, 0)
-    acc = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
-    step = 0
+    # Rows of whole chunks on 16-byte boundaries load and store as vectors (row_chunks.py).
     if part < value_parts:
-        channels = part * WIDTH + tl.arange(0, WIDTH)
-        channel_ok = channels < c
-        while step < longest:
-            taking = step < length
-            both = taking[:, None] & channel_ok[None, :]
-            # A flattened [G*N*K] slot, within 32 bits (attention_backward_fits): int64 division is a long subroutine.
-            slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
-            query_row = slot_index // k
-            weight = tl.load(weights_ptr + slot_index, mask=taking, other=0.0)
-            tap = tl.load(kernel_ptr + channels[None, :] * k + (slot_index - query_row * k)[:, None], mask=both,
-                          other=0.0)
-            dy = tl.load(grad_output_ptr + query_row.to(tl.int64)[:, None] * c + channels[None, :], mask=both,
-                         other=0.0)
-            acc += weight[:, None] * tap * dy
-            step += 1
-        tl.store(grad_values_ptr + rows.to(tl.int64)[:, None] * c + channels[None, :], acc,
-                 mask=row_ok[:, None] & channel_ok[None, :])
+        if row_chunks.on_16_bytes(grad_output_ptr) & row_chunks.on_16_bytes(grad_values_ptr) & row_chunks.whole(c, WIDTH):
+            _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, rows, row_ok, start,
+                        length, part * WIDTH, c, k, True, ROWS, WIDTH)
+        else:
+            _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, rows, row_ok, start,
+                        length, part * WIDTH, c, k, False, ROWS, WIDTH)
     else:
-        features = (part - value_parts) * WIDTH + tl.arange(0, WIDTH)
-        feature_ok = features < d
-        while step < longest:
-            taking = step < length
-            slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
-            live = tl.load(live_ptr + slot_index, mask=taking, other=0.0)
-            query = tl.load(queries_ptr + (slot_index // k).to(tl.int64)[:, None] * d + features[None, :],
-                            mask=taking[:, None] & feature_ok[None, :], other=0.0)
-            acc += live[:, None] * query
-            step += 1
-        tl.store(grad_keys_ptr + rows.to(tl.int64)[:, None] * d + features[None, :], acc,
-                 mask=row_ok[:, None] & feature_ok[None, :])
+        if row_chunks.on_16_bytes(queries_ptr) & row_chunks.on_16_bytes(grad_keys_ptr) & row_chunks.whole(d, WIDTH):
+            _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, rows, row_ok, start, length,
+                      (part - value_parts) * WIDTH, d, k, True, ROWS, WIDTH)
+        else:
+            _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, rows, row_ok, start, length,
+                      (part - value_parts) * WIDTH, d, k, False, ROWS, WIDTH)
+
+
+@triton.jit
+def _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, rows, row_ok, start, length,
+                first, c, k, WHOLE: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """d values of the block's rows, channels first .. first + WIDTH - 1: sum over each row's run of
+    weight * tap * dy, in run order."""
+    channels = first + tl.arange(0, WIDTH)
+    channel_ok = channels < c
+    acc = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
+    longest = tl.max(length, 0)
+    step = 0
+    while step < longest:
+        taking = step < length
+        # A flattened [G*N*K] slot, within 32 bits (attention_backward_fits): int64 division is a long subroutine.
+        slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
+        query_row = slot_index // k
+        weight = tl.load(weights_ptr + slot_index, mask=taking, other=0.0)
+        tap = tl.load(kernel_ptr + channels[None, :] * k + (slot_index - query_row * k)[:, None],
+                      mask=taking[:, None] & channel_ok[None, :], other=0.0)
+        dy = row_chunks.load(grad_output_ptr, query_row.to(tl.int64) * c, first, c, taking, WHOLE, WIDTH)
+        acc += weight[:, None] * tap * dy
+        step += 1
+    row_chunks.store(grad_values_ptr, rows.to(tl.int64) * c, first, c, row_ok, acc, WHOLE, WIDTH)
+
+
+@triton.jit
+def _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, rows, row_ok, start, length, first, d, k,
+              WHOLE: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """d keys of the block's rows, features first .. first + WIDTH - 1: sum over each row's run of
+    g * q, in run order."""
+    acc = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
+    longest = tl.max(length, 0)
+    step = 0
+    while step < longest:
+        taking = step < length
+        slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
+        live = tl.load(live_ptr + slot_index, mask=taking, other=0.0)
+        query = row_chunks.load(queries_ptr, (slot_index // k).to(tl.int64) * d, first, d, taking, WHOLE, WIDTH)
+        acc += live[:, None] * query
+        step += 1
+    row_chunks.store(grad_keys_ptr, rows.to(tl.int64) * d, first, d, row_ok, acc, WHOLE, WIDTH)
