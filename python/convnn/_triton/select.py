@@ -263,15 +263,18 @@ INDEX_BITS = tl.constexpr(2**32 - 1)
 
 @triton.jit
 def _ordered(keys):
-    """int32 ranking keys of float32 keys, in the floats' order, -0 and +0 equal."""
-    bits = tl.where(keys == 0.0, 0.0, keys).to(tl.int32, bitcast=True)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    """int32 ranking keys of float32 keys, in the floats' order, -0 and +0 equal (both 0): the float's
+    sign and magnitude as a two's-complement integer, sign * magnitude bits. Branch-free in three
+    integer instructions (a select of the -0 case and of the sign took seven per key, sm_90)."""
+    bits = keys.to(tl.int32, bitcast=True)
+    sign = bits >> 31  # 0 or -1
+    return ((bits & 0x7FFFFFFF) ^ sign) - sign
 
 
 @triton.jit
 def _unordered(ordered):
-    """The float32 keys of int32 ranking keys: the inverse of _ordered."""
-    return tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
+    """The float32 keys of int32 ranking keys: the inverse of _ordered (0 gives +0)."""
+    return tl.where(ordered < 0, (-ordered) | (-(2**31)), ordered).to(tl.float32, bitcast=True)
 
 
 @triton.jit
