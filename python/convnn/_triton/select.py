@@ -161,17 +161,16 @@ def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS
               FEATURES: tl.constexpr):
     """keys + the dot products of the query rows q_rows and the candidate rows cand of q_ptr and k_ptr
     [*, d], by tl.dot in IEEE float32 over chunks of FEATURES features, in feature order. With
-    WHOLE_CHUNKS (_whole_chunks holds) the loads are unmasked 128-bit vectors: a row or candidate
-    past its extent reads row 0 instead, whose products no caller keeps; otherwise every element is
+    WHOLE_CHUNKS (_whole_chunks holds) q_rows are _query_starts and the loads are unmasked 128-bit
+    vectors: a row or candidate past its extent reads row 0 instead, whose products no caller keeps; otherwise every element is
     masked (a scalar load each: ptxas cannot vectorise a per-feature mask), the tail chunk's missing
     features reading 0 (their +0 products leave every sum as it is). The arithmetic is the same."""
     first = 0
     if WHOLE_CHUNKS:
-        # (d // FEATURES) * FEATURES equals d here and shows the compiler that it is a multiple.
-        whole = (d // FEATURES) * FEATURES
-        q_rows = tl.where(row_ok, q_rows, 0).to(tl.int64) * whole
-        cand = tl.where(cand_ok, cand, 0).to(tl.int64) * whole
-        while first < whole:
+        # q_rows are the rows' starts here (_query_starts: once per program); the hints state what
+        # _whole_chunks tested.
+        cand = tl.where(cand_ok, cand, 0).to(tl.int64) * d
+        while first < d:
             features = first + tl.arange(0, FEATURES)
             q = tl.load(tl.multiple_of(q_ptr + q_rows[:, None] + features[None, :], [FEATURES, FEATURES]))
             k = tl.load(tl.multiple_of(k_ptr + cand[:, None] + features[None, :], [FEATURES, FEATURES]))
@@ -191,15 +190,22 @@ def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS
 
 
 @triton.jit
+def _query_starts(q_rows, row_ok, d):
+    """The element offsets of the query rows' starts for _dot_keys' vector loads, row 0's for rows
+    past N (read, never kept): once per program, not per tile."""
+    return tl.where(row_ok, q_rows, 0).to(tl.int64) * d
+
+
+@triton.jit
 def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_constant, q_factors,
                SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
-               VECTOR_LOADS: tl.constexpr = False):
+               VECTOR_LOADS: tl.constexpr = False, q_starts=None):
     """[ROWS, CANDIDATES] ranking keys, in float32. similarity_constant: sqrt(D) rounded to float32
     for scaled_dot, the epsilon (kCosineEps in float32) for cosine, unread otherwise; q_factors:
     cosine's _row_factors of the query rows (once per program), unread otherwise. VECTOR_LOADS: the
     dot products take _dot_keys' vector loads where _whole_chunks holds (a branch per tile, the same
-    arithmetic either way); the set held per thread asks for them (scripts/triton_cost_report.py:
-    386 -> 329 SASS per 16 features at K <= 8, sm_90); the shared set does not (with them, ptxas
+    arithmetic either way), from the rows' starts q_starts (_query_starts); the set held per thread asks for them (scripts/triton_cost_report.py:
+    386 -> 312 SASS per 16 features at K <= 8, sm_90); the shared set does not (with them, ptxas
     spilled 8-24 bytes for cosine with a mask at K <= 32, sm_90)."""
     # Dot products as tl.dot tiles in IEEE float32, FEATURES features at a time; the distances
     # (exact pairwise differences) one feature at a time. Register use measured with ptxas -v
@@ -209,7 +215,7 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_consta
     if is_dot_product(SIMILARITY):  # tl.dot over chunks of FEATURES features
         if VECTOR_LOADS:
             if _whole_chunks(q_ptr, k_ptr, d, FEATURES):
-                keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, True, FEATURES)
+                keys = _dot_keys(q_ptr, k_ptr, q_starts, row_ok, cand, cand_ok, d, keys, True, FEATURES)
             else:
                 keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, False, FEATURES)
         else:
@@ -364,11 +370,12 @@ def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, mask_slice_s
     unrankable = tl.zeros([ROWS], dtype=tl.int32)
     q_factors = _row_factors(q_ptr, q_rows, row_ok, d, similarity_constant, SIMILARITY, ROWS, FEATURES)
     mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64) * m  # unread without a mask
+    q_starts = _query_starts(q_rows, row_ok, d)
     first = 0
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)
         keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand < m, d, similarity_constant, q_factors,
-                          SIMILARITY, ROWS, CANDIDATES, FEATURES, VECTOR_LOADS=True)
+                          SIMILARITY, ROWS, CANDIDATES, FEATURES, VECTOR_LOADS=True, q_starts=q_starts)
         top, index, unrankable = _insert_columns(top, index, unrankable, keys, first, mask_rows, row_ok, m, MASK)
         first += CANDIDATES
     return _unordered(_stacked(top)), _stacked(index), unrankable
