@@ -528,10 +528,37 @@ def report_sorts(report, sorts):
         inverse, rows = sort_bound_us(g * n * k, inverse_key), sort_bound_us(g * n, rows_key)
         kernels = report["kernels"][f"attention scaled_dot K<={check.load_kernels('select').slots_for(k)} no mask"]
         backward = report["backward"][shape_name]
-        total = kernels["shapes"][shape_name]["bound_us"] + sum(f["bound_us"] for f in backward.values()) + inverse + rows
-        report["sorts"][shape_name] = {"inverse_index_us": inverse, "rows_us": rows, "op_forward_backward_us": total}
+        parts = {"fused knn_attention forward": kernels["shapes"][shape_name]["bound_us"],
+                 **{kernel: f["bound_us"] for kernel, f in backward.items()}, "the two sorts": inverse + rows}
+        total = sum(parts.values())
+        report["sorts"][shape_name] = {"inverse_index_us": inverse, "rows_us": rows, "op_forward_backward_us": total,
+                                       "parts_us": parts}
         print(f"| {shape_name} | {g * n * k:,}, {inverse_key}, {inverse:.1f} | {g * n:,}, {rows_key}, {rows:.1f} | "
               f"{total:.0f} |")
+
+
+# The issue's targets that a static bound can speak to (issue 38, "Targets"): the op's forward +
+# backward at Table 1 and knn_select at 12 x 4096 (K 8), in µs on an H100. The module's targets
+# (against SDPA, in bfloat16 and float32) and peak memory need the GPU: the model has no GEMM,
+# SDPA or allocator.
+TARGETS_US = {"op forward + backward, Table 1": 250.0, "knn_select, 12 x 4096 (K 8)": 1000.0}
+
+
+def report_targets(report):
+    """Each static target's bound against it, and the kernel that sets it (the largest part)."""
+    table1, long = "Table 1 (G 384, N 197, D 64, K 8)", "12 x 4096 (G 12, N 4096, D 64, K 8)"
+    op = report["sorts"][table1]
+    select = report["kernels"][f"select scaled_dot K<={check.load_kernels('select').slots_for(8)} no mask"]
+    rows = {"op forward + backward, Table 1": (op["op_forward_backward_us"], max(op["parts_us"].items(), key=lambda p: p[1])),
+            "knn_select, 12 x 4096 (K 8)": (select["shapes"][long]["bound_us"],
+                                          ("knn_select", select["shapes"][long]["bound_us"]))}
+    print("\nThe issue's static targets (H100 bounds; the module's targets and peak memory need a GPU):\n")
+    print("| target | bound µs | target µs | met by the bound | set by (its bound µs) |\n|---|---|---|---|---|")
+    report["targets"] = {}
+    for name, (bound, (kernel, part)) in rows.items():
+        met = bound <= TARGETS_US[name]
+        report["targets"][name] = {"bound_us": bound, "target_us": TARGETS_US[name], "met": met, "set_by": kernel}
+        print(f"| {name} | {bound:.0f} | {TARGETS_US[name]:.0f} | {'yes' if met else 'no'} | {kernel} ({part:.0f}) |")
 
 
 def report_backward(report):
@@ -604,6 +631,8 @@ def main():
                       f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
         if args.revision is None or (check.REPO / "python/convnn/_triton/attention_backward.py").exists():
             report_backward(report)
+            if "sorts" in report:
+                report_targets(report)
             report_walkers(report)
         else:
             print("\nknn_attention backward in two kernels: not in this revision (the backward composed the core ops)")
