@@ -312,11 +312,14 @@ def nest_size(nest):
 
 def instructions_per_program(kernel_name, trips):
     """Warp instructions one program issues, and its warps: straight-line code once, each loop nest
-    by `trips`, one (outer trips, inner trips) per nest in code order (outer None for a single loop).
-    The nests of a body not taken on aligned tensors (vector_load_nests) are not counted; its
-    straight-line code is (an overcount of a few instructions per program)."""
+    by `trips`, one (outer trips, inner trips) per nest in code order (outer None for a single loop),
+    or a function of the nest ((outer, inner) ranges) giving them. The nests of a body not taken on
+    aligned tensors (vector_load_nests) are not counted; its straight-line code is (an overcount of a
+    few instructions per program)."""
     instructions, labels, warps = sass(kernel_name)
     nests, untaken = vector_load_nests(instructions, labels)
+    if callable(trips):
+        trips = [trips(nest) for nest in nests]
     if len(nests) != len(trips):
         raise SystemExit(f"triton_cost_report: {kernel_name} has {len(nests)} loop nests, the report expects "
                          f"{len(trips)}: update the report with the kernel")
@@ -359,7 +362,9 @@ def backward_estimates(backward, select, shape):
     c, rows = CHANNELS, g * n
     chunks = math.ceil(c / getattr(backward, "ROW_CHANNELS", backward.attention.CHANNELS))
     rows_kernel = f"attention backward rows scaled_dot K<={select.slots_for(k)}"
-    per_program, warps = instructions_per_program(rows_kernel, [(chunks, k), (chunks, k)])
+    # Each loop over blocks of channels (features) around a loop over the K slots, or a single loop
+    # with the slots unrolled (attention.COLUMN_SLOTS).
+    per_program, warps = instructions_per_program(rows_kernel, lambda nest: (chunks, k) if nest[0] else (None, chunks))
     row_programs = math.ceil(rows / getattr(backward, "ROW_ROWS", select.ROWS))
     row_bytes = (4 * rows * c + 4 * g * n * (c + d) + rows * k * (8 + 4 + 4 + 4) + 4 * rows * d
                  + 4 * row_programs * c * k)

@@ -39,8 +39,9 @@ _UNIFORM, _MEAN, _SOFTMAX = (tl.constexpr(RHO_CODES[name]) for name in ("uniform
 # 32 gather addresses per thread beside the selection's state, and ptxas spilled at 255 registers.
 THREAD_CHANNELS = 8
 # The widest running top-K whose aggregation takes each row's slots as columns of its thread, the
-# slots unrolled (_aggregate_columns); wider ones extract a slot per step (_aggregate). At 16 slots
-# ptxas spilled 3.8 KB (sm_80 and sm_90, the unmasked specialisations): it hoists every slot's loads.
+# slots unrolled (_aggregate_columns), as the backward's row kernel does (attention_backward._rows);
+# wider ones extract a slot per step (_aggregate). At 16 slots ptxas spilled 3.8 KB in the forward
+# (sm_80 and sm_90, the unmasked specialisations): it hoists every slot's loads.
 COLUMN_SLOTS = 8
 _COLUMN_SLOTS = tl.constexpr(COLUMN_SLOTS)
 

@@ -28,7 +28,7 @@ slot width and similarity serves every dtype, as the forward's.
 import triton
 import triton.language as tl
 
-from . import attention, row_chunks
+from . import attention, row_chunks, select
 
 SIMILARITY_SCALED = {"dot": False, "scaled_dot": True}  # the similarities it takes; whether d scores is divided by sqrt(D)
 # Both kernels take one warp of 32 rows per program, a row per lane (issue 38, as select.py's set
@@ -72,9 +72,16 @@ def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, sco
           SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
     block, rows, row_ok, both_ok, slot_offsets = attention._slot_block(rows_total, k, ROWS, SLOTS)
     slots = tl.arange(0, SLOTS)
-    grad_weights = attention._weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr,
-                                               partial_ptr, block, rows, row_ok, n, m, c, k, True, ROWS, SLOTS,
-                                               CHANNELS, WHOLE)
+    slice_start = (rows // n).to(tl.int64) * m
+    if SLOTS <= attention._COLUMN_SLOTS:  # each row's slots as columns of its thread, the slots unrolled
+        indices = _slot_columns(indices_ptr, rows, row_ok, k, m, SLOTS)
+        grad_weights = _weights_gradient_by_columns(grad_output_ptr, values_ptr, kernel_ptr, weights_ptr, partial_ptr,
+                                                    block, rows, row_ok, slice_start, indices, m, c, k, ROWS, SLOTS,
+                                                    CHANNELS, WHOLE)
+    else:
+        grad_weights = attention._weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr,
+                                                   partial_ptr, block, rows, row_ok, n, m, c, k, True, ROWS, SLOTS,
+                                                   CHANNELS, WHOLE)
     weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
     grad_scores = attention._softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS, SLOTS)
     # The select backward's incoming gradient: none on masked slots, scaled as the score was.
@@ -83,7 +90,80 @@ def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, sco
     if SCALED:
         live = attention._rounded(tl.math.div_rn(live, tl.full([ROWS, SLOTS], root, tl.float32)), dtype_code)
     tl.store(live_ptr + slot_offsets, live, mask=both_ok)
-    slice_start = (rows // n).to(tl.int64) * m
+    if SLOTS <= attention._COLUMN_SLOTS:
+        _query_gradient_by_columns(keys_ptr, grad_queries_ptr, rows, row_ok, slice_start, indices, live, m, d, k, ROWS,
+                                   SLOTS, CHANNELS, WHOLE)
+    else:
+        _query_gradient(keys_ptr, indices_ptr, grad_queries_ptr, rows, row_ok, slice_start, live, m, d, k, ROWS, SLOTS,
+                        CHANNELS, WHOLE)
+
+
+@triton.jit
+def _slot_columns(ptr, rows, row_ok, k, other, SLOTS: tl.constexpr):
+    """The block's rows of a [G*N, K] tensor as SLOTS columns [ROWS], a row in its thread (other past K)."""
+    columns = ()
+    for slot in tl.static_range(SLOTS):
+        columns = columns + (tl.load(ptr + rows.to(tl.int64) * k + slot, mask=row_ok & (slot < k), other=other),)
+    return columns
+
+
+@triton.jit
+def _weights_gradient_by_columns(grad_output_ptr, values_ptr, kernel_ptr, weights_ptr, partial_ptr, block, rows, row_ok,
+                                 slice_start, indices, m, c, k, ROWS: tl.constexpr, SLOTS: tl.constexpr,
+                                 CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
+    """attention._weights_gradient with the rows' kernel-gradient partials, each row's slots held by its
+    thread (indices: _slot_columns), the slots unrolled: the same products, sums and order, without
+    loading a slot's index and weight again for every block of channels or extracting its column of
+    [ROWS, SLOTS] tiles. d weights [ROWS, SLOTS]."""
+    weights = _slot_columns(weights_ptr, rows, row_ok, k, 0.0, SLOTS)
+    grad_weights = (tl.zeros([ROWS], dtype=tl.float32),) * SLOTS
+    first = 0
+    while first < c:
+        channels = first + tl.arange(0, CHANNELS)
+        channel_ok = channels < c
+        dy = row_chunks.load(grad_output_ptr, rows.to(tl.int64) * c, first, c, row_ok, WHOLE, CHANNELS)
+        for slot in tl.static_range(SLOTS):
+            # Past K the index is m: nothing read, nothing added, nothing stored.
+            index = indices[slot]
+            neighbour = row_chunks.load(values_ptr, (slice_start + index) * c, first, c,
+                                        row_ok & (index >= 0) & (index < m), WHOLE, CHANNELS)
+            tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok & (slot < k), other=0.0)
+            term = tl.sum(dy * neighbour * tap[None, :], axis=1)
+            grad_weights = (grad_weights[:slot] + (tl.where(slot < k, grad_weights[slot] + term, grad_weights[slot]),)
+                            + grad_weights[slot + 1:])
+            share = tl.sum(weights[slot][:, None] * neighbour * dy, axis=0)
+            tl.store(partial_ptr + (block.to(tl.int64) * c + channels) * k + slot, share, mask=channel_ok & (slot < k))
+        first += CHANNELS
+    return select._stacked(grad_weights)
+
+
+@triton.jit
+def _query_gradient_by_columns(keys_ptr, grad_queries_ptr, rows, row_ok, slice_start, indices, live, m, d, k,
+                               ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
+    """_query_gradient with each row's slots held by its thread, the slots unrolled: live's columns taken
+    once, not for every block of features."""
+    slots = tl.arange(0, SLOTS)
+    lives = ()
+    for slot in tl.static_range(SLOTS):
+        lives = lives + (tl.sum(tl.where(slots[None, :] == slot, live, 0.0), 1),)
+    first = 0
+    while first < d:
+        acc = tl.zeros([ROWS, CHANNELS], dtype=tl.float32)
+        for slot in tl.static_range(SLOTS):
+            index = indices[slot]
+            key = row_chunks.load(keys_ptr, (slice_start + index) * d, first, d, row_ok & (index >= 0) & (index < m),
+                                  WHOLE, CHANNELS)
+            acc = tl.where(slot < k, acc + lives[slot][:, None] * key, acc)
+        row_chunks.store(grad_queries_ptr, rows.to(tl.int64) * d, first, d, row_ok, acc, WHOLE, CHANNELS)
+        first += CHANNELS
+
+
+@triton.jit
+def _query_gradient(keys_ptr, indices_ptr, grad_queries_ptr, rows, row_ok, slice_start, live, m, d, k,
+                    ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
+    """d queries of the block's rows: sum over slots of live * the selected key row, in slot order,
+    CHANNELS features at a time."""
+    slots = tl.arange(0, SLOTS)
     first = 0
     while first < d:
         acc = tl.zeros([ROWS, CHANNELS], dtype=tl.float32)
