@@ -190,8 +190,11 @@ def parts(kernel_name, bitonic_merges, skipped_lines=frozenset()):
     # taken (its vector-load body where it has two: vector_load_nests); and the slots' index order,
     # a loop over K that loads nothing and that a score-ordered call (the layers' default) skips.
     after = [nest for nest in loop_nests(instructions, labels) if (nest[0] or nest[1])[0] > tiles[1]]
-    loading = [nest for nest in after
-               if any(opcode(text) == "LDG" for text, _ in instructions[(nest[0] or nest[1])[0]:(nest[0] or nest[1])[1] + 1])]
+    def loads(nest):
+        first, last = nest[0] or nest[1]
+        return any(opcode(text) == "LDG" for text, _ in instructions[first:last + 1])
+
+    loading = [nest for nest in after if loads(nest)]
     aggregation, _ = vector_load_nests(instructions, labels, loading)
     aggregation = [(nest_size(nest) if nest[0] else None, nest_size((None, nest[1]))) for nest in aggregation]
     return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
@@ -554,7 +557,8 @@ def report_targets(report):
     table1, long = "Table 1 (G 384, N 197, D 64, K 8)", "12 x 4096 (G 12, N 4096, D 64, K 8)"
     op = report["sorts"][table1]
     select = report["kernels"][f"select scaled_dot K<={check.load_kernels('select').slots_for(8)} no mask"]
-    rows = {"op forward + backward, Table 1": (op["op_forward_backward_us"], max(op["parts_us"].items(), key=lambda p: p[1])),
+    largest = max(op["parts_us"].items(), key=lambda part: part[1])
+    rows = {"op forward + backward, Table 1": (op["op_forward_backward_us"], largest),
             "knn_select, 12 x 4096 (K 8)": (select["shapes"][long]["bound_us"],
                                           ("knn_select", select["shapes"][long]["bound_us"]))}
     print("\nThe issue's static targets (H100 bounds; the module's targets and peak memory need a GPU):\n")
@@ -610,7 +614,8 @@ def main():
         report = {"revision": args.revision or "working tree", "kernels": {}}
         print(f"Static cost report ({report['revision']}), sm_90, H100 SXM issue-rate bound\n")
         print("| kernel | shape | program: rows x tile, warps | SASS per tile: base / dot per 16 features / round / "
-              "bitonic merge | skipped at D = 64 | aggregation: SASS per slot (or per block of channels, slots unrolled) | rounds per tile | "
+              "bitonic merge | skipped at D = 64 | aggregation: SASS per slot (or per block of channels, slots "
+              "unrolled) | rounds per tile | "
               "bitonic tiles | warp instr. per score | bound (µs) | set by |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         counted = {}

@@ -196,7 +196,8 @@ def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_
     length = tl.load(run_start_ptr + rows + 1, mask=row_ok, other=0) - start
     # Rows of whole chunks on 16-byte boundaries load and store as vectors (row_chunks.py).
     if part < value_parts:
-        if row_chunks.on_16_bytes(grad_output_ptr) & row_chunks.on_16_bytes(grad_values_ptr) & row_chunks.whole(c, WIDTH):
+        if (row_chunks.on_16_bytes(grad_output_ptr) & row_chunks.on_16_bytes(grad_values_ptr)
+                & row_chunks.whole(c, WIDTH)):
             _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, rows, row_ok, start,
                         length, part * WIDTH, c, k, True, ROWS, WIDTH)
         else:

@@ -162,9 +162,10 @@ def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS
     """keys + the dot products of the query rows q_rows and the candidate rows cand of q_ptr and k_ptr
     [*, d], by tl.dot in IEEE float32 over chunks of FEATURES features, in feature order. With
     WHOLE_CHUNKS (_whole_chunks holds) q_rows are _query_starts and the loads are unmasked 128-bit
-    vectors: a row or candidate past its extent reads row 0 instead, whose products no caller keeps; otherwise every element is
-    masked (a scalar load each: ptxas cannot vectorise a per-feature mask), the tail chunk's missing
-    features reading 0 (their +0 products leave every sum as it is). The arithmetic is the same."""
+    vectors: a row or candidate past its extent reads row 0 instead, whose products no caller keeps;
+    otherwise every element is masked (a scalar load each: ptxas cannot vectorise a per-feature
+    mask), the tail chunk's missing features reading 0 (their +0 products leave every sum as it is).
+    The arithmetic is the same."""
     first = 0
     if WHOLE_CHUNKS:
         # q_rows are the rows' starts here (_query_starts: once per program); the hints state what
@@ -204,9 +205,10 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_consta
     for scaled_dot, the epsilon (kCosineEps in float32) for cosine, unread otherwise; q_factors:
     cosine's _row_factors of the query rows (once per program), unread otherwise. VECTOR_LOADS: the
     dot products take _dot_keys' vector loads where _whole_chunks holds (a branch per tile, the same
-    arithmetic either way), from the rows' starts q_starts (_query_starts); the set held per thread asks for them (scripts/triton_cost_report.py:
-    386 -> 312 SASS per 16 features at K <= 8, sm_90); the shared set does not (with them, ptxas
-    spilled 8-24 bytes for cosine with a mask at K <= 32, sm_90)."""
+    arithmetic either way), from the rows' starts q_starts (_query_starts); the set held per thread
+    asks for them (scripts/triton_cost_report.py: 386 -> 312 SASS per 16 features at K <= 8, sm_90);
+    the shared set does not (with them, ptxas spilled 8-24 bytes for cosine with a mask at K <= 32,
+    sm_90)."""
     # Dot products as tl.dot tiles in IEEE float32, FEATURES features at a time; the distances
     # (exact pairwise differences) one feature at a time. Register use measured with ptxas -v
     # (sm_80, sm_90): 32 query rows and a tile of all 64 features spilled kilobytes; 16 rows,
@@ -253,14 +255,13 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_consta
     return keys
 
 
-# Ranking keys. A float32 key's bits mapped to a signed integer of the same order (negative floats
-# have their magnitude bits flipped), after -0 is made +0 (the two tie): -inf (masked) maps below
-# every finite key and UNFILLED below -inf (only a NaN's bits map there; NaN and +inf keys flag
-# their row, unrankable, whatever they map to). The set shared by a row's threads packs the ordered
-# key and the candidate index in one int64 (the index's 32-bit complement below it), so that one
-# integer comparison applies the whole rule, larger first and the lower index on a tie; the set held
-# by one thread compares the ordered keys alone and gets the tie rule from the order in which it
-# takes the candidates (_thread_top_k).
+# Ranking keys. A float32 key's sign and magnitude bits read as a signed integer of the same order
+# (_ordered), -0 and +0 both 0 (the two tie): -inf (masked) maps below every finite key, and
+# UNFILLED below every key (NaN and +inf keys flag their row, unrankable, whatever they map to).
+# The set shared by a row's threads packs the ordered key and the candidate index in one int64 (the
+# index's 32-bit complement below it), so that one integer comparison applies the whole rule,
+# larger first and the lower index on a tie; the set held by one thread compares the ordered keys
+# alone and gets the tie rule from the order in which it takes the candidates (_thread_top_k).
 UNFILLED = tl.constexpr(-(2**31))
 LEAST_KEY = tl.constexpr(-(2**63))
 GREATEST_KEY = tl.constexpr(2**63 - 1)
