@@ -71,7 +71,6 @@ def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, sco
           grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code,
           SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
     block, rows, row_ok, both_ok, slot_offsets = attention._slot_block(rows_total, k, ROWS, SLOTS)
-    slots = tl.arange(0, SLOTS)
     slice_start = (rows // n).to(tl.int64) * m
     if SLOTS <= attention._COLUMN_SLOTS:  # each row's slots as columns of its thread, the slots unrolled
         indices = _slot_columns(indices_ptr, rows, row_ok, k, m, SLOTS)
