@@ -1,7 +1,7 @@
 """The core ops (knn_select, knn_aggregate, knn_attention) as ATen ops, for exporters that cannot run
 convnn's kernels: registered in torch._decomp's table, which torch.onnx.export (dynamo=True) reads,
 so a ConvNN model exports to a graph of standard ONNX operators (README, "Deploying with ONNX").
-Eager execution, torch.compile and torch.export keep the ops themselves.
+Eager execution, torch.compile (Inductor: registered below) and torch.export keep the ops themselves.
 
 The maths is docs/operator.md's, restated here in ATen ops because an exporter traces Python: the
 C++ reference composition (src/ops/reference) reads sizes as integers, which a dynamic batch makes
@@ -17,6 +17,8 @@ import math
 
 import torch
 import torch._decomp
+
+from . import _after_import
 
 _ops = torch.ops.convnn
 _NEG_INF = float("-inf")
@@ -118,3 +120,20 @@ def _knn_attention(queries, keys, values, kernel, bias, k, similarity, mask, ind
     weights = _rho_weights(scores, rho, temperature)
     return _aggregate(values, weights, indices, kernel, bias), scores, indices, weights
 
+
+
+def _inductor_runs_the_ops(lowering):
+    """Inductor calls the ops' own kernels, as its implicit fallback for a custom op does, but
+    registered before it lowers a graph: the implicit path refuses every op that has a decomposition
+    in torch._decomp's table (the ones above, which are for exporters) whenever the environment sets
+    CI, as GitHub Actions and most CI services do, so torch.compile of a ConvNN model failed there
+    with "make_fallback(convnn.knn_attention.default): a decomposition exists"."""
+    from torch._library.utils import get_layout_constraint_tag
+
+    for op in (_ops.knn_select.default, _ops.knn_aggregate.default, _ops.knn_attention.default):
+        if op not in lowering.lowerings:
+            constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+            lowering.make_fallback(op, layout_constraint=constraint, warn=False)
+
+
+_after_import.call_after_import("torch._inductor.lowering", _inductor_runs_the_ops)

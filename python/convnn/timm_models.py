@@ -26,11 +26,8 @@ to each call's grid, as timm's); a ViT loads the weights of another image size w
 embedding resampled. There are no pretrained weights.
 """
 import functools
-import importlib.abc
-import importlib.util
-import sys
 
-from . import _library, models
+from . import _after_import, _library, models
 
 _TIMM_ARGUMENTS = {"in_chans": "in_channels", "img_size": "image_size", "drop_rate": "dropout",
                    "drop_path_rate": "drop_path"}
@@ -155,34 +152,13 @@ def register():
     return True
 
 
-class _RegisterWhenTimmLoads(importlib.abc.MetaPathFinder):
-    """Registers the models once timm's own import has finished: importing timm (and the Dynamo it
-    imports) costs about a second, which `import convnn` should not pay for a program that never
-    uses timm. It finds timm's spec through the other finders and runs register() after timm's
-    module has executed, so `import timm; timm.create_model("convnn_...")` works as before."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "timm":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("timm")
-        if spec is None or spec.loader is None:
-            return spec
-        exec_timm = spec.loader.exec_module
-
-        def exec_module(module):
-            exec_timm(module)
-            register()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def register_when_timm_loads():
-    """register() now if timm is imported already; otherwise at timm's first import; nothing where
-    timm is not installed."""
-    if "timm" in sys.modules:
-        register()
-    elif importlib.util.find_spec("timm") is not None and not any(
-            isinstance(finder, _RegisterWhenTimmLoads) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterWhenTimmLoads())
+    """register() now if timm is imported already; otherwise once timm's own import has finished
+    (importing timm, and the Dynamo it imports, costs about a second, which `import convnn` should
+    not pay for a program that never uses timm), so `import timm; timm.create_model("convnn_...")`
+    works; nothing where timm is not installed."""
+    _after_import.call_after_import("timm", _register_after_import)
+
+
+def _register_after_import(_timm):
+    register()

@@ -48,6 +48,34 @@ def test_compile_fullgraph_equals_eager_forward_and_backward(net):
     net.zero_grad()
 
 
+def test_compile_lowers_the_ops_where_the_environment_sets_ci(monkeypatch):
+    """Inductor refuses the implicit fallback of a custom op that has a decomposition in
+    torch._decomp's table (convnn's, for ONNX export) when CI is set, as GitHub Actions sets it:
+    convnn registers the fallback itself. Inductor's caches are off, so the graph is lowered here."""
+    import torch._functorch.config
+    import torch._inductor.config
+
+    monkeypatch.setenv("CI", "true")
+    ops = torch.ops.convnn
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 7, 4, requires_grad=True) for _ in range(3))
+    kernel = torch.randn(4, 3)
+
+    def the_three_ops(q, k, v):
+        fused = ops.knn_attention(q, k, v, kernel, None, 3, "cosine", None, False, "softmax", 1.0)[0]
+        scores, indices = ops.knn_select(q, k, 3, "l1", None, False)
+        return fused + ops.knn_aggregate(v, scores.softmax(-1), indices, kernel, None)
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        out = torch.compile(the_three_ops, fullgraph=True)(q, k, v)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+    torch.testing.assert_close(out, the_three_ops(q, k, v))
+    for got, expected in zip(grads, torch.autograd.grad(the_three_ops(q, k, v).sum(), (q, k, v))):
+        torch.testing.assert_close(got, expected)
+
+
 def test_export_runs_and_equals_eager(net):
     net.eval()
     x = torch.randn(2, 3, 6, 6)
