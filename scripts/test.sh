@@ -62,8 +62,8 @@ phase_done "Triton static cost report"
 bash "$repo_root/scripts/install-check.sh"
 phase_done "install check"
 # The op, nn, data and train tests under AddressSanitizer and UndefinedBehaviorSanitizer, in their own
-# build folder (about a minute with ccache warm; cold, build included: 175 s on a 2-core Zen 5, 915 s
-# on a Zen 3 before unity builds).
+# build folder (about a minute with ccache warm; cold, build included: 175 s on a 2-core Zen 5, 219 s
+# on a Zen 4, 915 s on a Zen 3 before unity builds).
 bash "$repo_root/scripts/sanitize.sh"
 phase_done "sanitizers (build and tests)"
 # The readers of users' files (checkpoints, JSON configs) under libFuzzer with ASan and UBSan, 60 s

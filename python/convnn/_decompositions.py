@@ -121,7 +121,6 @@ def _knn_attention(queries, keys, values, kernel, bias, k, similarity, mask, ind
     return _aggregate(values, weights, indices, kernel, bias), scores, indices, weights
 
 
-
 def _inductor_runs_the_ops(lowering):
     """Inductor calls the ops' own kernels, as its implicit fallback for a custom op does, but
     registered before it lowers a graph: the implicit path refuses every op that has a decomposition
