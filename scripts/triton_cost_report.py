@@ -358,36 +358,64 @@ def longest_runs(backward, g, n, d, k, seed=0, slices_wanted=16):
     return float(blocks.max(1).values.sum()) * g / slices, len(blocks) * g / slices
 
 
-def backward_estimates(backward, select, shape):
-    """{kernel: figures} for the row and column kernels at `shape` (N = M), as estimate() does for the
-    selection: issue bound, DRAM bound of compulsory bytes (every tensor once, gathers from L2)."""
+def float32_key(name):
+    """The key of the float32 kernel that `name` names: name + " float32" where the revision compiles it
+    per dtype (the backward's kernels since they read the op's dtype, issue 38 §1), else name."""
+    names = {spec[0] for spec in check.all_specialisations()}
+    return f"{name} float32" if f"{name} float32" in names else name
+
+
+# Bytes per element of the op's dtype, for the DRAM bounds.
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def dtype_key(name, dtype):
+    """The key of the backward's kernel `name` compiled for `dtype` (float32: float32_key)."""
+    return float32_key(name) if dtype == "float32" else f"{name} {dtype}"
+
+
+def backward_estimates(backward, select, shape, dtype="float32"):
+    """{kernel: figures} for the row and column kernels at `shape` (N = M) in the op's `dtype`, as
+    estimate() does for the selection: issue bound, DRAM bound of compulsory bytes (every tensor
+    once, gathers from L2; the op's tensors in its dtype, the score gradient and the kernel's
+    partials in float32, indices int64)."""
     g, n, d, k = shape
-    c, rows = CHANNELS, g * n
+    c, rows, e = CHANNELS, g * n, ELEMENT_BYTES[dtype]
     chunks = math.ceil(c / getattr(backward, "ROW_CHANNELS", backward.attention.CHANNELS))
-    rows_kernel = f"attention backward rows scaled_dot K<={select.slots_for(k)}"
+    rows_kernel = dtype_key(f"attention backward rows scaled_dot K<={select.slots_for(k)}", dtype)
+    columns_kernel = dtype_key("attention backward columns", dtype)
     # Each loop over blocks of channels (features) around a loop over the K slots, or a single loop
     # with the slots unrolled (attention.COLUMN_SLOTS).
     per_program, warps = instructions_per_program(rows_kernel, lambda nest: (chunks, k) if nest[0] else (None, chunks))
     row_programs = math.ceil(rows / getattr(backward, "ROW_ROWS", select.ROWS))
-    row_bytes = (4 * rows * c + 4 * g * n * (c + d) + rows * k * (8 + 4 + 4 + 4) + 4 * rows * d
+    row_bytes = (e * rows * c + e * g * n * (c + d) + rows * k * (8 + e + e + 4) + e * rows * d
                  + 4 * row_programs * c * k)
     steps, blocks = longest_runs(backward, g, n, d, k)
     parts = math.ceil(c / backward.COLUMN_WIDTH), math.ceil(d / backward.COLUMN_WIDTH)
-    column_program, column_warps = instructions_per_program("attention backward columns", [(None, 1), (None, 1)])
-    instructions, labels, _ = sass("attention backward columns")
-    nests, untaken = vector_load_nests(instructions, labels)
-    values_loop, keys_loop = (inner[1] - inner[0] + 1 for _, inner in nests)
-    straight = len(instructions) - values_loop - keys_loop - sum(nest_size(nest) for nest in untaken)
-    column_instructions = column_warps * (blocks * sum(parts) * straight
-                                          + steps * (parts[0] * values_loop + parts[1] * keys_loop))
-    column_bytes = 8 * g * n + rows * k * (8 + 4 + 4) + 4 * rows * (c + d) + 4 * g * n * (c + d)
+    column_bytes = 8 * g * n + rows * k * (8 + e + 4) + e * rows * (c + d) + e * g * n * (c + d)
+    kernels = [(rows_kernel, per_program * warps * row_programs, row_bytes, f"{row_programs} programs")]
+    try:
+        column_program, column_warps = instructions_per_program(columns_kernel, [(None, 1), (None, 1)])
+        instructions, labels, _ = sass(columns_kernel)
+        nests, untaken = vector_load_nests(instructions, labels)
+        values_loop, keys_loop = (inner[1] - inner[0] + 1 for _, inner in nests)
+        straight = len(instructions) - values_loop - keys_loop - sum(nest_size(nest) for nest in untaken)
+        column_instructions = column_warps * (blocks * sum(parts) * straight
+                                              + steps * (parts[0] * values_loop + parts[1] * keys_loop))
+        kernels.append((columns_kernel, column_instructions, column_bytes,
+                        f"{steps / blocks:.1f} steps per block of {backward.COLUMN_ROWS} rows (longest run; mean K)"))
+    except SystemExit:
+        # ptxas laid the bfloat16 column kernel's loops out rotated and overlapping (its stores'
+        # conversions), which this report's loop finder does not read: its DRAM bound alone.
+        if dtype == "float32":
+            raise
+        kernels.append((columns_kernel, None, column_bytes, "DRAM bound only: its SASS loops not read by the report"))
     figures = {}
-    for name, warp_instructions, dram_bytes, note in (
-            (rows_kernel, per_program * warps * row_programs, row_bytes, f"{row_programs} programs"),
-            ("attention backward columns", column_instructions, column_bytes,
-             f"{steps / blocks:.1f} steps per block of {backward.COLUMN_ROWS} rows (longest run; mean K)")):
-        issue_s, dram_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ), dram_bytes / DRAM_BYTES_PER_S
-        figures[name] = {"warp_instructions_per_row": warp_instructions / rows, "issue_bound_us": issue_s * 1e6,
+    for name, warp_instructions, dram_bytes, note in kernels:
+        issue_s = (warp_instructions or 0) / (SMS * SCHEDULERS * CLOCK_HZ)
+        dram_s = dram_bytes / DRAM_BYTES_PER_S
+        figures[name] = {"warp_instructions_per_row": (warp_instructions or float("nan")) / rows,
+                         "issue_bound_us": issue_s * 1e6 if warp_instructions else float("nan"),
                          "dram_bound_us": dram_s * 1e6, "bound_us": max(issue_s, dram_s) * 1e6,
                          "set_by": "instruction issue" if issue_s > dram_s else "DRAM", "note": note}
     return figures
@@ -432,7 +460,7 @@ def report_walkers(report):
           "then keys; where it has four, values and keys on rows of whole chunks, vector loads, then on others)\n")
     print("| kernel | per trip of each loop |\n|---|---|")
     report["walkers"] = {}
-    for kernel in WALKERS:
+    for kernel in map(float32_key, WALKERS):
         steps = walker_steps(kernel)
         report["walkers"][kernel] = steps
         print(f"| {kernel} | {', '.join(f'{size}' + (f' + {called}' if called else '') for size, called in steps)} |")
@@ -543,6 +571,21 @@ def report_sorts(report, sorts):
                                        "parts_us": parts}
         print(f"| {shape_name} | {g * n * k:,}, {inverse_key}, {inverse:.1f} | {g * n:,}, {rows_key}, {rows:.1f} | "
               f"{total:.0f} |")
+    if "backward bfloat16" in report:  # the bfloat16 kernels at Table 1, the same sorts
+        table1, (g, n, _, k) = next(iter(SHAPES.items()))
+        forward = report["kernels"][f"attention scaled_dot K<={check.load_kernels('select').slots_for(k)} no mask "
+                                    "bfloat16 inputs"]["shapes"][table1]["bound_us"]
+        sorts_us = report["sorts"][table1]["inverse_index_us"] + report["sorts"][table1]["rows_us"]
+        parts = {"fused knn_attention forward": forward,
+                 **{kernel: f["bound_us"] for kernel, f in report["backward bfloat16"][table1].items()},
+                 "the two sorts": sorts_us}
+        report["sorts bfloat16"] = {table1: {"op_forward_backward_us": sum(parts.values()), "parts_us": parts}}
+        dram_only = [kernel for kernel, f in report["backward bfloat16"][table1].items()
+                     if math.isnan(f["issue_bound_us"])]
+        print(f"\nIn bfloat16 at {table1}: op forward + backward bound {sum(parts.values()):.0f} µs ("
+              + ", ".join(f"{name} {us:.0f}" for name, us in parts.items()) + ")"
+              + (f"; {', '.join(dram_only)} at its DRAM bound only (looser: its instruction issue not counted)"
+                 if dram_only else "") + ".")
 
 
 # The issue's targets that a static bound can speak to (issue 38, "Targets"): the op's forward +
@@ -570,10 +613,17 @@ def report_targets(report):
         print(f"| {name} | {bound:.0f} | {TARGETS_US[name]:.0f} | {'yes' if met else 'no'} | {kernel} ({part:.0f}) |")
 
 
+def print_backward_rows(figures, shape_name):
+    for kernel, f in figures.items():
+        print(f"| {kernel} | {shape_name} | {f['warp_instructions_per_row']:.0f} | {f['issue_bound_us']:.0f} | "
+              f"{f['dram_bound_us']:.0f} | {f['bound_us']:.0f} | {f['set_by']} | {f['note']} |")
+
+
 def report_backward(report):
     """The two-kernel backward's section: its bounds at each shape and its launches."""
     backward, select = check.load_kernels("attention_backward"), check.load_kernels("select")
-    print("\nknn_attention backward in two kernels (softmax, scaled_dot, depthwise, C = D = 64), float32 inputs\n")
+    print("\nknn_attention backward in two kernels (softmax, scaled_dot, depthwise, C = D = 64): float32, and "
+          "the bfloat16 kernels at Table 1\n")
     print("| kernel | shape | warp instr. per query row | issue bound (µs) | DRAM bound (µs) | bound (µs) | set by "
           "| note |")
     print("|---|---|---|---|---|---|---|---|")
@@ -581,23 +631,48 @@ def report_backward(report):
     for shape_name, shape in SHAPES.items():
         figures = backward_estimates(backward, select, shape)
         report["backward"][shape_name] = figures
-        for kernel, f in figures.items():
-            print(f"| {kernel} | {shape_name} | {f['warp_instructions_per_row']:.0f} | {f['issue_bound_us']:.0f} | "
-                  f"{f['dram_bound_us']:.0f} | {f['bound_us']:.0f} | {f['set_by']} | {f['note']} |")
+        print_backward_rows(figures, shape_name)
+    table1 = next(iter(SHAPES))
+    if "bfloat16" in getattr(check.load_kernels("select"), "INPUT_DTYPES", ()):  # bfloat16 kernels: Table 1
+        figures = backward_estimates(backward, select, SHAPES[table1], "bfloat16")
+        report["backward bfloat16"] = {table1: figures}
+        print_backward_rows(figures, table1)
     if check.REPO != REPO:  # another revision's kernels: its launchers are not the installed ones
         print("\nLaunches per backward: counted for the working tree only.")
         return
     counted = launches()
     report["backward_launches"] = counted
-    print(f"\nLaunches per backward: {counted['triton']} Triton kernels and {len(counted['aten'])} ATen ops "
-          f"({', '.join(counted['aten'])}); ATen's sort may launch several kernels. The sorts (inverse index, "
-          "rows busiest first) are not in the bounds above.")
+    print(f"\nLaunches per backward, torch.float32: {counted['triton']} Triton kernels and {len(counted['aten'])} "
+          f"ATen ops ({', '.join(counted['aten'])}); ATen's sort may launch several kernels. The sorts (inverse "
+          "index, rows busiest first) are not in the bounds above.")
+    half = launches(dtype="torch.bfloat16")
+    report["backward_launches torch.bfloat16"] = half
+    print(f"Launches per backward, torch.bfloat16: {half['triton']} Triton kernels and {len(half['aten'])} ATen ops "
+          f"({', '.join(half['aten'])}).")
     report_sorts(report, counted["sorts"])
     for dtype in ("torch.float32", "torch.bfloat16"):
         counted = launches(forward=True, dtype=dtype)
         report[f"forward_launches {dtype}"] = counted
         print(f"Launches per fused forward, {dtype}: {counted['triton']} Triton kernel and {len(counted['aten'])} "
               f"ATen ops ({', '.join(counted['aten']) or 'none'}).")
+
+
+def report_top_k_kernel(report, counted, module, kernel, shape_name, shape, runs):
+    """A row of the running-top-K kernels' table: the kernel's SASS (counted once) and its bound at shape."""
+    if kernel not in counted:
+        counted[kernel] = parts(kernel, bitonic_merges=hasattr(module, "ROUNDS"), skipped_lines=division_lines(module))
+        report["kernels"][kernel] = {"sass": counted[kernel], "shapes": {}}
+    counts = counted[kernel]
+    figures = estimate(counts, module, shape, runs)
+    report["kernels"][kernel]["shapes"][shape_name] = figures
+    program = f"{rows_per_block(module, shape[3])} x {tile_width(module, shape[3])}, {counts['warps']}"
+    aggregation = "–" if not counts["aggregation"] else ", ".join(
+        [f"{inner} per {'slot' if outer else 'block'}" for outer, inner in counts["aggregation"]]
+        + [f"{forward_channels(module.slots_for(shape[3]))} channels per block"])
+    print(f"| {kernel} | {shape_name} | {program} | {counts['tile']} / {counts['dot_per_chunk']} / "
+          f"{counts['round']} / {counts['bitonic']} | {counts['skipped']} | {aggregation} | "
+          f"{figures['rounds_per_tile']:.2f} | {figures['bitonic_tiles_share']:.0%} | "
+          f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
 
 
 def main():
@@ -623,22 +698,12 @@ def main():
         for family in FAMILIES:
             for shape_name, shape in SHAPES.items():
                 kernel = f"{family} scaled_dot K<={module.slots_for(shape[3])} no mask"
-                if kernel not in counted:
-                    counted[kernel] = parts(kernel, bitonic_merges=hasattr(module, "ROUNDS"),
-                                            skipped_lines=division_lines(module))
-                    report["kernels"][kernel] = {"sass": counted[kernel], "shapes": {}}
-                counts = counted[kernel]
-                figures = estimate(counts, module, shape, runs[shape_name])
-                report["kernels"][kernel]["shapes"][shape_name] = figures
-                program = f"{rows_per_block(module, shape[3])} x {tile_width(module, shape[3])}, {counts['warps']}"
-                aggregation = "–" if not counts["aggregation"] else ", ".join(
-                    [f"{inner} per {'slot' if outer else 'block'}" for outer, inner in counts["aggregation"]]
-                    + [f"{forward_channels(module.slots_for(shape[3]))} channels per block"])
-                print(f"| {kernel} | {shape_name} | {program} | {counts['tile']} / {counts['dot_per_chunk']} / "
-                      f"{counts['round']} / {counts['bitonic']} | {counts['skipped']} | {aggregation} | "
-                      f"{figures['rounds_per_tile']:.2f} | "
-                      f"{figures['bitonic_tiles_share']:.0%} | "
-                      f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
+                report_top_k_kernel(report, counted, module, kernel, shape_name, shape, runs[shape_name])
+        if "bfloat16" in getattr(module, "INPUT_DTYPES", ()):  # the kernels reading bfloat16, at Table 1
+            shape_name, shape = next(iter(SHAPES.items()))
+            for family in FAMILIES:
+                kernel = f"{family} scaled_dot K<={module.slots_for(shape[3])} no mask bfloat16 inputs"
+                report_top_k_kernel(report, counted, module, kernel, shape_name, shape, runs[shape_name])
         if args.revision is None or (check.REPO / "python/convnn/_triton/attention_backward.py").exists():
             report_backward(report)
             if "sorts" in report:

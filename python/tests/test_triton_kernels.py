@@ -10,8 +10,10 @@ every output element is written and no byte outside a tensor is touched (guard r
 first-call safety net turns a wrong kernel off with one warning. scripts/triton_compile_check.py
 compiles the same kernels for sm_80 and sm_90.
 """
+import contextlib
 import os
 
+import numpy as np
 import pytest
 
 import torch  # noqa: E402
@@ -37,9 +39,25 @@ import triton.language as tl  # noqa: E402
 
 from convnn._triton import aggregate, attention, attention_backward, bitonic, pair_gradients, register, select, similarities  # noqa: E402,E501
 
+if INTERPRETED:
+    import triton_interpreter  # noqa: E402  (beside this file)
+
+    triton_interpreter.round_bfloat16_to_nearest_even()
+
 ops = torch.ops.convnn
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 CUDA = torch._C.DispatchKey.CUDA
+
+
+@contextlib.contextmanager
+def launches_recorded():
+    """The keys of the Triton launches made inside the block (register.recording); the first call of a
+    set of kernels on a device and dtype launches the first-call check's too (path_choice.h)."""
+    register.recording = []
+    try:
+        yield register.recording
+    finally:
+        register.recording = None
 
 
 # The kernels run as a CUDA tensor runs them: each op's CUDA kernel (the C++ path choice and
@@ -749,12 +767,9 @@ def test_the_select_backward_cuda_kernel_covers_every_similarity():
     queries, keys, _ = select_inputs(torch.float32, m=20, seed=19)
     for similarity in ("scaled_dot", "cosine", "l1"):
         scores, indices = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, similarity, None, False)
-        register.recording = []
-        try:
+        select_backward(torch.ones_like(scores), queries, keys, indices, scores, similarity)  # the first-call check
+        with launches_recorded() as launched:
             got = select_backward(torch.ones_like(scores), queries, keys, indices, scores, similarity)
-            launched = register.recording
-        finally:
-            register.recording = None
         want = generic_select_backward(torch.ones_like(scores), queries, keys, indices, scores, similarity)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -982,30 +997,39 @@ class _HostConversions(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_outputs_are_written_by_the_kernels_without_a_float32_copy(dtype, monkeypatch):
-    """issue 38 §1: the fused attention kernel writes its output, scores and weights (and the select
-    kernel its scores) in bfloat16/float16 directly: the launchers convert only the inputs to float32
-    (select.py and attention.py say why), nothing back, and the results are the generic path's."""
-    queries, keys, generator = select_inputs(dtype, d=4)
-    values, kernel, bias = attention_operands(dtype, queries, keys, generator)
+@contextlib.contextmanager
+def host_conversions(monkeypatch):
+    """The dtypes ATen converts tensors to inside the block, outside the kernels' launches."""
     conversions = _HostConversions()
     launch = register.run
 
-    def run(*args):
+    def run(*arguments):
         conversions.launching.append(1)
         try:
-            launch(*args)
+            launch(*arguments)
         finally:
             conversions.launching.pop()
 
     monkeypatch.setattr(register, "run", run)
-    arguments = (queries, keys, values, kernel, bias, 6, "scaled_dot", None, True, "softmax", 1.0)
     with conversions:
+        yield conversions.targets
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_outputs_are_written_by_the_kernels_without_a_float32_copy(dtype, monkeypatch):
+    """issue 38 §1: the fused attention kernel writes its output, scores and weights (and the select
+    kernel its scores) in bfloat16/float16 directly, and reads their inputs as they are (a kernel
+    per dtype of select.INPUT_DTYPES): the launchers convert nothing, before or after, and the
+    results are the generic path's."""
+    queries, keys, generator = select_inputs(dtype, d=4)
+    values, kernel, bias = attention_operands(dtype, queries, keys, generator)
+    arguments = (queries, keys, values, kernel, bias, 6, "scaled_dot", None, True, "softmax", 1.0)
+    attention_forward(*arguments)  # the first-call checks, before counting
+    select_forward(queries, keys, 6, "l1", None, False)
+    with host_conversions(monkeypatch) as conversions:
         got = attention_forward(*arguments)
         selected = select_forward(queries, keys, 6, "l1", None, False)
-    # queries, keys, values, kernel and bias; then the select's queries and keys
-    assert conversions.targets == [torch.float32] * 7, f"the launchers converted tensors to {conversions.targets}"
+    assert conversions == [], f"the launchers converted tensors to {conversions}"
     assert all(t.dtype == dtype for t in (got[0], got[1], got[3], selected[0]))
     assert_attention_equal(got, generic_attention(*arguments), dtype, "half precision read in registers")
     want = ops.knn_select.default._op_dk(GENERIC, queries, keys, 6, "l1", None, False)
@@ -1152,7 +1176,7 @@ def test_fused_softmax_scores_gradient_writes_every_element_once_and_no_guard_by
     buffer, grad_scores = guarded((2, 40, 6), torch.float32, canary)
     grad_scores.fill_(float("nan"))
     attention._softmax_scores_gradient_kernel[(5,)](
-        grad_output, values, kernel, indices, weights, grad_scores, 80, 40, 70, 40, 6, 1.0, 0,
+        grad_output, values, kernel, indices, weights, grad_scores, 80, 40, 70, 40, 6, 1.0,
         ROWS=select.ROWS, SLOTS=8, CHANNELS=attention.CHANNELS)
     assert not grad_scores.isnan().any()
     assert (buffer[:64] == canary).all() and (buffer[-64:] == canary).all()
@@ -1293,7 +1317,7 @@ def test_two_kernel_backward_writes_every_element_once_and_no_guard_byte_changes
     root = float(torch.tensor(float(d)).sqrt())
     attention_backward._rows_kernel[(row_blocks,)](
         dy, values_in, taps, indices, w, s, keys_in, outputs["live"][1], outputs["d queries"][1],
-        outputs["partial"][1], g * n, n, m, c, d, k, 0.7, root, 0, SCALED=True, ROWS=attention_backward.ROW_ROWS,
+        outputs["partial"][1], g * n, n, m, c, d, k, 0.7, root, SCALED=True, ROWS=attention_backward.ROW_ROWS,
         SLOTS=8, CHANNELS=attention_backward.ROW_CHANNELS)
     order, run_start = inverse_index(indices, m)
     value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
@@ -1331,3 +1355,167 @@ def test_the_two_kernel_backward_answers_nothing_where_the_kernels_do_not_apply(
     monkeypatch.delenv("CONVNN_CUDA_KERNELS")
     with pytest.raises(RuntimeError, match="knn_attention_backward"):
         fused(CUDA, grad_output[..., :5], *args[1:], "scaled_dot", "softmax", 0.7)
+
+
+def launch_two_kernel_backward(args, dtype, slots):
+    """Both kernels of the two-kernel backward launched directly on args (scaled_dot, temperature 0.7),
+    the three gradients written in `dtype` (the op's, which the row kernel rounds to where the
+    composed steps round): (live, d queries, partial, d keys, d values)."""
+    grad_output, queries, keys, values, kernel, scores, indices, weights = args
+    g, n, d = queries.shape
+    m, c, k = keys.shape[1], values.shape[2], indices.shape[2]
+    row_blocks = triton.cdiv(g * n, attention_backward.ROW_ROWS)
+    live = torch.empty(g, n, k, device=DEVICE)
+    partial = torch.empty(row_blocks, c, k, device=DEVICE)
+    grad_queries, grad_keys, grad_values = (torch.empty(t.shape, dtype=dtype, device=DEVICE)
+                                            for t in (queries, keys, values))
+    root = float(torch.tensor(float(d)).sqrt())
+    attention_backward._rows_kernel[(row_blocks,)](
+        grad_output, values, kernel, indices, weights, scores, keys, live, grad_queries, partial, g * n, n, m, c, d, k,
+        0.7, root, SCALED=True, ROWS=attention_backward.ROW_ROWS, SLOTS=slots,
+        CHANNELS=attention_backward.ROW_CHANNELS)
+    order, run_start = inverse_index(indices, m)
+    value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
+    attention_backward._columns_kernel[(triton.cdiv(g * m, attention_backward.COLUMN_ROWS),
+                                        value_parts + triton.cdiv(d, attention_backward.COLUMN_WIDTH))](
+        grad_output, queries, weights, kernel, live, order, run_start, busiest_first(run_start), grad_values,
+        grad_keys, g * m, c, d, k, value_parts, ROWS=attention_backward.COLUMN_ROWS,
+        WIDTH=attention_backward.COLUMN_WIDTH)
+    return live, grad_queries, partial, grad_keys, grad_values
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_two_kernel_backward_reads_half_precision_with_the_bits_of_float32_copies(dtype):
+    """issue 38 §1: the backward's kernels read half-precision inputs in registers and write the
+    gradients in the op's dtype (the kernels compiled for it). Converting to float32 is exact, so
+    they give the bits that the same kernels give on float32 copies of the inputs with the
+    gradients still written in (and rounded to) the op's dtype: the float32 copies the launcher made
+    before. Both row-kernel bodies (K <= 8, slots as columns; K = 40, a slot per step) and both load
+    kinds (D = 5, masked loads; D = C = 32, vector loads)."""
+    for n, m, d, c, k in ((9, 70, 5, 40, 6), (40, 48, 32, 32, 40)):
+        mask = "bool [G,N,M] with short rows" if (n, m) == (9, 70) else "none"
+        args = two_kernel_backward_case(dtype, "scaled_dot", seed=67, n=n, m=m, d=d, c=c, k=k, mask=mask)
+        as_float32 = [t.float() if t.is_floating_point() else t for t in args]
+        slots = select.slots_for(k)
+        half = launch_two_kernel_backward(args, dtype, slots)
+        single = launch_two_kernel_backward(as_float32, dtype, slots)
+        for name, a, b in zip(("live", "d queries", "partial", "d keys", "d values"), half, single):
+            assert torch.equal(a, b), f"{dtype} K={k}: {name} differs from the float32 copies' bits"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_backward_kernels_take_the_ops_dtype_without_a_conversion_pass(dtype, monkeypatch):
+    """The launchers pass the half-precision tensors as they are, to kernels compiled for them (the
+    Python route checks each pointer's dtype against specialisations.py's signature, which the
+    embedded images are compiled for): no conversion before or after, but for the kernel's gradient
+    (float32 partial sums of the row blocks, summed, then in the kernel's dtype)."""
+    args = two_kernel_backward_case(dtype, "scaled_dot", seed=68, mask="none")
+    grad_output, queries, keys, values, kernel, scores, indices, weights = args
+    two_kernel_backward(*args, "scaled_dot", 0.7)  # the first-call checks, before counting
+    softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.7)
+    with host_conversions(monkeypatch) as conversions, launches_recorded() as keys_launched:
+        got = two_kernel_backward(*args, "scaled_dot", 0.7)
+        grad_scores = softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.7)
+    floating = [target for target in conversions if target.is_floating_point]  # not the sorts' int32 keys
+    assert floating == [dtype], f"the launchers converted tensors to {floating}"
+    name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    assert keys_launched == [f"attention backward rows scaled_dot K<=8 {name}", f"attention backward columns {name}",
+                             f"attention softmax scores gradient K<=8 {name}"]
+    assert grad_scores.dtype == dtype and all(t.dtype == dtype for t in got)
+    assert_gradients_equal(got, generic_attention_backward(*args, "scaled_dot", "softmax", 0.7, [True] * 5), dtype,
+                           "half precision read in registers")
+
+
+def test_a_launch_whose_tensor_is_not_of_the_compiled_pointer_type_is_refused():
+    """The Python route's check of what the embedded images assume: a float32 tensor where the
+    bfloat16 kernel takes a bfloat16 pointer is an error naming the kernel and the argument."""
+    args = two_kernel_backward_case(torch.bfloat16, "scaled_dot", seed=69, mask="none")
+    grad_output, queries, keys, values, kernel, scores, indices, weights = args
+    g, n, _ = weights.shape
+    key = "attention softmax scores gradient K<=8 bfloat16"
+    kernel_fn, signature, _, _ = register.specialisation(key)
+    arguments = [grad_output.float(), values, kernel, indices, weights, torch.empty_like(weights), g * n, n,
+                 values.shape[1], values.shape[2], weights.shape[2], 0.7]
+    with pytest.raises(RuntimeError, match=r"'attention softmax scores gradient K<=8 bfloat16' passes grad_output_ptr "
+                                           r"as torch.float32, where the compiled kernel takes \*bf16"):
+        register._check_pointer_types(key, kernel_fn, signature, arguments)
+
+
+@triton.jit
+def _converted_to_bfloat16(x_ptr, y_ptr, z_ptr, B: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, B))
+    tl.store(y_ptr + tl.arange(0, B), x.to(tl.bfloat16))
+    tl.store(z_ptr + tl.arange(0, B), x)  # converted by the store
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the interpreter's conversion (on a GPU the hardware's)")
+def test_the_interpreter_rounds_float32_to_bfloat16_to_nearest_even_as_a_gpu_does():
+    """triton_interpreter.py: Triton 3.6's interpreter truncates float32 -> bfloat16 (still: else
+    the fix can go) where a GPU rounds to nearest even as PyTorch does; with the fix a kernel's
+    conversion and store give PyTorch's bits at ties, carries into the exponent, overflow to
+    infinity, subnormals, zeros, infinities and NaN."""
+    ulp = 2.0 ** -7
+    values = torch.tensor([1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 + 2 ** -20, 2 - ulp / 4, 1.3394, -0.8584,
+                           3.3895313892515355e38, float.fromhex("0x1.fffffep127"), 1e-40, -1e-39, 0.0, -0.0,
+                           float("inf"), float("-inf"), float("nan"), 0.61621])
+    want = values.to(torch.bfloat16)
+    own = triton_interpreter.interpreters_own_bfloat16(values.numpy())
+    assert not np.array_equal(own, want.view(torch.int16).numpy().view(np.uint16)), "it rounds now: drop the fix"
+    converted, stored = torch.empty_like(want), torch.empty_like(want)
+    _converted_to_bfloat16[(1,)](values, converted, stored, B=values.numel())
+    for got in (converted, stored):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[~want.isnan()].view(torch.int16), want[~want.isnan()].view(torch.int16))
+
+
+def launch_top_k_kernels(queries, keys, values, taps, bias, mask, k, similarity, dtype_code):
+    """The select kernel and the fused attention kernel launched directly (softmax rho, slots by
+    score), their outputs written in the dtype that dtype_code names: (scores, indices, output,
+    attention scores, attention indices, weights)."""
+    g, n, d = queries.shape
+    m, c = keys.shape[1], values.shape[2]
+    out_dtype = {code: dtype for dtype, code in attention.DTYPE_CODES.items()}[dtype_code]
+    mask_kind = select.NO_MASK if mask is None else select.BOOL_MASK
+    slots = select.slots_for(k)
+    blocks, options = select.design(slots, mask_kind)
+    grid = (triton.cdiv(n, blocks["ROWS"]), g)
+    constant = float(torch.tensor(float(d)).sqrt()) if similarity == "scaled_dot" else 1e-8
+    code = select.SIMILARITY_CODES[similarity]
+    mask_in = queries if mask is None else mask
+    scores = torch.empty(g, n, k, device=DEVICE, dtype=out_dtype)
+    indices = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
+    select._select_kernel[grid](queries, keys, mask_in, scores, indices, n, m, d, k, 0, constant, dtype_code,
+                                SIMILARITY=code, MASK=mask_kind, SLOTS=slots, FEATURES=16, **blocks)
+    output, attention_scores, weights = (torch.empty(g, n, size, device=DEVICE, dtype=out_dtype) for size in (c, k, k))
+    chosen = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
+    attention._attention_kernel[grid](queries, keys, values, taps, bias, mask_in, output, attention_scores, chosen,
+                                      weights, n, m, d, c, k, 0, constant, attention.RHO_CODES["softmax"], 0.7, 0, 1,
+                                      dtype_code, SIMILARITY=code, MASK=mask_kind, SLOTS=slots, FEATURES=16,
+                                      CHANNELS=attention.forward_channels(slots), **blocks)
+    return scores, indices, output, attention_scores, chosen, weights
+
+
+@pytest.mark.parametrize("similarity", SIMILARITIES)
+def test_half_precision_inputs_read_by_the_top_k_kernels_give_the_bits_of_float32_copies(similarity):
+    """issue 38 §1: the select and fused attention kernels compiled for half-precision inputs
+    (select.INPUT_DTYPES) convert queries, keys, values, kernel and bias to float32 in registers,
+    exactly, so they give the bits the float32 kernels give on float32 copies (the op's dtype code
+    the same): the copies the launcher made before. Masked loads (D = 5, a bool mask), and for the dot
+    products whole-chunk vector loads (D = 16); K = 6 (the set held per thread, the slots as columns)
+    and 20 (the shared set, a slot per step); bfloat16 in every case, float16 in the first."""
+    cases = [(5, 6, True), (5, 20, False)] + ([(16, 6, False), (16, 20, True)] if similarity in ("dot", "scaled_dot")
+                                              else [])
+    cases = [(torch.bfloat16, *case) for case in cases] + [(torch.float16, *cases[0])]
+    for dtype, d, k, masked in cases:
+        code = attention.DTYPE_CODES[dtype]
+        queries, keys, generator = select_inputs(torch.float32, n=9, m=70, d=d, seed=71)
+        queries, keys = queries / 3 + 0.01 * torch.randn(queries.shape, generator=generator).to(DEVICE), keys / 3
+        values, taps, bias = attention_operands(torch.float32, queries, keys, generator, c=16, k=k)
+        half = [t.to(dtype) for t in (queries, keys, values, taps, bias)]
+        mask = select_masks(2, 9, 70, generator)["bool [G,N,M] with short rows"][0] if masked else None
+        got = launch_top_k_kernels(*half, mask, k, similarity, code)
+        want = launch_top_k_kernels(*(t.float() for t in half), mask, k, similarity, code)
+        for name, a, b in zip(("scores", "indices", "output", "attention scores", "attention indices", "weights"),
+                              got, want):
+            assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()]), \
+                f"{similarity} {dtype} D={d} K={k} mask={masked}: {name}"

@@ -54,11 +54,12 @@ const triton::CompiledKernel* entry(const std::string& key, int arch, triton::Im
 
 TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   const auto keys = every_key();
-  // 30 aggregation specialisations, 72 of knn_select (6 similarities x 4 widths x 3 mask kinds), 12
-  // of its backward (3 kernels x 4 similarities), 72 of the fused knn_attention (as knn_select), 4
-  // of its backward's softmax scores gradient (one per width), 9 of its two-kernel backward (the row
-  // kernel for dot and scaled_dot at each width, the column kernel).
-  EXPECT_EQ(keys.size(), 30u + 72u + 12u + 72u + 4u + 9u);
+  // 30 aggregation specialisations, 72 x 3 of knn_select (6 similarities x 4 widths x 3 mask kinds,
+  // per input dtype), 12 of its backward (3 kernels x 4 similarities), 72 x 3 of the fused
+  // knn_attention (as knn_select), 4 x 3 of its backward's softmax scores gradient (one per width and
+  // dtype), 9 x 3 of its two-kernel backward (the row kernel for dot and scaled_dot at each width,
+  // the column kernel; per dtype).
+  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
@@ -69,12 +70,16 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
                                  key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
       // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
-      // are one lane per row of the program (top_k_rows, row_rows, column_rows); the shared set
-      // takes 8 warps.
-      const auto width = running_top_k ? std::stoll(key.substr(key.find("K<=") + 3)) : int64_t{0};
+      // are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
+      // kernel at the widest running top-K (two lanes per row: attention_backward.compile_options);
+      // the shared set takes 8 warps.
+      const auto at_width = key.find("K<=");
+      const auto width = at_width == std::string::npos ? int64_t{0} : std::stoll(key.substr(at_width + 3));
+      const bool widest_rows = two_kernel_backward && width == triton::kSelectBlocks.max_slots;
       const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
                             : running_top_k       ? 8
+                            : widest_rows         ? 2 * triton::kAttentionBackwardBlocks.row_rows / 32
                             : two_kernel_backward ? triton::kAttentionBackwardBlocks.row_rows / 32
                                                   : 4;
       EXPECT_EQ(cubin->num_warps, warps) << key;
@@ -323,7 +328,12 @@ TEST(TritonAot, EveryFusedAttentionLaunchPassesTheParametersTheCompiledKernelDec
                 queries, keys, values, kernel, bias, k, similarity, mask, /*index_order=*/k == 9, rho, 0.5,
                 recorder.runner());
             ASSERT_EQ(recorder.launches.size(), 1u);
-            EXPECT_EQ(recorder.launches[0].key.rfind("attention ", 0), 0u);
+            const auto& key = recorder.launches[0].key;
+            EXPECT_EQ(key.rfind("attention ", 0), 0u);
+            const std::string reading =
+                dtype == torch::kFloat ? " mask" : std::string(" ") + triton::kernel_dtype_name(dtype) + " inputs";
+            EXPECT_EQ(key.compare(key.size() - reading.size(), reading.size(), reading), 0)
+                << key << ": the kernel compiled for the op's dtype";
             EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::top_k_rows(k)));
             EXPECT_EQ(recorder.launches[0].grid.y, g) << "one program column per slice";
             EXPECT_EQ(output.sizes(), (std::vector<int64_t>{g, n, c}));
@@ -370,9 +380,12 @@ TEST(TritonAot, EveryTwoKernelBackwardLaunchPassesTheParametersTheCompiledKernel
         const auto gradients = triton::attention_backward(grad_output, queries, keys, values, kernel, slots, indices,
                                                           slots, similarity, 0.5, recorder.runner());
         ASSERT_EQ(recorder.launches.size(), 2u) << "the row kernel and the column kernel";
+        const std::string dtype_name = triton::kernel_dtype_name(dtype);
         EXPECT_EQ(recorder.launches[0].key.rfind("attention backward rows ", 0), 0u);
+        EXPECT_EQ(recorder.launches[0].key.substr(recorder.launches[0].key.size() - dtype_name.size()), dtype_name)
+            << "the kernel compiled for the op's dtype";
         EXPECT_EQ(recorder.launches[0].grid.x, cdiv(g * n, triton::kAttentionBackwardBlocks.row_rows));
-        EXPECT_EQ(recorder.launches[1].key, "attention backward columns");
+        EXPECT_EQ(recorder.launches[1].key, "attention backward columns " + dtype_name);
         const int64_t width = triton::kAttentionBackwardBlocks.column_width;
         EXPECT_EQ(recorder.launches[1].grid.x, cdiv(g * m, triton::kAttentionBackwardBlocks.column_rows));
         EXPECT_EQ(recorder.launches[1].grid.y, cdiv(c, width) + cdiv(d, width)) << "values' parts, then keys'";

@@ -19,11 +19,11 @@ and output), as on every path. A standard kernel [C',C,K] is not fused (its chan
 
 Written as aggregate.py and select.py: each output element written by one program, no atomics,
 every load and store masked to its tensor's extent, `while` loops over runtime bounds, ranking
-scores by tl.dot in IEEE float32. Queries, keys, values, kernel, bias and mask are float32 in the
-kernel (the launcher converts; half precision exactly; select.py and _aggregate say why not in the
-kernel), and the outputs are written in the op's dtype (select.store_as), so one compiled kernel per
-similarity, slot width and mask kind serves every dtype, rho and slot order (scripts/triton_aot.py
-embeds them).
+scores by tl.dot in IEEE float32. Queries, keys, values, kernel and bias are read in the compiled
+kernel's input dtype (select.INPUT_DTYPES: float32, bfloat16 or float16, converted to float32 in
+registers; the launcher converts an additive mask to float32), and the outputs are written in the
+op's dtype (select.store_as), so one compiled kernel per similarity, slot width, mask kind and input
+dtype serves every rho and slot order (scripts/triton_aot.py embeds them).
 """
 import torch
 import triton
@@ -55,11 +55,24 @@ def forward_channels(slots, shared_set=False):
 # The op's dtype (select.py's codes): the kernel writes its outputs in it, and rounds the scores
 # before rho and the weights before the aggregation to it, as the composed ops do.
 DTYPE_CODES = select.DTYPE_CODES
+# The backward's kernels (the softmax scores gradient here, attention_backward.py's two) read their
+# inputs and write their gradients in the op's dtype, compiled once per dtype
+# (specialisations.backward_pointers): no float32 copies before them or conversions after. The
+# forward's kernels read select.INPUT_DTYPES.
+BACKWARD_IN_OPS_DTYPE = True
+
+
+@triton.jit
+def _rounded_to(x, DTYPE: tl.constexpr):
+    """x (float32) rounded to DTYPE (a compile-time type: the backward's kernels are compiled per
+    dtype) and back; float32 leaves it as it is."""
+    return x.to(DTYPE).to(tl.float32)
 
 
 @triton.jit
 def _rounded(x, dtype_code):
-    """x (float32) rounded to the op's dtype and back."""
+    """x (float32) rounded to the op's dtype (a run-time code: the forward's float32 kernels serve
+    every dtype) and back."""
     return tl.where(dtype_code == select.BFLOAT16_CODE, x.to(tl.bfloat16).to(tl.float32),
                     tl.where(dtype_code == select.FLOAT16_CODE, x.to(tl.float16).to(tl.float32), x))
 
@@ -181,7 +194,7 @@ def _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_row
                 # An unrankable row's indices may be past the candidates: read nothing there.
                 neighbour = row_chunks.load(v_ptr, (g * m + index.to(tl.int64)) * c, first, c, row_ok & (index < m),
                                             WHOLE, CHANNELS)
-                tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0)
+                tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0).to(tl.float32)
                 acc += weight_columns[position][:, None] * neighbour * tap[None, :]
         _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias,
                       dtype_code)
@@ -192,7 +205,7 @@ def _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_row
 def _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias, dtype_code):
     """A block of output channels: acc plus the bias, NaN in unrankable rows, in the op's dtype."""
     if has_bias != 0:
-        acc += tl.load(bias_ptr + channels, mask=channel_ok, other=0.0)[None, :]
+        acc += tl.load(bias_ptr + channels, mask=channel_ok, other=0.0).to(tl.float32)[None, :]
     acc = tl.where(unrankable[:, None] != 0, float("nan"), acc)
     select.store_as(output_ptr, q_rows[:, None] * c + channels[None, :], acc, row_ok[:, None] & channel_ok[None, :],
                     dtype_code)
@@ -202,13 +215,13 @@ def _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channel
 def _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows, unrankable, positions, top_index,
                weights, in_k, m, c, k, has_bias, dtype_code, ROWS: tl.constexpr, CHANNELS: tl.constexpr):
     """The block's output rows: CHANNELS at a time, the slots in output order (as knn_aggregate sums
-    them), in float32 from float32 values, kernel and bias; written in the op's dtype; NaN in
-    unrankable rows.
+    them), in float32 from values, kernel and bias of the kernel's input dtype (select.INPUT_DTYPES,
+    converted in registers); written in the op's dtype; NaN in unrankable rows.
 
-    The values, kernel and bias stay a launcher conversion: read in half precision here, through one
-    branch per dtype around this loop, Triton 3.6 failed to compile the distances' unmasked
-    specialisations (TritonGPURemoveLayoutConversions: "operand does not dominate this use"), and
-    through a predicated load per dtype the loop's SASS grew from 111 to 198 per slot (sm_90)."""
+    The input dtype is the compiled kernel's: through one run-time branch per dtype around this loop,
+    Triton 3.6 failed to compile the distances' unmasked specialisations
+    (TritonGPURemoveLayoutConversions: "operand does not dominate this use"), and through a
+    predicated load per dtype the loop's SASS grew from 111 to 198 per slot (sm_90)."""
     first = 0
     while first < c:
         channels = first + tl.arange(0, CHANNELS)
@@ -222,8 +235,8 @@ def _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows,
             # An unrankable row's indices may be past the candidates: read nothing there.
             read = row_ok & (index < m)
             neighbour = tl.load(v_ptr + (g * m + index.to(tl.int64))[:, None] * c + channels[None, :],
-                                mask=read[:, None] & channel_ok[None, :], other=0.0)
-            tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0)
+                                mask=read[:, None] & channel_ok[None, :], other=0.0).to(tl.float32)
+            tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0).to(tl.float32)
             acc += weight[:, None] * neighbour * tap[None, :]
             position += 1
         _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias,
@@ -256,11 +269,11 @@ def _weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weig
             # An unrankable row's indices may be past the candidates: read nothing there.
             read = row_ok & (index >= 0) & (index < m)
             neighbour = row_chunks.load(values_ptr, (slice_start + index) * c, first, c, read, WHOLE, CHANNELS)
-            tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok, other=0.0)
+            tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok, other=0.0).to(tl.float32)
             term = tl.sum(dy * neighbour * tap[None, :], axis=1)
             grad_weights = tl.where(slots[None, :] == slot, grad_weights + term[:, None], grad_weights)
             if KERNEL_PARTIAL:
-                weight = tl.load(weights_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0.0)
+                weight = tl.load(weights_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0.0).to(tl.float32)
                 share = tl.sum(weight[:, None] * neighbour * dy, axis=0)
                 tl.store(partial_ptr + (block.to(tl.int64) * c + channels) * k + slot, share, mask=channel_ok)
             slot += 1
@@ -281,29 +294,33 @@ def _slot_block(rows_total, k, ROWS: tl.constexpr, SLOTS: tl.constexpr):
 
 
 @triton.jit
-def _softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+def _softmax_backward(grad_weights, weights, temperature, DTYPE: tl.constexpr, ROWS: tl.constexpr,
+                      SLOTS: tl.constexpr):
     """d scores [ROWS, SLOTS] from d weights (float32, not rounded) and the softmax weights, as the
     softmax-rho backward (src/ops/generic/knn_attention_generic.cpp), each rounded to the op's dtype
-    where the composed steps round:
+    DTYPE where the composed steps round:
 
         d scores[row, s] = weights[row, s] * (d weights[row, s] - sum_t weights[row, t] * d weights[row, t]) / temperature"""
-    grad_weights = _rounded(grad_weights, dtype_code)
+    grad_weights = _rounded_to(grad_weights, DTYPE)
     centred = grad_weights - tl.sum(weights * grad_weights, 1)[:, None]
-    return _rounded(tl.math.div_rn(weights * centred, tl.full([ROWS, SLOTS], temperature, tl.float32)), dtype_code)
+    return _rounded_to(tl.math.div_rn(weights * centred, tl.full([ROWS, SLOTS], temperature, tl.float32)), DTYPE)
 
 
 @triton.jit
 def _softmax_scores_gradient_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, grad_scores_ptr,
-                                    rows_total, n, m, c, k, temperature, dtype_code,
+                                    rows_total, n, m, c, k, temperature,
                                     ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
     """The backward's fused step from the aggregation's incoming gradient to the scores' (softmax rho,
     depthwise kernel), with d(weights) held on chip: _weights_gradient, then _softmax_backward. One
-    program per block of ROWS rows of the flattened G*N; inputs float32 (the launcher converts). The
+    program per block of ROWS rows of the flattened G*N; inputs and d scores in the op's dtype (a
+    compiled kernel per dtype; half precision converts to float32 in registers, exactly). The
     fused backward of attention_backward.py goes on from here to the query and key gradients for the
     dot products; this kernel serves the other similarities, whose select backward composes."""
     block, rows, row_ok, both_ok, slot_offsets = _slot_block(rows_total, k, ROWS, SLOTS)
     grad_weights = _weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, weights_ptr,
                                      block, rows, row_ok, n, m, c, k, False, ROWS, SLOTS, CHANNELS)
-    weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
-    grad_scores = _softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS, SLOTS)
-    tl.store(grad_scores_ptr + slot_offsets, grad_scores, mask=both_ok)
+    weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0).to(tl.float32)
+    grad_scores = _softmax_backward(grad_weights, weights, temperature, grad_scores_ptr.dtype.element_ty, ROWS,
+                                    SLOTS)
+    # Already rounded to the op's dtype (_softmax_backward): stored in it exactly.
+    tl.store(grad_scores_ptr + slot_offsets, grad_scores.to(grad_scores_ptr.dtype.element_ty), mask=both_ok)

@@ -21,8 +21,10 @@ there). No atomics: two backward passes are bitwise equal. Cosine and the distan
 mean rho, a standard kernel, float64 and K above 64 compose (the choice: src/ops/cuda/triton/attention_launches.cpp's
 attention_backward_fits).
 
-Inputs are float32 in the kernels (the launcher converts half precision), so one compiled kernel per
-slot width and similarity serves every dtype, as the forward's.
+The kernels read their inputs and write the three gradients in the op's dtype, a compiled kernel
+per dtype (float32 in registers: half precision converts exactly, and the gradients round to
+nearest even once, where the launcher's conversion rounded them before): no conversion pass
+before or after them (issue 38 §1). The score gradient g and the kernel's partials stay float32.
 """
 
 import triton
@@ -45,9 +47,16 @@ COMPILE_OPTIONS = {"num_warps": 1}
 VECTOR_SLOTS = tl.constexpr(32)  # the widest running top-K whose row kernel has a vector-load body
 
 
+def compile_options(slots=None):
+    """The launch options of the row kernel at this width of the running top-K (None: the column
+    kernel): one warp, but two at the widest, where one lane per row of [32, 64] tiles left ptxas
+    spilling 48 bytes in half precision (sm_80, dot); with two warps none spills."""
+    return {"num_warps": 2} if slots == select.MAX_SLOTS else COMPILE_OPTIONS
+
+
 @triton.jit
 def _rows_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr,
-                 live_ptr, grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code,
+                 live_ptr, grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root,
                  SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
     # Rows of whole chunks on 16-byte boundaries load as vectors (row_chunks.py); the same body either
     # way. Not at the widest running top-K: the two bodies side by side spilled 48-136 bytes at 64 slots.
@@ -58,17 +67,17 @@ def _rows_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_p
         whole = False
     if whole:
         _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
-              grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code, SCALED, ROWS,
-              SLOTS, CHANNELS, True)
+              grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, SCALED, ROWS, SLOTS,
+              CHANNELS, True)
     else:
         _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
-              grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code, SCALED, ROWS,
-              SLOTS, CHANNELS, False)
+              grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, SCALED, ROWS, SLOTS,
+              CHANNELS, False)
 
 
 @triton.jit
 def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
-          grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, dtype_code,
+          grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root,
           SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
     block, rows, row_ok, both_ok, slot_offsets = attention._slot_block(rows_total, k, ROWS, SLOTS)
     slice_start = (rows // n).to(tl.int64) * m
@@ -81,13 +90,15 @@ def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, sco
         grad_weights = attention._weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr,
                                                    partial_ptr, block, rows, row_ok, n, m, c, k, True, ROWS, SLOTS,
                                                    CHANNELS, WHOLE)
-    weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0)
-    grad_scores = attention._softmax_backward(grad_weights, weights, temperature, dtype_code, ROWS, SLOTS)
+    weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0).to(tl.float32)
+    # The op's dtype is the compiled kernel's (its pointers'): the roundings are compile-time.
+    dtype = grad_queries_ptr.dtype.element_ty
+    grad_scores = attention._softmax_backward(grad_weights, weights, temperature, dtype, ROWS, SLOTS)
     # The select backward's incoming gradient: none on masked slots, scaled as the score was.
-    scores = tl.load(scores_ptr + slot_offsets, mask=both_ok, other=float("-inf"))
+    scores = tl.load(scores_ptr + slot_offsets, mask=both_ok, other=float("-inf")).to(tl.float32)
     live = tl.where(scores == float("-inf"), 0.0, grad_scores)
     if SCALED:
-        live = attention._rounded(tl.math.div_rn(live, tl.full([ROWS, SLOTS], root, tl.float32)), dtype_code)
+        live = attention._rounded_to(tl.math.div_rn(live, tl.full([ROWS, SLOTS], root, tl.float32)), dtype)
     tl.store(live_ptr + slot_offsets, live, mask=both_ok)
     if SLOTS <= attention._COLUMN_SLOTS:
         _query_gradient_by_columns(keys_ptr, grad_queries_ptr, rows, row_ok, slice_start, indices, live, m, d, k, ROWS,
@@ -98,11 +109,15 @@ def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, sco
 
 
 @triton.jit
-def _slot_columns(ptr, rows, row_ok, k, other, SLOTS: tl.constexpr):
-    """The block's rows of a [G*N, K] tensor as SLOTS columns [ROWS], a row in its thread (other past K)."""
+def _slot_columns(ptr, rows, row_ok, k, other, SLOTS: tl.constexpr, AS_FLOAT: tl.constexpr = False):
+    """The block's rows of a [G*N, K] tensor as SLOTS columns [ROWS], a row in its thread (other past K);
+    AS_FLOAT: converted to float32 (weights in the op's dtype)."""
     columns = ()
     for slot in tl.static_range(SLOTS):
-        columns = columns + (tl.load(ptr + rows.to(tl.int64) * k + slot, mask=row_ok & (slot < k), other=other),)
+        column = tl.load(ptr + rows.to(tl.int64) * k + slot, mask=row_ok & (slot < k), other=other)
+        if AS_FLOAT:
+            column = column.to(tl.float32)
+        columns = columns + (column,)
     return columns
 
 
@@ -114,7 +129,7 @@ def _weights_gradient_by_columns(grad_output_ptr, values_ptr, kernel_ptr, weight
     thread (indices: _slot_columns), the slots unrolled: the same products, sums and order, without
     loading a slot's index and weight again for every block of channels or extracting its column of
     [ROWS, SLOTS] tiles. d weights [ROWS, SLOTS]."""
-    weights = _slot_columns(weights_ptr, rows, row_ok, k, 0.0, SLOTS)
+    weights = _slot_columns(weights_ptr, rows, row_ok, k, 0.0, SLOTS, True)
     grad_weights = (tl.zeros([ROWS], dtype=tl.float32),) * SLOTS
     first = 0
     while first < c:
@@ -126,7 +141,7 @@ def _weights_gradient_by_columns(grad_output_ptr, values_ptr, kernel_ptr, weight
             index = indices[slot]
             neighbour = row_chunks.load(values_ptr, (slice_start + index) * c, first, c,
                                         row_ok & (index >= 0) & (index < m), WHOLE, CHANNELS)
-            tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok & (slot < k), other=0.0)
+            tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok & (slot < k), other=0.0).to(tl.float32)
             term = tl.sum(dy * neighbour * tap[None, :], axis=1)
             grad_weights = (grad_weights[:slot] + (tl.where(slot < k, grad_weights[slot] + term, grad_weights[slot]),)
                             + grad_weights[slot + 1:])
@@ -226,9 +241,9 @@ def _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values
         # A flattened [G*N*K] slot, within 32 bits (attention_backward_fits): int64 division is a long subroutine.
         slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
         query_row = slot_index // k
-        weight = tl.load(weights_ptr + slot_index, mask=taking, other=0.0)
+        weight = tl.load(weights_ptr + slot_index, mask=taking, other=0.0).to(tl.float32)
         tap = tl.load(kernel_ptr + channels[None, :] * k + (slot_index - query_row * k)[:, None],
-                      mask=taking[:, None] & channel_ok[None, :], other=0.0)
+                      mask=taking[:, None] & channel_ok[None, :], other=0.0).to(tl.float32)
         dy = row_chunks.load(grad_output_ptr, query_row.to(tl.int64) * c, first, c, taking, WHOLE, WIDTH)
         acc += weight[:, None] * tap * dy
         step += 1

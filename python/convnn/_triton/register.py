@@ -21,16 +21,43 @@ recording = None
 
 
 def specialisation(key):
-    """(kernel, constexprs, launch options) of the key, as specialisations.py lists it."""
+    """(kernel, signature, constexprs, launch options) of the key, as specialisations.py lists it."""
     global _table
     if _table is None:
         from . import specialisations
 
-        _table = {name: (kernel, constexprs, options)
-                  for name, kernel, _, constexprs, options in specialisations.all_specialisations()}
+        _table = {name: (kernel, signature, constexprs, options)
+                  for name, kernel, signature, constexprs, options in specialisations.all_specialisations()}
     if key not in _table:
         raise RuntimeError(f"convnn: no Triton kernel '{key}' in specialisations.py (asked for by the C++ launchers)")
     return _table[key]
+
+
+# The tensor dtype of each pointer type of specialisations.py's signatures.
+_POINTER_DTYPES = {"*fp32": torch.float32, "*bf16": torch.bfloat16, "*fp16": torch.float16, "*i64": torch.int64,
+                   "*i32": torch.int32, "*i1": torch.bool}
+
+
+def _check_pointer_types(key, kernel, signature, arguments):
+    """Each tensor argument has the dtype of its pointer in the key's signature (an output written in
+    the op's dtype: the dtype its dtype_code names): the embedded route's images are compiled for
+    exactly those types, and read another dtype's bytes as theirs; this route's JIT would compile
+    for whatever it is given, so the tests check the launches here."""
+    from . import select, specialisations
+
+    named = dict(zip(kernel.arg_names, arguments))
+    in_the_ops_dtype = specialisations.OUTPUTS_IN_THE_OPS_DTYPE.get(kernel.__name__, ())
+    for name, argument in named.items():
+        if not isinstance(argument, torch.Tensor):
+            continue
+        if name in in_the_ops_dtype:
+            wanted = {code: dtype for dtype, code in select.DTYPE_CODES.items()}[named["dtype_code"]]
+            takes = f"{wanted} (the op's dtype, by dtype_code)"
+        else:
+            wanted, takes = _POINTER_DTYPES[signature[name]], signature[name]
+        if argument.dtype != wanted:
+            raise RuntimeError(f"convnn: the launch of Triton kernel '{key}' passes {name} as {argument.dtype}, "
+                               f"where the compiled kernel takes {takes} (specialisations.py)")
 
 
 def run(kernel, grid, arguments, constexprs, options):
@@ -40,9 +67,10 @@ def run(kernel, grid, arguments, constexprs, options):
 
 def triton_launch(key, grid, pointers, int32s, float32s, kinds):
     """convnn::_triton_launch on CUDA: the arguments in the order of `kinds` (p, i, f)."""
-    kernel, constexprs, options = specialisation(key)
+    kernel, signature, constexprs, options = specialisation(key)
     sources = {"p": iter(pointers), "i": iter(int32s), "f": iter(float32s)}
     arguments = [next(sources[kind]) for kind in kinds]
+    _check_pointer_types(key, kernel, signature, arguments)
     if recording is not None:
         recording.append(key)
     if 0 in grid:

@@ -103,6 +103,12 @@ def features_for(d):
 
 
 SIMILARITY_CODES = CODES  # the similarities' compile-time codes (similarities.py)
+# The dtypes of the queries, keys (and the fused attention's values, kernel and bias) that the
+# kernels built on the running top-K are compiled to read, a kernel per dtype: half precision is
+# converted to float32 in registers (exactly; the scores rank in float32 either way), where the
+# launcher made float32 copies before (issue 38 §1). Each dtype here is another 144 images to
+# compile (specialisations.py); a dtype not here the launcher converts to float32.
+INPUT_DTYPES = ("float32", "bfloat16", "float16")
 NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
 # The op's dtype, a runtime argument of the kernels that write their outputs in it (issue 38 §1: no
 # float32 copy to round afterwards). The pointers' compiled type stays float32; a half-precision
@@ -175,6 +181,7 @@ def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS
             features = first + tl.arange(0, FEATURES)
             q = tl.load(tl.multiple_of(q_ptr + q_rows[:, None] + features[None, :], [FEATURES, FEATURES]))
             k = tl.load(tl.multiple_of(k_ptr + cand[:, None] + features[None, :], [FEATURES, FEATURES]))
+            q, k = q.to(tl.float32), k.to(tl.float32)  # half precision exactly
             keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
             first += FEATURES
     else:
@@ -510,14 +517,13 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
                    dtype_code, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                    CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
                    SHARED_SET: tl.constexpr = False):
-    # Slots by descending key (the launcher reorders them by index where asked). Queries, keys and
-    # an additive mask are float32 (the launcher converts), the scores written in the op's dtype
-    # (dtype_code): one compiled kernel per similarity, slot width and mask kind serves every dtype
-    # and order, which keeps the images the C++ library embeds few (scripts/triton_aot.py). Reading
-    # half-precision queries and keys in the kernel instead (a predicated load per dtype) doubled the
-    # SASS of the score tiles' loop (108 -> 203 per 16 features, sm_90), and a branch per dtype
-    # around such loads failed to compile in the fused attention kernel (Triton 3.6): the
-    # conversion stays a launcher pass.
+    # Slots by descending key (the launcher reorders them by index where asked). Queries and keys
+    # in one of INPUT_DTYPES, a compiled kernel per dtype (the launcher converts an additive mask
+    # to float32), the scores written in the op's dtype (dtype_code): a kernel per
+    # similarity, slot width, mask kind and input dtype serves every order. A run-time choice of
+    # the input dtype instead (a predicated load per dtype) doubled the SASS of the score tiles' loop
+    # (108 -> 203 per 16 features, sm_90), and a branch per dtype around such loads failed to compile
+    # in the fused attention kernel (Triton 3.6).
     # The mask kind stays a compile-time
     # choice: as a runtime one, ptxas spilled 8-24 bytes at K <= 16 and 64 (sm_80 and sm_90), and
     # so did a runtime index-order pass in the kernel (16 bytes, the distances at K <= 16, sm_80).

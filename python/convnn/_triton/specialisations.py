@@ -10,41 +10,59 @@ modules as arguments, so that the compile check can list the kernels of another 
 """
 import triton.language as tl
 
+# The outputs that the select and fused attention kernels write in the op's dtype through a pointer
+# compiled as float32 (select.store_as, by their runtime dtype_code): a launch passes tensors of
+# that dtype there (register.py checks every other pointer against its compiled type).
+OUTPUTS_IN_THE_OPS_DTYPE = {"_select_kernel": ("scores_ptr",),
+                            "_attention_kernel": ("output_ptr", "scores_ptr", "weights_ptr")}
+
 # aggregate.py's and pair_gradients.py's kernels launch with Triton's defaults; select.py names its own.
 DEFAULT_OPTIONS = {"num_warps": 4}
 POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
 
 
 def dtype_codes(kernel):
-    """The select kernel's runtime dtype code of its scores, where it takes one: its pointers are
-    compiled as float32 and write half precision through pointers of its type (select.store_as). A
-    report of an earlier revision (scripts/triton_cost_report.py --revision) compiles it without."""
+    """The kernel's runtime dtype code, where it takes one: the select and fused attention kernels'
+    output pointers are compiled as float32 and write half precision through pointers of its type
+    (select.store_as). Kernels compiled per dtype take none (their pointers' type is the dtype), nor
+    did the select kernel of an earlier revision (scripts/triton_cost_report.py --revision)."""
     return {"dtype_code": "i32"} if "dtype_code" in kernel.arg_names else {}
 
 
+def input_pointers(select):
+    """(key suffix, pointer type) of each dtype the running-top-K kernels are compiled to read
+    (select.INPUT_DTYPES: the float32 kernels' keys name none; the launchers convert any other dtype
+    to float32). A report of an earlier revision without the list gets its float32 kernels."""
+    dtypes = getattr(select, "INPUT_DTYPES", ("float32",))
+    return [("" if dtype == "float32" else f" {dtype} inputs", POINTER[dtype]) for dtype in dtypes]
+
+
 def top_k_variants(select):
-    """(key suffix, mask pointer type, constexprs) of every kernel built on the running top-K of
-    select.py: every similarity at every width (8 to 64 slots) with every mask kind."""
-    masks = {select.NO_MASK: ("no mask", "*fp32"), select.BOOL_MASK: ("bool mask", "*i1"),
-             select.ADDITIVE_MASK: ("additive mask", "*fp32")}
-    for name, code in select.SIMILARITY_CODES.items():
-        for mask, (mask_name, mask_pointer) in masks.items():
-            slots = select.MIN_SLOTS
-            while slots <= select.slots_for(select.MAX_SLOTS):
-                blocks = (select.design(slots, mask)[0] if hasattr(select, "design")
-                          else {"ROWS": select.ROWS, "CANDIDATES": select.candidates_for(slots, mask)})
-                yield (f"{name} K<={slots} {mask_name}", mask_pointer,
-                       {"SIMILARITY": code, "MASK": mask, **blocks, "SLOTS": slots,
-                        "FEATURES": select.features_for(64)})
-                slots *= 2
+    """(key suffix, input pointer type, mask pointer type, constexprs) of every kernel built on the
+    running top-K of select.py: every input dtype it reads, similarity and width (8 to 64 slots) with
+    every mask kind (without a mask, the pointer the launcher passes for the unread mask is the
+    queries')."""
+    for dtype_suffix, pointer in input_pointers(select):
+        masks = {select.NO_MASK: ("no mask", pointer), select.BOOL_MASK: ("bool mask", "*i1"),
+                 select.ADDITIVE_MASK: ("additive mask", "*fp32")}
+        for name, code in select.SIMILARITY_CODES.items():
+            for mask, (mask_name, mask_pointer) in masks.items():
+                slots = select.MIN_SLOTS
+                while slots <= select.slots_for(select.MAX_SLOTS):
+                    blocks = (select.design(slots, mask)[0] if hasattr(select, "design")
+                              else {"ROWS": select.ROWS, "CANDIDATES": select.candidates_for(slots, mask)})
+                    yield (f"{name} K<={slots} {mask_name}{dtype_suffix}", pointer, mask_pointer,
+                           {"SIMILARITY": code, "MASK": mask, **blocks, "SLOTS": slots,
+                            "FEATURES": select.features_for(64)})
+                    slots *= 2
 
 
 def select_specialisations(module):
-    """knn_select: every kernel a call can launch (float32 queries and keys whatever the op's dtype,
-    scores written in it; the launcher puts the slots in index order after it)."""
-    for suffix, mask_pointer, constexprs in top_k_variants(module):
+    """knn_select: every kernel a call can launch (queries and keys of an input dtype, the scores
+    written in the op's dtype; the launcher puts the slots in index order after it)."""
+    for suffix, pointer, mask_pointer, constexprs in top_k_variants(module):
         yield (f"select {suffix}", module._select_kernel,
-               {"q_ptr": "*fp32", "k_ptr": "*fp32", "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
+               {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
                 "mask_slice_stride": "i32", "similarity_constant": "fp32", **dtype_codes(module._select_kernel)},
                constexprs)
@@ -53,49 +71,63 @@ def select_specialisations(module):
 def attention_specialisations(module, select):
     """knn_attention's fused forward: the same variants as the select kernel (rho, slot order, bias
     and the op's dtype are runtime arguments); its backward's softmax scores gradient at every width."""
-    for suffix, mask_pointer, constexprs in top_k_variants(select):
+    for suffix, pointer, mask_pointer, constexprs in top_k_variants(select):
         yield (f"attention {suffix}", module._attention_kernel,
-               {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "kernel_ptr": "*fp32",
-                "bias_ptr": "*fp32", "mask_ptr": mask_pointer, "output_ptr": "*fp32", "scores_ptr": "*fp32",
+               {"q_ptr": pointer, "k_ptr": pointer, "v_ptr": pointer, "kernel_ptr": pointer,
+                "bias_ptr": pointer, "mask_ptr": mask_pointer, "output_ptr": "*fp32", "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "weights_ptr": "*fp32", "n": "i32", "m": "i32", "d": "i32",
                 "c": "i32", "k": "i32", "mask_slice_stride": "i32", "similarity_constant": "fp32", "rho": "i32",
                 "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32"},
                {**constexprs, "CHANNELS": module.forward_channels(constexprs["SLOTS"])
                 if hasattr(module, "forward_channels") else module.CHANNELS})
-    slots = select.MIN_SLOTS
-    while slots <= select.slots_for(select.MAX_SLOTS):
-        yield (f"attention softmax scores gradient K<={slots}", module._softmax_scores_gradient_kernel,
-               {"grad_output_ptr": "*fp32", "values_ptr": "*fp32", "kernel_ptr": "*fp32", "indices_ptr": "*i64",
-                "weights_ptr": "*fp32", "grad_scores_ptr": "*fp32", "rows_total": "i32", "n": "i32", "m": "i32",
-                "c": "i32", "k": "i32", "temperature": "fp32", "dtype_code": "i32"},
-               {"ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.CHANNELS})
-        slots *= 2
+    for dtype, pointer in backward_pointers(module):
+        slots = select.MIN_SLOTS
+        while slots <= select.slots_for(select.MAX_SLOTS):
+            yield (f"attention softmax scores gradient K<={slots}{dtype}", module._softmax_scores_gradient_kernel,
+                   {"grad_output_ptr": pointer, "values_ptr": pointer, "kernel_ptr": pointer, "indices_ptr": "*i64",
+                    "weights_ptr": pointer, "grad_scores_ptr": pointer, "rows_total": "i32", "n": "i32", "m": "i32",
+                    "c": "i32", "k": "i32", "temperature": "fp32",
+                    **dtype_codes(module._softmax_scores_gradient_kernel)},
+                   {"ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.CHANNELS})
+            slots *= 2
+
+
+def backward_pointers(attention):
+    """(key suffix, pointer type) of each dtype the backward's kernels are compiled for: they read
+    their inputs and write their gradients in the op's dtype (attention.BACKWARD_IN_OPS_DTYPE). A
+    report of an earlier revision (scripts/triton_cost_report.py --revision), whose kernels took
+    float32 whatever the dtype and whose keys named none, gets its one float32 kernel per key."""
+    if getattr(attention, "BACKWARD_IN_OPS_DTYPE", False):
+        return [(f" {dtype}", pointer) for dtype, pointer in POINTER.items()]
+    return [("", POINTER["float32"])]
 
 
 def attention_backward_specialisations(module, select):
-    """knn_attention's two-kernel backward: the row kernel for each dot-product similarity at every
-    width, and the column kernel (float32 inputs: the launcher converts half precision)."""
-    for similarity, scaled in module.SIMILARITY_SCALED.items():
-        slots = select.MIN_SLOTS
-        while slots <= select.slots_for(select.MAX_SLOTS):
-            yield (f"attention backward rows {similarity} K<={slots}", module._rows_kernel,
-                   {"grad_output_ptr": "*fp32", "values_ptr": "*fp32", "kernel_ptr": "*fp32", "indices_ptr": "*i64",
-                    "weights_ptr": "*fp32", "scores_ptr": "*fp32", "keys_ptr": "*fp32", "live_ptr": "*fp32",
-                    "grad_queries_ptr": "*fp32", "partial_ptr": "*fp32", "rows_total": "i32", "n": "i32",
-                    "m": "i32", "c": "i32", "d": "i32", "k": "i32", "temperature": "fp32", "root": "fp32",
-                    "dtype_code": "i32"},
-                   {"SCALED": scaled, "ROWS": getattr(module, "ROW_ROWS", select.ROWS), "SLOTS": slots,
-                    "CHANNELS": getattr(module, "ROW_CHANNELS", module.attention.CHANNELS)})
-            slots *= 2
-    # The rows busiest first (row_order_ptr) since the column kernel's balance; a report of an
-    # earlier revision (triton_cost_report.py --revision) compiles its kernel without it.
-    row_order = {"row_order_ptr": "*i64"} if "row_order_ptr" in module._columns_kernel.arg_names else {}
-    yield ("attention backward columns", module._columns_kernel,
-           {"grad_output_ptr": "*fp32", "queries_ptr": "*fp32", "weights_ptr": "*fp32", "kernel_ptr": "*fp32",
-            "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", **row_order,
-            "grad_values_ptr": "*fp32", "grad_keys_ptr": "*fp32", "rows_total": "i32", "c": "i32", "d": "i32",
-            "k": "i32", "value_parts": "i32"},
-           {"ROWS": module.COLUMN_ROWS, "WIDTH": module.COLUMN_WIDTH})
+    """knn_attention's two-kernel backward, per dtype (its inputs and gradients in the op's dtype; the
+    score gradient g, live_ptr, and the kernel's partials float32): the row kernel for each
+    dot-product similarity at every width, and the column kernel."""
+    for dtype, pointer in backward_pointers(module.attention):
+        for similarity, scaled in module.SIMILARITY_SCALED.items():
+            slots = select.MIN_SLOTS
+            while slots <= select.slots_for(select.MAX_SLOTS):
+                yield (f"attention backward rows {similarity} K<={slots}{dtype}", module._rows_kernel,
+                       {"grad_output_ptr": pointer, "values_ptr": pointer, "kernel_ptr": pointer, "indices_ptr": "*i64",
+                        "weights_ptr": pointer, "scores_ptr": pointer, "keys_ptr": pointer, "live_ptr": "*fp32",
+                        "grad_queries_ptr": pointer, "partial_ptr": "*fp32", "rows_total": "i32", "n": "i32",
+                        "m": "i32", "c": "i32", "d": "i32", "k": "i32", "temperature": "fp32", "root": "fp32",
+                        **dtype_codes(module._rows_kernel)},
+                       {"SCALED": scaled, "ROWS": getattr(module, "ROW_ROWS", select.ROWS), "SLOTS": slots,
+                        "CHANNELS": getattr(module, "ROW_CHANNELS", module.attention.CHANNELS)})
+                slots *= 2
+        # The rows busiest first (row_order_ptr) since the column kernel's balance; a report of an
+        # earlier revision (triton_cost_report.py --revision) compiles its kernel without it.
+        row_order = {"row_order_ptr": "*i64"} if "row_order_ptr" in module._columns_kernel.arg_names else {}
+        yield (f"attention backward columns{dtype}", module._columns_kernel,
+               {"grad_output_ptr": pointer, "queries_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer,
+                "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", **row_order,
+                "grad_values_ptr": pointer, "grad_keys_ptr": pointer, "rows_total": "i32", "c": "i32", "d": "i32",
+                "k": "i32", "value_parts": "i32"},
+               {"ROWS": module.COLUMN_ROWS, "WIDTH": module.COLUMN_WIDTH})
 
 
 def aggregate_specialisations(module):
@@ -179,5 +211,6 @@ def all_specialisations(modules=None):
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(modules["pair_gradients"])]
     every += [(*spec, top_k_options(select, spec) if "gradient" not in spec[0] else DEFAULT_OPTIONS)
               for spec in attention_specialisations(modules["attention"], select)]
-    every += [(*spec, backward.COMPILE_OPTIONS) for spec in attention_backward_specialisations(backward, select)]
+    every += [(*spec, backward.compile_options(spec[3].get("SLOTS")) if hasattr(backward, "compile_options")
+               else backward.COMPILE_OPTIONS) for spec in attention_backward_specialisations(backward, select)]
     return every

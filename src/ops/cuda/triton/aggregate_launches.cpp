@@ -11,18 +11,9 @@
 namespace convnn::ops::cuda::triton {
 namespace {
 
-const char* dtype_name(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return "float32";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    default: return nullptr;
-  }
-}
-
 // The specialisation keys, as scripts/triton_compile_check.py names them.
 std::string key(const char* kind, bool standard, at::ScalarType dtype, bool with_bias = false) {
-  return std::string(standard ? "standard " : "") + kind + " " + dtype_name(dtype) + (with_bias ? " bias" : "");
+  return std::string(standard ? "standard " : "") + kind + " " + kernel_dtype_name(dtype) + (with_bias ? " bias" : "");
 }
 
 int64_t blocks(int64_t total, int64_t block) { return std::max<int64_t>(1, (total + block - 1) / block); }
@@ -44,19 +35,23 @@ bool aggregate_fits(const at::Tensor& values, const at::Tensor& weights, const a
          blocks(widest, kAggregateBlocks.channels) <= kGridYZ && k * kAggregateBlocks.kernel_gradient_chunks <= kGridYZ;
 }
 
+const char* kernel_dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: TORCH_INTERNAL_ASSERT(false, "the Triton kernels take float32, bfloat16 or float16, not ", dtype);
+  }
+}
+
 const std::vector<std::string>& aggregate_kernel_keys(at::ScalarType dtype) {
-  static const auto keys_of = [](at::ScalarType type) {
+  return keys_per_dtype(dtype, [](at::ScalarType type) {
     std::vector<std::string> keys;
     for (const bool standard : {false, true}) {
       for (const char* kind : kKinds) keys.push_back(key(kind, standard, type));
     }
     return keys;
-  };
-  static const std::vector<std::string> float32 = keys_of(at::kFloat), bfloat16 = keys_of(at::kBFloat16),
-                                        float16 = keys_of(at::kHalf);
-  TORCH_INTERNAL_ASSERT(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
-                        "aggregate_kernel_keys: no kernels for ", dtype);
-  return dtype == at::kFloat ? float32 : dtype == at::kBFloat16 ? bfloat16 : float16;
+  });
 }
 
 at::Tensor aggregate_forward(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,

@@ -24,6 +24,18 @@ namespace convnn::ops::cuda::triton {
 bool aggregate_fits(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& kernel);
 /// The key of every aggregation kernel for `dtype` (float32, bfloat16 or float16).
 const std::vector<std::string>& aggregate_kernel_keys(at::ScalarType dtype);
+/// The name the keys of a kernel compiled per dtype end in: "float32", "bfloat16" or "float16"
+/// (specialisations.py's POINTER); an internal error for any other dtype.
+const char* kernel_dtype_name(at::ScalarType dtype);
+/// keys_of(dtype) for each of the three dtypes the kernels take, built once: the entry for `dtype`.
+/// keys_of is a lambda, whose type is its own: the three lists are static per type of KeysOf.
+template <typename KeysOf>
+const std::vector<std::string>& keys_per_dtype(at::ScalarType dtype, KeysOf keys_of) {
+  static const std::vector<std::string> float32 = keys_of(at::kFloat), bfloat16 = keys_of(at::kBFloat16),
+                                        float16 = keys_of(at::kHalf);
+  kernel_dtype_name(dtype);  // checks the dtype
+  return dtype == at::kFloat ? float32 : dtype == at::kBFloat16 ? bfloat16 : float16;
+}
 
 // As convnn::knn_aggregate and knn_aggregate_backward, for inputs that the caller checked and made
 // contiguous (kernel [C,K] or [C',C,K], bias undefined or [C']), every size within 32 bits.

@@ -24,15 +24,17 @@ int rho_code(Rho rho) {
   TORCH_INTERNAL_ASSERT(false, "attention_forward: unknown rho ", static_cast<int>(rho));
 }
 
-std::string scores_gradient_key(int64_t k) {
-  return "attention softmax scores gradient K<=" + std::to_string(top_k_slots(k));
+// The keys of the backward's kernels (compiled per dtype), as specialisations.py names them.
+std::string scores_gradient_key(int64_t k, at::ScalarType dtype) {
+  return "attention softmax scores gradient K<=" + std::to_string(top_k_slots(k)) + " " + kernel_dtype_name(dtype);
 }
-
-// The keys of attention_backward.py's kernels, as scripts/triton_compile_check.py names them.
-std::string backward_rows_key(Similarity similarity, int64_t k) {
-  return std::string("attention backward rows ") + to_string(similarity) + " K<=" + std::to_string(top_k_slots(k));
+std::string backward_rows_key(Similarity similarity, int64_t k, at::ScalarType dtype) {
+  return std::string("attention backward rows ") + to_string(similarity) + " K<=" + std::to_string(top_k_slots(k)) +
+         " " + kernel_dtype_name(dtype);
 }
-constexpr const char* kBackwardColumnsKey = "attention backward columns";
+std::string backward_columns_key(at::ScalarType dtype) {
+  return std::string("attention backward columns ") + kernel_dtype_name(dtype);
+}
 
 int64_t cdiv(int64_t total, int64_t block) { return (total + block - 1) / block; }
 
@@ -46,9 +48,8 @@ bool attention_fits(const at::Tensor& queries, const at::Tensor& keys, const at:
          g * n * std::max<int64_t>(c, 1) <= kInt32;
 }
 
-const std::vector<std::string>& attention_kernel_keys() {
-  static const std::vector<std::string> keys = top_k_keys("attention");
-  return keys;
+const std::vector<std::string>& attention_kernel_keys(at::ScalarType dtype) {
+  return keys_per_dtype(dtype, [](at::ScalarType type) { return top_k_keys("attention", type); });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
@@ -58,17 +59,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
   const int64_t g = queries_in.size(0), n = queries_in.size(1), d = queries_in.size(2);
   const int64_t m = values_in.size(1), c = values_in.size(2);
   const auto dtype = queries_in.scalar_type();
-  // The outputs in the op's dtype (the kernel writes them so); its inputs in float32 (attention.py's
-  // _aggregate and select.py's kernel say why).
+  // The outputs in the op's dtype (the kernel writes them so); its inputs in top_k_input_dtype.
   auto output = at::empty({g, n, c}, queries_in.options()), scores = at::empty({g, n, k}, queries_in.options());
   auto weights = at::empty({g, n, k}, queries_in.options());
   auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
   if (g * n > 0) {
     const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
-    const auto values = values_in.to(at::kFloat).contiguous(), kernel = kernel_in.to(at::kFloat).contiguous();
+    const auto input = top_k_input_dtype(dtype);
+    const auto values = values_in.to(input).contiguous(), kernel = kernel_in.to(input).contiguous();
     // Without a bias the kernel does not read bias_ptr (has_bias is 0); any valid pointer does.
-    const auto bias = bias_in.defined() ? bias_in.to(at::kFloat).contiguous() : values;
-    Launch launch{top_k_key("attention", similarity, k, in.mask_kind),
+    const auto bias = bias_in.defined() ? bias_in.to(input).contiguous() : values;
+    Launch launch{top_k_key("attention", similarity, k, in.mask_kind, dtype),
                   {cdiv(n, top_k_rows(k)), g}, {}};
     launch.arguments.pointer(in.queries).pointer(in.keys).pointer(values).pointer(kernel).pointer(bias)
         .pointer(in.mask).pointer(output).pointer(scores).pointer(indices).pointer(weights)
@@ -88,33 +89,30 @@ bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& value
          values.numel() <= kInt32 && weights.numel() <= kInt32 && values.size(0) * values.size(1) <= kInt32;
 }
 
-const std::vector<std::string>& scores_gradient_kernel_keys() {
-  static const std::vector<std::string> keys = [] {
+const std::vector<std::string>& scores_gradient_kernel_keys(at::ScalarType dtype) {
+  return keys_per_dtype(dtype, [](at::ScalarType type) {
     std::vector<std::string> all;
     for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
-      all.push_back(scores_gradient_key(slots));
+      all.push_back(scores_gradient_key(slots, type));
     }
     return all;
-  }();
-  return keys;
+  });
 }
 
-at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values_in, const at::Tensor& weights,
+at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
                                    const at::Tensor& indices, const at::Tensor& kernel, double temperature,
                                    const LaunchRunner& run) {
   const int64_t g = weights.size(0), n = weights.size(1), k = weights.size(2);
-  const int64_t m = values_in.size(1), c = values_in.size(2);
-  const auto dtype = values_in.scalar_type();
-  auto grad_scores = at::empty({g, n, k}, weights.options().dtype(at::kFloat));
-  if (grad_scores.numel() == 0) return grad_scores.to(dtype);
-  const auto as_float = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
-  const auto dy = as_float(grad_output), values = as_float(values_in), taps = as_float(kernel), w = as_float(weights);
-  Launch launch{scores_gradient_key(k), {(g * n + kSelectBlocks.rows - 1) / kSelectBlocks.rows}, {}};
-  launch.arguments.pointer(dy).pointer(values).pointer(taps).pointer(indices).pointer(w).pointer(grad_scores)
-      .int32(g * n).int32(n).int32(m).int32(c).int32(k).float32(static_cast<float>(temperature))
-      .int32(dtype_code(dtype));
+  const int64_t m = values.size(1), c = values.size(2);
+  const auto dtype = values.scalar_type();
+  // The kernel reads the inputs and writes d scores in the op's dtype (one compiled per dtype).
+  auto grad_scores = at::empty({g, n, k}, weights.options());
+  if (grad_scores.numel() == 0) return grad_scores;
+  Launch launch{scores_gradient_key(k, dtype), {(g * n + kSelectBlocks.rows - 1) / kSelectBlocks.rows}, {}};
+  launch.arguments.pointer(grad_output).pointer(values).pointer(kernel).pointer(indices).pointer(weights)
+      .pointer(grad_scores).int32(g * n).int32(n).int32(m).int32(c).int32(k).float32(static_cast<float>(temperature));
   run(launch);
-  return grad_scores.to(dtype);
+  return grad_scores;
 }
 
 bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
@@ -129,17 +127,16 @@ bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, 
          g * m * std::max(c, d) < kInt32 && row_blocks * c * k < kInt32;
 }
 
-const std::vector<std::string>& attention_backward_kernel_keys() {
-  static const std::vector<std::string> keys = [] {
-    std::vector<std::string> all{kBackwardColumnsKey};
+const std::vector<std::string>& attention_backward_kernel_keys(at::ScalarType dtype) {
+  return keys_per_dtype(dtype, [](at::ScalarType type) {
+    std::vector<std::string> all{backward_columns_key(type)};
     for (const auto similarity : {Similarity::Dot, Similarity::ScaledDot}) {
       for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
-        all.push_back(backward_rows_key(similarity, slots));
+        all.push_back(backward_rows_key(similarity, slots, type));
       }
     }
     return all;
-  }();
-  return keys;
+  });
 }
 
 at::Tensor busiest_first(const at::Tensor& run_start) {
@@ -150,42 +147,40 @@ at::Tensor busiest_first(const at::Tensor& run_start) {
 }
 
 std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const at::Tensor& queries,
-                                           const at::Tensor& keys_in, const at::Tensor& values_in,
-                                           const at::Tensor& kernel, const at::Tensor& scores_in,
-                                           const at::Tensor& indices, const at::Tensor& weights_in,
-                                           Similarity similarity, double temperature, const LaunchRunner& run) {
+                                           const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
+                                           const at::Tensor& scores, const at::Tensor& indices,
+                                           const at::Tensor& weights, Similarity similarity, double temperature,
+                                           const LaunchRunner& run) {
   const int64_t g = queries.size(0), n = queries.size(1), d = queries.size(2);
-  const int64_t m = values_in.size(1), c = values_in.size(2), k = indices.size(2);
+  const int64_t m = values.size(1), c = values.size(2), k = indices.size(2);
+  // The kernels read the inputs and write the three gradients in the op's dtype (one compiled per
+  // dtype); the score gradient (live) and the kernel's partials are float32.
   const auto dtype = queries.scalar_type();
-  const auto as_float = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
-  const auto dy = as_float(grad_output), q = as_float(queries), keys = as_float(keys_in);
-  const auto values = as_float(values_in), taps = as_float(kernel), weights = as_float(weights_in);
-  const auto scores = as_float(scores_in);
   const auto float_options = queries.options().dtype(at::kFloat);
   const int64_t row_blocks = cdiv(g * n, kAttentionBackwardBlocks.row_rows);
-  auto live = at::empty({g, n, k}, float_options), grad_queries = at::empty({g, n, d}, float_options);
+  auto live = at::empty({g, n, k}, float_options), grad_queries = at::empty({g, n, d}, queries.options());
   auto partial = at::empty({row_blocks, c, k}, float_options);
   // sqrt(D) correctly rounded to float32, as the select backward divides by it.
   const float root = std::sqrt(static_cast<float>(d));
-  Launch rows{backward_rows_key(similarity, k), {row_blocks}, {}};
-  rows.arguments.pointer(dy).pointer(values).pointer(taps).pointer(indices).pointer(weights).pointer(scores)
-      .pointer(keys).pointer(live).pointer(grad_queries).pointer(partial)
+  Launch rows{backward_rows_key(similarity, k, dtype), {row_blocks}, {}};
+  rows.arguments.pointer(grad_output).pointer(values).pointer(kernel).pointer(indices).pointer(weights)
+      .pointer(scores).pointer(keys).pointer(live).pointer(grad_queries).pointer(partial)
       .int32(g * n).int32(n).int32(m).int32(c).int32(d).int32(k).float32(static_cast<float>(temperature))
-      .float32(root).int32(dtype_code(dtype));
+      .float32(root);
   run(rows);
   const auto [order, run_start] = inverse_index(indices, m);
   const auto row_order = busiest_first(run_start);
-  auto grad_keys = at::empty({g, m, d}, float_options), grad_values = at::empty({g, m, c}, float_options);
+  auto grad_keys = at::empty({g, m, d}, keys.options()), grad_values = at::empty({g, m, c}, values.options());
   const int64_t width = kAttentionBackwardBlocks.column_width;
   const int64_t value_parts = cdiv(c, width);
-  Launch columns{kBackwardColumnsKey,
+  Launch columns{backward_columns_key(dtype),
                  {cdiv(g * m, kAttentionBackwardBlocks.column_rows), value_parts + cdiv(d, width)}, {}};
-  columns.arguments.pointer(dy).pointer(q).pointer(weights).pointer(taps).pointer(live).pointer(order)
-      .pointer(run_start).pointer(row_order).pointer(grad_values).pointer(grad_keys).int32(g * m).int32(c)
-      .int32(d).int32(k).int32(value_parts);
+  columns.arguments.pointer(grad_output).pointer(queries).pointer(weights).pointer(kernel).pointer(live)
+      .pointer(order).pointer(run_start).pointer(row_order).pointer(grad_values).pointer(grad_keys).int32(g * m)
+      .int32(c).int32(d).int32(k).int32(value_parts);
   run(columns);
-  return {grad_queries.to(dtype), grad_keys.to(dtype), grad_values.to(dtype),
-          partial.sum(0).to(kernel.scalar_type()), grad_output.sum(std::vector<int64_t>{0, 1})};
+  return {grad_queries, grad_keys, grad_values, partial.sum(0).to(kernel.scalar_type()),
+          grad_output.sum(std::vector<int64_t>{0, 1})};
 }
 
 }  // namespace convnn::ops::cuda::triton

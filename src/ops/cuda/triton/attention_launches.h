@@ -19,13 +19,13 @@ namespace convnn::ops::cuda::triton {
 /// [C',C,K] is not fused: knn_attention composes the core ops then.)
 bool attention_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                     const at::Tensor& kernel, int64_t k);
-/// The key of every width and mask kind of the fused attention kernel.
-const std::vector<std::string>& attention_kernel_keys();
+/// The key of every width and mask kind of the fused attention kernel for an op of `dtype`.
+const std::vector<std::string>& attention_kernel_keys(at::ScalarType dtype);
 
 /// (output, scores, indices, weights) as convnn::knn_attention, for inputs that the caller checked
 /// and attention_fits accepts (float32, bfloat16 or float16; mask undefined, bool or floating,
-/// [N,M] or [G,N,M]). The kernel works in float32 and rounds the scores and weights to the op's
-/// dtype where the composed ops would.
+/// [N,M] or [G,N,M]). The kernel reads queries, keys, values, kernel and bias in top_k_input_dtype,
+/// works in float32 and rounds the scores and weights to the op's dtype where the composed ops would.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
     const at::Tensor& bias, int64_t k, Similarity similarity, const at::Tensor& mask, bool index_order, Rho rho,
@@ -35,8 +35,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
 /// kernel, K within the widest running top-K, every size within 32 bits.
 bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
                           const at::Tensor& kernel);
-/// The key of every width of that kernel.
-const std::vector<std::string>& scores_gradient_kernel_keys();
+/// The key of every width of that kernel for `dtype` (float32, bfloat16 or float16).
+const std::vector<std::string>& scores_gradient_kernel_keys(at::ScalarType dtype);
 
 /// d(scores) of knn_attention with softmax rho and a depthwise kernel, from the incoming gradient of
 /// its output (the aggregation's weights gradient and the softmax-rho backward in one kernel, as
@@ -50,8 +50,8 @@ at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tens
 /// running top-K, no empty dimension, every size within 32 bits. The other backwards compose.
 bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                              const at::Tensor& kernel, const at::Tensor& scores, Similarity similarity, Rho rho);
-/// The key of both kernels at every width.
-const std::vector<std::string>& attention_backward_kernel_keys();
+/// The key of both kernels at every width for `dtype` (float32, bfloat16 or float16).
+const std::vector<std::string>& attention_backward_kernel_keys(at::ScalarType dtype);
 
 /// The key/value rows by the length of their run in the inverse index (run_start, G*M + 1
 /// entries), longest first, ties in row order: the column kernel's blocks of consecutive rows in

@@ -17,7 +17,9 @@ extern const AggregateBlocks kAggregateBlocks;
 
 // From select.py: query rows per program (ROWS; THREAD_ROWS for the running top-K held a row per
 // thread, at widths up to THREAD_SLOTS: top_k_rows), the running top-K's narrowest and widest slot
-// counts (a call with K above the widest takes the generic path), and the mask kinds' codes.
+// counts (a call with K above the widest takes the generic path), the mask kinds' codes, and which
+// half-precision dtypes the running-top-K kernels are compiled to read (INPUT_DTYPES; float32
+// always; the launchers convert the others to float32).
 struct SelectBlocks {
   int64_t rows;
   int64_t thread_rows;
@@ -25,6 +27,7 @@ struct SelectBlocks {
   int64_t min_slots;
   int64_t max_slots;
   int no_mask, bool_mask, additive_mask;
+  bool reads_bfloat16, reads_float16;
 };
 extern const SelectBlocks kSelectBlocks;
 

@@ -28,8 +28,7 @@ PathChoice aggregate_path(const char* op, const at::Tensor& values, const at::Te
   bool within = aggregate_fits(values, weights, kernel);
   for (const auto& t : others) within = within && (!t.defined() || t.numel() <= std::numeric_limits<int32_t>::max());
   rules.require(within, "a size or grid past the aggregation kernels' 32-bit limits");
-  const auto dtype = rules.holds() ? values.scalar_type() : at::kFloat;  // keys of a dtype the kernels take
-  return rules.choose(op, std::string("aggregate ") + c10::toString(dtype), aggregate_kernel_keys(dtype));
+  return rules.choose_per_dtype(op, "aggregate", &aggregate_kernel_keys);
 }
 
 at::Tensor cuda_aggregate(const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,

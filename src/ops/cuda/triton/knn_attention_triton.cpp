@@ -35,7 +35,7 @@ std::vector<at::Tensor> cuda_attention_fused(const checks::AttentionChecked& che
                         .require(!device_value_checks(), "CONVNN_DEVICE_VALUE_CHECKS=1")
                         .require(attention_fits(queries, keys, values, kernel, k),
                                  "K, a size or a grid past the fused kernel's limits (K <= 64, 32-bit sizes)")
-                        .choose("knn_attention", "attention", attention_kernel_keys());
+                        .choose_per_dtype("knn_attention", "attention", &attention_kernel_keys);
   if (!path.fused()) return {};
   const c10::OptionalDeviceGuard device(queries.device());
   auto [output, scores, indices, weights] =
@@ -52,8 +52,8 @@ std::vector<at::Tensor> cuda_softmax_scores_gradient(const at::Tensor& grad_outp
                         .require(scores_gradient_fits(grad_output, values, weights, kernel),
                                  "a standard kernel, K above 64 or a size past 32 bits (the softmax scores gradient "
                                  "kernel's limits)")
-                        .choose("knn_attention_backward (softmax scores gradient)",
-                                "attention softmax scores gradient", scores_gradient_kernel_keys());
+                        .choose_per_dtype("knn_attention_backward (softmax scores gradient)",
+                                          "attention softmax scores gradient", &scores_gradient_kernel_keys);
   if (!path.fused()) return {};
   const c10::OptionalDeviceGuard device(values.device());
   return {softmax_scores_gradient(grad_output.contiguous(), values.contiguous(), weights.contiguous(),
@@ -71,7 +71,7 @@ std::vector<at::Tensor> cuda_attention_backward_fused(const checks::AttentionChe
           .require(attention_backward_fits(queries, keys, values, kernel, scores, checked.similarity, checked.rho),
                    "not softmax rho with dot or scaled_dot and a depthwise kernel, K <= 64 and 32-bit sizes (the "
                    "two-kernel backward's cases; the others compose)")
-          .choose("knn_attention_backward", "attention backward", attention_backward_kernel_keys());
+          .choose_per_dtype("knn_attention_backward", "attention backward", &attention_backward_kernel_keys);
   if (!path.fused()) return {};
   const c10::OptionalDeviceGuard device(queries.device());
   return attention_backward(grad_output.contiguous(), queries.contiguous(), keys.contiguous(), values.contiguous(),

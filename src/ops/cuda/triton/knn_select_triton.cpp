@@ -29,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor> cuda_select(const Similarity& similarity, con
   const auto path = PathRules(queries, {keys, mask_tensor})
                         .require(!device_value_checks(), "CONVNN_DEVICE_VALUE_CHECKS=1")
                         .require(select_fits(queries, keys, k), kTooWide)
-                        .choose("knn_select", "select", select_kernel_keys());
+                        .choose_per_dtype("knn_select", "select", &select_kernel_keys);
   if (!path.fused()) {
     return generic::knn_select_checked(similarity, queries, keys, k, similarity_name, mask, index_order);
   }
@@ -48,9 +48,7 @@ std::tuple<at::Tensor, at::Tensor> cuda_select_backward(const Similarity& simila
   rules.require(select_fits(queries, keys, k), kTooWide)
       .require(!is_dot_product(similarity) || aggregate_fits(keys, grad_scores, ones_like_kernel),
                "a size or grid past the aggregation kernels' 32-bit limits");
-  const auto dtype = rules.holds() ? queries.scalar_type() : at::kFloat;  // keys of a dtype the kernels take
-  const auto path = rules.choose("knn_select_backward", std::string("select backward ") + c10::toString(dtype),
-                                 select_backward_kernel_keys(dtype));
+  const auto path = rules.choose_per_dtype("knn_select_backward", "select backward", &select_backward_kernel_keys);
   if (!path.fused()) {
     return generic::knn_select_backward_checked(similarity, grad_scores, queries, keys, indices, scores,
                                                 similarity_name);

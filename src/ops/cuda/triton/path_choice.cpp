@@ -137,6 +137,12 @@ PathChoice PathRules::choose(const char* op, const std::string& set, const std::
   return choice;
 }
 
+PathChoice PathRules::choose_per_dtype(const char* op, const std::string& set,
+                                       const std::vector<std::string>& (*keys_of)(at::ScalarType)) {
+  const auto dtype = holds() ? first_.scalar_type() : at::kFloat;
+  return choose(op, set + " " + c10::toString(dtype), keys_of(dtype));
+}
+
 bool device_value_checks() { return checks::reads_values_everywhere(); }
 
 TORCH_LIBRARY_FRAGMENT(convnn, m) {

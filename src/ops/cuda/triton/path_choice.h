@@ -35,6 +35,11 @@ class PathRules {
   /// The route to kernels `keys` (`set` names the list) and the first-call check on `first`'s
   /// device and dtype over that route; the choice, recorded where convnn::cuda_path_log asks.
   PathChoice choose(const char* op, const std::string& set, const std::vector<std::string>& keys);
+  /// choose() among kernels compiled per dtype: the keys that `keys_of` gives for `first`'s dtype
+  /// (float32's where a rule already failed, since that dtype may be one the kernels do not take),
+  /// the set named `set` and the dtype.
+  PathChoice choose_per_dtype(const char* op, const std::string& set,
+                              const std::vector<std::string>& (*keys_of)(at::ScalarType));
 
  private:
   at::Tensor first_;

@@ -24,8 +24,8 @@ std::string pair_key(const char* kind, Similarity similarity) {
 }
 
 // Every key a call can launch: the forward's, and the backward's pair-gradient kernels.
-std::vector<std::string> every_select_key() {
-  std::vector<std::string> keys = top_k_keys("select");
+std::vector<std::string> every_select_key(at::ScalarType dtype) {
+  std::vector<std::string> keys = top_k_keys("select", dtype);
   for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
     const auto similarity = static_cast<Similarity>(value);
     if (!is_dot_product(similarity)) {
@@ -51,17 +51,24 @@ int64_t top_k_rows(int64_t k) {
   return top_k_slots(k) <= kSelectBlocks.thread_slots ? kSelectBlocks.thread_rows : kSelectBlocks.rows;
 }
 
-std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind) {
-  return std::string(kernel) + " " + to_string(similarity) + " K<=" + std::to_string(top_k_slots(k)) + " " +
-         mask_name(mask_kind);
+at::ScalarType top_k_input_dtype(at::ScalarType dtype) {
+  const bool compiled = dtype == at::kFloat || (dtype == at::kBFloat16 && kSelectBlocks.reads_bfloat16) ||
+                        (dtype == at::kHalf && kSelectBlocks.reads_float16);
+  return compiled ? dtype : at::kFloat;
 }
 
-std::vector<std::string> top_k_keys(const char* kernel) {
+std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind, at::ScalarType dtype) {
+  const auto input = top_k_input_dtype(dtype);  // the float32 kernels' keys name no dtype
+  return std::string(kernel) + " " + to_string(similarity) + " K<=" + std::to_string(top_k_slots(k)) + " " +
+         mask_name(mask_kind) + (input == at::kFloat ? "" : std::string(" ") + kernel_dtype_name(input) + " inputs");
+}
+
+std::vector<std::string> top_k_keys(const char* kernel, at::ScalarType dtype) {
   std::vector<std::string> keys;
   for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
     for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
       for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
-        keys.push_back(top_k_key(kernel, static_cast<Similarity>(value), slots, mask));
+        keys.push_back(top_k_key(kernel, static_cast<Similarity>(value), slots, mask, dtype));
       }
     }
   }
@@ -80,8 +87,9 @@ int dtype_code(at::ScalarType dtype) {
 RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor& keys_in, const at::Tensor& mask_in,
                                  Similarity similarity) {
   RankingOperands operands;
-  operands.queries = queries_in.to(at::kFloat).contiguous();
-  operands.keys = keys_in.to(at::kFloat).contiguous();
+  const auto input = top_k_input_dtype(queries_in.scalar_type());
+  operands.queries = queries_in.to(input).contiguous();
+  operands.keys = keys_in.to(input).contiguous();
   operands.mask_kind = !mask_in.defined()                      ? kSelectBlocks.no_mask
                        : mask_in.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
                                                               : kSelectBlocks.additive_mask;
@@ -104,21 +112,17 @@ bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k) {
          g * n * k <= kInt32 && g * m <= kInt32 && n * m <= kInt32 && m < kInt32 - 2 && g <= 65535;
 }
 
-const std::vector<std::string>& select_kernel_keys() {
-  static const std::vector<std::string> keys = every_select_key();
-  return keys;
+const std::vector<std::string>& select_kernel_keys(at::ScalarType dtype) {
+  return keys_per_dtype(dtype, [](at::ScalarType type) { return every_select_key(type); });
 }
 
 const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype) {
-  static const auto keys_of = [](at::ScalarType type) {
-    auto keys = select_kernel_keys();
+  return keys_per_dtype(dtype, [](at::ScalarType type) {
+    auto keys = select_kernel_keys(type);
     const auto& aggregation = aggregate_kernel_keys(type);
     keys.insert(keys.end(), aggregation.begin(), aggregation.end());
     return keys;
-  };
-  static const std::vector<std::string> float32 = keys_of(at::kFloat), bfloat16 = keys_of(at::kBFloat16),
-                                        float16 = keys_of(at::kHalf);
-  return dtype == at::kBFloat16 ? bfloat16 : dtype == at::kHalf ? float16 : float32;
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, const at::Tensor& keys_in, int64_t k,
@@ -129,7 +133,8 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
   if (scores.numel() == 0) return {scores, indices};
   const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
-  Launch launch{top_k_key("select", similarity, k, in.mask_kind), {cdiv(n, top_k_rows(k)), g}, {}};
+  Launch launch{top_k_key("select", similarity, k, in.mask_kind, queries_in.scalar_type()),
+                {cdiv(n, top_k_rows(k)), g}, {}};
   launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
       .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
       .int32(dtype_code(scores.scalar_type()));

@@ -14,11 +14,14 @@
 
 namespace convnn::ops::cuda::triton {
 
+/// The dtype in which the running-top-K kernels (select, fused attention forward) read the inputs
+/// of an op of `dtype`: the op's where they are compiled for it (float32, and kSelectBlocks' half
+/// precision ones: select.py's INPUT_DTYPES), else float32 (the launcher converts, exactly).
+at::ScalarType top_k_input_dtype(at::ScalarType dtype);
 /// What the running top-K takes (the select and the fused attention kernels): queries and keys in
-/// float32 (half precision exactly; select.py says why the kernel does not read it), raw rows for
-/// every similarity; the mask as given if bool, in float32 if additive, and if none the queries (a
-/// valid pointer the kernel does not read); similarity_constant = sqrt(D) rounded to float32 for
-/// scaled_dot, kCosineEps in float32 for cosine.
+/// top_k_input_dtype, raw rows for every similarity; the mask as given if bool, in float32 if
+/// additive, and if none the queries (a valid pointer the kernel does not read); similarity_constant
+/// = sqrt(D) rounded to float32 for scaled_dot, kCosineEps in float32 for cosine.
 struct RankingOperands {
   at::Tensor queries, keys, mask;
   int mask_kind;
@@ -36,24 +39,26 @@ bool is_dot_product(Similarity similarity);
 int64_t top_k_slots(int64_t k);
 /// Query rows per program of the running-top-K kernels (select, fused attention forward) at K.
 int64_t top_k_rows(int64_t k);
-/// The key of a running-top-K kernel ("select" or "attention") for a similarity, K and mask kind, as
-/// scripts/triton_compile_check.py names it.
-std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind);
-/// Every key of a running-top-K kernel: each similarity, width and mask kind.
-std::vector<std::string> top_k_keys(const char* kernel);
+/// The key of a running-top-K kernel ("select" or "attention") for a similarity, K, mask kind and the
+/// op's dtype, as python/convnn/_triton/specialisations.py names it.
+std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind, at::ScalarType dtype);
+/// Every key of a running-top-K kernel for an op of `dtype`: each similarity, width and mask kind.
+std::vector<std::string> top_k_keys(const char* kernel, at::ScalarType dtype);
 
 /// Whether the kernels take these (checked) inputs: K within the widest running top-K, every size
 /// within 32 bits, the slices within CUDA's grid (the backward also needs aggregate_fits for the
 /// dot products, which go through the aggregation kernels).
 bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k);
-/// The key of every select kernel: the forward's and the backward's pair-gradient kernels.
-const std::vector<std::string>& select_kernel_keys();
-/// select_kernel_keys() and the aggregation's for `dtype`, which the dot products' backward takes.
+/// The key of every select kernel for an op of `dtype`: the forward's and the backward's
+/// pair-gradient kernels.
+const std::vector<std::string>& select_kernel_keys(at::ScalarType dtype);
+/// select_kernel_keys(dtype) and the aggregation's, which the dot products' backward takes.
 const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype);
 
 /// As convnn::knn_select, for inputs that the caller checked (queries [G,N,D], keys [G,M,D] of one
 /// floating dtype; mask undefined, bool or floating, [N,M] or [G,N,M]). The kernel ranks in
-/// float32 (half precision is converted first, exactly) and writes the scores in the op's dtype.
+/// float32 (half precision converts exactly, in its registers or by the launcher:
+/// top_k_input_dtype) and writes the scores in the op's dtype.
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
                                                   Similarity similarity, const at::Tensor& mask, bool index_order,
                                                   const LaunchRunner& run);
