@@ -45,6 +45,7 @@ are measured on random data (clustered or adversarial data runs more rounds; at 
 the time is an estimate with the assumptions above written beside it.
 """
 import argparse
+import functools
 import io
 import json
 import math
@@ -361,8 +362,13 @@ def longest_runs(backward, g, n, d, k, seed=0, slices_wanted=16):
 def float32_key(name):
     """The key of the float32 kernel that `name` names: name + " float32" where the revision compiles it
     per dtype (the backward's kernels since they read the op's dtype, issue 38 §1), else name."""
-    names = {spec[0] for spec in check.all_specialisations()}
-    return f"{name} float32" if f"{name} float32" in names else name
+    return f"{name} float32" if f"{name} float32" in specialisation_keys() else name
+
+
+@functools.cache
+def specialisation_keys():
+    """Every key of the reported revision's specialisations (listed once)."""
+    return frozenset(spec[0] for spec in check.all_specialisations())
 
 
 # Bytes per element of the op's dtype, for the DRAM bounds.

@@ -11,6 +11,7 @@ Under Triton's interpreter (TRITON_INTERPRET=1) the tensors may be CPU tensors: 
 tests run the C++ launchers and these kernels together without a GPU.
 """
 import contextlib
+import functools
 import importlib.util
 
 import torch
@@ -38,20 +39,27 @@ _POINTER_DTYPES = {"*fp32": torch.float32, "*bf16": torch.bfloat16, "*fp16": tor
                    "*i32": torch.int32, "*i1": torch.bool}
 
 
+@functools.cache
+def _outputs_in_the_ops_dtype():
+    """({dtype code: torch dtype}, specialisations.OUTPUTS_IN_THE_OPS_DTYPE), read once (not per launch)."""
+    from . import select, specialisations
+
+    return {code: dtype for dtype, code in select.DTYPE_CODES.items()}, specialisations.OUTPUTS_IN_THE_OPS_DTYPE
+
+
 def _check_pointer_types(key, kernel, signature, arguments):
     """Each tensor argument has the dtype of its pointer in the key's signature (an output written in
     the op's dtype: the dtype its dtype_code names): the embedded route's images are compiled for
     exactly those types, and read another dtype's bytes as theirs; this route's JIT would compile
     for whatever it is given, so the tests check the launches here."""
-    from . import select, specialisations
-
+    dtype_of_code, outputs = _outputs_in_the_ops_dtype()
     named = dict(zip(kernel.arg_names, arguments))
-    in_the_ops_dtype = specialisations.OUTPUTS_IN_THE_OPS_DTYPE.get(kernel.__name__, ())
+    in_the_ops_dtype = outputs.get(kernel.__name__, ())
     for name, argument in named.items():
         if not isinstance(argument, torch.Tensor):
             continue
         if name in in_the_ops_dtype:
-            wanted = {code: dtype for dtype, code in select.DTYPE_CODES.items()}[named["dtype_code"]]
+            wanted = dtype_of_code[named["dtype_code"]]
             takes = f"{wanted} (the op's dtype, by dtype_code)"
         else:
             wanted, takes = _POINTER_DTYPES[signature[name]], signature[name]
