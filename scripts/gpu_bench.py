@@ -243,13 +243,19 @@ def selection_designs(g, n, d, neighbours, device):
         output, weights = torch.empty(g, n, d, device=device), torch.empty(g, n, neighbours, device=device)
         chosen, chosen_scores = torch.empty_like(indices), torch.empty_like(scores)
 
+        # Contiguous [G, N, d] operands: the kernels' row layouts (heads 1, then batch, head and row
+        # strides of each, as src/ops/cuda/triton/kernel_arguments.h's RowLayout).
+        rows = (n * d, 0, d)
+
         def run_select(grid=grid, constexprs=constexprs, scores=scores, indices=indices):
-            select._select_kernel[grid](q, k, q, scores, indices, n, n, d, neighbours, 0, root, 0, **constexprs)
+            select._select_kernel[grid](q, k, q, scores, indices, n, n, d, neighbours, 0, root, 0, 1, *rows, *rows,
+                                        **constexprs)
 
         def run_attention(grid=grid, constexprs=constexprs, output=output, chosen_scores=chosen_scores, chosen=chosen,
                           weights=weights, shared_set=shared_set):
             attention._attention_kernel[grid](q, k, v, taps, v, q, output, chosen_scores, chosen, weights, n, n, d, d,
-                                              neighbours, 0, root, attention.RHO_CODES["softmax"], 1.0, 0, 0, 0,
+                                              neighbours, 0, root, attention.RHO_CODES["softmax"], 1.0, 0, 0, 0, 1,
+                                              *rows, *rows, *rows, *rows,
                                               CHANNELS=attention.forward_channels(slots, shared_set), **constexprs)
 
         row[f"select_{label}_ms"], _ = timed(run_select)

@@ -116,9 +116,31 @@ def _knn_aggregate(values, weights, indices, kernel, bias=None):
 
 @torch._decomp.register_decomposition(_ops.knn_attention.default)
 def _knn_attention(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature):
+    if queries.dim() == 4:  # heads as a dimension: the [B*H,N,D] slices, then the op's output layouts
+        return _knn_attention_by_head(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho,
+                                      temperature)
     scores, indices = _select(queries, keys, k, similarity, mask, index_order)
     weights = _rho_weights(scores, rho, temperature)
     return _aggregate(values, weights, indices, kernel, bias), scores, indices, weights
+
+
+def _knn_attention_by_head(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature):
+    """[B,H,N,D] inputs (src/ops/op_signatures.h, "Heads as a dimension"): scores, indices and weights
+    [B,H,N,K], the output [B,H,N,C] stored as [B,N,H,C]."""
+    batch, heads = queries.shape[:2]
+
+    def fold(x):  # [B,H,rows,width] -> [B*H,rows,width]; a shared [N,M] mask stays as it is
+        # As src/ops/merge_leading_dims.h, which says why not flatten, reshape or view: under tracing
+        # a merged dim's stride is a Min of symbolic strides, on which the next view guards.
+        if x is None or x.dim() == 2:
+            return x
+        x = x.contiguous()
+        return x.as_strided((x.shape[0] * x.shape[1], *x.shape[2:]), x.stride()[1:])
+
+    output, *selection = _knn_attention(fold(queries), fold(keys), fold(values), kernel, bias, k, similarity,
+                                        fold(mask), index_order, rho, temperature)
+    output = output.unflatten(0, (batch, heads)).transpose(1, 2).contiguous().transpose(1, 2)
+    return (output, *(t.unflatten(0, (batch, heads)) for t in selection))
 
 
 def _inductor_runs_the_ops(lowering):

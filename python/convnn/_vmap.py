@@ -35,12 +35,14 @@ def _unfold(x, batch_size):
 
 
 def _fold_mask(mask, dim, batch_size, slices):
-    """A mask of [N,M] or [G,N,M] per sample as the folded call takes it."""
+    """A mask of [N,M] or one per slice ([G,N,M], or [B,H,N,M] with heads as a dimension) per sample,
+    as the folded call takes it; `slices` is the queries' per-sample slice dims ([G] or [B,H])."""
     if mask is None or (dim is None and mask.dim() == 2):
         return mask  # one [N,M] mask for every slice of every sample
     mask = _batch_first(mask, dim, batch_size)
     if mask.dim() == 3:  # [B,N,M]: one per sample, the same for its slices
-        mask = mask.unsqueeze(1).expand(batch_size, slices, *mask.shape[1:])
+        mask = mask.view(batch_size, *(1,) * len(slices), *mask.shape[1:]).expand(batch_size, *slices,
+                                                                                    *mask.shape[1:])
     return _fold(mask)
 
 
@@ -60,7 +62,7 @@ def _select_rule(info, in_dims, queries, keys, k, similarity, mask, index_order)
     b = info.batch_size
     q, kk = _batch_first(queries, q_dim, b), _batch_first(keys, k_dim, b)
     scores, indices = _ops.knn_select(_fold(q), _fold(kk), k, similarity,
-                                      _fold_mask(mask, mask_dim, b, q.shape[1]), index_order)
+                                      _fold_mask(mask, mask_dim, b, q.shape[1:-2]), index_order)
     return (_unfold(scores, b), _unfold(indices, b)), (0, 0)
 
 
@@ -80,7 +82,7 @@ def _attention_rule(info, in_dims, queries, keys, values, kernel, bias, k, simil
     b = info.batch_size
     q, kk, v = (_batch_first(t, d, b) for t, d in zip((queries, keys, values), in_dims[:3]))
     outputs = _ops.knn_attention(_fold(q), _fold(kk), _fold(v), kernel, bias, k, similarity,
-                                 _fold_mask(mask, in_dims[7], b, q.shape[1]), index_order, rho,
+                                 _fold_mask(mask, in_dims[7], b, q.shape[1:-2]), index_order, rho,
                                  temperature)
     return tuple(_unfold(t, b) for t in outputs), (0, 0, 0, 0)
 

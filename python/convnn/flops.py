@@ -7,6 +7,8 @@ count 0, as docs/flops.md counts inference.
 knn_aggregate alone cannot tell uniform weights from others, so it is charged the weighting that
 docs/flops.md skips for uniform rho; the layers call the fused knn_attention, which knows rho.
 """
+import math
+
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
@@ -37,7 +39,8 @@ def _knn_aggregate_flops(values, weights, indices, kernel, bias=None, *args, out
 @register_flop_formula(_ops.knn_attention)
 def _knn_attention_flops(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho, temperature,
                          *args, out_shape=None, **kwargs):
-    g, n, d = queries
-    channels, out_channels, depthwise = _aggregate_sizes(values, kernel)
-    return _ops.knn_call_flops("knn_attention", g, n, keys[1], d, channels, out_channels, depthwise,
+    *slices, n, d = queries  # [G,N,D], or [B,H,N,D] with heads as a dimension
+    g = math.prod(slices)
+    channels, out_channels, depthwise = _aggregate_sizes(values[-3:], kernel)
+    return _ops.knn_call_flops("knn_attention", g, n, keys[-2], d, channels, out_channels, depthwise,
                                bias is not None, k, similarity, rho, temperature)

@@ -50,6 +50,20 @@ def attention_cases(dtype):
         (q, k, values, tensor(C, K, dtype=dtype, seed=4), None, K, "scaled_dot", None, False, "softmax", 0.7),
         (q, k, values, tensor(6, C, K, dtype=dtype, seed=5), tensor(6, dtype=dtype, seed=6), K, "gaussian",
          None, True, "mean", 1.0),
+    ] + head_dim_cases(dtype)
+
+
+def head_dim_cases(dtype):
+    """[B,H,N,D] inputs as a layer makes them: head-split views of one [B,N,3*H*D] projection (and a
+    [B,H,N,M] mask); the output's [B,N,H,C] storage is what the fake tensors must declare."""
+    b, h = 2, 3
+    qkv = tensor(b, N, 3 * h * D, dtype=dtype, seed=7)
+    q, k, v = (part.unflatten(2, (h, D)).transpose(1, 2) for part in qkv.split(h * D, -1))
+    mask = torch.rand(b, h, N, N, generator=torch.Generator().manual_seed(8)) < 0.7
+    return [
+        (q, k, v, tensor(D, K, dtype=dtype, seed=9), None, K, "scaled_dot", None, False, "softmax", 0.7),
+        (q, k, v, tensor(6, D, K, dtype=dtype, seed=10), tensor(6, dtype=dtype, seed=11), K, "l1", mask, True,
+         "softmax", 1.0),
     ]
 
 
@@ -62,12 +76,16 @@ def backward_cases(dtype):
     weights = torch.softmax(scores, -1)
     out, a_scores, a_indices, a_weights = ops.knn_attention(
         q, k, values, kernel, None, K, "dot", None, False, "softmax", 1.0)
+    q4, k4, v4 = (t.unflatten(0, (1, G)) for t in (q, k, values))
+    out4, *saved4 = ops.knn_attention(q4, k4, v4, kernel, None, K, "dot", None, False, "softmax", 1.0)
     return {
         "knn_select_backward": [(torch.ones_like(scores), q, k, indices, scores, "dot")],
         "knn_aggregate_backward": [(torch.ones(G, N, C, dtype=dtype), values, weights, indices, kernel,
                                     [True, True, True, False])],
         "knn_attention_backward": [(torch.ones_like(out), q, k, values, kernel, a_scores, a_indices, a_weights,
-                                    "dot", "softmax", 1.0, [True, True, True, True, False])],
+                                    "dot", "softmax", 1.0, [True, True, True, True, False]),
+                                   (torch.ones_like(out4), q4, k4, v4,
+                                    kernel, *saved4, "dot", "softmax", 1.0, [True, True, True, True, False])],
     }
 
 

@@ -102,6 +102,20 @@ def two_kernel_backward(grad_output, queries, keys, values, kernel, scores, indi
                            scores, indices, weights, similarity, "softmax", temperature)
 
 
+def row_layout(t):
+    """The (batch, head, row) strides a kernel takes for t's rows, as the C++ RowLayout
+    (src/ops/cuda/triton/kernel_arguments.h): [G, rows, width] has head 0; a dimension of size 1
+    steps 0."""
+    strides = [0 if size == 1 else stride for size, stride in zip(t.shape, t.stride())]
+    return (strides[0], 0, strides[1]) if t.dim() == 3 else tuple(strides[:3])
+
+
+def layouts(*tensors):
+    """The heads and the row layouts of `tensors` as a kernel takes them after its other arguments."""
+    heads = tensors[0].shape[1] if tensors[0].dim() == 4 else 1
+    return (heads, *(stride for t in tensors for stride in row_layout(t)))
+
+
 def inverse_index(indices, m):
     """(order, run_start) of the slots by the row they read, as the C++ launchers build it, for the
     tests that launch a kernel directly."""
@@ -419,7 +433,8 @@ def test_select_writes_every_output_element_once_and_no_guard_byte_changes():
     indices.fill_(-1)
     rows = select.rows_for(8)
     select._select_kernel[(triton.cdiv(40, rows), 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0, 0,
-                                                      SIMILARITY=0, MASK=select.ADDITIVE_MASK, ROWS=rows,
+                                                      *layouts(queries, keys), SIMILARITY=0, MASK=select.ADDITIVE_MASK,
+                                                      ROWS=rows,
                                                       CANDIDATES=select.candidates_for(6, select.ADDITIVE_MASK),
                                                       SLOTS=8, FEATURES=16)
     assert not scores.isnan().any() and (indices >= 0).all()
@@ -634,13 +649,15 @@ def test_the_two_selection_designs_give_the_same_indices_and_scores(k):
             blocks, _ = select.design(slots, mask_kind, shared_set)
             grid = (triton.cdiv(37, blocks["ROWS"]), 2)
             scores, indices = torch.empty(2, 37, k, device=DEVICE), torch.empty(2, 37, k, dtype=torch.int64, device=DEVICE)
-            select._select_kernel[grid](queries, keys, mask_in, scores, indices, 37, 150, 5, k, 0, 1.0, 0, SIMILARITY=0,
-                                        MASK=mask_kind, SLOTS=slots, FEATURES=16, **blocks)
+            select._select_kernel[grid](queries, keys, mask_in, scores, indices, 37, 150, 5, k, 0, 1.0, 0,
+                                        *layouts(queries, keys), SIMILARITY=0, MASK=mask_kind, SLOTS=slots, FEATURES=16,
+                                        **blocks)
             outputs = [torch.empty(2, 37, size, device=DEVICE) for size in (12, k, k)]
             chosen = torch.empty(2, 37, k, dtype=torch.int64, device=DEVICE)
             attention._attention_kernel[grid](queries, keys, values, taps, values, mask_in, outputs[0], outputs[1], chosen,
                                               outputs[2], 37, 150, 5, 12, k, 0, 1.0, attention.RHO_CODES["softmax"], 1.0,
-                                              0, 0, 0, SIMILARITY=0, MASK=mask_kind, SLOTS=slots, FEATURES=16,
+                                              0, 0, 0, *layouts(queries, keys, values, outputs[0]), SIMILARITY=0,
+                                              MASK=mask_kind, SLOTS=slots, FEATURES=16,
                                               CHANNELS=attention.forward_channels(slots, shared_set), **blocks)
             results.append((scores, indices, chosen, *outputs))
         for name, a, b in zip(("scores", "indices", "attention indices", "output", "attention scores", "weights"),
@@ -970,7 +987,8 @@ def test_fused_attention_writes_every_output_element_once_and_no_guard_byte_chan
     attention._attention_kernel[(triton.cdiv(40, rows), 2)](
         queries, keys, values, kernel, bias, mask, output, scores, indices, weights,
         40, 70, 4, 40, 6, 0, 1.0, attention.RHO_CODES["softmax"], 1.0, 1, 1, 0,
-        SIMILARITY=0, MASK=select.ADDITIVE_MASK, ROWS=rows, CANDIDATES=select.candidates_for(6, select.ADDITIVE_MASK),
+        *layouts(queries, keys, values, output), SIMILARITY=0, MASK=select.ADDITIVE_MASK, ROWS=rows,
+        CANDIDATES=select.candidates_for(6, select.ADDITIVE_MASK),
         SLOTS=8, FEATURES=16, CHANNELS=attention.forward_channels(8))
     for t in outputs:
         assert not t.isnan().any()
@@ -1047,7 +1065,8 @@ def test_a_rho_code_no_branch_knows_gives_nan_weights_not_another_rhos():
     attention._attention_kernel[(triton.cdiv(16, select.rows_for(8)), 2)](
         queries, keys, values, kernel, values, queries, output, scores, indices, weights,
         16, 70, 4, 8, 6, 0, 1.0, len(attention.RHO_CODES), 1.0, 0, 0, 0,
-        SIMILARITY=0, MASK=select.NO_MASK, ROWS=select.rows_for(8), CANDIDATES=select.candidates_for(6, select.NO_MASK),
+        *layouts(queries, keys, values, output), SIMILARITY=0, MASK=select.NO_MASK, ROWS=select.rows_for(8),
+        CANDIDATES=select.candidates_for(6, select.NO_MASK),
         SLOTS=8, FEATURES=16, CHANNELS=attention.forward_channels(8))
     assert weights.isnan().all()
 
@@ -1105,7 +1124,7 @@ def test_an_unknown_similarity_code_is_refused_when_the_kernel_is_built():
     indices = torch.empty(2, 3, 2, dtype=torch.int64, device=DEVICE)
     with pytest.raises(Exception, match="unknown similarity code 6"):
         select._select_kernel[(1, 2)](queries, keys, queries, scores, indices, 3, 10, 5, 2, 0, 1.0, 0,
-                                      SIMILARITY=len(similarities.NAMES), MASK=select.NO_MASK,
+                                      *layouts(queries, keys), SIMILARITY=len(similarities.NAMES), MASK=select.NO_MASK,
                                       ROWS=select.rows_for(select.slots_for(2)),
                                       CANDIDATES=select.candidates_for(2, select.NO_MASK), SLOTS=select.slots_for(2),
                                       FEATURES=16)
@@ -1177,7 +1196,7 @@ def test_fused_softmax_scores_gradient_writes_every_element_once_and_no_guard_by
     grad_scores.fill_(float("nan"))
     attention._softmax_scores_gradient_kernel[(5,)](
         grad_output, values, kernel, indices, weights, grad_scores, 80, 40, 70, 40, 6, 1.0,
-        ROWS=select.ROWS, SLOTS=8, CHANNELS=attention.CHANNELS)
+        *layouts(grad_output, values), ROWS=select.ROWS, SLOTS=8, CHANNELS=attention.CHANNELS)
     assert not grad_scores.isnan().any()
     assert (buffer[:64] == canary).all() and (buffer[-64:] == canary).all()
     torch.testing.assert_close(grad_scores, softmax_scores_gradient(grad_output, values, weights, indices,
@@ -1317,15 +1336,18 @@ def test_two_kernel_backward_writes_every_element_once_and_no_guard_byte_changes
     root = float(torch.tensor(float(d)).sqrt())
     attention_backward._rows_kernel[(row_blocks,)](
         dy, values_in, taps, indices, w, s, keys_in, outputs["live"][1], outputs["d queries"][1],
-        outputs["partial"][1], g * n, n, m, c, d, k, 0.7, root, SCALED=True, ROWS=attention_backward.ROW_ROWS,
-        SLOTS=8, CHANNELS=attention_backward.ROW_CHANNELS)
+        outputs["partial"][1], g * n, n, m, c, d, k, 0.7, root,
+        *layouts(dy, keys_in, values_in, outputs["d queries"][1]), SCALED=True,
+        ROWS=attention_backward.ROW_ROWS, SLOTS=8, CHANNELS=attention_backward.ROW_CHANNELS)
     order, run_start = inverse_index(indices, m)
     value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
     attention_backward._columns_kernel[(triton.cdiv(g * m, attention_backward.COLUMN_ROWS),
                                         value_parts + triton.cdiv(d, attention_backward.COLUMN_WIDTH))](
         dy, q, w, taps, outputs["live"][1], order, run_start, busiest_first(run_start),
         outputs["d values"][1], outputs["d keys"][1],
-        g * m, c, d, k, value_parts, ROWS=attention_backward.COLUMN_ROWS, WIDTH=attention_backward.COLUMN_WIDTH)
+        g * m, c, d, k, value_parts, n, m, *layouts(dy, q, outputs["d values"][1], outputs["d keys"][1]),
+        ROWS=attention_backward.COLUMN_ROWS,
+        WIDTH=attention_backward.COLUMN_WIDTH)
     for name, (buffer, view) in outputs.items():
         assert not view.isnan().any(), f"{name}: an element not written (or a guard read)"
         assert (buffer[:64] == canary).all() and (buffer[-64:] == canary).all(), f"{name}: a guard byte changed"
@@ -1372,14 +1394,16 @@ def launch_two_kernel_backward(args, dtype, slots):
     root = float(torch.tensor(float(d)).sqrt())
     attention_backward._rows_kernel[(row_blocks,)](
         grad_output, values, kernel, indices, weights, scores, keys, live, grad_queries, partial, g * n, n, m, c, d, k,
-        0.7, root, SCALED=True, ROWS=attention_backward.ROW_ROWS, SLOTS=slots,
+        0.7, root, *layouts(grad_output, keys, values, grad_queries), SCALED=True, ROWS=attention_backward.ROW_ROWS,
+        SLOTS=slots,
         CHANNELS=attention_backward.ROW_CHANNELS)
     order, run_start = inverse_index(indices, m)
     value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
     attention_backward._columns_kernel[(triton.cdiv(g * m, attention_backward.COLUMN_ROWS),
                                         value_parts + triton.cdiv(d, attention_backward.COLUMN_WIDTH))](
         grad_output, queries, weights, kernel, live, order, run_start, busiest_first(run_start), grad_values,
-        grad_keys, g * m, c, d, k, value_parts, ROWS=attention_backward.COLUMN_ROWS,
+        grad_keys, g * m, c, d, k, value_parts, n, m, *layouts(grad_output, queries, grad_values, grad_keys),
+        ROWS=attention_backward.COLUMN_ROWS,
         WIDTH=attention_backward.COLUMN_WIDTH)
     return live, grad_queries, partial, grad_keys, grad_values
 
@@ -1485,13 +1509,16 @@ def launch_top_k_kernels(queries, keys, values, taps, bias, mask, k, similarity,
     scores = torch.empty(g, n, k, device=DEVICE, dtype=out_dtype)
     indices = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
     select._select_kernel[grid](queries, keys, mask_in, scores, indices, n, m, d, k, 0, constant, dtype_code,
-                                SIMILARITY=code, MASK=mask_kind, SLOTS=slots, FEATURES=16, **blocks)
+                                *layouts(queries, keys), SIMILARITY=code, MASK=mask_kind, SLOTS=slots, FEATURES=16,
+                                **blocks)
     output, attention_scores, weights = (torch.empty(g, n, size, device=DEVICE, dtype=out_dtype) for size in (c, k, k))
     chosen = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
     attention._attention_kernel[grid](queries, keys, values, taps, bias, mask_in, output, attention_scores, chosen,
                                       weights, n, m, d, c, k, 0, constant, attention.RHO_CODES["softmax"], 0.7, 0, 1,
-                                      dtype_code, SIMILARITY=code, MASK=mask_kind, SLOTS=slots, FEATURES=16,
-                                      CHANNELS=attention.forward_channels(slots), **blocks)
+                                      dtype_code, *layouts(queries, keys, values, output), SIMILARITY=code,
+                                      MASK=mask_kind, SLOTS=slots, FEATURES=16,
+                                      CHANNELS=attention.forward_channels(slots),
+                                      **blocks)
     return scores, indices, output, attention_scores, chosen, weights
 
 
@@ -1519,3 +1546,100 @@ def test_half_precision_inputs_read_by_the_top_k_kernels_give_the_bits_of_float3
                               got, want):
             assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()]), \
                 f"{similarity} {dtype} D={d} K={k} mask={masked}: {name}"
+
+
+class _LaunchedTensors:
+    """The tensor arguments of every kernel launched inside the block, by argument name."""
+
+    def __init__(self, monkeypatch):
+        self.launches = []
+        launch = register.run
+
+        def run(kernel, grid, arguments, constexprs, options):
+            self.launches.append((kernel.fn.__name__, dict(zip(kernel.arg_names, arguments))))
+            launch(kernel, grid, arguments, constexprs, options)
+
+        monkeypatch.setattr(register, "run", run)
+
+    def of(self, kernel):
+        """The last launch's (the call's own: the first-call check of a set of kernels launches first)."""
+        return [named for name, named in self.launches if name == kernel][-1]
+
+
+def head_split(qkv, heads):
+    """[B, H, N, d] query, key and value views of one [B, N, 3*H*d] projection, as a layer makes them."""
+    return tuple(part.unflatten(2, (heads, -1)).transpose(1, 2) for part in qkv.split(qkv.shape[2] // 3, -1))
+
+
+def folded(x):
+    return x.flatten(0, 1).contiguous()
+
+
+def same_bits(a, b):
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+
+
+@pytest.mark.parametrize("dtype,d,k,masked", [(torch.float32, 16, 6, False), (torch.float32, 5, 20, True),
+                                              (torch.bfloat16, 16, 6, True), (torch.float16, 16, 20, False)],
+                         ids=["float32 vector loads K=6", "float32 D=5 K=20 mask", "bfloat16 mask", "float16 K=20"])
+def test_head_dims_are_read_in_place_and_give_the_folded_calls_bits(monkeypatch, dtype, d, k, masked):
+    """issue 38 §1: [B, H, N, d] views of one [B, N, 3*H*d] projection (the layer's heads, no fold copy)
+    go to the fused forward and the two-kernel backward as they are: the launches' query, key, value
+    and incoming-gradient pointers are the projection's and the gradient's own storage, the output
+    and the three gradients are written [B, N, H, *], and every result has exactly the bits of the same kernels on the
+    contiguous [B*H, N, d] folds (d bias, ATen's sum of the incoming gradient,
+    to rounding). Strides that are multiples of 16 take the vector loads (D = 16), the
+    others the masked ones (D = 5); the set per thread (K = 6) and the shared one (K = 20); a [B, H, N,
+    M] mask."""
+    b, h, n = 2, 3, 23
+    generator = torch.Generator().manual_seed(81)
+    qkv = torch.randint(-3, 4, (b, n, 3 * h * d), generator=generator).to(DEVICE, dtype)
+    q, kk, v = head_split(qkv, h)
+    kernel = torch.randn(d, k, generator=generator).to(DEVICE, dtype)
+    mask = torch.rand(b, h, n, n, generator=generator).to(DEVICE) < 0.8 if masked else None
+    args = (kernel, None, k, "scaled_dot", mask, False, "softmax", 0.7)
+    folded_args = (kernel, None, k, "scaled_dot", None if mask is None else folded(mask), False, "softmax", 0.7)
+    launched = _LaunchedTensors(monkeypatch)
+    forward = attention_forward(q, kk, v, *args)
+    pointers = launched.of("_attention_kernel")
+    want = attention_forward(folded(q), folded(kk), folded(v), *folded_args)
+    storage = qkv.untyped_storage().data_ptr()
+    for name in ("q_ptr", "k_ptr", "v_ptr"):
+        assert pointers[name].untyped_storage().data_ptr() == storage, f"{name} was copied"
+    assert pointers["output_ptr"].data_ptr() == forward[0].data_ptr()
+    assert forward[0].transpose(1, 2).is_contiguous()
+    for name, a, w in zip(("output", "scores", "indices", "weights"), forward, want):
+        assert a.shape[:2] == (b, h) and same_bits(a, w.unflatten(0, (b, h))), f"forward {name}"
+
+    grad_output = torch.randn(b, n, h, d, generator=generator).to(DEVICE, dtype).transpose(1, 2)
+    saved = forward[1:]
+    launched.launches.clear()
+    got = two_kernel_backward(grad_output, q, kk, v, kernel, *saved, "scaled_dot", 0.7)
+    rows, columns = launched.of("_rows_kernel"), launched.of("_columns_kernel")
+    for name, named, tensor in (("grad_output_ptr", rows, grad_output), ("keys_ptr", rows, qkv),
+                                ("values_ptr", rows, qkv), ("grad_output_ptr", columns, grad_output),
+                                ("queries_ptr", columns, qkv)):
+        assert named[name].untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr(), f"{name} was copied"
+    want = two_kernel_backward(folded(grad_output), folded(q), folded(kk), folded(v), kernel,
+                               *(folded(t) for t in saved), "scaled_dot", 0.7)
+    for name, a, w in zip(("queries", "keys", "values"), got, want):
+        assert a.shape == (b, h, n, d) and a.transpose(1, 2).is_contiguous(), f"d {name} is not stored [B, N, H, d]"
+        assert same_bits(a, w.unflatten(0, (b, h))), f"d {name}"
+    assert same_bits(got[3], want[3]), "d kernel"
+    # d bias is ATen's sum of the incoming gradient, whose order of additions follows the layout.
+    torch.testing.assert_close(got[4], want[4])
+
+
+def test_select_reads_strided_queries_and_keys_in_place(monkeypatch):
+    """issue 38 §1: knn_select's kernel takes [G, N, D] queries and keys of any strides but the
+    features' (here slices of [N, G, 3D] tensors) without a copy, with the contiguous call's bits."""
+    generator = torch.Generator().manual_seed(82)
+    rows = torch.randint(-3, 4, (40, 2, 48), generator=generator).to(DEVICE, torch.float32)
+    queries, keys = rows[..., :16].transpose(0, 1), rows[..., 16:32].transpose(0, 1)
+    launched = _LaunchedTensors(monkeypatch)
+    got = select_forward(queries, keys, 6, "dot", None, False)
+    for name in ("q_ptr", "k_ptr"):
+        argument = launched.of("_select_kernel")[name]
+        assert argument.untyped_storage().data_ptr() == rows.untyped_storage().data_ptr(), f"{name} was copied"
+    want = select_forward(queries.contiguous(), keys.contiguous(), 6, "dot", None, False)
+    assert all(torch.equal(a, w) for a, w in zip(got, want))

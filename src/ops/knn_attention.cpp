@@ -6,6 +6,9 @@
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
   convnn::ops::op::define<convnn::ops::op::KnnAttention>(m);
   convnn::ops::op::define<convnn::ops::op::KnnAttentionBackward>(m);
+  // For the Python package's tests and callers: the C++ rule below, not a copy of it.
+  m.def("knn_attention_reads_head_dims_in_place(Tensor queries) -> bool",
+        &convnn::ops::knn_attention_reads_head_dims_in_place);
 }
 
 namespace convnn::ops {
@@ -23,6 +26,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
   TORCH_CHECK(kernel.defined(), "knn_attention: kernel must be a defined tensor");
   return dispatched.call(queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho,
                  temperature);
+}
+
+bool knn_attention_reads_head_dims_in_place(const at::Tensor& queries) {
+  TORCH_CHECK(queries.defined(), "knn_attention_reads_head_dims_in_place: queries must be a defined tensor");
+  const auto key = c10::computeDispatchKey(queries.scalar_type(), queries.layout(), queries.device());
+  return op::handle<op::KnnAttentionDeviceFused>().hasKernelForDispatchKey(key);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention_backward(

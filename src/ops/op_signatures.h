@@ -13,6 +13,7 @@
 // redispatch and check nothing themselves.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/FunctionRef.h>
 #include <c10/util/Optional.h>
 #include <c10/util/string_view.h>
 #include <torch/library.h>
@@ -186,6 +187,61 @@ struct KnnAttentionBackwardDeviceFused {
   }
 };
 
+// ---- Heads as a dimension of their own ----------------------------------------------------------
+// knn_attention and its backward also take [B,H,N,D] queries, keys and values (any strides, as the
+// head-split views of a [B,N,3C] projection), as scaled_dot_product_attention does: each (b, h) is
+// a slice g = b*H + h. The rules (src/ops/head_dims.cpp, docs/operator.md "Heads as a dimension"):
+// every tensor with a slice dim has [B,H] there (a mask [N,M] or [B,H,N,M]); scores, indices and
+// weights are [B,H,N,K] and contiguous; the output is [B,H,N,C] stored as [B,N,H,C] (its
+// transpose(1, 2).flatten(2) is the [B,N,H*C] the layer's output projection reads, without a copy);
+// the gradients of queries, keys and values have their shapes, stored likewise ([B,N,H,D]: the
+// layer's [B,N,H*D] gradients are views).
+// - kFoldsHeadDims: the op's kernels take [G,N,D] slices; on [B,H,N,D] inputs they run on the
+//   [B*H,N,D] folds (a copy only where a fold is not a view): head_dims::run.
+// - kReadsHeadDims: the kernel's body reads [B,H,N,D] inputs in place (the CUDA fused kernels);
+//   its check runs on the folds' shapes: head_dims::check_folded.
+template <class Op>
+inline constexpr bool kFoldsHeadDims = false;
+template <>
+inline constexpr bool kFoldsHeadDims<KnnAttention> = true;
+template <>
+inline constexpr bool kFoldsHeadDims<KnnAttentionBackward> = true;
+template <class Op>
+inline constexpr bool kReadsHeadDims = false;
+template <>
+inline constexpr bool kReadsHeadDims<KnnAttentionDeviceFused> = true;
+template <>
+inline constexpr bool kReadsHeadDims<KnnAttentionBackwardDeviceFused> = true;
+
+namespace head_dims {
+// `folded_kernel` (a kernel for [G,N,D] slices) on the call's arguments: directly for [G,N,D]
+// inputs, on their [B*H,N,D] folds for [B,H,N,D] ones, with the results in the layouts above.
+// `scope` kShapesOnly (a Meta kernel) folds to fresh tensors of the folded shapes: nothing reads
+// them, and a fold of a fake tensor's strided view would guard on its symbolic sizes.
+std::tuple<Tensor, Tensor, Tensor, Tensor> run(c10::function_ref<KnnAttention::Signature> folded_kernel,
+                                               Scope scope, const Tensor& queries, const Tensor& keys,
+                                               const Tensor& values, const Tensor& kernel, const OptionalTensor& bias,
+                                               int64_t k, c10::string_view similarity, const OptionalTensor& mask,
+                                               bool index_order, c10::string_view rho, double temperature);
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> run(
+    c10::function_ref<KnnAttentionBackward::Signature> folded_kernel, Scope scope, const Tensor& grad_output,
+    const Tensor& queries, const Tensor& keys, const Tensor& values, const Tensor& kernel, const Tensor& scores,
+    const Tensor& indices, const Tensor& weights, c10::string_view similarity, c10::string_view rho,
+    double temperature, std::array<bool, 5> output_mask);
+
+// The op's check (knn_attention's, or its backward's) of [G,N,D] inputs, or of [B,H,N,D] ones: their
+// layout rules, then the check of their folds, which are fresh tensors of the folded shapes unless
+// the check reads the values (checks::reads_values_of: then the folds themselves).
+checks::AttentionChecked check_folded(Scope scope, const Tensor& queries, const Tensor& keys, const Tensor& values,
+                                      const Tensor& kernel, const OptionalTensor& bias, int64_t k,
+                                      c10::string_view similarity, const OptionalTensor& mask, bool index_order,
+                                      c10::string_view rho, double temperature);
+checks::AttentionChecked check_folded(Scope scope, const Tensor& grad_output, const Tensor& queries,
+                                      const Tensor& keys, const Tensor& values, const Tensor& kernel,
+                                      const Tensor& scores, const Tensor& indices, const Tensor& weights,
+                                      c10::string_view similarity, c10::string_view rho, double temperature);
+}  // namespace head_dims
+
 // ---- Declaring, registering and calling -------------------------------------------------------
 
 template <class Op>
@@ -233,6 +289,13 @@ struct Kernel<Op, Result(Args...)> {
 
   template <Body* body, Scope scope>
   static Result checked_once(Args... args) {
+    if constexpr (kFoldsHeadDims<Op>) return head_dims::run(&checked_slices<body, scope>, scope, args...);
+    if constexpr (kReadsHeadDims<Op>) return body(head_dims::check_folded(scope, args...), args...);
+    return checked_slices<body, scope>(args...);
+  }
+
+  template <Body* body, Scope scope>
+  static Result checked_slices(Args... args) {
     if constexpr (std::is_void_v<typename Op::Checked>) {
       check<Op>(scope, args...);
       return body(args...);

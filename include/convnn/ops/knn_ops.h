@@ -43,11 +43,22 @@ at::Tensor knn_aggregate(const at::Tensor& values, const at::Tensor& weights,
 // weights [G,N,k]); it equals the composition of the three, and never materialises the [G,N,M]
 // scores or the gathered neighbourhoods. Differentiable w.r.t. queries and keys (softmax rho
 // only: the other rhos do not depend on the score values), values, kernel and bias.
+// With heads as a dimension, queries [B,H,N,D], keys [B,H,M,D] and values [B,H,M,C] of any
+// strides (a layer's head-split projection, read in place where a kernel can; mask [N,M] or
+// [B,H,N,M]) give scores, indices and weights [B,H,N,K] and the output [B,H,N,C] stored as
+// [B,N,H,C], and the backward gradients of the inputs' shapes stored likewise (docs/operator.md,
+// "Heads as a dimension").
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> knn_attention(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
     const std::string& similarity, const c10::optional<at::Tensor>& mask, bool index_order,
     const std::string& rho, double temperature);
+
+// Whether knn_attention on `queries`' device reads [B,H,N,D] heads in place (a device with a fused
+// kernel of its own: CUDA's Triton kernels). Elsewhere the op folds them into [B*H,N,D] copies, so
+// a caller with [B,N,H*D] rows does better to fold once itself: autograd then saves the folds, where
+// the op's backward would fold its saved heads again (ConvNNAttention asks this).
+bool knn_attention_reads_head_dims_in_place(const at::Tensor& queries);
 
 // The backward ops the Autograd kernels call; exposed so fused kernels can be compared with them.
 // Returns (grad_queries, grad_keys).

@@ -52,6 +52,12 @@ def forward_channels(slots, shared_set=False):
     return THREAD_CHANNELS if select.held_per_thread(slots) and not shared_set else CHANNELS
 
 
+# Launch options of the softmax scores gradient: Triton's default four warps, at most 96 registers.
+# Uncapped, ptxas chose 72 at 64 slots and spilled 8 bytes (sm_80) once the kernel read strided
+# rows (issue 38 §1: a row's incoming-gradient and value offsets held beside the loop); with the
+# cap, 79-87 registers and no spill at every width and dtype (scripts/triton_compile_check.py).
+SCORES_GRADIENT_OPTIONS = {"num_warps": 4, "maxnreg": 96}
+
 # The op's dtype (select.py's codes): the kernel writes its outputs in it, and rounds the scores
 # before rho and the weights before the aggregation to it, as the composed ops do.
 DTYPE_CODES = select.DTYPE_CODES
@@ -125,16 +131,26 @@ def _output_positions(top_index, in_k, k, index_order, ROWS: tl.constexpr, SLOTS
 def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
                       output_ptr, scores_ptr, indices_ptr, weights_ptr,
                       n, m, d, c, k, mask_slice_stride, similarity_constant, rho, temperature, index_order, has_bias, dtype_code,
+                      heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
+                      v_batch_stride, v_head_stride, v_row_stride, out_batch_stride, out_head_stride, out_row_stride,
                       SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                       SLOTS: tl.constexpr, FEATURES: tl.constexpr, CHANNELS: tl.constexpr,
                       SHARED_SET: tl.constexpr = False):
+    # Queries, keys, values and the output in place, any strides but the features' (their slices'
+    # starts by row_chunks.slice_starts: the launcher's RowLayouts; the [B, N, H, C] output of [B, H,
+    # N, D] inputs, say); the scores, indices and weights contiguous [G, N, K].
     block = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
-    top_keys, top_index, unrankable = select._running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
-                                                            mask_slice_stride, similarity_constant, SIMILARITY, MASK, ROWS,
-                                                            CANDIDATES, SLOTS, FEATURES, SHARED_SET)
+    q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
+    k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
+    v_ptr += row_chunks.slice_starts(g, heads, v_batch_stride, v_head_stride)
+    output_ptr += row_chunks.slice_starts(g, heads, out_batch_stride, out_head_stride)
+    top_keys, top_index, unrankable = select._running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k,
+                                                            q_row_stride, k_row_stride, mask_slice_stride,
+                                                            similarity_constant, SIMILARITY, MASK, ROWS, CANDIDATES,
+                                                            SLOTS, FEATURES, SHARED_SET)
     slots = tl.arange(0, SLOTS)
     in_k = slots[None, :] < k
     scores = _rounded(select._reported_scores(top_keys, unrankable, SIMILARITY), dtype_code)
@@ -142,24 +158,25 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
     nan_row = unrankable[:, None] != 0
     weights = tl.where(nan_row, float("nan"), weights)
     positions = _output_positions(top_index, in_k, k, index_order, ROWS, SLOTS)
-    q_rows = (g * n + rows).to(tl.int64)
-    out = q_rows[:, None] * k + positions
+    out = (g * n + rows).to(tl.int64)[:, None] * k + positions
     written = row_ok[:, None] & in_k
     select.store_as(scores_ptr, out, scores, written, dtype_code)
     tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)
     select.store_as(weights_ptr, out, weights, written, dtype_code)
+    out_rows = rows.to(tl.int64) * out_row_stride
     if SLOTS <= _COLUMN_SLOTS and not SHARED_SET:  # a row per thread: its slots as columns
         index_columns, weight_columns = _columns_in_output_order(top_index, weights, positions, SLOTS)
         # Value rows of whole chunks on 16-byte boundaries load as vectors (row_chunks.py).
-        if row_chunks.on_16_bytes(v_ptr) & row_chunks.whole(c, CHANNELS):
-            _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_rows, unrankable, index_columns,
-                               weight_columns, m, c, k, has_bias, dtype_code, ROWS, CHANNELS, True)
+        if row_chunks.on_16_bytes(v_ptr) & row_chunks.whole_rows(c, v_batch_stride, v_head_stride, v_row_stride,
+                                                                 CHANNELS):
+            _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, row_ok, out_rows, unrankable,
+                               index_columns, weight_columns, m, c, k, has_bias, dtype_code, ROWS, CHANNELS, True)
         else:
-            _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_rows, unrankable, index_columns,
-                               weight_columns, m, c, k, has_bias, dtype_code, ROWS, CHANNELS, False)
+            _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, row_ok, out_rows, unrankable,
+                               index_columns, weight_columns, m, c, k, has_bias, dtype_code, ROWS, CHANNELS, False)
     else:
-        _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows, unrankable, positions, top_index,
-                   weights, in_k, m, c, k, has_bias, dtype_code, ROWS, CHANNELS)
+        _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, row_ok, out_rows, unrankable, positions,
+                   top_index, weights, in_k, m, c, k, has_bias, dtype_code, ROWS, CHANNELS)
 
 
 @triton.jit
@@ -176,9 +193,9 @@ def _columns_in_output_order(top_index, weights, positions, SLOTS: tl.constexpr)
 
 
 @triton.jit
-def _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_rows, unrankable, index_columns,
-                       weight_columns, m, c, k, has_bias, dtype_code, ROWS: tl.constexpr, CHANNELS: tl.constexpr,
-                       WHOLE: tl.constexpr):
+def _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, row_ok, out_rows, unrankable,
+                       index_columns, weight_columns, m, c, k, has_bias, dtype_code, ROWS: tl.constexpr,
+                       CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
     """_aggregate where each row's slots are held by its thread (the columns of _columns_in_output_order):
     the same products and order, the K positions unrolled. Extracting a slot from [ROWS, SLOTS] tiles
     for every position of every block of channels took 48 of the loop's 232 SASS per slot in
@@ -192,28 +209,29 @@ def _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, row_ok, q_row
             if position < k:
                 index = index_columns[position]
                 # An unrankable row's indices may be past the candidates: read nothing there.
-                neighbour = row_chunks.load(v_ptr, (g * m + index.to(tl.int64)) * c, first, c, row_ok & (index < m),
+                neighbour = row_chunks.load(v_ptr, index.to(tl.int64) * v_row_stride, first, c, row_ok & (index < m),
                                             WHOLE, CHANNELS)
                 tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0).to(tl.float32)
                 acc += weight_columns[position][:, None] * neighbour * tap[None, :]
-        _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias,
+        _write_output(bias_ptr, output_ptr, out_rows, row_ok, unrankable, acc, channels, channel_ok, has_bias,
                       dtype_code)
         first += CHANNELS
 
 
 @triton.jit
-def _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias, dtype_code):
-    """A block of output channels: acc plus the bias, NaN in unrankable rows, in the op's dtype."""
+def _write_output(bias_ptr, output_ptr, out_rows, row_ok, unrankable, acc, channels, channel_ok, has_bias, dtype_code):
+    """A block of output channels of the rows starting at out_rows (element offsets): acc plus the
+    bias, NaN in unrankable rows, in the op's dtype."""
     if has_bias != 0:
         acc += tl.load(bias_ptr + channels, mask=channel_ok, other=0.0).to(tl.float32)[None, :]
     acc = tl.where(unrankable[:, None] != 0, float("nan"), acc)
-    select.store_as(output_ptr, q_rows[:, None] * c + channels[None, :], acc, row_ok[:, None] & channel_ok[None, :],
+    select.store_as(output_ptr, out_rows[:, None] + channels[None, :], acc, row_ok[:, None] & channel_ok[None, :],
                     dtype_code)
 
 
 @triton.jit
-def _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows, unrankable, positions, top_index,
-               weights, in_k, m, c, k, has_bias, dtype_code, ROWS: tl.constexpr, CHANNELS: tl.constexpr):
+def _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, row_ok, out_rows, unrankable, positions,
+               top_index, weights, in_k, m, c, k, has_bias, dtype_code, ROWS: tl.constexpr, CHANNELS: tl.constexpr):
     """The block's output rows: CHANNELS at a time, the slots in output order (as knn_aggregate sums
     them), in float32 from values, kernel and bias of the kernel's input dtype (select.INPUT_DTYPES,
     converted in registers); written in the op's dtype; NaN in unrankable rows.
@@ -234,41 +252,43 @@ def _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, g, rows, row_ok, q_rows,
             weight = tl.sum(tl.where(here, weights, 0.0), 1)
             # An unrankable row's indices may be past the candidates: read nothing there.
             read = row_ok & (index < m)
-            neighbour = tl.load(v_ptr + (g * m + index.to(tl.int64))[:, None] * c + channels[None, :],
+            neighbour = tl.load(v_ptr + index.to(tl.int64)[:, None] * v_row_stride + channels[None, :],
                                 mask=read[:, None] & channel_ok[None, :], other=0.0).to(tl.float32)
             tap = tl.load(kernel_ptr + channels * k + position, mask=channel_ok, other=0.0).to(tl.float32)
             acc += weight[:, None] * neighbour * tap[None, :]
             position += 1
-        _write_output(bias_ptr, output_ptr, q_rows, row_ok, unrankable, acc, channels, channel_ok, c, has_bias,
+        _write_output(bias_ptr, output_ptr, out_rows, row_ok, unrankable, acc, channels, channel_ok, has_bias,
                       dtype_code)
         first += CHANNELS
 
 
 @triton.jit
 def _weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, partial_ptr, block, rows,
-                      row_ok, n, m, c, k, KERNEL_PARTIAL: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr,
+                      row_ok, dy_starts, v_starts, v_row_stride, m, c, k, KERNEL_PARTIAL: tl.constexpr,
+                      ROWS: tl.constexpr, SLOTS: tl.constexpr,
                       CHANNELS: tl.constexpr, WHOLE: tl.constexpr = False):
     """d weights [ROWS, SLOTS] in float32 (not rounded) as knn_aggregate_backward's weights gradient,
 
         d weights[row, s] = sum_c dy[row, c] * kernel[c, s] * values[slice, indices[row, s], c],
 
-    the channels CHANNELS at a time, in order. With KERNEL_PARTIAL, from the same loads, the rows'
+    the channels CHANNELS at a time, in order; the rows' incoming gradients start at dy_starts, their
+    slices' values at v_starts (element offsets, row_chunks.row_starts and slice_starts), value rows
+    v_row_stride apart. With KERNEL_PARTIAL, from the same loads, the rows'
     share of d kernel: partial[block, c, s] = sum over the ROWS rows of w[row, s] * values[..] * dy[row, c]
     (knn_aggregate_backward's kernel-gradient product; the caller sums the blocks in a fixed order)."""
     slots = tl.arange(0, SLOTS)
-    slice_start = (rows // n).to(tl.int64) * m
     grad_weights = tl.zeros([ROWS, SLOTS], dtype=tl.float32)
     first = 0
     while first < c:
         channels = first + tl.arange(0, CHANNELS)
         channel_ok = channels < c
-        dy = row_chunks.load(grad_output_ptr, rows.to(tl.int64) * c, first, c, row_ok, WHOLE, CHANNELS)
+        dy = row_chunks.load(grad_output_ptr, dy_starts, first, c, row_ok, WHOLE, CHANNELS)
         slot = 0
         while slot < k:
             index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
             # An unrankable row's indices may be past the candidates: read nothing there.
             read = row_ok & (index >= 0) & (index < m)
-            neighbour = row_chunks.load(values_ptr, (slice_start + index) * c, first, c, read, WHOLE, CHANNELS)
+            neighbour = row_chunks.load(values_ptr, v_starts + index * v_row_stride, first, c, read, WHOLE, CHANNELS)
             tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok, other=0.0).to(tl.float32)
             term = tl.sum(dy * neighbour * tap[None, :], axis=1)
             grad_weights = tl.where(slots[None, :] == slot, grad_weights + term[:, None], grad_weights)
@@ -308,7 +328,8 @@ def _softmax_backward(grad_weights, weights, temperature, DTYPE: tl.constexpr, R
 
 @triton.jit
 def _softmax_scores_gradient_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, grad_scores_ptr,
-                                    rows_total, n, m, c, k, temperature,
+                                    rows_total, n, m, c, k, temperature, heads, dy_batch_stride, dy_head_stride,
+                                    dy_row_stride, v_batch_stride, v_head_stride, v_row_stride,
                                     ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
     """The backward's fused step from the aggregation's incoming gradient to the scores' (softmax rho,
     depthwise kernel), with d(weights) held on chip: _weights_gradient, then _softmax_backward. One
@@ -317,8 +338,11 @@ def _softmax_scores_gradient_kernel(grad_output_ptr, values_ptr, kernel_ptr, ind
     fused backward of attention_backward.py goes on from here to the query and key gradients for the
     dot products; this kernel serves the other similarities, whose select backward composes."""
     block, rows, row_ok, both_ok, slot_offsets = _slot_block(rows_total, k, ROWS, SLOTS)
+    dy_starts = row_chunks.row_starts(rows, n, heads, dy_batch_stride, dy_head_stride, dy_row_stride)
+    v_starts = row_chunks.slice_starts(rows // n, heads, v_batch_stride, v_head_stride)
     grad_weights = _weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, weights_ptr,
-                                     block, rows, row_ok, n, m, c, k, False, ROWS, SLOTS, CHANNELS)
+                                     block, rows, row_ok, dy_starts, v_starts, v_row_stride, m, c, k, False, ROWS,
+                                     SLOTS, CHANNELS)
     weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0).to(tl.float32)
     grad_scores = _softmax_backward(grad_weights, weights, temperature, grad_scores_ptr.dtype.element_ty, ROWS,
                                     SLOTS)

@@ -56,40 +56,54 @@ def compile_options(slots=None):
 
 @triton.jit
 def _rows_kernel(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr,
-                 live_ptr, grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root,
+                 live_ptr, grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, heads,
+                 dy_batch_stride, dy_head_stride, dy_row_stride, k_batch_stride, k_head_stride, k_row_stride,
+                 v_batch_stride, v_head_stride, v_row_stride, dq_batch_stride, dq_head_stride, dq_row_stride,
                  SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
+    # grad_output, keys and values are read in place and the query gradient written, any strides but
+    # the features' (row_chunks.slice_starts: the launcher's RowLayouts).
     # Rows of whole chunks on 16-byte boundaries load as vectors (row_chunks.py); the same body either
     # way. Not at the widest running top-K: the two bodies side by side spilled 48-136 bytes at 64 slots.
     whole = (row_chunks.on_16_bytes(grad_output_ptr) & row_chunks.on_16_bytes(values_ptr)
              & row_chunks.on_16_bytes(keys_ptr) & row_chunks.on_16_bytes(grad_queries_ptr)
-             & row_chunks.whole(c, CHANNELS) & row_chunks.whole(d, CHANNELS))
+             & row_chunks.whole_rows(c, dy_batch_stride, dy_head_stride, dy_row_stride, CHANNELS)
+             & row_chunks.whole_rows(c, v_batch_stride, v_head_stride, v_row_stride, CHANNELS)
+             & row_chunks.whole_rows(d, k_batch_stride, k_head_stride, k_row_stride, CHANNELS)
+             & row_chunks.whole_rows(d, dq_batch_stride, dq_head_stride, dq_row_stride, CHANNELS))
     if SLOTS > VECTOR_SLOTS:
         whole = False
+    block, rows, row_ok, both_ok, slot_offsets = attention._slot_block(rows_total, k, ROWS, SLOTS)
+    slices = rows // n
+    dy_starts = row_chunks.row_starts(rows, n, heads, dy_batch_stride, dy_head_stride, dy_row_stride)
+    k_starts = row_chunks.slice_starts(slices, heads, k_batch_stride, k_head_stride)
+    v_starts = row_chunks.slice_starts(slices, heads, v_batch_stride, v_head_stride)
+    dq_starts = row_chunks.row_starts(rows, n, heads, dq_batch_stride, dq_head_stride, dq_row_stride)
     if whole:
         _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
-              grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, SCALED, ROWS, SLOTS,
+              grad_queries_ptr, partial_ptr, block, rows, row_ok, both_ok, slot_offsets, dy_starts, k_starts,
+              k_row_stride, v_starts, v_row_stride, dq_starts, m, c, d, k, temperature, root, SCALED, ROWS, SLOTS,
               CHANNELS, True)
     else:
         _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
-              grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root, SCALED, ROWS, SLOTS,
+              grad_queries_ptr, partial_ptr, block, rows, row_ok, both_ok, slot_offsets, dy_starts, k_starts,
+              k_row_stride, v_starts, v_row_stride, dq_starts, m, c, d, k, temperature, root, SCALED, ROWS, SLOTS,
               CHANNELS, False)
 
 
 @triton.jit
 def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, scores_ptr, keys_ptr, live_ptr,
-          grad_queries_ptr, partial_ptr, rows_total, n, m, c, d, k, temperature, root,
+          grad_queries_ptr, partial_ptr, block, rows, row_ok, both_ok, slot_offsets, dy_starts, k_starts, k_row_stride,
+          v_starts, v_row_stride, dq_starts, m, c, d, k, temperature, root,
           SCALED: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
-    block, rows, row_ok, both_ok, slot_offsets = attention._slot_block(rows_total, k, ROWS, SLOTS)
-    slice_start = (rows // n).to(tl.int64) * m
     if SLOTS <= attention._COLUMN_SLOTS:  # each row's slots as columns of its thread, the slots unrolled
         indices = _slot_columns(indices_ptr, rows, row_ok, k, m, SLOTS)
         grad_weights = _weights_gradient_by_columns(grad_output_ptr, values_ptr, kernel_ptr, weights_ptr, partial_ptr,
-                                                    block, rows, row_ok, slice_start, indices, m, c, k, ROWS, SLOTS,
-                                                    CHANNELS, WHOLE)
+                                                    block, rows, row_ok, dy_starts, v_starts, v_row_stride, indices, m,
+                                                    c, k, ROWS, SLOTS, CHANNELS, WHOLE)
     else:
         grad_weights = attention._weights_gradient(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr,
-                                                   partial_ptr, block, rows, row_ok, n, m, c, k, True, ROWS, SLOTS,
-                                                   CHANNELS, WHOLE)
+                                                   partial_ptr, block, rows, row_ok, dy_starts, v_starts, v_row_stride,
+                                                   m, c, k, True, ROWS, SLOTS, CHANNELS, WHOLE)
     weights = tl.load(weights_ptr + slot_offsets, mask=both_ok, other=0.0).to(tl.float32)
     # The op's dtype is the compiled kernel's (its pointers'): the roundings are compile-time.
     dtype = grad_queries_ptr.dtype.element_ty
@@ -101,11 +115,11 @@ def _rows(grad_output_ptr, values_ptr, kernel_ptr, indices_ptr, weights_ptr, sco
         live = attention._rounded_to(tl.math.div_rn(live, tl.full([ROWS, SLOTS], root, tl.float32)), dtype)
     tl.store(live_ptr + slot_offsets, live, mask=both_ok)
     if SLOTS <= attention._COLUMN_SLOTS:
-        _query_gradient_by_columns(keys_ptr, grad_queries_ptr, rows, row_ok, slice_start, indices, live, m, d, k, ROWS,
-                                   SLOTS, CHANNELS, WHOLE)
+        _query_gradient_by_columns(keys_ptr, grad_queries_ptr, rows, row_ok, k_starts, k_row_stride, dq_starts, indices,
+                                   live, m, d, k, ROWS, SLOTS, CHANNELS, WHOLE)
     else:
-        _query_gradient(keys_ptr, indices_ptr, grad_queries_ptr, rows, row_ok, slice_start, live, m, d, k, ROWS, SLOTS,
-                        CHANNELS, WHOLE)
+        _query_gradient(keys_ptr, indices_ptr, grad_queries_ptr, rows, row_ok, k_starts, k_row_stride, dq_starts, live,
+                        m, d, k, ROWS, SLOTS, CHANNELS, WHOLE)
 
 
 @triton.jit
@@ -123,7 +137,8 @@ def _slot_columns(ptr, rows, row_ok, k, other, SLOTS: tl.constexpr, AS_FLOAT: tl
 
 @triton.jit
 def _weights_gradient_by_columns(grad_output_ptr, values_ptr, kernel_ptr, weights_ptr, partial_ptr, block, rows, row_ok,
-                                 slice_start, indices, m, c, k, ROWS: tl.constexpr, SLOTS: tl.constexpr,
+                                 dy_starts, v_starts, v_row_stride, indices, m, c, k, ROWS: tl.constexpr,
+                                 SLOTS: tl.constexpr,
                                  CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
     """attention._weights_gradient with the rows' kernel-gradient partials, each row's slots held by its
     thread (indices: _slot_columns), the slots unrolled: the same products, sums and order, without
@@ -135,11 +150,11 @@ def _weights_gradient_by_columns(grad_output_ptr, values_ptr, kernel_ptr, weight
     while first < c:
         channels = first + tl.arange(0, CHANNELS)
         channel_ok = channels < c
-        dy = row_chunks.load(grad_output_ptr, rows.to(tl.int64) * c, first, c, row_ok, WHOLE, CHANNELS)
+        dy = row_chunks.load(grad_output_ptr, dy_starts, first, c, row_ok, WHOLE, CHANNELS)
         for slot in tl.static_range(SLOTS):
             # Past K the index is m: nothing read, nothing added, nothing stored.
             index = indices[slot]
-            neighbour = row_chunks.load(values_ptr, (slice_start + index) * c, first, c,
+            neighbour = row_chunks.load(values_ptr, v_starts + index * v_row_stride, first, c,
                                         row_ok & (index >= 0) & (index < m), WHOLE, CHANNELS)
             tap = tl.load(kernel_ptr + channels * k + slot, mask=channel_ok & (slot < k), other=0.0).to(tl.float32)
             term = tl.sum(dy * neighbour * tap[None, :], axis=1)
@@ -152,8 +167,9 @@ def _weights_gradient_by_columns(grad_output_ptr, values_ptr, kernel_ptr, weight
 
 
 @triton.jit
-def _query_gradient_by_columns(keys_ptr, grad_queries_ptr, rows, row_ok, slice_start, indices, live, m, d, k,
-                               ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
+def _query_gradient_by_columns(keys_ptr, grad_queries_ptr, rows, row_ok, k_starts, k_row_stride, dq_starts, indices,
+                               live, m, d, k, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr,
+                               WHOLE: tl.constexpr):
     """_query_gradient with each row's slots held by its thread, the slots unrolled: live's columns taken
     once, not for every block of features."""
     slots = tl.arange(0, SLOTS)
@@ -165,16 +181,16 @@ def _query_gradient_by_columns(keys_ptr, grad_queries_ptr, rows, row_ok, slice_s
         acc = tl.zeros([ROWS, CHANNELS], dtype=tl.float32)
         for slot in tl.static_range(SLOTS):
             index = indices[slot]
-            key = row_chunks.load(keys_ptr, (slice_start + index) * d, first, d, row_ok & (index >= 0) & (index < m),
-                                  WHOLE, CHANNELS)
+            key = row_chunks.load(keys_ptr, k_starts + index * k_row_stride, first, d,
+                                  row_ok & (index >= 0) & (index < m), WHOLE, CHANNELS)
             acc = tl.where(slot < k, acc + lives[slot][:, None] * key, acc)
-        row_chunks.store(grad_queries_ptr, rows.to(tl.int64) * d, first, d, row_ok, acc, WHOLE, CHANNELS)
+        row_chunks.store(grad_queries_ptr, dq_starts, first, d, row_ok, acc, WHOLE, CHANNELS)
         first += CHANNELS
 
 
 @triton.jit
-def _query_gradient(keys_ptr, indices_ptr, grad_queries_ptr, rows, row_ok, slice_start, live, m, d, k,
-                    ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
+def _query_gradient(keys_ptr, indices_ptr, grad_queries_ptr, rows, row_ok, k_starts, k_row_stride, dq_starts, live, m,
+                    d, k, ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr, WHOLE: tl.constexpr):
     """d queries of the block's rows: sum over slots of live * the selected key row, in slot order,
     CHANNELS features at a time."""
     slots = tl.arange(0, SLOTS)
@@ -185,50 +201,66 @@ def _query_gradient(keys_ptr, indices_ptr, grad_queries_ptr, rows, row_ok, slice
         while slot < k:
             index = tl.load(indices_ptr + rows.to(tl.int64) * k + slot, mask=row_ok, other=0)
             read = row_ok & (index >= 0) & (index < m)
-            key = row_chunks.load(keys_ptr, (slice_start + index) * d, first, d, read, WHOLE, CHANNELS)
+            key = row_chunks.load(keys_ptr, k_starts + index * k_row_stride, first, d, read, WHOLE, CHANNELS)
             weight = tl.sum(tl.where(slots[None, :] == slot, live, 0.0), 1)
             acc += weight[:, None] * key
             slot += 1
-        row_chunks.store(grad_queries_ptr, rows.to(tl.int64) * d, first, d, row_ok, acc, WHOLE, CHANNELS)
+        row_chunks.store(grad_queries_ptr, dq_starts, first, d, row_ok, acc, WHOLE, CHANNELS)
         first += CHANNELS
 
 
 @triton.jit
 def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_ptr, order_ptr, run_start_ptr,
-                    row_order_ptr, grad_values_ptr, grad_keys_ptr, rows_total, c, d, k, value_parts,
+                    row_order_ptr, grad_values_ptr, grad_keys_ptr, rows_total, c, d, k, value_parts, n, m, heads,
+                    dy_batch_stride, dy_head_stride, dy_row_stride, q_batch_stride, q_head_stride, q_row_stride,
+                    dv_batch_stride, dv_head_stride, dv_row_stride, dk_batch_stride, dk_head_stride, dk_row_stride,
                     ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """Programs (row block, part): parts below value_parts are d values' channel blocks, the rest d
     keys' feature blocks. A block takes ROWS consecutive rows of row_order (the launcher's busiest_first: the rows by
     run length, longest first), so that its rows' runs are about as long as each other; each row
     walks its run [run_start[row], run_start[row + 1]) of the inverse index in order, and the block
-    steps as many times as its longest run."""
+    steps as many times as its longest run. grad_output and queries are read in place and the
+    gradients written, any strides but the features' (row_chunks.slice_starts: the launcher's
+    RowLayouts): a key/value row of slice g reads query rows of slice g only."""
     positions = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     part = tl.program_id(1)
     row_ok = positions < rows_total
     rows = tl.load(row_order_ptr + positions, mask=row_ok, other=0)
     start = tl.load(run_start_ptr + rows, mask=row_ok, other=0)
     length = tl.load(run_start_ptr + rows + 1, mask=row_ok, other=0) - start
+    # Each row's slice: the first of its query rows (flat, as the slots number them) and where the
+    # slice starts in grad_output and queries.
+    slices = rows // m
+    first_query = slices * n
     # Rows of whole chunks on 16-byte boundaries load and store as vectors (row_chunks.py).
     if part < value_parts:
+        dy_starts = row_chunks.slice_starts(slices, heads, dy_batch_stride, dy_head_stride)
+        dv_starts = row_chunks.row_starts(rows, m, heads, dv_batch_stride, dv_head_stride, dv_row_stride)
         if (row_chunks.on_16_bytes(grad_output_ptr) & row_chunks.on_16_bytes(grad_values_ptr)
-                & row_chunks.whole(c, WIDTH)):
-            _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, rows, row_ok, start,
-                        length, part * WIDTH, c, k, True, ROWS, WIDTH)
+                & row_chunks.whole_rows(c, dy_batch_stride, dy_head_stride, dy_row_stride, WIDTH)
+                & row_chunks.whole_rows(c, dv_batch_stride, dv_head_stride, dv_row_stride, WIDTH)):
+            _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
+                        first_query, dy_starts, dy_row_stride, dv_starts, part * WIDTH, c, k, True, ROWS, WIDTH)
         else:
-            _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, rows, row_ok, start,
-                        length, part * WIDTH, c, k, False, ROWS, WIDTH)
+            _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
+                        first_query, dy_starts, dy_row_stride, dv_starts, part * WIDTH, c, k, False, ROWS, WIDTH)
     else:
-        if row_chunks.on_16_bytes(queries_ptr) & row_chunks.on_16_bytes(grad_keys_ptr) & row_chunks.whole(d, WIDTH):
-            _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, rows, row_ok, start, length,
-                      (part - value_parts) * WIDTH, d, k, True, ROWS, WIDTH)
+        q_starts = row_chunks.slice_starts(slices, heads, q_batch_stride, q_head_stride)
+        dk_starts = row_chunks.row_starts(rows, m, heads, dk_batch_stride, dk_head_stride, dk_row_stride)
+        if (row_chunks.on_16_bytes(queries_ptr) & row_chunks.on_16_bytes(grad_keys_ptr)
+                & row_chunks.whole_rows(d, q_batch_stride, q_head_stride, q_row_stride, WIDTH)
+                & row_chunks.whole_rows(d, dk_batch_stride, dk_head_stride, dk_row_stride, WIDTH)):
+            _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, row_ok, start, length, first_query, q_starts,
+                      q_row_stride, dk_starts, (part - value_parts) * WIDTH, d, k, True, ROWS, WIDTH)
         else:
-            _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, rows, row_ok, start, length,
-                      (part - value_parts) * WIDTH, d, k, False, ROWS, WIDTH)
+            _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, row_ok, start, length, first_query, q_starts,
+                      q_row_stride, dk_starts, (part - value_parts) * WIDTH, d, k, False, ROWS, WIDTH)
 
 
 @triton.jit
-def _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, rows, row_ok, start, length,
-                first, c, k, WHOLE: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+def _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
+                first_query, dy_starts, dy_row_stride, dv_starts, first, c, k, WHOLE: tl.constexpr, ROWS: tl.constexpr,
+                WIDTH: tl.constexpr):
     """d values of the block's rows, channels first .. first + WIDTH - 1: sum over each row's run of
     weight * tap * dy, in run order."""
     channels = first + tl.arange(0, WIDTH)
@@ -244,15 +276,16 @@ def _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values
         weight = tl.load(weights_ptr + slot_index, mask=taking, other=0.0).to(tl.float32)
         tap = tl.load(kernel_ptr + channels[None, :] * k + (slot_index - query_row * k)[:, None],
                       mask=taking[:, None] & channel_ok[None, :], other=0.0).to(tl.float32)
-        dy = row_chunks.load(grad_output_ptr, query_row.to(tl.int64) * c, first, c, taking, WHOLE, WIDTH)
+        dy = row_chunks.load(grad_output_ptr, dy_starts + (query_row - first_query).to(tl.int64) * dy_row_stride, first,
+                             c, taking, WHOLE, WIDTH)
         acc += weight[:, None] * tap * dy
         step += 1
-    row_chunks.store(grad_values_ptr, rows.to(tl.int64) * c, first, c, row_ok, acc, WHOLE, WIDTH)
+    row_chunks.store(grad_values_ptr, dv_starts, first, c, row_ok, acc, WHOLE, WIDTH)
 
 
 @triton.jit
-def _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, rows, row_ok, start, length, first, d, k,
-              WHOLE: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+def _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, row_ok, start, length, first_query, q_starts,
+              q_row_stride, dk_starts, first, d, k, WHOLE: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """d keys of the block's rows, features first .. first + WIDTH - 1: sum over each row's run of
     g * q, in run order."""
     acc = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
@@ -262,7 +295,8 @@ def _key_rows(queries_ptr, live_ptr, order_ptr, grad_keys_ptr, rows, row_ok, sta
         taking = step < length
         slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
         live = tl.load(live_ptr + slot_index, mask=taking, other=0.0)
-        query = row_chunks.load(queries_ptr, (slot_index // k).to(tl.int64) * d, first, d, taking, WHOLE, WIDTH)
+        query = row_chunks.load(queries_ptr, q_starts + (slot_index // k - first_query).to(tl.int64) * q_row_stride,
+                                first, d, taking, WHOLE, WIDTH)
         acc += live[:, None] * query
         step += 1
-    row_chunks.store(grad_keys_ptr, rows.to(tl.int64) * d, first, d, row_ok, acc, WHOLE, WIDTH)
+    row_chunks.store(grad_keys_ptr, dk_starts, first, d, row_ok, acc, WHOLE, WIDTH)

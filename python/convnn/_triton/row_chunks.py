@@ -12,6 +12,11 @@ run time, that its matrices start on 16-byte boundaries and that their widths ar
 (whole chunks: PyTorch's allocator and the paper's widths give both), and runs its body with
 WHOLE, where these functions load and store 128-bit vectors under the row's mask alone; otherwise
 without, element by element as before. The arithmetic is the same either way.
+
+The rows need not be consecutive: a [G, rows, width] or [B, H, rows, width] tensor with any strides
+but the last (the heads of a [B, N, H*d] projection read in place, issue 38 §1) is addressed by
+slice_starts and a row stride, and its chunks are whole where every stride is a multiple of W too
+(whole_rows).
 """
 import triton
 import triton.language as tl
@@ -55,3 +60,28 @@ def store(ptr, row_starts, first, width, row_ok, chunk, WHOLE: tl.constexpr, W: 
 def whole(width, W: tl.constexpr):
     """Whether rows of this width hold whole chunks of W."""
     return width % W == 0
+
+
+@triton.jit
+def whole_rows(width, batch_stride, head_stride, row_stride, W: tl.constexpr):
+    """Whether the rows of a strided tensor (slice_starts) hold whole chunks of W and start on
+    multiples of W: its width and every stride multiples of W."""
+    return (width % W == 0) & (batch_stride % W == 0) & (head_stride % W == 0) & (row_stride % W == 0)
+
+
+@triton.jit
+def slice_starts(slices, heads, batch_stride, head_stride):
+    """The element offsets (int64) of slices g = b * heads + h of a [B, heads, rows, width] tensor
+    (a [G, rows, width] one has heads 1 and head_stride 0): b * batch_stride + h * head_stride. The
+    C++ launchers' RowLayout (src/ops/cuda/triton/kernel_arguments.h) passes the strides."""
+    b = slices // heads
+    return b.to(tl.int64) * batch_stride + (slices - b * heads).to(tl.int64) * head_stride
+
+
+@triton.jit
+def row_starts(rows, rows_per_slice, heads, batch_stride, head_stride, row_stride):
+    """The element offsets (int64) of the flat rows r = g * rows_per_slice + i of a strided tensor
+    (slice_starts): slice g's start plus i * row_stride."""
+    slices = rows // rows_per_slice
+    return (slice_starts(slices, heads, batch_stride, head_stride)
+            + (rows - slices * rows_per_slice).to(tl.int64) * row_stride)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import bitonic
+from . import bitonic, row_chunks
 from .similarities import CHEBYSHEV, CODES, COSINE, GAUSSIAN, L1, SCALED_DOT, is_distance, is_dot_product
 
 # Query rows per program of the set shared by a row's threads (K above THREAD_SLOTS), and of
@@ -136,9 +136,10 @@ def _inverse_of_norms(squares, eps):
 
 
 @triton.jit
-def _row_factors(ptr, rows, row_ok, d, similarity_constant, SIMILARITY: tl.constexpr, R: tl.constexpr,
+def _row_factors(ptr, rows, row_ok, d, row_stride, similarity_constant, SIMILARITY: tl.constexpr, R: tl.constexpr,
                  FEATURES: tl.constexpr):
-    """Cosine's inverse norms of R rows of ptr [*, d], summed FEATURES features at a time; zeros for
+    """Cosine's inverse norms of R rows of ptr (d features each, row_stride apart), summed FEATURES
+    features at a time; zeros for
     the other similarities (unread). Apart from the dot products' loop, whose tiles it would keep
     live beside the ones tl.dot reads (ptxas spilled with a mask at K <= 8)."""
     squares = tl.zeros([R], dtype=tl.float32)
@@ -146,7 +147,7 @@ def _row_factors(ptr, rows, row_ok, d, similarity_constant, SIMILARITY: tl.const
         first = 0
         while first < d:
             features = first + tl.arange(0, FEATURES)
-            x = tl.load(ptr + rows.to(tl.int64)[:, None] * d + features[None, :],
+            x = tl.load(ptr + rows.to(tl.int64)[:, None] * row_stride + features[None, :],
                         mask=row_ok[:, None] & (features < d)[None, :], other=0.0).to(tl.float32)
             squares += tl.sum(x * x, 1)
             first += FEATURES
@@ -155,19 +156,20 @@ def _row_factors(ptr, rows, row_ok, d, similarity_constant, SIMILARITY: tl.const
 
 
 @triton.jit
-def _whole_chunks(q_ptr, k_ptr, d, FEATURES: tl.constexpr):
+def _whole_chunks(q_ptr, k_ptr, d, q_stride, k_stride, FEATURES: tl.constexpr):
     """Whether the rows of both matrices [*, d] start on 16-byte boundaries and hold whole chunks of
     FEATURES features (any D that is a multiple of 16, with the allocator's alignment): then
     _dot_keys loads them as 128-bit vectors."""
-    return (((q_ptr.to(tl.int64) | k_ptr.to(tl.int64)) & 15) == 0) & (d % FEATURES == 0)
+    return ((((q_ptr.to(tl.int64) | k_ptr.to(tl.int64)) & 15) == 0) & (d % FEATURES == 0)
+            & (q_stride % FEATURES == 0) & (k_stride % FEATURES == 0))
 
 
 @triton.jit
-def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS: tl.constexpr,
+def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_stride, keys, WHOLE_CHUNKS: tl.constexpr,
               FEATURES: tl.constexpr):
     """keys + the dot products of the query rows q_rows and the candidate rows cand of q_ptr and k_ptr
-    [*, d], by tl.dot in IEEE float32 over chunks of FEATURES features, in feature order. With
-    WHOLE_CHUNKS (_whole_chunks holds) q_rows are _query_starts and the loads are unmasked 128-bit
+    (d features, rows q_stride and k_stride apart), by tl.dot in IEEE float32 over chunks of
+    FEATURES features, in feature order. With WHOLE_CHUNKS (_whole_chunks holds) q_rows are _query_starts and the loads are unmasked 128-bit
     vectors: a row or candidate past its extent reads row 0 instead, whose products no caller keeps;
     otherwise every element is masked (a scalar load each: ptxas cannot vectorise a per-feature
     mask), the tail chunk's missing features reading 0 (their +0 products leave every sum as it is).
@@ -176,7 +178,7 @@ def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS
     if WHOLE_CHUNKS:
         # q_rows are the rows' starts here (_query_starts: once per program); the hints state what
         # _whole_chunks tested.
-        cand = tl.where(cand_ok, cand, 0).to(tl.int64) * d
+        cand = tl.where(cand_ok, cand, 0).to(tl.int64) * k_stride
         while first < d:
             features = first + tl.arange(0, FEATURES)
             q = tl.load(tl.multiple_of(q_ptr + q_rows[:, None] + features[None, :], [FEATURES, FEATURES]))
@@ -188,9 +190,9 @@ def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS
         while first < d:
             features = first + tl.arange(0, FEATURES)
             feature_ok = features < d
-            q = tl.load(q_ptr + q_rows.to(tl.int64)[:, None] * d + features[None, :],
+            q = tl.load(q_ptr + q_rows.to(tl.int64)[:, None] * q_stride + features[None, :],
                         mask=row_ok[:, None] & feature_ok[None, :], other=0.0).to(tl.float32)
-            k = tl.load(k_ptr + cand.to(tl.int64)[:, None] * d + features[None, :],
+            k = tl.load(k_ptr + cand.to(tl.int64)[:, None] * k_stride + features[None, :],
                         mask=cand_ok[:, None] & feature_ok[None, :], other=0.0).to(tl.float32)
             keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
             first += FEATURES
@@ -198,14 +200,14 @@ def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, WHOLE_CHUNKS
 
 
 @triton.jit
-def _query_starts(q_rows, row_ok, d):
+def _query_starts(q_rows, row_ok, q_stride):
     """The element offsets of the query rows' starts for _dot_keys' vector loads, row 0's for rows
     past N (read, never kept): once per program, not per tile."""
-    return tl.where(row_ok, q_rows, 0).to(tl.int64) * d
+    return tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
 
 
 @triton.jit
-def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_constant, q_factors,
+def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_stride, similarity_constant, q_factors,
                SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
                VECTOR_LOADS: tl.constexpr = False, q_starts=None):
     """[ROWS, CANDIDATES] ranking keys, in float32. similarity_constant: sqrt(D) rounded to float32
@@ -223,16 +225,19 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_consta
     keys = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
     if is_dot_product(SIMILARITY):  # tl.dot over chunks of FEATURES features
         if VECTOR_LOADS:
-            if _whole_chunks(q_ptr, k_ptr, d, FEATURES):
-                keys = _dot_keys(q_ptr, k_ptr, q_starts, row_ok, cand, cand_ok, d, keys, True, FEATURES)
+            if _whole_chunks(q_ptr, k_ptr, d, q_stride, k_stride, FEATURES):
+                keys = _dot_keys(q_ptr, k_ptr, q_starts, row_ok, cand, cand_ok, d, q_stride, k_stride, keys, True,
+                                 FEATURES)
             else:
-                keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, False, FEATURES)
+                keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_stride, keys, False,
+                                 FEATURES)
         else:
-            keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, keys, False, FEATURES)
+            keys = _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_stride, keys, False, FEATURES)
         if SIMILARITY == COSINE:
             # (q.k * (1/max(|q|,eps))) * (1/max(|k|,eps)) from the raw rows, in that order, as on
             # every path (src/ops/kernels/similarity.h): exactly orthogonal rows score exactly 0.
-            k_factors = _row_factors(k_ptr, cand, cand_ok, d, similarity_constant, SIMILARITY, CANDIDATES, FEATURES)
+            k_factors = _row_factors(k_ptr, cand, cand_ok, d, k_stride, similarity_constant, SIMILARITY, CANDIDATES,
+                                     FEATURES)
             keys = keys * q_factors[:, None] * k_factors[None, :]
         if SIMILARITY == SCALED_DOT:
             root = similarity_constant
@@ -247,8 +252,8 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, similarity_consta
         tl.static_assert(is_distance(SIMILARITY))
         j = 0
         while j < d:
-            qj = tl.load(q_ptr + q_rows.to(tl.int64) * d + j, mask=row_ok, other=0.0).to(tl.float32)
-            kj = tl.load(k_ptr + cand.to(tl.int64) * d + j, mask=cand_ok, other=0.0).to(tl.float32)
+            qj = tl.load(q_ptr + q_rows.to(tl.int64) * q_stride + j, mask=row_ok, other=0.0).to(tl.float32)
+            kj = tl.load(k_ptr + cand.to(tl.int64) * k_stride + j, mask=cand_ok, other=0.0).to(tl.float32)
             diff = qj[:, None] - kj[None, :]
             if SIMILARITY == GAUSSIAN:
                 keys += diff * diff
@@ -304,14 +309,15 @@ def _unpacked(packed):
 
 
 @triton.jit
-def _tile_keys(q_ptr, k_ptr, mask_ptr, g, q_rows, rows, row_ok, cand, cand_ok, m, d, mask_slice_stride,
-               similarity_constant, q_factors, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+def _tile_keys(q_ptr, k_ptr, mask_ptr, g, q_rows, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride,
+               mask_slice_stride, similarity_constant, q_factors, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
+               ROWS: tl.constexpr,
                CANDIDATES: tl.constexpr, FEATURES: tl.constexpr):
     """The [ROWS, CANDIDATES] tile's ranking keys in float32 with the mask applied (a false bool
     entry: -inf; an additive one added), and which rows met a NaN or +inf key among the valid pairs
     ([ROWS] int32, 1 if so)."""
-    keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand_ok, d, similarity_constant, q_factors,
-                      SIMILARITY, ROWS, CANDIDATES, FEATURES)
+    keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_stride, similarity_constant,
+                      q_factors, SIMILARITY, ROWS, CANDIDATES, FEATURES)
     both_ok = row_ok[:, None] & cand_ok[None, :]
     keys = _masked(keys, mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :], both_ok,
                    MASK)
@@ -337,10 +343,12 @@ def _unrankable(keys, valid):
 
 
 @triton.jit
-def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, similarity_constant,
-                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
+def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_stride, k_stride, mask_slice_stride,
+                   similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+                   CANDIDATES: tl.constexpr,
                    SLOTS: tl.constexpr, FEATURES: tl.constexpr, SHARED_SET: tl.constexpr):
-    """The K best candidates of each of the ROWS query rows of slice g, best first: (keys [ROWS,
+    """The K best candidates of each of the ROWS query rows of slice g (q_ptr and k_ptr at the slice's
+    first row: row_chunks.slice_starts; rows q_stride and k_stride apart), best first: (keys [ROWS,
     SLOTS] float32, indices [ROWS, SLOTS] int32, unrankable [ROWS]: rows that met a NaN or +inf key).
     Shared by the select kernel and the fused attention kernel (attention.py). At K <= THREAD_SLOTS
     each row's set is held by one thread (_thread_top_k), above by the threads of a row together
@@ -348,19 +356,22 @@ def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_sli
     the shared set at every K: no launch asks for it, scripts/gpu_bench.py times the two designs with
     it on one GPU (the per-thread set trades occupancy for instructions: select.py's THREAD_OPTIONS)."""
     if SLOTS <= _THREAD_SLOTS and not SHARED_SET:
-        top_keys, top_index, unrankable = _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d,
-                                                        mask_slice_stride, similarity_constant, SIMILARITY, MASK,
+        top_keys, top_index, unrankable = _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, q_stride,
+                                                        k_stride, mask_slice_stride, similarity_constant,
+                                                        SIMILARITY, MASK,
                                                         ROWS, CANDIDATES, SLOTS, FEATURES)
     else:
-        top_keys, top_index, unrankable = _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
-                                                        mask_slice_stride, similarity_constant, SIMILARITY, MASK,
+        top_keys, top_index, unrankable = _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k,
+                                                        q_stride, k_stride, mask_slice_stride, similarity_constant,
+                                                        SIMILARITY, MASK,
                                                         ROWS, CANDIDATES, SLOTS, FEATURES)
     in_k = tl.arange(0, SLOTS)[None, :] < k
     return tl.where(in_k, top_keys, float("-inf")), tl.where(in_k, top_index, m), unrankable
 
 
 @triton.jit
-def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, mask_slice_stride, similarity_constant,
+def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, q_stride, k_stride, mask_slice_stride,
+                  similarity_constant,
                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
     """The running top-K held a query row per thread (issue 38: a selection without merge rounds or
@@ -372,18 +383,18 @@ def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, mask_slice_s
     keys the lower index stays ahead: the tie rule without comparing indices. Empty slots hold
     UNFILLED, below every real candidate (masked ones included), so a row with fewer than K valid
     candidates fills its slots with the masked ones, lower index first."""
-    q_rows = g * n + rows
+    q_rows = rows  # of the slice q_ptr starts
     top = (tl.full([ROWS], UNFILLED, tl.int32),) * SLOTS
     index = (tl.full([ROWS], 0, tl.int32) + m,) * SLOTS
     unrankable = tl.zeros([ROWS], dtype=tl.int32)
-    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, similarity_constant, SIMILARITY, ROWS, FEATURES)
+    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, q_stride, similarity_constant, SIMILARITY, ROWS, FEATURES)
     mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64) * m  # unread without a mask
-    q_starts = _query_starts(q_rows, row_ok, d)
+    q_starts = _query_starts(q_rows, row_ok, q_stride)
     first = 0
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)
-        keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, g * m + cand, cand < m, d, similarity_constant, q_factors,
-                          SIMILARITY, ROWS, CANDIDATES, FEATURES, VECTOR_LOADS=True, q_starts=q_starts)
+        keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand < m, d, q_stride, k_stride, similarity_constant,
+                          q_factors, SIMILARITY, ROWS, CANDIDATES, FEATURES, VECTOR_LOADS=True, q_starts=q_starts)
         top, index, unrankable = _insert_columns(top, index, unrankable, keys, first, mask_rows, row_ok, m, MASK)
         first += CANDIDATES
     return _unordered(_stacked(top)), _stacked(index), unrankable
@@ -454,7 +465,8 @@ def _stacked(parts):
 
 
 @triton.jit
-def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slice_stride, similarity_constant,
+def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_stride, k_stride, mask_slice_stride,
+                  similarity_constant,
                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
     """The running top-K shared by the threads of a row, for K above THREAD_SLOTS (issue 38:
@@ -464,7 +476,7 @@ def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slic
     one slot holds it), for as many rounds as the block's busiest row has entries (at most K: after K
     no key left in the tile beats the set), so none once the thresholds settle. One sort of the K
     slots at the end puts them best first (bitonic.py)."""
-    q_rows = g * n + rows
+    q_rows = rows  # of the slice q_ptr starts
     slots = tl.arange(0, SLOTS)
     in_k = slots[None, :] < k
     # Empty slots: -inf keys of indices m+1, m+2, ... (distinct, and below every real candidate:
@@ -474,13 +486,14 @@ def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k, mask_slic
     top = tl.where(in_k, empty, GREATEST_KEY)
     threshold = tl.min(top, 1)
     unrankable = tl.zeros([ROWS], dtype=tl.int32)
-    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, similarity_constant, SIMILARITY, ROWS, FEATURES)
+    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, q_stride, similarity_constant, SIMILARITY, ROWS, FEATURES)
     first = 0
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
-        keys, bad = _tile_keys(q_ptr, k_ptr, mask_ptr, g, q_rows, rows, row_ok, cand, cand_ok, m, d, mask_slice_stride,
-                               similarity_constant, q_factors, SIMILARITY, MASK, ROWS, CANDIDATES, FEATURES)
+        keys, bad = _tile_keys(q_ptr, k_ptr, mask_ptr, g, q_rows, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride,
+                               mask_slice_stride, similarity_constant, q_factors, SIMILARITY, MASK, ROWS, CANDIDATES,
+                               FEATURES)
         unrankable |= bad
         both_ok = row_ok[:, None] & cand_ok[None, :]
         packed = tl.where(both_ok, _packed(keys, cand[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)),
@@ -514,7 +527,8 @@ def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
 
 @triton.jit
 def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, similarity_constant,
-                   dtype_code, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+                   dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
+                   k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                    CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
                    SHARED_SET: tl.constexpr = False):
     # Slots by descending key (the launcher reorders them by index where asked). Queries and keys
@@ -527,13 +541,17 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     # The mask kind stays a compile-time
     # choice: as a runtime one, ptxas spilled 8-24 bytes at K <= 16 and 64 (sm_80 and sm_90), and
     # so did a runtime index-order pass in the kernel (16 bytes, the distances at K <= 16, sm_80).
+    # Queries and keys are read in place, any strides but the features' (row_chunks.slice_starts:
+    # the launcher's RowLayout); the scores and indices are written contiguous [G, N, K].
     block = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
-    top_keys, top_index, unrankable = _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, n, m, d, k,
-                                                     mask_slice_stride, similarity_constant, SIMILARITY, MASK, ROWS, CANDIDATES,
-                                                     SLOTS, FEATURES, SHARED_SET)
+    q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
+    k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
+    top_keys, top_index, unrankable = _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_row_stride,
+                                                     k_row_stride, mask_slice_stride, similarity_constant, SIMILARITY,
+                                                     MASK, ROWS, CANDIDATES, SLOTS, FEATURES, SHARED_SET)
     scores = _reported_scores(top_keys, unrankable, SIMILARITY)
     slots = tl.arange(0, SLOTS)
     out = (g * n + rows)[:, None] * k + slots[None, :]

@@ -29,6 +29,16 @@ def dtype_codes(kernel):
     return {"dtype_code": "i32"} if "dtype_code" in kernel.arg_names else {}
 
 
+def row_layouts(kernel, *tensors):
+    """The strides a kernel takes for each of `tensors` (their rows read in place: the C++ RowLayout,
+    row_chunks.slice_starts), after the heads of the call; none for a kernel of an earlier revision
+    that takes no strides (scripts/triton_cost_report.py --revision)."""
+    if "heads" not in kernel.arg_names:
+        return {}
+    strides = {f"{tensor}_{stride}_stride": "i32" for tensor in tensors for stride in ("batch", "head", "row")}
+    return {"heads": "i32", **strides}
+
+
 def input_pointers(select):
     """(key suffix, pointer type) of each dtype the running-top-K kernels are compiled to read
     (select.INPUT_DTYPES: the float32 kernels' keys name none; the launchers convert any other dtype
@@ -64,7 +74,8 @@ def select_specialisations(module):
         yield (f"select {suffix}", module._select_kernel,
                {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
-                "mask_slice_stride": "i32", "similarity_constant": "fp32", **dtype_codes(module._select_kernel)},
+                "mask_slice_stride": "i32", "similarity_constant": "fp32", **dtype_codes(module._select_kernel),
+                **row_layouts(module._select_kernel, "q", "k")},
                constexprs)
 
 
@@ -77,7 +88,8 @@ def attention_specialisations(module, select):
                 "bias_ptr": pointer, "mask_ptr": mask_pointer, "output_ptr": "*fp32", "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "weights_ptr": "*fp32", "n": "i32", "m": "i32", "d": "i32",
                 "c": "i32", "k": "i32", "mask_slice_stride": "i32", "similarity_constant": "fp32", "rho": "i32",
-                "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32"},
+                "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32",
+                **row_layouts(module._attention_kernel, "q", "k", "v", "out")},
                {**constexprs, "CHANNELS": module.forward_channels(constexprs["SLOTS"])
                 if hasattr(module, "forward_channels") else module.CHANNELS})
     for dtype, pointer in backward_pointers(module):
@@ -87,7 +99,8 @@ def attention_specialisations(module, select):
                    {"grad_output_ptr": pointer, "values_ptr": pointer, "kernel_ptr": pointer, "indices_ptr": "*i64",
                     "weights_ptr": pointer, "grad_scores_ptr": pointer, "rows_total": "i32", "n": "i32", "m": "i32",
                     "c": "i32", "k": "i32", "temperature": "fp32",
-                    **dtype_codes(module._softmax_scores_gradient_kernel)},
+                    **dtype_codes(module._softmax_scores_gradient_kernel),
+                    **row_layouts(module._softmax_scores_gradient_kernel, "dy", "v")},
                    {"ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.CHANNELS})
             slots *= 2
 
@@ -115,7 +128,7 @@ def attention_backward_specialisations(module, select):
                         "weights_ptr": pointer, "scores_ptr": pointer, "keys_ptr": pointer, "live_ptr": "*fp32",
                         "grad_queries_ptr": pointer, "partial_ptr": "*fp32", "rows_total": "i32", "n": "i32",
                         "m": "i32", "c": "i32", "d": "i32", "k": "i32", "temperature": "fp32", "root": "fp32",
-                        **dtype_codes(module._rows_kernel)},
+                        **dtype_codes(module._rows_kernel), **row_layouts(module._rows_kernel, "dy", "k", "v", "dq")},
                        {"SCALED": scaled, "ROWS": getattr(module, "ROW_ROWS", select.ROWS), "SLOTS": slots,
                         "CHANNELS": getattr(module, "ROW_CHANNELS", module.attention.CHANNELS)})
                 slots *= 2
@@ -126,7 +139,9 @@ def attention_backward_specialisations(module, select):
                {"grad_output_ptr": pointer, "queries_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer,
                 "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", **row_order,
                 "grad_values_ptr": pointer, "grad_keys_ptr": pointer, "rows_total": "i32", "c": "i32", "d": "i32",
-                "k": "i32", "value_parts": "i32"},
+                "k": "i32", "value_parts": "i32",
+                **({"n": "i32", "m": "i32"} if "heads" in module._columns_kernel.arg_names else {}),
+                **row_layouts(module._columns_kernel, "dy", "q", "dv", "dk")},
                {"ROWS": module.COLUMN_ROWS, "WIDTH": module.COLUMN_WIDTH})
 
 
@@ -209,7 +224,8 @@ def all_specialisations(modules=None):
     every = [(*spec, DEFAULT_OPTIONS) for spec in aggregate_specialisations(modules["aggregate"])]
     every += [(*spec, top_k_options(select, spec)) for spec in select_specialisations(select)]
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(modules["pair_gradients"])]
-    every += [(*spec, top_k_options(select, spec) if "gradient" not in spec[0] else DEFAULT_OPTIONS)
+    scores_gradient_options = getattr(modules["attention"], "SCORES_GRADIENT_OPTIONS", DEFAULT_OPTIONS)
+    every += [(*spec, top_k_options(select, spec) if "gradient" not in spec[0] else scores_gradient_options)
               for spec in attention_specialisations(modules["attention"], select)]
     every += [(*spec, backward.compile_options(spec[3].get("SLOTS")) if hasattr(backward, "compile_options")
                else backward.COMPILE_OPTIONS) for spec in attention_backward_specialisations(backward, select)]

@@ -301,6 +301,24 @@ at::Tensor select_and_aggregate(const at::Tensor& q, const at::Tensor& keys, con
   return aggregate_heads(values, weights, indices, kernel, bias, o, g);
 }
 
+// Every query head against its own key/value head, through the fused op, with the heads as a
+// dimension: [B,N,H*d] -> [B,H,N,d] are views (a head-split projection is read in place), and the
+// op writes the output as [B,N,H,C], so [B,N,H*C] is a view too. The [B*H,N,d] folds and their
+// copies are the op's business, and only on a path that cannot read strided heads.
+at::Tensor attention_by_head_views(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                                   const at::Tensor& kernel, const at::Tensor& bias, const ConvNNFuncOptions& o,
+                                   const at::Tensor& mask, const KeepSelection& keep) {
+  const int64_t h = o.heads();
+  const auto by_head = [&](const at::Tensor& x) { return x.unflatten(2, {h, -1}).transpose(1, 2); };
+  const auto head_mask = mask.defined() && mask.dim() == 3 ? mask.unflatten(0, {-1, h}) : mask;
+  const auto [output, scores, indices, weights] = ops::knn_attention(
+      by_head(queries), by_head(keys), by_head(values), kernel, optional_bias(bias), o.k(),
+      to_string(o.similarity()), head_mask.defined() ? c10::optional<at::Tensor>(head_mask) : c10::nullopt,
+      o.slot_order() == SlotOrder::Index, to_string(o.rho()), o.temperature());
+  if (keep) keep(indices, scores, weights);  // [B,H,N,K]
+  return output.transpose(1, 2).flatten(2);
+}
+
 }  // namespace
 
 at::Tensor conv_nn(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
@@ -332,6 +350,18 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
     return fold_heads(x.unflatten(2, {kv, 1, -1}).expand_symint({x.sym_size(0), x.sym_size(1), kv, h / kv,
                                                                   x.sym_size(2) / kv}).flatten(2), h);
   };
+  const auto blends = [&](const at::Tensor& coordinates) { return coordinates.defined() && o.alpha() != 1.0; };
+  // Heads as a dimension where the device's kernels read them in place; elsewhere the op would fold
+  // them into copies, and folding here lets autograd save the folds, not refold them backward.
+  if (h > 1 && kv == h && !random && !blends(query_coordinates) && !blends(key_coordinates) && o.fused() &&
+      !o.kernel_per_head() && ops::knn_attention_reads_head_dims_in_place(queries)) {
+    const auto keep = [&](const at::Tensor& indices, const at::Tensor& scores, const at::Tensor& weights) {
+      if (selection == nullptr) return;
+      const auto folded = [](const at::Tensor& t) { return detail::merge_leading_dims(t.detach()); };
+      *selection = {folded(indices), folded(scores), folded(weights)};  // [B*H,N,K], as the other paths
+    };
+    return attention_by_head_views(queries, keys, values, kernel, bias, o, o.mask(), keep);
+  }
   const auto query_coordinates_rows =
       query_coordinates.defined() && group > 1 ? query_coordinates.repeat({group, 1}) : query_coordinates;
   const auto q = blend_coordinates(pack_query_groups(fold_heads(queries, h), group), query_coordinates_rows,
@@ -481,13 +511,6 @@ at::Tensor unfold_heads(const at::Tensor& x, int64_t heads) {
 
 // symint_forms.h. A contiguous tensor's merged view is known: the strides of its dimensions 1, 2,
 // ... (as_strided keeps its storage offset).
-at::Tensor merge_leading_dims(const at::Tensor& t) {
-  const auto c = t.contiguous();
-  auto sizes = c.sym_sizes().slice(1).vec();
-  sizes[0] *= c.sym_size(0);
-  return c.as_strided_symint(sizes, c.sym_strides().slice(1));
-}
-
 }  // namespace detail
 
 }  // namespace convnn::nn::functional

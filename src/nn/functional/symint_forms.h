@@ -9,6 +9,8 @@
 #include <c10/core/SymIntArrayRef.h>
 #include <c10/util/Optional.h>
 
+#include "ops/merge_leading_dims.h"
+
 namespace convnn::nn::functional::detail {
 
 at::Tensor grid_coordinates_symint(c10::SymIntArrayRef sizes, const at::TensorOptions& options);
@@ -18,10 +20,9 @@ at::Tensor draw_candidates_symint(const c10::SymInt& m, int64_t r, c10::optional
 
 at::Tensor causal_mask_symint(const c10::SymInt& n, const at::Device& device);
 
-// [A,B,...] -> [A*B,...], contiguous. Not flatten(0, 1) or reshape: under tracing their view's
-// stride is min(stride(0), stride(1)), e.g. Min(8*N, 4*N), which PyTorch's shape solver cannot
-// simplify, so the next view of the tensor guards on it and fixes the token count N.
-at::Tensor merge_leading_dims(const at::Tensor& t);
+// [A,B,...] -> [A*B,...], contiguous: the ops' rule (src/ops/merge_leading_dims.h says why not
+// flatten or reshape).
+using ops::merge_leading_dims;
 
 // [B,N,H*d] -> [B*H,N,d], the layers' head folding (the benchmarks' reference paths use it too).
 // One head is a view of x, more a contiguous copy.

@@ -141,20 +141,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention(
     c10::DispatchKey key, const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
     const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k, c10::string_view similarity,
     const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho, double temperature) {
+  // The fused kernel reads [B,H,N,D] inputs in place; the composition takes their [B*H,N,D] folds.
   if (auto fused = device_fused_attention(key, queries, keys, values, kernel, bias, k, similarity, mask, index_order,
                                           rho, temperature)) {
     return *fused;
   }
-  // The fused op checked the inputs by knn_attention's rules if it was asked; it declined, so the
-  // check runs here, once, for the composition.
-  const auto checked = op::check<op::KnnAttention>(op::Scope::kShapesAndValues, queries, keys, values, kernel,
-                                                   bias, k, similarity, mask, index_order, rho, temperature);
-  if (!has_device_kernels(key)) {
-    return generic::knn_attention_checked(checked, queries, keys, values, kernel, bias, k, similarity, mask,
-                                          index_order, rho, temperature);
-  }
-  return composed_attention_checked(checked, queries, keys, values, kernel, bias, k, similarity, mask, index_order,
-                                    rho, temperature);
+  return op::head_dims::run(
+      [key](const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v, const at::Tensor& w,
+            const c10::optional<at::Tensor>& b, int64_t slots, c10::string_view sim,
+            const c10::optional<at::Tensor>& m, bool order, c10::string_view r, double t) {
+        // The fused op checked the inputs by knn_attention's rules if it was asked; it declined, so
+        // the check runs here, once, for the composition.
+        const auto checked =
+            op::check<op::KnnAttention>(op::Scope::kShapesAndValues, q, k_in, v, w, b, slots, sim, m, order, r, t);
+        if (!has_device_kernels(key)) {
+          return generic::knn_attention_checked(checked, q, k_in, v, w, b, slots, sim, m, order, r, t);
+        }
+        return composed_attention_checked(checked, q, k_in, v, w, b, slots, sim, m, order, r, t);
+      },
+      op::Scope::kShapesAndValues, queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho,
+      temperature);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention_backward(
@@ -166,15 +172,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_at
                                                    weights, similarity, rho, temperature, output_mask)) {
     return *fused;
   }
-  const auto checked =
-      op::check<op::KnnAttentionBackward>(op::Scope::kShapesAndValues, grad_output, queries, keys, values, kernel,
-                                          scores, indices, weights, similarity, rho, temperature, output_mask);
-  if (!has_device_kernels(key)) {
-    return generic::knn_attention_backward_checked(checked, grad_output, queries, keys, values, kernel, scores,
-                                                   indices, weights, similarity, rho, temperature, output_mask);
-  }
-  return composed_attention_backward_checked(checked, grad_output, queries, keys, values, kernel, scores, indices,
-                                             weights, similarity, rho, temperature, output_mask);
+  return op::head_dims::run(
+      [key](const at::Tensor& dy, const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v,
+            const at::Tensor& w, const at::Tensor& s, const at::Tensor& i, const at::Tensor& p,
+            c10::string_view sim, c10::string_view r, double t, std::array<bool, 5> wanted) {
+        const auto checked = op::check<op::KnnAttentionBackward>(op::Scope::kShapesAndValues, dy, q, k_in, v, w, s,
+                                                                 i, p, sim, r, t, wanted);
+        if (!has_device_kernels(key)) {
+          return generic::knn_attention_backward_checked(checked, dy, q, k_in, v, w, s, i, p, sim, r, t, wanted);
+        }
+        return composed_attention_backward_checked(checked, dy, q, k_in, v, w, s, i, p, sim, r, t, wanted);
+      },
+      op::Scope::kShapesAndValues, grad_output, queries, keys, values, kernel, scores, indices, weights, similarity,
+      rho, temperature, output_mask);
 }
 
 }  // namespace convnn::ops::composite

@@ -4,17 +4,14 @@
 #include <ATen/core/Tensor.h>
 
 #include "ops/kernels/views.h"
+#include "ops/unit_stride_rows.h"
 
 namespace convnn::cpu {
 
 using kernels::RowsView;
 using kernels::SlotsView;
 
-// The kernels vectorise along the last dim: keep any layout whose last dim is unit-stride (slices
-// of a wider projection, say) and copy only otherwise.
-inline at::Tensor unit_stride_rows(const at::Tensor& t) {
-  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
-}
+using ops::unit_stride_rows;
 
 // A [G, rows, width] tensor with unit-stride rows (see unit_stride_rows).
 template <typename T>

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "ops/cuda/triton/select_launches.h"
+#include "ops/unit_stride_rows.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
@@ -38,14 +40,29 @@ std::string backward_columns_key(at::ScalarType dtype) {
 
 int64_t cdiv(int64_t total, int64_t block) { return (total + block - 1) / block; }
 
+// The shape of a per-slot tensor ([G,N,K], or [B,H,N,K] with head dims) for queries of this shape.
+std::vector<int64_t> slots_shape(const at::Tensor& queries, int64_t k) {
+  auto shape = queries.sizes().vec();
+  shape.back() = k;
+  return shape;
+}
+
+// A result of `like`'s rows, `width` wide: [G,rows,width], or for [B,H,rows,*] [B,H,rows,width]
+// stored as [B,rows,H,width] (the forward's output and the backward's gradients with heads as a
+// dimension: src/ops/op_signatures.h).
+at::Tensor empty_rows(const at::Tensor& like, int64_t width) {
+  if (like.dim() == 3) return at::empty({like.size(0), like.size(1), width}, like.options());
+  return at::empty({like.size(0), like.size(2), like.size(1), width}, like.options()).transpose(1, 2);
+}
+
 }  // namespace
 
 bool attention_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                     const at::Tensor& kernel, int64_t k) {
   constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
-  const int64_t g = queries.size(0), n = queries.size(1), c = values.size(2);
+  const int64_t g = slices_of(queries), n = queries.size(-2), c = values.size(-1);
   return kernel.dim() == 2 && select_fits(queries, keys, k) && values.numel() <= kInt32 &&
-         g * n * std::max<int64_t>(c, 1) <= kInt32;
+         g * n * std::max<int64_t>(c, 1) <= kInt32 && row_layout_fits(values);
 }
 
 const std::vector<std::string>& attention_kernel_keys(at::ScalarType dtype) {
@@ -56,17 +73,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& queries_in, const at::Tensor& keys_in, const at::Tensor& values_in, const at::Tensor& kernel_in,
     const at::Tensor& bias_in, int64_t k, Similarity similarity, const at::Tensor& mask_in, bool index_order, Rho rho,
     double temperature, const LaunchRunner& run) {
-  const int64_t g = queries_in.size(0), n = queries_in.size(1), d = queries_in.size(2);
-  const int64_t m = values_in.size(1), c = values_in.size(2);
+  const int64_t g = slices_of(queries_in), n = queries_in.size(-2), d = queries_in.size(-1);
+  const int64_t m = values_in.size(-2), c = values_in.size(-1);
   const auto dtype = queries_in.scalar_type();
-  // The outputs in the op's dtype (the kernel writes them so); its inputs in top_k_input_dtype.
-  auto output = at::empty({g, n, c}, queries_in.options()), scores = at::empty({g, n, k}, queries_in.options());
-  auto weights = at::empty({g, n, k}, queries_in.options());
-  auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
+  // The outputs in the op's dtype (the kernel writes them so); its inputs in top_k_input_dtype, read
+  // in place wherever their rows are unit-stride (the [B,H,N,D] heads of a projection, say).
+  auto output = empty_rows(queries_in, c), scores = at::empty(slots_shape(queries_in, k), queries_in.options());
+  auto weights = at::empty(slots_shape(queries_in, k), queries_in.options());
+  auto indices = at::empty(slots_shape(queries_in, k), queries_in.options().dtype(at::kLong));
   if (g * n > 0) {
     const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
     const auto input = top_k_input_dtype(dtype);
-    const auto values = values_in.to(input).contiguous(), kernel = kernel_in.to(input).contiguous();
+    const auto values = unit_stride_rows(values_in.to(input)), kernel = kernel_in.to(input).contiguous();
     // Without a bias the kernel does not read bias_ptr (has_bias is 0); any valid pointer does.
     const auto bias = bias_in.defined() ? bias_in.to(input).contiguous() : values;
     Launch launch{top_k_key("attention", similarity, k, in.mask_kind, dtype),
@@ -75,7 +93,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
         .pointer(in.mask).pointer(output).pointer(scores).pointer(indices).pointer(weights)
         .int32(n).int32(m).int32(d).int32(c).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
         .int32(rho_code(rho)).float32(static_cast<float>(temperature)).int32(index_order ? 1 : 0)
-        .int32(bias_in.defined() ? 1 : 0).int32(dtype_code(dtype));
+        .int32(bias_in.defined() ? 1 : 0).int32(dtype_code(dtype)).int32(heads_of(in.queries))
+        .rows(row_layout(in.queries)).rows(row_layout(in.keys)).rows(row_layout(values)).rows(row_layout(output));
     run(launch);
   }
   return {output, scores, indices, weights};
@@ -86,7 +105,8 @@ bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& value
   constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
   const int64_t k = weights.size(2);
   return kernel.dim() == 2 && k >= 1 && k <= kSelectBlocks.max_slots && grad_output.numel() <= kInt32 &&
-         values.numel() <= kInt32 && weights.numel() <= kInt32 && values.size(0) * values.size(1) <= kInt32;
+         values.numel() <= kInt32 && weights.numel() <= kInt32 && values.size(0) * values.size(1) <= kInt32 &&
+         row_layout_fits(grad_output) && row_layout_fits(values);
 }
 
 const std::vector<std::string>& scores_gradient_kernel_keys(at::ScalarType dtype) {
@@ -110,7 +130,8 @@ at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tens
   if (grad_scores.numel() == 0) return grad_scores;
   Launch launch{scores_gradient_key(k, dtype), {(g * n + kSelectBlocks.rows - 1) / kSelectBlocks.rows}, {}};
   launch.arguments.pointer(grad_output).pointer(values).pointer(kernel).pointer(indices).pointer(weights)
-      .pointer(grad_scores).int32(g * n).int32(n).int32(m).int32(c).int32(k).float32(static_cast<float>(temperature));
+      .pointer(grad_scores).int32(g * n).int32(n).int32(m).int32(c).int32(k).float32(static_cast<float>(temperature))
+      .int32(heads_of(values)).rows(row_layout(grad_output)).rows(row_layout(values));
   run(launch);
   return grad_scores;
 }
@@ -118,13 +139,14 @@ at::Tensor softmax_scores_gradient(const at::Tensor& grad_output, const at::Tens
 bool attention_backward_fits(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                              const at::Tensor& kernel, const at::Tensor& scores, Similarity similarity, Rho rho) {
   constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
-  const int64_t g = queries.size(0), n = queries.size(1), d = queries.size(2);
-  const int64_t m = keys.size(1), c = values.size(2), k = scores.size(2);
+  const int64_t g = slices_of(queries), n = queries.size(-2), d = queries.size(-1);
+  const int64_t m = keys.size(-2), c = values.size(-1), k = scores.size(-1);
   const int64_t row_blocks = cdiv(g * n, kAttentionBackwardBlocks.row_rows);
   return kernel.dim() == 2 && rho == Rho::Softmax && is_dot_product(similarity) && k >= 1 &&
          k <= kSelectBlocks.max_slots &&
          std::min({g * n, g * m, c, d}) > 0 && g * n * std::max({c, d, k}) < kInt32 &&
-         g * m * std::max(c, d) < kInt32 && row_blocks * c * k < kInt32;
+         g * m * std::max(c, d) < kInt32 && row_blocks * c * k < kInt32 && row_layout_fits(queries) &&
+         row_layout_fits(keys) && row_layout_fits(values);
 }
 
 const std::vector<std::string>& attention_backward_kernel_keys(at::ScalarType dtype) {
@@ -151,14 +173,17 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const 
                                            const at::Tensor& scores, const at::Tensor& indices,
                                            const at::Tensor& weights, Similarity similarity, double temperature,
                                            const LaunchRunner& run) {
-  const int64_t g = queries.size(0), n = queries.size(1), d = queries.size(2);
-  const int64_t m = values.size(1), c = values.size(2), k = indices.size(2);
-  // The kernels read the inputs and write the three gradients in the op's dtype (one compiled per
-  // dtype); the score gradient (live) and the kernel's partials are float32.
+  const int64_t g = slices_of(queries), n = queries.size(-2), d = queries.size(-1);
+  const int64_t m = values.size(-2), c = values.size(-1), k = indices.size(-1);
+  // The kernels read the inputs (in place wherever their rows are unit-stride: the [B,H,N,D] heads
+  // of a projection, say) and write the three gradients (empty_rows: of their inputs' shapes) in the
+  // op's dtype (one compiled per dtype); the score gradient (live) and the kernel's partials are
+  // float32. Scores, indices and weights are contiguous, as the forward wrote them.
   const auto dtype = queries.scalar_type();
   const auto float_options = queries.options().dtype(at::kFloat);
   const int64_t row_blocks = cdiv(g * n, kAttentionBackwardBlocks.row_rows);
-  auto live = at::empty({g, n, k}, float_options), grad_queries = at::empty({g, n, d}, queries.options());
+  const int64_t heads = heads_of(queries);
+  auto live = at::empty({g, n, k}, float_options), grad_queries = empty_rows(queries, d);
   auto partial = at::empty({row_blocks, c, k}, float_options);
   // sqrt(D) correctly rounded to float32, as the select backward divides by it.
   const float root = std::sqrt(static_cast<float>(d));
@@ -166,21 +191,24 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const 
   rows.arguments.pointer(grad_output).pointer(values).pointer(kernel).pointer(indices).pointer(weights)
       .pointer(scores).pointer(keys).pointer(live).pointer(grad_queries).pointer(partial)
       .int32(g * n).int32(n).int32(m).int32(c).int32(d).int32(k).float32(static_cast<float>(temperature))
-      .float32(root);
+      .float32(root).int32(heads).rows(row_layout(grad_output)).rows(row_layout(keys)).rows(row_layout(values))
+      .rows(row_layout(grad_queries));
   run(rows);
-  const auto [order, run_start] = inverse_index(indices, m);
+  const auto [order, run_start] = inverse_index(indices.view({g, n, k}), m);
   const auto row_order = busiest_first(run_start);
-  auto grad_keys = at::empty({g, m, d}, keys.options()), grad_values = at::empty({g, m, c}, values.options());
+  auto grad_keys = empty_rows(keys, d), grad_values = empty_rows(values, c);
   const int64_t width = kAttentionBackwardBlocks.column_width;
   const int64_t value_parts = cdiv(c, width);
   Launch columns{backward_columns_key(dtype),
                  {cdiv(g * m, kAttentionBackwardBlocks.column_rows), value_parts + cdiv(d, width)}, {}};
   columns.arguments.pointer(grad_output).pointer(queries).pointer(weights).pointer(kernel).pointer(live)
       .pointer(order).pointer(run_start).pointer(row_order).pointer(grad_values).pointer(grad_keys).int32(g * m)
-      .int32(c).int32(d).int32(k).int32(value_parts);
+      .int32(c).int32(d).int32(k).int32(value_parts).int32(n).int32(m).int32(heads).rows(row_layout(grad_output))
+      .rows(row_layout(queries)).rows(row_layout(grad_values)).rows(row_layout(grad_keys));
   run(columns);
-  return {grad_queries, grad_keys, grad_values, partial.sum(0).to(kernel.scalar_type()),
-          grad_output.sum(std::vector<int64_t>{0, 1})};
+  std::vector<int64_t> rows_dims(static_cast<size_t>(grad_output.dim() - 1));
+  std::iota(rows_dims.begin(), rows_dims.end(), int64_t{0});
+  return {grad_queries, grad_keys, grad_values, partial.sum(0).to(kernel.scalar_type()), grad_output.sum(rows_dims)};
 }
 
 }  // namespace convnn::ops::cuda::triton

@@ -23,9 +23,11 @@ bool attention_fits(const at::Tensor& queries, const at::Tensor& keys, const at:
 const std::vector<std::string>& attention_kernel_keys(at::ScalarType dtype);
 
 /// (output, scores, indices, weights) as convnn::knn_attention, for inputs that the caller checked
-/// and attention_fits accepts (float32, bfloat16 or float16; mask undefined, bool or floating,
-/// [N,M] or [G,N,M]). The kernel reads queries, keys, values, kernel and bias in top_k_input_dtype,
-/// works in float32 and rounds the scores and weights to the op's dtype where the composed ops would.
+/// and attention_fits accepts (float32, bfloat16 or float16; [G,N,D] or, heads as a dimension,
+/// [B,H,N,D] of any strides but the features', read in place; mask undefined, bool or floating,
+/// [N,M] or one per slice). The kernel reads queries, keys, values, kernel and bias in
+/// top_k_input_dtype, works in float32 and rounds the scores and weights to the op's dtype where
+/// the composed ops would; it writes a [B,H,N,D] call's output as [B,N,H,C].
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
     const at::Tensor& bias, int64_t k, Similarity similarity, const at::Tensor& mask, bool index_order, Rho rho,
@@ -62,7 +64,8 @@ at::Tensor busiest_first(const at::Tensor& run_start);
 
 /// [d queries, d keys, d values, d kernel, d bias] of knn_attention for inputs that the caller
 /// checked and attention_backward_fits accepts: the row kernel, the inverse index, the rows busiest
-/// first, the column kernel.
+/// first, the column kernel. grad_output, queries, keys and values ([G,N,*] or [B,H,N,*]) are read
+/// in place with unit-stride rows; scores, indices and weights contiguous.
 std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const at::Tensor& queries,
                                            const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
                                            const at::Tensor& scores, const at::Tensor& indices,

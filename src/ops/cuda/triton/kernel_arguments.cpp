@@ -36,6 +36,10 @@ KernelArguments& KernelArguments::float32(float value) {
   return add('f', slot);
 }
 
+KernelArguments& KernelArguments::rows(const RowLayout& layout) {
+  return int32(layout.batch).int32(layout.head).int32(layout.row);
+}
+
 std::string KernelArguments::kinds() const { return kinds_ + "pp"; }
 
 void** KernelArguments::values() {
@@ -75,6 +79,25 @@ int32_t KernelArguments::int32_at(std::size_t index) const {
 float KernelArguments::float32_at(std::size_t index) const {
   check_kind(kinds_, index, 'f');
   return slots_[index].float32;
+}
+
+RowLayout row_layout(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 3 || t.dim() == 4, "row_layout: a [G,rows,width] or [B,H,rows,width] tensor, got ",
+                        t.sizes());
+  const auto stride = [&](int64_t dim) { return t.size(dim) == 1 ? int64_t{0} : t.stride(dim); };
+  if (t.dim() == 3) return {stride(0), 0, stride(1)};
+  return {stride(0), stride(1), stride(2)};
+}
+
+int64_t heads_of(const at::Tensor& t) { return t.dim() == 4 ? t.size(1) : 1; }
+
+int64_t slices_of(const at::Tensor& t) { return t.dim() == 4 ? t.size(0) * t.size(1) : t.size(0); }
+
+bool row_layout_fits(const at::Tensor& t) {
+  const auto layout = row_layout(t);
+  constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
+  return layout.batch <= kInt32 && layout.head <= kInt32 && layout.row <= kInt32 && layout.batch >= 0 &&
+         layout.head >= 0 && layout.row >= 0;
 }
 
 bool grid_fits(const Grid& grid) {

@@ -13,6 +13,21 @@
 
 namespace convnn::ops::cuda::triton {
 
+/// How the kernels address the rows of a [G,rows,width] or [B,H,rows,width] tensor whose rows are
+/// unit-stride (python/convnn/_triton/row_chunks.py, slice_starts): slice g = b*H + h starts at
+/// element b*batch + h*head (head unused for [G,rows,width], where b = g), its row r at + r*row.
+/// The stride of a dimension of size 1 is taken as 0 (it is never stepped over).
+struct RowLayout {
+  int64_t batch = 0, head = 0, row = 0;
+};
+RowLayout row_layout(const at::Tensor& t);
+/// The slices' heads: H of [B,H,rows,width], 1 of [G,rows,width].
+int64_t heads_of(const at::Tensor& t);
+/// The slices: G of [G,rows,width], B*H of [B,H,rows,width].
+int64_t slices_of(const at::Tensor& t);
+/// Whether a kernel can take t's row layout: every stride within a 32-bit kernel argument.
+bool row_layout_fits(const at::Tensor& t);
+
 /// A kernel's arguments in launch order, each with its kind (the letters of
 /// CompiledKernel::parameters), so that a launch can check them against what the compiled kernel
 /// declares before the GPU sees them. Triton's two scratch pointers are added by the launch.
@@ -21,6 +36,8 @@ class KernelArguments {
   KernelArguments& pointer(const at::Tensor& tensor);  // its data; an undefined tensor is null
   KernelArguments& int32(int64_t value);                // checked to fit in 32 bits
   KernelArguments& float32(float value);
+  /// A tensor's row layout: its batch, head and row strides, three 32-bit arguments.
+  KernelArguments& rows(const RowLayout& layout);
   /// The kinds so far, with the trailing scratch pointers ("...pp").
   std::string kinds() const;
   /// The kinds of the arguments alone (no scratch pointers).
@@ -35,7 +52,7 @@ class KernelArguments {
   float float32_at(std::size_t index) const;
 
  private:
-  static constexpr int kMaxArguments = 24;  // the fused attention kernel takes 22
+  static constexpr int kMaxArguments = 40;  // the fused attention kernel takes 35
   union Slot {
     const void* pointer;
     int32_t int32;

@@ -18,6 +18,7 @@
 #include "ops/cuda/triton/attention_launches.h"
 #include "ops/cuda/triton/path_choice.h"
 #include "ops/op_signatures.h"
+#include "ops/unit_stride_rows.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
@@ -38,8 +39,9 @@ std::vector<at::Tensor> cuda_attention_fused(const checks::AttentionChecked& che
                         .choose_per_dtype("knn_attention", "attention", &attention_kernel_keys);
   if (!path.fused()) return {};
   const c10::OptionalDeviceGuard device(queries.device());
+  // [G,N,D] or [B,H,N,D] inputs, read in place (the launcher copies only rows that are not unit-stride).
   auto [output, scores, indices, weights] =
-      attention_forward(queries.contiguous(), keys.contiguous(), values.contiguous(), kernel.contiguous(),
+      attention_forward(queries, keys, values, kernel.contiguous(),
                         bias_tensor.defined() ? bias_tensor.contiguous() : bias_tensor, k, checked.similarity,
                         mask_tensor, index_order, checked.rho, temperature, path.run);
   return {output, scores, indices, weights};
@@ -56,7 +58,7 @@ std::vector<at::Tensor> cuda_softmax_scores_gradient(const at::Tensor& grad_outp
                                           "attention softmax scores gradient", &scores_gradient_kernel_keys);
   if (!path.fused()) return {};
   const c10::OptionalDeviceGuard device(values.device());
-  return {softmax_scores_gradient(grad_output.contiguous(), values.contiguous(), weights.contiguous(),
+  return {softmax_scores_gradient(unit_stride_rows(grad_output), unit_stride_rows(values), weights.contiguous(),
                                   indices.contiguous(), kernel.contiguous(), temperature, path.run)};
 }
 
@@ -74,9 +76,10 @@ std::vector<at::Tensor> cuda_attention_backward_fused(const checks::AttentionChe
           .choose_per_dtype("knn_attention_backward", "attention backward", &attention_backward_kernel_keys);
   if (!path.fused()) return {};
   const c10::OptionalDeviceGuard device(queries.device());
-  return attention_backward(grad_output.contiguous(), queries.contiguous(), keys.contiguous(), values.contiguous(),
-                            kernel.contiguous(), scores.contiguous(), indices.contiguous(), weights.contiguous(),
-                            checked.similarity, temperature, path.run);
+  // grad_output, queries, keys and values read in place ([G,N,D] or [B,H,N,D], unit-stride rows).
+  return attention_backward(unit_stride_rows(grad_output), unit_stride_rows(queries), unit_stride_rows(keys),
+                            unit_stride_rows(values), kernel.contiguous(), scores.contiguous(), indices.contiguous(),
+                            weights.contiguous(), checked.similarity, temperature, path.run);
 }
 
 }  // namespace

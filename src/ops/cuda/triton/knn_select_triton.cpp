@@ -34,7 +34,8 @@ std::tuple<at::Tensor, at::Tensor> cuda_select(const Similarity& similarity, con
     return generic::knn_select_checked(similarity, queries, keys, k, similarity_name, mask, index_order);
   }
   const c10::OptionalDeviceGuard device(queries.device());
-  return select_forward(queries.contiguous(), keys.contiguous(), k, similarity, mask_tensor, index_order, path.run);
+  // Queries and keys read in place (the launcher copies only rows that are not unit-stride).
+  return select_forward(queries, keys, k, similarity, mask_tensor, index_order, path.run);
 }
 
 std::tuple<at::Tensor, at::Tensor> cuda_select_backward(const Similarity& similarity, const at::Tensor& grad_scores,

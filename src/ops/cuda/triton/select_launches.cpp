@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/unit_stride_rows.h"
+
 namespace convnn::ops::cuda::triton {
 namespace {
 
@@ -88,8 +90,9 @@ RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor&
                                  Similarity similarity) {
   RankingOperands operands;
   const auto input = top_k_input_dtype(queries_in.scalar_type());
-  operands.queries = queries_in.to(input).contiguous();
-  operands.keys = keys_in.to(input).contiguous();
+  // Read in place wherever their rows are unit-stride (the kernels take their RowLayouts).
+  operands.queries = unit_stride_rows(queries_in.to(input));
+  operands.keys = unit_stride_rows(keys_in.to(input));
   operands.mask_kind = !mask_in.defined()                      ? kSelectBlocks.no_mask
                        : mask_in.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
                                                               : kSelectBlocks.additive_mask;
@@ -97,19 +100,21 @@ RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor&
   operands.mask = !mask_in.defined() ? operands.queries
                   : operands.mask_kind == kSelectBlocks.additive_mask ? mask_in.to(at::kFloat).contiguous()
                                                                       : mask_in.contiguous();
-  operands.mask_slice_stride = mask_in.defined() && mask_in.dim() == 3 ? queries_in.size(1) * keys_in.size(1) : 0;
+  // A mask per slice ([G,N,M], or [B,H,N,M] with head dims) is read as contiguous [G,N,M].
+  operands.mask_slice_stride = mask_in.defined() && mask_in.dim() >= 3 ? queries_in.size(-2) * keys_in.size(-2) : 0;
   // sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)); cosine's epsilon as the CPU's
   // float32 kernels round it.
-  operands.similarity_constant = similarity == Similarity::ScaledDot ? std::sqrt(static_cast<float>(queries_in.size(2)))
+  operands.similarity_constant = similarity == Similarity::ScaledDot ? std::sqrt(static_cast<float>(queries_in.size(-1)))
                                  : similarity == Similarity::Cosine  ? static_cast<float>(kCosineEps)
                                                                      : 1.0f;
   return operands;
 }
 
 bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k) {
-  const int64_t g = queries.size(0), n = queries.size(1), m = keys.size(1);
+  const int64_t g = slices_of(queries), n = queries.size(-2), m = keys.size(-2);
   return k >= 1 && k <= kSelectBlocks.max_slots && queries.numel() <= kInt32 && keys.numel() <= kInt32 &&
-         g * n * k <= kInt32 && g * m <= kInt32 && n * m <= kInt32 && m < kInt32 - 2 && g <= 65535;
+         g * n * k <= kInt32 && g * m <= kInt32 && n * m <= kInt32 && m < kInt32 - 2 && g <= 65535 &&
+         row_layout_fits(queries) && row_layout_fits(keys);
 }
 
 const std::vector<std::string>& select_kernel_keys(at::ScalarType dtype) {
@@ -137,7 +142,8 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
                 {cdiv(n, top_k_rows(k)), g}, {}};
   launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
       .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
-      .int32(dtype_code(scores.scalar_type()));
+      .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
+      .rows(row_layout(in.keys));
   run(launch);
   if (index_order) {  // the same K slots by ascending index (a row's K indices are distinct)
     auto [sorted_indices, order] = indices.sort(/*dim=*/-1);

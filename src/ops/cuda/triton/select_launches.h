@@ -19,7 +19,8 @@ namespace convnn::ops::cuda::triton {
 /// precision ones: select.py's INPUT_DTYPES), else float32 (the launcher converts, exactly).
 at::ScalarType top_k_input_dtype(at::ScalarType dtype);
 /// What the running top-K takes (the select and the fused attention kernels): queries and keys in
-/// top_k_input_dtype, raw rows for every similarity; the mask as given if bool, in float32 if
+/// top_k_input_dtype with unit-stride rows (the kernels take their RowLayouts), raw rows for every
+/// similarity; the mask as given if bool, in float32 if
 /// additive, and if none the queries (a valid pointer the kernel does not read); similarity_constant
 /// = sqrt(D) rounded to float32 for scaled_dot, kCosineEps in float32 for cosine.
 struct RankingOperands {
@@ -56,7 +57,8 @@ const std::vector<std::string>& select_kernel_keys(at::ScalarType dtype);
 const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype);
 
 /// As convnn::knn_select, for inputs that the caller checked (queries [G,N,D], keys [G,M,D] of one
-/// floating dtype; mask undefined, bool or floating, [N,M] or [G,N,M]). The kernel ranks in
+/// floating dtype, read in place wherever their rows are unit-stride; mask undefined, bool or
+/// floating, [N,M] or [G,N,M]). The kernel ranks in
 /// float32 (half precision converts exactly, in its registers or by the launcher:
 /// top_k_input_dtype) and writes the scores in the op's dtype.
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
