@@ -3,7 +3,8 @@
 // that the ops (head dims) and the layers (heads, masks) share. Not flatten(0, 1) or reshape: under
 // tracing their view's stride is min(stride(0), stride(1)), e.g. Min(8*N, 4*N), which PyTorch's
 // shape solver cannot simplify, so the next view of the tensor guards on it and fixes the token
-// count N. Sizes are read as SymInts only.
+// count N. A contiguous tensor's merged view is known instead: the strides of its dimensions 1, 2,
+// ... (as_strided keeps its storage offset). Sizes are read as SymInts only.
 #include <ATen/core/Tensor.h>
 
 namespace convnn::ops {

@@ -198,12 +198,14 @@ TEST(HeadDims, BadLayoutsAreRefusedWithTheArgumentTheShapeAndTheRule) {
   // A rule of the folded call names the folded shapes, and says which ones the caller passed.
   EXPECT_TRUE(ThrowsWith(call(p.queries, p.keys, p.values, c10::nullopt, 9),
                          {"k must be", "ran on the [B,H,N,D] inputs as [B*H,N,D] slices (queries [2, 3, 5, 4])"}));
-  const auto [out, scores, indices, weights] = convnn::ops::knn_attention(
-      p.queries, p.keys, p.values, kernel, c10::nullopt, 2, "dot", c10::nullopt, false, "softmax", 1.0);
+  // Not structured bindings: a lambda cannot capture them in C++17 (Clang refuses).
+  const auto forward = convnn::ops::knn_attention(p.queries, p.keys, p.values, kernel, c10::nullopt, 2, "dot",
+                                                  c10::nullopt, false, "softmax", 1.0);
   EXPECT_TRUE(ThrowsWith(
       [&] {
-        convnn::ops::knn_attention_backward(folded(out), p.queries, p.keys, p.values, kernel, scores, indices, weights,
-                                            "dot", "softmax", 1.0, {true, true, true, true, false});
+        convnn::ops::knn_attention_backward(folded(std::get<0>(forward)), p.queries, p.keys, p.values, kernel,
+                                            std::get<1>(forward), std::get<2>(forward), std::get<3>(forward), "dot",
+                                            "softmax", 1.0, {true, true, true, true, false});
       },
       {"knn_attention_backward: with head dims, grad_output must be 4-D [B,H,N,C], got [6, 5, 4]"}));
 }

@@ -15,6 +15,7 @@
 #include "support/assert_close.h"
 #include "support/enum_lists.h"
 
+namespace property_test {  // apart from the files of its unity batch (tests/CMakeLists.txt)
 namespace {
 
 using convnn::Similarity;
@@ -465,3 +466,4 @@ TEST(EmptyBatchProperties, BEqualsZeroThroughEveryLayer) {
 }
 
 }  // namespace
+}  // namespace property_test

@@ -509,8 +509,6 @@ at::Tensor unfold_heads(const at::Tensor& x, int64_t heads) {
   return x.unflatten(0, {-1, heads}).transpose(1, 2).flatten(2);
 }
 
-// symint_forms.h. A contiguous tensor's merged view is known: the strides of its dimensions 1, 2,
-// ... (as_strided keeps its storage offset).
 }  // namespace detail
 
 }  // namespace convnn::nn::functional
