@@ -90,7 +90,7 @@ print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0
     --gtest_filter='*Cuda*:*CUDA*:*Registered*:Device.*:Checkpoint.*:Generic*:Bench*:TritonAot*'
   step "Python: Triton kernels on the GPU, CUDA API" 240 python-tests.log \
     "$python" -m pytest -q -p no:cacheprovider -o addopts= python/tests/test_triton_kernels.py \
-    python/tests/test_cuda.py python/tests/test_opcheck.py
+    python/tests/test_bounded_select.py python/tests/test_cuda.py python/tests/test_opcheck.py
   # The benchmarks: the generic path (what CUDA tensors run) against the reference, module and op
   # level, at the paper's configuration, then the sweep; the Triton kernels from Python.
   local b
@@ -106,6 +106,8 @@ print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0
     "$python" scripts/gpu_bench.py --json "$report/gpu-bench.json"
   step "the running top-K's two designs (one warp per 32 rows, or 8 warps per 16)" 90 bench.log \
     "$python" scripts/gpu_bench.py --designs --json "$report/gpu-designs.json"
+  step "knn_select on tensor cores: rows rerun, same indices, time vs IEEE and SDPA" 150 bench.log \
+    "$python" scripts/gpu_bench.py --tensor-cores --json "$report/gpu-tensor-cores.json"
   # compute-sanitizer: out-of-bounds and misaligned accesses, shared-memory races.
   step "memcheck: C++ GenericCuda (2 cases)" 120 sanitizer.log \
     compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/convnn_tests" --gtest_brief=1 \

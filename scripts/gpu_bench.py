@@ -16,12 +16,19 @@ configuration (G = 384 slices, N = M = 197, d = 64, K = 8, depthwise, scaled_dot
   launched directly, at Table 1 and at 12 x 4096 (K 8, float32), with --designs (a step of its own
   in scripts/gpu-check.sh): the static cost report counts instructions, not occupancy, and this
   decides between them.
+- knn_select with its scores on tensor cores (bounded_select.py, issue 41) against the IEEE kernel,
+  with --tensor-cores (a step of its own in scripts/gpu-check.sh): at 12 x N, N = 4096, 16384 and
+  65536 (D 64, K 8, scaled_dot), float32 and bfloat16, on Gaussian, clustered (64 centres, noise 1%
+  of their scale) and duplicated (every key four times) features: the rows the tensor-core kernel
+  leaves to its rerun, whether the indices and scores equal the IEEE kernel's (not timed at 65536,
+  where it takes seconds), the time of each and of scaled_dot_product_attention's forward and
+  forward+backward on [1, 12, N, 64].
 The C++ `convnn bench --device cuda` times the generic paths; the Triton kernels are registered
 from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events); peak memory
 from the caching allocator over one call of its own; GB/s of the aggregation forward counts its
 minimum bytes (every gathered row read once per slot, weights and indices read, output written).
 
-    python scripts/gpu_bench.py [--json FILE] [--designs]
+    python scripts/gpu_bench.py [--json FILE] [--designs | --tensor-cores]
 """
 import argparse
 import json
@@ -31,7 +38,7 @@ import torch
 import triton.testing
 
 import convnn  # noqa: F401  (registers the ops and the Triton launcher)
-from convnn._triton import attention, select
+from convnn._triton import attention, bounded_select, select
 
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 CUDA = torch._C.DispatchKey.CUDA  # each op's CUDA kernel: the Triton kernels where they apply
@@ -270,16 +277,108 @@ def selection_designs(g, n, d, neighbours, device):
     return row
 
 
+def select_features(kind, g, n, d, dtype, device):
+    """Queries and keys [g, n, d] of one kind: Gaussian; clustered round 64 centres (noise 1% of their
+    scale); duplicated (each of n / 4 Gaussian keys four times, the queries Gaussian)."""
+    generator = torch.Generator(device=device).manual_seed(3)
+
+    def gaussian(rows):
+        return torch.randn(g, rows, d, device=device, generator=generator)
+
+    if kind == "clustered":
+        centres = gaussian(64)
+        def near(rows):
+            chosen = torch.randint(0, 64, (g, rows), device=device, generator=generator)
+            return centres.gather(1, chosen[..., None].expand(g, rows, d)) + 0.01 * gaussian(rows)
+        queries, keys = near(n), near(n)
+    elif kind == "duplicated":
+        queries, keys = gaussian(n), gaussian(max(1, n // 4)).repeat_interleave(4, dim=1)[:, :n]
+    else:
+        queries, keys = gaussian(n), gaussian(n)
+    return queries.to(dtype).contiguous(), keys.to(dtype).contiguous()
+
+
+def rows_left_to_the_rerun(queries, keys, neighbours):
+    """How many query rows the tensor-core kernel leaves to its rerun (scaled_dot, no mask): launched
+    directly, as the C++ launcher launches it."""
+    g, n, d = queries.shape
+    slots = select.slots_for(neighbours)
+    scores = torch.empty(g, n, neighbours, device=queries.device, dtype=queries.dtype)
+    indices = torch.empty(g, n, neighbours, device=queries.device, dtype=torch.int64)
+    redo = torch.empty(g * n, device=queries.device, dtype=torch.int32)
+    rows = (n * d, 0, d)
+    bounded_select._bounded_select_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
+        queries, keys, queries, scores, indices, redo, n, keys.shape[1], d, neighbours, 0,
+        float(torch.tensor(float(d)).sqrt()), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
+        SIMILARITY=select.SIMILARITY_CODES["scaled_dot"], MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
+        CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, HELD=bounded_select.held_for(slots),
+        FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, **bounded_select.COMPILE_OPTIONS)
+    return int(redo.sum())
+
+
+def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, timer=None):
+    """One row of compare_select_scores."""
+    timer = timer or timed
+    queries, keys = select_features(kind, g, n, d, dtype, device)
+    row = {"features": kind, "G": g, "N": n, "d": d, "K": neighbours, "dtype": str(dtype).replace("torch.", ""),
+           "rows_left_to_the_rerun": rows_left_to_the_rerun(queries, keys, neighbours)}
+
+    def select_by(scores_by):
+        os.environ["CONVNN_SELECT_SCORES"] = scores_by
+        try:
+            return ops.knn_select.default._op_dk(CUDA, queries, keys, neighbours, "scaled_dot", None, False)
+        finally:
+            os.environ.pop("CONVNN_SELECT_SCORES")
+
+    bounded = select_by("tensor_cores")
+    row["tensor_cores_ms"], _ = timer(lambda: select_by("tensor_cores"))
+    if time_ieee:
+        ieee = select_by("ieee")
+        row["indices_equal"] = bool(torch.equal(bounded[1], ieee[1]))
+        row["scores_equal"] = bool(torch.equal(bounded[0], ieee[0]))
+        row["scores_max_difference"] = float((bounded[0].float() - ieee[0].float()).abs().max())
+        row["ieee_ms"], _ = timer(lambda: select_by("ieee"))
+    q, k, v = (t.view(1, g, n, d) for t in (queries, keys, queries))
+    row["sdpa_forward_ms"], _ = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    row["sdpa_fb_ms"], _ = timer(lambda: torch.autograd.grad(
+        torch.nn.functional.scaled_dot_product_attention(*leaves), leaves, torch.ones_like(q)))
+    return row
+
+
+def compare_select_scores(device, json_path, sizes=(4096, 16384, 65536)):
+    """select_scores_row for each size, dtype and kind of features, printed as a table."""
+    rows = [select_scores_row(kind, 12, n, 64, 8, dtype, device, time_ieee=n <= 16384)
+            for n in sizes for dtype in (torch.float32, torch.bfloat16)
+            for kind in ("gaussian", "clustered", "duplicated")]
+    print(f"device: {torch.cuda.get_device_name(device)}; knn_select scaled_dot (D 64, K 8) on tensor cores "
+          "against the IEEE kernel, ms, and SDPA on the same [1, 12, N, 64]:")
+    print("| dtype | N | features | rows left to the rerun (of 12 N) | indices / scores equal | tensor cores | IEEE | "
+          "SDPA forward | SDPA forward+backward |\n|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        same = f"{r['indices_equal']} / {r['scores_equal']}" if "indices_equal" in r else "not compared"
+        ieee = f"{r['ieee_ms']:.3f}" if "ieee_ms" in r else "not timed"
+        print(f"| {r['dtype']} | {r['N']} | {r['features']} | {r['rows_left_to_the_rerun']} | {same} | "
+              f"{r['tensor_cores_ms']:.3f} | {ieee} | {r['sdpa_forward_ms']:.3f} | {r['sdpa_fb_ms']:.3f} |")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(device), "select_scores": rows}, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--designs", action="store_true", help="only the running top-K's two designs")
+    parser.add_argument("--tensor-cores", action="store_true", help="only knn_select on tensor cores against IEEE")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_bench: no CUDA device")
     device = torch.device("cuda", torch.cuda.current_device())
     if args.designs:
         compare_designs(device, args.json)
+        return
+    if args.tensor_cores:
+        compare_select_scores(device, args.json)
         return
     shapes = [(384, 197, 64, 8)] + [(12, n, 64, 9) for n in (197, 1024, 4096, 16384)]
     rows = [one(*shape, dtype, device) for dtype in (torch.float32, torch.bfloat16) for shape in shapes]

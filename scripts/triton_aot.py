@@ -72,8 +72,9 @@ def compile_one(job):
 
 def constants_source():
     """The block sizes, limits and codes of src/ops/cuda/triton/blocks.h, from the kernels' modules."""
-    aggregate, select, pairs, attention, attention_backward = (
-        check.load_kernels(name) for name in ("aggregate", "select", "pair_gradients", "attention", "attention_backward"))
+    aggregate, select, pairs, attention, attention_backward, bounded = (
+        check.load_kernels(name) for name in ("aggregate", "select", "pair_gradients", "attention", "attention_backward",
+                                              "bounded_select"))
     rho, dtype = attention.RHO_CODES, attention.DTYPE_CODES
 
     def reads(name):  # whether the running-top-K kernels are compiled to read this input dtype
@@ -88,6 +89,7 @@ const AggregateBlocks kAggregateBlocks = {{{aggregate.ROWS}, {aggregate.CHANNELS
 const SelectBlocks kSelectBlocks = {{{select.ROWS}, {select.THREAD_ROWS}, {select.THREAD_SLOTS}, {select.MIN_SLOTS},
                                     {select.MAX_SLOTS}, {select.NO_MASK}, {select.BOOL_MASK}, {select.ADDITIVE_MASK},
                                     {reads("bfloat16")}, {reads("float16")}}};
+const BoundedSelectBlocks kBoundedSelectBlocks = {{{bounded.ROWS}, {bounded.MAX_FEATURES}}};
 const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 const AttentionCodes kAttentionCodes = {{{attention.CHANNELS}, {rho["uniform"]}, {rho["mean"]}, {rho["softmax"]},
                                         {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]}}};

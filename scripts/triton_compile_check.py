@@ -102,7 +102,11 @@ def all_specialisations():
     revision's modules)."""
     table = load_file(pathlib.Path(__file__).resolve().parents[1] / "python/convnn/_triton/specialisations.py")
     names = ("aggregate", "select", "pair_gradients", "attention", "attention_backward")
-    return table.all_specialisations({name: load_kernels(name) for name in names})
+    modules = {name: load_kernels(name) for name in names}
+    # The tensor-core select (issue 41): not in the kernels of an earlier revision.
+    if (REPO / "python/convnn/_triton/bounded_select.py").exists():
+        modules["bounded_select"] = load_kernels("bounded_select")
+    return table.all_specialisations(modules)
 
 
 def map_in_parallel(function, jobs):

@@ -681,6 +681,145 @@ def report_top_k_kernel(report, counted, module, kernel, shape_name, shape, runs
           f"{figures['warp_instructions_per_score']:.1f} | {figures['bound_us']:.0f} | {figures['set_by']} |")
 
 
+# knn_select on tensor cores (bounded_select.py, issue 41): the shapes of its targets (12 heads of
+# N = M keys, D = 64, K = 8), and the H100 SXM's dense tensor-core rate in multiply-adds per SM and
+# cycle by the operands' type (989 TFLOPS bfloat16 and 495 TF32 at the boost clock, over 132 SMs):
+# the peak, which mma.sync does not reach, so the bound below it is a lower bound.
+BOUNDED_SHAPES = {f"12 x {n} (G 12, N {n}, D 64, K 8)": (12, n, 64, 8) for n in (4096, 16384, 65536)}
+TENSOR_CORE_FMA_PER_SM_CYCLE = {"BF16": 2048, "F16": 2048, "TF32": 1024}
+
+
+def hmma_multiply_adds(text):
+    """The multiply-adds of one HMMA instruction (m x n x k from its shape, e.g. HMMA.16816.F32.BF16),
+    and its operands' type."""
+    match = re.search(r"HMMA\.(\d\d)(\d)(\d+)\.F32\.(\w+)", text)
+    m, n, k, kind = int(match.group(1)), int(match.group(2)), int(match.group(3)), match.group(4)
+    return m * n * k, kind
+
+
+def bounded_parts(kernel_name):
+    """The tensor-core select's SASS per warp: the tile loop's parts (the loop of HMMAs per FEATURES
+    features on vector loads, taken at D = 64 on aligned rows, the masked-load one beside it counted as
+    skipped; what every tile runs; the gated region that the tiles no pair of which reaches its row's
+    least held bound skip, and the rounds loop inside it), the loops outside it (the query norms per
+    chunk, the exact re-score per feature), what runs once, and the HMMA multiply-adds per chunk."""
+    instructions, labels, warps = sass(kernel_name)
+    ranges = loops(instructions, labels)
+
+    def size(r):
+        return r[1] - r[0] + 1
+
+    def hmma(r):
+        return [text for text, _ in instructions[r[0]:r[1] + 1] if opcode(text) == "HMMA"]
+
+    dots = sorted((r for r in ranges if hmma(r) and not any(o != r and o[0] <= r[0] and r[1] <= o[1] and hmma(o)
+                                                            and size(o) < size(r) for o in ranges)), key=size)
+    dots = [r for r in dots if not any(inner != r and r[0] <= inner[0] and inner[1] <= r[1] for inner in dots)]
+    dot, untaken = dots[0], dots[1:]
+    tiles = min((r for r in ranges if r[0] < dot[0] and dot[1] <= r[1]), key=size)
+    inner = [r for r in ranges if tiles[0] < r[0] and r[1] < tiles[1] and r not in dots and not hmma(r)]
+    round_loop = max(inner, key=size)
+    # The gated region: the largest forward-branch region of the tile loop that holds the rounds loop.
+    gated = (round_loop[0], round_loop[1])
+    for position in range(tiles[0], round_loop[0]):
+        match = re.search(r"^@!?U?P\d.*\bBRA\b.*`\((\.L_x_\d+)\)", instructions[position][0])
+        target = labels.get(match.group(1), -1) if match else -1
+        if round_loop[1] < target <= tiles[1] + 1 and target - position - 1 > size(gated):
+            gated = (position + 1, target - 1)
+    outside = [r for r in ranges if r[1] < tiles[0] or r[0] > tiles[1]]
+    fma = [hmma_multiply_adds(text) for text in hmma(dot)]
+    skipped = sum(size(r) for r in untaken)
+    return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
+            "tile": size(tiles) - size(dot) - skipped - size(gated), "gated": size(gated) - size(round_loop),
+            "round": size(round_loop), "skipped": skipped,
+            "norms_per_chunk": sum(size(r) for r in outside if r[1] < tiles[0]),
+            "rescore_per_feature": sum(size(r) for r in outside if r[0] > tiles[1]),
+            "once": len(instructions) - size(tiles) - sum(size(r) for r in outside),
+            "hmma_per_chunk": len(fma), "fma_per_chunk": sum(f for f, _ in fma), "operands": fma[0][1]}
+
+
+def bounded_round_counts(bounded, shape, precision_model, seed=0, blocks_wanted=48):
+    """Per tile, summed over a sample of blocks of ROWS query rows on seeded Gaussian features: the
+    rounds of the held set (select.entered: as many as the block's busiest row has upper bounds above
+    its set's least, at most HELD), with each upper bound the score plus precision_model |q||k|.
+    Returns (rounds, tiles that pass the float gate, tiles, blocks sampled, blocks in all)."""
+    g, n, d, k = shape
+    held = bounded.held_for(max(8, 1 << (k - 1).bit_length()))
+    rows, tile = bounded.ROWS, bounded.CANDIDATES
+    blocks_per_slice = math.ceil(n / rows)
+    generator = torch.Generator().manual_seed(seed)
+    queries = torch.randn(n, d, generator=generator, dtype=torch.float64)
+    keys = torch.randn(n, d, generator=generator, dtype=torch.float64)
+    key_norms = keys.norm(dim=1)
+    rounds = gated = tiles = sampled = 0
+    for block in range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted)):
+        q = queries[block * rows:(block + 1) * rows]
+        upper = q @ keys.T + precision_model * q.norm(dim=1, keepdim=True) * key_norms
+        sampled += 1
+        for first in range(0, n, tile):
+            tiles += 1
+            seen = upper[:, :first]
+            least = seen.topk(held, dim=1).values[:, -1:] if first >= held else torch.full((len(q), 1), -math.inf)
+            entries = int((upper[:, first:first + tile] >= least).sum(dim=1).max())
+            gated += entries > 0
+            rounds += min(entries, held)
+    return rounds, gated, tiles, sampled, g * blocks_per_slice
+
+
+def bounded_estimate(counts, bounded, shape, runs):
+    """The tensor-core select's bound at `shape`: the larger of its instruction issue, its HMMAs at the
+    tensor cores' peak and its compulsory DRAM bytes (the rerun's programs, none of whose rows is
+    flagged on these inputs, only read the flags)."""
+    g, n, d, k = shape
+    rounds, gated, tiles, sampled, blocks = runs
+    scale = blocks / sampled
+    chunks = math.ceil(d / bounded.FEATURES)
+    per_warp = (sampled * (counts["once"] + counts["norms_per_chunk"] * chunks + counts["rescore_per_feature"] * d)
+                + tiles * (counts["tile"] + chunks * counts["dot_per_chunk"]) + gated * counts["gated"]
+                + rounds * counts["round"]) * scale
+    warp_instructions = per_warp * counts["warps"]
+    issue_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ)
+    multiply_adds = tiles * scale * chunks * counts["fma_per_chunk"] * counts["warps"]
+    tensor_s = multiply_adds / (SMS * TENSOR_CORE_FMA_PER_SM_CYCLE[counts["operands"]] * CLOCK_HZ)
+    element = 2 if counts["operands"] in ("BF16", "F16") else 4
+    dram_s = (element * 2 * g * n * d + g * n * (k * (element + 8) + 2 * 4)) / DRAM_BYTES_PER_S
+    bound = max(issue_s, tensor_s, dram_s)
+    return {"rounds_per_tile": rounds / tiles, "gated_tiles_share": gated / tiles,
+            "warp_instructions_per_score": warp_instructions / (blocks * bounded.ROWS * n),
+            "issue_bound_us": issue_s * 1e6, "tensor_core_bound_us": tensor_s * 1e6,
+            "dram_bound_us": dram_s * 1e6, "bound_us": bound * 1e6,
+            "set_by": {issue_s: "instruction issue", tensor_s: "tensor cores", dram_s: "DRAM"}[bound]}
+
+
+def report_bounded_select(report):
+    """The tensor-core select's table: scaled_dot without a mask, bfloat16 and float32 inputs, at
+    BOUNDED_SHAPES, beside the IEEE select kernel's bound at 12 x 4096 (the table above)."""
+    bounded = check.load_kernels("bounded_select")
+    print("\nknn_select on tensor cores (bounded_select.py): scaled_dot, no mask, sm_90; the IEEE kernel's "
+          "rerun launch reads only the flags here (no row flagged on Gaussian inputs)\n")
+    print("| kernel | shape | SASS per tile: base / per 16 features / gated / round | HMMA per 16 features | "
+          "exact re-score per feature | tiles past the gate | rounds per tile | warp instr. per score | "
+          "issue (µs) | tensor cores (µs) | DRAM (µs) | bound (µs) | set by |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    report["bounded_select"] = {}
+    for suffix, exact_products in ((" bfloat16 inputs", True), ("", False)):
+        for shape_name, shape in BOUNDED_SHAPES.items():
+            kernel = f"bounded select scaled_dot K<={max(8, 1 << (shape[3] - 1).bit_length())} no mask{suffix}"
+            counts = bounded_parts(kernel)
+            # The bound's size at D = 64 to a few percent (docs/operator.md: 1.9e-5 and 5.4e-5 of |q||k|
+            # with the slack), for the simulated rounds only, which it barely moves.
+            model = 2.0 ** -21 + (1 if exact_products else 3) * 64 * 2.0 ** -22 + (0 if exact_products else 2.0 ** -18)
+            figures = bounded_estimate(counts, bounded, shape, bounded_round_counts(bounded, shape, model))
+            report["bounded_select"].setdefault(kernel, {"sass": counts, "shapes": {}})["shapes"][shape_name] = figures
+            print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_per_chunk']} / {counts['gated']} / "
+                  f"{counts['round']} | {counts['hmma_per_chunk']} ({counts['operands']}) | "
+                  f"{counts['rescore_per_feature']} | {figures['gated_tiles_share']:.0%} | "
+                  f"{figures['rounds_per_tile']:.2f} | {figures['warp_instructions_per_score']:.2f} | "
+                  f"{figures['issue_bound_us']:.0f} | "
+                  f"{figures['tensor_core_bound_us']:.0f} | {figures['dram_bound_us']:.0f} | "
+                  f"{figures['bound_us']:.0f} | {figures['set_by']} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--revision", help="a git revision whose kernels to report (default: the working tree)")
@@ -710,6 +849,8 @@ def main():
             for family in FAMILIES:
                 kernel = f"{family} scaled_dot K<={module.slots_for(shape[3])} no mask bfloat16 inputs"
                 report_top_k_kernel(report, counted, module, kernel, shape_name, shape, runs[shape_name])
+        if (check.REPO / "python/convnn/_triton/bounded_select.py").exists():
+            report_bounded_select(report)
         if args.revision is None or (check.REPO / "python/convnn/_triton/attention_backward.py").exists():
             report_backward(report)
             if "sorts" in report:

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -58,27 +59,30 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   // per input dtype), 12 of its backward (3 kernels x 4 similarities), 72 x 3 of the fused
   // knn_attention (as knn_select), 4 x 3 of its backward's softmax scores gradient (one per width and
   // dtype), 9 x 3 of its two-kernel backward (the row kernel for dot and scaled_dot at each width,
-  // the column kernel; per dtype).
-  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u);
+  // the column kernel; per dtype), 24 x 3 of knn_select on tensor cores and 24 x 3 of its rerun (dot
+  // and scaled_dot x 4 widths x 3 mask kinds, per input dtype).
+  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u + 2u * 24u * 3u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
       ASSERT_NE(cubin, nullptr) << key << " sm_" << arch;
       ASSERT_GT(cubin->image_bytes, 4u);
       EXPECT_EQ(std::string(cubin->image, 4), "\x7f" "ELF") << key << " sm_" << arch;
-      const bool running_top_k = (key.rfind("select ", 0) == 0 || key.rfind("attention ", 0) == 0) &&
+      const bool running_top_k = (key.rfind("select ", 0) == 0 || key.rfind("attention ", 0) == 0 ||
+                                  key.rfind("rerun select ", 0) == 0) &&
                                  key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
+      const bool tensor_cores = key.rfind("bounded select ", 0) == 0;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
       // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
       // are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
       // kernel at the widest running top-K (two lanes per row: attention_backward.compile_options);
-      // the shared set takes 8 warps.
+      // the shared set and the tensor-core select (bounded_select.COMPILE_OPTIONS) take 8 warps.
       const auto at_width = key.find("K<=");
       const auto width = at_width == std::string::npos ? int64_t{0} : std::stoll(key.substr(at_width + 3));
       const bool widest_rows = two_kernel_backward && width == triton::kSelectBlocks.max_slots;
       const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
-                            : running_top_k       ? 8
+                            : running_top_k || tensor_cores ? 8
                             : widest_rows         ? 2 * triton::kAttentionBackwardBlocks.row_rows / 32
                             : two_kernel_backward ? triton::kAttentionBackwardBlocks.row_rows / 32
                                                   : 4;
@@ -285,6 +289,60 @@ TEST(TritonAot, EverySelectLaunchPassesTheParametersTheCompiledKernelDeclares) {
       EXPECT_EQ(gq.scalar_type(), dtype);
     }
   }
+}
+
+TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernelsDeclare) {
+  // knn_select on tensor cores (issue 41), dot and scaled_dot: the tensor-core kernel, then the
+  // IEEE kernel's rerun of the rows it leaves, over the same outputs.
+  const int64_t g = 3, n = 45, m = 70, d = 5;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const auto queries = torch::randn({g, n, d}).to(dtype), keys = torch::randn({g, m, d}).to(dtype);
+    const std::vector<torch::Tensor> masks{torch::Tensor(), torch::rand({n, m}) > 0.3,
+                                           torch::zeros({g, n, m}).to(dtype)};
+    for (const auto similarity : {convnn::Similarity::Dot, convnn::Similarity::ScaledDot}) {
+      for (const auto& mask : masks) {
+        for (const int64_t k : {1, 9, 64}) {
+          Recorder recorder;
+          const auto [scores, indices] = triton::select_forward(queries, keys, k, similarity, mask, k == 9,
+                                                                recorder.runner(), triton::SelectScores::TensorCores);
+          ASSERT_EQ(recorder.launches.size(), 2u);
+          EXPECT_EQ(recorder.launches[0].key.rfind("bounded select ", 0), 0u) << recorder.launches[0].key;
+          EXPECT_EQ(recorder.launches[1].key.rfind("rerun select ", 0), 0u) << recorder.launches[1].key;
+          EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::kBoundedSelectBlocks.rows));
+          EXPECT_EQ(recorder.launches[1].grid.x, cdiv(n, triton::top_k_rows(k)));
+          EXPECT_EQ(recorder.launches[0].grid.y, g);
+          EXPECT_EQ(scores.scalar_type(), dtype);
+          EXPECT_EQ(indices.sizes(), (std::vector<int64_t>{g, n, k}));
+        }
+      }
+    }
+  }
+}
+
+TEST(TritonAot, TensorCoresScoreDotProductsWhereAskedAndTheIeeeKernelByDefault) {
+  const int64_t many = 65536;
+  const auto dot = convnn::Similarity::Dot, cosine = convnn::Similarity::Cosine;
+  ::unsetenv("CONVNN_SELECT_SCORES");
+  EXPECT_EQ(triton::select_scores(dot, many, 64), triton::SelectScores::Ieee) << "estimated slower: not by default";
+  ::setenv("CONVNN_SELECT_SCORES", "auto", 1);
+  EXPECT_EQ(triton::select_scores(dot, many, 64), triton::SelectScores::Ieee);
+  ::setenv("CONVNN_SELECT_SCORES", "ieee", 1);
+  EXPECT_EQ(triton::select_scores(dot, many, 64), triton::SelectScores::Ieee);
+  ::setenv("CONVNN_SELECT_SCORES", "tensor_cores", 1);
+  EXPECT_EQ(triton::select_scores(dot, 10, 64), triton::SelectScores::TensorCores);
+  EXPECT_EQ(triton::select_scores(convnn::Similarity::ScaledDot, many, 64), triton::SelectScores::TensorCores);
+  EXPECT_EQ(triton::select_scores(cosine, many, 64), triton::SelectScores::Ieee) << "no tensor-core kernel";
+  EXPECT_EQ(triton::select_scores(dot, many, triton::kBoundedSelectBlocks.max_features + 1), triton::SelectScores::Ieee)
+      << "past the features the error bound holds for";
+  ::setenv("CONVNN_SELECT_SCORES", "fast", 1);
+  try {
+    triton::select_scores(dot, many, 64);
+    ADD_FAILURE() << "CONVNN_SELECT_SCORES=fast accepted";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("CONVNN_SELECT_SCORES must be 'auto', 'ieee' or 'tensor_cores', got 'fast'"),
+              std::string::npos);
+  }
+  ::unsetenv("CONVNN_SELECT_SCORES");
 }
 
 TEST(TritonAot, SelectInIndexOrderSortsTheKernelsSlotsByIndexAndKeepsTheirScores) {

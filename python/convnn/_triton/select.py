@@ -207,6 +207,22 @@ def _query_starts(q_rows, row_ok, q_stride):
 
 
 @triton.jit
+def scaled_by_root(keys, root, SIMILARITY: tl.constexpr):
+    """scaled_dot's keys of dot products: keys / root (sqrt(D) in float32), correctly rounded; the
+    other similarities' keys as they are. Also the exact re-rank's (bounded_select.py), which must
+    give these bits, and its upper bounds' (a correctly rounded quotient by root > 0 keeps order)."""
+    if SIMILARITY == SCALED_DOT:
+        # x / root correctly rounded. With root a power of two (D = 4, 16, 64, 256, ...) its
+        # reciprocal is exact, so x * (1 / root) is the same correctly rounded quotient, at one
+        # multiply instead of an IEEE division's dozen instructions.
+        if (tl.full([], root, tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFF) == 0:
+            keys = keys * tl.math.div_rn(1.0, root)
+        else:
+            keys = tl.math.div_rn(keys, tl.full(keys.shape, root, tl.float32))
+    return keys
+
+
+@triton.jit
 def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_stride, similarity_constant, q_factors,
                SIMILARITY: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
                VECTOR_LOADS: tl.constexpr = False, q_starts=None):
@@ -239,15 +255,7 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_strid
             k_factors = _row_factors(k_ptr, cand, cand_ok, d, k_stride, similarity_constant, SIMILARITY, CANDIDATES,
                                      FEATURES)
             keys = keys * q_factors[:, None] * k_factors[None, :]
-        if SIMILARITY == SCALED_DOT:
-            root = similarity_constant
-            # x / root correctly rounded. With root a power of two (D = 4, 16, 64, 256, ...) its
-            # reciprocal is exact, so x * (1 / root) is the same correctly rounded quotient, at one
-            # multiply instead of an IEEE division's dozen instructions.
-            if (tl.full([], root, tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFF) == 0:
-                keys = keys * tl.math.div_rn(1.0, root)
-            else:
-                keys = tl.math.div_rn(keys, tl.full([ROWS, CANDIDATES], root, tl.float32))
+        keys = scaled_by_root(keys, similarity_constant, SIMILARITY)
     else:  # the distances: minus the distance, from exact pairwise differences, a feature at a time
         tl.static_assert(is_distance(SIMILARITY))
         j = 0
@@ -498,21 +506,30 @@ def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_stride, k_
         both_ok = row_ok[:, None] & cand_ok[None, :]
         packed = tl.where(both_ok, _packed(keys, cand[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)),
                           LEAST_KEY)
-        # The gate: only keys above their row's threshold can enter.
-        passing = tl.where(packed > threshold[:, None], packed, LEAST_KEY)
-        # One round per entry of the busiest row, at most K, each entry replacing its set's least.
-        entries = tl.minimum(tl.max(tl.sum((passing != LEAST_KEY).to(tl.int32), 1), 0), k)
-        entry = 0
-        while entry < entries:
-            best = tl.max(passing, 1)
-            enters = best > threshold
-            top = tl.where(enters[:, None] & (top == threshold[:, None]), best[:, None], top)
-            passing = tl.where(passing == best[:, None], LEAST_KEY, passing)
-            threshold = tl.min(top, 1)
-            entry += 1
+        top, threshold = entered(top, threshold, packed, k)
         first += CANDIDATES
     top_keys, top_index = _unpacked(bitonic.largest(tl.where(in_k, top, LEAST_KEY), SLOTS, 1))
     return top_keys, top_index, unrankable
+
+
+@triton.jit
+def entered(top, threshold, packed, k):
+    """The unordered set top [ROWS, SLOTS] of distinct packed keys (its least per row: threshold,
+    [ROWS]) after a tile's packed keys [ROWS, W] (LEAST_KEY where invalid) have entered: the gate
+    lets only keys above their row's threshold in; they enter one per row per round, each replacing
+    its set's least, for as many rounds as the busiest row has entries, at most k (the slots in use:
+    after k no key left in the tile beats the set). Returns (top, threshold)."""
+    passing = tl.where(packed > threshold[:, None], packed, LEAST_KEY)
+    entries = tl.minimum(tl.max(tl.sum((passing != LEAST_KEY).to(tl.int32), 1), 0), k)
+    entry = 0
+    while entry < entries:
+        best = tl.max(passing, 1)
+        enters = best > threshold
+        top = tl.where(enters[:, None] & (top == threshold[:, None]), best[:, None], top)
+        passing = tl.where(passing == best[:, None], LEAST_KEY, passing)
+        threshold = tl.min(top, 1)
+        entry += 1
+    return top, threshold
 
 
 @triton.jit
@@ -546,6 +563,19 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     block = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
+    select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, rows < n, n, m, d, k, mask_slice_stride,
+                similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS, CANDIDATES, SLOTS, FEATURES, SHARED_SET)
+
+
+@triton.jit
+def select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, written_rows, n, m, d, k, mask_slice_stride,
+                similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+                CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr, SHARED_SET: tl.constexpr):
+    """The select kernel's work on the query rows `rows` of slice g: their K best candidates by the
+    IEEE scores, written where written_rows ([ROWS], rows past N excluded): _select_kernel writes
+    every row, bounded_select.py's rerun only the rows its tensor-core kernel could not settle."""
     row_ok = rows < n
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
     k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
@@ -555,6 +585,6 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     scores = _reported_scores(top_keys, unrankable, SIMILARITY)
     slots = tl.arange(0, SLOTS)
     out = (g * n + rows)[:, None] * k + slots[None, :]
-    written = row_ok[:, None] & (slots[None, :] < k)
+    written = (written_rows & row_ok)[:, None] & (slots[None, :] < k)
     store_as(scores_ptr, out, scores, written, dtype_code)
     tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)

@@ -13,7 +13,8 @@ import triton.language as tl
 # The outputs that the select and fused attention kernels write in the op's dtype through a pointer
 # compiled as float32 (select.store_as, by their runtime dtype_code): a launch passes tensors of
 # that dtype there (register.py checks every other pointer against its compiled type).
-OUTPUTS_IN_THE_OPS_DTYPE = {"_select_kernel": ("scores_ptr",),
+OUTPUTS_IN_THE_OPS_DTYPE = {"_select_kernel": ("scores_ptr",), "_bounded_select_kernel": ("scores_ptr",),
+                            "_rerun_kernel": ("scores_ptr",),
                             "_attention_kernel": ("output_ptr", "scores_ptr", "weights_ptr")}
 
 # aggregate.py's and pair_gradients.py's kernels launch with Triton's defaults; select.py names its own.
@@ -77,6 +78,28 @@ def select_specialisations(module):
                 "mask_slice_stride": "i32", "similarity_constant": "fp32", **dtype_codes(module._select_kernel),
                 **row_layouts(module._select_kernel, "q", "k")},
                constexprs)
+
+
+def bounded_select_specialisations(module, select):
+    """knn_select on tensor cores (bounded_select.py, issue 41): for dot and scaled_dot, every width,
+    mask kind and input dtype of the select kernel, the tensor-core kernel and its rerun of the rows it
+    leaves (the select kernel's constexprs and launch options)."""
+    for suffix, pointer, mask_pointer, constexprs in top_k_variants(select):
+        if constexprs["SIMILARITY"] not in module.SIMILARITIES:
+            continue
+        signature = {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
+                     "indices_ptr": "*i64", "redo_ptr": "*i32", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
+                     "mask_slice_stride": "i32", "similarity_constant": "fp32"}
+        strides = {"dtype_code": "i32", **row_layouts(module._rerun_kernel, "q", "k")}
+        slots = constexprs["SLOTS"]
+        yield (f"bounded select {suffix}", module._bounded_select_kernel,
+               {**signature, "bound_scale": "fp32", **strides},
+               {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
+                "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "HELD": module.held_for(slots),
+                "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0},
+               module.COMPILE_OPTIONS)
+        yield (f"rerun select {suffix}", module._rerun_kernel, {**signature, **strides}, constexprs,
+               select.design(slots, constexprs["MASK"])[1])
 
 
 def attention_specialisations(module, select):
@@ -217,12 +240,15 @@ def all_specialisations(modules=None):
     for. `modules`: {name: module} of aggregate, select, pair_gradients, attention and
     attention_backward (default: this package's)."""
     if modules is None:
-        from . import aggregate, attention, attention_backward, pair_gradients, select
+        from . import aggregate, attention, attention_backward, bounded_select, pair_gradients, select
         modules = {"aggregate": aggregate, "select": select, "pair_gradients": pair_gradients,
-                   "attention": attention, "attention_backward": attention_backward}
+                   "attention": attention, "attention_backward": attention_backward,
+                   "bounded_select": bounded_select}
     select, backward = modules["select"], modules["attention_backward"]
     every = [(*spec, DEFAULT_OPTIONS) for spec in aggregate_specialisations(modules["aggregate"])]
     every += [(*spec, top_k_options(select, spec)) for spec in select_specialisations(select)]
+    if modules.get("bounded_select") is not None:  # not in a revision before issue 41 (triton_cost_report.py)
+        every += list(bounded_select_specialisations(modules["bounded_select"], select))
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(modules["pair_gradients"])]
     scores_gradient_options = getattr(modules["attention"], "SCORES_GRADIENT_OPTIONS", DEFAULT_OPTIONS)
     every += [(*spec, top_k_options(select, spec) if "gradient" not in spec[0] else scores_gradient_options)

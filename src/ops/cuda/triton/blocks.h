@@ -31,6 +31,14 @@ struct SelectBlocks {
 };
 extern const SelectBlocks kSelectBlocks;
 
+// From bounded_select.py (knn_select on tensor cores, issue 41): query rows per program (ROWS) and
+// the widest features its error bound holds for (MAX_FEATURES).
+struct BoundedSelectBlocks {
+  int64_t rows;
+  int64_t max_features;
+};
+extern const BoundedSelectBlocks kBoundedSelectBlocks;
+
 // From pair_gradients.py: rows and features per program, coefficients per pair.
 struct PairGradientBlocks {
   int64_t rows;

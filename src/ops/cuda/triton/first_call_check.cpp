@@ -61,12 +61,18 @@ std::optional<std::string> select_check(const c10::Device& device, at::ScalarTyp
   const auto keys = at::randint(-3, 4, {2, 70, 5}, generator).to(on_device);
   const auto mask = (at::rand({9, 70}, generator) > 0.3).to(device);
   const double score_tolerance = dtype == at::kFloat ? 1e-5 : 1e-2;
-  for (const auto similarity : {Similarity::Dot, Similarity::L1}) {
-    const auto [scores, indices] = select_forward(queries, keys, 6, similarity, mask, false, run);
+  // Dot and l1 by the IEEE kernel, and dot by tensor cores with its exact re-rank (duplicated
+  // integer features: many rows left to the rerun, the rest settled).
+  const std::tuple<Similarity, SelectScores, const char*> selections[] = {
+      {Similarity::Dot, SelectScores::Ieee, ""},
+      {Similarity::L1, SelectScores::Ieee, ""},
+      {Similarity::Dot, SelectScores::TensorCores, ", tensor cores"}};
+  for (const auto& [similarity, scores_by, by] : selections) {
+    const auto [scores, indices] = select_forward(queries, keys, 6, similarity, mask, false, run, scores_by);
     const auto [want_scores, want_indices] = generic::knn_select(queries, keys, 6, to_string(similarity), mask, false);
     if (!at::equal(indices, want_indices) ||
         !at::allclose(scores.to(at::kFloat), want_scores.to(at::kFloat), score_tolerance, 0.0)) {
-      return std::string("knn_select (") + to_string(similarity) + ")";
+      return std::string("knn_select (") + to_string(similarity) + by + ")";
     }
   }
   // The backward on a third of the keys: a dot product (the aggregation kernels), cosine (the

@@ -4,10 +4,12 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "ops/cuda/triton/blocks.h"
 #include "ops/unit_stride_rows.h"
 
 namespace convnn::ops::cuda::triton {
@@ -25,9 +27,27 @@ std::string pair_key(const char* kind, Similarity similarity) {
   return std::string("select backward ") + kind + " " + to_string(similarity);
 }
 
-// Every key a call can launch: the forward's, and the backward's pair-gradient kernels.
+// The running-top-K keys of `kernel` for the dot products alone (the tensor-core select's).
+std::vector<std::string> dot_product_keys(const char* kernel, at::ScalarType dtype) {
+  std::vector<std::string> keys;
+  for (const Similarity similarity : {Similarity::Dot, Similarity::ScaledDot}) {
+    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+      for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
+        keys.push_back(top_k_key(kernel, similarity, slots, mask, dtype));
+      }
+    }
+  }
+  return keys;
+}
+
+// Every key a call can launch: the forward's (the IEEE kernel's, and the tensor-core kernel's with
+// its rerun), and the backward's pair-gradient kernels.
 std::vector<std::string> every_select_key(at::ScalarType dtype) {
   std::vector<std::string> keys = top_k_keys("select", dtype);
+  for (const char* kernel : {"bounded select", "rerun select"}) {
+    const auto more = dot_product_keys(kernel, dtype);
+    keys.insert(keys.end(), more.begin(), more.end());
+  }
   for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
     const auto similarity = static_cast<Similarity>(value);
     if (!is_dot_product(similarity)) {
@@ -117,6 +137,18 @@ bool select_fits(const at::Tensor& queries, const at::Tensor& keys, int64_t k) {
          row_layout_fits(queries) && row_layout_fits(keys);
 }
 
+SelectScores select_scores(Similarity similarity, int64_t m, int64_t d) {
+  const char* setting = std::getenv("CONVNN_SELECT_SCORES");
+  const std::string value = setting == nullptr ? "auto" : setting;
+  TORCH_CHECK(value == "auto" || value == "ieee" || value == "tensor_cores",
+              "CONVNN_SELECT_SCORES must be 'auto', 'ieee' or 'tensor_cores', got '", value, "'");
+  // The held set's empty slots take indices M + 1 .. M + 2 * max_slots (bounded_select.held_for).
+  const bool served = is_dot_product(similarity) && d <= kBoundedSelectBlocks.max_features &&
+                      m < kInt32 - 2 * kSelectBlocks.max_slots - 2;
+  // "auto" is the IEEE kernel until a GPU measures the tensor-core one faster (bounded_select.py).
+  return served && value == "tensor_cores" ? SelectScores::TensorCores : SelectScores::Ieee;
+}
+
 const std::vector<std::string>& select_kernel_keys(at::ScalarType dtype) {
   return keys_per_dtype(dtype, [](at::ScalarType type) { return every_select_key(type); });
 }
@@ -130,18 +162,38 @@ const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype
   });
 }
 
+std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
+                                                  Similarity similarity, const at::Tensor& mask, bool index_order,
+                                                  const LaunchRunner& run) {
+  return select_forward(queries, keys, k, similarity, mask, index_order, run,
+                        select_scores(similarity, keys.size(1), queries.size(2)));
+}
+
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, const at::Tensor& keys_in, int64_t k,
                                                   Similarity similarity, const at::Tensor& mask_in, bool index_order,
-                                                  const LaunchRunner& run) {
+                                                  const LaunchRunner& run, SelectScores scores_by) {
   const int64_t g = queries_in.size(0), n = queries_in.size(1), d = queries_in.size(2), m = keys_in.size(1);
   auto scores = at::empty({g, n, k}, queries_in.options());
   auto indices = at::empty({g, n, k}, queries_in.options().dtype(at::kLong));
   if (scores.numel() == 0) return {scores, indices};
   const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
-  Launch launch{top_k_key("select", similarity, k, in.mask_kind, queries_in.scalar_type()),
+  const auto dtype = queries_in.scalar_type();
+  at::Tensor redo;  // the rows the tensor-core kernel leaves to its rerun: int32 [G * N]
+  if (scores_by == SelectScores::TensorCores) {
+    redo = at::empty({g * n}, queries_in.options().dtype(at::kInt));
+    Launch bounded{top_k_key("bounded select", similarity, k, in.mask_kind, dtype),
+                   {cdiv(n, kBoundedSelectBlocks.rows), g}, {}};
+    bounded.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
+        .pointer(redo).int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride)
+        .float32(in.similarity_constant).float32(1.0f).int32(dtype_code(scores.scalar_type()))
+        .int32(heads_of(in.queries)).rows(row_layout(in.queries)).rows(row_layout(in.keys));
+    run(bounded);
+  }
+  Launch launch{top_k_key(redo.defined() ? "rerun select" : "select", similarity, k, in.mask_kind, dtype),
                 {cdiv(n, top_k_rows(k)), g}, {}};
-  launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
-      .int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
+  launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices);
+  if (redo.defined()) launch.arguments.pointer(redo);  // the rerun: the select kernel on the flagged rows
+  launch.arguments.int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
       .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
       .rows(row_layout(in.keys));
   run(launch);

@@ -56,11 +56,24 @@ const std::vector<std::string>& select_kernel_keys(at::ScalarType dtype);
 /// select_kernel_keys(dtype) and the aggregation's, which the dot products' backward takes.
 const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype);
 
+/// Which kernel scores a knn_select call's pairs: select.py's in IEEE float32, or bounded_select.py's
+/// on tensor cores, with a bound on each score's error and an exact re-rank of the candidates that
+/// the bounds cannot tell apart (issue 41): the same indices and scores, bit for bit.
+enum class SelectScores { Ieee, TensorCores };
+/// The choice for a call, by CONVNN_SELECT_SCORES (read on each call): "auto" (the default) and
+/// "ieee" take the IEEE kernel, which the static cost report estimates faster today; "tensor_cores"
+/// takes the tensor-core kernel wherever it serves (dot and scaled_dot, D within kBoundedSelectBlocks'
+/// max_features), the IEEE one elsewhere.
+SelectScores select_scores(Similarity similarity, int64_t m, int64_t d);
 /// As convnn::knn_select, for inputs that the caller checked (queries [G,N,D], keys [G,M,D] of one
 /// floating dtype, read in place wherever their rows are unit-stride; mask undefined, bool or
 /// floating, [N,M] or [G,N,M]). The kernel ranks in
 /// float32 (half precision converts exactly, in its registers or by the launcher:
 /// top_k_input_dtype) and writes the scores in the op's dtype.
+/// `scores_by`: select_scores' choice unless a caller (the first-call check) names one.
+std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
+                                                  Similarity similarity, const at::Tensor& mask, bool index_order,
+                                                  const LaunchRunner& run, SelectScores scores_by);
 std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries, const at::Tensor& keys, int64_t k,
                                                   Similarity similarity, const at::Tensor& mask, bool index_order,
                                                   const LaunchRunner& run);

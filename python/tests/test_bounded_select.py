@@ -1,0 +1,455 @@
+"""knn_select's tensor-core kernel with an exact re-rank (python/convnn/_triton/bounded_select.py,
+issue 41), proven without a GPU under Triton's CPU interpreter (TRITON_INTERPRET=1; ctest's
+python.triton_bounded_select):
+
+- the score error bound (bounded_select.error_bound, docs/operator.md "Scores on tensor cores")
+  holds against float64 for every realisation of its arithmetic model that these tests emulate
+  (inputs truncated or rounded to TF32 or split in two, products summed in float32 in several orders,
+  rounded to nearest or truncated), on random and adversarial inputs;
+- whatever errors up to the bound the scores carry (the interpreter's tl.dot ignores the precision,
+  so the kernel's test mode injects them, of either sign, adversarially at the K-th boundary, with the
+  bound inflated so that many rows sit within it), the tensor-core kernel and its rerun of the rows
+  it leaves give select.py's IEEE kernel's indices and scores exactly: ties, +0 and -0, masks, rows
+  with fewer valid candidates than K, NaN and Inf rows, norms that overflow.
+
+The inputs of the kernel comparisons are dyadic with few bits, so that every dot product is exact in
+float32 whatever the order of its additions (numpy's matmul, the interpreter's tl.dot, against the
+FMA chain of the re-rank): bitwise equality is then what the arithmetic guarantees.
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRETED:
+    os.environ["CONVNN_DEVICE_VALUE_CHECKS"] = "0"
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip("run with TRITON_INTERPRET=1 in the environment (ctest: python.triton_bounded_select), "
+                "or on a CUDA device", allow_module_level=True)
+DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda", torch.cuda.current_device())
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from convnn._triton import bounded_select, select  # noqa: E402
+
+if INTERPRETED:
+    import triton_interpreter  # noqa: E402  (beside this file)
+
+    triton_interpreter.round_bfloat16_to_nearest_even()
+    triton_interpreter.multiply_bfloat16_as_numbers()
+
+DOT, SCALED_DOT = select.SIMILARITY_CODES["dot"], select.SIMILARITY_CODES["scaled_dot"]
+
+
+@triton.jit
+def _bound_probe(d, out_ptr, EXACT_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr):
+    model, slack, absolute = bounded_select.error_bound(d, EXACT_PRODUCTS, PRECISION)
+    tl.store(out_ptr, model)
+    tl.store(out_ptr + 1, slack)
+    tl.store(out_ptr + 2, absolute)
+
+
+def kernel_bound(d, exact_products, precision):
+    """(model, slack, absolute) as the kernel computes them (float32)."""
+    out = torch.zeros(3, device=DEVICE)
+    _bound_probe[(1,)](d, out, EXACT_PRODUCTS=exact_products, PRECISION=precision)
+    return [float(x) for x in out.cpu()]
+
+
+# --- the arithmetic model, emulated in float64 -------------------------------------------------------
+
+def _tf32(x, rounding):
+    """float32 x cut to TF32's 10 fraction bits, truncated or rounded to nearest (ties away)."""
+    bits = x.contiguous().view(torch.int32)
+    if rounding == "nearest":
+        bits = bits + 0x1000
+    return (bits & ~0x1FFF).view(torch.float32)
+
+
+def _terms(x, y, precision, rounding):
+    """[P, T] float64 products the tensor core sums for rows x, y [P, d] (float32 or half)."""
+    if precision == "exact":
+        return x.double() * y.double()
+    if precision == "tf32":
+        return _tf32(x, rounding).double() * _tf32(y, rounding).double()
+    x_hi, y_hi = _tf32(x, rounding), _tf32(y, rounding)
+    x_lo, y_lo = _tf32(x - x_hi, rounding), _tf32(y - y_hi, rounding)
+    return torch.cat([x_hi.double() * y_hi.double(), x_hi.double() * y_lo.double(),
+                      x_lo.double() * y_hi.double()], dim=1)
+
+
+def _to_float32(s, rounding):
+    """float64 s to float32, to nearest or toward zero."""
+    near = s.float()
+    if rounding == "nearest":
+        return near
+    too_far = near.double().abs() > s.abs()
+    return torch.where(too_far, torch.nextafter(near, torch.zeros_like(near)), near)
+
+
+def _float32_sum(terms, order, rounding):
+    """A float32 sum of the columns of terms [P, T] in the given order, each addition rounded."""
+    columns = list(range(terms.shape[1]))
+    if order == "reversed":
+        columns.reverse()
+    elif order == "shuffled":
+        columns = torch.randperm(len(columns), generator=torch.Generator().manual_seed(5)).tolist()
+    if order == "pairwise":
+        parts = [_to_float32(terms[:, c], rounding) for c in columns]
+        while len(parts) > 1:
+            parts = [_to_float32(parts[i].double() + parts[i + 1].double(), rounding) if i + 1 < len(parts)
+                     else parts[i] for i in range(0, len(parts), 2)]
+        return parts[0]
+    acc = torch.zeros(terms.shape[0], dtype=torch.float32)
+    for c in columns:
+        acc = _to_float32(acc.double() + terms[:, c], rounding)
+    return acc
+
+
+def _ieee(x, y):
+    """The IEEE kernel's dot products: an FMA chain in feature order, from +0."""
+    return _float32_sum(x.double() * y.double(), "in order", "nearest")
+
+
+def _norms(x):
+    return (x.float() ** 2).sum(1).sqrt().clamp_min(2.0 ** -60)
+
+
+def bound_inputs(case, d, dtype, pairs=256):
+    """Rows x, y [pairs, d] of one kind:
+    - "gaussian": N(0, 1);
+    - "cancelling": a large +-2^20 pair per row that cancels, beside small terms: the sum is tiny
+      against the sum of magnitudes, where a relative bound on the result would fail;
+    - "all ones mantissas": every value (2 - 2^-23) * 2^e, the worst for truncation to TF32;
+    - "one sign": every product positive, equal magnitudes: the accumulation's worst;
+    - "subnormal and huge": values from 2^-140 to 2^40 mixed."""
+    generator = torch.Generator().manual_seed(BOUND_CASES.index(case) * 10000 + d)
+    x = torch.randn(pairs, d, generator=generator)
+    y = torch.randn(pairs, d, generator=generator)
+    if case == "cancelling":
+        x[:, 0], y[:, 0] = 2.0 ** 20, 2.0 ** 20
+        x[:, 1], y[:, 1] = -(2.0 ** 20), 2.0 ** 20
+    elif case == "all ones mantissas":
+        exponents = torch.randint(-8, 8, (2, pairs, d), generator=generator).float()
+        signs = torch.randint(0, 2, (2, pairs, d), generator=generator).float() * 2 - 1
+        x, y = (signs * (2.0 - 2.0 ** -23) * torch.pow(2.0, exponents)).unbind(0)
+    elif case == "one sign":
+        x = torch.full((pairs, d), 1.0 + 2.0 ** -7 + 2.0 ** -20)  # bfloat16: 1 + 2^-7
+        y = torch.full((pairs, d), 1.0 + 2.0 ** -7 + 2.0 ** -22)
+    elif case == "subnormal and huge":
+        exponents = torch.randint(-140, 40, (2, pairs, d), generator=generator).float()
+        x, y = (torch.randn(2, pairs, d, generator=generator) * torch.pow(2.0, exponents)).unbind(0)
+    return x.to(dtype), y.to(dtype)
+
+
+BOUND_CASES = ["gaussian", "cancelling", "all ones mantissas", "one sign", "subnormal and huge"]
+
+
+@pytest.mark.parametrize("precision", ["exact", "tf32", "tf32x3"])
+@pytest.mark.parametrize("case", BOUND_CASES)
+def test_the_score_error_bound_holds_against_float64_for_every_emulated_realisation(case, precision):
+    """|s - s_ieee| <= model |x| |y| + absolute (the kernel's constants), and the float32 upper bound
+    the kernel forms from s is at least s_ieee, for s from every emulated tensor-core arithmetic:
+    inputs truncated or rounded to TF32 (or bfloat16 inputs, whose products are exact), the terms
+    summed in float32 in order, reversed, shuffled or pairwise, each addition rounded to nearest or
+    truncated; D from 16 to 4096. The bound is also not loose beyond reason: within 2^12 of the worst
+    error seen on the one-sign inputs (where the errors pile up)."""
+    dtype = torch.bfloat16 if precision == "exact" else torch.float32
+    worst_ratio = 0.0
+    for d in (16, 64, 4096):
+        x, y = bound_inputs(case, d, dtype, pairs=64 if d == 4096 else 256)
+        model, slack, absolute = kernel_bound(d, precision == "exact", "tf32x3" if precision == "exact" else precision)
+        ieee = _ieee(x, y).double()
+        products = _norms(x) * _norms(y)  # float32, as the kernel
+        bound = model * products.double() + absolute
+        finite = torch.isfinite(products)
+        for rounding in ("truncated", "nearest"):
+            terms = _terms(x, y, precision, rounding)
+            for order in ("in order", "reversed", "shuffled", "pairwise"):
+                s = _float32_sum(terms, order, rounding)
+                error = (s.double() - ieee).abs()
+                assert (error[finite] <= bound[finite]).all(), (d, rounding, order, (error / bound).max())
+                upper = s + ((model + slack) * products + absolute)  # float32, as the kernel
+                assert (upper.double()[finite] >= ieee[finite]).all(), (d, rounding, order)
+                worst_ratio = max(worst_ratio, float((error[finite] / bound[finite]).max()))
+    if case == "one sign":
+        assert worst_ratio > 2.0 ** -12, worst_ratio
+
+
+# --- the kernels under test ---------------------------------------------------------------------------
+
+def row_layout(t):
+    return (t.stride(0), 0, t.stride(1))
+
+
+def root_of(d, similarity):
+    return float(torch.tensor(float(d)).sqrt()) if similarity == SCALED_DOT else 1.0
+
+
+def mask_operand(queries, mask):
+    """(MASK kind, pointer argument, slice stride) of a bool or additive mask [G,N,M] or [N,M], or none."""
+    if mask is None:
+        return select.NO_MASK, queries, 0
+    kind = select.BOOL_MASK if mask.dtype == torch.bool else select.ADDITIVE_MASK
+    return kind, mask.contiguous(), (mask.shape[-2] * mask.shape[-1] if mask.dim() == 3 else 0)
+
+
+def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0):
+    """(scores, indices, redo) of the tensor-core kernel alone: unsettled rows' outputs unwritten."""
+    g, n, d = queries.shape
+    m = keys.shape[1]
+    kind, mask_arg, mask_stride = mask_operand(queries, mask)
+    slots = select.slots_for(k)
+    scores = torch.full((g, n, k), 1234.5, device=DEVICE)
+    indices = torch.full((g, n, k), -7, dtype=torch.int64, device=DEVICE)
+    redo = torch.full((g * n,), 9, dtype=torch.int32, device=DEVICE)
+    precision = bounded_select.FLOAT32_PRECISION
+    bounded_select._bounded_select_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
+        queries, keys, mask_arg, scores, indices, redo, n, m, d, k, mask_stride, root_of(d, similarity), bound_scale,
+        select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
+        MASK=kind, ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots,
+        HELD=bounded_select.held_for(slots), FEATURES=bounded_select.FEATURES, PRECISION=precision,
+        INJECT=bounded_select.INJECTIONS[inject])
+    return scores, indices, redo
+
+
+def rerun(queries, keys, k, similarity, mask, scores, indices, redo):
+    """The rerun kernel over the tensor-core kernel's outputs (in place)."""
+    g, n, d = queries.shape
+    kind, mask_arg, mask_stride = mask_operand(queries, mask)
+    slots = select.slots_for(k)
+    blocks, _ = select.design(slots, kind)
+    bounded_select._rerun_kernel[(triton.cdiv(n, blocks["ROWS"]), g)](
+        queries, keys, mask_arg, scores, indices, redo, n, keys.shape[1], d, k, mask_stride, root_of(d, similarity),
+        select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
+        MASK=kind, SLOTS=slots, FEATURES=select.features_for(d), **blocks)
+
+
+def ieee(queries, keys, k, similarity, mask=None):
+    """select.py's IEEE kernel: (scores, indices)."""
+    g, n, d = queries.shape
+    kind, mask_arg, mask_stride = mask_operand(queries, mask)
+    slots = select.slots_for(k)
+    blocks, _ = select.design(slots, kind)
+    scores = torch.empty(g, n, k, device=DEVICE)
+    indices = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
+    select._select_kernel[(triton.cdiv(n, blocks["ROWS"]), g)](
+        queries, keys, mask_arg, scores, indices, n, keys.shape[1], d, k, mask_stride, root_of(d, similarity),
+        select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
+        MASK=kind, SLOTS=slots, FEATURES=select.features_for(d), **blocks)
+    return scores, indices
+
+
+def assert_same_selection(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0):
+    """The two launches give the IEEE kernel's outputs exactly; the settled rows are written by the
+    first, the others untouched by it. Returns the redo flags [G, N] (bool)."""
+    scores, indices, redo = bounded(queries, keys, k, similarity, mask, inject, bound_scale)
+    g, n, _ = queries.shape
+    flagged = redo.view(g, n).cpu().bool()
+    assert set(redo.cpu().tolist()) <= {0, 1}
+    assert (indices.cpu()[flagged] == -7).all() and (scores.cpu()[flagged] == 1234.5).all()
+    want = ieee(queries, keys, k, similarity, mask)
+    assert torch.equal(indices.cpu()[~flagged], want[1].cpu()[~flagged])
+    assert torch.equal(scores.cpu()[~flagged], want[0].cpu()[~flagged])
+    rerun(queries, keys, k, similarity, mask, scores, indices, redo)
+    assert torch.equal(indices, want[1]), (k, similarity, inject)
+    assert torch.equal(scores.nan_to_num(7.5), want[0].nan_to_num(7.5)), (k, similarity, inject)
+    return flagged
+
+
+def dyadic(shape, generator, span=16, bits=2):
+    """Values i / 2^bits, |i| <= span: every dot product of a few of them is exact in float32."""
+    return (torch.randint(-span, span + 1, shape, generator=generator).float() / 2 ** bits)
+
+
+@pytest.mark.parametrize("inject", [name for name in bounded_select.INJECTIONS if name != "none"])
+def test_injected_errors_up_to_the_bound_leave_the_ieee_selection_bit_for_bit(inject):
+    """Two slices of 37 rows (a second program of 5) against 150 candidates (three tiles, the last
+    short), D = 6 (masked loads) and 16 (vector loads): for dot and scaled_dot (D = 6: an inexact root), K = 1, 8, 13 (held 16 and 32),
+    without a mask, with a bool mask (rows with fewer valid candidates than K, one with none) and an
+    additive 0 / -inf mask; the bound inflated from 1 to 2^14 (a bound of about 2^14 * 2^-18 * |q||k|
+    puts dozens of candidates within it): some rows settle and some are rerun, and every row ends as
+    the IEEE kernel's."""
+    generator = torch.Generator().manual_seed(41)
+    queries = dyadic((2, 37, 6), generator).to(DEVICE)
+    keys = dyadic((2, 150, 6), generator).to(DEVICE)
+    short = torch.rand(2, 37, 150, generator=generator) > 0.5
+    short[0, 0, :] = False
+    short[1, 4, :] = False
+    short[1, 4, 140:143] = True
+    additive = torch.where(torch.rand(37, 150, generator=generator) > 0.3, 0.0, float("-inf"))
+    settled = flagged = 0
+    for k, similarity, mask, scale in ((1, DOT, None, 1.0), (8, SCALED_DOT, short, 2.0 ** 14),
+                                       (13, DOT, additive, 2.0 ** 12), (8, DOT, None, 2.0 ** 16)):
+        redo = assert_same_selection(queries, keys, k, similarity, None if mask is None else mask.to(DEVICE),
+                                     inject, scale)
+        settled += int((~redo).sum())
+        flagged += int(redo.sum())
+    # D = 16 on 16-byte aligned rows: the tiles' unmasked vector loads, rows and candidates past N and M
+    # reading row 0.
+    wide_queries, wide_keys = dyadic((2, 37, 16), generator).to(DEVICE), dyadic((2, 150, 16), generator).to(DEVICE)
+    assert wide_queries.data_ptr() % 16 == 0 and wide_keys.data_ptr() % 16 == 0
+    redo = assert_same_selection(wide_queries, wide_keys, 8, SCALED_DOT, short.to(DEVICE), inject, 2.0 ** 12)
+    settled += int((~redo).sum())
+    flagged += int(redo.sum())
+    assert settled > 0 and flagged > 0, (settled, flagged)
+
+
+def special_inputs():
+    """Queries [1, 40, 4] and keys [1, 100, 4] with rows the gate must not settle or must settle
+    right: +0 and -0 scores that tie; every candidate equal (the K lowest indices); a NaN query, an
+    Inf key; norms whose product overflows float32 beside exact scores that do not (1e20 * 1e-20)."""
+    generator = torch.Generator().manual_seed(42)
+    queries = dyadic((1, 40, 4), generator)
+    keys = dyadic((1, 100, 4), generator)
+    queries[0, 1] = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    keys[0, 10:20] = torch.tensor([1.0, 0.0, 0.0, 0.0])   # score +0 with row 1
+    keys[0, 20:30] = torch.tensor([0.0, 0.0, -0.0, 0.0])  # score -0 with row 1
+    queries[0, 2] = torch.tensor([0.0, 0.0, 0.0, 1.0])    # every key but a few scores 0: ties everywhere
+    queries[0, 3, 1] = float("nan")
+    keys[0, 50, 2] = float("inf")                         # +inf or -inf or NaN scores for every row
+    queries[0, 5] = torch.tensor([1e20, 0.0, 0.0, 0.0])
+    keys[0, 60] = torch.tensor([1e-20, 0.0, 0.0, 3e18])   # huge scores; row 5: |q|^2 overflows, q.k = 1
+    return queries.to(DEVICE), keys.to(DEVICE)
+
+
+def test_ties_zeros_nan_inf_and_overflowing_norms_give_the_ieee_selection():
+    """The special rows of special_inputs, at K = 4 and 16: the Inf key makes every row that meets a
+    NaN or +inf key unrankable (NaN scores, as the IEEE kernel), and the NaN query's row; those rows
+    and the overflowing one are left to the rerun (flagged), and the result is the IEEE kernel's."""
+    queries, keys = special_inputs()
+    for k in (4, 16):
+        flagged = assert_same_selection(queries, keys, k, DOT)
+        assert flagged[0, 3] and flagged[0, 5], k
+    clean_keys = keys.clone()
+    clean_keys[0, 50, 2] = 0.0
+    for k in (4, 16):
+        flagged = assert_same_selection(queries, clean_keys, k, DOT, inject="earlier up", bound_scale=2.0 ** 6)
+        assert flagged[0, 3] and flagged[0, 5] and (~flagged).sum() >= 20, (k, flagged)
+
+
+def test_a_set_that_holds_every_candidate_settles_every_row_even_with_masks():
+    """M <= HELD: every candidate is held, so every row settles, even with fewer valid candidates
+    than K (the masked ones fill the slots, lower index first) and with a bound inflated past every
+    score gap."""
+    generator = torch.Generator().manual_seed(43)
+    queries = dyadic((1, 20, 5), generator).to(DEVICE)
+    keys = dyadic((1, 30, 5), generator).to(DEVICE)
+    mask = (torch.rand(1, 20, 30, generator=generator) > 0.8).to(DEVICE)
+    flagged = assert_same_selection(queries, keys, 16, DOT, mask, inject="scattered", bound_scale=2.0 ** 20)
+    assert not flagged.any()
+
+
+def rerun_counts(queries, keys, k, precisions):
+    """{precision: rows the gate leaves to the rerun} with the scores' errors scattered up to the
+    model bound (bound_scale 1), FLOAT32_PRECISION set to each in turn."""
+    saved = bounded_select.FLOAT32_PRECISION
+    counts = {}
+    try:
+        for precision in precisions:
+            bounded_select.FLOAT32_PRECISION = precision
+            counts[precision] = int(bounded(queries, keys, k, DOT, inject="scattered")[2].sum())
+    finally:
+        bounded_select.FLOAT32_PRECISION = saved
+    return counts
+
+
+def test_rows_left_to_the_rerun_choose_the_float32_precision(capsys):
+    """The measure behind FLOAT32_PRECISION (and the bfloat16 inputs' exact products): 32 query rows,
+    D = 64, K = 8, the scores' errors scattered up to the model bound. Gaussian queries and keys
+    (M = 1024): every precision settles every row. Keys and queries in tight clusters (64 centres,
+    noise 1% of their scale, M = 2048): TF32's bound (2^-9 |q||k|) leaves every row to the rerun,
+    tf32x3's (about 2^-14 at D = 64) and bfloat16's none."""
+    generator = torch.Generator().manual_seed(44)
+    gaussian = torch.randn(1, 32, 64, generator=generator), torch.randn(1, 1024, 64, generator=generator)
+    centres = torch.randn(64, 64, generator=generator)
+
+    def clustered(rows):
+        return (centres[torch.randint(0, 64, (rows,), generator=generator)]
+                + 0.01 * torch.randn(rows, 64, generator=generator))[None]
+
+    clusters = clustered(32), clustered(2048)
+    counts = {}
+    for name, (queries, keys) in (("gaussian", gaussian), ("clustered", clusters)):
+        counts[name] = rerun_counts(queries.to(DEVICE), keys.to(DEVICE), 8, ("tf32", "tf32x3"))
+        counts[name]["bfloat16 inputs"] = rerun_counts(queries.to(DEVICE, torch.bfloat16),
+                                                       keys.to(DEVICE, torch.bfloat16), 8, ("tf32x3",))["tf32x3"]
+    with capsys.disabled():
+        print(f"\nrows of 32 left to the rerun: {counts}")
+    assert counts["gaussian"] == {"tf32": 0, "tf32x3": 0, "bfloat16 inputs": 0}
+    assert counts["clustered"] == {"tf32": 32, "tf32x3": 0, "bfloat16 inputs": 0}
+    assert bounded_select.FLOAT32_PRECISION == "tf32x3"
+
+
+# --- through the op: the C++ path choice and launchers (src/ops/cuda/triton/select_launches.cpp) ---------
+
+def cuda_select(*args):
+    """knn_select's CUDA kernel on the test's tensors (the launches through the package's launcher),
+    and the keys it launched."""
+    import convnn
+    from convnn._triton import register
+
+    register.recording = []
+    try:
+        with convnn.cuda_paths() as paths:
+            result = torch.ops.convnn.knn_select.default._op_dk(torch._C.DispatchKey.CUDA, *args)
+        launched = list(register.recording)
+    finally:
+        register.recording = None
+    assert paths and all(": Triton kernels" in path for path in paths), paths
+    return result, launched
+
+
+def generic_select(*args):
+    return torch.ops.convnn.knn_select.default._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_generic_selection(monkeypatch, dtype):
+    """CONVNN_SELECT_SCORES=tensor_cores: scaled_dot with a bool mask, in index order, launches the
+    tensor-core kernel and its rerun (the keys the C++ launcher names, as specialisations.py lists
+    them) and gives the generic path's indices and scores; cosine has no tensor-core kernel and takes
+    the IEEE one. "auto" (the default) takes the IEEE kernel; any other value is refused, naming it."""
+    generator = torch.Generator().manual_seed(45)
+    queries = dyadic((2, 37, 6), generator).to(DEVICE, dtype)
+    keys = dyadic((2, 150, 6), generator).to(DEVICE, dtype)
+    mask = (torch.rand(37, 150, generator=generator) > 0.3).to(DEVICE)
+    suffix = "" if dtype == torch.float32 else " bfloat16 inputs"
+    monkeypatch.setenv("CONVNN_SELECT_SCORES", "tensor_cores")
+    got, launched = cuda_select(queries, keys, 8, "scaled_dot", mask, True)
+    assert f"bounded select scaled_dot K<=8 bool mask{suffix}" in launched
+    assert f"rerun select scaled_dot K<=8 bool mask{suffix}" in launched
+    want = generic_select(queries, keys, 8, "scaled_dot", mask, True)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    _, launched = cuda_select(queries, keys, 8, "cosine", mask, True)
+    assert not any("bounded" in key for key in launched) and f"select cosine K<=8 bool mask{suffix}" in launched
+    monkeypatch.setenv("CONVNN_SELECT_SCORES", "auto")
+    _, launched = cuda_select(queries, keys, 8, "scaled_dot", mask, True)
+    assert not any("bounded" in key for key in launched), launched
+    monkeypatch.setenv("CONVNN_SELECT_SCORES", "fast")
+    with pytest.raises(RuntimeError, match="CONVNN_SELECT_SCORES must be 'auto', 'ieee' or 'tensor_cores', got 'fast'"):
+        cuda_select(queries, keys, 8, "scaled_dot", mask, True)
+
+
+def test_gpu_bench_runs_its_tensor_core_comparison(monkeypatch):
+    """scripts/gpu_bench.py --tensor-cores, a row per kind of features at a size the interpreter
+    runs (its timer replaced: CUDA events need a GPU), so that a GPU session spends no device time on
+    a broken launch: the rows it reports as left to the rerun, and the two scorings' equal outputs
+    (on Gaussian features the interpreter's IEEE kernel sums by numpy's matmul, which the re-rank's
+    FMA chain may round apart from: equal scores there on a GPU, close here)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts/gpu_bench.py"
+    spec = importlib.util.spec_from_file_location("gpu_bench_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for kind in ("gaussian", "clustered", "duplicated"):
+        row = bench.select_scores_row(kind, 2, 96, 8, 8, torch.float32, DEVICE, timer=lambda fn: (fn(), 0.0))
+        assert row["indices_equal"] and (row["scores_equal"] or INTERPRETED), row
+        assert row["scores_max_difference"] <= 1e-5 * 8, row
+        assert 0 <= row["rows_left_to_the_rerun"] <= 2 * 96, row
+    assert "CONVNN_SELECT_SCORES" not in os.environ
