@@ -756,13 +756,14 @@ def bounded_round_counts(bounded, shape, precision_model, seed=0, blocks_wanted=
         q = queries[block * rows:(block + 1) * rows]
         upper = q @ keys.T + precision_model * q.norm(dim=1, keepdim=True) * key_norms
         sampled += 1
+        best = torch.full((len(q), held), -math.inf, dtype=torch.float64)  # each row's held bounds so far
         for first in range(0, n, tile):
             tiles += 1
-            seen = upper[:, :first]
-            least = seen.topk(held, dim=1).values[:, -1:] if first >= held else torch.full((len(q), 1), -math.inf)
-            entries = int((upper[:, first:first + tile] >= least).sum(dim=1).max())
+            block_of_tile = upper[:, first:first + tile]
+            entries = int((block_of_tile >= best[:, -1:]).sum(dim=1).max())
             gated += entries > 0
             rounds += min(entries, held)
+            best = torch.cat([best, block_of_tile], dim=1).topk(held, dim=1).values
     return rounds, gated, tiles, sampled, g * blocks_per_slice
 
 

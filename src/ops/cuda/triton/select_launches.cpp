@@ -178,6 +178,8 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   if (scores.numel() == 0) return {scores, indices};
   const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
   const auto dtype = queries_in.scalar_type();
+  TORCH_INTERNAL_ASSERT(scores_by == SelectScores::Ieee || is_dot_product(similarity),
+                        "no tensor-core select kernel for ", to_string(similarity));
   at::Tensor redo;  // the rows the tensor-core kernel leaves to its rerun: int32 [G * N]
   if (scores_by == SelectScores::TensorCores) {
     redo = at::empty({g * n}, queries_in.options().dtype(at::kInt));
