@@ -268,11 +268,11 @@ def dyadic(shape, generator, span=16, bits=2):
 @pytest.mark.parametrize("inject", [name for name in bounded_select.INJECTIONS if name != "none"])
 def test_injected_errors_up_to_the_bound_leave_the_ieee_selection_bit_for_bit(inject):
     """Two slices of 37 rows (a second program of 5) against 150 candidates (three tiles, the last
-    short), D = 6 (masked loads) and 16 (vector loads): for dot and scaled_dot (D = 6: an inexact root), K = 1, 8, 13 (held 16 and 32),
-    without a mask, with a bool mask (rows with fewer valid candidates than K, one with none) and an
-    additive 0 / -inf mask; the bound inflated from 1 to 2^14 (a bound of about 2^14 * 2^-18 * |q||k|
-    puts dozens of candidates within it): some rows settle and some are rerun, and every row ends as
-    the IEEE kernel's."""
+    short), D = 6 (masked loads) and 16 (vector loads): for dot and scaled_dot (D = 6: an inexact
+    root), K = 1, 8, 13 (held 16 and 32), without a mask, with a bool mask (rows with fewer valid
+    candidates than K, one with none) and an additive 0 / -inf mask; the bound inflated from 1 to 2^16
+    (a bound of about 2^14 * 2^-18 * |q||k| puts dozens of candidates within it): some rows settle and
+    some are rerun, and every row ends as the IEEE kernel's."""
     generator = torch.Generator().manual_seed(41)
     queries = dyadic((2, 37, 6), generator).to(DEVICE)
     keys = dyadic((2, 150, 6), generator).to(DEVICE)

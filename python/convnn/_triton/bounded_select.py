@@ -9,8 +9,9 @@ and states the accumulation model it assumes). Per query row:
 
 1. The running set of the HELD largest *upper bounds* (score + bound, through the similarity's key
    and the mask: both keep order), packed with their indices (select.entered: the gate and rounds
-   of the set shared by a row's threads). A candidate outside the set has an upper bound no larger
-   than the set's least, u_min.
+   of the set shared by a row's threads), behind a float gate that lets a tile skip all that when
+   none of its pairs reaches its row's least held bound. A candidate outside the set has an upper
+   bound no larger than the set's least, u_min.
 2. The held candidates re-scored exactly, in the IEEE kernel's order of operations (a float32 FMA
    chain over the features in order: what tl.dot(input_precision="ieee") lowers to), ranked by the
    exact packed keys (larger first, the lower index on a tie). Let x_K be the K-th exact key.
@@ -62,7 +63,6 @@ MAX_FEATURES = 2 ** 18
 # 16384) both settle every row; on keys and queries in tight clusters (noise 1% of the scale) TF32
 # leaves every row to the rerun, tf32x3 none (at 0.1%: 2-9 of 32).
 FLOAT32_PRECISION = "tf32x3"
-PRECISIONS = ("tf32", "tf32x3")
 # Test modes of the injected score errors (INJECT): none (every launch), a pseudo-random fraction of
 # the bound of either sign, plus the bound on even candidates and minus on odd ones or the reverse,
 # and a slope from minus the bound at candidate 0 to plus at the last or the reverse (the lower
