@@ -237,8 +237,8 @@ def top_k_options(select, spec):
 
 def all_specialisations(modules=None):
     """(key, kernel, signature, constexprs, launch options) of every kernel the C++ launchers ask
-    for. `modules`: {name: module} of aggregate, select, pair_gradients, attention and
-    attention_backward (default: this package's)."""
+    for. `modules`: {name: module} of aggregate, select, pair_gradients, attention, attention_backward
+    and, from issue 41 on, bounded_select (default: this package's)."""
     if modules is None:
         from . import aggregate, attention, attention_backward, bounded_select, pair_gradients, select
         modules = {"aggregate": aggregate, "select": select, "pair_gradients": pair_gradients,
