@@ -20,9 +20,9 @@ configuration (G = 384 slices, N = M = 197, d = 64, K = 8, depthwise, scaled_dot
   with --tensor-cores (a step of its own in scripts/gpu-check.sh): at 12 x N, N = 4096, 16384 and
   65536 (D 64, K 8, scaled_dot), float32 and bfloat16, on Gaussian, clustered (64 centres, noise 1%
   of their scale) and duplicated (every key four times) features: the rows the tensor-core kernel
-  leaves to its rerun, whether the indices and scores equal the IEEE kernel's (not timed at 65536,
-  where it takes seconds), the time of each and of scaled_dot_product_attention's forward and
-  forward+backward on [1, 12, N, 64].
+  leaves to its rerun and the candidates it re-scores exactly per row, whether the indices and scores
+  equal the IEEE kernel's (not timed at 65536, where it takes seconds), the time of each and of
+  scaled_dot_product_attention's forward and forward+backward on [1, 12, N, 64].
 The C++ `convnn bench --device cuda` times the generic paths; the Triton kernels are registered
 from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events); peak memory
 from the caching allocator over one call of its own; GB/s of the aggregation forward counts its
@@ -298,30 +298,40 @@ def select_features(kind, g, n, d, dtype, device):
     return queries.to(dtype).contiguous(), keys.to(dtype).contiguous()
 
 
-def rows_left_to_the_rerun(queries, keys, neighbours):
-    """How many query rows the tensor-core kernel leaves to its rerun (scaled_dot, no mask): launched
-    directly, as the C++ launcher launches it."""
+def rerun_and_rescored(queries, keys, neighbours):
+    """(query rows the tensor-core kernel leaves to its rerun, candidates it re-scores exactly per row
+    on average), scaled_dot without a mask: launched directly as the C++ launcher launches it (the
+    keys' norms, then the persistent grid), with the kernel's STATS."""
     g, n, d = queries.shape
+    m = keys.shape[1]
     slots = select.slots_for(neighbours)
+    dtype = str(queries.dtype).replace("torch.", "")
     scores = torch.empty(g, n, neighbours, device=queries.device, dtype=queries.dtype)
     indices = torch.empty(g, n, neighbours, device=queries.device, dtype=torch.int64)
     redo = torch.empty(g * n, device=queries.device, dtype=torch.int32)
+    rescored = torch.empty(g * n, device=queries.device, dtype=torch.int32)
+    norms = torch.zeros(g, m + 1, device=queries.device, dtype=torch.float32)
     rows = (n * d, 0, d)
-    bounded_select._bounded_select_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
-        queries, keys, queries, scores, indices, redo, n, keys.shape[1], d, neighbours, 0,
+    bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
+        keys, norms, m, d, 1, *rows, BLOCK=bounded_select.KEY_NORM_ROWS, FEATURES=bounded_select.FEATURES)
+    programs = min(triton.cdiv(n, bounded_select.ROWS) * g, bounded_select.PROGRAMS)
+    queue = torch.empty(programs * bounded_select.ROWS, bounded_select.QUEUE, device=queries.device, dtype=torch.int32)
+    bounded_select._bounded_select_kernel[(programs,)](
+        queries, keys, queries, scores, indices, redo, rescored, norms, queue, g, n, m, d, neighbours, 0,
         float(torch.tensor(float(d)).sqrt()), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
         SIMILARITY=select.SIMILARITY_CODES["scaled_dot"], MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
-        CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, HELD=bounded_select.held_for(slots),
-        FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, **bounded_select.COMPILE_OPTIONS)
-    return int(redo.sum())
+        CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
+        FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, STATS=True,
+        **bounded_select.compile_options(slots, select.NO_MASK, dtype))
+    return int(redo.sum()), float(rescored.float().mean())
 
 
 def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, timer=None):
     """One row of compare_select_scores."""
     timer = timer or timed
     queries, keys = select_features(kind, g, n, d, dtype, device)
-    row = {"features": kind, "G": g, "N": n, "d": d, "K": neighbours, "dtype": str(dtype).replace("torch.", ""),
-           "rows_left_to_the_rerun": rows_left_to_the_rerun(queries, keys, neighbours)}
+    row = {"features": kind, "G": g, "N": n, "d": d, "K": neighbours, "dtype": str(dtype).replace("torch.", "")}
+    row["rows_left_to_the_rerun"], row["rescored_per_row"] = rerun_and_rescored(queries, keys, neighbours)
 
     def select_by(scores_by):
         os.environ["CONVNN_SELECT_SCORES"] = scores_by
@@ -353,12 +363,14 @@ def compare_select_scores(device, json_path, sizes=(4096, 16384, 65536)):
             for kind in ("gaussian", "clustered", "duplicated")]
     print(f"device: {torch.cuda.get_device_name(device)}; knn_select scaled_dot (D 64, K 8) on tensor cores "
           "against the IEEE kernel, ms, and SDPA on the same [1, 12, N, 64]:")
-    print("| dtype | N | features | rows left to the rerun (of 12 N) | indices / scores equal | tensor cores | IEEE | "
-          "SDPA forward | SDPA forward+backward |\n|---|---|---|---|---|---|---|---|---|")
+    print("| dtype | N | features | rows left to the rerun (of 12 N) | candidates re-scored per row | "
+          "indices / scores equal | tensor cores | IEEE | SDPA forward | SDPA forward+backward |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         same = f"{r['indices_equal']} / {r['scores_equal']}" if "indices_equal" in r else "not compared"
         ieee = f"{r['ieee_ms']:.3f}" if "ieee_ms" in r else "not timed"
-        print(f"| {r['dtype']} | {r['N']} | {r['features']} | {r['rows_left_to_the_rerun']} | {same} | "
+        print(f"| {r['dtype']} | {r['N']} | {r['features']} | {r['rows_left_to_the_rerun']} | "
+              f"{r['rescored_per_row']:.1f} | {same} | "
               f"{r['tensor_cores_ms']:.3f} | {ieee} | {r['sdpa_forward_ms']:.3f} | {r['sdpa_fb_ms']:.3f} |")
     if json_path:
         with open(json_path, "w") as f:

@@ -89,7 +89,10 @@ const AggregateBlocks kAggregateBlocks = {{{aggregate.ROWS}, {aggregate.CHANNELS
 const SelectBlocks kSelectBlocks = {{{select.ROWS}, {select.THREAD_ROWS}, {select.THREAD_SLOTS}, {select.MIN_SLOTS},
                                     {select.MAX_SLOTS}, {select.NO_MASK}, {select.BOOL_MASK}, {select.ADDITIVE_MASK},
                                     {reads("bfloat16")}, {reads("float16")}}};
-const BoundedSelectBlocks kBoundedSelectBlocks = {{{bounded.ROWS}, {bounded.MAX_FEATURES}}};
+const BoundedSelectBlocks kBoundedSelectBlocks = {{{bounded.ROWS}, {bounded.MAX_FEATURES}, {bounded.FEATURES},
+                                                  {bounded.MAX_SLOTS}, {bounded.QUEUE}, {bounded.KEY_NORM_ROWS},
+                                                  {bounded.PROGRAMS},
+                                                  {"false" if bounded.compile_options(select.MIN_SLOTS, select.BOOL_MASK, "float32") is None else "true"}}};
 const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 const AttentionCodes kAttentionCodes = {{{attention.CHANNELS}, {rho["uniform"]}, {rho["mean"]}, {rho["softmax"]},
                                         {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]}}};

@@ -1,6 +1,6 @@
 """Compiles every shipped specialisation of convnn's Triton kernels (python/convnn/_triton) for
 sm_80 and sm_90 without a GPU, in parallel (one process per core), and fails on a compile error,
-a register spill, a shared-memory overflow, or a tensor-core kernel without HMMA in its SASS
+a register spill, a shared-memory overflow, or a tensor-core kernel without HMMA/HGMMA in its SASS
 (bounded_select.py). Registers and the stack frame come from the cubin that
 Triton's own ptxas run produced (the cuobjdump that ships inside the triton wheel), so a warm Triton
 cache (the build's scripts/triton_aot.py fills it) makes this a few seconds; only a kernel with a
@@ -71,18 +71,19 @@ def cubin_usage(cubin):
 
 
 def tensor_core_instructions(cubin):
-    """How many HMMA instructions the cubin's SASS holds (`cuobjdump -sass`)."""
+    """How many tensor-core instructions the cubin's SASS holds (`cuobjdump -sass`): HMMA (sm_80's
+    mma.sync, and sm_90's where Triton keeps it) or HGMMA (sm_90's warpgroup wgmma)."""
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "kernel.cubin"
         path.write_bytes(cubin)
         result = subprocess.run([str(nvidia_tool("cuobjdump")), "-sass", str(path)], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"cuobjdump -sass failed:\n{result.stdout}{result.stderr}")
-    return len(re.findall(r"\bHMMA\.", result.stdout))
+    return len(re.findall(r"\bHG?MMA\.", result.stdout))
 
 
 # The kernels whose scores are tensor-core products (bounded_select.py, issue 41): the check fails
-# where their SASS holds no HMMA (a dot that fell back to FMAs would be exact and slow, silently).
+# where their SASS holds no HMMA or HGMMA (a dot that fell back to FMAs would be exact and slow, silently).
 TENSOR_CORE_KERNELS = ("bounded select ",)
 
 
@@ -150,7 +151,7 @@ def check_one(job):
     if spills:
         failures.append(f"{name} sm_{arch}: {spills} bytes of register spills")
     if name.startswith(TENSOR_CORE_KERNELS) and tensor_core_instructions(compiled.asm["cubin"]) == 0:
-        failures.append(f"{name} sm_{arch}: no HMMA in its SASS (its scores are meant for tensor cores)")
+        failures.append(f"{name} sm_{arch}: no HMMA or HGMMA in its SASS (its scores are meant for tensor cores)")
     if shared > shared_limit:
         failures.append(f"{name} sm_{arch}: {shared} bytes of shared memory, over {shared_limit}")
     return f"| {name} | sm_{arch} | {registers} | {spills} | {shared} |", failures

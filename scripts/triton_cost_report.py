@@ -198,7 +198,10 @@ def parts(kernel_name, bitonic_merges, skipped_lines=frozenset()):
     loading = [nest for nest in after if loads(nest)]
     aggregation, _ = vector_load_nests(instructions, labels, loading)
     aggregation = [(nest_size(nest) if nest[0] else None, nest_size((None, nest[1]))) for nest in aggregation]
-    return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
+    bounded = check.load_kernels("bounded_select")
+    chunk_multiply_adds = bounded.ROWS * bounded.CANDIDATES * bounded.FEATURES // warps  # a warp's share
+    return {"warps": warps, "total": len(instructions), "dot_loop": size(dot),
+            "unrolled": sum(f for f, _ in per_chunk) // chunk_multiply_adds,
             "tile": size(tiles) - inner - bitonic - skipped, "round": size(round_loop) if round_loop else 0,
             "bitonic": bitonic, "skipped": skipped, "aggregation": aggregation,
             "once": len(instructions) - size(tiles) - sum(nest_size(nest) for nest in after)}
@@ -689,134 +692,201 @@ BOUNDED_SHAPES = {f"12 x {n} (G 12, N {n}, D 64, K 8)": (12, n, 64, 8) for n in 
 TENSOR_CORE_FMA_PER_SM_CYCLE = {"BF16": 2048, "F16": 2048, "TF32": 1024}
 
 
-def hmma_multiply_adds(text):
-    """The multiply-adds of one HMMA instruction (m x n x k from its shape, e.g. HMMA.16816.F32.BF16),
-    and its operands' type."""
+def tensor_core_multiply_adds(text):
+    """(multiply-adds one warp's tensor-core instruction takes part in, its operands' type): an HMMA's
+    m x n x k (HMMA.16816.F32.BF16), or a quarter of an HGMMA's (HGMMA.64x32x16.F32.BF16: the four
+    warps of a warpgroup issue it together); None for another instruction."""
+    match = re.search(r"HGMMA\.(\d+)x(\d+)x(\d+)\.F32\.(\w+)", text)
+    if match:
+        return int(match.group(1)) * int(match.group(2)) * int(match.group(3)) // 4, match.group(4)
     match = re.search(r"HMMA\.(\d\d)(\d)(\d+)\.F32\.(\w+)", text)
-    m, n, k, kind = int(match.group(1)), int(match.group(2)), int(match.group(3)), match.group(4)
-    return m * n * k, kind
+    if match:
+        return int(match.group(1)) * int(match.group(2)) * int(match.group(3)), match.group(4)
+    return None
 
 
 def bounded_parts(kernel_name):
-    """The tensor-core select's SASS per warp: the tile loop's parts (the loop of HMMAs per FEATURES
-    features on vector loads, taken at D = 64 on aligned rows, the masked-load one beside it counted as
-    skipped; what every tile runs; the gated region that the tiles no pair of which reaches its row's
-    least held bound skip, and the rounds loop inside it), the loops outside it (the query norms per
-    chunk, the exact re-score per feature), what runs once, and the HMMA multiply-adds per chunk."""
+    """The tensor-core select's SASS per warp (bounded_select.py: a persistent loop over blocks of
+    rows, the tile loop inside it): what each tile runs (its first chunk of features, the gate and its
+    small product, the flush test, and the unrolled remainder of chunks that ptxas puts after the loop
+    of chunks: all taken, as at D = 64, where the first chunk is apart, the remainder takes three and
+    the loop none), the loop of further chunks of FEATURES features (ptxas unrolls it: `unrolled`
+    chunks an iteration), a round of the
+    append loop, the flush inside the tile loop (apart from its chunk loop: its barriers, the K-th key,
+    the threshold's loops taken once each) and its loop per FLUSH queued candidates (apart from the
+    exact re-score: the merge), the exact re-score per 8 features, what a block runs outside the tile
+    loop (the final flush's chunks counted as the tile loop's), the query norms per chunk, and the
+    tensor-core multiply-adds per tile (first chunk and gate) and per further chunk."""
     instructions, labels, warps = sass(kernel_name)
     ranges = loops(instructions, labels)
 
     def size(r):
         return r[1] - r[0] + 1
 
-    def hmma(r):
-        return [text for text, _ in instructions[r[0]:r[1] + 1] if opcode(text) == "HMMA"]
+    def inside(inner, outer):
+        return inner != outer and outer[0] <= inner[0] and inner[1] <= outer[1]
 
-    dots = sorted((r for r in ranges if hmma(r) and not any(o != r and o[0] <= r[0] and r[1] <= o[1] and hmma(o)
-                                                            and size(o) < size(r) for o in ranges)), key=size)
-    dots = [r for r in dots if not any(inner != r and r[0] <= inner[0] and inner[1] <= r[1] for inner in dots)]
-    dot, untaken = dots[0], dots[1:]
-    tiles = min((r for r in ranges if r[0] < dot[0] and dot[1] <= r[1]), key=size)
-    inner = [r for r in ranges if tiles[0] < r[0] and r[1] < tiles[1] and r not in dots and not hmma(r)]
-    round_loop = max(inner, key=size)
-    # The gated region: the largest forward-branch region of the tile loop that holds the rounds loop.
-    gated = (round_loop[0], round_loop[1])
-    for position in range(tiles[0], round_loop[0]):
+    def tensor_core(first, last):
+        found = [tensor_core_multiply_adds(text) for text, _ in instructions[first:last + 1]]
+        return [f for f in found if f]
+
+    dot = min((r for r in ranges if tensor_core(*r)), key=size)
+    tiles = min((r for r in ranges if inside(dot, r)), key=size)
+    work = min((r for r in ranges if inside(tiles, r)), key=size)
+    inner = [r for r in ranges if inside(r, tiles) and r != dot]
+    chunk_loop = max(inner, key=size)  # the flush's loop over FLUSH queued candidates
+    exact = max((r for r in ranges if inside(r, chunk_loop)), key=size)
+    # The flush: the largest forward-branch region of the tile loop that holds its chunk loop.
+    flush = chunk_loop
+    for position in range(tiles[0], chunk_loop[0]):
         match = re.search(r"^@!?U?P\d.*\bBRA\b.*`\((\.L_x_\d+)\)", instructions[position][0])
         target = labels.get(match.group(1), -1) if match else -1
-        if round_loop[1] < target <= tiles[1] + 1 and target - position - 1 > size(gated):
-            gated = (position + 1, target - 1)
-    outside = [r for r in ranges if r[1] < tiles[0] or r[0] > tiles[1]]
-    fma = [hmma_multiply_adds(text) for text in hmma(dot)]
-    skipped = sum(size(r) for r in untaken)
-    return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
-            "tile": size(tiles) - size(dot) - skipped - size(gated), "gated": size(gated) - size(round_loop),
-            "round": size(round_loop), "skipped": skipped,
-            "norms_per_chunk": sum(size(r) for r in outside if r[1] < tiles[0]),
-            "rescore_per_feature": sum(size(r) for r in outside if r[0] > tiles[1]),
-            "once": len(instructions) - size(tiles) - sum(size(r) for r in outside),
-            "hmma_per_chunk": len(fma), "fma_per_chunk": sum(f for f, _ in fma), "operands": fma[0][1]}
+        if chunk_loop[1] < target <= tiles[1] + 1 and target - position - 1 > size(flush):
+            flush = (position + 1, target - 1)
+    thresholds = [r for r in inner if inside(r, flush) and not inside(r, chunk_loop) and r != chunk_loop]
+    thresholds = [r for r in thresholds if not any(inside(r, o) for o in thresholds)]
+    append = [r for r in inner if not inside(r, flush) and r != chunk_loop and r != flush]
+    append = max(append, key=size)
+    final_chunks = max((r for r in ranges if inside(r, work) and r[0] > tiles[1]), key=size)
+    norms = [r for r in ranges if inside(r, work) and r[1] < tiles[0]]
+    per_chunk = tensor_core(*dot)
+    per_tile = tensor_core(tiles[0], tiles[1])
+    bounded = check.load_kernels("bounded_select")
+    chunk_multiply_adds = bounded.ROWS * bounded.CANDIDATES * bounded.FEATURES // warps  # a warp's share
+    return {"warps": warps, "total": len(instructions), "dot_loop": size(dot),
+            "unrolled": sum(f for f, _ in per_chunk) // chunk_multiply_adds,
+            "tile": size(tiles) - size(dot) - size(flush) - size(append),
+            "append_round": size(append),
+            "flush": size(flush) - size(chunk_loop) + sum(size(r) for r in thresholds) - sum(
+                size(r) for r in thresholds),
+            "flush_chunk": size(chunk_loop) - size(exact), "exact_per_8_features": size(exact),
+            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms),
+            "norms_per_chunk": sum(size(r) for r in norms),
+            "tile_multiply_adds": sum(f for f, _ in per_tile) - sum(f for f, _ in per_chunk),
+            "loop_multiply_adds": sum(f for f, _ in per_chunk), "operands": per_chunk[0][1]}
 
 
-def bounded_round_counts(bounded, shape, precision_model, seed=0, blocks_wanted=48):
-    """Per tile, summed over a sample of blocks of ROWS query rows on seeded Gaussian features: the
-    rounds of the held set (select.entered: as many as the block's busiest row has upper bounds above
-    its set's least, at most HELD), with each upper bound the score plus precision_model |q||k|.
-    Returns (rounds, tiles that pass the float gate, tiles, blocks sampled, blocks in all)."""
+
+def bounded_runs(bounded, shape, model, seed=0, blocks_wanted=16):
+    """The kernel's rule on seeded Gaussian features [N, D] (one slice; keys the same size), per sampled
+    block of ROWS query rows: the gate (upper bound = exact dot + model |q||k|, against the K-th exact
+    dot of the candidates flushed so far), the appends (a round per candidate of a tile's busiest row),
+    the flushes (after a tile that leaves a queue unable to take another whole tile, and after the
+    last) and their chunks of FLUSH. Returns {tiles, append rounds,
+    flushes, flush chunks, candidates re-scored per row, blocks sampled, blocks in all}."""
     g, n, d, k = shape
-    held = bounded.held_for(max(8, 1 << (k - 1).bit_length()))
-    rows, tile = bounded.ROWS, bounded.CANDIDATES
-    blocks_per_slice = math.ceil(n / rows)
+    rows, tile, queue, flush = bounded.ROWS, bounded.CANDIDATES, bounded.QUEUE, bounded.FLUSH
     generator = torch.Generator().manual_seed(seed)
     queries = torch.randn(n, d, generator=generator, dtype=torch.float64)
     keys = torch.randn(n, d, generator=generator, dtype=torch.float64)
     key_norms = keys.norm(dim=1)
-    rounds = gated = tiles = sampled = 0
+    blocks_per_slice = math.ceil(n / rows)
+    runs = {"tiles": 0, "append_rounds": 0, "flushes": 0, "flush_chunks": 0, "rescored": 0, "rows": 0}
+    sampled = 0
     for block in range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted)):
         q = queries[block * rows:(block + 1) * rows]
-        upper = q @ keys.T + precision_model * q.norm(dim=1, keepdim=True) * key_norms
+        exact = q @ keys.T
+        upper = exact + model * q.norm(dim=1, keepdim=True) * key_norms
+        best = torch.full((len(q), k), -math.inf, dtype=torch.float64)
+        threshold = best[:, -1].clone()
+        fill = torch.zeros(len(q), dtype=torch.long)
+        queued = []
         sampled += 1
-        best = torch.full((len(q), held), -math.inf, dtype=torch.float64)  # each row's held bounds so far
+
+        def flushed(best, queued, fill):
+            runs["flushes"] += 1
+            runs["flush_chunks"] += math.ceil(int(fill.max()) / flush)
+            runs["rescored"] += int(fill.sum())
+            if queued:
+                best = torch.cat([best] + queued, dim=1).topk(k, dim=1).values
+            return best, best[:, -1].clone()
+
         for first in range(0, n, tile):
-            tiles += 1
-            block_of_tile = upper[:, first:first + tile]
-            entries = int((block_of_tile >= best[:, -1:]).sum(dim=1).max())
-            gated += entries > 0
-            rounds += min(entries, held)
-            best = torch.cat([best, block_of_tile], dim=1).topk(held, dim=1).values
-    return rounds, gated, tiles, sampled, g * blocks_per_slice
+            runs["tiles"] += 1
+            passing = upper[:, first:first + tile] >= threshold[:, None]
+            count = passing.sum(dim=1)
+            queued.append(torch.where(passing, exact[:, first:first + tile], -math.inf))
+            fill += count
+            runs["append_rounds"] += int(count.max())
+            if int(fill.max()) > queue - tile:
+                best, threshold = flushed(best, queued, fill)
+                fill, queued = torch.zeros_like(fill), []
+        if int(fill.max()) > 0:
+            best, threshold = flushed(best, queued, fill)
+        else:
+            runs["flushes"] += 1  # the final flush's fixed part runs with an empty queue too
+        runs["rows"] += len(q)
+    runs.update(sampled=sampled, blocks=g * blocks_per_slice, rescored_per_row=runs["rescored"] / runs["rows"])
+    return runs
 
 
-def bounded_estimate(counts, bounded, shape, runs):
-    """The tensor-core select's bound at `shape`: the larger of its instruction issue, its HMMAs at the
-    tensor cores' peak and its compulsory DRAM bytes (the rerun's programs, none of whose rows is
-    flagged on these inputs, only read the flags)."""
+def bounded_estimate(counts, norms_counts, bounded, shape, runs):
+    """The tensor-core select's bound at `shape`: the larger of its instruction issue (and the keys'
+    norms kernel's), its tensor-core multiply-adds at the tensor cores' peak and its compulsory DRAM
+    bytes (the rerun's programs, none of whose rows is flagged on these inputs, only read the flags)."""
     g, n, d, k = shape
-    rounds, gated, tiles, sampled, blocks = runs
-    scale = blocks / sampled
+    scale = runs["blocks"] / runs["sampled"]
     chunks = math.ceil(d / bounded.FEATURES)
-    per_warp = (sampled * (counts["once"] + counts["norms_per_chunk"] * chunks + counts["rescore_per_feature"] * d)
-                + tiles * (counts["tile"] + chunks * counts["dot_per_chunk"]) + gated * counts["gated"]
-                + rounds * counts["round"]) * scale
-    warp_instructions = per_warp * counts["warps"]
+    per_warp = (runs["sampled"] * (counts["block"] + counts["norms_per_chunk"] * chunks)
+                + runs["tiles"] * (counts["tile"] + (chunks - 1) // counts["unrolled"] * counts["dot_loop"])
+                + runs["append_rounds"] * counts["append_round"] + runs["flushes"] * counts["flush"]
+                + runs["flush_chunks"] * (counts["flush_chunk"] + d / 8 * counts["exact_per_8_features"])) * scale
+    norms_programs = g * math.ceil(n / bounded.KEY_NORM_ROWS)
+    warp_instructions = per_warp * counts["warps"] + norms_programs * norms_counts["per_program"](chunks)
     issue_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ)
-    multiply_adds = tiles * scale * chunks * counts["fma_per_chunk"] * counts["warps"]
+    multiply_adds = runs["tiles"] * scale * counts["warps"] * (
+        counts["tile_multiply_adds"] + (chunks - 1) // counts["unrolled"] * counts["loop_multiply_adds"])
     tensor_s = multiply_adds / (SMS * TENSOR_CORE_FMA_PER_SM_CYCLE[counts["operands"]] * CLOCK_HZ)
     element = 2 if counts["operands"] in ("BF16", "F16") else 4
-    dram_s = (element * 2 * g * n * d + g * n * (k * (element + 8) + 2 * 4)) / DRAM_BYTES_PER_S
+    dram_s = (element * 3 * g * n * d + g * n * (k * (element + 8) + 3 * 4)
+              + 2 * 4 * runs["rescored_per_row"] * g * n) / DRAM_BYTES_PER_S
     bound = max(issue_s, tensor_s, dram_s)
-    return {"rounds_per_tile": rounds / tiles, "gated_tiles_share": gated / tiles,
-            "warp_instructions_per_score": warp_instructions / (blocks * bounded.ROWS * n),
+    return {"rescored_per_row": runs["rescored_per_row"],
+            "append_rounds_per_tile": runs["append_rounds"] / runs["tiles"],
+            "flushes_per_block": runs["flushes"] / runs["sampled"],
+            "warp_instructions_per_score": warp_instructions / (g * n * n),
             "issue_bound_us": issue_s * 1e6, "tensor_core_bound_us": tensor_s * 1e6,
             "dram_bound_us": dram_s * 1e6, "bound_us": bound * 1e6,
             "set_by": {issue_s: "instruction issue", tensor_s: "tensor cores", dram_s: "DRAM"}[bound]}
+
+
+def norms_parts(kernel_name):
+    """The keys' norms kernel: per program, SASS outside its loop plus its loop per chunk of features."""
+    instructions, labels, warps = sass(kernel_name)
+    body = max(loops(instructions, labels), key=lambda r: r[1] - r[0])
+    loop = body[1] - body[0] + 1
+    return {"per_program": lambda chunks: warps * (len(instructions) - loop + chunks * loop)}
 
 
 def report_bounded_select(report):
     """The tensor-core select's table: scaled_dot without a mask, bfloat16 and float32 inputs, at
     BOUNDED_SHAPES, beside the IEEE select kernel's bound at 12 x 4096 (the table above)."""
     bounded = check.load_kernels("bounded_select")
+    if not hasattr(bounded, "_key_norms_kernel"):
+        print("\nknn_select on tensor cores: the held-set design of this revision is not modelled here "
+              "(BENCHMARKS.md, 2026-11-29 has its figures)")
+        return
     print("\nknn_select on tensor cores (bounded_select.py): scaled_dot, no mask, sm_90; the IEEE kernel's "
           "rerun launch reads only the flags here (no row flagged on Gaussian inputs)\n")
-    print("| kernel | shape | SASS per tile: base / per 16 features / gated / round | HMMA per 16 features | "
-          "exact re-score per feature | tiles past the gate | rounds per tile | warp instr. per score | "
-          "issue (µs) | tensor cores (µs) | DRAM (µs) | bound (µs) | set by |")
+    print("| kernel | shape | SASS per warp: tile / loop of chunks (chunks) / append round / flush / per 8 queued / "
+          "exact per 8 features | warps | re-scored per row | append rounds per tile | flushes per block | "
+          "warp instr. per score | issue (µs) | tensor cores (µs) | DRAM (µs) | bound (µs) | set by |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     report["bounded_select"] = {}
     for suffix, exact_products in ((" bfloat16 inputs", True), ("", False)):
+        norms_counts = norms_parts(f"key norms{suffix}")
         for shape_name, shape in BOUNDED_SHAPES.items():
             kernel = f"bounded select scaled_dot K<={max(8, 1 << (shape[3] - 1).bit_length())} no mask{suffix}"
             counts = bounded_parts(kernel)
-            # The bound's size at D = 64 to a few percent (docs/operator.md: 1.9e-5 and 5.4e-5 of |q||k|
-            # with the slack), for the simulated rounds only, which it barely moves.
-            model = 2.0 ** -21 + (1 if exact_products else 3) * 64 * 2.0 ** -22 + (0 if exact_products else 2.0 ** -18)
-            figures = bounded_estimate(counts, bounded, shape, bounded_round_counts(bounded, shape, model))
+            # The bound's size at D = 64 (docs/operator.md: 1.9e-5 of |q||k| for bfloat16, 2.0e-3 for TF32).
+            model = 1.9e-5 if exact_products else 2.0e-3
+            figures = bounded_estimate(counts, norms_counts, bounded, shape, bounded_runs(bounded, shape, model))
             report["bounded_select"].setdefault(kernel, {"sass": counts, "shapes": {}})["shapes"][shape_name] = figures
-            print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_per_chunk']} / {counts['gated']} / "
-                  f"{counts['round']} | {counts['hmma_per_chunk']} ({counts['operands']}) | "
-                  f"{counts['rescore_per_feature']} | {figures['gated_tiles_share']:.0%} | "
-                  f"{figures['rounds_per_tile']:.2f} | {figures['warp_instructions_per_score']:.2f} | "
-                  f"{figures['issue_bound_us']:.0f} | "
+            print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_loop']} ({counts['unrolled']}) / "
+                  f"{counts['append_round']} / {counts['flush']} / {counts['flush_chunk']} / "
+                  f"{counts['exact_per_8_features']} | {counts['warps']} | {figures['rescored_per_row']:.0f} | "
+                  f"{figures['append_rounds_per_tile']:.2f} | {figures['flushes_per_block']:.1f} | "
+                  f"{figures['warp_instructions_per_score']:.2f} | {figures['issue_bound_us']:.0f} | "
                   f"{figures['tensor_core_bound_us']:.0f} | {figures['dram_bound_us']:.0f} | "
                   f"{figures['bound_us']:.0f} | {figures['set_by']} |")
 

@@ -59,9 +59,10 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   // per input dtype), 12 of its backward (3 kernels x 4 similarities), 72 x 3 of the fused
   // knn_attention (as knn_select), 4 x 3 of its backward's softmax scores gradient (one per width and
   // dtype), 9 x 3 of its two-kernel backward (the row kernel for dot and scaled_dot at each width,
-  // the column kernel; per dtype), 24 x 3 of knn_select on tensor cores and 24 x 3 of its rerun (dot
-  // and scaled_dot x 4 widths x 3 mask kinds, per input dtype).
-  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u + 2u * 24u * 3u);
+  // the column kernel; per dtype), knn_select on tensor cores and its rerun (dot and scaled_dot x the 2
+  // widths up to its max_slots x 3 mask kinds per half-precision dtype, no mask for float32 inputs:
+  // 28 each), and its keys' norms kernel per input dtype.
+  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u + 2u * (2u * 2u * (3u * 2u + 1u)) + 3u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
@@ -76,13 +77,15 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
       // are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
       // kernel at the widest running top-K (two lanes per row: attention_backward.compile_options);
-      // the shared set and the tensor-core select (bounded_select.COMPILE_OPTIONS) take 8 warps.
+      // the shared set takes 8 warps, and so does the tensor-core select but for half-precision inputs
+      // without a mask (a warpgroup: bounded_select.compile_options).
       const auto at_width = key.find("K<=");
       const auto width = at_width == std::string::npos ? int64_t{0} : std::stoll(key.substr(at_width + 3));
       const bool widest_rows = two_kernel_backward && width == triton::kSelectBlocks.max_slots;
       const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
-                            : running_top_k || tensor_cores ? 8
+                            : tensor_cores ? (key.find(" no mask ") != std::string::npos ? 4 : 8)
+                            : running_top_k ? 8
                             : widest_rows         ? 2 * triton::kAttentionBackwardBlocks.row_rows / 32
                             : two_kernel_backward ? triton::kAttentionBackwardBlocks.row_rows / 32
                                                   : 4;
@@ -292,27 +295,43 @@ TEST(TritonAot, EverySelectLaunchPassesTheParametersTheCompiledKernelDeclares) {
 }
 
 TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernelsDeclare) {
-  // knn_select on tensor cores (issue 41), dot and scaled_dot: the tensor-core kernel, then the
-  // IEEE kernel's rerun of the rows it leaves, over the same outputs.
-  const int64_t g = 3, n = 45, m = 70, d = 5;
-  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
-    const auto queries = torch::randn({g, n, d}).to(dtype), keys = torch::randn({g, m, d}).to(dtype);
-    const std::vector<torch::Tensor> masks{torch::Tensor(), torch::rand({n, m}) > 0.3,
-                                           torch::zeros({g, n, m}).to(dtype)};
-    for (const auto similarity : {convnn::Similarity::Dot, convnn::Similarity::ScaledDot}) {
-      for (const auto& mask : masks) {
-        for (const int64_t k : {1, 9, 64}) {
-          Recorder recorder;
-          const auto [scores, indices] = triton::select_forward(queries, keys, k, similarity, mask, k == 9,
-                                                                recorder.runner(), triton::SelectScores::TensorCores);
-          ASSERT_EQ(recorder.launches.size(), 2u);
-          EXPECT_EQ(recorder.launches[0].key.rfind("bounded select ", 0), 0u) << recorder.launches[0].key;
-          EXPECT_EQ(recorder.launches[1].key.rfind("rerun select ", 0), 0u) << recorder.launches[1].key;
-          EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::kBoundedSelectBlocks.rows));
-          EXPECT_EQ(recorder.launches[1].grid.x, cdiv(n, triton::top_k_rows(k)));
-          EXPECT_EQ(recorder.launches[0].grid.y, g);
-          EXPECT_EQ(scores.scalar_type(), dtype);
-          EXPECT_EQ(indices.sizes(), (std::vector<int64_t>{g, n, k}));
+  // knn_select on tensor cores (issue 41), dot and scaled_dot: the keys' norms, the tensor-core
+  // kernel on a persistent grid, then the IEEE kernel's rerun of the rows it leaves, over the same
+  // outputs; where no tensor-core kernel was compiled (K above its max_slots, float32 inputs with a
+  // mask) or the rows are not whole chunks of its features (D = 5), the IEEE kernel alone.
+  const int64_t g = 3, n = 45, m = 70;
+  for (const int64_t d : {triton::kBoundedSelectBlocks.features, int64_t{5}}) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+      const auto queries = torch::randn({g, n, d}).to(dtype), keys = torch::randn({g, m, d}).to(dtype);
+      const std::vector<torch::Tensor> masks{torch::Tensor(), torch::rand({n, m}) > 0.3,
+                                             torch::zeros({g, n, m}).to(dtype)};
+      for (const auto similarity : {convnn::Similarity::Dot, convnn::Similarity::ScaledDot}) {
+        for (const auto& mask : masks) {
+          for (const int64_t k : {1, 9, 16, 64}) {
+            Recorder recorder;
+            const auto [scores, indices] = triton::select_forward(queries, keys, k, similarity, mask, k == 9,
+                                                                  recorder.runner(), triton::SelectScores::TensorCores);
+            const bool served = d % triton::kBoundedSelectBlocks.features == 0 &&
+                                k <= triton::kBoundedSelectBlocks.max_slots &&
+                                (dtype != torch::kFloat || !mask.defined());
+            EXPECT_EQ(scores.scalar_type(), dtype);
+            EXPECT_EQ(indices.sizes(), (std::vector<int64_t>{g, n, k}));
+            if (!served) {
+              ASSERT_EQ(recorder.launches.size(), 1u);
+              EXPECT_EQ(recorder.launches[0].key.rfind("select ", 0), 0u) << recorder.launches[0].key;
+              continue;
+            }
+            ASSERT_EQ(recorder.launches.size(), 3u) << d << " " << k;
+            EXPECT_EQ(recorder.launches[0].key.rfind("key norms", 0), 0u) << recorder.launches[0].key;
+            EXPECT_EQ(recorder.launches[1].key.rfind("bounded select ", 0), 0u) << recorder.launches[1].key;
+            EXPECT_EQ(recorder.launches[2].key.rfind("rerun select ", 0), 0u) << recorder.launches[2].key;
+            EXPECT_EQ(recorder.launches[0].grid.x, cdiv(m, triton::kBoundedSelectBlocks.key_norm_rows));
+            EXPECT_EQ(recorder.launches[0].grid.y, g);
+            EXPECT_EQ(recorder.launches[1].grid.x, cdiv(n, triton::kBoundedSelectBlocks.rows) * g);
+            EXPECT_EQ(recorder.launches[1].grid.y, 1);
+            EXPECT_EQ(recorder.launches[2].grid.x, cdiv(n, triton::top_k_rows(k)));
+            EXPECT_EQ(recorder.launches[2].grid.y, g);
+          }
         }
       }
     }

@@ -78,3 +78,13 @@ def largest(x, K: tl.constexpr, DESCENDING: tl.constexpr):
         h = tl.max(h, BITS - halving - KEEP)  # the axis of bit KEEP
         h = _merge(h, BITS - halving - 1, KEEP, DESCENDING)
     return tl.reshape(h, [R, K])
+
+
+@triton.jit
+def sorted_bitonic(x, DESCENDING: tl.constexpr):
+    """Each row of x [R, W] (W a power of two) sorted, where every row holds a bitonic sequence: e.g.
+    the larger of a descending and an ascending sorted row, position by position, which also holds
+    the pair's W largest keys."""
+    R: tl.constexpr = x.shape[0]
+    BITS: tl.constexpr = _log2(x.shape[1])
+    return tl.reshape(_merge(tl.reshape(x, _hypercube(R, BITS)), BITS, BITS, DESCENDING), [R, x.shape[1]])

@@ -5,31 +5,40 @@ select.py scores every pair in IEEE float32 on CUDA cores, so that a GPU ranks e
 At long N those scores are the whole cost. Here a tile's scores come from tensor cores (bfloat16 and
 float16 inputs as they are, float32 through FLOAT32_PRECISION), each with a bound on its distance
 from the IEEE kernel's score (error_bound: docs/operator.md, "Scores on tensor cores", derives it
-and states the accumulation model it assumes). Per query row:
+and states the accumulation model it assumes). Per query row, over [ROWS, CANDIDATES] tiles:
 
-1. The running set of the HELD largest *upper bounds* (score + bound, through the similarity's key
-   and the mask: both keep order), packed with their indices (select.entered: the gate and rounds
-   of the set shared by a row's threads), behind a float gate that lets a tile skip all that when
-   none of its pairs reaches its row's least held bound. A candidate outside the set has an upper
-   bound no larger than the set's least, u_min.
-2. The held candidates re-scored exactly, in the IEEE kernel's order of operations (a float32 FMA
-   chain over the features in order: what tl.dot(input_precision="ieee") lowers to), ranked by the
-   exact packed keys (larger first, the lower index on a tie). Let x_K be the K-th exact key.
-3. If u_min < x_K, every candidate outside the set ranks strictly below the K-th (its exact key is
-   at most its upper bound), so the set's K best are the row's K best, ties included: the row is
-   settled and written. So is a row whose every candidate the set holds (M <= HELD). Otherwise (more
-   than HELD candidates within the bounds: duplicates, integer grids; fewer than K valid candidates;
-   a NaN or +inf key or bound, from NaN/Inf inputs or norms that overflow) its flag in `redo` is
-   set, and the rerun kernel, select.py's IEEE kernel on the flagged rows alone, writes it. No read
-   back to the host: the two launches are graph-capturable.
+1. The gate: a candidate passes when its upper bound (score + bound, through the similarity's key
+   and the mask: both keep order) is not below the row's threshold t, the K-th largest exact key of
+   the candidates re-scored so far (-inf before K of them). Which candidates pass comes as a 64-bit
+   word per row from a second, small tensor-core product (_passing_words: no scan, no exchange of the
+   tile between threads); their indices are appended to the row's queue in global memory
+   (_appended, a round per candidate of the tile's busiest row).
+2. The flush, after a tile that leaves a row's queue unable to take another whole tile (more than
+   QUEUE - CANDIDATES queued) and after the last tile: the queued candidates
+   re-scored exactly, in the IEEE kernel's order of operations (a float32 FMA chain over the features
+   in order: what tl.dot(input_precision="ieee") lowers to), ranked by the exact packed keys (larger
+   first, the lower index on a tie) and merged into the row's exact top (bitonic.py); t rises to its
+   K-th key.
+3. Exactness: a candidate that was not queued had an upper bound below the threshold of its time,
+   which was the K-th exact key of some K candidates, so at most the row's K-th exact key: its own
+   exact key is strictly below the K-th, so it is not among the K best, ties included. Every other
+   candidate was re-scored and ranked exactly. So every row is settled, however many candidates the
+   bounds cannot tell apart (duplicates, integer grids cost flushes, not exactness), except rows whose
+   scores could be NaN or +inf or whose bounds could overflow (a query norm, or a key norm of the
+   slice, NaN, infinite or above NORM_CEILING; a NaN or +inf additive mask entry) and rows of calls
+   whose rows are not whole chunks of FEATURES on 16-byte boundaries: their flag in `redo` is set,
+   and the rerun kernel, select.py's IEEE kernel on the flagged rows alone, writes them. No read back
+   to the host: the launches (the keys' norms, this kernel, the rerun) are graph-capturable.
 
 Under Triton's interpreter tl.dot ignores input_precision. INJECT (a test mode, never compiled for a
 launch) scores in IEEE float32 instead (the IEEE kernel's products, on a GPU too) and adds to each
 score an error of up to the bound, of either sign, placed adversarially; bound_scale inflates the
 bound (an inflated bound is still a bound): the selection must equal the IEEE kernel's whatever the
-errors (python/tests/test_bounded_select.py).
+errors (python/tests/test_bounded_select.py). STATS (tests, scripts/gpu_bench.py) writes the
+candidates each row re-scored.
 
-dot and scaled_dot only; cosine, gaussian, chebyshev and l1 stay on select.py's kernel.
+dot and scaled_dot only; cosine, gaussian, chebyshev and l1 stay on select.py's kernel, and so do
+widths above MAX_SLOTS and float32 inputs with a mask (compile_options).
 """
 import triton
 import triton.language as tl
@@ -40,39 +49,66 @@ from .similarities import CODES, DOT, SCALED_DOT
 # The similarities this kernel serves (codes); the others stay on select.py's kernel.
 SIMILARITIES = (CODES["dot"], CODES["scaled_dot"])
 
-# Query rows per program and candidates per score tile: a [32, 64] tile of tensor-core products per
-# FEATURES features, 8 warps. ptxas (sm_90, float32 tf32x3 at K <= 8): 32 features and 4 warps took
-# 255 registers and spilled 128 bytes; 16 features and 8 warps, 196 and none. Without maxnreg ptxas
-# held the half-precision kernels without a mask at K <= 32 to 128 registers and spilled 16-40 bytes
-# (sm_80, sm_90); with it, 160 and none. Masks take 230-255 (scripts/triton_compile_check.py checks
-# every specialisation for spills).
-ROWS = 32
+# Query rows per program (one warpgroup's tensor-core tile: wgmma takes 64 rows), candidates per score
+# tile (the gate's bits of a row fill an int64), features per tl.dot chunk: a row of keys' chunk on
+# 16-byte boundaries is a vector load (the launcher takes this kernel where the rows are whole chunks,
+# select._whole_chunks; 16 rather than 32: ptxas spilled the masked variants at 32).
+ROWS = 64
 CANDIDATES = 64
 FEATURES = 16
-COMPILE_OPTIONS = {"num_warps": 8, "maxnreg": 255}
+# A row's queue is flushed after a tile that leaves more than FLUSH_AT candidates in it, so it holds
+# at most FLUSH_AT + CANDIDATES = QUEUE (a whole tile may pass the gate; the kernel flushes above
+# QUEUE - CANDIDATES). Measured on Gaussian features
+# (scripts/triton_cost_report.py's simulation, 12 x N, D 64, K 8, bfloat16's bound): candidates
+# re-scored per row at N = 4096 / 16384 / 65536 were 194 / 222 / 248 flushing at 64 (the queue
+# full), 124 / 142 / 163 at 32 and 112 / 127 / 143 at 16, at 4.0, 5.2 and 7.6 flushes per block
+# at N = 4096: 32, where the threshold rises soon enough and flushes stay few.
+FLUSH_AT = 32
+QUEUE = FLUSH_AT + CANDIDATES
+# Queued candidates re-scored at a time per row: a [ROWS, FLUSH, 8] tile of keys' features in registers.
+FLUSH = 8
+# Key rows per program of _key_norms_kernel.
+KEY_NORM_ROWS = 128
+# The persistent grid's most programs (the launcher's: fewer where there are fewer blocks of rows):
+# its queues' scratch is PROGRAMS x ROWS x QUEUE int32, 24 MiB, whatever the call's size; an H100
+# holds 264 such programs at once (two per SM at 255 registers).
+PROGRAMS = 1024
+# The widest top-K this kernel holds (larger K stays on the IEEE kernel): at 32 and 64 slots ptxas
+# spilled 16-770 bytes (sm_80, sm_90) with 4 warps or 8.
+MAX_SLOTS = 16
+
+
+def compile_options(slots, mask_kind, dtype):
+    """The launch options of the kernel at this width, mask kind and input dtype, or None where the
+    IEEE kernel keeps the call. ptxas (maxnreg 255): half precision without a mask fits 4 warps (a
+    warpgroup, the fewest instructions per score: 8 warps issue nearly twice as many per tile, the
+    row reductions and barriers shared by fewer scores); with a mask, or float32 inputs, 4 warps
+    spilled 8-1116 bytes and 8 do not; float32 with a mask spilled 8-56 bytes even with 8 (so it stays
+    on the IEEE kernel), as every width above MAX_SLOTS."""
+    if slots > MAX_SLOTS or (dtype == "float32" and mask_kind != 0):
+        return None
+    return {"num_warps": 4 if (dtype != "float32" and mask_kind == 0) else 8, "maxnreg": 255}
+
+
 # The C++ launcher (src/ops/cuda/triton/select_launches.cpp) takes this kernel only where asked
-# (CONVNN_SELECT_SCORES=tensor_cores): the static cost report estimates it slower than the IEEE kernel
-# today (its running set's rounds and per-tile work on CUDA cores outweigh the scores it saves,
-# BENCHMARKS.md), and no GPU has timed it yet (scripts/gpu_bench.py --tensor-cores).
+# (CONVNN_SELECT_SCORES=tensor_cores), as long as no GPU has timed it (scripts/gpu_bench.py
+# --tensor-cores); the static cost report estimates it (BENCHMARKS.md).
+
 # The widest features the error bound holds for (error_bound: 3 * D * 2^-22 < 1/2 with room).
 MAX_FEATURES = 2 ** 18
-# The tensor-core product of float32 inputs: "tf32x3", three TF32 products of split inputs, whose
-# bound at D = 64 is about 2^-14 of |q||k| where plain "tf32"'s is 2^-9, at three times the tensor-core
-# work. Measured under the interpreter with errors scattered up to the bound (32 rows, D = 64, K = 8
-# and 64, test_rows_left_to_the_rerun_choose_the_float32_precision): on Gaussian inputs (M up to
-# 16384) both settle every row; on keys and queries in tight clusters (noise 1% of the scale) TF32
-# leaves every row to the rerun, tf32x3 none (at 0.1%: 2-9 of 32).
-FLOAT32_PRECISION = "tf32x3"
+# The tensor-core product of float32 inputs: "tf32", whose bound at D = 64 is about 2^-9 of |q||k|,
+# rather than "tf32x3" (three TF32 products of split inputs, about 2^-14) at three times the
+# tensor-core work and its splits on CUDA cores. A looser bound costs only candidates re-scored (no
+# row is left to the rerun for it): measured under the interpreter with errors scattered up to the
+# bound (64 rows, D = 64, K = 8, test_candidates_rescored_choose_the_float32_precision), per row on
+# Gaussian features (M = 1024) 107.2 with TF32, 106.2 with tf32x3, and on tight clusters (noise 1%,
+# M = 2048) 124.4 against 118.5: six exact re-scores per row, where tf32x3 adds work on every tile.
+FLOAT32_PRECISION = "tf32"
 # Test modes of the injected score errors (INJECT): none (every launch), a pseudo-random fraction of
 # the bound of either sign, plus the bound on even candidates and minus on odd ones or the reverse,
 # and a slope from minus the bound at candidate 0 to plus at the last or the reverse (the lower
 # index, which wins exact ties, pushed below its equals or above them).
 INJECTIONS = {"none": 0, "scattered": 1, "even up": 2, "odd up": 3, "later up": 4, "earlier up": 5}
-
-
-def held_for(slots):
-    """Upper bounds held per row at this width of the top-K: twice the slots, at least 16."""
-    return max(16, 2 * slots)
 
 
 # The error model (docs/operator.md, "Scores on tensor cores"): float32's unit roundoff; each
@@ -84,7 +120,10 @@ _TENSOR_CORE_STEP = tl.constexpr(2.0 ** -22)
 _FLUSHED = tl.constexpr(2.0 ** -124)
 # Norms are raised to at least this, so that terms proportional to one norm (flushed subnormal
 # inputs) are bounded by a multiple of the product of the norms.
-NORM_FLOOR = tl.constexpr(2.0 ** -60)
+NORM_FLOOR = tl.constexpr(2.0 ** -48)
+# Rows and candidates with a larger norm (or a NaN one) go to the rerun: below it |q||k| <= 2^126,
+# so no IEEE dot product, no bound and no key of theirs overflows.
+NORM_CEILING = tl.constexpr(2.0 ** 63)
 
 
 @triton.jit
@@ -160,73 +199,257 @@ def _injected(rows, cand, m, INJECT: tl.constexpr):
 
 
 @triton.jit
-def _upper_bounds(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms, model, slack,
-                  absolute, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
-                  PRECISION: tl.constexpr, INJECT: tl.constexpr, WHOLE_CHUNKS: tl.constexpr):
+def _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, acc, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
+                   INJECT: tl.constexpr):
+    """acc (None: zeros) + the tile's products over features first .. first + FEATURES - 1, from vector
+    loads (the rows whole chunks of FEATURES features on 16-byte boundaries: whole_chunks)."""
+    features = first + tl.arange(0, FEATURES)
+    q = tl.load(tl.multiple_of(q_ptr + q_starts[:, None] + features[None, :], [FEATURES, FEATURES]))
+    k = tl.load(tl.multiple_of(k_ptr + k_starts[:, None] + features[None, :], [FEATURES, FEATURES]))
+    if INJECT == 0:
+        acc = _tensor_core_dot(q, k, acc, PRECISION)
+    else:  # the IEEE kernel's products, so that the injected error is the whole error, on a GPU too
+        acc = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _upper_bounds(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms, row_terms,
+                  model, absolute, FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr):
     """[ROWS, CANDIDATES] float32 upper bounds of the IEEE kernel's dot products of the tile's pairs:
-    the tensor-core product plus its bound (the candidates' norms from the same loads). WHOLE_CHUNKS
-    (select._whole_chunks holds): unmasked vector loads, the rows and candidates past their extents
-    reading row 0 (their bounds are never kept), as select._dot_keys."""
-    approx = tl.zeros([ROWS, CANDIDATES], dtype=tl.float32)
-    squares = tl.zeros([CANDIDATES], dtype=tl.float32)
+    the tensor-core product plus row_terms * the candidate's norm (norms_ptr: the slice's, from
+    _key_norms_kernel). The rows and candidates past their extents read row 0 and get NaN (NaN row
+    terms, NaN norms), as rows that are not live: the gate lets no NaN through."""
     q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
     k_starts = tl.where(cand_ok, cand, 0).to(tl.int64) * k_stride
-    first = 0
+    # The first chunk apart: its product starts the sum, no accumulator to clear per tile (d >= FEATURES).
+    approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, FEATURES, PRECISION, INJECT)
+    first = FEATURES
     while first < d:
-        features = first + tl.arange(0, FEATURES)
-        if WHOLE_CHUNKS:
-            q = tl.load(tl.multiple_of(q_ptr + q_starts[:, None] + features[None, :], [FEATURES, FEATURES]))
-            k = tl.load(tl.multiple_of(k_ptr + k_starts[:, None] + features[None, :], [FEATURES, FEATURES]))
-        else:
-            feature_ok = features < d
-            q = tl.load(q_ptr + q_starts[:, None] + features[None, :], mask=row_ok[:, None] & feature_ok[None, :],
-                        other=0.0)
-            k = tl.load(k_ptr + k_starts[:, None] + features[None, :], mask=cand_ok[:, None] & feature_ok[None, :],
-                        other=0.0)
-        if INJECT == 0:
-            approx = _tensor_core_dot(q, k, approx, PRECISION)
-        else:  # the IEEE kernel's products, so that the injected error is the whole error, on a GPU too
-            approx = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), approx, input_precision="ieee")
-        k32 = k.to(tl.float32)
-        squares += tl.sum(k32 * k32, 1)
+        approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, FEATURES, PRECISION, INJECT)
         first += FEATURES
-    products = q_norms[:, None] * _norms(squares)[None, :]
+    k_norms = tl.load(norms_ptr + cand, mask=cand_ok, other=float("nan"))
     if INJECT != 0:
-        approx += _injected(q_rows, cand, m, INJECT) * (model * products + absolute)
-    return approx + ((model + slack) * products + absolute)
+        approx += _injected(q_rows, cand, m, INJECT) * (model * q_norms[:, None] * k_norms[None, :] + absolute)
+    return approx + row_terms[:, None] * k_norms[None, :]
+
+
+@triton.jit
+def _in_feature_order(x):
+    """The 8 slices x[..., 0], ..., x[..., 7] of x [A, B, 8] ([A, B] each), in order: free in registers
+    where a thread holds a row's 8 (a vector load's)."""
+    A: tl.constexpr = x.shape[0]
+    B: tl.constexpr = x.shape[1]
+    even, odd = tl.split(tl.reshape(x, [A, B, 2, 2, 2]))  # feature 4a + 2b + c: c = 0, 1
+    even_low, even_high = tl.split(even)                  # b = 0, 1
+    odd_low, odd_high = tl.split(odd)
+    f0, f4 = tl.split(even_low)                           # a = 0, 1
+    f2, f6 = tl.split(even_high)
+    f1, f5 = tl.split(odd_low)
+    f3, f7 = tl.split(odd_high)
+    return f0, f1, f2, f3, f4, f5, f6, f7
+
+
+@triton.jit
+def _fma_chain(q, k, dots):
+    """dots after fma(q_f, k_f, .) over the 8 features of q [ROWS, 1, 8] and k [ROWS, W, 8], in order."""
+    q0, q1, q2, q3, q4, q5, q6, q7 = _in_feature_order(q)
+    k0, k1, k2, k3, k4, k5, k6, k7 = _in_feature_order(k)
+    dots = tl.fma(q0, k0, dots)
+    dots = tl.fma(q1, k1, dots)
+    dots = tl.fma(q2, k2, dots)
+    dots = tl.fma(q3, k3, dots)
+    dots = tl.fma(q4, k4, dots)
+    dots = tl.fma(q5, k5, dots)
+    dots = tl.fma(q6, k6, dots)
+    return tl.fma(q7, k7, dots)
 
 
 @triton.jit
 def _exact_dots(q_ptr, k_ptr, q_rows, row_ok, held, held_ok, d, q_stride, k_stride, ROWS: tl.constexpr,
-                HELD: tl.constexpr):
-    """[ROWS, HELD] float32 dot products of each row with its held candidates, as select._dot_keys
-    computes them on a GPU: tl.dot(input_precision="ieee") lowers to one FMA per feature, in feature
-    order, from +0 (Triton's FMA dot: acc = fma(a_k, b_k, acc)); the padding features past D that
-    it adds are (+0) * (+0), which leave every such sum as it is."""
-    dots = tl.zeros([ROWS, HELD], dtype=tl.float32)
+                WIDTH: tl.constexpr):
+    """[ROWS, WIDTH] float32 dot products of each row with the candidates `held` [ROWS, WIDTH], as
+    select._dot_keys computes them on a GPU: tl.dot(input_precision="ieee") lowers to one FMA per
+    feature, in feature order, from +0 (Triton's FMA dot: acc = fma(a_k, b_k, acc)); the padding
+    features past D that it adds are (+0) * (+0), which leave every such sum as it is. 8 features a
+    vector load (whole_chunks); 0 where not held_ok."""
+    dots = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
+    q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
+    k_starts = tl.where(held_ok, held, 0).to(tl.int64) * k_stride
+    lanes = tl.arange(0, 8)[None, None, :]
     feature = 0
     while feature < d:
-        q = tl.load(q_ptr + q_rows.to(tl.int64) * q_stride + feature, mask=row_ok, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + held.to(tl.int64) * k_stride + feature, mask=held_ok, other=0.0).to(tl.float32)
-        dots = tl.fma(q[:, None], k, dots)
-        feature += 1
-    return dots
+        q = tl.load(tl.multiple_of(q_ptr + q_starts[:, None, None] + feature + lanes, [1, 1, 16])).to(tl.float32)
+        k = tl.load(tl.multiple_of(k_ptr + k_starts[:, :, None] + feature + lanes, [1, 1, 16])).to(tl.float32)
+        dots = _fma_chain(q, k, dots)
+        feature += 8
+    return tl.where(held_ok, dots, 0.0)
 
 
 @triton.jit
-def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, n, m, d, k, mask_slice_stride,
-                           similarity_constant, bound_scale, dtype_code, heads, q_batch_stride, q_head_stride,
-                           q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
-                           MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr,
-                           HELD: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
-                           INJECT: tl.constexpr = 0):
-    # The settled rows' scores and indices are written as select._select_kernel writes them (slots
-    # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
-    # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch.
-    tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT))
-    tl.static_assert(HELD >= SLOTS)
-    block = tl.program_id(0)
+def _row_norms(ptr, rows, row_ok, d, stride, ROWS: tl.constexpr, FEATURES: tl.constexpr):
+    """[ROWS] the norms (_norms) of the rows `rows` of ptr."""
+    squares = tl.zeros([ROWS], dtype=tl.float32)
+    first = 0
+    while first < d:
+        features = first + tl.arange(0, FEATURES)
+        x = tl.load(ptr + rows.to(tl.int64)[:, None] * stride + features[None, :],
+                    mask=row_ok[:, None] & (features < d)[None, :], other=0.0).to(tl.float32)
+        squares += tl.sum(x * x, 1)
+        first += FEATURES
+    return _norms(squares)
+
+
+@triton.jit
+def _key_norms_kernel(k_ptr, norms_ptr, m, d, heads, k_batch_stride, k_head_stride, k_row_stride,
+                      BLOCK: tl.constexpr, FEATURES: tl.constexpr):
+    # norms [G, M + 1] float32, zeros on entry: each key row's norm (_norms), once for every block of
+    # query rows, and after a slice's M norms 1 if one of them is NaN or above NORM_CEILING (a key
+    # whose scores could be NaN, or overflow: the slice's rows go to the rerun), else 0.
     g = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
+    norms = _row_norms(k_ptr, rows, rows < m, d, k_row_stride, BLOCK, FEATURES)
+    norms_ptr += g * (m + 1)
+    tl.store(norms_ptr + rows, norms, mask=rows < m)
+    if tl.max(((rows < m) & ~(norms <= NORM_CEILING)).to(tl.int32), 0) != 0:
+        tl.atomic_max(norms_ptr + m, 1.0)
+
+
+@triton.jit
+def _dot_threshold(threshold, root, SIMILARITY: tl.constexpr):
+    """[ROWS] the least float32 y whose key (select.scaled_by_root(y)) is at least `threshold`, a key:
+    then key(y) >= threshold exactly where y >= that float, the key being monotone in y. So the gate
+    compares the tile's dot-product bounds with it instead of dividing each by root. dot: threshold.
+    Steps a float at a time from threshold * root (a step or two from the answer), as long as a row
+    needs it: the key is monotone, so the steps end; NaN stays NaN, -inf gives -inf."""
+    y = threshold
+    if SIMILARITY == SCALED_DOT:
+        y = threshold * root
+        lower = select._unordered(select._ordered(y) - 1)
+        down = (y > float("-inf")) & (select.scaled_by_root(lower, root, SIMILARITY) >= threshold)
+        while tl.max(down.to(tl.int32), 0) != 0:
+            y = tl.where(down, lower, y)
+            lower = select._unordered(select._ordered(y) - 1)
+            down = (y > float("-inf")) & (select.scaled_by_root(lower, root, SIMILARITY) >= threshold)
+        up = select.scaled_by_root(y, root, SIMILARITY) < threshold
+        while tl.max(up.to(tl.int32), 0) != 0:
+            y = tl.where(up, select._unordered(select._ordered(y) + 1), y)
+            up = select.scaled_by_root(y, root, SIMILARITY) < threshold
+    return y
+
+
+@triton.constexpr_function
+def _doublings(width, wanted):
+    return (wanted // width).bit_length() - 1
+
+
+@triton.jit
+def _ascending_to(x, WIDTH: tl.constexpr):
+    """x [R, W] ascending, preceded by LEAST_KEY up to WIDTH: still ascending, so that the larger of it
+    and a descending row of WIDTH, position by position, is bitonic and holds the pair's WIDTH largest."""
+    R: tl.constexpr = x.shape[0]
+    W: tl.constexpr = x.shape[1]
+    for doubling in tl.static_range(_doublings(W, WIDTH)):
+        least = tl.full([R, W << doubling], select.LEAST_KEY, tl.int64)
+        x = tl.reshape(tl.permute(tl.join(least, x), [0, 2, 1]), [R, W << (doubling + 1)])
+    return x
+
+
+@triton.jit
+def _flushed(q_ptr, k_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, row_ok, m, d, k, q_stride, k_stride,
+             root, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr,
+             FLUSH: tl.constexpr):
+    """The queued candidates (fill [ROWS] of each row's queue) re-scored exactly and merged into the
+    row's exact top (SLOTS packed keys, descending), FLUSH a time. Returns (top, unrankable, the K-th
+    exact key [ROWS] float32). The queue is written and read by different threads: a barrier before
+    (the appends done) and after (the reads done before the next appends)."""
+    tl.debug_barrier()
+    first = 0
+    fullest = tl.max(fill, 0)
+    while first < fullest:
+        slot = first + tl.arange(0, FLUSH)
+        queued = row_ok[:, None] & (slot[None, :] < fill[:, None])
+        held = tl.load(queue_rows + slot[None, :], mask=queued, other=0)
+        exact = select._masked(select.scaled_by_root(_exact_dots(q_ptr, k_ptr, rows, row_ok, held, queued, d, q_stride,
+                                                                 k_stride, ROWS, FLUSH), root, SIMILARITY),
+                               mask_rows + held, queued, MASK)
+        unrankable |= tl.max(select._unrankable(exact, queued), 1)
+        incoming = bitonic.largest(tl.where(queued, select._packed(exact, held), select.LEAST_KEY), FLUSH, 0)
+        top = bitonic.sorted_bitonic(tl.maximum(top, _ascending_to(incoming, SLOTS)), 1)
+        first += FLUSH
+    tl.debug_barrier()
+    in_k = tl.arange(0, SLOTS)[None, :] < k
+    kth_key, _ = select._unpacked(tl.min(tl.where(in_k, top, select.GREATEST_KEY), 1))
+    return top, unrankable, kth_key
+
+
+@triton.jit
+def _bool_masked(bits, mask_rows, first, m, live, threshold, CANDIDATES: tl.constexpr):
+    """(bits, count) of the candidates that pass with a bool mask, from those whose bounds pass (bits):
+    a false entry makes the key -inf, which passes only while the row's threshold is -inf (then every
+    valid candidate passes, masked or not); the mask tile's bits from the same product as the gate's."""
+    cand = first + tl.arange(0, CANDIDATES)
+    mask_bits, _ = _passing_words(tl.load(mask_rows + cand[None, :], mask=live[:, None] & (cand < m)[None, :],
+                                          other=0) != 0, CANDIDATES)
+    # The tile's candidates below M, as bits: all, or the first m - first.
+    remaining = (m - first).to(tl.int64)
+    valid = tl.where(remaining >= CANDIDATES, -1, (tl.full([], 1, tl.int64) << tl.minimum(remaining, 63)) - 1)
+    bits = tl.where(threshold == float("-inf"), tl.where(live, valid, 0), bits & mask_bits)
+    return bits, _popcount(bits)
+
+
+@triton.jit
+def _popcount(x):
+    """The set bits of int64 x, as int32 (SWAR: a few integer operations per row)."""
+    x = x.to(tl.uint64, bitcast=True)
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return ((x * 0x0101010101010101) >> 56).to(tl.int32)
+
+
+@triton.jit
+def _passing_words(passing, CANDIDATES: tl.constexpr):
+    """(bits [ROWS] int64, bit c set where candidate c of the tile passes; count [ROWS] int32) from one
+    small tensor-core product: passing (0 or 1) times a [CANDIDATES, 16] matrix whose column j < 4
+    weighs candidate c by 2^(c % 16) where j = c // 16, and whose column 4 is all ones. The sums are
+    integers below 2^16, exact in float32, and come in the scores' own layout: no scan, no exchange of
+    the tile between threads."""
+    tl.static_assert(CANDIDATES == 64)
+    c = tl.arange(0, CANDIDATES)[:, None]
+    j = tl.arange(0, 16)[None, :]
+    weights = tl.where(j == c // 16, (1 << (c % 16)).to(tl.float32), 0.0)
+    weights = tl.where(j == 4, 1.0, weights).to(tl.float16)
+    words = tl.dot(tl.where(passing, 1.0, 0.0).to(tl.float16), weights).to(tl.int64)
+    bits = tl.sum(tl.where(j < 4, words << (16 * j).to(tl.int64), 0), 1)
+    return bits, tl.sum(tl.where(j == 4, words, 0), 1).to(tl.int32)
+
+
+@triton.jit
+def _appended(queue_row_ptrs, fill, bits, first, busiest):
+    """fill after the candidates first + b, for every bit b of each row's bits, are written at the
+    row's queue positions fill, fill + 1, ...: a round per candidate of the busiest row."""
+    entry = 0
+    while entry < busiest:
+        lowest = bits & -bits
+        has = lowest != 0
+        bit = ((lowest.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF) >> 23) - 127  # exact: a power of two
+        tl.store(queue_row_ptrs + fill, first + bit, mask=has)
+        fill += has.to(tl.int32)
+        bits ^= lowest
+        entry += 1
+    return fill
+
+
+@triton.jit
+def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr, queue_row_ptrs,
+                  g, block, n, m, d, k, mask_slice_stride, root, bound_scale, dtype_code, heads, q_batch_stride,
+                  q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
+                  MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr,
+                  QUEUE: tl.constexpr, FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
+                  INJECT: tl.constexpr, STATS: tl.constexpr):
+    """The kernel's work on the block of ROWS query rows `block` of slice g (the module's text)."""
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
@@ -234,74 +457,102 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
     mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m  # unread without a mask
     model, slack, absolute = error_bound(d, q_ptr.dtype.element_ty != tl.float32, PRECISION)
     model, slack, absolute = model * bound_scale, slack * bound_scale, absolute * bound_scale
-
-    # 1. The HELD largest upper bounds of each row, packed with their indices; empty slots hold -inf
-    # with indices m + 1, m + 2, ... (below every candidate, a masked one included).
-    squares = tl.zeros([ROWS], dtype=tl.float32)
-    first = 0
-    while first < d:
-        features = first + tl.arange(0, FEATURES)
-        x = tl.load(q_ptr + rows.to(tl.int64)[:, None] * q_row_stride + features[None, :],
-                    mask=row_ok[:, None] & (features < d)[None, :], other=0.0).to(tl.float32)
-        squares += tl.sum(x * x, 1)
-        first += FEATURES
-    q_norms = _norms(squares)
-    slots = tl.arange(0, HELD)
-    top = select._packed(tl.full([ROWS, HELD], float("-inf"), tl.float32),
-                         m + 1 + slots[None, :] + tl.zeros([ROWS, HELD], tl.int32))
-    threshold = tl.min(top, 1)
-    least = tl.full([ROWS], float("-inf"), tl.float32)  # the set's least upper bound, as a float
-    unsettled = tl.zeros([ROWS], dtype=tl.int32)
+    # The bound as one multiple of |q||k|: norms are at least NORM_FLOOR, so the absolute term is at
+    # most absolute / NORM_FLOOR^2 of it; the factor covers this evaluation's roundings.
+    coefficient = (model + slack + absolute / (NORM_FLOOR * NORM_FLOOR)) * (1.0 + 2.0 ** -20)
+    q_norms = _row_norms(q_ptr, rows, row_ok, d, q_row_stride, ROWS, FEATURES)
+    norms_ptr += g * (m + 1)
+    queue_rows = queue_row_ptrs[:, None]
+    # The tiles' vector loads need rows of whole chunks on 16-byte boundaries (the launcher takes this
+    # kernel only then); else every row goes to the rerun, and no tile is scored.
     whole_chunks = select._whole_chunks(q_ptr, k_ptr, d, q_row_stride, k_row_stride, FEATURES)
+    # Rows whose keys could be NaN or +inf, or whose bounds could overflow, go to the rerun (all of the
+    # slice's where a key's norm is so); the others are live, and only their pairs can pass the gate
+    # (NaN row terms for the rest).
+    live = (row_ok & (q_norms <= NORM_CEILING) & (tl.load(norms_ptr + m + tl.zeros([ROWS], tl.int32)) == 0.0)
+            & whole_chunks)
+    unrankable = (row_ok & ~live).to(tl.int32)
+    row_terms = tl.where(live, coefficient * q_norms, float("nan"))
+
+    # Each row's exact top: SLOTS packed keys, descending; empty slots hold -inf with indices m + 1,
+    # m + 2, ... (below every candidate, a masked one included).
+    slots = tl.arange(0, SLOTS)
+    top = select._packed(tl.full([ROWS, SLOTS], float("-inf"), tl.float32),
+                         m + 1 + slots[None, :] + tl.zeros([ROWS, SLOTS], tl.int32))
+    kth_key = tl.full([ROWS], float("-inf"), tl.float32)
+    threshold = kth_key  # what the gate compares with: the K-th key, or its _dot_threshold
+    fill = tl.zeros([ROWS], dtype=tl.int32)
+    rescored = tl.zeros([ROWS], dtype=tl.int32)  # candidates re-scored exactly (STATS)
     first = 0
-    while first < m:
+    while first < tl.where(whole_chunks, m, 0):
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
-        if whole_chunks:
-            upper = _upper_bounds(q_ptr, k_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride, k_row_stride,
-                                  q_norms, model, slack, absolute, ROWS, CANDIDATES, FEATURES, PRECISION, INJECT, True)
+        upper = _upper_bounds(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride, k_row_stride,
+                              q_norms, row_terms, model, absolute, FEATURES, PRECISION, INJECT)
+        if MASK == 2:
+            both_ok = live[:, None] & cand_ok[None, :]
+            gate = select._masked(select.scaled_by_root(upper, root, SIMILARITY), mask_rows + cand[None, :], both_ok,
+                                  MASK)
+            unrankable |= tl.max(select._unrankable(gate, both_ok), 1)  # a NaN or +inf mask entry
+            bits, count = _passing_words(gate >= threshold[:, None], CANDIDATES)
         else:
-            upper = _upper_bounds(q_ptr, k_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride, k_row_stride,
-                                  q_norms, model, slack, absolute, ROWS, CANDIDATES, FEATURES, PRECISION, INJECT, False)
-        both_ok = row_ok[:, None] & cand_ok[None, :]
-        # Through the similarity's key and the mask, as the IEEE kernel's scores: each keeps order.
-        upper = select._masked(select.scaled_by_root(upper, similarity_constant, SIMILARITY),
-                               mask_rows + cand[None, :], both_ok, MASK)
-        # The float gate: a tile none of whose pairs reaches its row's least held bound (and none NaN;
-        # +inf reaches any) would let no packed key in, whatever the indices, so it skips the packing,
-        # the rounds and the NaN and +inf rule: once the sets settle, most tiles at long N.
-        reaching = both_ok & ((upper >= least[:, None]) | (upper != upper))
-        if tl.max(tl.max(reaching.to(tl.int32), 1), 0) != 0:
-            unsettled |= tl.max(select._unrankable(upper, both_ok), 1)
-            packed = tl.where(both_ok, select._packed(upper, cand[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)),
-                              select.LEAST_KEY)
-            top, threshold = select.entered(top, threshold, packed, HELD)
-            least, _ = select._unpacked(threshold)
+            bits, count = _passing_words(upper >= threshold[:, None], CANDIDATES)
+            if MASK == 1:
+                bits, count = _bool_masked(bits, mask_rows, first, m, live, threshold, CANDIDATES)
+        # The fullest queue after the tile and the tile's busiest row, from one reduction.
+        fullest, busiest = tl.split(tl.max(tl.join(fill + count, count), 0))
+        fill = _appended(queue_row_ptrs, fill, bits, first, busiest)
+        # Flushed once a queue could not take another whole tile (FLUSH_AT: the threshold rises early;
+        # the first tile lets every candidate through).
+        if fullest > QUEUE - CANDIDATES:
+            rescored += fill
+            top, unrankable, kth_key = _flushed(q_ptr, k_ptr, mask_rows, queue_rows, fill, top, unrankable, rows,
+                                                live, m, d, k, q_row_stride, k_row_stride, root, SIMILARITY, MASK,
+                                                ROWS, SLOTS, FLUSH)
+            threshold = kth_key if MASK == 2 else _dot_threshold(kth_key, root, SIMILARITY)
+            fill = tl.zeros([ROWS], dtype=tl.int32)
         first += CANDIDATES
+    top, unrankable, kth_key = _flushed(q_ptr, k_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, live, m,
+                                        d, k, q_row_stride, k_row_stride, root, SIMILARITY, MASK, ROWS, SLOTS, FLUSH)
+    if STATS:
+        tl.store(rescored_ptr + g * n + rows, rescored + fill, mask=row_ok)
 
-    # 2. The held candidates' exact keys, ranked by the exact packed keys.
-    _, held = select._unpacked(top)
-    held_ok = row_ok[:, None] & (held < m)
-    exact = select._masked(select.scaled_by_root(_exact_dots(q_ptr, k_ptr, rows, row_ok, held, held_ok, d,
-                                                             q_row_stride, k_row_stride, ROWS, HELD),
-                                                 similarity_constant, SIMILARITY),
-                           mask_rows + held, held_ok, MASK)
-    unsettled |= tl.max(select._unrankable(exact, held_ok), 1)
-    best = bitonic.largest(tl.where(held_ok, select._packed(exact, held), select.LEAST_KEY), SLOTS, 1)
-    in_k = tl.arange(0, SLOTS)[None, :] < k
-    kth_key, _ = select._unpacked(tl.min(tl.where(in_k, best, select.GREATEST_KEY), 1))
-    u_min, _ = select._unpacked(threshold)
-
-    # 3. Settled: nothing outside the set can reach the K-th key, or the set holds every candidate.
-    settled = ((u_min < kth_key) | (m <= HELD)) & (unsettled == 0)
-    best_keys, best_index = select._unpacked(best)
-    out = (g * n + rows)[:, None] * k + tl.arange(0, SLOTS)[None, :]
-    written = (row_ok & settled)[:, None] & in_k
+    settled = unrankable == 0
+    best_keys, best_index = select._unpacked(top)
+    out = (g * n + rows)[:, None] * k + slots[None, :]
+    written = (row_ok & settled)[:, None] & (slots[None, :] < k)
     # The indices before the scores: stored after store_as's branches, Triton 3.6 reused a layout
     # conversion of `written` made inside one of them ("operand does not dominate this use", sm_90).
     tl.store(indices_ptr + out, best_index.to(tl.int64), mask=written)
     tl.store(redo_ptr + g * n + rows, tl.where(settled, 0, 1), mask=row_ok)
     select.store_as(scores_ptr, out, best_keys, written, dtype_code)
+
+
+@triton.jit
+def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
+                           queue_ptr, slices, n, m, d, k, mask_slice_stride, similarity_constant, bound_scale,
+                           dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                           k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
+                           ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr,
+                           FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
+                           INJECT: tl.constexpr = 0, STATS: tl.constexpr = False):
+    # A persistent grid: program p takes the blocks of ROWS query rows p, p + programs, ... of the
+    # slices' blocks in turn, with its own queue (queue_ptr: int32 [programs * ROWS, QUEUE], scratch).
+    # The settled rows' scores and indices are written as select._select_kernel writes them (slots
+    # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
+    # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch.
+    tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT))
+    tl.static_assert((QUEUE > CANDIDATES) & (QUEUE % FLUSH == 0) & (SLOTS >= FLUSH))
+    blocks = tl.cdiv(n, ROWS)
+    queue_row_ptrs = queue_ptr + (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)) * QUEUE
+    work = tl.program_id(0)
+    while work < blocks * slices:
+        _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
+                      queue_row_ptrs, (work // blocks).to(tl.int64), work % blocks, n, m, d, k, mask_slice_stride,
+                      similarity_constant, bound_scale, dtype_code, heads, q_batch_stride, q_head_stride,
+                      q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
+                      CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS)
+        work += tl.num_programs(0)
 
 
 @triton.jit

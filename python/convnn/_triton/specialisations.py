@@ -81,24 +81,33 @@ def select_specialisations(module):
 
 
 def bounded_select_specialisations(module, select):
-    """knn_select on tensor cores (bounded_select.py, issue 41): for dot and scaled_dot, every width,
-    mask kind and input dtype of the select kernel, the tensor-core kernel and its rerun of the rows it
-    leaves (the select kernel's constexprs and launch options)."""
+    """knn_select on tensor cores (bounded_select.py, issue 41): the keys' norms per input dtype; for
+    dot and scaled_dot, each width, mask kind and input dtype the tensor-core kernel serves
+    (module.compile_options), that kernel and its rerun of the rows it leaves (the select kernel's
+    constexprs and launch options)."""
+    for dtype_suffix, pointer in input_pointers(select):
+        yield (f"key norms{dtype_suffix}", module._key_norms_kernel,
+               {"k_ptr": pointer, "norms_ptr": "*fp32", "m": "i32", "d": "i32",
+                **row_layouts(module._key_norms_kernel, "k")},
+               {"BLOCK": module.KEY_NORM_ROWS, "FEATURES": module.FEATURES}, {"num_warps": 4})
     for suffix, pointer, mask_pointer, constexprs in top_k_variants(select):
-        if constexprs["SIMILARITY"] not in module.SIMILARITIES:
+        slots, dtype = constexprs["SLOTS"], next((d for d in select.INPUT_DTYPES if f"{d} inputs" in suffix), "float32")
+        options = module.compile_options(slots, constexprs["MASK"], dtype)
+        if constexprs["SIMILARITY"] not in module.SIMILARITIES or options is None:
             continue
-        signature = {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
-                     "indices_ptr": "*i64", "redo_ptr": "*i32", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
-                     "mask_slice_stride": "i32", "similarity_constant": "fp32"}
+        operands = {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
+                    "indices_ptr": "*i64", "redo_ptr": "*i32"}
+        sizes = {"n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
+                 "similarity_constant": "fp32"}
         strides = {"dtype_code": "i32", **row_layouts(module._rerun_kernel, "q", "k")}
-        slots = constexprs["SLOTS"]
         yield (f"bounded select {suffix}", module._bounded_select_kernel,
-               {**signature, "bound_scale": "fp32", **strides},
+               {**operands, "rescored_ptr": "*i32", "norms_ptr": "*fp32", "queue_ptr": "*i32", "slices": "i32",
+                **sizes, "bound_scale": "fp32", **strides},
                {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
-                "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "HELD": module.held_for(slots),
-                "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0},
-               module.COMPILE_OPTIONS)
-        yield (f"rerun select {suffix}", module._rerun_kernel, {**signature, **strides}, constexprs,
+                "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "QUEUE": module.QUEUE, "FLUSH": module.FLUSH,
+                "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0, "STATS": False},
+               options)
+        yield (f"rerun select {suffix}", module._rerun_kernel, {**operands, **sizes, **strides}, constexprs,
                select.design(slots, constexprs["MASK"])[1])
 
 

@@ -31,11 +31,20 @@ struct SelectBlocks {
 };
 extern const SelectBlocks kSelectBlocks;
 
-// From bounded_select.py (knn_select on tensor cores, issue 41): query rows per program (ROWS) and
-// the widest features its error bound holds for (MAX_FEATURES).
+// From bounded_select.py (knn_select on tensor cores, issue 41): query rows per program (ROWS), the
+// widest features its error bound holds for (MAX_FEATURES), features per vector chunk (FEATURES: rows
+// of whole chunks only), the widest top-K it holds (MAX_SLOTS), candidates queued per row (QUEUE),
+// key rows per program of the norms kernel (KEY_NORM_ROWS), the persistent grid's most programs
+// (PROGRAMS), and whether float32 inputs with a mask have the kernel (compile_options).
 struct BoundedSelectBlocks {
   int64_t rows;
   int64_t max_features;
+  int64_t features;
+  int64_t max_slots;
+  int64_t queue;
+  int64_t key_norm_rows;
+  int64_t programs;
+  bool float32_masks;
 };
 extern const BoundedSelectBlocks kBoundedSelectBlocks;
 

@@ -9,6 +9,7 @@
 
 #include "ops/cuda/triton/aggregate_launches.h"
 #include "ops/cuda/triton/attention_launches.h"
+#include "ops/cuda/triton/blocks.h"
 #include "ops/cuda/triton/select_launches.h"
 #include "ops/generic/generic.h"
 
@@ -61,19 +62,29 @@ std::optional<std::string> select_check(const c10::Device& device, at::ScalarTyp
   const auto keys = at::randint(-3, 4, {2, 70, 5}, generator).to(on_device);
   const auto mask = (at::rand({9, 70}, generator) > 0.3).to(device);
   const double score_tolerance = dtype == at::kFloat ? 1e-5 : 1e-2;
-  // Dot and l1 by the IEEE kernel, and dot by tensor cores with its exact re-rank, on keys of which
-  // 40 are one row repeated: more ties than the held set, so rows settled and rows rerun (on such
-  // keys drawn by Python's generator, the interpreter settled 13 rows of 18 and reran 5).
+  // Dot and l1 by the IEEE kernel, and dot by tensor cores with its exact re-rank (with and without
+  // the mask), on keys of which 40 are one row repeated: more ties than a queue's flush settles at
+  // once. The tensor-core kernel reads rows of whole chunks of features: these padded with zeros to
+  // 16 (the same scores); a float32 call with a mask takes the IEEE kernel (no tensor-core kernel).
   auto tied_keys = keys.clone();
   tied_keys.narrow(1, 20, 40).fill_(1);
-  const std::tuple<Similarity, SelectScores, const at::Tensor*, const char*> selections[] = {
-      {Similarity::Dot, SelectScores::Ieee, &keys, ""},
-      {Similarity::L1, SelectScores::Ieee, &keys, ""},
-      {Similarity::Dot, SelectScores::TensorCores, &tied_keys, ", tensor cores"}};
-  for (const auto& [similarity, scores_by, candidates, by] : selections) {
-    const auto [scores, indices] = select_forward(queries, *candidates, 6, similarity, mask, false, run, scores_by);
+  const auto padded = [&](const at::Tensor& t) {
+    return at::constant_pad_nd(t, {0, kBoundedSelectBlocks.features - t.size(-1)});
+  };
+  const auto wide_queries = padded(queries), wide_tied_keys = padded(tied_keys);
+  const at::Tensor no_mask;
+  const std::tuple<Similarity, SelectScores, const at::Tensor*, const at::Tensor*, const at::Tensor*, const char*>
+      selections[] = {{Similarity::Dot, SelectScores::Ieee, &queries, &keys, &mask, ""},
+                      {Similarity::L1, SelectScores::Ieee, &queries, &keys, &mask, ""},
+                      {Similarity::Dot, SelectScores::TensorCores, &wide_queries, &wide_tied_keys, &mask,
+                       ", tensor cores"},
+                      {Similarity::Dot, SelectScores::TensorCores, &wide_queries, &wide_tied_keys, &no_mask,
+                       ", tensor cores, no mask"}};
+  for (const auto& [similarity, scores_by, rows, candidates, call_mask, by] : selections) {
+    const auto [scores, indices] = select_forward(*rows, *candidates, 6, similarity, *call_mask, false, run, scores_by);
     const auto [want_scores, want_indices] =
-        generic::knn_select(queries, *candidates, 6, to_string(similarity), mask, false);
+        generic::knn_select(*rows, *candidates, 6, to_string(similarity),
+                            call_mask->defined() ? c10::optional<at::Tensor>(*call_mask) : c10::nullopt, false);
     if (!at::equal(indices, want_indices) ||
         !at::allclose(scores.to(at::kFloat), want_scores.to(at::kFloat), score_tolerance, 0.0)) {
       return std::string("knn_select (") + to_string(similarity) + by + ")";

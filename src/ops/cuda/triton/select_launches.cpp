@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -27,16 +29,44 @@ std::string pair_key(const char* kind, Similarity similarity) {
   return std::string("select backward ") + kind + " " + to_string(similarity);
 }
 
-// The running-top-K keys of `kernel` for the dot products alone (the tensor-core select's).
-std::vector<std::string> dot_product_keys(const char* kernel, at::ScalarType dtype) {
+std::string key_norms_key(at::ScalarType dtype) {
+  const auto input = top_k_input_dtype(dtype);
+  return std::string("key norms") +
+         (input == at::kFloat ? "" : std::string(" ") + kernel_dtype_name(input) + " inputs");
+}
+
+// Whether the rows of t [G,rows,D] (or [B,H,rows,D]) are whole chunks of `features` on 16-byte
+// boundaries, as the tensor-core kernel's vector loads read them (select._whole_chunks).
+bool whole_chunks(const at::Tensor& t, int64_t features) {
+  const auto layout = row_layout(t);
+  return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0 && t.size(-1) % features == 0 &&
+         layout.row % features == 0 && layout.head % features == 0 && layout.batch % features == 0;
+}
+
+// Whether bounded_select.py compiled its tensor-core kernel for this width, mask kind and input dtype
+// (compile_options there: K within max_slots, and no float32 inputs with a mask unless float32_masks).
+bool tensor_cores_compiled(int64_t slots, int mask_kind, at::ScalarType dtype) {
+  return slots <= kBoundedSelectBlocks.max_slots &&
+         (top_k_input_dtype(dtype) != at::kFloat || mask_kind == kSelectBlocks.no_mask ||
+          kBoundedSelectBlocks.float32_masks);
+}
+
+// The tensor-core select's keys (its kernel and rerun at each width and mask kind it serves, and the
+// keys' norms kernel).
+std::vector<std::string> tensor_core_keys(at::ScalarType dtype) {
   std::vector<std::string> keys;
-  for (const Similarity similarity : {Similarity::Dot, Similarity::ScaledDot}) {
-    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
-      for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
-        keys.push_back(top_k_key(kernel, similarity, slots, mask, dtype));
+  for (const char* kernel : {"bounded select", "rerun select"}) {
+    for (const Similarity similarity : {Similarity::Dot, Similarity::ScaledDot}) {
+      for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+        for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
+          if (tensor_cores_compiled(slots, mask, dtype)) {
+            keys.push_back(top_k_key(kernel, similarity, slots, mask, dtype));
+          }
+        }
       }
     }
   }
+  keys.push_back(key_norms_key(dtype));
   return keys;
 }
 
@@ -44,10 +74,8 @@ std::vector<std::string> dot_product_keys(const char* kernel, at::ScalarType dty
 // its rerun), and the backward's pair-gradient kernels.
 std::vector<std::string> every_select_key(at::ScalarType dtype) {
   std::vector<std::string> keys = top_k_keys("select", dtype);
-  for (const char* kernel : {"bounded select", "rerun select"}) {
-    const auto more = dot_product_keys(kernel, dtype);
-    keys.insert(keys.end(), more.begin(), more.end());
-  }
+  const auto tensor_cores = tensor_core_keys(dtype);
+  keys.insert(keys.end(), tensor_cores.begin(), tensor_cores.end());
   for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
     const auto similarity = static_cast<Similarity>(value);
     if (!is_dot_product(similarity)) {
@@ -142,7 +170,7 @@ SelectScores select_scores(Similarity similarity, int64_t m, int64_t d) {
   const std::string value = setting == nullptr ? "auto" : setting;
   TORCH_CHECK(value == "auto" || value == "ieee" || value == "tensor_cores",
               "CONVNN_SELECT_SCORES must be 'auto', 'ieee' or 'tensor_cores', got '", value, "'");
-  // The held set's empty slots take indices M + 1 .. M + 2 * max_slots (bounded_select.held_for).
+  // The top's empty slots take indices M + 1 .. M + max_slots (bounded_select.py).
   const bool served = is_dot_product(similarity) && d <= kBoundedSelectBlocks.max_features &&
                       m < kInt32 - 2 * kSelectBlocks.max_slots - 2;
   // "auto" is the IEEE kernel until a GPU measures the tensor-core one faster (bounded_select.py).
@@ -180,15 +208,31 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   const auto dtype = queries_in.scalar_type();
   TORCH_INTERNAL_ASSERT(scores_by == SelectScores::Ieee || is_dot_product(similarity),
                         "no tensor-core select kernel for ", to_string(similarity));
+  // The tensor-core kernel where it was compiled for this call and its vector loads can read the rows;
+  // the IEEE kernel alone elsewhere.
+  const bool tensor_cores = scores_by == SelectScores::TensorCores &&
+                            tensor_cores_compiled(top_k_slots(k), in.mask_kind, dtype) &&
+                            whole_chunks(in.queries, kBoundedSelectBlocks.features) &&
+                            whole_chunks(in.keys, kBoundedSelectBlocks.features);
   at::Tensor redo;  // the rows the tensor-core kernel leaves to its rerun: int32 [G * N]
-  if (scores_by == SelectScores::TensorCores) {
+  if (tensor_cores) {
     redo = at::empty({g * n}, queries_in.options().dtype(at::kInt));
-    Launch bounded{top_k_key("bounded select", similarity, k, in.mask_kind, dtype),
-                   {cdiv(n, kBoundedSelectBlocks.rows), g}, {}};
+    // The keys' norms once ([G, M + 1]: after a slice's M norms its flag, zero unless one is not finite
+    // or too large), then a persistent grid, each program with its queue of candidates (scratch).
+    auto norms = at::zeros({g, m + 1}, queries_in.options().dtype(at::kFloat));
+    Launch key_norms{key_norms_key(dtype), {cdiv(m, kBoundedSelectBlocks.key_norm_rows), g}, {}};
+    key_norms.arguments.pointer(in.keys).pointer(norms).int32(m).int32(d).int32(heads_of(in.keys))
+        .rows(row_layout(in.keys));
+    run(key_norms);
+    const int64_t programs = std::min(cdiv(n, kBoundedSelectBlocks.rows) * g, kBoundedSelectBlocks.programs);
+    auto queue = at::empty({programs * kBoundedSelectBlocks.rows, kBoundedSelectBlocks.queue},
+                           queries_in.options().dtype(at::kInt));
+    Launch bounded{top_k_key("bounded select", similarity, k, in.mask_kind, dtype), {programs, 1}, {}};
     bounded.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
-        .pointer(redo).int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride)
-        .float32(in.similarity_constant).float32(1.0f).int32(dtype_code(scores.scalar_type()))
-        .int32(heads_of(in.queries)).rows(row_layout(in.queries)).rows(row_layout(in.keys));
+        .pointer(redo).pointer(redo).pointer(norms).pointer(queue).int32(g).int32(n).int32(m).int32(d).int32(k)
+        .int32(in.mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
+        .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
+        .rows(row_layout(in.keys));
     run(bounded);
   }
   Launch launch{top_k_key(redo.defined() ? "rerun select" : "select", similarity, k, in.mask_kind, dtype),
