@@ -198,10 +198,7 @@ def parts(kernel_name, bitonic_merges, skipped_lines=frozenset()):
     loading = [nest for nest in after if loads(nest)]
     aggregation, _ = vector_load_nests(instructions, labels, loading)
     aggregation = [(nest_size(nest) if nest[0] else None, nest_size((None, nest[1]))) for nest in aggregation]
-    bounded = check.load_kernels("bounded_select")
-    chunk_multiply_adds = bounded.ROWS * bounded.CANDIDATES * bounded.FEATURES // warps  # a warp's share
-    return {"warps": warps, "total": len(instructions), "dot_loop": size(dot),
-            "unrolled": sum(f for f, _ in per_chunk) // chunk_multiply_adds,
+    return {"warps": warps, "total": len(instructions), "dot_per_chunk": size(dot),
             "tile": size(tiles) - inner - bitonic - skipped, "round": size(round_loop) if round_loop else 0,
             "bitonic": bitonic, "skipped": skipped, "aggregation": aggregation,
             "once": len(instructions) - size(tiles) - sum(nest_size(nest) for nest in after)}

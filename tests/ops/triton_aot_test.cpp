@@ -73,6 +73,8 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
                                   key.rfind("rerun select ", 0) == 0) &&
                                  key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
       const bool tensor_cores = key.rfind("bounded select ", 0) == 0;
+      const bool half_inputs = key.find(" inputs") != std::string::npos;  // float32 kernels' keys name no dtype
+      const bool masked = key.find(" no mask") == std::string::npos;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
       // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
       // are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
@@ -84,7 +86,7 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       const bool widest_rows = two_kernel_backward && width == triton::kSelectBlocks.max_slots;
       const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
-                            : tensor_cores ? (key.find(" no mask ") != std::string::npos ? 4 : 8)
+                            : tensor_cores ? (half_inputs && !masked ? 4 : 8)
                             : running_top_k ? 8
                             : widest_rows         ? 2 * triton::kAttentionBackwardBlocks.row_rows / 32
                             : two_kernel_backward ? triton::kAttentionBackwardBlocks.row_rows / 32

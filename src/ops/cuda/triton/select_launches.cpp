@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
