@@ -256,7 +256,9 @@ def all_specialisations(modules=None):
     select, backward = modules["select"], modules["attention_backward"]
     every = [(*spec, DEFAULT_OPTIONS) for spec in aggregate_specialisations(modules["aggregate"])]
     every += [(*spec, top_k_options(select, spec)) for spec in select_specialisations(select)]
-    if modules.get("bounded_select") is not None:  # not in a revision before issue 41 (triton_cost_report.py)
+    # Not in a revision before issue 41, nor in one of its first design (the held set, 2026-11-29, whose
+    # kernel took other arguments): scripts/triton_cost_report.py --revision reports those without it.
+    if hasattr(modules.get("bounded_select"), "_key_norms_kernel"):
         every += list(bounded_select_specialisations(modules["bounded_select"], select))
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(modules["pair_gradients"])]
     scores_gradient_options = getattr(modules["attention"], "SCORES_GRADIENT_OPTIONS", DEFAULT_OPTIONS)
