@@ -298,10 +298,17 @@ def select_features(kind, g, n, d, dtype, device):
     return queries.to(dtype).contiguous(), keys.to(dtype).contiguous()
 
 
-def rerun_and_rescored(queries, keys, neighbours):
+def similarity_constant(similarity, d):
+    """The select kernels' similarity_constant, as the C++ launcher passes it."""
+    if similarity == "scaled_dot":
+        return float(torch.tensor(float(d)).sqrt())
+    return float(torch.tensor(ops.cosine_eps(), dtype=torch.float32)) if similarity == "cosine" else 1.0
+
+
+def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     """(query rows the tensor-core kernel leaves to its rerun, candidates it re-scores exactly per row
-    on average), scaled_dot without a mask: launched directly as the C++ launcher launches it (the
-    keys' norms, then the persistent grid), with the kernel's STATS."""
+    on average), without a mask: launched directly as the C++ launcher launches it (the keys' norms,
+    then the persistent grid), with the kernel's STATS."""
     g, n, d = queries.shape
     m = keys.shape[1]
     slots = select.slots_for(neighbours)
@@ -310,33 +317,36 @@ def rerun_and_rescored(queries, keys, neighbours):
     indices = torch.empty(g, n, neighbours, device=queries.device, dtype=torch.int64)
     redo = torch.empty(g * n, device=queries.device, dtype=torch.int32)
     rescored = torch.empty(g * n, device=queries.device, dtype=torch.int32)
-    norms = torch.zeros(g, m + 1, device=queries.device, dtype=torch.float32)
+    norms = torch.zeros(g, 3, m + 1, device=queries.device, dtype=torch.float32)
     rows = (n * d, 0, d)
     bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
-        keys, norms, m, d, 1, *rows, BLOCK=bounded_select.KEY_NORM_ROWS, FEATURES=bounded_select.FEATURES)
+        keys, norms, m, d, similarity_constant("cosine", d), 1, *rows, BLOCK=bounded_select.KEY_NORM_ROWS,
+        FEATURES=bounded_select.FEATURES)
     programs = min(triton.cdiv(n, bounded_select.ROWS) * g, bounded_select.PROGRAMS)
     queue = torch.empty(programs * bounded_select.ROWS, bounded_select.QUEUE, device=queries.device, dtype=torch.int32)
     bounded_select._bounded_select_kernel[(programs,)](
         queries, keys, queries, scores, indices, redo, rescored, norms, queue, g, n, m, d, neighbours, 0,
-        float(torch.tensor(float(d)).sqrt()), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
-        SIMILARITY=select.SIMILARITY_CODES["scaled_dot"], MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
+        similarity_constant(similarity, d), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
+        SIMILARITY=select.SIMILARITY_CODES[similarity], MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
         CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
         FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, STATS=True,
         **bounded_select.compile_options(slots, select.NO_MASK, dtype))
     return int(redo.sum()), float(rescored.float().mean())
 
 
-def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, timer=None):
+def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, timer=None, similarity="scaled_dot"):
     """One row of compare_select_scores."""
     timer = timer or timed
     queries, keys = select_features(kind, g, n, d, dtype, device)
-    row = {"features": kind, "G": g, "N": n, "d": d, "K": neighbours, "dtype": str(dtype).replace("torch.", "")}
-    row["rows_left_to_the_rerun"], row["rescored_per_row"] = rerun_and_rescored(queries, keys, neighbours)
+    row = {"similarity": similarity, "features": kind, "G": g, "N": n, "d": d, "K": neighbours,
+           "dtype": str(dtype).replace("torch.", "")}
+    row["rows_left_to_the_rerun"], row["rescored_per_row"] = rerun_and_rescored(queries, keys, neighbours,
+                                                                                similarity)
 
     def select_by(scores_by):
         os.environ["CONVNN_SELECT_SCORES"] = scores_by
         try:
-            return ops.knn_select.default._op_dk(CUDA, queries, keys, neighbours, "scaled_dot", None, False)
+            return ops.knn_select.default._op_dk(CUDA, queries, keys, neighbours, similarity, None, False)
         finally:
             os.environ.pop("CONVNN_SELECT_SCORES")
 
@@ -357,19 +367,23 @@ def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, 
 
 
 def compare_select_scores(device, json_path, sizes=(4096, 16384, 65536)):
-    """select_scores_row for each size, dtype and kind of features, printed as a table."""
+    """select_scores_row for each size, dtype and kind of features (scaled_dot), and for cosine and
+    gaussian on Gaussian features up to N = 16384, printed as a table."""
     rows = [select_scores_row(kind, 12, n, 64, 8, dtype, device, time_ieee=n <= 16384)
             for n in sizes for dtype in (torch.float32, torch.bfloat16)
             for kind in ("gaussian", "clustered", "duplicated")]
-    print(f"device: {torch.cuda.get_device_name(device)}; knn_select scaled_dot (D 64, K 8) on tensor cores "
+    rows += [select_scores_row("gaussian", 12, n, 64, 8, dtype, device, similarity=similarity)
+             for similarity in ("cosine", "gaussian") for n in sizes if n <= 16384
+             for dtype in (torch.float32, torch.bfloat16)]
+    print(f"device: {torch.cuda.get_device_name(device)}; knn_select (D 64, K 8) on tensor cores "
           "against the IEEE kernel, ms, and SDPA on the same [1, 12, N, 64]:")
-    print("| dtype | N | features | rows left to the rerun (of 12 N) | candidates re-scored per row | "
+    print("| similarity | dtype | N | features | rows left to the rerun (of 12 N) | candidates re-scored per row | "
           "indices / scores equal | tensor cores | IEEE | SDPA forward | SDPA forward+backward |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+          "|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         same = f"{r['indices_equal']} / {r['scores_equal']}" if "indices_equal" in r else "not compared"
         ieee = f"{r['ieee_ms']:.3f}" if "ieee_ms" in r else "not timed"
-        print(f"| {r['dtype']} | {r['N']} | {r['features']} | {r['rows_left_to_the_rerun']} | "
+        print(f"| {r['similarity']} | {r['dtype']} | {r['N']} | {r['features']} | {r['rows_left_to_the_rerun']} | "
               f"{r['rescored_per_row']:.1f} | {same} | "
               f"{r['tensor_cores_ms']:.3f} | {ieee} | {r['sdpa_forward_ms']:.3f} | {r['sdpa_fb_ms']:.3f} |")
     if json_path:

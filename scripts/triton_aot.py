@@ -92,7 +92,8 @@ const SelectBlocks kSelectBlocks = {{{select.ROWS}, {select.THREAD_ROWS}, {selec
 const BoundedSelectBlocks kBoundedSelectBlocks = {{{bounded.ROWS}, {bounded.MAX_FEATURES}, {bounded.FEATURES},
                                                   {bounded.MAX_SLOTS}, {bounded.QUEUE}, {bounded.KEY_NORM_ROWS},
                                                   {bounded.PROGRAMS},
-                                                  {"false" if bounded.compile_options(select.MIN_SLOTS, select.BOOL_MASK, "float32") is None else "true"}}};
+                                                  {bounded.FLOAT32_MASK_SLOTS},
+                                                  {sum(1 << code for code in bounded.SIMILARITIES)}u}};
 const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 const AttentionCodes kAttentionCodes = {{{attention.CHANNELS}, {rho["uniform"]}, {rho["mean"]}, {rho["softmax"]},
                                         {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]}}};

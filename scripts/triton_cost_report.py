@@ -711,7 +711,10 @@ def bounded_parts(kernel_name):
     chunks an iteration), a round of the
     append loop, the flush inside the tile loop (apart from its chunk loop: its barriers, the K-th key,
     the threshold's loops taken once each) and its loop per FLUSH queued candidates (apart from the
-    exact re-score: the merge), the exact re-score per 8 features, what a block runs outside the tile
+    exact re-score: the merge, with the remainder of the re-score's unrolled loop, counted as taken:
+    an over-count at D = 64, where the unrolled loop takes every feature), the exact re-score per 8
+    features (its loop over the unrolled features: `exact_unrolled` times 8 an iteration, from its
+    FFMA, one per pair and feature), what a block runs outside the tile
     loop (the final flush's chunks counted as the tile loop's), the query norms per chunk, and the
     tensor-core multiply-adds per tile (first chunk and gate) and per further chunk."""
     instructions, labels, warps = sass(kernel_name)
@@ -750,13 +753,17 @@ def bounded_parts(kernel_name):
     per_tile = tensor_core(tiles[0], tiles[1])
     bounded = check.load_kernels("bounded_select")
     chunk_multiply_adds = bounded.ROWS * bounded.CANDIDATES * bounded.FEATURES // warps  # a warp's share
+    pairs_per_thread = bounded.ROWS * bounded.FLUSH // (32 * warps)
+    exact_unrolled = max(1, sum(opcode(text) == "FFMA" for text, _ in instructions[exact[0]:exact[1] + 1])
+                         // (8 * pairs_per_thread))
     return {"warps": warps, "total": len(instructions), "dot_loop": size(dot),
             "unrolled": sum(f for f, _ in per_chunk) // chunk_multiply_adds,
             "tile": size(tiles) - size(dot) - size(flush) - size(append),
             "append_round": size(append),
             "flush": size(flush) - size(chunk_loop) + sum(size(r) for r in thresholds) - sum(
                 size(r) for r in thresholds),
-            "flush_chunk": size(chunk_loop) - size(exact), "exact_per_8_features": size(exact),
+            "flush_chunk": size(chunk_loop) - size(exact), "exact_unrolled": exact_unrolled,
+            "exact_per_8_features": size(exact) / exact_unrolled,
             "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms),
             "norms_per_chunk": sum(size(r) for r in norms),
             "tile_multiply_adds": sum(f for f, _ in per_tile) - sum(f for f, _ in per_chunk),
@@ -764,13 +771,14 @@ def bounded_parts(kernel_name):
 
 
 
-def bounded_runs(bounded, shape, model, seed=0, blocks_wanted=16):
+def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_wanted=16):
     """The kernel's rule on seeded Gaussian features [N, D] (one slice; keys the same size), per sampled
-    block of ROWS query rows: the gate (upper bound = exact dot + model |q||k|, against the K-th exact
-    dot of the candidates flushed so far), the appends (a round per candidate of a tile's busiest row),
-    the flushes (after a tile that leaves a queue unable to take another whole tile, and after the
-    last) and their chunks of FLUSH. Returns {tiles, append rounds,
-    flushes, flush chunks, candidates re-scored per row, blocks sampled, blocks in all}."""
+    block of ROWS query rows: the gate (the exact key plus the bound's size: model |q||k| for the dot
+    products, model for cosine's, model (|q|^2 + |k|^2) for gaussian's minus the squared distance,
+    docs/operator.md; against the K-th exact key of the candidates flushed so far), the appends (a
+    round per candidate of a tile's busiest row), the flushes (after a tile that leaves a queue unable
+    to take another whole tile, and after the last) and their chunks of FLUSH. Returns {tiles, append
+    rounds, flushes, flush chunks, candidates re-scored per row, blocks sampled, blocks in all}."""
     g, n, d, k = shape
     rows, tile, queue, flush = bounded.ROWS, bounded.CANDIDATES, bounded.QUEUE, bounded.FLUSH
     generator = torch.Generator().manual_seed(seed)
@@ -782,8 +790,16 @@ def bounded_runs(bounded, shape, model, seed=0, blocks_wanted=16):
     sampled = 0
     for block in range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted)):
         q = queries[block * rows:(block + 1) * rows]
-        exact = q @ keys.T
-        upper = exact + model * q.norm(dim=1, keepdim=True) * key_norms
+        q_norms = q.norm(dim=1, keepdim=True)
+        if similarity == "gaussian":
+            exact = -torch.cdist(q, keys) ** 2
+            upper = exact + model * (q_norms ** 2 + key_norms ** 2)
+        elif similarity == "cosine":
+            exact = q @ keys.T / q_norms / key_norms
+            upper = exact + model
+        else:
+            exact = q @ keys.T
+            upper = exact + model * q_norms * key_norms
         best = torch.full((len(q), k), -math.inf, dtype=torch.float64)
         threshold = best[:, -1].clone()
         fill = torch.zeros(len(q), dtype=torch.long)
@@ -857,31 +873,38 @@ def norms_parts(kernel_name):
 
 def report_bounded_select(report):
     """The tensor-core select's table: scaled_dot without a mask, bfloat16 and float32 inputs, at
-    BOUNDED_SHAPES, beside the IEEE select kernel's bound at 12 x 4096 (the table above)."""
+    BOUNDED_SHAPES, and cosine and gaussian at the first of them (where the kernel serves them), beside
+    the IEEE select kernel's bound at 12 x 4096 (the table above)."""
     bounded = check.load_kernels("bounded_select")
     if not hasattr(bounded, "_key_norms_kernel"):
         print("\nknn_select on tensor cores: the held-set design of this revision is not modelled here "
               "(BENCHMARKS.md, 2026-11-29 has its figures)")
         return
-    print("\nknn_select on tensor cores (bounded_select.py): scaled_dot, no mask, sm_90; the IEEE kernel's "
+    print("\nknn_select on tensor cores (bounded_select.py): no mask, sm_90; the IEEE kernel's "
           "rerun launch reads only the flags here (no row flagged on Gaussian inputs)\n")
     print("| kernel | shape | SASS per warp: tile / loop of chunks (chunks) / append round / flush / per 8 queued / "
           "exact per 8 features | warps | re-scored per row | append rounds per tile | flushes per block | "
           "warp instr. per score | issue (µs) | tensor cores (µs) | DRAM (µs) | bound (µs) | set by |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     report["bounded_select"] = {}
+    served = [name for name in ("scaled_dot", "cosine", "gaussian")
+              if check.load_kernels("similarities").CODES[name] in bounded.SIMILARITIES]
+    cases = [(name, shape_name, shape) for name in served for shape_name, shape in BOUNDED_SHAPES.items()
+             if name == "scaled_dot" or shape_name == next(iter(BOUNDED_SHAPES))]
     for suffix, exact_products in ((" bfloat16 inputs", True), ("", False)):
         norms_counts = norms_parts(f"key norms{suffix}")
-        for shape_name, shape in BOUNDED_SHAPES.items():
-            kernel = f"bounded select scaled_dot K<={max(8, 1 << (shape[3] - 1).bit_length())} no mask{suffix}"
+        for similarity, shape_name, shape in cases:
+            kernel = f"bounded select {similarity} K<={max(8, 1 << (shape[3] - 1).bit_length())} no mask{suffix}"
             counts = bounded_parts(kernel)
-            # The bound's size at D = 64 (docs/operator.md: 1.9e-5 of |q||k| for bfloat16, 2.0e-3 for TF32).
-            model = 1.9e-5 if exact_products else 2.0e-3
-            figures = bounded_estimate(counts, norms_counts, bounded, shape, bounded_runs(bounded, shape, model))
+            # The bound's size at D = 64 (docs/operator.md: 1.9e-5 of |q||k| for bfloat16, 2.0e-3 for TF32;
+            # gaussian's about twice that of |q|^2 + |k|^2, bounded_select.gaussian_bound).
+            model = (1.9e-5 if exact_products else 2.0e-3) * (2 if similarity == "gaussian" else 1)
+            figures = bounded_estimate(counts, norms_counts, bounded, shape,
+                                       bounded_runs(bounded, shape, model, similarity))
             report["bounded_select"].setdefault(kernel, {"sass": counts, "shapes": {}})["shapes"][shape_name] = figures
             print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_loop']} ({counts['unrolled']}) / "
                   f"{counts['append_round']} / {counts['flush']} / {counts['flush_chunk']} / "
-                  f"{counts['exact_per_8_features']} | {counts['warps']} | {figures['rescored_per_row']:.0f} | "
+                  f"{counts['exact_per_8_features']:.0f} | {counts['warps']} | {figures['rescored_per_row']:.0f} | "
                   f"{figures['append_rounds_per_tile']:.2f} | {figures['flushes_per_block']:.1f} | "
                   f"{figures['warp_instructions_per_score']:.2f} | {figures['issue_bound_us']:.0f} | "
                   f"{figures['tensor_core_bound_us']:.0f} | {figures['dram_bound_us']:.0f} | "

@@ -41,22 +41,32 @@ if INTERPRETED:
     triton_interpreter.round_bfloat16_to_nearest_even()
     triton_interpreter.multiply_bfloat16_as_numbers()
 
-DOT, SCALED_DOT = select.SIMILARITY_CODES["dot"], select.SIMILARITY_CODES["scaled_dot"]
+DOT, SCALED_DOT, COSINE, GAUSSIAN = (select.SIMILARITY_CODES[name] for name in ("dot", "scaled_dot", "cosine",
+                                                                                   "gaussian"))
 
 
 @triton.jit
 def _bound_probe(d, out_ptr, EXACT_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr):
     model, slack, absolute = bounded_select.error_bound(d, EXACT_PRODUCTS, PRECISION)
+    factor, additive = bounded_select.gaussian_bound(d, model, absolute)
     tl.store(out_ptr, model)
     tl.store(out_ptr + 1, slack)
     tl.store(out_ptr + 2, absolute)
+    tl.store(out_ptr + 3, factor)
+    tl.store(out_ptr + 4, additive)
+
+
+def kernel_bounds(d, exact_products, precision):
+    """(model, slack, absolute, gaussian's factor, gaussian's additive) as the kernel computes them
+    (float32)."""
+    out = torch.zeros(5, device=DEVICE)
+    _bound_probe[(1,)](d, out, EXACT_PRODUCTS=exact_products, PRECISION=precision)
+    return [float(x) for x in out.cpu()]
 
 
 def kernel_bound(d, exact_products, precision):
     """(model, slack, absolute) as the kernel computes them (float32)."""
-    out = torch.zeros(3, device=DEVICE)
-    _bound_probe[(1,)](d, out, EXACT_PRODUCTS=exact_products, PRECISION=precision)
-    return [float(x) for x in out.cpu()]
+    return kernel_bounds(d, exact_products, precision)[:3]
 
 
 # --- the arithmetic model, emulated in float64 -------------------------------------------------------
@@ -179,14 +189,82 @@ def test_the_score_error_bound_holds_against_float64_for_every_emulated_realisat
         assert worst_ratio > 2.0 ** -12, worst_ratio
 
 
+def _sums_of_squared(x):
+    """float64 values of float32 FMA chains over the columns of x [P, T] in order, from +0: each step's
+    exact value rounded once (emulated: rounded to float64, then to float32; a double rounding can move
+    the result by an ulp, far inside the bound's margin)."""
+    acc = torch.zeros(x.shape[0], dtype=torch.float64)
+    for c in range(x.shape[1]):
+        acc = (acc + x[:, c].double() ** 2).float().double()
+    return acc
+
+
+def _fma(a, b, c):
+    """float32 fma(a, b, c) of float32 tensors (emulated as _sums_of_squared)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def gaussian_inputs(case, d, dtype, pairs=256):
+    """bound_inputs' rows, and "near duplicates": rows far from the origin (about 100 per feature)
+    that differ by 2^-10, where |q|^2 + |k|^2 - 2 q.k cancels to about 2^-20 of its terms."""
+    if case != "near duplicates":
+        return bound_inputs(case, d, dtype, pairs)
+    generator = torch.Generator().manual_seed(7 * d)
+    x = torch.randn(pairs, d, generator=generator) + 100.0
+    y = x + 2.0 ** -10 * torch.randn(pairs, d, generator=generator)
+    return x.to(dtype), y.to(dtype)
+
+
+@pytest.mark.parametrize("precision", ["exact", "tf32", "tf32x3"])
+@pytest.mark.parametrize("case", BOUND_CASES + ["near duplicates"])
+def test_the_gaussian_bound_holds_against_float64_for_every_emulated_realisation(case, precision):
+    """gaussian's upper key 2 P - factor (Q + K) + additive, evaluated in float32 as the kernel does
+    (fma(2, P, fma(-factor, Q, additive / 2)) + fma(-factor, K, additive / 2), Q and K the FMA chains
+    of select.sums_of_squares), is at least the IEEE kernel's key -D (D the FMA chain of the rounded
+    differences' squares) and the exact one, for P from every emulated tensor-core arithmetic of
+    test_the_score_error_bound_holds_against_float64_for_every_emulated_realisation, D from 16 to
+    4096; and on Gaussian rows near the origin at the heads' D (up to 64) the bound is within twice
+    the dot product's model bound (2^-12 more) of Q + K: the dot product's error, little else."""
+    dtype = torch.bfloat16 if precision == "exact" else torch.float32
+    for d in (16, 64, 4096):
+        x, y = gaussian_inputs(case, d, dtype, pairs=64 if d == 4096 else 256)
+        model, _, absolute, factor, additive = kernel_bounds(d, precision == "exact",
+                                                             "tf32x3" if precision == "exact" else precision)
+        q_squares, k_squares = _sums_of_squared(x).float(), _sums_of_squared(y).float()
+        differences = (x.float() - y.float())
+        ieee_key = -_sums_of_squared(differences)
+        exact_key = -((x.double() - y.double()) ** 2).sum(1)
+        finite = torch.isfinite(q_squares) & torch.isfinite(k_squares) & torch.isfinite(ieee_key)
+        half = torch.tensor(additive / 2, dtype=torch.float32)
+        factor = torch.tensor(factor, dtype=torch.float32)
+        row_terms, column_terms = _fma(-factor, q_squares, half), _fma(-factor, k_squares, half)
+        for rounding in ("truncated", "nearest"):
+            terms = _terms(x, y, precision, rounding)
+            for order in ("in order", "reversed", "shuffled", "pairwise"):
+                products = _float32_sum(terms, order, rounding)
+                upper = (_fma(products, torch.tensor(2.0), row_terms) + column_terms).double()
+                assert (upper[finite] >= ieee_key[finite]).all(), (d, rounding, order)
+                assert (upper[finite] >= exact_key[finite]).all(), (d, rounding, order)
+                if case == "gaussian" and d <= 64:
+                    slack = (upper - ieee_key) / (q_squares.double() + k_squares.double())
+                    assert slack.max() <= 2 * model + 2.0 ** -12, (d, rounding, order, slack.max(), model)
+
+
 # --- the kernels under test ---------------------------------------------------------------------------
 
 def row_layout(t):
     return (t.stride(0), 0, t.stride(1))
 
 
-def root_of(d, similarity):
-    return float(torch.tensor(float(d)).sqrt()) if similarity == SCALED_DOT else 1.0
+def similarity_constant(d, similarity):
+    """The kernels' similarity_constant, as the C++ launcher passes it: sqrt(D) in float32 for scaled_dot,
+    cosine's epsilon for cosine."""
+    if similarity == SCALED_DOT:
+        return float(torch.tensor(float(d)).sqrt())
+    if similarity == COSINE:
+        import convnn  # noqa: F401  (the ops)
+        return float(torch.tensor(torch.ops.convnn.cosine_eps(), dtype=torch.float32))
+    return 1.0
 
 
 def mask_operand(queries, mask):
@@ -211,14 +289,15 @@ def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=
     redo = torch.full((g * n,), 9, dtype=torch.int32, device=DEVICE)
     queue = torch.full((programs * bounded_select.ROWS, bounded_select.QUEUE), -5, dtype=torch.int32,
                        device=DEVICE)
-    norms = torch.zeros((g, m + 1), device=DEVICE)
+    norms = torch.zeros((g, 3, m + 1), device=DEVICE)
     bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
-        keys, norms, m, d, 1, *row_layout(keys), BLOCK=bounded_select.KEY_NORM_ROWS, FEATURES=bounded_select.FEATURES)
+        keys, norms, m, d, similarity_constant(d, COSINE), 1, *row_layout(keys), BLOCK=bounded_select.KEY_NORM_ROWS,
+        FEATURES=bounded_select.FEATURES)
     precision = bounded_select.FLOAT32_PRECISION
     bounded_select._bounded_select_kernel[(programs,)](
         queries, keys, mask_arg, scores, indices, redo, redo if rescored is None else rescored, norms, queue, g, n, m,
         d, k, mask_stride,
-        root_of(d, similarity),
+        similarity_constant(d, similarity),
         bound_scale, select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys),
         SIMILARITY=similarity, MASK=kind, ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES,
         SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
@@ -234,7 +313,8 @@ def rerun(queries, keys, k, similarity, mask, scores, indices, redo):
     slots = select.slots_for(k)
     blocks, _ = select.design(slots, kind)
     bounded_select._rerun_kernel[(triton.cdiv(n, blocks["ROWS"]), g)](
-        queries, keys, mask_arg, scores, indices, redo, n, keys.shape[1], d, k, mask_stride, root_of(d, similarity),
+        queries, keys, mask_arg, scores, indices, redo, n, keys.shape[1], d, k, mask_stride,
+        similarity_constant(d, similarity),
         select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
         MASK=kind, SLOTS=slots, FEATURES=select.features_for(d), **blocks)
 
@@ -248,7 +328,8 @@ def ieee(queries, keys, k, similarity, mask=None):
     scores = torch.empty(g, n, k, device=DEVICE)
     indices = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
     select._select_kernel[(triton.cdiv(n, blocks["ROWS"]), g)](
-        queries, keys, mask_arg, scores, indices, n, keys.shape[1], d, k, mask_stride, root_of(d, similarity),
+        queries, keys, mask_arg, scores, indices, n, keys.shape[1], d, k, mask_stride,
+        similarity_constant(d, similarity),
         select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
         MASK=kind, SLOTS=slots, FEATURES=select.features_for(d), **blocks)
     return scores, indices
@@ -282,11 +363,11 @@ def dyadic(shape, generator, span=16, bits=2):
 def test_injected_errors_up_to_the_bound_leave_the_ieee_selection_bit_for_bit(inject):
     """Two slices of 70 rows against 150 candidates (three tiles, the last short; two blocks of rows,
     the last short; a persistent grid of three programs, so that a program takes several blocks
-    through one queue), D = 32 (sqrt(D) inexact) and 64: for dot and scaled_dot, K = 1, 8, 13, without
-    a mask, with a bool mask (rows with fewer valid candidates than K, one with none) and an additive
-    0 / -inf mask; the bound from 1 to 2^16 times its size (a bound of 2^12 * 2^-15 * |q||k| lets most
-    candidates through the gate): every row settles, as the IEEE kernel's, whether the gate queued a
-    few candidates or every one."""
+    through one queue), D = 32 (sqrt(D) inexact) and 64: for dot, scaled_dot, cosine and gaussian,
+    K = 1, 8, 13, without a mask, with a bool mask (rows with fewer valid candidates than K, one with
+    none) and an additive 0 / -inf mask; the bound from 1 to 2^16 times its size (a bound of
+    2^12 * 2^-15 * |q||k| lets most candidates through the gate): every row settles, as the IEEE
+    kernel's, whether the gate queued a few candidates or every one."""
     generator = torch.Generator().manual_seed(41)
     queries = dyadic((2, 70, 32), generator).to(DEVICE)
     keys = dyadic((2, 150, 32), generator).to(DEVICE)
@@ -297,7 +378,8 @@ def test_injected_errors_up_to_the_bound_leave_the_ieee_selection_bit_for_bit(in
     additive = torch.where(torch.rand(70, 150, generator=generator) > 0.3, 0.0, float("-inf"))
     rescored = []
     for k, similarity, mask, scale in ((1, DOT, None, 1.0), (8, SCALED_DOT, short, 2.0 ** 12),
-                                       (13, SCALED_DOT, additive, 2.0 ** 10), (8, DOT, None, 2.0 ** 16)):
+                                       (13, SCALED_DOT, additive, 2.0 ** 10), (8, DOT, None, 2.0 ** 16),
+                                       (8, COSINE, short, 2.0 ** 6), (13, GAUSSIAN, additive, 1.0)):
         flagged, counts = assert_same_selection(queries, keys, k, similarity, None if mask is None else mask.to(DEVICE),
                                                 inject, scale)
         assert not flagged.any()
@@ -344,19 +426,20 @@ def special_inputs():
 
 
 def test_ties_zeros_nan_inf_and_overflowing_norms_give_the_ieee_selection():
-    """The special rows of special_inputs, at K = 4 and 16: the Inf key makes every row that meets a
-    NaN or +inf key unrankable (NaN scores, as the IEEE kernel), and the NaN query's row: a key whose
-    norm is not finite sends its whole slice to the rerun, a query row whose norm is not finite or
-    could overflow (the NaN one, the 1e20 one) itself alone; the result is the IEEE kernel's."""
+    """The special rows of special_inputs, at K = 4 and 16 (dot) and 4 (cosine, gaussian): the Inf key
+    makes every row that meets a NaN or +inf key unrankable (NaN scores, as the IEEE kernel), and the
+    NaN query's row: a key whose norm is not finite sends its whole slice to the rerun, a query row
+    whose norm is not finite or could overflow (the NaN one, the 1e20 one) itself alone; the result is
+    the IEEE kernel's."""
     queries, keys = special_inputs()
-    for k in (4, 16):
-        flagged, _ = assert_same_selection(queries, keys, k, DOT)
-        assert flagged.all(), k  # a key with an infinite norm: its slice's rows all rerun
     clean_keys = keys.clone()
     clean_keys[0, 50, 2] = 0.0
-    for k in (4, 16):
-        flagged, _ = assert_same_selection(queries, clean_keys, k, DOT, inject="earlier up", bound_scale=2.0 ** 6)
-        assert flagged[0, 3] and flagged[0, 5] and flagged.sum() == 2, (k, flagged)
+    for k, similarity in ((4, DOT), (16, DOT), (4, COSINE), (4, GAUSSIAN)):
+        flagged, _ = assert_same_selection(queries, keys, k, similarity)
+        assert flagged.all(), (k, similarity)  # a key with an infinite norm: its slice's rows all rerun
+        flagged, _ = assert_same_selection(queries, clean_keys, k, similarity, inject="earlier up",
+                                           bound_scale=2.0 ** 6)
+        assert flagged[0, 3] and flagged[0, 5] and flagged.sum() == 2, (k, similarity, flagged)
 
 
 def test_a_bound_past_every_score_gap_flushes_every_tile_and_still_settles_every_row():
@@ -443,10 +526,10 @@ def generic_select(*args):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_generic_selection(monkeypatch, dtype):
     """CONVNN_SELECT_SCORES=tensor_cores: scaled_dot in index order (D = 32: rows of whole chunks),
-    without a mask and, for bfloat16, with a bool mask, launches the keys' norms, the tensor-core kernel
-    and its rerun (the keys the C++ launcher names, as specialisations.py lists them) and gives the
-    generic path's indices and scores; float32 with a mask, cosine and D = 6 take the IEEE kernel. "auto"
-    (the default) takes the IEEE kernel; any other value is refused, naming it."""
+    K = 8, without a mask and with a bool mask, launches the keys' norms, the tensor-core kernel and its
+    rerun (the keys the C++ launcher names, as specialisations.py lists them) and gives the generic
+    path's indices and scores; float32 with a mask at K = 12 (FLOAT32_MASK_SLOTS), l1 and D = 6 take
+    the IEEE kernel. "auto" (the default) takes the IEEE kernel; any other value is refused, naming it."""
     generator = torch.Generator().manual_seed(45)
     queries = dyadic((2, 70, 32), generator).to(DEVICE, dtype)
     keys = dyadic((2, 150, 32), generator).to(DEVICE, dtype)
@@ -457,14 +540,14 @@ def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_gen
         got, launched = cuda_select(queries, keys, 8, "scaled_dot", call_mask, True)
         want = generic_select(queries, keys, 8, "scaled_dot", call_mask, True)
         assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
-        if dtype == torch.float32 and call_mask is not None:
-            assert not any("bounded" in key for key in launched), launched
-        else:
-            # The last three (the first call's check launches its own before them).
-            assert launched[-3:] == [f"key norms{suffix}", f"bounded select scaled_dot K<=8 {mask_name}{suffix}",
-                                     f"rerun select scaled_dot K<=8 {mask_name}{suffix}"], launched
-    _, launched = cuda_select(queries, keys, 8, "cosine", mask, True)
-    assert not any("bounded" in key for key in launched) and f"select cosine K<=8 bool mask{suffix}" in launched
+        # The last three (the first call's check launches its own before them).
+        assert launched[-3:] == [f"key norms{suffix}", f"bounded select scaled_dot K<=8 {mask_name}{suffix}",
+                                 f"rerun select scaled_dot K<=8 {mask_name}{suffix}"], launched
+    got, launched = cuda_select(queries, keys, 12, "scaled_dot", mask, True)
+    assert torch.equal(got[1], generic_select(queries, keys, 12, "scaled_dot", mask, True)[1])
+    assert any("bounded" in key for key in launched) == (dtype != torch.float32), launched
+    _, launched = cuda_select(queries, keys, 8, "l1", mask, True)
+    assert not any("bounded" in key for key in launched) and f"select l1 K<=8 bool mask{suffix}" in launched
     _, launched = cuda_select(queries[..., :6], keys[..., :6], 8, "scaled_dot", None, True)
     assert not any("bounded" in key for key in launched), launched
     monkeypatch.setenv("CONVNN_SELECT_SCORES", "auto")
@@ -475,9 +558,29 @@ def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_gen
         cuda_select(queries, keys, 8, "scaled_dot", mask, True)
 
 
+@pytest.mark.parametrize("similarity", ["cosine", "gaussian"])
+def test_cosine_and_gaussian_on_tensor_cores_give_the_ieee_kernels_outputs_through_the_op(monkeypatch, similarity):
+    """knn_select's CUDA kernel, bfloat16 and float32 inputs, K = 5, without a mask and (bfloat16) with
+    an additive one: the tensor-core kernel and its rerun launched, and the IEEE kernel's indices and
+    scores (CONVNN_SELECT_SCORES=ieee) bit for bit."""
+    generator = torch.Generator().manual_seed(46)
+    additive = torch.where(torch.rand(70, 150, generator=generator) > 0.2, 0.0, float("-inf")).to(DEVICE)
+    for dtype, mask in ((torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, additive)):
+        queries = dyadic((2, 70, 32), generator).to(DEVICE, dtype)
+        keys = dyadic((2, 150, 32), generator).to(DEVICE, dtype)
+        monkeypatch.setenv("CONVNN_SELECT_SCORES", "tensor_cores")
+        got, launched = cuda_select(queries, keys, 5, similarity, mask, False)
+        assert any(key.startswith(f"bounded select {similarity} K<=8") for key in launched), launched
+        monkeypatch.setenv("CONVNN_SELECT_SCORES", "ieee")
+        want, launched = cuda_select(queries, keys, 5, similarity, mask, False)
+        assert not any("bounded" in key for key in launched), launched
+        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (dtype, mask is None)
+
+
 def test_gpu_bench_runs_its_tensor_core_comparison(monkeypatch):
     """scripts/gpu_bench.py --tensor-cores, a row per kind of features at a size the interpreter
-    runs (its timer replaced: CUDA events need a GPU), so that a GPU session spends no device time on
+    runs (its timer replaced: CUDA events need a GPU), scaled_dot on each kind and cosine and gaussian
+    on Gaussian features, so that a GPU session spends no device time on
     a broken launch: the rows it reports as left to the rerun (none: every norm finite) and the
     candidates re-scored per row (at least K, at most M), and the two scorings' equal outputs
     (on Gaussian features the interpreter's IEEE kernel sums by numpy's matmul, which the re-rank's
@@ -489,8 +592,10 @@ def test_gpu_bench_runs_its_tensor_core_comparison(monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_bench_under_test", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    for kind in ("gaussian", "clustered", "duplicated"):
-        row = bench.select_scores_row(kind, 2, 96, 16, 8, torch.float32, DEVICE, timer=lambda fn: (fn(), 0.0))
+    for kind, similarity in (("gaussian", "scaled_dot"), ("clustered", "scaled_dot"), ("duplicated", "scaled_dot"),
+                             ("gaussian", "cosine"), ("gaussian", "gaussian")):
+        row = bench.select_scores_row(kind, 2, 96, 16, 8, torch.float32, DEVICE, timer=lambda fn: (fn(), 0.0),
+                                      similarity=similarity)
         assert row["indices_equal"] and (row["scores_equal"] or INTERPRETED), row
         assert row["scores_max_difference"] <= 1e-5 * 8, row
         assert row["rows_left_to_the_rerun"] == 0 and 8 <= row["rescored_per_row"] <= 96, row

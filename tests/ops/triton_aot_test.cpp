@@ -59,10 +59,12 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   // per input dtype), 12 of its backward (3 kernels x 4 similarities), 72 x 3 of the fused
   // knn_attention (as knn_select), 4 x 3 of its backward's softmax scores gradient (one per width and
   // dtype), 9 x 3 of its two-kernel backward (the row kernel for dot and scaled_dot at each width,
-  // the column kernel; per dtype), knn_select on tensor cores and its rerun (dot and scaled_dot x the 2
-  // widths up to its max_slots x 3 mask kinds per half-precision dtype, no mask for float32 inputs:
-  // 28 each), and its keys' norms kernel per input dtype.
-  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u + 2u * (2u * 2u * (3u * 2u + 1u)) + 3u);
+  // the column kernel; per dtype), knn_select on tensor cores and its rerun (dot, scaled_dot, cosine and
+  // gaussian x the 2 widths up to its max_slots x 3 mask kinds per half-precision dtype, and for float32
+  // inputs no mask at both widths and the 2 mask kinds at the narrower: 64 each), and its keys' norms
+  // kernel per input dtype.
+  EXPECT_EQ(keys.size(),
+            30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u + 2u * (4u * (2u * 3u * 2u + 2u + 2u)) + 3u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
@@ -297,17 +299,19 @@ TEST(TritonAot, EverySelectLaunchPassesTheParametersTheCompiledKernelDeclares) {
 }
 
 TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernelsDeclare) {
-  // knn_select on tensor cores (issue 41), dot and scaled_dot: the keys' norms, the tensor-core
+  // knn_select on tensor cores (issue 41), each similarity it serves: the keys' norms, the tensor-core
   // kernel on a persistent grid, then the IEEE kernel's rerun of the rows it leaves, over the same
   // outputs; where no tensor-core kernel was compiled (K above its max_slots, float32 inputs with a
-  // mask) or the rows are not whole chunks of its features (D = 5), the IEEE kernel alone.
+  // mask above float32_mask_slots) or the rows are not whole chunks of its features (D = 5), the IEEE
+  // kernel alone.
   const int64_t g = 3, n = 45, m = 70;
   for (const int64_t d : {triton::kBoundedSelectBlocks.features, int64_t{5}}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
       const auto queries = torch::randn({g, n, d}).to(dtype), keys = torch::randn({g, m, d}).to(dtype);
       const std::vector<torch::Tensor> masks{torch::Tensor(), torch::rand({n, m}) > 0.3,
                                              torch::zeros({g, n, m}).to(dtype)};
-      for (const auto similarity : {convnn::Similarity::Dot, convnn::Similarity::ScaledDot}) {
+      for (const auto similarity : {convnn::Similarity::Dot, convnn::Similarity::ScaledDot, convnn::Similarity::Cosine,
+                                    convnn::Similarity::Gaussian}) {
         for (const auto& mask : masks) {
           for (const int64_t k : {1, 9, 16, 64}) {
             Recorder recorder;
@@ -315,7 +319,8 @@ TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernels
                                                                   recorder.runner(), triton::SelectScores::TensorCores);
             const bool served = d % triton::kBoundedSelectBlocks.features == 0 &&
                                 k <= triton::kBoundedSelectBlocks.max_slots &&
-                                (dtype != torch::kFloat || !mask.defined());
+                                (dtype != torch::kFloat || !mask.defined() ||
+                                 triton::top_k_slots(k) <= triton::kBoundedSelectBlocks.float32_mask_slots);
             EXPECT_EQ(scores.scalar_type(), dtype);
             EXPECT_EQ(indices.sizes(), (std::vector<int64_t>{g, n, k}));
             if (!served) {
@@ -340,9 +345,9 @@ TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernels
   }
 }
 
-TEST(TritonAot, TensorCoresScoreDotProductsWhereAskedAndTheIeeeKernelByDefault) {
+TEST(TritonAot, TensorCoresScoreTheSimilaritiesTheyServeWhereAskedAndTheIeeeKernelByDefault) {
   const int64_t many = 65536;
-  const auto dot = convnn::Similarity::Dot, cosine = convnn::Similarity::Cosine;
+  const auto dot = convnn::Similarity::Dot, l1 = convnn::Similarity::L1;
   ::unsetenv("CONVNN_SELECT_SCORES");
   EXPECT_EQ(triton::select_scores(dot, many, 64), triton::SelectScores::Ieee) << "estimated slower: not by default";
   ::setenv("CONVNN_SELECT_SCORES", "auto", 1);
@@ -352,7 +357,9 @@ TEST(TritonAot, TensorCoresScoreDotProductsWhereAskedAndTheIeeeKernelByDefault) 
   ::setenv("CONVNN_SELECT_SCORES", "tensor_cores", 1);
   EXPECT_EQ(triton::select_scores(dot, 10, 64), triton::SelectScores::TensorCores);
   EXPECT_EQ(triton::select_scores(convnn::Similarity::ScaledDot, many, 64), triton::SelectScores::TensorCores);
-  EXPECT_EQ(triton::select_scores(cosine, many, 64), triton::SelectScores::Ieee) << "no tensor-core kernel";
+  EXPECT_EQ(triton::select_scores(convnn::Similarity::Cosine, many, 64), triton::SelectScores::TensorCores);
+  EXPECT_EQ(triton::select_scores(convnn::Similarity::Gaussian, many, 64), triton::SelectScores::TensorCores);
+  EXPECT_EQ(triton::select_scores(l1, many, 64), triton::SelectScores::Ieee) << "no tensor-core kernel";
   EXPECT_EQ(triton::select_scores(dot, many, triton::kBoundedSelectBlocks.max_features + 1), triton::SelectScores::Ieee)
       << "past the features the error bound holds for";
   ::setenv("CONVNN_SELECT_SCORES", "fast", 1);

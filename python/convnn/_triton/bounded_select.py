@@ -37,17 +37,22 @@ bound (an inflated bound is still a bound): the selection must equal the IEEE ke
 errors (python/tests/test_bounded_select.py). STATS (tests, scripts/gpu_bench.py) writes the
 candidates each row re-scored.
 
-dot and scaled_dot only; cosine, gaussian, chebyshev and l1 stay on select.py's kernel, and so do
-widths above MAX_SLOTS and float32 inputs with a mask (compile_options).
+dot, scaled_dot, cosine and gaussian (SIMILARITIES): the bound is on the dot product; cosine's key
+is monotone in it (times the rows' positive inverse norms), and gaussian's is bounded through
+|q|^2 + |k|^2 - 2 q.k (gaussian_bound; tight where the points lie near the origin against their
+distances: far from it, more candidates pass and are re-scored, the results as exact). chebyshev
+and l1 stay on select.py's kernel, and so do widths above MAX_SLOTS and float32 inputs with a mask
+above FLOAT32_MASK_SLOTS (compile_options).
 """
 import triton
 import triton.language as tl
 
 from . import bitonic, row_chunks, select
-from .similarities import CODES, DOT, SCALED_DOT
+from .similarities import CODES, COSINE, DOT, GAUSSIAN, SCALED_DOT
 
-# The similarities this kernel serves (codes); the others stay on select.py's kernel.
-SIMILARITIES = (CODES["dot"], CODES["scaled_dot"])
+# The similarities this kernel serves (codes; mirrored to the C++ launcher by scripts/triton_aot.py);
+# the others stay on select.py's kernel.
+SIMILARITIES = (CODES["dot"], CODES["scaled_dot"], CODES["cosine"], CODES["gaussian"])
 
 # Query rows per program (one warpgroup's tensor-core tile: wgmma takes 64 rows), candidates per score
 # tile (the gate's bits of a row fill an int64), features per tl.dot chunk: a row of keys' chunk on
@@ -76,6 +81,10 @@ PROGRAMS = 1024
 # The widest top-K this kernel holds (larger K stays on the IEEE kernel): at 32 and 64 slots ptxas
 # spilled 16-770 bytes (sm_80, sm_90) with 4 warps or 8.
 MAX_SLOTS = 16
+# The widest top-K of float32 inputs with a mask (compile_options): at 16 slots ptxas spilled 8-56
+# bytes (8 warps, sm_80 and sm_90, most similarities and mask kinds); at 8, none, since the keys'
+# inverse norms come from _key_norms_kernel.
+FLOAT32_MASK_SLOTS = 8
 
 
 def compile_options(slots, mask_kind, dtype):
@@ -83,9 +92,9 @@ def compile_options(slots, mask_kind, dtype):
     IEEE kernel keeps the call. ptxas (maxnreg 255): half precision without a mask fits 4 warps (a
     warpgroup, the fewest instructions per score: 8 warps issue nearly twice as many per tile, the
     row reductions and barriers shared by fewer scores); with a mask, or float32 inputs, 4 warps
-    spilled 8-1116 bytes and 8 do not; float32 with a mask spilled 8-56 bytes even with 8 (so it stays
-    on the IEEE kernel), as every width above MAX_SLOTS."""
-    if slots > MAX_SLOTS or (dtype == "float32" and mask_kind != 0):
+    spilled 8-1116 bytes and 8 do not; float32 with a mask above FLOAT32_MASK_SLOTS spilled even with
+    8 (so it stays on the IEEE kernel), as every width above MAX_SLOTS."""
+    if slots > MAX_SLOTS or (dtype == "float32" and mask_kind != 0 and slots > FLOAT32_MASK_SLOTS):
         return None
     return {"num_warps": 4 if (dtype != "float32" and mask_kind == 0) else 8, "maxnreg": 255}
 
@@ -164,6 +173,24 @@ def error_bound(d, EXACT_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def gaussian_bound(d, model, absolute):
+    """(factor, additive), float32 scalars: with Q and K a row's and a candidate's sums of squares
+    (select.sums_of_squares), P their tensor-core dot product and model, absolute error_bound's,
+    gaussian's IEEE key -D (D the FMA chain of the squared differences, select.py) is at most
+    2 P - factor * (Q + K) + additive, as _upper_keys evaluates it (docs/operator.md, "Scores on
+    tensor cores", derives it): each sum's own chain, the dot product's bound (2 |q||k| <= Q + K),
+    D's chain against the exact distance, and 16 units more for the roundings of the evaluation."""
+    features = d.to(tl.float32)
+    sums = _gamma(features, _UNIT)               # Q's and K's chains against the exact sums
+    products = model * (1.0 + 3.0 * _UNIT)       # the dot product's bound, in units of Q + K
+    distance = _gamma(features + 2.0, _UNIT)     # D's chain, the differences rounded
+    spread = 2.0 + 2.0 * sums + 2.0 * products   # |Q + K - 2 P| at most spread * (Q + K), and small terms
+    c = (sums + products + distance * spread + 16.0 * _UNIT) * (1.0 + 2.0 ** -16)
+    additive = 4.0 * (features * 2.0 ** -124 + model * 2.0 ** -96 + absolute)  # underflow, the norms' floor
+    return 1.0 - c, additive
+
+
+@triton.jit
 def _norms(squares):
     """Euclidean norms from float32 sums of squares, correctly rounded, at least NORM_FLOOR."""
     return tl.maximum(tl.sqrt_rn(squares), NORM_FLOOR)
@@ -214,12 +241,19 @@ def _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, acc, FEATURES: tl.co
 
 
 @triton.jit
-def _upper_bounds(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms, row_terms,
-                  model, absolute, FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr):
-    """[ROWS, CANDIDATES] float32 upper bounds of the IEEE kernel's dot products of the tile's pairs:
-    the tensor-core product plus row_terms * the candidate's norm (norms_ptr: the slice's, from
-    _key_norms_kernel). The rows and candidates past their extents read row 0 and get NaN (NaN row
-    terms, NaN norms), as rows that are not live: the gate lets no NaN through."""
+def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms, row_terms,
+                q_factors, model, absolute, factor, half_additive, similarity_constant, SIMILARITY: tl.constexpr,
+                FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr):
+    """[ROWS, CANDIDATES] float32 upper bounds of the IEEE kernel's keys of the tile's pairs, before
+    scaled_dot's division (the gate compares dot products with _dot_threshold) and the mask, from the
+    tensor-core product P and the slice's norms, sums of squares and inverse norms (norms_ptr,
+    _key_norms_kernel):
+    dot products P + row_terms * the candidate's norm (row_terms: the bound's coefficient times the
+    row's norm), cosine's that times the row's and the candidate's inverse norms (its key is
+    monotone in the dot product), gaussian's 2 P + row_terms + the candidate's term (gaussian_bound:
+    row_terms is the row's -factor * Q + half_additive). The rows and candidates past their extents
+    read row 0 and get NaN (NaN row terms, NaN norms), as rows that are not live: the gate lets no
+    NaN through."""
     q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
     k_starts = tl.where(cand_ok, cand, 0).to(tl.int64) * k_stride
     # The first chunk apart: its product starts the sum, no accumulator to clear per tile (d >= FEATURES).
@@ -231,49 +265,44 @@ def _upper_bounds(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, 
     k_norms = tl.load(norms_ptr + cand, mask=cand_ok, other=float("nan"))
     if INJECT != 0:
         approx += _injected(q_rows, cand, m, INJECT) * (model * q_norms[:, None] * k_norms[None, :] + absolute)
-    return approx + row_terms[:, None] * k_norms[None, :]
+    if SIMILARITY == GAUSSIAN:
+        k_squares = tl.load(norms_ptr + (m + 1) + cand, mask=cand_ok, other=float("nan"))
+        upper = tl.fma(approx, 2.0, row_terms[:, None]) + tl.fma(-factor, k_squares, half_additive)[None, :]
+    else:
+        upper = approx + row_terms[:, None] * k_norms[None, :]
+        if SIMILARITY == COSINE:
+            k_factors = tl.load(norms_ptr + 2 * (m + 1) + cand, mask=cand_ok, other=0.0)
+            upper = upper * q_factors[:, None] * k_factors[None, :]
+    return upper
 
 
 @triton.jit
-def _in_feature_order(x):
-    """The 8 slices x[..., 0], ..., x[..., 7] of x [A, B, 8] ([A, B] each), in order: free in registers
-    where a thread holds a row's 8 (a vector load's)."""
-    A: tl.constexpr = x.shape[0]
-    B: tl.constexpr = x.shape[1]
-    even, odd = tl.split(tl.reshape(x, [A, B, 2, 2, 2]))  # feature 4a + 2b + c: c = 0, 1
-    even_low, even_high = tl.split(even)                  # b = 0, 1
-    odd_low, odd_high = tl.split(odd)
-    f0, f4 = tl.split(even_low)                           # a = 0, 1
-    f2, f6 = tl.split(even_high)
-    f1, f5 = tl.split(odd_low)
-    f3, f7 = tl.split(odd_high)
-    return f0, f1, f2, f3, f4, f5, f6, f7
+def _squared_differences_chain(q, k, sums):
+    """sums after select.squared_difference_added(q_f - k_f, .) over the 8 features of q [ROWS, 1, 8]
+    and k [ROWS, W, 8], in order (gaussian's IEEE chain)."""
+    q0, q1, q2, q3, q4, q5, q6, q7 = select.in_feature_order(q)
+    k0, k1, k2, k3, k4, k5, k6, k7 = select.in_feature_order(k)
+    sums = select.squared_difference_added(q0 - k0, sums)
+    sums = select.squared_difference_added(q1 - k1, sums)
+    sums = select.squared_difference_added(q2 - k2, sums)
+    sums = select.squared_difference_added(q3 - k3, sums)
+    sums = select.squared_difference_added(q4 - k4, sums)
+    sums = select.squared_difference_added(q5 - k5, sums)
+    sums = select.squared_difference_added(q6 - k6, sums)
+    return select.squared_difference_added(q7 - k7, sums)
 
 
 @triton.jit
-def _fma_chain(q, k, dots):
-    """dots after fma(q_f, k_f, .) over the 8 features of q [ROWS, 1, 8] and k [ROWS, W, 8], in order."""
-    q0, q1, q2, q3, q4, q5, q6, q7 = _in_feature_order(q)
-    k0, k1, k2, k3, k4, k5, k6, k7 = _in_feature_order(k)
-    dots = tl.fma(q0, k0, dots)
-    dots = tl.fma(q1, k1, dots)
-    dots = tl.fma(q2, k2, dots)
-    dots = tl.fma(q3, k3, dots)
-    dots = tl.fma(q4, k4, dots)
-    dots = tl.fma(q5, k5, dots)
-    dots = tl.fma(q6, k6, dots)
-    return tl.fma(q7, k7, dots)
-
-
-@triton.jit
-def _exact_dots(q_ptr, k_ptr, q_rows, row_ok, held, held_ok, d, q_stride, k_stride, ROWS: tl.constexpr,
-                WIDTH: tl.constexpr):
-    """[ROWS, WIDTH] float32 dot products of each row with the candidates `held` [ROWS, WIDTH], as
-    select._dot_keys computes them on a GPU: tl.dot(input_precision="ieee") lowers to one FMA per
-    feature, in feature order, from +0 (Triton's FMA dot: acc = fma(a_k, b_k, acc)); the padding
-    features past D that it adds are (+0) * (+0), which leave every such sum as it is. 8 features a
-    vector load (whole_chunks); 0 where not held_ok."""
-    dots = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
+def _exact_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, q_factors, held, held_ok, m, d, q_stride, k_stride,
+                similarity_constant, SIMILARITY: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """[ROWS, WIDTH] float32 keys of each row with the candidates `held` [ROWS, WIDTH] (before the
+    mask), as select._pair_keys computes them on a GPU: tl.dot(input_precision="ieee") lowers to one
+    FMA per feature, in feature order, from +0 (Triton's FMA dot: acc = fma(a_k, b_k, acc)), the
+    padding features past D that it adds being (+0) * (+0), which leave every such sum as it is;
+    cosine's ((q.k) * the row's inverse norm) * the candidate's, both from select.sums_of_squares
+    (q_factors, and the keys' inverse norms at norms_ptr + 2 (m + 1)); gaussian's minus the chain of squared
+    differences. 8 features a vector load (whole_chunks); 0 where not held_ok."""
+    sums = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
     q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
     k_starts = tl.where(held_ok, held, 0).to(tl.int64) * k_stride
     lanes = tl.arange(0, 8)[None, None, :]
@@ -281,37 +310,46 @@ def _exact_dots(q_ptr, k_ptr, q_rows, row_ok, held, held_ok, d, q_stride, k_stri
     while feature < d:
         q = tl.load(tl.multiple_of(q_ptr + q_starts[:, None, None] + feature + lanes, [1, 1, 16])).to(tl.float32)
         k = tl.load(tl.multiple_of(k_ptr + k_starts[:, :, None] + feature + lanes, [1, 1, 16])).to(tl.float32)
-        dots = _fma_chain(q, k, dots)
+        if SIMILARITY == GAUSSIAN:
+            sums = _squared_differences_chain(q, k, sums)
+        else:
+            sums = select.fma_chain(q, k, sums)
         feature += 8
-    return tl.where(held_ok, dots, 0.0)
+    if SIMILARITY == GAUSSIAN:
+        keys = -sums
+    else:
+        keys = sums
+        if SIMILARITY == COSINE:
+            k_factors = tl.load(norms_ptr + 2 * (m + 1) + held, mask=held_ok, other=0.0)
+            keys = keys * q_factors[:, None] * k_factors
+        keys = select.scaled_by_root(keys, similarity_constant, SIMILARITY)
+    return tl.where(held_ok, keys, 0.0)
 
 
 @triton.jit
 def _row_norms(ptr, rows, row_ok, d, stride, ROWS: tl.constexpr, FEATURES: tl.constexpr):
-    """[ROWS] the norms (_norms) of the rows `rows` of ptr."""
-    squares = tl.zeros([ROWS], dtype=tl.float32)
-    first = 0
-    while first < d:
-        features = first + tl.arange(0, FEATURES)
-        x = tl.load(ptr + rows.to(tl.int64)[:, None] * stride + features[None, :],
-                    mask=row_ok[:, None] & (features < d)[None, :], other=0.0).to(tl.float32)
-        squares += tl.sum(x * x, 1)
-        first += FEATURES
-    return _norms(squares)
+    """([ROWS] the norms (_norms), [ROWS] the sums of squares (select.sums_of_squares)) of the rows
+    `rows` of ptr."""
+    squares = select.sums_of_squares(ptr, rows, row_ok, d, stride, ROWS)
+    return _norms(squares), squares
 
 
 @triton.jit
-def _key_norms_kernel(k_ptr, norms_ptr, m, d, heads, k_batch_stride, k_head_stride, k_row_stride,
+def _key_norms_kernel(k_ptr, norms_ptr, m, d, cosine_eps, heads, k_batch_stride, k_head_stride, k_row_stride,
                       BLOCK: tl.constexpr, FEATURES: tl.constexpr):
-    # norms [G, M + 1] float32, zeros on entry: each key row's norm (_norms), once for every block of
-    # query rows, and after a slice's M norms 1 if one of them is NaN or above NORM_CEILING (a key
-    # whose scores could be NaN, or overflow: the slice's rows go to the rerun), else 0.
+    # norms [G, 3, M + 1] float32, zeros on entry: each key row's norm (_norms), once for every block
+    # of query rows, and after a slice's M norms 1 if one of them is NaN or above NORM_CEILING (a key
+    # whose scores could be NaN, or overflow: the slice's rows go to the rerun), else 0; then the
+    # rows' sums of squares (gaussian's), then their inverse norms as cosine's (select.inverse_of_norms
+    # with cosine_eps, kCosineEps in float32: once per key, not a division per tile).
     g = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
-    norms = _row_norms(k_ptr, rows, rows < m, d, k_row_stride, BLOCK, FEATURES)
-    norms_ptr += g * (m + 1)
+    norms, squares = _row_norms(k_ptr, rows, rows < m, d, k_row_stride, BLOCK, FEATURES)
+    norms_ptr += g * 3 * (m + 1)
     tl.store(norms_ptr + rows, norms, mask=rows < m)
+    tl.store(norms_ptr + (m + 1) + rows, squares, mask=rows < m)
+    tl.store(norms_ptr + 2 * (m + 1) + rows, select.inverse_of_norms(squares, cosine_eps), mask=rows < m)
     if tl.max(((rows < m) & ~(norms <= NORM_CEILING)).to(tl.int32), 0) != 0:
         tl.atomic_max(norms_ptr + m, 1.0)
 
@@ -320,7 +358,8 @@ def _key_norms_kernel(k_ptr, norms_ptr, m, d, heads, k_batch_stride, k_head_stri
 def _dot_threshold(threshold, root, SIMILARITY: tl.constexpr):
     """[ROWS] the least float32 y whose key (select.scaled_by_root(y)) is at least `threshold`, a key:
     then key(y) >= threshold exactly where y >= that float, the key being monotone in y. So the gate
-    compares the tile's dot-product bounds with it instead of dividing each by root. dot: threshold.
+    compares the tile's dot-product bounds with it instead of dividing each by root. The other
+    similarities: threshold (their bounds are keys).
     Steps a float at a time from threshold * root (a step or two from the answer), as long as a row
     needs it: the key is monotone, so the steps end; NaN stays NaN, -inf gives -inf."""
     y = threshold
@@ -357,9 +396,9 @@ def _ascending_to(x, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def _flushed(q_ptr, k_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, row_ok, m, d, k, q_stride, k_stride,
-             root, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr,
-             FLUSH: tl.constexpr):
+def _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, row_ok, q_factors, m, d, k,
+             q_stride, k_stride, similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
+             ROWS: tl.constexpr, SLOTS: tl.constexpr, FLUSH: tl.constexpr):
     """The queued candidates (fill [ROWS] of each row's queue) re-scored exactly and merged into the
     row's exact top (SLOTS packed keys, descending), FLUSH a time. Returns (top, unrankable, the K-th
     exact key [ROWS] float32). The queue is written and read by different threads: a barrier before
@@ -371,8 +410,8 @@ def _flushed(q_ptr, k_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, r
         slot = first + tl.arange(0, FLUSH)
         queued = row_ok[:, None] & (slot[None, :] < fill[:, None])
         held = tl.load(queue_rows + slot[None, :], mask=queued, other=0)
-        exact = select._masked(select.scaled_by_root(_exact_dots(q_ptr, k_ptr, rows, row_ok, held, queued, d, q_stride,
-                                                                 k_stride, ROWS, FLUSH), root, SIMILARITY),
+        exact = select._masked(_exact_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, q_factors, held, queued, m, d,
+                                           q_stride, k_stride, similarity_constant, SIMILARITY, ROWS, FLUSH),
                                mask_rows + held, queued, MASK)
         unrankable |= tl.max(select._unrankable(exact, queued), 1)
         incoming = bitonic.largest(tl.where(queued, select._packed(exact, held), select.LEAST_KEY), FLUSH, 0)
@@ -443,36 +482,54 @@ def _appended(queue_row_ptrs, fill, bits, first, busiest):
 
 
 @triton.jit
+def _row_terms(q_norms, q_squares, live, d, bound_scale, PRECISION: tl.constexpr, EXACT_PRODUCTS: tl.constexpr,
+               SIMILARITY: tl.constexpr):
+    """(row_terms [ROWS], model, absolute, factor, half_additive) of _upper_keys: NaN row terms for the
+    rows that are not live, so that none of their pairs passes the gate. bound_scale inflates the
+    bound (the tests'; 1 on every launch)."""
+    model, slack, absolute = error_bound(d, EXACT_PRODUCTS, PRECISION)
+    model, slack, absolute = model * bound_scale, slack * bound_scale, absolute * bound_scale
+    factor, additive = gaussian_bound(d, model, absolute)
+    half_additive = 0.5 * additive
+    if SIMILARITY == GAUSSIAN:
+        terms = tl.fma(-factor, q_squares, half_additive)
+    else:
+        # The bound as one multiple of |q||k|: norms are at least NORM_FLOOR, so the absolute term is at
+        # most absolute / NORM_FLOOR^2 of it; the factor covers this evaluation's roundings.
+        terms = (model + slack + absolute / (NORM_FLOOR * NORM_FLOOR)) * (1.0 + 2.0 ** -20) * q_norms
+    return tl.where(live, terms, float("nan")), model, absolute, factor, half_additive
+
+
+@triton.jit
 def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr, queue_row_ptrs,
-                  g, block, n, m, d, k, mask_slice_stride, root, bound_scale, dtype_code, heads, q_batch_stride,
-                  q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
-                  MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr,
-                  QUEUE: tl.constexpr, FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
-                  INJECT: tl.constexpr, STATS: tl.constexpr):
+                  g, block, n, m, d, k, mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads,
+                  q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
+                  SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
+                  SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr, FEATURES: tl.constexpr,
+                  PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr):
     """The kernel's work on the block of ROWS query rows `block` of slice g (the module's text)."""
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
     k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
     mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m  # unread without a mask
-    model, slack, absolute = error_bound(d, q_ptr.dtype.element_ty != tl.float32, PRECISION)
-    model, slack, absolute = model * bound_scale, slack * bound_scale, absolute * bound_scale
-    # The bound as one multiple of |q||k|: norms are at least NORM_FLOOR, so the absolute term is at
-    # most absolute / NORM_FLOOR^2 of it; the factor covers this evaluation's roundings.
-    coefficient = (model + slack + absolute / (NORM_FLOOR * NORM_FLOOR)) * (1.0 + 2.0 ** -20)
-    q_norms = _row_norms(q_ptr, rows, row_ok, d, q_row_stride, ROWS, FEATURES)
-    norms_ptr += g * (m + 1)
+    q_norms, q_squares = _row_norms(q_ptr, rows, row_ok, d, q_row_stride, ROWS, FEATURES)
+    q_factors = q_squares  # unread but by cosine: its inverse norms of the rows, as select._row_factors's
+    if SIMILARITY == COSINE:
+        q_factors = select.inverse_of_norms(q_squares, similarity_constant)
+    norms_ptr += g * 3 * (m + 1)
     queue_rows = queue_row_ptrs[:, None]
     # The tiles' vector loads need rows of whole chunks on 16-byte boundaries (the launcher takes this
     # kernel only then); else every row goes to the rerun, and no tile is scored.
     whole_chunks = select._whole_chunks(q_ptr, k_ptr, d, q_row_stride, k_row_stride, FEATURES)
     # Rows whose keys could be NaN or +inf, or whose bounds could overflow, go to the rerun (all of the
-    # slice's where a key's norm is so); the others are live, and only their pairs can pass the gate
-    # (NaN row terms for the rest).
+    # slice's where a key's norm is so); the others are live, and only their pairs can pass the gate.
     live = (row_ok & (q_norms <= NORM_CEILING) & (tl.load(norms_ptr + m + tl.zeros([ROWS], tl.int32)) == 0.0)
             & whole_chunks)
     unrankable = (row_ok & ~live).to(tl.int32)
-    row_terms = tl.where(live, coefficient * q_norms, float("nan"))
+    row_terms, model, absolute, factor, half_additive = _row_terms(q_norms, q_squares, live, d, bound_scale,
+                                                                   PRECISION, q_ptr.dtype.element_ty != tl.float32,
+                                                                   SIMILARITY)
 
     # Each row's exact top: SLOTS packed keys, descending; empty slots hold -inf with indices m + 1,
     # m + 2, ... (below every candidate, a masked one included).
@@ -487,12 +544,13 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     while first < tl.where(whole_chunks, m, 0):
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
-        upper = _upper_bounds(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride, k_row_stride,
-                              q_norms, row_terms, model, absolute, FEATURES, PRECISION, INJECT)
+        upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride, k_row_stride,
+                            q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
+                            SIMILARITY, FEATURES, PRECISION, INJECT)
         if MASK == 2:
             both_ok = live[:, None] & cand_ok[None, :]
-            gate = select._masked(select.scaled_by_root(upper, root, SIMILARITY), mask_rows + cand[None, :], both_ok,
-                                  MASK)
+            gate = select._masked(select.scaled_by_root(upper, similarity_constant, SIMILARITY),
+                                  mask_rows + cand[None, :], both_ok, MASK)
             unrankable |= tl.max(select._unrankable(gate, both_ok), 1)  # a NaN or +inf mask entry
             bits, count = _passing_words(gate >= threshold[:, None], CANDIDATES)
         else:
@@ -506,14 +564,15 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
         # the first tile lets every candidate through).
         if fullest > QUEUE - CANDIDATES:
             rescored += fill
-            top, unrankable, kth_key = _flushed(q_ptr, k_ptr, mask_rows, queue_rows, fill, top, unrankable, rows,
-                                                live, m, d, k, q_row_stride, k_row_stride, root, SIMILARITY, MASK,
-                                                ROWS, SLOTS, FLUSH)
-            threshold = kth_key if MASK == 2 else _dot_threshold(kth_key, root, SIMILARITY)
+            top, unrankable, kth_key = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable,
+                                                rows, live, q_factors, m, d, k, q_row_stride, k_row_stride,
+                                                similarity_constant, SIMILARITY, MASK, ROWS, SLOTS, FLUSH)
+            threshold = kth_key if MASK == 2 else _dot_threshold(kth_key, similarity_constant, SIMILARITY)
             fill = tl.zeros([ROWS], dtype=tl.int32)
         first += CANDIDATES
-    top, unrankable, kth_key = _flushed(q_ptr, k_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, live, m,
-                                        d, k, q_row_stride, k_row_stride, root, SIMILARITY, MASK, ROWS, SLOTS, FLUSH)
+    top, unrankable, kth_key = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows,
+                                        live, q_factors, m, d, k, q_row_stride, k_row_stride, similarity_constant,
+                                        SIMILARITY, MASK, ROWS, SLOTS, FLUSH)
     if STATS:
         tl.store(rescored_ptr + g * n + rows, rescored + fill, mask=row_ok)
 
@@ -525,7 +584,7 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     # conversion of `written` made inside one of them ("operand does not dominate this use", sm_90).
     tl.store(indices_ptr + out, best_index.to(tl.int64), mask=written)
     tl.store(redo_ptr + g * n + rows, tl.where(settled, 0, 1), mask=row_ok)
-    select.store_as(scores_ptr, out, best_keys, written, dtype_code)
+    select.store_as(scores_ptr, out, select._reported_scores(best_keys, unrankable, SIMILARITY), written, dtype_code)
 
 
 @triton.jit
@@ -541,7 +600,8 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
     # The settled rows' scores and indices are written as select._select_kernel writes them (slots
     # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
     # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch.
-    tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT))
+    tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT) | (SIMILARITY == COSINE)
+                     | (SIMILARITY == GAUSSIAN))
     tl.static_assert((QUEUE > CANDIDATES) & (QUEUE % FLUSH == 0) & (SLOTS >= FLUSH))
     blocks = tl.cdiv(n, ROWS)
     queue_row_ptrs = queue_ptr + (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)) * QUEUE

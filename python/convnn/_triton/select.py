@@ -129,30 +129,74 @@ def store_as(ptr, offsets, x, mask, dtype_code):
 
 
 @triton.jit
-def _inverse_of_norms(squares, eps):
+def inverse_of_norms(squares, eps):
     """1 / max(sqrt(squares), eps) in IEEE float32 (cosine's factors, as src/ops/kernels/similarity.h)."""
     return tl.math.div_rn(tl.full(squares.shape, 1.0, tl.float32),
                           tl.maximum(tl.sqrt_rn(squares), tl.full([], eps, tl.float32)))
 
 
 @triton.jit
-def _row_factors(ptr, rows, row_ok, d, row_stride, similarity_constant, SIMILARITY: tl.constexpr, R: tl.constexpr,
-                 FEATURES: tl.constexpr):
-    """Cosine's inverse norms of R rows of ptr (d features each, row_stride apart), summed FEATURES
-    features at a time; zeros for
-    the other similarities (unread). Apart from the dot products' loop, whose tiles it would keep
-    live beside the ones tl.dot reads (ptxas spilled with a mask at K <= 8)."""
-    squares = tl.zeros([R], dtype=tl.float32)
+def fma_chain(x, y, sums):
+    """sums after fma(x_f, y_f, .) over the 8 features of x and y ([A, B, 8] or broadcasting to it, as
+    sums [A, B]), in order."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = in_feature_order(x)
+    y0, y1, y2, y3, y4, y5, y6, y7 = in_feature_order(y)
+    sums = tl.fma(x0, y0, sums)
+    sums = tl.fma(x1, y1, sums)
+    sums = tl.fma(x2, y2, sums)
+    sums = tl.fma(x3, y3, sums)
+    sums = tl.fma(x4, y4, sums)
+    sums = tl.fma(x5, y5, sums)
+    sums = tl.fma(x6, y6, sums)
+    return tl.fma(x7, y7, sums)
+
+
+@triton.jit
+def in_feature_order(x):
+    """The 8 slices x[..., 0], ..., x[..., 7] of x [A, B, 8] ([A, B] each), in order: free in registers
+    where a thread holds a row's 8 (a vector load's)."""
+    A: tl.constexpr = x.shape[0]
+    B: tl.constexpr = x.shape[1]
+    even, odd = tl.split(tl.reshape(x, [A, B, 2, 2, 2]))  # feature 4a + 2b + c: c = 0, 1
+    even_low, even_high = tl.split(even)                  # b = 0, 1
+    odd_low, odd_high = tl.split(odd)
+    f0, f4 = tl.split(even_low)                           # a = 0, 1
+    f2, f6 = tl.split(even_high)
+    f1, f5 = tl.split(odd_low)
+    f3, f7 = tl.split(odd_high)
+    return f0, f1, f2, f3, f4, f5, f6, f7
+
+
+@triton.jit
+def sums_of_squares(ptr, rows, row_ok, d, row_stride, R: tl.constexpr):
+    """[R] float32 sums of squares of the rows `rows` of ptr (d features each, row_stride apart): an FMA
+    chain in feature order from +0 (fma_chain, 8 features a load), the order of the CPU's sums
+    (src/ops/kernels/similarity.h, detail::dot), whatever layout the compiler gives the loads (a
+    tl.sum's tree would follow the layout, and bounded_select.py's re-rank must reproduce these bits
+    in another kernel); 0 for rows not row_ok. Cosine's norms here and bounded_select.py's norms (and
+    gaussian's squared norms) come from this one sum. (16 features a load, split in registers, spilled
+    20 bytes in the set shared by a row's threads at K <= 64, half inputs, sm_90.)"""
+    squares = tl.zeros([R, 1], dtype=tl.float32)
+    first = 0
+    while first < d:
+        features = first + tl.arange(0, 8)
+        x = tl.load(ptr + rows.to(tl.int64)[:, None] * row_stride + features[None, :],
+                    mask=row_ok[:, None] & (features < d)[None, :], other=0.0).to(tl.float32)
+        x = tl.reshape(x, [R, 1, 8])
+        squares = fma_chain(x, x, squares)
+        first += 8
+    return tl.reshape(squares, [R])
+
+
+@triton.jit
+def _row_factors(ptr, rows, row_ok, d, row_stride, similarity_constant, SIMILARITY: tl.constexpr, R: tl.constexpr):
+    """Cosine's inverse norms of R rows of ptr (d features each, row_stride apart) from
+    sums_of_squares; zeros for the other similarities (unread). Apart from the dot products' loop,
+    whose tiles it would keep live beside the ones tl.dot reads (ptxas spilled with a mask at K <= 8)."""
+    factors = tl.zeros([R], dtype=tl.float32)
     if SIMILARITY == COSINE:
-        first = 0
-        while first < d:
-            features = first + tl.arange(0, FEATURES)
-            x = tl.load(ptr + rows.to(tl.int64)[:, None] * row_stride + features[None, :],
-                        mask=row_ok[:, None] & (features < d)[None, :], other=0.0).to(tl.float32)
-            squares += tl.sum(x * x, 1)
-            first += FEATURES
-        squares = _inverse_of_norms(squares, similarity_constant)
-    return squares
+        factors = inverse_of_norms(sums_of_squares(ptr, rows, row_ok, d, row_stride, R), similarity_constant)
+    return factors
 
 
 @triton.jit
@@ -197,6 +241,13 @@ def _dot_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_stride
             keys = tl.dot(q, tl.trans(k), keys, input_precision="ieee")
             first += FEATURES
     return keys
+
+
+@triton.jit
+def squared_difference_added(diff, sums):
+    """gaussian's step: sums + diff * diff as one FMA, written out (not left to the compiler's
+    contraction) so that bounded_select.py's re-rank gives the same bits."""
+    return tl.fma(diff, diff, sums)
 
 
 @triton.jit
@@ -252,8 +303,7 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_strid
         if SIMILARITY == COSINE:
             # (q.k * (1/max(|q|,eps))) * (1/max(|k|,eps)) from the raw rows, in that order, as on
             # every path (src/ops/kernels/similarity.h): exactly orthogonal rows score exactly 0.
-            k_factors = _row_factors(k_ptr, cand, cand_ok, d, k_stride, similarity_constant, SIMILARITY, CANDIDATES,
-                                     FEATURES)
+            k_factors = _row_factors(k_ptr, cand, cand_ok, d, k_stride, similarity_constant, SIMILARITY, CANDIDATES)
             keys = keys * q_factors[:, None] * k_factors[None, :]
         keys = scaled_by_root(keys, similarity_constant, SIMILARITY)
     else:  # the distances: minus the distance, from exact pairwise differences, a feature at a time
@@ -264,7 +314,7 @@ def _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_strid
             kj = tl.load(k_ptr + cand.to(tl.int64) * k_stride + j, mask=cand_ok, other=0.0).to(tl.float32)
             diff = qj[:, None] - kj[None, :]
             if SIMILARITY == GAUSSIAN:
-                keys += diff * diff
+                keys = squared_difference_added(diff, keys)
             elif SIMILARITY == CHEBYSHEV:
                 keys = tl.maximum(keys, tl.abs(diff))
             else:
@@ -395,7 +445,7 @@ def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, q_stride, k_str
     top = (tl.full([ROWS], UNFILLED, tl.int32),) * SLOTS
     index = (tl.full([ROWS], 0, tl.int32) + m,) * SLOTS
     unrankable = tl.zeros([ROWS], dtype=tl.int32)
-    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, q_stride, similarity_constant, SIMILARITY, ROWS, FEATURES)
+    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, q_stride, similarity_constant, SIMILARITY, ROWS)
     mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64) * m  # unread without a mask
     q_starts = _query_starts(q_rows, row_ok, q_stride)
     first = 0
@@ -494,7 +544,7 @@ def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_stride, k_
     top = tl.where(in_k, empty, GREATEST_KEY)
     threshold = tl.min(top, 1)
     unrankable = tl.zeros([ROWS], dtype=tl.int32)
-    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, q_stride, similarity_constant, SIMILARITY, ROWS, FEATURES)
+    q_factors = _row_factors(q_ptr, q_rows, row_ok, d, q_stride, similarity_constant, SIMILARITY, ROWS)
     first = 0
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)

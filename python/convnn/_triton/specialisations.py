@@ -82,12 +82,12 @@ def select_specialisations(module):
 
 def bounded_select_specialisations(module, select):
     """knn_select on tensor cores (bounded_select.py, issue 41): the keys' norms per input dtype; for
-    dot and scaled_dot, each width, mask kind and input dtype the tensor-core kernel serves
+    each similarity it serves (module.SIMILARITIES), each width, mask kind and input dtype the tensor-core kernel serves
     (module.compile_options), that kernel and its rerun of the rows it leaves (the select kernel's
     constexprs and launch options)."""
     for dtype_suffix, pointer in input_pointers(select):
         yield (f"key norms{dtype_suffix}", module._key_norms_kernel,
-               {"k_ptr": pointer, "norms_ptr": "*fp32", "m": "i32", "d": "i32",
+               {"k_ptr": pointer, "norms_ptr": "*fp32", "m": "i32", "d": "i32", "cosine_eps": "fp32",
                 **row_layouts(module._key_norms_kernel, "k")},
                {"BLOCK": module.KEY_NORM_ROWS, "FEATURES": module.FEATURES}, {"num_warps": 4})
     for suffix, pointer, mask_pointer, constexprs in top_k_variants(select):

@@ -35,7 +35,8 @@ extern const SelectBlocks kSelectBlocks;
 // widest features its error bound holds for (MAX_FEATURES), features per vector chunk (FEATURES: rows
 // of whole chunks only), the widest top-K it holds (MAX_SLOTS), candidates queued per row (QUEUE),
 // key rows per program of the norms kernel (KEY_NORM_ROWS), the persistent grid's most programs
-// (PROGRAMS), and whether float32 inputs with a mask have the kernel (compile_options).
+// (PROGRAMS), the widest top-K of float32 inputs with a mask (FLOAT32_MASK_SLOTS), and the
+// similarities it serves (SIMILARITIES: bit s for code s).
 struct BoundedSelectBlocks {
   int64_t rows;
   int64_t max_features;
@@ -44,7 +45,8 @@ struct BoundedSelectBlocks {
   int64_t queue;
   int64_t key_norm_rows;
   int64_t programs;
-  bool float32_masks;
+  int64_t float32_mask_slots;
+  uint32_t similarities;
 };
 extern const BoundedSelectBlocks kBoundedSelectBlocks;
 

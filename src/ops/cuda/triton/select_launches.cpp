@@ -44,11 +44,16 @@ bool whole_chunks(const at::Tensor& t, int64_t features) {
 }
 
 // Whether bounded_select.py compiled its tensor-core kernel for this width, mask kind and input dtype
-// (compile_options there: K within max_slots, and no float32 inputs with a mask unless float32_masks).
+// (compile_options there: K within max_slots, and float32 inputs with a mask within float32_mask_slots).
 bool tensor_cores_compiled(int64_t slots, int mask_kind, at::ScalarType dtype) {
   return slots <= kBoundedSelectBlocks.max_slots &&
          (top_k_input_dtype(dtype) != at::kFloat || mask_kind == kSelectBlocks.no_mask ||
-          kBoundedSelectBlocks.float32_masks);
+          slots <= kBoundedSelectBlocks.float32_mask_slots);
+}
+
+// Whether bounded_select.py's kernel serves this similarity (its SIMILARITIES).
+bool tensor_cores_serve(Similarity similarity) {
+  return ((kBoundedSelectBlocks.similarities >> static_cast<int>(similarity)) & 1u) != 0;
 }
 
 // The tensor-core select's keys (its kernel and rerun at each width and mask kind it serves, and the
@@ -56,7 +61,9 @@ bool tensor_cores_compiled(int64_t slots, int mask_kind, at::ScalarType dtype) {
 std::vector<std::string> tensor_core_keys(at::ScalarType dtype) {
   std::vector<std::string> keys;
   for (const char* kernel : {"bounded select", "rerun select"}) {
-    for (const Similarity similarity : {Similarity::Dot, Similarity::ScaledDot}) {
+    for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
+      const auto similarity = static_cast<Similarity>(value);
+      if (!tensor_cores_serve(similarity)) continue;
       for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
         for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
           if (tensor_cores_compiled(slots, mask, dtype)) {
@@ -171,7 +178,7 @@ SelectScores select_scores(Similarity similarity, int64_t m, int64_t d) {
   TORCH_CHECK(value == "auto" || value == "ieee" || value == "tensor_cores",
               "CONVNN_SELECT_SCORES must be 'auto', 'ieee' or 'tensor_cores', got '", value, "'");
   // The top's empty slots take indices M + 1 .. M + max_slots (bounded_select.py).
-  const bool served = is_dot_product(similarity) && d <= kBoundedSelectBlocks.max_features &&
+  const bool served = tensor_cores_serve(similarity) && d <= kBoundedSelectBlocks.max_features &&
                       m < kInt32 - 2 * kSelectBlocks.max_slots - 2;
   // "auto" is the IEEE kernel until a GPU measures the tensor-core one faster (bounded_select.py).
   return served && value == "tensor_cores" ? SelectScores::TensorCores : SelectScores::Ieee;
@@ -206,7 +213,7 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   if (scores.numel() == 0) return {scores, indices};
   const auto in = ranking_operands(queries_in, keys_in, mask_in, similarity);
   const auto dtype = queries_in.scalar_type();
-  TORCH_INTERNAL_ASSERT(scores_by == SelectScores::Ieee || is_dot_product(similarity),
+  TORCH_INTERNAL_ASSERT(scores_by == SelectScores::Ieee || tensor_cores_serve(similarity),
                         "no tensor-core select kernel for ", to_string(similarity));
   // The tensor-core kernel where it was compiled for this call and its vector loads can read the rows;
   // the IEEE kernel alone elsewhere.
@@ -217,11 +224,13 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   at::Tensor redo;  // the rows the tensor-core kernel leaves to its rerun: int32 [G * N]
   if (tensor_cores) {
     redo = at::empty({g * n}, queries_in.options().dtype(at::kInt));
-    // The keys' norms once ([G, M + 1]: after a slice's M norms its flag, zero unless one is not finite
-    // or too large), then a persistent grid, each program with its queue of candidates (scratch).
-    auto norms = at::zeros({g, m + 1}, queries_in.options().dtype(at::kFloat));
+    // The keys' norms once ([G, 3, M + 1]: a slice's M norms and its flag, zero unless one is not finite
+    // or too large, then their M sums of squares, then their inverse norms as cosine's), then a
+    // persistent grid, each program with its queue of candidates (scratch).
+    auto norms = at::zeros({g, 3, m + 1}, queries_in.options().dtype(at::kFloat));
     Launch key_norms{key_norms_key(dtype), {cdiv(m, kBoundedSelectBlocks.key_norm_rows), g}, {}};
-    key_norms.arguments.pointer(in.keys).pointer(norms).int32(m).int32(d).int32(heads_of(in.keys))
+    key_norms.arguments.pointer(in.keys).pointer(norms).int32(m).int32(d).float32(static_cast<float>(kCosineEps))
+        .int32(heads_of(in.keys))
         .rows(row_layout(in.keys));
     run(key_norms);
     const int64_t programs = std::min(cdiv(n, kBoundedSelectBlocks.rows) * g, kBoundedSelectBlocks.programs);
