@@ -108,6 +108,8 @@ print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0
     "$python" scripts/gpu_bench.py --designs --json "$report/gpu-designs.json"
   step "knn_select on tensor cores: rows rerun, same indices, time vs IEEE and SDPA" 150 bench.log \
     "$python" scripts/gpu_bench.py --tensor-cores --json "$report/gpu-tensor-cores.json"
+  step "knn_attention forward+backward, select on tensor cores, vs SDPA (causal or not)" 150 bench.log \
+    "$python" scripts/gpu_bench.py --training --json "$report/gpu-training.json"
   # compute-sanitizer: out-of-bounds and misaligned accesses, shared-memory races.
   step "memcheck: C++ GenericCuda (2 cases)" 120 sanitizer.log \
     compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/convnn_tests" --gtest_brief=1 \

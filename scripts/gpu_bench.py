@@ -22,15 +22,21 @@ configuration (G = 384 slices, N = M = 197, d = 64, K = 8, depthwise, scaled_dot
   of their scale) and duplicated (every key four times) features: the rows the tensor-core kernel
   leaves to its rerun and the candidates it re-scores exactly per row, whether the indices and scores
   equal the IEEE kernel's (not timed at 65536, where it takes seconds), the time of each and of
-  scaled_dot_product_attention's forward and forward+backward on [1, 12, N, 64].
+  scaled_dot_product_attention's forward and forward+backward on [1, 12, N, 64];
+- knn_attention's forward and forward+backward with that select (CONVNN_SELECT_SCORES=tensor_cores:
+  the forward composes it, rho and the aggregation; the two-kernel backward), with --training (a step
+  of its own): [1, 12, N, 64] heads, N = 16384 and 65536, causal (a bool [N, N] mask) or not,
+  bfloat16 (and float32 at 16384), against scaled_dot_product_attention (is_causal) on the same
+  tensors, and at 16384 the indices and scores against the IEEE kernel's (issue 41's targets).
 The C++ `convnn bench --device cuda` times the generic paths; the Triton kernels are registered
 from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA events); peak memory
 from the caching allocator over one call of its own; GB/s of the aggregation forward counts its
 minimum bytes (every gathered row read once per slot, weights and indices read, output written).
 
-    python scripts/gpu_bench.py [--json FILE] [--designs | --tensor-cores]
+    python scripts/gpu_bench.py [--json FILE] [--designs | --tensor-cores | --training]
 """
 import argparse
+import contextlib
 import json
 import os
 
@@ -43,6 +49,18 @@ from convnn._triton import attention, bounded_select, select
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 CUDA = torch._C.DispatchKey.CUDA  # each op's CUDA kernel: the Triton kernels where they apply
 ops = torch.ops.convnn
+
+
+def write_json(json_path, device, **sections):
+    """The sections' rows as JSON at json_path, with the device's name (nothing without a path)."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(device), **sections}, f, indent=1)
+
+
+def equal_cell(row):
+    """A table's cell of whether a row's indices and scores equal the IEEE kernel's."""
+    return f"{row['indices_equal']} / {row['scores_equal']}" if "indices_equal" in row else "not compared"
 
 
 def inputs(g, n, c, k, dtype, device):
@@ -316,7 +334,7 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     scores = torch.empty(g, n, neighbours, device=queries.device, dtype=queries.dtype)
     indices = torch.empty(g, n, neighbours, device=queries.device, dtype=torch.int64)
     redo = torch.empty(g * n, device=queries.device, dtype=torch.int32)
-    rescored = torch.empty(g * n, device=queries.device, dtype=torch.int32)
+    rescored = torch.empty(2, g * n, device=queries.device, dtype=torch.int32)  # and the tiles scored
     norms = torch.zeros(g, 3, m + 1, device=queries.device, dtype=torch.float32)
     rows = (n * d, 0, d)
     bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
@@ -331,7 +349,17 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
         CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
         FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, STATS=True,
         **bounded_select.compile_options(slots, select.NO_MASK, dtype))
-    return int(redo.sum()), float(rescored.float().mean())
+    return int(redo.sum()), float(rescored[0].float().mean())
+
+
+@contextlib.contextmanager
+def select_scores(scores_by):
+    """CONVNN_SELECT_SCORES=scores_by inside the block (the C++ launchers read it on each call)."""
+    os.environ["CONVNN_SELECT_SCORES"] = scores_by
+    try:
+        yield
+    finally:
+        os.environ.pop("CONVNN_SELECT_SCORES")
 
 
 def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, timer=None, similarity="scaled_dot"):
@@ -344,11 +372,8 @@ def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, 
                                                                                 similarity)
 
     def select_by(scores_by):
-        os.environ["CONVNN_SELECT_SCORES"] = scores_by
-        try:
+        with select_scores(scores_by):
             return ops.knn_select.default._op_dk(CUDA, queries, keys, neighbours, similarity, None, False)
-        finally:
-            os.environ.pop("CONVNN_SELECT_SCORES")
 
     bounded = select_by("tensor_cores")
     row["tensor_cores_ms"], _ = timer(lambda: select_by("tensor_cores"))
@@ -381,14 +406,70 @@ def compare_select_scores(device, json_path, sizes=(4096, 16384, 65536)):
           "indices / scores equal | tensor cores | IEEE | SDPA forward | SDPA forward+backward |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        same = f"{r['indices_equal']} / {r['scores_equal']}" if "indices_equal" in r else "not compared"
+        same = equal_cell(r)
         ieee = f"{r['ieee_ms']:.3f}" if "ieee_ms" in r else "not timed"
         print(f"| {r['similarity']} | {r['dtype']} | {r['N']} | {r['features']} | {r['rows_left_to_the_rerun']} | "
               f"{r['rescored_per_row']:.1f} | {same} | "
               f"{r['tensor_cores_ms']:.3f} | {ieee} | {r['sdpa_forward_ms']:.3f} | {r['sdpa_fb_ms']:.3f} |")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(device), "select_scores": rows}, f, indent=1)
+    write_json(json_path, device, select_scores=rows)
+
+
+def training_row(n, causal, dtype, device, heads=12, d=64, neighbours=8, compare_ieee=True, timer=None):
+    """One row of compare_training: knn_attention (scaled_dot, softmax, a depthwise kernel) on [1, H, N,
+    D] heads of Gaussian features with its select on tensor cores, forward and forward+backward, causal
+    through a bool [N, N] mask (as ConvNNAttention's causal option builds it), against
+    scaled_dot_product_attention on the same tensors (is_causal); with compare_ieee, the IEEE kernel's
+    forward too (the fused kernel), and whether the indices and scores are the same."""
+    timer = timer or timed
+    generator = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, d, device=device, generator=generator).to(dtype) for _ in range(3))
+    kernel = torch.randn(d, neighbours, device=device, generator=generator).to(dtype)
+    mask = torch.ones(n, n, dtype=torch.bool, device=device).tril() if causal else None
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    grad = torch.ones_like(q)
+
+    def forward(*tensors):
+        return ops.knn_attention(*tensors, kernel, None, neighbours, "scaled_dot", mask, False, "softmax", 1.0)
+
+    row = {"N": n, "H": heads, "d": d, "K": neighbours, "causal": causal, "dtype": str(dtype).replace("torch.", "")}
+    with select_scores("tensor_cores"):
+        bounded = forward(q, k, v)
+        row["forward_ms"], _ = timer(lambda: forward(q, k, v))
+        row["fb_ms"], row["fb_mib"] = timer(lambda: torch.autograd.grad(forward(*leaves)[0], leaves, grad))
+    if compare_ieee:
+        with select_scores("ieee"):
+            ieee = forward(q, k, v)
+            row["ieee_forward_ms"], _ = timer(lambda: forward(q, k, v))
+        row["indices_equal"] = bool(torch.equal(bounded[2], ieee[2]))
+        row["scores_equal"] = bool(torch.equal(bounded[1], ieee[1]))
+        apart = torch.where(bounded[1] == ieee[1], 0.0, bounded[1].float() - ieee[1].float())  # -inf slots alike
+        row["scores_max_difference"] = float(apart.abs().max())
+    sdpa_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    row["sdpa_forward_ms"], _ = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                                                               is_causal=causal))
+    row["sdpa_fb_ms"], row["sdpa_fb_mib"] = timer(lambda: torch.autograd.grad(
+        torch.nn.functional.scaled_dot_product_attention(*sdpa_leaves, is_causal=causal), sdpa_leaves, grad))
+    return row
+
+
+def compare_training(device, json_path, sizes=(16384, 65536)):
+    """training_row at each size, causal or not, bfloat16 (and float32 at the first size), printed as a
+    table: the issue's target is forward+backward at least 2x faster than SDPA in bfloat16."""
+    rows = [training_row(n, causal, dtype, device, compare_ieee=n <= 16384)
+            for n in sizes for causal in (False, True)
+            for dtype in ((torch.bfloat16, torch.float32) if n == sizes[0] else (torch.bfloat16,))]
+    print(f"device: {torch.cuda.get_device_name(device)}; knn_attention (scaled_dot, softmax, depthwise, D 64, "
+          "K 8) on [1, 12, N, 64] with its select on tensor cores, against SDPA on the same tensors, ms:")
+    print("| dtype | N | causal | indices / scores equal to the IEEE kernel's | forward (IEEE forward) | "
+          "forward+backward (peak MiB) | SDPA forward | SDPA forward+backward (peak MiB) | "
+          "SDPA / convnn, forward+backward |\n|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        same = equal_cell(r)
+        ieee = f" ({r['ieee_forward_ms']:.3f})" if "ieee_forward_ms" in r else ""
+        print(f"| {r['dtype']} | {r['N']} | {r['causal']} | {same} | {r['forward_ms']:.3f}{ieee} | "
+              f"{r['fb_ms']:.3f} ({r['fb_mib']:.0f}) | {r['sdpa_forward_ms']:.3f} | {r['sdpa_fb_ms']:.3f} "
+              f"({r['sdpa_fb_mib']:.0f}) | {r['sdpa_fb_ms'] / r['fb_ms']:.2f} |")
+    write_json(json_path, device, training=rows)
 
 
 def main():
@@ -396,6 +477,8 @@ def main():
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--designs", action="store_true", help="only the running top-K's two designs")
     parser.add_argument("--tensor-cores", action="store_true", help="only knn_select on tensor cores against IEEE")
+    parser.add_argument("--training", action="store_true",
+                        help="only knn_attention's forward+backward with the select on tensor cores against SDPA")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_bench: no CUDA device")
@@ -405,6 +488,9 @@ def main():
         return
     if args.tensor_cores:
         compare_select_scores(device, args.json)
+        return
+    if args.training:
+        compare_training(device, args.json)
         return
     shapes = [(384, 197, 64, 8)] + [(12, n, 64, 9) for n in (197, 1024, 4096, 16384)]
     rows = [one(*shape, dtype, device) for dtype in (torch.float32, torch.bfloat16) for shape in shapes]
@@ -440,10 +526,7 @@ def main():
         graphs = " / ".join(f"{r[f'{p}_graph_fb_ms']:.3f}" if r[f"{p}_graph_fb_ms"] is not None
                             else f"not captured ({r[f'{p}_graph_error']})" for p in ("convnn_triton", "mhsa_sdpa"))
         print(f"| {r['dtype']} | " + " | ".join(cells) + f" | {graphs} | {r['triton_vs_generic_max_abs']:.2e} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(device), "aggregate": rows, "op_paths": paths,
-                       "modules": modules}, f, indent=1)
+    write_json(args.json, device, aggregate=rows, op_paths=paths, modules=modules)
 
 
 def compare_designs(device, json_path):
@@ -456,9 +539,7 @@ def compare_designs(device, json_path):
         print(f"| {r['G']} | {r['N']} | {r['K']} | {r['select_per_thread_ms']:.3f} / {r['select_shared_ms']:.3f} | "
               f"{r['attention_per_thread_ms']:.3f} / {r['attention_shared_ms']:.3f} | {r['rows_apart']} "
               f"({r['index_rows_apart']}) |")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(device), "selection_designs": designs}, f, indent=1)
+    write_json(json_path, device, selection_designs=designs)
 
 
 if __name__ == "__main__":

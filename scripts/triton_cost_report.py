@@ -37,7 +37,12 @@ and bfloat16 (the Triton launches and the ATen ops the launchers call, conversio
 counted on CPU tensors with the kernels recorded instead of run). The backward's two sorts (the
 inverse index, the rows busiest first) are bounded apart by their DRAM traffic (ATen's sort taken as
 a radix sort of 8-bit digits, the key width read from the launch count) and added to the op's
-forward + backward total. Last, the SASS per step of every kernel that walks the inverse index.
+forward + backward total. Then issue 41's training targets: knn_attention's forward+backward at
+12 x 16384 and 12 x 65536 in bfloat16 with the select on tensor cores (no mask, or a causal bool
+mask: the tiles it skips simulated with the kernel's rule), the composition's other steps and the
+backward, against a lower bound of SDPA's flash attention (its products at the tensor cores' peak,
+its exponentials at the MUFU rate): a ratio of two bounds. Last, the SASS per step of every kernel
+that walks the inverse index.
 
 With --revision REV the kernels come from that commit (git archive), so that one script reports
 before and after a change. The instruction counts are exact for the compiled code; the round counts
@@ -338,20 +343,28 @@ def instructions_per_program(kernel_name, trips):
     return total, warps
 
 
-def longest_runs(backward, g, n, d, k, seed=0, slices_wanted=16):
+@functools.cache
+def longest_runs(backward, g, n, d, k, seed=0, slices_wanted=16, causal=False):
     """Sum over the column kernel's blocks of key/value rows of their longest run in the inverse index
-    (the steps each block takes), for the top-K of seeded Gaussian features (scaled_dot), sampled on
-    some slices and scaled to all G. The blocks are of the order the kernel takes: neighbouring rows,
-    or the rows busiest first where the revision's kernel takes row_order (sorted over the sampled slices
-    together, as the kernel sorts all G*M rows)."""
+    (the steps each block takes), for the top-K of seeded Gaussian features (scaled_dot; causal: of the
+    keys up to the query's position), sampled on some slices (fewer at long N: about 2^28 scores in
+    all, one slice at least) and scaled to all G. The blocks are of the order the kernel takes:
+    neighbouring rows, or the rows busiest first where the revision's kernel takes row_order (sorted
+    over the sampled slices together, as the kernel sorts all G*M rows)."""
     generator = torch.Generator().manual_seed(seed)
-    slices = min(g, slices_wanted)
+    slices = min(g, slices_wanted, max(1, 2 ** 28 // (n * n)))
     readers = []
     for _ in range(slices):
         queries = torch.randn(n, d, generator=generator)
         keys = torch.randn(n, d, generator=generator)
-        chosen = (queries @ keys.T).topk(k, dim=1).indices
-        readers.append(torch.bincount(chosen.reshape(-1), minlength=n))
+        chosen = []
+        for first in range(0, n, 4096):  # [4096, N] scores at a time
+            scores = queries[first:first + 4096] @ keys.T
+            if causal:
+                rows = torch.arange(first, first + len(scores))[:, None]
+                scores.masked_fill_(torch.arange(n)[None, :] > rows, float("-inf"))
+            chosen.append(scores.topk(k, dim=1).indices)
+        readers.append(torch.bincount(torch.cat(chosen).reshape(-1), minlength=n))
     runs = torch.cat(readers)
     if "row_order_ptr" in backward._columns_kernel.arg_names:  # rows by run length, longest first (issue 38 §2)
         runs = runs.sort(descending=True, stable=True).values
@@ -380,11 +393,11 @@ def dtype_key(name, dtype):
     return float32_key(name) if dtype == "float32" else f"{name} {dtype}"
 
 
-def backward_estimates(backward, select, shape, dtype="float32"):
+def backward_estimates(backward, select, shape, dtype="float32", causal=False):
     """{kernel: figures} for the row and column kernels at `shape` (N = M) in the op's `dtype`, as
     estimate() does for the selection: issue bound, DRAM bound of compulsory bytes (every tensor
     once, gathers from L2; the op's tensors in its dtype, the score gradient and the kernel's
-    partials in float32, indices int64)."""
+    partials in float32, indices int64); causal: the column kernel's steps of a causal top-K."""
     g, n, d, k = shape
     c, rows, e = CHANNELS, g * n, ELEMENT_BYTES[dtype]
     chunks = math.ceil(c / getattr(backward, "ROW_CHANNELS", backward.attention.CHANNELS))
@@ -396,7 +409,7 @@ def backward_estimates(backward, select, shape, dtype="float32"):
     row_programs = math.ceil(rows / getattr(backward, "ROW_ROWS", select.ROWS))
     row_bytes = (e * rows * c + e * g * n * (c + d) + rows * k * (8 + e + e + 4) + e * rows * d
                  + 4 * row_programs * c * k)
-    steps, blocks = longest_runs(backward, g, n, d, k)
+    steps, blocks = longest_runs(backward, g, n, d, k, causal=causal)
     parts = math.ceil(c / backward.COLUMN_WIDTH), math.ceil(d / backward.COLUMN_WIDTH)
     column_bytes = 8 * g * n + rows * k * (8 + e + 4) + e * rows * (c + d) + e * g * n * (c + d)
     kernels = [(rows_kernel, per_program * warps * row_programs, row_bytes, f"{row_programs} programs")]
@@ -560,6 +573,7 @@ def report_sorts(report, sorts):
     g, n, _, k = LAUNCH_SHAPE
     key_bytes = {elements: size for elements, size in sorts}
     inverse_key, rows_key = key_bytes[g * n * k], key_bytes[g * n]
+    report["sort_key_bytes"] = {"inverse_index": inverse_key, "rows": rows_key}
     print(f"\nThe backward's sorts, a DRAM lower bound (ATen's sort taken as a radix sort of {SORT_DIGIT_BITS}-bit "
           "digits, keys and int64 positions read and written each pass; no launch latency), and the op's "
           "forward + backward with them (the fused forward, the row and column kernels, the sorts):\n")
@@ -617,6 +631,92 @@ def report_targets(report):
         met = bound <= TARGETS_US[name]
         report["targets"][name] = {"bound_us": bound, "target_us": TARGETS_US[name], "met": met, "set_by": kernel}
         print(f"| {name} | {bound:.0f} | {TARGETS_US[name]:.0f} | {'yes' if met else 'no'} | {kernel} ({part:.0f}) |")
+
+
+# Issue 41's training targets: knn_attention forward+backward on 12 heads of N tokens (D = C = 64,
+# K = 8, scaled_dot, softmax, depthwise) in bfloat16 with the select on tensor cores (the forward
+# composes it, rho and knn_aggregate; the two-kernel backward), causal (a bool [N, N] mask, as
+# ConvNNAttention's causal option builds it) or not: at least twice as fast as SDPA.
+TRAINING_SHAPES = {f"12 x {n} (G 12, N {n}, D 64, K 8)": (12, n, 64, 8) for n in (16384, 65536)}
+TRAINING_TARGET = 2.0
+# The H100 SXM's exponentials: MUFU.EX2, 16 per SM and cycle.
+MUFU_PER_SM_CYCLE = 16
+
+
+def sdpa_bound_us(g, n, d, causal):
+    """(forward, forward + backward) lower bounds of SDPA's flash attention in bfloat16 on an H100, µs:
+    its products at the tensor cores' dense peak (the forward's QK^T and PV, the backward's five: S
+    again, dP, dV, dQ, dK) and an exponential per score and pass at the MUFU rate, each pass the larger
+    of the two (as if perfectly overlapped); causal, half the pairs. Its DRAM traffic (q, k, v, the
+    output and their gradients once) is far below both at these N. A bound, not a prediction: FlashAttention
+    reaches a fraction of the peak."""
+    pairs = g * n * n * (0.5 if causal else 1.0)
+    multiply_adds = SMS * TENSOR_CORE_FMA_PER_SM_CYCLE["BF16"] * CLOCK_HZ
+    exponentials = SMS * MUFU_PER_SM_CYCLE * CLOCK_HZ
+    forward = max(2 * pairs * d / multiply_adds, pairs / exponentials)
+    backward = max(5 * pairs * d / multiply_adds, pairs / exponentials)
+    return forward * 1e6, (forward + backward) * 1e6
+
+
+def composition_bound_us(g, n, k, c=CHANNELS, element=2):
+    """The DRAM bound of the composed forward's steps after the select (src/ops/composite/
+    knn_attention_composed.cpp: rho's softmax reading the scores and writing the weights, the NaN-row
+    test reading the scores, the aggregation reading the values, weights and indices and writing the
+    output, the two masked fills reading and writing weights and output), µs; no launch latency."""
+    slots, rows = g * n * k, g * n
+    traffic = (2 * slots * element + slots * element + rows * c * element + slots * (element + 8)
+               + rows * c * element + 2 * slots * element + 2 * rows * c * element)
+    return traffic / DRAM_BYTES_PER_S * 1e6
+
+
+def report_training(report):
+    """The op's forward+backward bounds at TRAINING_SHAPES, bfloat16, against SDPA's (sdpa_bound_us):
+    the tensor-core select (no mask, or a causal bool mask: read once into its words, G N M / 8 bytes
+    of which every head reads), the
+    composition's other steps, the two-kernel backward (the bfloat16 column kernel's instruction issue
+    taken from the float32 kernel's SASS, whose loops the report reads) and its sorts."""
+    bounded, backward, select = (check.load_kernels(name) for name in ("bounded_select", "attention_backward",
+                                                                          "select"))
+    key_bytes = report["sort_key_bytes"]
+    print("\nknn_attention forward+backward at long N, bfloat16, the select on tensor cores, against SDPA's bound "
+          "(H100 lower bounds, µs; a ratio of bounds, not a prediction)\n")
+    print("| shape | causal | select (scored tiles) | rest of the forward | backward kernels | sorts | "
+          "op forward / forward+backward | SDPA forward / forward+backward | SDPA / op, forward+backward | "
+          f"at least {TRAINING_TARGET:.0f}x |\n|---|---|---|---|---|---|---|---|---|---|")
+    report["training"] = {}
+    norms_counts = norms_parts("key norms bfloat16 inputs")
+    for shape_name, shape in TRAINING_SHAPES.items():
+        g, n, d, k = shape
+        for causal in (False, True):
+            kernel = f"bounded select scaled_dot K<={max(8, 1 << (k - 1).bit_length())} " \
+                     f"{'bool mask' if causal else 'no mask'} bfloat16 inputs"
+            runs = bounded_runs(bounded, shape, 1.9e-5, causal=causal)
+            chosen = bounded_estimate(bounded_parts(kernel), norms_counts, bounded, shape, runs,
+                                      mask_bytes=(g * n * n // 8 + n * n + n * n // 8) if causal else 0)
+            half = backward_estimates(backward, select, shape, "bfloat16", causal)
+            full = backward_estimates(backward, select, shape, "float32", causal)
+            kernels_us = 0.0
+            for name, figures in half.items():
+                issue = figures["issue_bound_us"]
+                if math.isnan(issue):  # the bfloat16 column kernel: the float32 kernel's instruction issue
+                    issue = next(f["issue_bound_us"] for other, f in full.items() if "columns" in other)
+                kernels_us += max(issue, figures["dram_bound_us"])
+            sorts_us = sort_bound_us(g * n * k, key_bytes["inverse_index"]) + sort_bound_us(g * n, key_bytes["rows"])
+            rest_us = composition_bound_us(g, n, k)
+            forward_us = chosen["bound_us"] + rest_us
+            total_us = forward_us + kernels_us + sorts_us
+            sdpa_forward, sdpa_total = sdpa_bound_us(g, n, d, causal)
+            ratio = sdpa_total / total_us
+            report["training"][f"{shape_name}{', causal' if causal else ''}"] = {
+                "select": chosen, "rest_of_forward_us": rest_us, "backward_kernels_us": kernels_us,
+                "sorts_us": sorts_us, "op_forward_us": forward_us, "op_forward_backward_us": total_us,
+                "sdpa_forward_us": sdpa_forward, "sdpa_forward_backward_us": sdpa_total, "sdpa_over_op": ratio,
+                "met": ratio >= TRAINING_TARGET}
+            print(f"| {shape_name} | {'yes' if causal else 'no'} | {chosen['bound_us']:.0f} "
+                  f"({chosen['scored_tiles_share']:.0%}, set by {chosen['set_by']}) | {rest_us:.0f} | "
+                  f"{kernels_us:.0f} | {sorts_us:.0f} | {forward_us:.0f} / {total_us:.0f} | "
+                  f"{sdpa_forward:.0f} / {sdpa_total:.0f} | {ratio:.2f} | "
+                  f"{'yes' if ratio >= TRAINING_TARGET else 'no'} |")
 
 
 def print_backward_rows(figures, shape_name):
@@ -709,7 +809,8 @@ def bounded_parts(kernel_name):
     of chunks: all taken, as at D = 64, where the first chunk is apart, the remainder takes three and
     the loop none), the loop of further chunks of FEATURES features (ptxas unrolls it: `unrolled`
     chunks an iteration), a round of the
-    append loop, the flush inside the tile loop (apart from its chunk loop: its barriers, the K-th key,
+    append loop (`scored_only`: the part of the tile that a tile skipped under a bool mask does not run),
+    the flush inside the tile loop (apart from its chunk loop: its barriers, the K-th key,
     the threshold's loops taken once each) and its loop per FLUSH queued candidates (apart from the
     exact re-score: the merge, with the remainder of the re-score's unrolled loop, counted as taken:
     an over-count at D = 64, where the unrolled loop takes every feature), the exact re-score per 8
@@ -752,6 +853,18 @@ def bounded_parts(kernel_name):
     per_chunk = tensor_core(*dot)
     per_tile = tensor_core(tiles[0], tiles[1])
     bounded = check.load_kernels("bounded_select")
+    # With a bool mask, a tile that no row's bounds decide is not scored (bounded_select: the branch of
+    # `if deciding`): the forward branch on that line that skips the first chunk, the chunk loop and
+    # the gate's product. None in a kernel without it.
+    lines = pathlib.Path(bounded.__file__).read_text().splitlines()
+    deciding = {number for number, text in enumerate(lines, 1) if text.strip() == "if deciding != 0:"}
+    scored = None
+    for position in range(tiles[0], dot[0]):
+        text, where = instructions[position]
+        match = re.search(r"^@!?U?P\d.*\bBRA\b.*`\((\.L_x_\d+)\)", text)
+        target = labels.get(match.group(1), -1) if match else -1
+        if getattr(where, "line", None) in deciding and dot[1] < target <= tiles[1]:
+            scored = (position + 1, target - 1)
     chunk_multiply_adds = bounded.ROWS * bounded.CANDIDATES * bounded.FEATURES // warps  # a warp's share
     pairs_per_thread = bounded.ROWS * bounded.FLUSH // (32 * warps)
     exact_unrolled = max(1, sum(opcode(text) == "FFMA" for text, _ in instructions[exact[0]:exact[1] + 1])
@@ -759,6 +872,7 @@ def bounded_parts(kernel_name):
     return {"warps": warps, "total": len(instructions), "dot_loop": size(dot),
             "unrolled": sum(f for f, _ in per_chunk) // chunk_multiply_adds,
             "tile": size(tiles) - size(dot) - size(flush) - size(append),
+            "scored_only": size(scored) - size(dot) if scored else 0,
             "append_round": size(append),
             "flush": size(flush) - size(chunk_loop) + sum(size(r) for r in thresholds) - sum(
                 size(r) for r in thresholds),
@@ -771,14 +885,18 @@ def bounded_parts(kernel_name):
 
 
 
-def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_wanted=16):
+def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_wanted=16, causal=False):
     """The kernel's rule on seeded Gaussian features [N, D] (one slice; keys the same size), per sampled
     block of ROWS query rows: the gate (the exact key plus the bound's size: model |q||k| for the dot
     products, model for cosine's, model (|q|^2 + |k|^2) for gaussian's minus the squared distance,
     docs/operator.md; against the K-th exact key of the candidates flushed so far), the appends (a
     round per candidate of a tile's busiest row), the flushes (after a tile that leaves a queue unable
-    to take another whole tile, and after the last) and their chunks of FLUSH. Returns {tiles, append
-    rounds, flushes, flush chunks, candidates re-scored per row, blocks sampled, blocks in all}."""
+    to take another whole tile, and after the last) and their chunks of FLUSH. causal: a bool mask of
+    the keys up to each query's position, as the kernel takes a bool mask: a tile scored only where
+    some row of the block has a candidate in it and a threshold above -inf, every valid candidate
+    queued while the row's top has an empty slot, every allowed one while its threshold is -inf.
+    Returns {tiles (scored), skipped tiles, append rounds,
+    flushes, flush chunks, candidates re-scored per row, blocks sampled, blocks in all}."""
     g, n, d, k = shape
     rows, tile, queue, flush = bounded.ROWS, bounded.CANDIDATES, bounded.QUEUE, bounded.FLUSH
     generator = torch.Generator().manual_seed(seed)
@@ -786,7 +904,8 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     keys = torch.randn(n, d, generator=generator, dtype=torch.float64)
     key_norms = keys.norm(dim=1)
     blocks_per_slice = math.ceil(n / rows)
-    runs = {"tiles": 0, "append_rounds": 0, "flushes": 0, "flush_chunks": 0, "rescored": 0, "rows": 0}
+    runs = {"tiles": 0, "skipped_tiles": 0, "append_rounds": 0, "flushes": 0, "flush_chunks": 0, "rescored": 0,
+            "rows": 0}
     sampled = 0
     for block in range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted)):
         q = queries[block * rows:(block + 1) * rows]
@@ -803,10 +922,12 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
         best = torch.full((len(q), k), -math.inf, dtype=torch.float64)
         threshold = best[:, -1].clone()
         fill = torch.zeros(len(q), dtype=torch.long)
+        ranked = torch.zeros(len(q), dtype=torch.long)  # candidates flushed: fewer than K, an empty slot
         queued = []
         sampled += 1
 
         def flushed(best, queued, fill):
+            ranked.add_(fill)
             runs["flushes"] += 1
             runs["flush_chunks"] += math.ceil(int(fill.max()) / flush)
             runs["rescored"] += int(fill.sum())
@@ -815,10 +936,22 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
             return best, best[:, -1].clone()
 
         for first in range(0, n, tile):
-            runs["tiles"] += 1
             passing = upper[:, first:first + tile] >= threshold[:, None]
+            keys_here = exact[:, first:first + tile]
+            if causal:
+                allowed = (torch.arange(first, min(first + tile, n))[None, :]
+                           <= torch.arange(block * rows, block * rows + len(q))[:, None])
+                deciding = bool((allowed.any(dim=1) & (threshold > -math.inf)).any())
+                # A masked candidate enters only while the row's top has an empty slot (bounded_select).
+                passing = torch.where((ranked < k)[:, None], True,
+                                      torch.where((threshold == -math.inf)[:, None], allowed,
+                                                  passing & allowed & deciding))
+                keys_here = torch.where(allowed, keys_here, -math.inf)
+            else:
+                deciding = True
+            runs["tiles" if deciding else "skipped_tiles"] += 1
             count = passing.sum(dim=1)
-            queued.append(torch.where(passing, exact[:, first:first + tile], -math.inf))
+            queued.append(torch.where(passing, keys_here, -math.inf))
             fill += count
             runs["append_rounds"] += int(count.max())
             if int(fill.max()) > queue - tile:
@@ -833,15 +966,18 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     return runs
 
 
-def bounded_estimate(counts, norms_counts, bounded, shape, runs):
+def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0):
     """The tensor-core select's bound at `shape`: the larger of its instruction issue (and the keys'
     norms kernel's), its tensor-core multiply-adds at the tensor cores' peak and its compulsory DRAM
-    bytes (the rerun's programs, none of whose rows is flagged on these inputs, only read the flags)."""
+    bytes (the rerun's programs, none of whose rows is flagged on these inputs, only read the flags;
+    mask_bytes: what a mask adds). A tile skipped under a bool mask runs the tile's part but its
+    scored_only part and the chunk loop."""
     g, n, d, k = shape
     scale = runs["blocks"] / runs["sampled"]
     chunks = math.ceil(d / bounded.FEATURES)
     per_warp = (runs["sampled"] * (counts["block"] + counts["norms_per_chunk"] * chunks)
                 + runs["tiles"] * (counts["tile"] + (chunks - 1) // counts["unrolled"] * counts["dot_loop"])
+                + runs["skipped_tiles"] * (counts["tile"] - counts["scored_only"])
                 + runs["append_rounds"] * counts["append_round"] + runs["flushes"] * counts["flush"]
                 + runs["flush_chunks"] * (counts["flush_chunk"] + d / 8 * counts["exact_per_8_features"])) * scale
     norms_programs = g * math.ceil(n / bounded.KEY_NORM_ROWS)
@@ -852,10 +988,11 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs):
     tensor_s = multiply_adds / (SMS * TENSOR_CORE_FMA_PER_SM_CYCLE[counts["operands"]] * CLOCK_HZ)
     element = 2 if counts["operands"] in ("BF16", "F16") else 4
     dram_s = (element * 3 * g * n * d + g * n * (k * (element + 8) + 3 * 4)
-              + 2 * 4 * runs["rescored_per_row"] * g * n) / DRAM_BYTES_PER_S
+              + 2 * 4 * runs["rescored_per_row"] * g * n + mask_bytes) / DRAM_BYTES_PER_S
     bound = max(issue_s, tensor_s, dram_s)
     return {"rescored_per_row": runs["rescored_per_row"],
-            "append_rounds_per_tile": runs["append_rounds"] / runs["tiles"],
+            "scored_tiles_share": runs["tiles"] / (runs["tiles"] + runs["skipped_tiles"]),
+            "append_rounds_per_tile": runs["append_rounds"] / (runs["tiles"] + runs["skipped_tiles"]),
             "flushes_per_block": runs["flushes"] / runs["sampled"],
             "warp_instructions_per_score": warp_instructions / (g * n * n),
             "issue_bound_us": issue_s * 1e6, "tensor_core_bound_us": tensor_s * 1e6,
@@ -946,6 +1083,8 @@ def main():
             report_backward(report)
             if "sorts" in report:
                 report_targets(report)
+            if "sort_key_bytes" in report and "bounded_select" in report:
+                report_training(report)
             report_walkers(report)
         else:
             print("\nknn_attention backward in two kernels: not in this revision (the backward composed the core ops)")

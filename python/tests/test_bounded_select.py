@@ -21,6 +21,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRETED:
@@ -275,14 +276,45 @@ def mask_operand(queries, mask):
     return kind, mask.contiguous(), (mask.shape[-2] * mask.shape[-1] if mask.dim() == 3 else 0)
 
 
+def mask_words(mask):
+    """(the words the tensor-core kernel reads of a bool mask [G, N, M] or [N, M]: _mask_bits_kernel's
+    [G * N or N, words], their slice stride); every word written (no sentinel left)."""
+    m = mask.shape[-1]
+    rows, words = mask.numel() // m, triton.cdiv(m, bounded_select.CANDIDATES)
+    bits = torch.full((rows, words), 0x5A5A, dtype=torch.int64, device=DEVICE)
+    bounded_select._mask_bits_kernel[(triton.cdiv(rows, bounded_select.MASK_BITS_ROWS), words)](
+        mask.contiguous(), bits, rows, m, words, ROWS=bounded_select.MASK_BITS_ROWS,
+        CANDIDATES=bounded_select.CANDIDATES)
+    return bits, (mask.shape[-2] * words if mask.dim() == 3 else 0)
+
+
+def test_a_bool_masks_words_hold_its_entries_bit_by_bit_and_none_past_m():
+    """_mask_bits_kernel against the bits built in torch: [N, M] and [G, N, M] masks, M = 150 (a
+    partial last word), 64 and 1, rows past a program's block; bit 63 (a negative int64) included."""
+    generator = torch.Generator().manual_seed(49)
+    for shape in ((70, 150), (2, 33, 64), (5, 1), (40, 128)):
+        mask = torch.rand(shape, generator=generator) > 0.5
+        if shape[-1] >= 64:
+            mask[..., 63] = True
+        m = shape[-1]
+        words = triton.cdiv(m, 64)
+        padded = torch.nn.functional.pad(mask.reshape(-1, m).long(), (0, words * 64 - m)).view(-1, words, 64)
+        want = (padded << torch.arange(64)).sum(-1)
+        got, stride = mask_words(mask.to(DEVICE))
+        assert torch.equal(got.cpu(), want), shape
+        assert stride == (shape[-2] * words if len(shape) == 3 else 0)
+
+
 def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0, programs=3, rescored=None):
     """(scores, indices, redo) of the tensor-core kernel alone: unsettled rows' outputs unwritten.
     `programs`: the persistent grid's, fewer than the blocks of most calls here (each program takes
-    several blocks in turn, through one queue). rescored (int32 [G * N]): gets the candidates each row
-    re-scored exactly (the kernel's STATS)."""
+    several blocks in turn, through one queue). rescored (int32 [2, G * N]): gets the candidates each
+    row re-scored exactly and the tiles its block scored (the kernel's STATS)."""
     g, n, d = queries.shape
     m = keys.shape[1]
     kind, mask_arg, mask_stride = mask_operand(queries, mask)
+    if kind == select.BOOL_MASK:  # read as its words, as the C++ launcher passes it
+        mask_arg, mask_stride = mask_words(mask_arg)
     slots = select.slots_for(k)
     scores = torch.full((g, n, k), 1234.5, device=DEVICE)
     indices = torch.full((g, n, k), -7, dtype=torch.int64, device=DEVICE)
@@ -338,9 +370,9 @@ def ieee(queries, keys, k, similarity, mask=None):
 def assert_same_selection(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0):
     """The two launches give the IEEE kernel's outputs exactly; the settled rows are written by the
     first, the others untouched by it. Returns (the redo flags [G, N] bool, the candidates each row
-    re-scored exactly [G, N])."""
+    re-scored exactly [G, N], the tiles each row's block scored [G, N])."""
     g, n, _ = queries.shape
-    rescored = torch.full((g * n,), -1, dtype=torch.int32, device=DEVICE)
+    rescored = torch.full((2, g * n), -1, dtype=torch.int32, device=DEVICE)
     scores, indices, redo = bounded(queries, keys, k, similarity, mask, inject, bound_scale, rescored=rescored)
     flagged = redo.view(g, n).cpu().bool()
     assert set(redo.cpu().tolist()) <= {0, 1}
@@ -351,7 +383,7 @@ def assert_same_selection(queries, keys, k, similarity, mask=None, inject="none"
     rerun(queries, keys, k, similarity, mask, scores, indices, redo)
     assert torch.equal(indices, want[1]), (k, similarity, inject)
     assert torch.equal(scores.nan_to_num(7.5), want[0].nan_to_num(7.5)), (k, similarity, inject)
-    return flagged, rescored.view(g, n).cpu()
+    return flagged, rescored[0].view(g, n).cpu(), rescored[1].view(g, n).cpu()
 
 
 def dyadic(shape, generator, span=16, bits=2):
@@ -381,13 +413,13 @@ def test_injected_errors_up_to_the_bound_leave_the_ieee_selection_bit_for_bit(in
     for k, similarity, mask, scale in ((1, DOT, None, 1.0), (8, SCALED_DOT, short, 2.0 ** 12),
                                        (13, SCALED_DOT, additive, 2.0 ** 10), (8, DOT, None, 2.0 ** 16),
                                        (8, COSINE, short, 2.0 ** 6), (13, GAUSSIAN, additive, 2.0 ** 8)):
-        flagged, counts = assert_same_selection(queries, keys, k, similarity, None if mask is None else mask.to(DEVICE),
-                                                inject, scale)
+        flagged, counts, _ = assert_same_selection(queries, keys, k, similarity,
+                                                   None if mask is None else mask.to(DEVICE), inject, scale)
         assert not flagged.any()
         rescored.append(counts)
     wide_queries, wide_keys = dyadic((2, 70, 64), generator).to(DEVICE), dyadic((2, 150, 64), generator).to(DEVICE)
-    flagged, counts = assert_same_selection(wide_queries, wide_keys, 8, SCALED_DOT, short.to(DEVICE), inject,
-                                            2.0 ** 10)
+    flagged, counts, _ = assert_same_selection(wide_queries, wide_keys, 8, SCALED_DOT, short.to(DEVICE), inject,
+                                               2.0 ** 10)
     assert not flagged.any()
     # The gate cut (K = 1, the bound as it is): fewer than M re-scored in every row; the inflated bound
     # let more through (not those whose error was drawn at minus the bound).
@@ -399,11 +431,11 @@ def test_rows_without_whole_chunks_of_features_go_to_the_rerun():
     that do not start on 16-byte boundaries: the tensor-core kernel scores no tile and flags every row;
     the rerun gives the IEEE kernel's selection."""
     generator = torch.Generator().manual_seed(45)
-    flagged, _ = assert_same_selection(dyadic((1, 20, 6), generator).to(DEVICE),
+    flagged, _, _ = assert_same_selection(dyadic((1, 20, 6), generator).to(DEVICE),
                                        dyadic((1, 70, 6), generator).to(DEVICE), 4, DOT)
     assert flagged.all()
     shifted = dyadic((1, 20 * 32 + 1), generator).to(DEVICE)[:, 1:].view(1, 20, 32)
-    flagged, _ = assert_same_selection(shifted, dyadic((1, 70, 32), generator).to(DEVICE), 4, SCALED_DOT)
+    flagged, _, _ = assert_same_selection(shifted, dyadic((1, 70, 32), generator).to(DEVICE), 4, SCALED_DOT)
     assert flagged.all()
 
 
@@ -436,10 +468,10 @@ def test_ties_zeros_nan_inf_and_overflowing_norms_give_the_ieee_selection():
     clean_keys = keys.clone()
     clean_keys[0, 50, 2] = 0.0
     for k, similarity in ((4, DOT), (16, DOT), (4, COSINE), (4, GAUSSIAN)):
-        flagged, _ = assert_same_selection(queries, keys, k, similarity)
+        flagged, _, _ = assert_same_selection(queries, keys, k, similarity)
         assert flagged.all(), (k, similarity)  # a key with an infinite norm: its slice's rows all rerun
-        flagged, _ = assert_same_selection(queries, clean_keys, k, similarity, inject="earlier up",
-                                           bound_scale=2.0 ** 6)
+        flagged, _, _ = assert_same_selection(queries, clean_keys, k, similarity, inject="earlier up",
+                                              bound_scale=2.0 ** 6)
         assert flagged[0, 3] and flagged[0, 5] and flagged.sum() == 2, (k, similarity, flagged)
 
 
@@ -452,8 +484,36 @@ def test_a_bound_past_every_score_gap_flushes_every_tile_and_still_settles_every
     queries = dyadic((1, 20, 32), generator).to(DEVICE)
     keys = dyadic((1, 150, 32), generator).to(DEVICE)
     mask = (torch.rand(1, 20, 150, generator=generator) > 0.9).to(DEVICE)
-    flagged, rescored = assert_same_selection(queries, keys, 16, DOT, mask, inject="scattered", bound_scale=2.0 ** 20)
+    flagged, rescored, _ = assert_same_selection(queries, keys, 16, DOT, mask, inject="scattered",
+                                                 bound_scale=2.0 ** 20)
     assert not flagged.any() and (rescored >= 64).all(), rescored
+
+
+@pytest.mark.parametrize("similarity", [SCALED_DOT, GAUSSIAN])
+def test_tiles_a_bool_mask_hides_from_every_deciding_row_are_not_scored_and_the_selection_stays(similarity):
+    """A bool mask: a tile is scored only where some row of the block has a true entry in it and a
+    threshold above -inf (below, every valid candidate is queued whatever its score). Causal, N = M =
+    200 (four blocks of rows, four tiles, the last short): each block's first tile is queued unscored,
+    the tiles past its last row are not scored, so block b scores tiles 1 .. b; a padding mask (the
+    first 64 keys valid): no tile is scored; an all-true mask: every tile but the first. The causal
+    rows with fewer valid candidates than K (0 .. 6) re-score the first tile's 64 alone: once K are
+    ranked, a masked candidate (a -inf key of a higher index) cannot enter. The errors scattered up to
+    the bound (x 2^4): the IEEE kernel's selection every time."""
+    generator = torch.Generator().manual_seed(48)
+    queries = dyadic((1, 200, 32), generator).to(DEVICE)
+    keys = dyadic((1, 200, 32), generator).to(DEVICE)
+    causal = torch.ones(200, 200).tril().bool()
+    padding = torch.zeros(200, 200, dtype=torch.bool)
+    padding[:, :64] = True
+    block = torch.arange(200) // bounded_select.ROWS
+    for name, mask, want in (("causal", causal, block), ("padding", padding, torch.zeros(200, dtype=torch.long)),
+                             ("all true", torch.ones(200, 200, dtype=torch.bool), torch.full((200,), 3))):
+        flagged, rescored, tiles = assert_same_selection(queries, keys, 8, similarity, mask.to(DEVICE), "scattered",
+                                                         2.0 ** 4)
+        assert not flagged.any(), name
+        assert torch.equal(tiles[0].long(), want), (name, tiles[0])
+        if name == "causal":
+            assert (rescored[0, :7] == 64).all(), rescored[0, :7]
 
 
 def rescored_per_row(queries, keys, k, precisions):
@@ -464,9 +524,9 @@ def rescored_per_row(queries, keys, k, precisions):
     try:
         for precision in precisions:
             bounded_select.FLOAT32_PRECISION = precision
-            rescored = torch.zeros(queries.shape[0] * queries.shape[1], dtype=torch.int32, device=DEVICE)
+            rescored = torch.zeros(2, queries.shape[0] * queries.shape[1], dtype=torch.int32, device=DEVICE)
             assert not bounded(queries, keys, k, DOT, inject="scattered", rescored=rescored)[2].any()
-            counts[precision] = round(float(rescored.float().mean()), 1)
+            counts[precision] = round(float(rescored[0].float().mean()), 1)
     finally:
         bounded_select.FLOAT32_PRECISION = saved
     return counts
@@ -527,10 +587,11 @@ def generic_select(*args):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_generic_selection(monkeypatch, dtype):
     """CONVNN_SELECT_SCORES=tensor_cores: scaled_dot in index order (D = 32: rows of whole chunks),
-    K = 8, without a mask and with a bool mask, launches the keys' norms, the tensor-core kernel and its
-    rerun (the keys the C++ launcher names, as specialisations.py lists them) and gives the generic
-    path's indices and scores; float32 with a mask at K = 12 (FLOAT32_MASK_SLOTS), l1 and D = 6 take
-    the IEEE kernel. "auto" (the default) takes the IEEE kernel; any other value is refused, naming it."""
+    K = 8, without a mask and with a bool mask, launches the keys' norms (and the mask's words), the
+    tensor-core kernel and its rerun (the keys the C++ launcher names, as specialisations.py lists
+    them) and gives the generic path's indices and scores; so does a bool mask at K = 12; float32 with
+    an additive mask at K = 12 (FLOAT32_MASK_SLOTS), l1 and D = 6 take the IEEE kernel. "auto" (the
+    default) takes the IEEE kernel; any other value is refused, naming it."""
     generator = torch.Generator().manual_seed(45)
     queries = dyadic((2, 70, 32), generator).to(DEVICE, dtype)
     keys = dyadic((2, 150, 32), generator).to(DEVICE, dtype)
@@ -541,11 +602,17 @@ def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_gen
         got, launched = cuda_select(queries, keys, 8, "scaled_dot", call_mask, True)
         want = generic_select(queries, keys, 8, "scaled_dot", call_mask, True)
         assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
-        # The last three (the first call's check launches its own before them).
-        assert launched[-3:] == [f"key norms{suffix}", f"bounded select scaled_dot K<=8 {mask_name}{suffix}",
-                                 f"rerun select scaled_dot K<=8 {mask_name}{suffix}"], launched
+        # The last ones (the first call's check launches its own before them).
+        words = ["mask bits"] if call_mask is not None else []
+        assert launched[-3 - len(words):] == [f"key norms{suffix}", *words,
+                                              f"bounded select scaled_dot K<=8 {mask_name}{suffix}",
+                                              f"rerun select scaled_dot K<=8 {mask_name}{suffix}"], launched
     got, launched = cuda_select(queries, keys, 12, "scaled_dot", mask, True)
     assert torch.equal(got[1], generic_select(queries, keys, 12, "scaled_dot", mask, True)[1])
+    assert f"bounded select scaled_dot K<=16 bool mask{suffix}" in launched, launched
+    additive = torch.where(mask, 0.0, float("-inf")).to(dtype)
+    got, launched = cuda_select(queries, keys, 12, "scaled_dot", additive, True)
+    assert torch.equal(got[1], generic_select(queries, keys, 12, "scaled_dot", additive, True)[1])
     assert any("bounded" in key for key in launched) == (dtype != torch.float32), launched
     _, launched = cuda_select(queries, keys, 8, "l1", mask, True)
     assert not any("bounded" in key for key in launched) and f"select l1 K<=8 bool mask{suffix}" in launched
@@ -578,6 +645,95 @@ def test_cosine_and_gaussian_on_tensor_cores_give_the_ieee_kernels_outputs_throu
         assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (dtype, mask is None)
 
 
+class _OpsOnCuda(TorchDispatchMode):
+    """Runs convnn's ops that have a CUDA kernel by it wherever they are called (knn_attention's CUDA
+    kernel and its autograd call the others through the dispatcher, which would pick the CPU kernels of
+    the test's CPU tensors), and records their names."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name.startswith("convnn::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"):
+            self.calls.append(name)
+            with self:  # the mode is off inside its handler: on again for the kernel's own calls
+                return func._op_dk(torch._C.DispatchKey.CUDA, *args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def cuda_attention(*args):
+    """knn_attention's CUDA kernel, the ops it calls on their CUDA kernels (_OpsOnCuda): (outputs, the
+    ops it called, the kernels launched, the path log)."""
+    import convnn
+    from convnn._triton import register
+
+    register.recording = []
+    mode = _OpsOnCuda()
+    try:
+        with convnn.cuda_paths() as paths, mode:
+            result = torch.ops.convnn.knn_attention.default._op_dk(torch._C.DispatchKey.CUDA, *args)
+        launched = list(register.recording)
+    finally:
+        register.recording = None
+    return result, mode.calls, launched, list(paths)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_knn_attention_composes_the_tensor_core_select_and_keeps_the_fused_forwards_selection(monkeypatch, dtype):
+    """CONVNN_SELECT_SCORES=tensor_cores: knn_attention's CUDA kernel declines the fused forward (its
+    running top-K scores every pair in IEEE float32; the path log says why) and composes knn_select on
+    tensor cores, rho and knn_aggregate: the fused forward's indices and scores
+    (CONVNN_SELECT_SCORES=ieee) bit for bit, its weights and output to the rounding of Triton's exp
+    against ATen's (as the fused kernel's tests hold it to the generic path), with and without a bool
+    mask, in both slot orders. A call the tensor-core kernel does not take (l1; D = 6, not whole
+    chunks) keeps the fused forward."""
+    generator = torch.Generator().manual_seed(47)
+    queries = dyadic((2, 70, 32), generator).to(DEVICE, dtype)
+    keys = dyadic((2, 150, 32), generator).to(DEVICE, dtype)
+    values = torch.randn(2, 150, 8, generator=generator).to(DEVICE, dtype)
+    kernel = torch.randn(8, 8, generator=generator).to(DEVICE, dtype)
+    mask = (torch.rand(70, 150, generator=generator) > 0.3).to(DEVICE)
+    suffix = "" if dtype == torch.float32 else " bfloat16 inputs"
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for call_mask, mask_name, index_order in ((None, "no mask", False), (mask, "bool mask", True)):
+        args = (queries, keys, values, kernel, None, 8, "scaled_dot", call_mask, index_order, "softmax", 0.5)
+        monkeypatch.setenv("CONVNN_SELECT_SCORES", "ieee")
+        want, calls, launched, _ = cuda_attention(*args)
+        assert calls == ["convnn::knn_attention_device_fused"], calls
+        assert launched[-1] == f"attention scaled_dot K<=8 {mask_name}{suffix}", launched
+        monkeypatch.setenv("CONVNN_SELECT_SCORES", "tensor_cores")
+        got, calls, launched, paths = cuda_attention(*args)
+        assert calls == ["convnn::knn_attention_device_fused", "convnn::knn_select", "convnn::knn_aggregate"], calls
+        assert f"bounded select scaled_dot K<=8 {mask_name}{suffix}" in launched, launched
+        assert not any(key.startswith("attention ") for key in launched), launched
+        assert any(path.startswith("knn_attention: ATen path: knn_select scores this call on tensor cores")
+                   for path in paths), paths
+        assert torch.equal(got[2], want[2]) and torch.equal(got[1], want[1]), mask_name
+        for name, a, b in (("output", got[0], want[0]), ("weights", got[3], want[3])):
+            assert a.dtype == b.dtype == dtype, name
+            torch.testing.assert_close(a.double(), b.double(), rtol=tolerance, atol=tolerance,
+                                       msg=lambda m: f"{mask_name}: {name}: {m}")
+    for call_queries, call_keys, similarity in ((queries, keys, "l1"), (queries[..., :6], keys[..., :6], "dot")):
+        args = (call_queries, call_keys, values, kernel, None, 8, similarity, None, False, "softmax", 0.5)
+        _, calls, launched, _ = cuda_attention(*args)
+        assert calls == ["convnn::knn_attention_device_fused"] and not any("bounded" in key for key in launched), \
+            (similarity, calls, launched)
+
+
+def gpu_bench_module():
+    """scripts/gpu_bench.py, imported."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts/gpu_bench.py"
+    spec = importlib.util.spec_from_file_location("gpu_bench_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def test_gpu_bench_runs_its_tensor_core_comparison(monkeypatch):
     """scripts/gpu_bench.py --tensor-cores, a row per kind of features at a size the interpreter
     runs (its timer replaced: CUDA events need a GPU), scaled_dot on each kind and cosine and gaussian
@@ -586,13 +742,7 @@ def test_gpu_bench_runs_its_tensor_core_comparison(monkeypatch):
     candidates re-scored per row (at least K, at most M), and the two scorings' equal outputs
     (on Gaussian features the interpreter's IEEE kernel sums by numpy's matmul, which the re-rank's
     FMA chain may round apart from: equal scores there on a GPU, close here)."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[2] / "scripts/gpu_bench.py"
-    spec = importlib.util.spec_from_file_location("gpu_bench_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = gpu_bench_module()
     for kind, similarity in (("gaussian", "scaled_dot"), ("clustered", "scaled_dot"), ("duplicated", "scaled_dot"),
                              ("gaussian", "cosine"), ("gaussian", "gaussian")):
         row = bench.select_scores_row(kind, 2, 96, 16, 8, torch.float32, DEVICE, timer=lambda fn: (fn(), 0.0),
@@ -600,4 +750,24 @@ def test_gpu_bench_runs_its_tensor_core_comparison(monkeypatch):
         assert row["indices_equal"] and (row["scores_equal"] or INTERPRETED), row
         assert row["scores_max_difference"] <= 1e-5 * 8, row
         assert row["rows_left_to_the_rerun"] == 0 and 8 <= row["rescored_per_row"] <= 96, row
+    assert "CONVNN_SELECT_SCORES" not in os.environ
+
+
+def test_gpu_bench_runs_its_training_comparison():
+    """scripts/gpu_bench.py --training at a size the interpreter runs (2 heads of 96 tokens, D 16, K 8;
+    its timer replaced), knn_attention's CUDA kernels and their autograd through _OpsOnCuda: causal
+    and not, the forward and backward launch (the tensor-core select, the aggregation, the two-kernel
+    backward), and the indices equal the IEEE kernel's, the scores too (here to the last bits: the
+    interpreter's IEEE kernel sums by numpy's matmul, test_gpu_bench_runs_its_tensor_core_comparison)."""
+    bench = gpu_bench_module()
+    for causal in (False, True):
+        mode = _OpsOnCuda()
+        with mode:
+            row = bench.training_row(96, causal, torch.float32, DEVICE, heads=2, d=16,
+                                     timer=lambda fn: (fn(), 0.0))
+        assert row["indices_equal"] and (row["scores_equal"] or INTERPRETED), row
+        assert row["scores_max_difference"] <= 1e-5 * 8, row
+        assert {"convnn::knn_select", "convnn::knn_aggregate", "convnn::knn_attention_backward_device_fused"} <= \
+            set(mode.calls), mode.calls
+        assert set(row) >= {"forward_ms", "fb_ms", "ieee_forward_ms", "sdpa_forward_ms", "sdpa_fb_ms"}, row
     assert "CONVNN_SELECT_SCORES" not in os.environ

@@ -61,10 +61,11 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   // dtype), 9 x 3 of its two-kernel backward (the row kernel for dot and scaled_dot at each width,
   // the column kernel; per dtype), knn_select on tensor cores and its rerun (dot, scaled_dot, cosine and
   // gaussian x the 2 widths up to its max_slots x 3 mask kinds per half-precision dtype, and for float32
-  // inputs no mask at both widths and the 2 mask kinds at the narrower: 64 each), and its keys' norms
-  // kernel per input dtype.
+  // inputs no mask and a bool mask at both widths and an additive mask at the narrower: 68 each), its
+  // keys' norms kernel per input dtype and its bool masks' bits kernel.
   EXPECT_EQ(keys.size(),
-            30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u + 2u * (4u * (2u * 3u * 2u + 2u + 2u)) + 3u);
+            30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u + 2u * (4u * (2u * 3u * 2u + 2u + 2u + 1u)) + 3u +
+                1u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
@@ -76,19 +77,19 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
                                  key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
       const bool tensor_cores = key.rfind("bounded select ", 0) == 0;
       const bool half_inputs = key.find(" inputs") != std::string::npos;  // float32 kernels' keys name no dtype
-      const bool masked = key.find(" no mask") == std::string::npos;
+      const bool additive_mask = key.find(" additive mask") != std::string::npos;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
       // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
       // are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
       // kernel at the widest running top-K (two lanes per row: attention_backward.compile_options);
       // the shared set takes 8 warps, and so does the tensor-core select but for half-precision inputs
-      // without a mask (a warpgroup: bounded_select.compile_options).
+      // without an additive mask (a warpgroup: bounded_select.compile_options).
       const auto at_width = key.find("K<=");
       const auto width = at_width == std::string::npos ? int64_t{0} : std::stoll(key.substr(at_width + 3));
       const bool widest_rows = two_kernel_backward && width == triton::kSelectBlocks.max_slots;
       const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
-                            : tensor_cores ? (half_inputs && !masked ? 4 : 8)
+                            : tensor_cores ? (half_inputs && !additive_mask ? 4 : 8)
                             : running_top_k ? 8
                             : widest_rows         ? 2 * triton::kAttentionBackwardBlocks.row_rows / 32
                             : two_kernel_backward ? triton::kAttentionBackwardBlocks.row_rows / 32
@@ -300,10 +301,10 @@ TEST(TritonAot, EverySelectLaunchPassesTheParametersTheCompiledKernelDeclares) {
 
 TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernelsDeclare) {
   // knn_select on tensor cores (issue 41), each similarity it serves: the keys' norms, the tensor-core
-  // kernel on a persistent grid, then the IEEE kernel's rerun of the rows it leaves, over the same
-  // outputs; where no tensor-core kernel was compiled (K above its max_slots, float32 inputs with a
-  // mask above float32_mask_slots) or the rows are not whole chunks of its features (D = 5), the IEEE
-  // kernel alone.
+  // kernel on a persistent grid (after a bool mask's words), then the IEEE kernel's rerun of the rows
+  // it leaves, over the same outputs; where no tensor-core kernel was compiled (K above its max_slots,
+  // float32 inputs with an additive mask above float32_mask_slots) or the rows are not whole chunks
+  // of its features (D = 5), the IEEE kernel alone.
   const int64_t g = 3, n = 45, m = 70;
   for (const int64_t d : {triton::kBoundedSelectBlocks.features, int64_t{5}}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
@@ -319,7 +320,7 @@ TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernels
                                                                   recorder.runner(), triton::SelectScores::TensorCores);
             const bool served = d % triton::kBoundedSelectBlocks.features == 0 &&
                                 k <= triton::kBoundedSelectBlocks.max_slots &&
-                                (dtype != torch::kFloat || !mask.defined() ||
+                                (dtype != torch::kFloat || !mask.defined() || mask.scalar_type() == torch::kBool ||
                                  triton::top_k_slots(k) <= triton::kBoundedSelectBlocks.float32_mask_slots);
             EXPECT_EQ(scores.scalar_type(), dtype);
             EXPECT_EQ(indices.sizes(), (std::vector<int64_t>{g, n, k}));
@@ -328,16 +329,25 @@ TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernels
               EXPECT_EQ(recorder.launches[0].key.rfind("select ", 0), 0u) << recorder.launches[0].key;
               continue;
             }
-            ASSERT_EQ(recorder.launches.size(), 3u) << d << " " << k;
+            // A bool mask's words before the tensor-core kernel (the shared [N,M] mask's N rows).
+            const size_t words = mask.defined() && mask.scalar_type() == torch::kBool ? 1 : 0;
+            ASSERT_EQ(recorder.launches.size(), 3u + words) << d << " " << k;
             EXPECT_EQ(recorder.launches[0].key.rfind("key norms", 0), 0u) << recorder.launches[0].key;
-            EXPECT_EQ(recorder.launches[1].key.rfind("bounded select ", 0), 0u) << recorder.launches[1].key;
-            EXPECT_EQ(recorder.launches[2].key.rfind("rerun select ", 0), 0u) << recorder.launches[2].key;
+            if (words != 0) {
+              EXPECT_EQ(recorder.launches[1].key, "mask bits");
+              EXPECT_EQ(recorder.launches[1].grid.x, cdiv(n, triton::kBoundedSelectBlocks.mask_bits_rows));
+              EXPECT_EQ(recorder.launches[1].grid.y, cdiv(m, triton::kBoundedSelectBlocks.candidates));
+            }
+            const auto& bounded = recorder.launches[1 + words];
+            const auto& rerun = recorder.launches[2 + words];
+            EXPECT_EQ(bounded.key.rfind("bounded select ", 0), 0u) << bounded.key;
+            EXPECT_EQ(rerun.key.rfind("rerun select ", 0), 0u) << rerun.key;
             EXPECT_EQ(recorder.launches[0].grid.x, cdiv(m, triton::kBoundedSelectBlocks.key_norm_rows));
             EXPECT_EQ(recorder.launches[0].grid.y, g);
-            EXPECT_EQ(recorder.launches[1].grid.x, cdiv(n, triton::kBoundedSelectBlocks.rows) * g);
-            EXPECT_EQ(recorder.launches[1].grid.y, 1);
-            EXPECT_EQ(recorder.launches[2].grid.x, cdiv(n, triton::top_k_rows(k)));
-            EXPECT_EQ(recorder.launches[2].grid.y, g);
+            EXPECT_EQ(bounded.grid.x, cdiv(n, triton::kBoundedSelectBlocks.rows) * g);
+            EXPECT_EQ(bounded.grid.y, 1);
+            EXPECT_EQ(rerun.grid.x, cdiv(n, triton::top_k_rows(k)));
+            EXPECT_EQ(rerun.grid.y, g);
           }
         }
       }
@@ -371,6 +381,32 @@ TEST(TritonAot, TensorCoresScoreTheSimilaritiesTheyServeWhereAskedAndTheIeeeKern
               std::string::npos);
   }
   ::unsetenv("CONVNN_SELECT_SCORES");
+}
+
+TEST(TritonAot, SelectOnTensorCoresNamesTheCallsTheTensorCoreKernelTakesWhereAsked) {
+  // What the fused knn_attention forward declines (the forward then composes this select).
+  const auto queries = at::randn({2, 70, 32}), keys = at::randn({2, 150, 32});
+  const auto half_queries = queries.to(at::kBFloat16), half_keys = keys.to(at::kBFloat16);
+  const auto bool_mask = at::rand({70, 150}) > 0.5;
+  const auto additive_mask = at::zeros({70, 150});
+  const auto dot = convnn::Similarity::Dot;
+  ::setenv("CONVNN_SELECT_SCORES", "tensor_cores", 1);
+  EXPECT_TRUE(triton::select_on_tensor_cores(queries, keys, 8, dot, {}));
+  EXPECT_TRUE(triton::select_on_tensor_cores(half_queries, half_keys, 12, dot, bool_mask));
+  EXPECT_TRUE(triton::select_on_tensor_cores(queries.view({1, 2, 70, 32}), keys.view({1, 2, 150, 32}), 8,
+                                             convnn::Similarity::Gaussian, {}))
+      << "[B,H,N,D] heads";
+  EXPECT_TRUE(triton::select_on_tensor_cores(queries, keys, 16, dot, bool_mask)) << "float32, a bool mask";
+  EXPECT_FALSE(triton::select_on_tensor_cores(queries, keys, 12, dot, additive_mask))
+      << "float32 with an additive mask above float32_mask_slots";
+  EXPECT_FALSE(triton::select_on_tensor_cores(queries, keys, 17, dot, {})) << "K above max_slots";
+  EXPECT_FALSE(triton::select_on_tensor_cores(queries, keys, 8, convnn::Similarity::L1, {})) << "not served";
+  EXPECT_FALSE(triton::select_on_tensor_cores(queries.narrow(2, 0, 6), keys.narrow(2, 0, 6), 8, dot, {}))
+      << "rows that are not whole chunks";
+  ::setenv("CONVNN_SELECT_SCORES", "ieee", 1);
+  EXPECT_FALSE(triton::select_on_tensor_cores(queries, keys, 8, dot, {}));
+  ::unsetenv("CONVNN_SELECT_SCORES");
+  EXPECT_FALSE(triton::select_on_tensor_cores(queries, keys, 8, dot, {})) << "not by default";
 }
 
 TEST(TritonAot, SelectInIndexOrderSortsTheKernelsSlotsByIndexAndKeepsTheirScores) {

@@ -12,7 +12,9 @@ and states the accumulation model it assumes). Per query row, over [ROWS, CANDID
    the candidates re-scored so far (-inf before K of them). Which candidates pass comes as a 64-bit
    word per row from a second, small tensor-core product (_passing_words: no scan, no exchange of the
    tile between threads); their indices are appended to the row's queue in global memory
-   (_appended, a round per candidate of the tile's busiest row).
+   (_appended, a round per candidate of the tile's busiest row). With a bool mask, a tile where no
+   row of the block has both a true entry and a threshold above -inf is not scored (a causal mask's
+   tiles past the block's last row): below -inf every valid candidate passes whatever its score.
 2. The flush, after a tile that leaves a row's queue unable to take another whole tile (more than
    QUEUE - CANDIDATES queued) and after the last tile: the queued candidates
    re-scored exactly, in the IEEE kernel's order of operations (a float32 FMA chain over the features
@@ -21,28 +23,30 @@ and states the accumulation model it assumes). Per query row, over [ROWS, CANDID
    K-th key.
 3. Exactness: a candidate that was not queued had an upper bound below the threshold of its time,
    which was the K-th exact key of some K candidates, so at most the row's K-th exact key: its own
-   exact key is strictly below the K-th, so it is not among the K best, ties included. Every other
-   candidate was re-scored and ranked exactly. So every row is settled, however many candidates the
-   bounds cannot tell apart (duplicates, integer grids cost flushes, not exactness), except rows whose
-   scores could be NaN or +inf or whose bounds could overflow (a query norm, or a key norm of the
-   slice, NaN, infinite or above NORM_CEILING; a NaN or +inf additive mask entry) and rows of calls
-   whose rows are not whole chunks of FEATURES on 16-byte boundaries: their flag in `redo` is set,
-   and the rerun kernel, select.py's IEEE kernel on the flagged rows alone, writes them. No read back
-   to the host: the launches (the keys' norms, this kernel, the rerun) are graph-capturable.
+   exact key is strictly below the K-th, so it is not among the K best, ties included; a candidate
+   whose key is -inf (masked) that was not queued came when K candidates of lower indices were
+   ranked, each of which wins a tie with it. Every other candidate was re-scored and ranked exactly.
+   So every row is settled, however many candidates the bounds cannot tell apart (duplicates,
+   integer grids cost flushes, not exactness), except rows whose scores could be NaN or +inf or
+   whose bounds could overflow (a query norm, or a key norm of the slice, NaN, infinite or above
+   NORM_CEILING; a NaN or +inf additive mask entry) and rows of calls whose rows are not whole chunks
+   of FEATURES on 16-byte boundaries: their flag in `redo` is set, and the rerun kernel, select.py's
+   IEEE kernel on the flagged rows alone, writes them. No read back to the host: the launches (the
+   keys' norms, a bool mask's words, this kernel, the rerun) are graph-capturable.
 
 Under Triton's interpreter tl.dot ignores input_precision. INJECT (a test mode, never compiled for a
 launch) scores in IEEE float32 instead (the IEEE kernel's products, on a GPU too) and adds to each
 score an error of up to the bound, of either sign, placed adversarially; bound_scale inflates the
 bound (an inflated bound is still a bound): the selection must equal the IEEE kernel's whatever the
 errors (python/tests/test_bounded_select.py). STATS (tests, scripts/gpu_bench.py) writes the
-candidates each row re-scored.
+candidates each row re-scored and the tiles its block scored.
 
 dot, scaled_dot, cosine and gaussian (SIMILARITIES): the bound is on the dot product; cosine's key
 is monotone in it (times the rows' positive inverse norms), and gaussian's is bounded through
 |q|^2 + |k|^2 - 2 q.k (gaussian_bound; tight where the points lie near the origin against their
 distances: far from it, more candidates pass and are re-scored, the results as exact). chebyshev
-and l1 stay on select.py's kernel, and so do widths above MAX_SLOTS and float32 inputs with a mask
-above FLOAT32_MASK_SLOTS (compile_options).
+and l1 stay on select.py's kernel, and so do widths above MAX_SLOTS and float32 inputs with an
+additive mask above FLOAT32_MASK_SLOTS (compile_options).
 """
 import triton
 import triton.language as tl
@@ -74,6 +78,8 @@ QUEUE = FLUSH_AT + CANDIDATES
 FLUSH = 8
 # Key rows per program of _key_norms_kernel.
 KEY_NORM_ROWS = 128
+# Mask rows per program of _mask_bits_kernel.
+MASK_BITS_ROWS = 32
 # The persistent grid's most programs (the launcher's: fewer where there are fewer blocks of rows):
 # its queues' scratch is PROGRAMS x ROWS x QUEUE int32, 24 MiB, whatever the call's size; an H100
 # holds 264 such programs at once (two per SM at 255 registers).
@@ -81,22 +87,24 @@ PROGRAMS = 1024
 # The widest top-K this kernel holds (larger K stays on the IEEE kernel): at 32 and 64 slots ptxas
 # spilled 16-770 bytes (sm_80, sm_90) with 4 warps or 8.
 MAX_SLOTS = 16
-# The widest top-K of float32 inputs with a mask (compile_options): at 16 slots ptxas spilled 8-56
-# bytes (8 warps, sm_80 and sm_90, most similarities and mask kinds); at 8, none, since the keys'
-# inverse norms come from _key_norms_kernel.
+# The widest top-K of float32 inputs with an additive mask (compile_options): at 16 slots ptxas
+# spilled 8-56 bytes (8 warps, sm_80 and sm_90, most similarities, either mask kind while a bool mask
+# was read as bytes); at 8, none, since the keys' inverse norms come from _key_norms_kernel. A bool
+# mask, read as words (_mask_bits_kernel), fits 16 (246-255 registers, no spill).
 FLOAT32_MASK_SLOTS = 8
 
 
 def compile_options(slots, mask_kind, dtype):
     """The launch options of the kernel at this width, mask kind and input dtype, or None where the
-    IEEE kernel keeps the call. ptxas (maxnreg 255): half precision without a mask fits 4 warps (a
-    warpgroup, the fewest instructions per score: 8 warps issue nearly twice as many per tile, the
-    row reductions and barriers shared by fewer scores); with a mask, or float32 inputs, 4 warps
-    spilled 8-1116 bytes and 8 do not; float32 with a mask above FLOAT32_MASK_SLOTS spilled even with
-    8 (so it stays on the IEEE kernel), as every width above MAX_SLOTS."""
-    if slots > MAX_SLOTS or (dtype == "float32" and mask_kind != 0 and slots > FLOAT32_MASK_SLOTS):
+    IEEE kernel keeps the call. ptxas (maxnreg 255): half precision without a mask or with a bool one
+    (read as words) fits 4 warps (a warpgroup, the fewest instructions per score: 8 warps issue nearly
+    twice as many per tile, the row reductions and barriers shared by fewer scores; a bool mask read
+    as bytes spilled at 4); with an additive mask, or float32 inputs, 4 warps spilled 8-1116 bytes
+    and 8 do not; float32 with an additive mask above FLOAT32_MASK_SLOTS spilled even with 8 (so it
+    stays on the IEEE kernel), as every width above MAX_SLOTS."""
+    if slots > MAX_SLOTS or (dtype == "float32" and mask_kind == 2 and slots > FLOAT32_MASK_SLOTS):
         return None
-    return {"num_warps": 4 if (dtype != "float32" and mask_kind == 0) else 8, "maxnreg": 255}
+    return {"num_warps": 4 if (dtype != "float32" and mask_kind != 2) else 8, "maxnreg": 255}
 
 
 # The C++ launcher (src/ops/cuda/triton/select_launches.cpp) takes this kernel only where asked
@@ -398,11 +406,12 @@ def _ascending_to(x, WIDTH: tl.constexpr):
 @triton.jit
 def _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, row_ok, q_factors, m, d, k,
              q_stride, k_stride, similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
-             ROWS: tl.constexpr, SLOTS: tl.constexpr, FLUSH: tl.constexpr):
+             ROWS: tl.constexpr, SLOTS: tl.constexpr, FLUSH: tl.constexpr, CANDIDATES: tl.constexpr):
     """The queued candidates (fill [ROWS] of each row's queue) re-scored exactly and merged into the
     row's exact top (SLOTS packed keys, descending), FLUSH a time. Returns (top, unrankable, the K-th
-    exact key [ROWS] float32). The queue is written and read by different threads: a barrier before
-    (the appends done) and after (the reads done before the next appends)."""
+    exact key [ROWS] float32, whether the top still has an empty slot [ROWS]: fewer than K candidates
+    ranked). The queue is written and read by different threads: a barrier before (the appends done)
+    and after (the reads done before the next appends)."""
     tl.debug_barrier()
     first = 0
     fullest = tl.max(fill, 0)
@@ -410,31 +419,64 @@ def _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankab
         slot = first + tl.arange(0, FLUSH)
         queued = row_ok[:, None] & (slot[None, :] < fill[:, None])
         held = tl.load(queue_rows + slot[None, :], mask=queued, other=0)
-        exact = select._masked(_exact_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, q_factors, held, queued, m, d,
-                                           q_stride, k_stride, similarity_constant, SIMILARITY, ROWS, FLUSH),
-                               mask_rows + held, queued, MASK)
+        exact = _masked_by_bits(_exact_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, q_factors, held, queued, m, d,
+                                            q_stride, k_stride, similarity_constant, SIMILARITY, ROWS, FLUSH),
+                                mask_rows, held, queued, MASK, CANDIDATES)
         unrankable |= tl.max(select._unrankable(exact, queued), 1)
         incoming = bitonic.largest(tl.where(queued, select._packed(exact, held), select.LEAST_KEY), FLUSH, 0)
         top = bitonic.sorted_bitonic(tl.maximum(top, _ascending_to(incoming, SLOTS)), 1)
         first += FLUSH
     tl.debug_barrier()
     in_k = tl.arange(0, SLOTS)[None, :] < k
-    kth_key, _ = select._unpacked(tl.min(tl.where(in_k, top, select.GREATEST_KEY), 1))
-    return top, unrankable, kth_key
+    kth_key, kth_index = select._unpacked(tl.min(tl.where(in_k, top, select.GREATEST_KEY), 1))
+    return top, unrankable, kth_key, kth_index > m  # an empty slot's index is above M
 
 
 @triton.jit
-def _bool_masked(bits, mask_rows, first, m, live, threshold, CANDIDATES: tl.constexpr):
-    """(bits, count) of the candidates that pass with a bool mask, from those whose bounds pass (bits):
-    a false entry makes the key -inf, which passes only while the row's threshold is -inf (then every
-    valid candidate passes, masked or not); the mask tile's bits from the same product as the gate's."""
-    cand = first + tl.arange(0, CANDIDATES)
-    mask_bits, _ = _passing_words(tl.load(mask_rows + cand[None, :], mask=live[:, None] & (cand < m)[None, :],
-                                          other=0) != 0, CANDIDATES)
+def _mask_bits_kernel(mask_ptr, bits_ptr, rows, m, words, ROWS: tl.constexpr, CANDIDATES: tl.constexpr):
+    # A bool mask of `rows` contiguous rows of M entries (a slice's [N, M], or all slices') as int64
+    # words [rows, words]: bit c of word w set where the row holds candidate w * CANDIDATES + c (the
+    # bits past M clear). The tensor-core kernel reads a row's tile of the mask as one word: 8 bytes
+    # per row, tile and head where the bool mask is 64, and no conversion of its entries.
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cand = tl.program_id(1) * CANDIDATES + tl.arange(0, CANDIDATES)
+    held = tl.load(mask_ptr + row[:, None] * m + cand[None, :], mask=(row < rows)[:, None] & (cand < m)[None, :],
+                   other=0) != 0
+    bit = tl.full([1, CANDIDATES], 1, tl.int64) << tl.arange(0, CANDIDATES).to(tl.int64)[None, :]
+    tl.store(bits_ptr + row * words + tl.program_id(1), tl.sum(tl.where(held, bit, 0), 1), mask=row < rows)
+
+
+@triton.jit
+def _mask_words(mask_rows, first, live, CANDIDATES: tl.constexpr):
+    """[ROWS] int64: bit c set where a live row's bool mask holds candidate first + c (the rows' words
+    at mask_rows, _mask_bits_kernel's: bits past M clear)."""
+    return tl.sum(tl.load(mask_rows + first // CANDIDATES, mask=live[:, None], other=0), 1)
+
+
+@triton.jit
+def _masked_by_bits(keys, mask_rows, held, valid, MASK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """select._masked for the candidates `held` [ROWS, W]: a bool mask read from the rows' words at
+    mask_rows (_mask_bits_kernel's), an additive one from its entries at mask_rows + held."""
+    if MASK == 1:
+        word = tl.load(mask_rows + held // CANDIDATES, mask=valid, other=0)
+        keys = tl.where(((word >> (held % CANDIDATES).to(tl.int64)) & 1) != 0, keys, float("-inf"))
+    else:
+        keys = select._masked(keys, mask_rows + held, valid, MASK)
+    return keys
+
+
+@triton.jit
+def _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES: tl.constexpr):
+    """(bits, count) of the candidates that pass with a bool mask (mask_bits: _mask_words), from those
+    whose bounds pass (bits): a false entry makes the key -inf, which enters the row's top only while
+    the top has an empty slot (top_open: then every valid candidate passes, whatever its score; once K
+    candidates are ranked, a -inf key of a later, higher index loses the tie to each of them); a true
+    entry passes by its bound, and whatever its score while the threshold is -inf."""
     # The tile's candidates below M, as bits: all, or the first m - first.
     remaining = (m - first).to(tl.int64)
-    valid = tl.where(remaining >= CANDIDATES, -1, (tl.full([], 1, tl.int64) << tl.minimum(remaining, 63)) - 1)
-    bits = tl.where(threshold == float("-inf"), tl.where(live, valid, 0), bits & mask_bits)
+    valid = tl.where(live, tl.where(remaining >= CANDIDATES, -1,
+                                    (tl.full([], 1, tl.int64) << tl.minimum(remaining, 63)) - 1), 0)
+    bits = tl.where(top_open, valid, tl.where(threshold == float("-inf"), valid & mask_bits, bits & mask_bits))
     return bits, _popcount(bits)
 
 
@@ -502,7 +544,7 @@ def _row_terms(q_norms, q_squares, live, d, bound_scale, PRECISION: tl.constexpr
 
 @triton.jit
 def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr, queue_row_ptrs,
-                  g, block, n, m, d, k, mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads,
+                  g, block, slices, n, m, d, k, mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads,
                   q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                   SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr, FEATURES: tl.constexpr,
@@ -512,7 +554,11 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     row_ok = rows < n
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
     k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
-    mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m  # unread without a mask
+    # The rows of the mask (unread without one): a bool mask's words (_mask_bits_kernel), an additive one's entries.
+    mask_row_stride = m
+    if MASK == 1:
+        mask_row_stride = tl.cdiv(m, CANDIDATES)
+    mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * mask_row_stride
     q_norms, q_squares = _row_norms(q_ptr, rows, row_ok, d, q_row_stride, ROWS, FEATURES)
     q_factors = q_squares  # unread but by cosine: its inverse norms of the rows, as select._row_factors's
     if SIMILARITY == COSINE:
@@ -538,25 +584,43 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                          m + 1 + slots[None, :] + tl.zeros([ROWS, SLOTS], tl.int32))
     kth_key = tl.full([ROWS], float("-inf"), tl.float32)
     threshold = kth_key  # what the gate compares with: the K-th key, or its _dot_threshold
+    top_open = kth_key == kth_key  # the top has an empty slot: a -inf key (a masked candidate) can enter
     fill = tl.zeros([ROWS], dtype=tl.int32)
     rescored = tl.zeros([ROWS], dtype=tl.int32)  # candidates re-scored exactly (STATS)
+    scored = 0  # tiles scored (STATS)
     first = 0
     while first < tl.where(whole_chunks, m, 0):
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
-        upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride, k_row_stride,
-                            q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
-                            SIMILARITY, FEATURES, PRECISION, INJECT)
-        if MASK == 2:
-            both_ok = live[:, None] & cand_ok[None, :]
-            gate = select._masked(select.scaled_by_root(upper, similarity_constant, SIMILARITY),
-                                  mask_rows + cand[None, :], both_ok, MASK)
-            unrankable |= tl.max(select._unrankable(gate, both_ok), 1)  # a NaN or +inf mask entry
-            bits, count = _passing_words(gate >= threshold[:, None], CANDIDATES)
+        if MASK == 1:
+            # A row's bounds decide only where the mask holds a candidate and the row's threshold is above
+            # -inf (_bool_masked): a tile where no row's do is not scored (a causal mask's tiles past the
+            # block's last row, a padding mask's padded keys), which appends what scoring it would.
+            mask_bits = _mask_words(mask_rows, first, live, CANDIDATES)
+            deciding = tl.max(((mask_bits != 0) & (threshold > float("-inf"))).to(tl.int32), 0)
+            bits = tl.zeros([ROWS], tl.int64)
+            if deciding != 0:
+                upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
+                                    k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
+                                    half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT)
+                bits, _ = _passing_words(upper >= threshold[:, None], CANDIDATES)
+                scored += 1
+            bits, count = _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
         else:
-            bits, count = _passing_words(upper >= threshold[:, None], CANDIDATES)
-            if MASK == 1:
-                bits, count = _bool_masked(bits, mask_rows, first, m, live, threshold, CANDIDATES)
+            upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
+                                k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+                                similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT)
+            scored += 1
+            if MASK == 2:
+                both_ok = live[:, None] & cand_ok[None, :]
+                gate = select._masked(select.scaled_by_root(upper, similarity_constant, SIMILARITY),
+                                      mask_rows + cand[None, :], both_ok, MASK)
+                unrankable |= tl.max(select._unrankable(gate, both_ok), 1)  # a NaN or +inf mask entry
+                # A -inf key (a -inf mask entry) enters only while the top has an empty slot (_bool_masked).
+                bits, count = _passing_words((gate >= threshold[:, None])
+                                             & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
+            else:
+                bits, count = _passing_words(upper >= threshold[:, None], CANDIDATES)
         # The fullest queue after the tile and the tile's busiest row, from one reduction.
         fullest, busiest = tl.split(tl.max(tl.join(fill + count, count), 0))
         fill = _appended(queue_row_ptrs, fill, bits, first, busiest)
@@ -564,17 +628,19 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
         # the first tile lets every candidate through).
         if fullest > QUEUE - CANDIDATES:
             rescored += fill
-            top, unrankable, kth_key = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable,
-                                                rows, live, q_factors, m, d, k, q_row_stride, k_row_stride,
-                                                similarity_constant, SIMILARITY, MASK, ROWS, SLOTS, FLUSH)
+            top, unrankable, kth_key, top_open = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top,
+                                                          unrankable, rows, live, q_factors, m, d, k, q_row_stride,
+                                                          k_row_stride, similarity_constant, SIMILARITY, MASK, ROWS,
+                                                          SLOTS, FLUSH, CANDIDATES)
             threshold = kth_key if MASK == 2 else _dot_threshold(kth_key, similarity_constant, SIMILARITY)
             fill = tl.zeros([ROWS], dtype=tl.int32)
         first += CANDIDATES
-    top, unrankable, kth_key = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows,
-                                        live, q_factors, m, d, k, q_row_stride, k_row_stride, similarity_constant,
-                                        SIMILARITY, MASK, ROWS, SLOTS, FLUSH)
-    if STATS:
+    top, unrankable, _, _ = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, live,
+                                     q_factors, m, d, k, q_row_stride, k_row_stride, similarity_constant, SIMILARITY,
+                                     MASK, ROWS, SLOTS, FLUSH, CANDIDATES)
+    if STATS:  # rescored_ptr: int32 [2, slices * N]
         tl.store(rescored_ptr + g * n + rows, rescored + fill, mask=row_ok)
+        tl.store(rescored_ptr + n * slices + g * n + rows, scored + tl.zeros([ROWS], tl.int32), mask=row_ok)
 
     settled = unrankable == 0
     best_keys, best_index = select._unpacked(top)
@@ -599,7 +665,9 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
     # slices' blocks in turn, with its own queue (queue_ptr: int32 [programs * ROWS, QUEUE], scratch).
     # The settled rows' scores and indices are written as select._select_kernel writes them (slots
     # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
-    # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch.
+    # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch. A bool
+    # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * words, or 0 for a shared mask),
+    # an additive one in float32 ([G, N, M] or [N, M]).
     tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT) | (SIMILARITY == COSINE)
                      | (SIMILARITY == GAUSSIAN))
     tl.static_assert((QUEUE > CANDIDATES) & (QUEUE % FLUSH == 0) & (SLOTS >= FLUSH))
@@ -608,10 +676,10 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
     work = tl.program_id(0)
     while work < blocks * slices:
         _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
-                      queue_row_ptrs, (work // blocks).to(tl.int64), work % blocks, n, m, d, k, mask_slice_stride,
-                      similarity_constant, bound_scale, dtype_code, heads, q_batch_stride, q_head_stride,
-                      q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
-                      CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS)
+                      queue_row_ptrs, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
+                      mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads, q_batch_stride,
+                      q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK,
+                      ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS)
         work += tl.num_programs(0)
 
 

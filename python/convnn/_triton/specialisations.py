@@ -81,7 +81,8 @@ def select_specialisations(module):
 
 
 def bounded_select_specialisations(module, select):
-    """knn_select on tensor cores (bounded_select.py, issue 41): the keys' norms per input dtype; for
+    """knn_select on tensor cores (bounded_select.py, issue 41): the keys' norms per input dtype, a bool
+    mask's words; for
     each similarity it serves (module.SIMILARITIES), each width, mask kind and input dtype the tensor-core kernel serves
     (module.compile_options), that kernel and its rerun of the rows it leaves (the select kernel's
     constexprs and launch options)."""
@@ -90,6 +91,12 @@ def bounded_select_specialisations(module, select):
                {"k_ptr": pointer, "norms_ptr": "*fp32", "m": "i32", "d": "i32", "cosine_eps": "fp32",
                 **row_layouts(module._key_norms_kernel, "k")},
                {"BLOCK": module.KEY_NORM_ROWS, "FEATURES": module.FEATURES}, {"num_warps": 4})
+    # (hasattr: the static cost report lists these for the kernels of earlier revisions too.)
+    words_kernel = hasattr(module, "_mask_bits_kernel")
+    if words_kernel:
+        yield ("mask bits", module._mask_bits_kernel,
+               {"mask_ptr": "*i1", "bits_ptr": "*i64", "rows": "i32", "m": "i32", "words": "i32"},
+               {"ROWS": module.MASK_BITS_ROWS, "CANDIDATES": module.CANDIDATES}, {"num_warps": 4})
     for suffix, pointer, mask_pointer, constexprs in top_k_variants(select):
         slots, dtype = constexprs["SLOTS"], next((d for d in select.INPUT_DTYPES if f"{d} inputs" in suffix), "float32")
         options = module.compile_options(slots, constexprs["MASK"], dtype)
@@ -100,9 +107,11 @@ def bounded_select_specialisations(module, select):
         sizes = {"n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
                  "similarity_constant": "fp32"}
         strides = {"dtype_code": "i32", **row_layouts(module._rerun_kernel, "q", "k")}
+        # A bool mask as _mask_bits_kernel's words; the rerun reads the mask itself.
+        words = {"mask_ptr": "*i64"} if constexprs["MASK"] == select.BOOL_MASK and words_kernel else {}
         yield (f"bounded select {suffix}", module._bounded_select_kernel,
-               {**operands, "rescored_ptr": "*i32", "norms_ptr": "*fp32", "queue_ptr": "*i32", "slices": "i32",
-                **sizes, "bound_scale": "fp32", **strides},
+               {**operands, **words, "rescored_ptr": "*i32", "norms_ptr": "*fp32", "queue_ptr": "*i32",
+                "slices": "i32", **sizes, "bound_scale": "fp32", **strides},
                {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
                 "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "QUEUE": module.QUEUE, "FLUSH": module.FLUSH,
                 "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0, "STATS": False},

@@ -35,8 +35,10 @@ extern const SelectBlocks kSelectBlocks;
 // widest features its error bound holds for (MAX_FEATURES), features per vector chunk (FEATURES: rows
 // of whole chunks only), the widest top-K it holds (MAX_SLOTS), candidates queued per row (QUEUE),
 // key rows per program of the norms kernel (KEY_NORM_ROWS), the persistent grid's most programs
-// (PROGRAMS), the widest top-K of float32 inputs with a mask (FLOAT32_MASK_SLOTS), and the
-// similarities it serves (SIMILARITIES: bit s for code s).
+// (PROGRAMS), the widest top-K of float32 inputs with an additive mask (FLOAT32_MASK_SLOTS), the
+// similarities it serves (SIMILARITIES: bit s for code s), candidates per tile (CANDIDATES: also the
+// entries of a bool mask per word of its bits) and mask rows per program of the bits kernel
+// (MASK_BITS_ROWS).
 struct BoundedSelectBlocks {
   int64_t rows;
   int64_t max_features;
@@ -47,6 +49,8 @@ struct BoundedSelectBlocks {
   int64_t programs;
   int64_t float32_mask_slots;
   uint32_t similarities;
+  int64_t candidates;
+  int64_t mask_bits_rows;
 };
 extern const BoundedSelectBlocks kBoundedSelectBlocks;
 

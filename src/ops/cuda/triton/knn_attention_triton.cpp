@@ -7,7 +7,10 @@
 // the call's one check. Where the kernels do not apply (path_choice.h says why: a
 // standard kernel, float64, K above the widest running top-K, a size past 32 bits, no route, the
 // first-call check failed, CONVNN_CUDA_KERNELS=generic, the debug switch
-// CONVNN_DEVICE_VALUE_CHECKS=1) they answer with no tensors and the caller composes the core ops.
+// CONVNN_DEVICE_VALUE_CHECKS=1) they answer with no tensors and the caller composes the core ops. So
+// does the forward where knn_select scores on tensor cores (CONVNN_SELECT_SCORES=tensor_cores, issue
+// 41): its running top-K scores every pair in IEEE float32, the composition only the candidates that
+// the tensor-core scores' bounds cannot rule out (the same indices and scores, bit for bit).
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -17,6 +20,7 @@
 #include "ops/checks.h"
 #include "ops/cuda/triton/attention_launches.h"
 #include "ops/cuda/triton/path_choice.h"
+#include "ops/cuda/triton/select_launches.h"
 #include "ops/op_signatures.h"
 #include "ops/unit_stride_rows.h"
 
@@ -30,13 +34,17 @@ std::vector<at::Tensor> cuda_attention_fused(const checks::AttentionChecked& che
                                              bool index_order, c10::string_view, double temperature) {
   const at::Tensor mask_tensor = mask.has_value() ? *mask : at::Tensor();
   const at::Tensor bias_tensor = bias.has_value() ? *bias : at::Tensor();
-  const auto path = PathRules(queries, {keys, values, kernel, bias_tensor, mask_tensor})
-                        .require(kernel.dim() == 2, "a standard kernel [C',C,K] (the fused forward takes a "
-                                                    "depthwise [C,K]; the core ops compose)")
-                        .require(!device_value_checks(), "CONVNN_DEVICE_VALUE_CHECKS=1")
-                        .require(attention_fits(queries, keys, values, kernel, k),
-                                 "K, a size or a grid past the fused kernel's limits (K <= 64, 32-bit sizes)")
-                        .choose_per_dtype("knn_attention", "attention", &attention_kernel_keys);
+  auto rules = PathRules(queries, {keys, values, kernel, bias_tensor, mask_tensor})
+                   .require(kernel.dim() == 2, "a standard kernel [C',C,K] (the fused forward takes a "
+                                               "depthwise [C,K]; the core ops compose)")
+                   .require(!device_value_checks(), "CONVNN_DEVICE_VALUE_CHECKS=1")
+                   .require(attention_fits(queries, keys, values, kernel, k),
+                            "K, a size or a grid past the fused kernel's limits (K <= 64, 32-bit sizes)");
+  // Asked only where the kernel would take the call (it may convert a dtype to read the rows' layout).
+  rules.require(!(rules.holds() && select_on_tensor_cores(queries, keys, k, checked.similarity, mask_tensor)),
+                "knn_select scores this call on tensor cores (CONVNN_SELECT_SCORES=tensor_cores; the fused "
+                "forward scores in IEEE float32): knn_select, rho and knn_aggregate compose");
+  const auto path = rules.choose_per_dtype("knn_attention", "attention", &attention_kernel_keys);
   if (!path.fused()) return {};
   const c10::OptionalDeviceGuard device(queries.device());
   // [G,N,D] or [B,H,N,D] inputs, read in place (the launcher copies only rows that are not unit-stride).

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/cuda/triton/blocks.h"
@@ -29,6 +30,9 @@ std::string pair_key(const char* kind, Similarity similarity) {
   return std::string("select backward ") + kind + " " + to_string(similarity);
 }
 
+// bounded_select._mask_bits_kernel's key (one kernel: it reads bool masks, whatever the op's dtype).
+constexpr const char* kMaskBitsKey = "mask bits";
+
 std::string key_norms_key(at::ScalarType dtype) {
   const auto input = top_k_input_dtype(dtype);
   return std::string("key norms") +
@@ -44,10 +48,11 @@ bool whole_chunks(const at::Tensor& t, int64_t features) {
 }
 
 // Whether bounded_select.py compiled its tensor-core kernel for this width, mask kind and input dtype
-// (compile_options there: K within max_slots, and float32 inputs with a mask within float32_mask_slots).
+// (compile_options there: K within max_slots, and float32 inputs with an additive mask within
+// float32_mask_slots).
 bool tensor_cores_compiled(int64_t slots, int mask_kind, at::ScalarType dtype) {
   return slots <= kBoundedSelectBlocks.max_slots &&
-         (top_k_input_dtype(dtype) != at::kFloat || mask_kind == kSelectBlocks.no_mask ||
+         (top_k_input_dtype(dtype) != at::kFloat || mask_kind != kSelectBlocks.additive_mask ||
           slots <= kBoundedSelectBlocks.float32_mask_slots);
 }
 
@@ -56,8 +61,40 @@ bool tensor_cores_serve(Similarity similarity) {
   return ((kBoundedSelectBlocks.similarities >> static_cast<int>(similarity)) & 1u) != 0;
 }
 
-// The tensor-core select's keys (its kernel and rerun at each width and mask kind it serves, and the
-// keys' norms kernel).
+int mask_kind_of(const at::Tensor& mask) {
+  return !mask.defined()                      ? kSelectBlocks.no_mask
+         : mask.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
+                                             : kSelectBlocks.additive_mask;
+}
+
+// Whether the tensor-core kernel takes a call with these ranking operands (ranking_operands' queries
+// and keys) of the op's `dtype`: `scores_by` chose it, it was compiled for the call's width, mask kind
+// and input dtype, and its vector loads can read the rows. The IEEE kernel alone takes the others.
+bool tensor_cores_take(const at::Tensor& queries, const at::Tensor& keys, int64_t k, int mask_kind,
+                       at::ScalarType dtype, SelectScores scores_by) {
+  // A bool mask's words of a row within CUDA's grid (its bits kernel takes a word per program column).
+  const bool words_fit =
+      mask_kind != kSelectBlocks.bool_mask || cdiv(keys.size(-2), kBoundedSelectBlocks.candidates) <= 65535;
+  return scores_by == SelectScores::TensorCores && tensor_cores_compiled(top_k_slots(k), mask_kind, dtype) &&
+         words_fit && whole_chunks(queries, kBoundedSelectBlocks.features) &&
+         whole_chunks(keys, kBoundedSelectBlocks.features);
+}
+
+// A bool mask (contiguous [G,N,M] or [N,M]: ranking_operands') as bounded_select._mask_bits_kernel's
+// int64 words, a word per row and tile of candidates, which every head reads in place of the mask's
+// bytes. Returns (the words, their slice stride: 0 for a shared mask).
+std::pair<at::Tensor, int64_t> mask_words(const at::Tensor& mask, int64_t n, int64_t m, bool per_slice,
+                                          const LaunchRunner& run) {
+  const int64_t words = cdiv(m, kBoundedSelectBlocks.candidates), rows = m == 0 ? 0 : mask.numel() / m;
+  auto bits = at::empty({rows, words}, mask.options().dtype(at::kLong));
+  Launch launch{kMaskBitsKey, {cdiv(rows, kBoundedSelectBlocks.mask_bits_rows), words}, {}};
+  launch.arguments.pointer(mask).pointer(bits).int32(rows).int32(m).int32(words);
+  run(launch);
+  return {bits, per_slice ? n * words : 0};
+}
+
+// The tensor-core select's keys (its kernel and rerun at each width and mask kind it serves, the keys'
+// norms kernel and a bool mask's words kernel).
 std::vector<std::string> tensor_core_keys(at::ScalarType dtype) {
   std::vector<std::string> keys;
   for (const char* kernel : {"bounded select", "rerun select"}) {
@@ -74,6 +111,7 @@ std::vector<std::string> tensor_core_keys(at::ScalarType dtype) {
     }
   }
   keys.push_back(key_norms_key(dtype));
+  keys.push_back(kMaskBitsKey);
   return keys;
 }
 
@@ -148,9 +186,7 @@ RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor&
   // Read in place wherever their rows are unit-stride (the kernels take their RowLayouts).
   operands.queries = unit_stride_rows(queries_in.to(input));
   operands.keys = unit_stride_rows(keys_in.to(input));
-  operands.mask_kind = !mask_in.defined()                      ? kSelectBlocks.no_mask
-                       : mask_in.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
-                                                              : kSelectBlocks.additive_mask;
+  operands.mask_kind = mask_kind_of(mask_in);
   // An additive mask in float32, the type the keys rank in (as the other paths convert it).
   operands.mask = !mask_in.defined() ? operands.queries
                   : operands.mask_kind == kSelectBlocks.additive_mask ? mask_in.to(at::kFloat).contiguous()
@@ -184,6 +220,15 @@ SelectScores select_scores(Similarity similarity, int64_t m, int64_t d) {
   return served && value == "tensor_cores" ? SelectScores::TensorCores : SelectScores::Ieee;
 }
 
+bool select_on_tensor_cores(const at::Tensor& queries, const at::Tensor& keys, int64_t k, Similarity similarity,
+                            const at::Tensor& mask) {
+  if (select_scores(similarity, keys.size(-2), queries.size(-1)) != SelectScores::TensorCores) return false;
+  // The operands as ranking_operands makes them (a copy only where a dtype or a row's stride needs one).
+  const auto input = top_k_input_dtype(queries.scalar_type());
+  return tensor_cores_take(unit_stride_rows(queries.to(input)), unit_stride_rows(keys.to(input)), k,
+                           mask_kind_of(mask), queries.scalar_type(), SelectScores::TensorCores);
+}
+
 const std::vector<std::string>& select_kernel_keys(at::ScalarType dtype) {
   return keys_per_dtype(dtype, [](at::ScalarType type) { return every_select_key(type); });
 }
@@ -215,12 +260,7 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   const auto dtype = queries_in.scalar_type();
   TORCH_INTERNAL_ASSERT(scores_by == SelectScores::Ieee || tensor_cores_serve(similarity),
                         "no tensor-core select kernel for ", to_string(similarity));
-  // The tensor-core kernel where it was compiled for this call and its vector loads can read the rows;
-  // the IEEE kernel alone elsewhere.
-  const bool tensor_cores = scores_by == SelectScores::TensorCores &&
-                            tensor_cores_compiled(top_k_slots(k), in.mask_kind, dtype) &&
-                            whole_chunks(in.queries, kBoundedSelectBlocks.features) &&
-                            whole_chunks(in.keys, kBoundedSelectBlocks.features);
+  const bool tensor_cores = tensor_cores_take(in.queries, in.keys, k, in.mask_kind, dtype, scores_by);
   at::Tensor redo;  // the rows the tensor-core kernel leaves to its rerun: int32 [G * N]
   if (tensor_cores) {
     redo = at::empty({g * n}, queries_in.options().dtype(at::kInt));
@@ -233,13 +273,16 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
         .int32(heads_of(in.keys))
         .rows(row_layout(in.keys));
     run(key_norms);
+    auto [mask, mask_slice_stride] = in.mask_kind == kSelectBlocks.bool_mask
+                                         ? mask_words(in.mask, n, m, in.mask_slice_stride != 0, run)
+                                         : std::pair<at::Tensor, int64_t>{in.mask, in.mask_slice_stride};
     const int64_t programs = std::min(cdiv(n, kBoundedSelectBlocks.rows) * g, kBoundedSelectBlocks.programs);
     auto queue = at::empty({programs * kBoundedSelectBlocks.rows, kBoundedSelectBlocks.queue},
                            queries_in.options().dtype(at::kInt));
     Launch bounded{top_k_key("bounded select", similarity, k, in.mask_kind, dtype), {programs, 1}, {}};
-    bounded.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices)
+    bounded.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(scores).pointer(indices)
         .pointer(redo).pointer(redo).pointer(norms).pointer(queue).int32(g).int32(n).int32(m).int32(d).int32(k)
-        .int32(in.mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
+        .int32(mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
         .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
         .rows(row_layout(in.keys));
     run(bounded);

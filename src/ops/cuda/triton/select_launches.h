@@ -61,10 +61,16 @@ const std::vector<std::string>& select_backward_kernel_keys(at::ScalarType dtype
 /// the bounds cannot tell apart (issue 41): the same indices and scores, bit for bit.
 enum class SelectScores { Ieee, TensorCores };
 /// The choice for a call, by CONVNN_SELECT_SCORES (read on each call): "auto" (the default) and
-/// "ieee" take the IEEE kernel, which the static cost report estimates faster today; "tensor_cores"
-/// takes the tensor-core kernel wherever it serves (dot and scaled_dot, D within kBoundedSelectBlocks'
+/// "ieee" take the IEEE kernel, as long as no GPU has timed the tensor-core one; "tensor_cores" takes
+/// the tensor-core kernel wherever it serves (kBoundedSelectBlocks' similarities, D within its
 /// max_features), the IEEE one elsewhere.
 SelectScores select_scores(Similarity similarity, int64_t m, int64_t d);
+/// Whether select_forward scores this call ([G,N,D] or [B,H,N,D] queries and keys, checked) on tensor
+/// cores: select_scores chose them, and the kernel was compiled for the call's width, mask kind and
+/// dtype and can read its rows. The fused knn_attention forward, whose running top-K scores in IEEE
+/// float32, declines such calls, so that knn_attention composes this select.
+bool select_on_tensor_cores(const at::Tensor& queries, const at::Tensor& keys, int64_t k, Similarity similarity,
+                            const at::Tensor& mask);
 /// As convnn::knn_select, for inputs that the caller checked (queries [G,N,D], keys [G,M,D] of one
 /// floating dtype, read in place wherever their rows are unit-stride; mask undefined, bool or
 /// floating, [N,M] or [G,N,M]). The kernel ranks in
