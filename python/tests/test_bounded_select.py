@@ -278,7 +278,8 @@ def mask_operand(queries, mask):
 
 def mask_words(mask):
     """(the words the tensor-core kernel reads of a bool mask [G, N, M] or [N, M]: _mask_bits_kernel's
-    [G * N or N, words], their slice stride); every word written (no sentinel left)."""
+    [G * N or N, words], their slice stride); the words start as a sentinel, so that one the kernel
+    leaves unwritten shows."""
     m = mask.shape[-1]
     rows, words = mask.numel() // m, triton.cdiv(m, bounded_select.CANDIDATES)
     bits = torch.full((rows, words), 0x5A5A, dtype=torch.int64, device=DEVICE)
