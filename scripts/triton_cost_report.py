@@ -671,10 +671,10 @@ def composition_bound_us(g, n, k, c=CHANNELS, element=2):
 
 def report_training(report):
     """The op's forward+backward bounds at TRAINING_SHAPES, bfloat16, against SDPA's (sdpa_bound_us):
-    the tensor-core select (no mask, or a causal bool mask: read once into its words, G N M / 8 bytes
-    of which every head reads), the
-    composition's other steps, the two-kernel backward (the bfloat16 column kernel's instruction issue
-    taken from the float32 kernel's SASS, whose loops the report reads) and its sorts."""
+    the tensor-core select (no mask, or a causal bool mask, read once into its words, of which the
+    heads read G N M / 8 bytes), the composition's other steps, the two-kernel backward (the bfloat16
+    column kernel's instruction issue taken from the float32 kernel's SASS, whose loops the report
+    reads) and its sorts."""
     bounded, backward, select = (check.load_kernels(name) for name in ("bounded_select", "attention_backward",
                                                                           "select"))
     key_bytes = report["sort_key_bytes"]
