@@ -334,12 +334,12 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     scores = torch.empty(g, n, neighbours, device=queries.device, dtype=queries.dtype)
     indices = torch.empty(g, n, neighbours, device=queries.device, dtype=torch.int64)
     redo = torch.empty(g * n, device=queries.device, dtype=torch.int32)
-    rescored = torch.empty(2, g * n, device=queries.device, dtype=torch.int32)  # and the tiles scored
-    norms = torch.zeros(g, 3, m + 1, device=queries.device, dtype=torch.float32)
+    rescored = torch.empty(3, g * n, device=queries.device, dtype=torch.int32)  # and the tiles scored, taken
+    norms = torch.zeros(g, bounded_select.NORM_SECTIONS, m + 1, device=queries.device, dtype=torch.float32)
     rows = (n * d, 0, d)
     bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
         keys, norms, m, d, similarity_constant("cosine", d), 1, *rows, BLOCK=bounded_select.KEY_NORM_ROWS,
-        FEATURES=bounded_select.FEATURES)
+        FEATURES=bounded_select.FEATURES, CANDIDATES=bounded_select.CANDIDATES)
     programs = min(triton.cdiv(n, bounded_select.ROWS) * g, bounded_select.PROGRAMS)
     queue = torch.empty(programs * bounded_select.ROWS, bounded_select.QUEUE, device=queries.device, dtype=torch.int32)
     bounded_select._bounded_select_kernel[(programs,)](

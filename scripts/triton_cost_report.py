@@ -51,6 +51,7 @@ the time is an estimate with the assumptions above written beside it.
 """
 import argparse
 import functools
+import inspect
 import io
 import json
 import math
@@ -492,6 +493,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import convnn
 from convnn._triton import register
 
+sys.path.insert(0, {tests!r})
+import triton_interpreter  # the interpreter's bfloat16 products and rounding made a GPU's, as the tests make them
+
+triton_interpreter.round_bfloat16_to_nearest_even()
+triton_interpreter.multiply_bfloat16_as_numbers()
+
 g, n, d, k = {shape}
 NO_KERNEL = (torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.view, torch.ops.aten._unsafe_view,
              torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.slice, torch.ops.aten.as_strided,
@@ -560,7 +567,8 @@ def launches(forward=False, dtype="torch.float32", shape=LAUNCH_SHAPE):
     tree's after scripts/setup.sh)."""
     # As on a GPU: no value read back by the op's checks (CONVNN_DEVICE_VALUE_CHECKS=0).
     environment = {**os.environ, "TRITON_INTERPRET": "1", "CONVNN_DEVICE_VALUE_CHECKS": "0"}
-    script = LAUNCH_COUNT.format(shape=tuple(shape), forward=forward, dtype=dtype)
+    script = LAUNCH_COUNT.format(shape=tuple(shape), forward=forward, dtype=dtype,
+                                 tests=str(REPO / "python" / "tests"))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
     if result.returncode != 0:
         raise RuntimeError(f"counting the launches failed:\n{result.stderr[-3000:]}")
@@ -672,7 +680,7 @@ def composition_bound_us(g, n, k, c=CHANNELS, element=2):
 def report_training(report):
     """The op's forward+backward bounds at TRAINING_SHAPES, bfloat16, against SDPA's (sdpa_bound_us):
     the tensor-core select (no mask, or a causal bool mask, read once into its words, of which the
-    heads read G N M / 8 bytes), the composition's other steps, the two-kernel backward (the bfloat16
+    heads read G N M / 16 bytes: the words up to each block's diagonal), the composition's other steps, the two-kernel backward (the bfloat16
     column kernel's instruction issue taken from the float32 kernel's SASS, whose loops the report
     reads) and its sorts."""
     bounded, backward, select = (check.load_kernels(name) for name in ("bounded_select", "attention_backward",
@@ -692,7 +700,7 @@ def report_training(report):
                      f"{'bool mask' if causal else 'no mask'} bfloat16 inputs"
             runs = bounded_runs(bounded, shape, 1.9e-5, causal=causal)
             chosen = bounded_estimate(bounded_parts(kernel), norms_counts, bounded, shape, runs,
-                                      mask_bytes=(g * n * n // 8 + n * n + n * n // 8) if causal else 0)
+                                      mask_bytes=(g * n * n // 16 + n * n + n * n // 8) if causal else 0)
             half = backward_estimates(backward, select, shape, "bfloat16", causal)
             full = backward_estimates(backward, select, shape, "float32", causal)
             kernels_us = 0.0
@@ -831,7 +839,9 @@ def bounded_parts(kernel_name):
         found = [tensor_core_multiply_adds(text) for text, _ in instructions[first:last + 1]]
         return [f for f in found if f]
 
-    dot = min((r for r in ranges if tensor_core(*r)), key=size)
+    # The tile loop's chunk loop: the most deeply nested loop with tensor-core instructions (the
+    # initial thresholds' product, before the tile loop, has one too).
+    dot = max((r for r in ranges if tensor_core(*r)), key=lambda r: (sum(inside(r, o) for o in ranges), -size(r)))
     tiles = min((r for r in ranges if inside(dot, r)), key=size)
     work = min((r for r in ranges if inside(tiles, r)), key=size)
     inner = [r for r in ranges if inside(r, tiles) and r != dot]
@@ -849,7 +859,17 @@ def bounded_parts(kernel_name):
     append = [r for r in inner if not inside(r, flush) and r != chunk_loop and r != flush]
     append = max(append, key=size)
     final_chunks = max((r for r in ranges if inside(r, work) and r[0] > tiles[1]), key=size)
-    norms = [r for r in ranges if inside(r, work) and r[1] < tiles[0]]
+    # Before the tile loop: the query norms' loop per chunk, and (bounded_select._initial_thresholds)
+    # a product's chunk loop, taken as the tile's, and the threshold's steps (_dot_threshold: counted
+    # once each, a step or none on these inputs).
+    before = [r for r in ranges if inside(r, work) and r[1] < tiles[0]]
+    bounded = check.load_kernels("bounded_select")
+    stepping_source, stepping_first = inspect.getsourcelines(bounded._dot_threshold.fn)
+    stepping = range(stepping_first, stepping_first + len(stepping_source))
+    steps = [r for r in before if any(getattr(instructions[i][1], "line", None) in stepping
+                                      for i in range(r[0], r[1] + 1))]
+    initial_products = [r for r in before if tensor_core(*r)]
+    norms = [r for r in before if r not in steps and r not in initial_products]
     per_chunk = tensor_core(*dot)
     per_tile = tensor_core(tiles[0], tiles[1])
     bounded = check.load_kernels("bounded_select")
@@ -878,7 +898,8 @@ def bounded_parts(kernel_name):
                 size(r) for r in thresholds),
             "flush_chunk": size(chunk_loop) - size(exact), "exact_unrolled": exact_unrolled,
             "exact_per_8_features": size(exact) / exact_unrolled,
-            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms),
+            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms + initial_products),
+            "initial_dot_loop": sum(size(r) for r in initial_products),
             "norms_per_chunk": sum(size(r) for r in norms),
             "tile_multiply_adds": sum(f for f, _ in per_tile) - sum(f for f, _ in per_chunk),
             "loop_multiply_adds": sum(f for f, _ in per_chunk), "operands": per_chunk[0][1]}
@@ -894,7 +915,8 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     to take another whole tile, and after the last) and their chunks of FLUSH. causal: a bool mask of
     the keys up to each query's position, as the kernel takes a bool mask: a tile scored only where
     some row of the block has a candidate in it and a threshold above -inf, every valid candidate
-    queued while the row's top has an empty slot, every allowed one while its threshold is -inf.
+    queued while the row's top has an empty slot, every allowed one while its threshold is -inf, and
+    the tiles past the block's last row not visited once every row's top is full.
     Returns {tiles (scored), skipped tiles, append rounds,
     flushes, flush chunks, candidates re-scored per row, blocks sampled, blocks in all}."""
     g, n, d, k = shape
@@ -903,6 +925,8 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     queries = torch.randn(n, d, generator=generator, dtype=torch.float64)
     keys = torch.randn(n, d, generator=generator, dtype=torch.float64)
     key_norms = keys.norm(dim=1)
+    tile_norms = key_norms.view(-1, tile).amax(1).repeat_interleave(tile)
+    slots = check.load_kernels("select").slots_for(k)
     blocks_per_slice = math.ceil(n / rows)
     runs = {"tiles": 0, "skipped_tiles": 0, "append_rounds": 0, "flushes": 0, "flush_chunks": 0, "rescored": 0,
             "rows": 0}
@@ -916,13 +940,23 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
         elif similarity == "cosine":
             exact = q @ keys.T / q_norms / key_norms
             upper = exact + model
-        else:
+        else:  # the bound at each tile's largest key norm (bounded_select._gate_thresholds)
             exact = q @ keys.T
-            upper = exact + model * q_norms * key_norms
+            upper = exact + model * q_norms * tile_norms
         best = torch.full((len(q), k), -math.inf, dtype=torch.float64)
         threshold = best[:, -1].clone()
         fill = torch.zeros(len(q), dtype=torch.long)
         ranked = torch.zeros(len(q), dtype=torch.long)  # candidates flushed: fewer than K, an empty slot
+        if similarity not in ("gaussian", "cosine"):
+            # bounded_select._initial_thresholds: the least of SLOTS groups' largest lower bounds of the
+            # first tile's keys; a row that has one closes its top to masked candidates.
+            lower = exact[:, :tile] - model * q_norms * tile_norms[:tile]
+            if causal:
+                lower = torch.where(torch.arange(tile)[None, :] <= torch.arange(block * rows, block * rows + len(q))[:, None],
+                                    lower, -math.inf)
+            reached = lower.view(len(q), tile // slots, slots).amax(1).amin(1)
+            threshold = torch.maximum(threshold, reached)
+            ranked = torch.where(reached > -math.inf, k, ranked)
         queued = []
         sampled += 1
 
@@ -935,7 +969,10 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
                 best = torch.cat([best] + queued, dim=1).topk(k, dim=1).values
             return best, best[:, -1].clone()
 
+        reach = (block * rows + len(q) - 1) // tile * tile + tile  # past the tile of the block's last row
         for first in range(0, n, tile):
+            if causal and first >= reach and bool((ranked >= k).all()):
+                break
             passing = upper[:, first:first + tile] >= threshold[:, None]
             keys_here = exact[:, first:first + tile]
             if causal:
@@ -975,7 +1012,8 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0):
     g, n, d, k = shape
     scale = runs["blocks"] / runs["sampled"]
     chunks = math.ceil(d / bounded.FEATURES)
-    per_warp = (runs["sampled"] * (counts["block"] + counts["norms_per_chunk"] * chunks)
+    per_warp = (runs["sampled"] * (counts["block"] + counts["norms_per_chunk"] * chunks
+                                   + (chunks - 1) // counts["unrolled"] * counts["initial_dot_loop"])
                 + runs["tiles"] * (counts["tile"] + (chunks - 1) // counts["unrolled"] * counts["dot_loop"])
                 + runs["skipped_tiles"] * (counts["tile"] - counts["scored_only"])
                 + runs["append_rounds"] * counts["append_round"] + runs["flushes"] * counts["flush"]
@@ -991,7 +1029,7 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0):
               + 2 * 4 * runs["rescored_per_row"] * g * n + mask_bytes) / DRAM_BYTES_PER_S
     bound = max(issue_s, tensor_s, dram_s)
     return {"rescored_per_row": runs["rescored_per_row"],
-            "scored_tiles_share": runs["tiles"] / (runs["tiles"] + runs["skipped_tiles"]),
+            "scored_tiles_share": runs["tiles"] / (runs["sampled"] * math.ceil(n / bounded.CANDIDATES)),
             "append_rounds_per_tile": runs["append_rounds"] / (runs["tiles"] + runs["skipped_tiles"]),
             "flushes_per_block": runs["flushes"] / runs["sampled"],
             "warp_instructions_per_score": warp_instructions / (g * n * n),

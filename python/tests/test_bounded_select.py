@@ -278,32 +278,39 @@ def mask_operand(queries, mask):
 
 def mask_words(mask):
     """(the words the tensor-core kernel reads of a bool mask [G, N, M] or [N, M]: _mask_bits_kernel's
-    [G * N or N, words], their slice stride); the words start as a sentinel, so that one the kernel
+    [G * N or N, words + 1], their slice stride); the words start as a sentinel, so that one the kernel
     leaves unwritten shows."""
     m = mask.shape[-1]
     rows, words = mask.numel() // m, triton.cdiv(m, bounded_select.CANDIDATES)
-    bits = torch.full((rows, words), 0x5A5A, dtype=torch.int64, device=DEVICE)
+    bits = torch.full((rows, words + 1), 0x5A5A, dtype=torch.int64, device=DEVICE)
+    bits[:, words] = 0  # the words reaching the last true entry: zeros on entry, as the launcher's
     bounded_select._mask_bits_kernel[(triton.cdiv(rows, bounded_select.MASK_BITS_ROWS), words)](
         mask.contiguous(), bits, rows, m, words, ROWS=bounded_select.MASK_BITS_ROWS,
         CANDIDATES=bounded_select.CANDIDATES)
-    return bits, (mask.shape[-2] * words if mask.dim() == 3 else 0)
+    return bits, (mask.shape[-2] * (words + 1) if mask.dim() == 3 else 0)
 
 
 def test_a_bool_masks_words_hold_its_entries_bit_by_bit_and_none_past_m():
     """_mask_bits_kernel against the bits built in torch: [N, M] and [G, N, M] masks, M = 150 (a
-    partial last word), 64 and 1, rows past a program's block; bit 63 (a negative int64) included."""
+    partial last word), 64 and 1, rows past a program's block; bit 63 (a negative int64) included; and
+    each row's words reaching its last true entry (rows ending in each word, a row without one)."""
     generator = torch.Generator().manual_seed(49)
     for shape in ((70, 150), (2, 33, 64), (5, 1), (40, 128)):
         mask = torch.rand(shape, generator=generator) > 0.5
         if shape[-1] >= 64:
             mask[..., 63] = True
+        rows = mask.view(-1, shape[-1])
+        rows[1::3, -shape[-1] // 2:] = False
+        rows[2] = False
         m = shape[-1]
         words = triton.cdiv(m, 64)
         padded = torch.nn.functional.pad(mask.reshape(-1, m).long(), (0, words * 64 - m)).view(-1, words, 64)
         want = (padded << torch.arange(64)).sum(-1)
+        last = torch.where(rows, torch.arange(m), -1).amax(-1)
+        reach = torch.where(last >= 0, last // 64 + 1, 0)
         got, stride = mask_words(mask.to(DEVICE))
-        assert torch.equal(got.cpu(), want), shape
-        assert stride == (shape[-2] * words if len(shape) == 3 else 0)
+        assert torch.equal(got.cpu(), torch.cat([want, reach[:, None]], 1)), shape
+        assert stride == (shape[-2] * (words + 1) if len(shape) == 3 else 0)
 
 
 def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0, programs=3, rescored=None):
@@ -322,10 +329,10 @@ def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=
     redo = torch.full((g * n,), 9, dtype=torch.int32, device=DEVICE)
     queue = torch.full((programs * bounded_select.ROWS, bounded_select.QUEUE), -5, dtype=torch.int32,
                        device=DEVICE)
-    norms = torch.zeros((g, 3, m + 1), device=DEVICE)
+    norms = torch.zeros((g, bounded_select.NORM_SECTIONS, m + 1), device=DEVICE)
     bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
         keys, norms, m, d, similarity_constant(d, COSINE), 1, *row_layout(keys), BLOCK=bounded_select.KEY_NORM_ROWS,
-        FEATURES=bounded_select.FEATURES)
+        FEATURES=bounded_select.FEATURES, CANDIDATES=bounded_select.CANDIDATES)
     precision = bounded_select.FLOAT32_PRECISION
     bounded_select._bounded_select_kernel[(programs,)](
         queries, keys, mask_arg, scores, indices, redo, redo if rescored is None else rescored, norms, queue, g, n, m,
@@ -371,9 +378,9 @@ def ieee(queries, keys, k, similarity, mask=None):
 def assert_same_selection(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0):
     """The two launches give the IEEE kernel's outputs exactly; the settled rows are written by the
     first, the others untouched by it. Returns (the redo flags [G, N] bool, the candidates each row
-    re-scored exactly [G, N], the tiles each row's block scored [G, N])."""
+    re-scored exactly [G, N], the tiles each row's block scored and its loop took [2, G, N])."""
     g, n, _ = queries.shape
-    rescored = torch.full((2, g * n), -1, dtype=torch.int32, device=DEVICE)
+    rescored = torch.full((3, g * n), -1, dtype=torch.int32, device=DEVICE)
     scores, indices, redo = bounded(queries, keys, k, similarity, mask, inject, bound_scale, rescored=rescored)
     flagged = redo.view(g, n).cpu().bool()
     assert set(redo.cpu().tolist()) <= {0, 1}
@@ -384,7 +391,7 @@ def assert_same_selection(queries, keys, k, similarity, mask=None, inject="none"
     rerun(queries, keys, k, similarity, mask, scores, indices, redo)
     assert torch.equal(indices, want[1]), (k, similarity, inject)
     assert torch.equal(scores.nan_to_num(7.5), want[0].nan_to_num(7.5)), (k, similarity, inject)
-    return flagged, rescored[0].view(g, n).cpu(), rescored[1].view(g, n).cpu()
+    return flagged, rescored[0].view(g, n).cpu(), rescored[1:].view(2, g, n).cpu()
 
 
 def dyadic(shape, generator, span=16, bits=2):
@@ -440,6 +447,65 @@ def test_rows_without_whole_chunks_of_features_go_to_the_rerun():
     assert flagged.all()
 
 
+def test_the_dot_products_gate_at_a_tiles_largest_key_norm_keeps_the_ieee_selection():
+    """dot and scaled_dot take their bound from the threshold at the tile's largest key norm. The keys'
+    norms launch writes each tile's largest norm (M = 150: tiles of 64, 64 and 22 keys) beside the
+    norms; keys whose norms differ within a tile by up to 2^10 (a few large keys per tile, so the bound
+    at the tile's largest is 2^10 times most pairs' own), errors injected up to each pair's own bound
+    at both signs: every row settles, as the IEEE kernel's, at K = 1, 8 and 13, without a mask and with a
+    bool mask; at the bound's own size the gate still cuts (fewer than M re-scored per row, K = 1)."""
+    generator = torch.Generator().manual_seed(46)
+    queries = dyadic((2, 70, 32), generator).to(DEVICE)
+    keys = dyadic((2, 150, 32), generator)
+    keys[:, ::37] *= 2.0 ** 10
+    keys = keys.to(DEVICE)
+    g, m, d = keys.shape
+    norms = torch.zeros((g, bounded_select.NORM_SECTIONS, m + 1), device=DEVICE)
+    bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
+        keys, norms, m, d, similarity_constant(d, COSINE), 1, *row_layout(keys), BLOCK=bounded_select.KEY_NORM_ROWS,
+        FEATURES=bounded_select.FEATURES, CANDIDATES=bounded_select.CANDIDATES)
+    tiles = triton.cdiv(m, bounded_select.CANDIDATES)
+    largest = torch.nn.functional.pad(norms[:, 0, :m], (0, tiles * bounded_select.CANDIDATES - m)).view(g, tiles, -1)
+    assert torch.equal(norms[:, 3, :tiles], largest.amax(-1)) and (norms[:, 3, tiles:] == 0).all()
+    torch.testing.assert_close(norms[:, 0, :m].cpu(), _norms(keys.cpu().view(-1, d)).view(g, m), rtol=1e-6, atol=0)
+    mask = (torch.rand(2, 70, 150, generator=generator) > 0.3).to(DEVICE)
+    rescored = {}
+    for inject in ("even up", "odd up"):
+        for k, similarity, mask_here in ((1, DOT, None), (8, SCALED_DOT, None), (13, DOT, mask), (8, SCALED_DOT, mask)):
+            flagged, counts, _ = assert_same_selection(queries, keys, k, similarity, mask_here, inject, 2.0 ** 4)
+            assert not flagged.any(), (inject, k, similarity)
+            rescored[inject, k, mask_here is None] = counts
+    # The bound as it is (TF32's, 2^-9 of |q| times the tile's largest norm): the gate still cuts.
+    _, counts, _ = assert_same_selection(queries, keys, 1, DOT)
+    assert counts.max() < m, counts
+
+
+def test_dot_products_start_from_the_first_tiles_lower_bounds_and_keep_the_ieee_selection():
+    """dot and scaled_dot start each row's threshold from the first tile's lower bounds (the least of
+    SLOTS groups' largest), not at -inf, where every candidate of the first tile passed: with M = 64
+    (one tile) the rows re-score fewer than its 64 candidates, K = 1 and 8, errors injected up to the
+    bound at both signs; with a bool mask leaving a row fewer valid candidates than SLOTS (a group
+    without one) that row starts at -inf, its top open, and re-scores every candidate (the masked ones
+    fill its empty slots); keys all equal (every score ties: the K lowest indices, whatever errors the
+    groups' largest bounds carry); the IEEE kernel's selection every time."""
+    generator = torch.Generator().manual_seed(47)
+    queries = dyadic((1, 70, 32), generator).to(DEVICE)
+    keys = dyadic((1, 64, 32), generator).to(DEVICE)
+    mask = torch.ones(1, 70, 64, dtype=torch.bool)
+    mask[0, 3, 5:] = False  # row 3: five valid candidates, groups 5 .. 7 of 8 without one
+    for inject in ("none", "even up", "odd up"):
+        for k, similarity in ((1, DOT), (8, SCALED_DOT)):
+            flagged, counts, _ = assert_same_selection(queries, keys, k, similarity, None, inject)
+            assert not flagged.any() and counts.max() < 64, (inject, k, counts)
+        flagged, counts, _ = assert_same_selection(queries, keys, 8, SCALED_DOT, mask.to(DEVICE), inject)
+        others = torch.arange(70) != 3
+        assert not flagged.any() and counts[0, 3] == 64 and counts[0, others].max() < 64, (inject, counts)
+    tied = keys[:, :1].expand(1, 64, 32).contiguous()
+    for inject in ("scattered", "later up", "earlier up"):
+        flagged, _, _ = assert_same_selection(queries, tied, 8, DOT, None, inject, 2.0 ** 4)
+        assert not flagged.any(), inject
+
+
 def special_inputs():
     """Queries [1, 40, 32] and keys [1, 100, 32] (the first 4 features set, the rest 0) with rows the
     gate must not settle or must settle right: +0 and -0 scores that tie; every candidate equal (the K
@@ -493,26 +559,32 @@ def test_a_bound_past_every_score_gap_flushes_every_tile_and_still_settles_every
 @pytest.mark.parametrize("similarity", [SCALED_DOT, GAUSSIAN])
 def test_tiles_a_bool_mask_hides_from_every_deciding_row_are_not_scored_and_the_selection_stays(similarity):
     """A bool mask: a tile is scored only where some row of the block has a true entry in it and a
-    threshold above -inf (below, every valid candidate is queued whatever its score). Causal, N = M =
-    200 (four blocks of rows, four tiles, the last short): each block's first tile is queued unscored,
-    the tiles past its last row are not scored, so block b scores tiles 1 .. b; a padding mask (the
-    first 64 keys valid): no tile is scored; an all-true mask: every tile but the first. The causal
-    rows with fewer valid candidates than K (0 .. 6) re-score the first tile's 64 alone: once K are
-    ranked, a masked candidate (a -inf key of a higher index) cannot enter. The errors scattered up to
-    the bound (x 2^4): the IEEE kernel's selection every time."""
+    threshold above -inf (below, every valid candidate is queued whatever its score), and the loop ends
+    after the last tile the block's rows' true entries reach once no row's top has an empty slot.
+    Causal, N = M = 200 (four blocks of rows, four tiles, the last short): block b takes tiles 0 .. b
+    (its diagonal) and scores them, but for gaussian, whose rows start at -inf, the first (queued
+    unscored); a padding mask (the first 64 keys valid): the first tile alone, scored by scaled_dot;
+    an all-true mask: every tile, gaussian's first unscored. scaled_dot's rows start at the threshold
+    of the first tile's lower bounds (_initial_thresholds) where each of its 8 groups holds a valid
+    candidate (causal rows 7 and up); the causal rows with fewer valid candidates than K (0 .. 6)
+    re-score the first tile's 64 alone: once K are ranked, a masked candidate (a -inf key of a higher
+    index) cannot enter. The errors scattered up to the bound (x 2^4): the IEEE kernel's selection
+    every time."""
     generator = torch.Generator().manual_seed(48)
     queries = dyadic((1, 200, 32), generator).to(DEVICE)
     keys = dyadic((1, 200, 32), generator).to(DEVICE)
     causal = torch.ones(200, 200).tril().bool()
     padding = torch.zeros(200, 200, dtype=torch.bool)
     padding[:, :64] = True
-    block = torch.arange(200) // bounded_select.ROWS
-    for name, mask, want in (("causal", causal, block), ("padding", padding, torch.zeros(200, dtype=torch.long)),
-                             ("all true", torch.ones(200, 200, dtype=torch.bool), torch.full((200,), 3))):
+    taken = torch.arange(200) // bounded_select.ROWS + 1
+    unscored = 1 if similarity == GAUSSIAN else 0  # the first tile, where every row starts at -inf
+    for name, mask, took in (("causal", causal, taken), ("padding", padding, torch.ones(200, dtype=torch.long)),
+                             ("all true", torch.ones(200, 200, dtype=torch.bool), torch.full((200,), 4))):
         flagged, rescored, tiles = assert_same_selection(queries, keys, 8, similarity, mask.to(DEVICE), "scattered",
                                                          2.0 ** 4)
         assert not flagged.any(), name
-        assert torch.equal(tiles[0].long(), want), (name, tiles[0])
+        assert torch.equal(tiles[1, 0].long(), took), (name, tiles[1, 0])
+        assert torch.equal(tiles[0, 0].long(), took - unscored), (name, tiles[0, 0])
         if name == "causal":
             assert (rescored[0, :7] == 64).all(), rescored[0, :7]
 
@@ -525,7 +597,7 @@ def rescored_per_row(queries, keys, k, precisions):
     try:
         for precision in precisions:
             bounded_select.FLOAT32_PRECISION = precision
-            rescored = torch.zeros(2, queries.shape[0] * queries.shape[1], dtype=torch.int32, device=DEVICE)
+            rescored = torch.zeros(3, queries.shape[0] * queries.shape[1], dtype=torch.int32, device=DEVICE)
             assert not bounded(queries, keys, k, DOT, inject="scattered", rescored=rescored)[2].any()
             counts[precision] = round(float(rescored[0].float().mean()), 1)
     finally:
@@ -538,7 +610,7 @@ def test_candidates_rescored_choose_the_float32_precision(capsys):
     D = 64, K = 8, the scores' errors scattered up to the model bound; the candidates each row
     re-scores exactly (the work the bound adds; no row is left to the rerun). Gaussian queries and
     keys (M = 1024): about the same for every precision. Keys and queries in tight clusters (64
-    centres, noise 1% of their scale, M = 2048): TF32's bound (2^-9 |q||k|) lets about a tenth more
+    centres, noise 1% of their scale, M = 2048): TF32's bound (2^-9 |q||k|) lets about a fifth more
     through than tf32x3's (about 2^-14 at D = 64) or bfloat16's: TF32, which adds no work per tile."""
     generator = torch.Generator().manual_seed(44)
     gaussian = torch.randn(1, 64, 64, generator=generator), torch.randn(1, 1024, 64, generator=generator)

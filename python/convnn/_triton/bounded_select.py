@@ -9,12 +9,17 @@ and states the accumulation model it assumes). Per query row, over [ROWS, CANDID
 
 1. The gate: a candidate passes when its upper bound (score + bound, through the similarity's key
    and the mask: both keep order) is not below the row's threshold t, the K-th largest exact key of
-   the candidates re-scored so far (-inf before K of them). Which candidates pass comes as a 64-bit
-   word per row from a second, small tensor-core product (_passing_words: no scan, no exchange of the
-   tile between threads); their indices are appended to the row's queue in global memory
+   the candidates re-scored so far (-inf before K of them); dot and scaled_dot (without an additive
+   mask) compare the bare product with t less the bound at the tile's largest key norm instead
+   (_gate_thresholds: an FMA per row, not a norm read and an add per pair). Which candidates pass
+   comes as a 64-bit word per row from a second, small tensor-core product (_passing_words: no scan,
+   no exchange of the tile between threads); their indices are appended to the row's queue in global memory
    (_appended, a round per candidate of the tile's busiest row). With a bool mask, a tile where no
-   row of the block has both a true entry and a threshold above -inf is not scored (a causal mask's
-   tiles past the block's last row): below -inf every valid candidate passes whatever its score.
+   row of the block has both a true entry and a threshold above -inf is not scored: below -inf every
+   valid candidate passes whatever its score; and the block's loop ends after the last tile its rows'
+   true entries reach (a causal mask's: its diagonal tile) once no row's top has an empty slot. dot and
+   scaled_dot start each row's t from lower bounds of the first tile's keys (_initial_thresholds), not
+   at -inf (which let that tile's every candidate through).
 2. The flush, after a tile that leaves a row's queue unable to take another whole tile (more than
    QUEUE - CANDIDATES queued) and after the last tile: the queued candidates
    re-scored exactly, in the IEEE kernel's order of operations (a float32 FMA chain over the features
@@ -39,7 +44,7 @@ launch) scores in IEEE float32 instead (the IEEE kernel's products, on a GPU too
 score an error of up to the bound, of either sign, placed adversarially; bound_scale inflates the
 bound (an inflated bound is still a bound): the selection must equal the IEEE kernel's whatever the
 errors (python/tests/test_bounded_select.py). STATS (tests, scripts/gpu_bench.py) writes the
-candidates each row re-scored and the tiles its block scored.
+candidates each row re-scored, the tiles its block scored and the tiles its block's loop took.
 
 dot, scaled_dot, cosine and gaussian (SIMILARITIES): the bound is on the dot product; cosine's key
 is monotone in it (times the rows' positive inverse norms), and gaussian's is bounded through
@@ -67,17 +72,22 @@ CANDIDATES = 64
 FEATURES = 16
 # A row's queue is flushed after a tile that leaves more than FLUSH_AT candidates in it, so it holds
 # at most FLUSH_AT + CANDIDATES = QUEUE (a whole tile may pass the gate; the kernel flushes above
-# QUEUE - CANDIDATES). Measured on Gaussian features
-# (scripts/triton_cost_report.py's simulation, 12 x N, D 64, K 8, bfloat16's bound): candidates
-# re-scored per row at N = 4096 / 16384 / 65536 were 194 / 222 / 248 flushing at 64 (the queue
-# full), 124 / 142 / 163 at 32 and 112 / 127 / 143 at 16, at 4.0, 5.2 and 7.6 flushes per block
-# at N = 4096: 32, where the threshold rises soon enough and flushes stay few.
-FLUSH_AT = 32
+# QUEUE - CANDIDATES). Estimated by scripts/triton_cost_report.py (its simulation of this kernel's
+# rules on Gaussian features, 12 x N, D 64, K 8, bfloat16's bound, and its SASS counts for sm_90),
+# with the initial thresholds (_initial_thresholds): the select's bound at N = 4096 / 16384 / 65536
+# 251 / 2,009 / 20,600 µs flushing at 8 (73 candidates re-scored per row at 16384), 231 / 1,885 /
+# 20,120 at 16 (81), 239 / 1,942 / 20,401 at 32 (99) and 274 / 2,124 / 21,500 at 64 (131); causal
+# alike (1,524 µs at 16384 and 16). Flushing more often re-scores fewer candidates but runs the
+# flush's fixed part and its busiest row's chunks more often: 16.
+FLUSH_AT = 16
 QUEUE = FLUSH_AT + CANDIDATES
 # Queued candidates re-scored at a time per row: a [ROWS, FLUSH, 8] tile of keys' features in registers.
 FLUSH = 8
-# Key rows per program of _key_norms_kernel.
+# Key rows per program of _key_norms_kernel (whole tiles of CANDIDATES: it writes their largest norms).
 KEY_NORM_ROWS = 128
+# The sections of the keys' norms buffer, [G, NORM_SECTIONS, M + 1] float32 (_key_norms_kernel).
+NORM_SECTIONS = 4
+_NORM_SECTIONS = tl.constexpr(NORM_SECTIONS)
 # Mask rows per program of _mask_bits_kernel.
 MASK_BITS_ROWS = 32
 # The persistent grid's most programs (the launcher's: fewer where there are fewer blocks of rows):
@@ -96,15 +106,17 @@ FLOAT32_MASK_SLOTS = 8
 
 def compile_options(slots, mask_kind, dtype):
     """The launch options of the kernel at this width, mask kind and input dtype, or None where the
-    IEEE kernel keeps the call. ptxas (maxnreg 255): half precision without a mask or with a bool one
-    (read as words) fits 4 warps (a warpgroup, the fewest instructions per score: 8 warps issue nearly
-    twice as many per tile, the row reductions and barriers shared by fewer scores; a bool mask read
-    as bytes spilled at 4); with an additive mask, or float32 inputs, 4 warps spilled 8-1116 bytes
-    and 8 do not; float32 with an additive mask above FLOAT32_MASK_SLOTS spilled even with 8 (so it
-    stays on the IEEE kernel), as every width above MAX_SLOTS."""
+    IEEE kernel keeps the call. ptxas (maxnreg 255): half precision without a mask, or with a bool one
+    (read as words) up to 8 slots, fits 4 warps (a warpgroup, the fewest instructions per score: 8
+    warps issue nearly twice as many per tile, the row reductions and barriers shared by fewer
+    scores; a bool mask read as bytes spilled at 4, and at 16 slots as words 8-40 bytes on sm_80 once
+    the tile loop ended at the rows' last true entry); with an additive mask, or float32 inputs, 4
+    warps spilled 8-1116 bytes and 8 do not; float32 with an additive mask above FLOAT32_MASK_SLOTS
+    spilled even with 8 (so it stays on the IEEE kernel), as every width above MAX_SLOTS."""
     if slots > MAX_SLOTS or (dtype == "float32" and mask_kind == 2 and slots > FLOAT32_MASK_SLOTS):
         return None
-    return {"num_warps": 4 if (dtype != "float32" and mask_kind != 2) else 8, "maxnreg": 255}
+    warpgroup = dtype != "float32" and (mask_kind == 0 or (mask_kind == 1 and slots <= 8))
+    return {"num_warps": 4 if warpgroup else 8, "maxnreg": 255}
 
 
 # The C++ launcher (src/ops/cuda/triton/select_launches.cpp) takes this kernel only where asked
@@ -118,8 +130,10 @@ MAX_FEATURES = 2 ** 18
 # tensor-core work and its splits on CUDA cores. A looser bound costs only candidates re-scored (no
 # row is left to the rerun for it): measured under the interpreter with errors scattered up to the
 # bound (64 rows, D = 64, K = 8, test_candidates_rescored_choose_the_float32_precision), per row on
-# Gaussian features (M = 1024) 107.2 with TF32, 106.2 with tf32x3, and on tight clusters (noise 1%,
-# M = 2048) 124.4 against 118.5: six exact re-scores per row, where tf32x3 adds work on every tile.
+# Gaussian features (M = 1024) 50.2 with TF32, 48.4 with tf32x3, and on tight clusters (noise 1%,
+# M = 2048) 77.8 against 63.9 (with the rows started from the first tile's lower bounds, FLUSH_AT
+# 16; 107.2 / 106.2 and 124.4 / 118.5 before): two chunks of exact re-scores per row at most, where
+# tf32x3 adds work on every tile.
 FLOAT32_PRECISION = "tf32"
 # Test modes of the injected score errors (INJECT): none (every launch), a pseudo-random fraction of
 # the bound of either sign, plus the bound on even candidates and minus on odd ones or the reverse,
@@ -251,7 +265,7 @@ def _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, acc, FEATURES: tl.co
 @triton.jit
 def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms, row_terms,
                 q_factors, model, absolute, factor, half_additive, similarity_constant, SIMILARITY: tl.constexpr,
-                FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr):
+                FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, TILE_BOUND: tl.constexpr):
     """[ROWS, CANDIDATES] float32 upper bounds of the IEEE kernel's keys of the tile's pairs, before
     scaled_dot's division (the gate compares dot products with _dot_threshold) and the mask, from the
     tensor-core product P and the slice's norms, sums of squares and inverse norms (norms_ptr,
@@ -261,7 +275,9 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_
     monotone in the dot product), gaussian's 2 P + row_terms + the candidate's term (gaussian_bound:
     row_terms is the row's -factor * Q + half_additive). The rows and candidates past their extents
     read row 0 and get NaN (NaN row terms, NaN norms), as rows that are not live: the gate lets no
-    NaN through."""
+    NaN through. TILE_BOUND (dot products without an additive mask): P itself, whose bound the gate
+    takes from its threshold instead (_gate_thresholds; no candidate's norm read, nothing added per
+    pair), and whose candidates past M the caller drops."""
     q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
     k_starts = tl.where(cand_ok, cand, 0).to(tl.int64) * k_stride
     # The first chunk apart: its product starts the sum, no accumulator to clear per tile (d >= FEATURES).
@@ -270,10 +286,13 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_
     while first < d:
         approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, FEATURES, PRECISION, INJECT)
         first += FEATURES
-    k_norms = tl.load(norms_ptr + cand, mask=cand_ok, other=float("nan"))
-    if INJECT != 0:
+    if INJECT != 0 or not TILE_BOUND:
+        k_norms = tl.load(norms_ptr + cand, mask=cand_ok, other=float("nan"))
+    if INJECT != 0:  # up to each pair's own bound: below the tile's that TILE_BOUND's gate takes
         approx += _injected(q_rows, cand, m, INJECT) * (model * q_norms[:, None] * k_norms[None, :] + absolute)
-    if SIMILARITY == GAUSSIAN:
+    if TILE_BOUND:
+        upper = approx
+    elif SIMILARITY == GAUSSIAN:
         k_squares = tl.load(norms_ptr + (m + 1) + cand, mask=cand_ok, other=float("nan"))
         upper = tl.fma(approx, 2.0, row_terms[:, None]) + tl.fma(-factor, k_squares, half_additive)[None, :]
     else:
@@ -344,20 +363,26 @@ def _row_norms(ptr, rows, row_ok, d, stride, ROWS: tl.constexpr, FEATURES: tl.co
 
 @triton.jit
 def _key_norms_kernel(k_ptr, norms_ptr, m, d, cosine_eps, heads, k_batch_stride, k_head_stride, k_row_stride,
-                      BLOCK: tl.constexpr, FEATURES: tl.constexpr):
-    # norms [G, 3, M + 1] float32, zeros on entry: each key row's norm (_norms), once for every block
-    # of query rows, and after a slice's M norms 1 if one of them is NaN or above NORM_CEILING (a key
-    # whose scores could be NaN, or overflow: the slice's rows go to the rerun), else 0; then the
-    # rows' sums of squares (gaussian's), then their inverse norms as cosine's (select.inverse_of_norms
-    # with cosine_eps, kCosineEps in float32: once per key, not a division per tile).
+                      BLOCK: tl.constexpr, FEATURES: tl.constexpr, CANDIDATES: tl.constexpr):
+    # norms [G, NORM_SECTIONS, M + 1] float32, zeros on entry: each key row's norm (_norms), once for
+    # every block of query rows, and after a slice's M norms 1 if one of them is NaN or above
+    # NORM_CEILING (a key whose scores could be NaN, or overflow: the slice's rows go to the rerun),
+    # else 0; then the rows' sums of squares (gaussian's), then their inverse norms as cosine's
+    # (select.inverse_of_norms with cosine_eps, kCosineEps in float32: once per key, not a division per
+    # tile); then, at j, the largest norm of the tile of CANDIDATES keys from j * CANDIDATES (the dot
+    # products' gate, _gate_thresholds: one load per tile, not one per candidate).
+    tl.static_assert(BLOCK % CANDIDATES == 0)
     g = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
     norms, squares = _row_norms(k_ptr, rows, rows < m, d, k_row_stride, BLOCK, FEATURES)
-    norms_ptr += g * 3 * (m + 1)
+    norms_ptr += g * _NORM_SECTIONS * (m + 1)
     tl.store(norms_ptr + rows, norms, mask=rows < m)
     tl.store(norms_ptr + (m + 1) + rows, squares, mask=rows < m)
     tl.store(norms_ptr + 2 * (m + 1) + rows, select.inverse_of_norms(squares, cosine_eps), mask=rows < m)
+    tiles = tl.program_id(0) * (BLOCK // CANDIDATES) + tl.arange(0, BLOCK // CANDIDATES)
+    tl.store(norms_ptr + 3 * (m + 1) + tiles, tl.max(tl.reshape(norms, [BLOCK // CANDIDATES, CANDIDATES]), 1),
+             mask=tiles * CANDIDATES < m)
     if tl.max(((rows < m) & ~(norms <= NORM_CEILING)).to(tl.int32), 0) != 0:
         tl.atomic_max(norms_ptr + m, 1.0)
 
@@ -435,15 +460,22 @@ def _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankab
 @triton.jit
 def _mask_bits_kernel(mask_ptr, bits_ptr, rows, m, words, ROWS: tl.constexpr, CANDIDATES: tl.constexpr):
     # A bool mask of `rows` contiguous rows of M entries (a slice's [N, M], or all slices') as int64
-    # words [rows, words]: bit c of word w set where the row holds candidate w * CANDIDATES + c (the
-    # bits past M clear). The tensor-core kernel reads a row's tile of the mask as one word: 8 bytes
-    # per row, tile and head where the bool mask is 64, and no conversion of its entries.
+    # words [rows, words + 1], the last column zeros on entry: bit c of word w set where the row holds
+    # candidate w * CANDIDATES + c (the bits past M clear), and in the last column the words up to the
+    # row's last true entry (its last nonzero word's index plus 1; 0 for a row without one). The
+    # tensor-core kernel reads a row's tile of the mask as one word: 8 bytes per row, tile and head
+    # where the bool mask is 64, and no conversion of its entries; and ends a block's tiles after the
+    # last its rows' words reach.
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cand = tl.program_id(1) * CANDIDATES + tl.arange(0, CANDIDATES)
     held = tl.load(mask_ptr + row[:, None] * m + cand[None, :], mask=(row < rows)[:, None] & (cand < m)[None, :],
                    other=0) != 0
     bit = tl.full([1, CANDIDATES], 1, tl.int64) << tl.arange(0, CANDIDATES).to(tl.int64)[None, :]
-    tl.store(bits_ptr + row * words + tl.program_id(1), tl.sum(tl.where(held, bit, 0), 1), mask=row < rows)
+    word = tl.sum(tl.where(held, bit, 0), 1)
+    row_words = bits_ptr + row * (words + 1)
+    tl.store(row_words + tl.program_id(1), word, mask=row < rows)
+    reached = (tl.program_id(1) + 1).to(tl.int64) + tl.zeros([ROWS], tl.int64)
+    tl.atomic_max(row_words + words, reached, mask=(row < rows) & (word != 0))
 
 
 @triton.jit
@@ -466,16 +498,75 @@ def _masked_by_bits(keys, mask_rows, held, valid, MASK: tl.constexpr, CANDIDATES
 
 
 @triton.jit
+def _valid_bits(first, m, CANDIDATES: tl.constexpr):
+    """int64: the tile's candidates below M as bits (all, or the first m - first)."""
+    remaining = (m - first).to(tl.int64)
+    return tl.where(remaining >= CANDIDATES, -1, (tl.full([], 1, tl.int64) << tl.minimum(remaining, 63)) - 1)
+
+
+@triton.constexpr_function
+def _tile_bound(similarity, mask):
+    """Whether the gate takes the dot products' bound from the threshold, at the tile's largest key
+    norm (_gate_thresholds), rather than adding each pair's: dot and scaled_dot, unless an additive
+    mask is added to the bounds pair by pair."""
+    return similarity in (DOT, SCALED_DOT) and mask != 2
+
+
+@triton.jit
+def _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND: tl.constexpr,
+                     CANDIDATES: tl.constexpr):
+    """[ROWS] what the tile's bounds (_upper_keys) are compared with: the threshold; with TILE_BOUND,
+    the threshold less row_terms times the tile's largest key norm (_key_norms_kernel), an FMA per
+    row: a candidate whose tensor-core product P is below it has P + its bound below the threshold,
+    since a float P at least a real a is at least a rounded to float (docs/operator.md). NaN row terms
+    (rows not live) give NaN, which no P passes; a -inf threshold stays -inf."""
+    if TILE_BOUND:
+        threshold = tl.fma(-row_terms, tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES), threshold)
+    return threshold
+
+
+@triton.jit
+def _initial_thresholds(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d, q_stride, k_stride, q_norms,
+                        row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, threshold,
+                        top_open, SIMILARITY: tl.constexpr, MASK: tl.constexpr, SLOTS: tl.constexpr,
+                        CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
+                        INJECT: tl.constexpr):
+    """(threshold, top_open) [ROWS] before the first tile, from a lower bound of its keys (dot and
+    scaled_dot without an additive mask: _tile_bound). Each valid candidate's exact dot product is at
+    least fl(P - row_terms * the tile's largest key norm) (P its tensor-core product: a float at least
+    a real number is at least that number rounded); the first tile's candidates split into SLOTS >= K
+    groups (candidate c in group c % SLOTS), the least of the groups' largest such bounds, t0, is
+    reached by at least K of them, so the row's K-th exact key is at least key(t0). So the gate
+    compares with the least dot product whose key reaches key(t0) (_dot_threshold), and a masked
+    candidate (key -inf) can no longer enter the row's top: it closes. Rows whose groups are not all
+    valid (fewer valid candidates than SLOTS, a group without one) and rows not live keep theirs;
+    otherwise the first tile lets every candidate through, and its 64 are re-scored per row."""
+    cand = tl.arange(0, CANDIDATES)
+    cand_ok = cand < m
+    products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms,
+                           row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
+                           SIMILARITY, FEATURES, PRECISION, INJECT, True)
+    lower = tl.fma(-row_terms[:, None], tl.load(norms_ptr + 3 * (m + 1)), products)
+    valid = live[:, None] & cand_ok[None, :]
+    if MASK == 1:
+        word = _mask_words(mask_rows, 0, live, CANDIDATES)
+        valid &= ((word[:, None] >> cand[None, :].to(tl.int64)) & 1) != 0
+    lower = tl.where(valid, lower, float("-inf"))
+    reached = tl.min(tl.max(tl.reshape(lower, [lower.shape[0], CANDIDATES // SLOTS, SLOTS]), 1), 1)
+    reached = tl.where(live, reached, float("-inf"))
+    lowered = _dot_threshold(select.scaled_by_root(reached, similarity_constant, SIMILARITY), similarity_constant,
+                             SIMILARITY)
+    return tl.maximum(threshold, lowered), top_open & (reached == float("-inf"))
+
+
+@triton.jit
 def _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES: tl.constexpr):
     """(bits, count) of the candidates that pass with a bool mask (mask_bits: _mask_words), from those
     whose bounds pass (bits): a false entry makes the key -inf, which enters the row's top only while
     the top has an empty slot (top_open: then every valid candidate passes, whatever its score; once K
     candidates are ranked, a -inf key of a later, higher index loses the tie to each of them); a true
     entry passes by its bound, and whatever its score while the threshold is -inf."""
-    # The tile's candidates below M, as bits: all, or the first m - first.
-    remaining = (m - first).to(tl.int64)
-    valid = tl.where(live, tl.where(remaining >= CANDIDATES, -1,
-                                    (tl.full([], 1, tl.int64) << tl.minimum(remaining, 63)) - 1), 0)
+    valid = tl.where(live, _valid_bits(first, m, CANDIDATES), 0)
     bits = tl.where(top_open, valid, tl.where(threshold == float("-inf"), valid & mask_bits, bits & mask_bits))
     return bits, _popcount(bits)
 
@@ -557,13 +648,13 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     # The rows of the mask (unread without one): a bool mask's words (_mask_bits_kernel), an additive one's entries.
     mask_row_stride = m
     if MASK == 1:
-        mask_row_stride = tl.cdiv(m, CANDIDATES)
+        mask_row_stride = tl.cdiv(m, CANDIDATES) + 1
     mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * mask_row_stride
     q_norms, q_squares = _row_norms(q_ptr, rows, row_ok, d, q_row_stride, ROWS, FEATURES)
     q_factors = q_squares  # unread but by cosine: its inverse norms of the rows, as select._row_factors's
     if SIMILARITY == COSINE:
         q_factors = select.inverse_of_norms(q_squares, similarity_constant)
-    norms_ptr += g * 3 * (m + 1)
+    norms_ptr += g * _NORM_SECTIONS * (m + 1)
     queue_rows = queue_row_ptrs[:, None]
     # The tiles' vector loads need rows of whole chunks on 16-byte boundaries (the launcher takes this
     # kernel only then); else every row goes to the rerun, and no tile is scored.
@@ -576,6 +667,7 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     row_terms, model, absolute, factor, half_additive = _row_terms(q_norms, q_squares, live, d, bound_scale,
                                                                    PRECISION, q_ptr.dtype.element_ty != tl.float32,
                                                                    SIMILARITY)
+    TILE_BOUND: tl.constexpr = _tile_bound(SIMILARITY, MASK)
 
     # Each row's exact top: SLOTS packed keys, descending; empty slots hold -inf with indices m + 1,
     # m + 2, ... (below every candidate, a masked one included).
@@ -585,11 +677,31 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     kth_key = tl.full([ROWS], float("-inf"), tl.float32)
     threshold = kth_key  # what the gate compares with: the K-th key, or its _dot_threshold
     top_open = kth_key == kth_key  # the top has an empty slot: a -inf key (a masked candidate) can enter
+    if TILE_BOUND:
+        if whole_chunks & (m > 0):  # (the tiles' vector loads: as the loop's)
+            threshold, top_open = _initial_thresholds(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d,
+                                                      q_row_stride, k_row_stride, q_norms, row_terms, q_factors,
+                                                      model, absolute, factor, half_additive, similarity_constant,
+                                                      threshold, top_open, SIMILARITY, MASK, SLOTS, CANDIDATES,
+                                                      FEATURES, PRECISION, INJECT)
     fill = tl.zeros([ROWS], dtype=tl.int32)
     rescored = tl.zeros([ROWS], dtype=tl.int32)  # candidates re-scored exactly (STATS)
     scored = 0  # tiles scored (STATS)
+    visited = 0  # tiles the loop took, scored or not (STATS)
     first = 0
-    while first < tl.where(whole_chunks, m, 0):
+    limit = tl.where(whole_chunks, m, 0)
+    # With a bool mask, the tiles past every live row's last true entry: none decides, and each queues
+    # only where a live row's top has an empty slot (_bool_masked). So the loop ends at the last tile
+    # the rows' words reach (_mask_bits_kernel's last column; a causal mask's block: its diagonal tile),
+    # or later while some live row's top has an empty slot (a flush closes it: every tile queues M's
+    # next candidates in such a row, M >= K). Without one, every tile.
+    reach = limit
+    open_rows = 1
+    if MASK == 1:
+        words_reached = tl.load(mask_rows + tl.cdiv(m, CANDIDATES), mask=live[:, None], other=0)
+        reach = tl.minimum(limit, (tl.max(tl.max(words_reached, 1), 0) * CANDIDATES).to(tl.int32))
+        open_rows = tl.max((top_open & live).to(tl.int32), 0)
+    while (first < limit) & ((first < reach) | (open_rows != 0)):
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
         if MASK == 1:
@@ -602,14 +714,16 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
             if deciding != 0:
                 upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
                                     k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
-                                    half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT)
-                bits, _ = _passing_words(upper >= threshold[:, None], CANDIDATES)
+                                    half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT,
+                                    TILE_BOUND)
+                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES)
+                bits, _ = _passing_words(upper >= gate[:, None], CANDIDATES)
                 scored += 1
             bits, count = _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
         else:
             upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
                                 k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
-                                similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT)
+                                similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND)
             scored += 1
             if MASK == 2:
                 both_ok = live[:, None] & cand_ok[None, :]
@@ -620,7 +734,10 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                 bits, count = _passing_words((gate >= threshold[:, None])
                                              & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
             else:
-                bits, count = _passing_words(upper >= threshold[:, None], CANDIDATES)
+                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES)
+                bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
+                if TILE_BOUND:  # not the last tile's candidates past M (row 0's products; counted: harmless)
+                    bits &= _valid_bits(first, m, CANDIDATES)
         # The fullest queue after the tile and the tile's busiest row, from one reduction.
         fullest, busiest = tl.split(tl.max(tl.join(fill + count, count), 0))
         fill = _appended(queue_row_ptrs, fill, bits, first, busiest)
@@ -634,13 +751,18 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                                                           SLOTS, FLUSH, CANDIDATES)
             threshold = kth_key if MASK == 2 else _dot_threshold(kth_key, similarity_constant, SIMILARITY)
             fill = tl.zeros([ROWS], dtype=tl.int32)
+            if MASK == 1:
+                open_rows = tl.max((top_open & live).to(tl.int32), 0)
         first += CANDIDATES
+        if STATS:
+            visited += 1
     top, unrankable, _, _ = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, live,
                                      q_factors, m, d, k, q_row_stride, k_row_stride, similarity_constant, SIMILARITY,
                                      MASK, ROWS, SLOTS, FLUSH, CANDIDATES)
-    if STATS:  # rescored_ptr: int32 [2, slices * N]
+    if STATS:  # rescored_ptr: int32 [3, slices * N]
         tl.store(rescored_ptr + g * n + rows, rescored + fill, mask=row_ok)
         tl.store(rescored_ptr + n * slices + g * n + rows, scored + tl.zeros([ROWS], tl.int32), mask=row_ok)
+        tl.store(rescored_ptr + 2 * n * slices + g * n + rows, visited + tl.zeros([ROWS], tl.int32), mask=row_ok)
 
     settled = unrankable == 0
     best_keys, best_index = select._unpacked(top)
@@ -666,7 +788,7 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
     # The settled rows' scores and indices are written as select._select_kernel writes them (slots
     # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
     # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch. A bool
-    # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * words, or 0 for a shared mask),
+    # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * (words + 1), or 0 for a shared mask),
     # an additive one in float32 ([G, N, M] or [N, M]).
     tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT) | (SIMILARITY == COSINE)
                      | (SIMILARITY == GAUSSIAN))

@@ -90,7 +90,8 @@ def bounded_select_specialisations(module, select):
         yield (f"key norms{dtype_suffix}", module._key_norms_kernel,
                {"k_ptr": pointer, "norms_ptr": "*fp32", "m": "i32", "d": "i32", "cosine_eps": "fp32",
                 **row_layouts(module._key_norms_kernel, "k")},
-               {"BLOCK": module.KEY_NORM_ROWS, "FEATURES": module.FEATURES}, {"num_warps": 4})
+               {"BLOCK": module.KEY_NORM_ROWS, "FEATURES": module.FEATURES,
+                **({"CANDIDATES": module.CANDIDATES} if hasattr(module, "NORM_SECTIONS") else {})}, {"num_warps": 4})
     # (hasattr: the static cost report lists these for the kernels of earlier revisions too.)
     words_kernel = hasattr(module, "_mask_bits_kernel")
     if words_kernel:

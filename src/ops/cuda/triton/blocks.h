@@ -37,8 +37,8 @@ extern const SelectBlocks kSelectBlocks;
 // key rows per program of the norms kernel (KEY_NORM_ROWS), the persistent grid's most programs
 // (PROGRAMS), the widest top-K of float32 inputs with an additive mask (FLOAT32_MASK_SLOTS), the
 // similarities it serves (SIMILARITIES: bit s for code s), candidates per tile (CANDIDATES: also the
-// entries of a bool mask per word of its bits) and mask rows per program of the bits kernel
-// (MASK_BITS_ROWS).
+// entries of a bool mask per word of its bits), mask rows per program of the bits kernel
+// (MASK_BITS_ROWS) and the sections of the keys' norms buffer (NORM_SECTIONS).
 struct BoundedSelectBlocks {
   int64_t rows;
   int64_t max_features;
@@ -51,6 +51,7 @@ struct BoundedSelectBlocks {
   uint32_t similarities;
   int64_t candidates;
   int64_t mask_bits_rows;
+  int64_t norm_sections;
 };
 extern const BoundedSelectBlocks kBoundedSelectBlocks;
 

@@ -86,11 +86,12 @@ bool tensor_cores_take(const at::Tensor& queries, const at::Tensor& keys, int64_
 std::pair<at::Tensor, int64_t> mask_words(const at::Tensor& mask, int64_t n, int64_t m, bool per_slice,
                                           const LaunchRunner& run) {
   const int64_t words = cdiv(m, kBoundedSelectBlocks.candidates), rows = m == 0 ? 0 : mask.numel() / m;
-  auto bits = at::empty({rows, words}, mask.options().dtype(at::kLong));
+  // A row's words, then how many of them reach its last true entry (zeros on entry: an atomic max).
+  auto bits = at::zeros({rows, words + 1}, mask.options().dtype(at::kLong));
   Launch launch{kMaskBitsKey, {cdiv(rows, kBoundedSelectBlocks.mask_bits_rows), words}, {}};
   launch.arguments.pointer(mask).pointer(bits).int32(rows).int32(m).int32(words);
   run(launch);
-  return {bits, per_slice ? n * words : 0};
+  return {bits, per_slice ? n * (words + 1) : 0};
 }
 
 // The tensor-core select's keys (its kernel and rerun at each width and mask kind it serves, the keys'
@@ -264,10 +265,10 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
   at::Tensor redo;  // the rows the tensor-core kernel leaves to its rerun: int32 [G * N]
   if (tensor_cores) {
     redo = at::empty({g * n}, queries_in.options().dtype(at::kInt));
-    // The keys' norms once ([G, 3, M + 1]: a slice's M norms and its flag, zero unless one is not finite
-    // or too large, then their M sums of squares, then their inverse norms as cosine's), then a
-    // persistent grid, each program with its queue of candidates (scratch).
-    auto norms = at::zeros({g, 3, m + 1}, queries_in.options().dtype(at::kFloat));
+    // The keys' norms once ([G, norm_sections, M + 1]: a slice's M norms and its flag, zero unless one is
+    // not finite or too large, then their M sums of squares, then their inverse norms as cosine's, then
+    // each tile's largest norm), then a persistent grid, each program with its queue of candidates (scratch).
+    auto norms = at::zeros({g, kBoundedSelectBlocks.norm_sections, m + 1}, queries_in.options().dtype(at::kFloat));
     Launch key_norms{key_norms_key(dtype), {cdiv(m, kBoundedSelectBlocks.key_norm_rows), g}, {}};
     key_norms.arguments.pointer(in.keys).pointer(norms).int32(m).int32(d).float32(static_cast<float>(kCosineEps))
         .int32(heads_of(in.keys))
