@@ -680,9 +680,9 @@ def composition_bound_us(g, n, k, c=CHANNELS, element=2):
 def report_training(report):
     """The op's forward+backward bounds at TRAINING_SHAPES, bfloat16, against SDPA's (sdpa_bound_us):
     the tensor-core select (no mask, or a causal bool mask, read once into its words, of which the
-    heads read G N M / 16 bytes: the words up to each block's diagonal), the composition's other steps, the two-kernel backward (the bfloat16
-    column kernel's instruction issue taken from the float32 kernel's SASS, whose loops the report
-    reads) and its sorts."""
+    heads read G N M / 16 bytes: the words up to each block's diagonal), the composition's other
+    steps, the two-kernel backward (the bfloat16 column kernel's instruction issue taken from the
+    float32 kernel's SASS, whose loops the report reads) and its sorts."""
     bounded, backward, select = (check.load_kernels(name) for name in ("bounded_select", "attention_backward",
                                                                           "select"))
     key_bytes = report["sort_key_bytes"]
@@ -872,7 +872,6 @@ def bounded_parts(kernel_name):
     norms = [r for r in before if r not in steps and r not in initial_products]
     per_chunk = tensor_core(*dot)
     per_tile = tensor_core(tiles[0], tiles[1])
-    bounded = check.load_kernels("bounded_select")
     # With a bool mask, a tile that no row's bounds decide is not scored (bounded_select: the branch of
     # `if deciding`): the forward branch on that line that skips the first chunk, the chunk loop and
     # the gate's product. None in a kernel without it.
@@ -952,8 +951,8 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
             # first tile's keys; a row that has one closes its top to masked candidates.
             lower = exact[:, :tile] - model * q_norms * tile_norms[:tile]
             if causal:
-                lower = torch.where(torch.arange(tile)[None, :] <= torch.arange(block * rows, block * rows + len(q))[:, None],
-                                    lower, -math.inf)
+                positions = torch.arange(block * rows, block * rows + len(q))[:, None]
+                lower = torch.where(torch.arange(tile)[None, :] <= positions, lower, -math.inf)
             reached = lower.view(len(q), tile // slots, slots).amax(1).amin(1)
             threshold = torch.maximum(threshold, reached)
             ranked = torch.where(reached > -math.inf, k, ranked)

@@ -43,6 +43,9 @@ if INTERPRETED:
     import triton_interpreter  # noqa: E402  (beside this file)
 
     triton_interpreter.round_bfloat16_to_nearest_even()
+    # The first call's check of a bfloat16 op also runs the tensor-core select (bounded_select.py),
+    # whose tl.dot of bfloat16 operands the bare interpreter multiplies as bit patterns.
+    triton_interpreter.multiply_bfloat16_as_numbers()
 
 ops = torch.ops.convnn
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
