@@ -452,7 +452,7 @@ def test_the_dot_products_gate_at_a_tiles_largest_key_norm_keeps_the_ieee_select
     norms launch writes each tile's largest norm (M = 150: tiles of 64, 64 and 22 keys) beside the
     norms; keys whose norms differ within a tile by up to 2^10 (a few large keys per tile, so the bound
     at the tile's largest is 2^10 times most pairs' own), errors injected up to each pair's own bound
-    at both signs: every row settles, as the IEEE kernel's, at K = 1, 8 and 13, without a mask and with a
+    (x 2^4, the bound inflated as much) at both signs: every row settles, as the IEEE kernel's, at K = 1, 8 and 13, without a mask and with a
     bool mask; at the bound's own size the gate still cuts (fewer than M re-scored per row, K = 1)."""
     generator = torch.Generator().manual_seed(46)
     queries = dyadic((2, 70, 32), generator).to(DEVICE)
@@ -469,12 +469,10 @@ def test_the_dot_products_gate_at_a_tiles_largest_key_norm_keeps_the_ieee_select
     assert torch.equal(norms[:, 3, :tiles], largest.amax(-1)) and (norms[:, 3, tiles:] == 0).all()
     torch.testing.assert_close(norms[:, 0, :m].cpu(), _norms(keys.cpu().view(-1, d)).view(g, m), rtol=1e-6, atol=0)
     mask = (torch.rand(2, 70, 150, generator=generator) > 0.3).to(DEVICE)
-    rescored = {}
     for inject in ("even up", "odd up"):
         for k, similarity, mask_here in ((1, DOT, None), (8, SCALED_DOT, None), (13, DOT, mask), (8, SCALED_DOT, mask)):
-            flagged, counts, _ = assert_same_selection(queries, keys, k, similarity, mask_here, inject, 2.0 ** 4)
+            flagged, _, _ = assert_same_selection(queries, keys, k, similarity, mask_here, inject, 2.0 ** 4)
             assert not flagged.any(), (inject, k, similarity)
-            rescored[inject, k, mask_here is None] = counts
     # The bound as it is (TF32's, 2^-9 of |q| times the tile's largest norm): the gate still cuts.
     _, counts, _ = assert_same_selection(queries, keys, 1, DOT)
     assert counts.max() < m, counts
