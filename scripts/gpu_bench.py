@@ -44,7 +44,7 @@ import torch
 import triton.testing
 
 import convnn  # noqa: F401  (registers the ops and the Triton launcher)
-from convnn._triton import attention, bounded_select, select
+from convnn._triton import attention, bounded_select, register, select
 
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 CUDA = torch._C.DispatchKey.CUDA  # each op's CUDA kernel: the Triton kernels where they apply
@@ -348,6 +348,8 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
         SIMILARITY=select.SIMILARITY_CODES[similarity], MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
         CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
         FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, STATS=True,
+        STEP_TILES=bounded_select.tiles_per_step(select.SIMILARITY_CODES[similarity], select.NO_MASK, dtype,
+                                                 register.architecture([queries])),
         **bounded_select.compile_options(slots, select.NO_MASK, dtype))
     return int(redo.sum()), float(rescored[0].float().mean())
 

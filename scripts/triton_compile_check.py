@@ -10,6 +10,7 @@ comes from Triton's metadata. Prints a Markdown table (BENCHMARKS.md lists it).
     .venv/bin/python scripts/triton_compile_check.py
 """
 import concurrent.futures
+import functools
 import importlib.util
 import multiprocessing
 import os
@@ -108,9 +109,16 @@ def compile_for(kernel, signature, constexprs, launch_options, arch):
     launcher relies on; scripts/triton_aot.py)."""
     target = GPUTarget("cuda", arch, 32)
     options = triton.compiler.make_backend(target).parse_options(dict(launch_options))
+    constexprs = specialisations().for_architecture(constexprs, arch)
     full_signature = {**signature, **{key: "constexpr" for key in constexprs}}
     return triton.compile(triton.compiler.ASTSource(fn=kernel, constexprs=constexprs, signature=full_signature),
                           target=target, options=options.__dict__)
+
+
+@functools.cache
+def specialisations():
+    """This tree's python/convnn/_triton/specialisations.py (its list, and its for_architecture)."""
+    return load_file(pathlib.Path(__file__).resolve().parents[1] / "python/convnn/_triton/specialisations.py")
 
 
 def all_specialisations():
@@ -118,7 +126,7 @@ def all_specialisations():
     for: python/convnn/_triton/specialisations.py's list, of the kernels under REPO (another
     revision's for triton_cost_report.py --revision; that list is this tree's, which takes any
     revision's modules)."""
-    table = load_file(pathlib.Path(__file__).resolve().parents[1] / "python/convnn/_triton/specialisations.py")
+    table = specialisations()
     names = ("aggregate", "select", "pair_gradients", "attention", "attention_backward")
     modules = {name: load_kernels(name) for name in names}
     # The tensor-core select (issue 41): not in the kernels of an earlier revision.

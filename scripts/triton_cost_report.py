@@ -812,20 +812,20 @@ def tensor_core_multiply_adds(text):
 
 def bounded_parts(kernel_name):
     """The tensor-core select's SASS per warp (bounded_select.py: a persistent loop over blocks of
-    rows, the tile loop inside it): what each tile runs (its first chunk of features, the gate and its
-    small product, the flush test, and the unrolled remainder of chunks that ptxas puts after the loop
-    of chunks: all taken, as at D = 64, where the first chunk is apart, the remainder takes three and
-    the loop none), the loop of further chunks of FEATURES features (ptxas unrolls it: `unrolled`
-    chunks an iteration), a round of the
-    append loop (`scored_only`: the part of the tile that a tile skipped under a bool mask does not run),
-    the flush inside the tile loop (apart from its chunk loop: its barriers, the K-th key,
-    the threshold's loops taken once each) and its loop per FLUSH queued candidates (apart from the
-    exact re-score: the merge, with the remainder of the re-score's unrolled loop, counted as taken:
-    an over-count at D = 64, where the unrolled loop takes every feature), the exact re-score per 8
-    features (its loop over the unrolled features: `exact_unrolled` times 8 an iteration, from its
-    FFMA, one per pair and feature), what a block runs outside the tile
-    loop (the final flush's chunks counted as the tile loop's), the query norms per chunk, and the
-    tensor-core multiply-adds per tile (first chunk and gate) and per further chunk."""
+    rows, the tile loop inside it, a step of STEP_TILES tiles an iteration; "tile" below is a step):
+    what each step runs (its first chunk of features, the gate and its small product, the flush
+    test, and the unrolled remainder of chunks that ptxas puts after the loop of chunks: all taken,
+    as at D = 64, where the first chunk is apart, the remainder takes three and the loop none), the
+    loop of further chunks of FEATURES features (ptxas unrolls it: `unrolled` chunks an iteration),
+    a round of the append loop (`scored_only`: the part of the tile that a tile skipped under a bool
+    mask does not run), the flush inside the tile loop (apart from its chunk loop: its barriers, the
+    K-th key, the threshold's loops taken once each) and its loop per FLUSH queued candidates (apart
+    from the exact re-score: the merge, with the remainder of the re-score's unrolled loop, counted
+    as taken: an over-count at D = 64, where the unrolled loop takes every feature), the exact
+    re-score per 8 features (its loop over the unrolled features: `exact_unrolled` times 8 an
+    iteration, from its FFMA, one per pair and feature), what a block runs outside the tile loop (the
+    final flush's chunks counted as the tile loop's), the query norms per chunk, and the tensor-core
+    multiply-adds per tile (first chunk and gate) and per further chunk."""
     instructions, labels, warps = sass(kernel_name)
     ranges = loops(instructions, labels)
 
@@ -884,11 +884,14 @@ def bounded_parts(kernel_name):
         target = labels.get(match.group(1), -1) if match else -1
         if getattr(where, "line", None) in deciding and dot[1] < target <= tiles[1]:
             scored = (position + 1, target - 1)
-    chunk_multiply_adds = bounded.ROWS * bounded.CANDIDATES * bounded.FEATURES // warps  # a warp's share
+    # A warp's share of a chunk's product: a step's tiles (STEP_TILES at sm_90; 1 before steps).
+    step_tiles = check.specialisations().for_architecture(
+        next(c for name, _, _, c, _ in check.all_specialisations() if name == kernel_name), 90).get("STEP_TILES", 1)
+    chunk_multiply_adds = bounded.ROWS * bounded.CANDIDATES * step_tiles * bounded.FEATURES // warps
     pairs_per_thread = bounded.ROWS * bounded.FLUSH // (32 * warps)
     exact_unrolled = max(1, sum(opcode(text) == "FFMA" for text, _ in instructions[exact[0]:exact[1] + 1])
                          // (8 * pairs_per_thread))
-    return {"warps": warps, "total": len(instructions), "dot_loop": size(dot),
+    return {"warps": warps, "total": len(instructions), "step_tiles": step_tiles, "dot_loop": size(dot),
             "unrolled": sum(f for f, _ in per_chunk) // chunk_multiply_adds,
             "tile": size(tiles) - size(dot) - size(flush) - size(append),
             "scored_only": size(scored) - size(dot) if scored else 0,
@@ -905,30 +908,37 @@ def bounded_parts(kernel_name):
 
 
 
-def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_wanted=16, causal=False):
+def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_wanted=16, causal=False,
+                 dtype="bfloat16"):
     """The kernel's rule on seeded Gaussian features [N, D] (one slice; keys the same size), per sampled
-    block of ROWS query rows: the gate (the exact key plus the bound's size: model |q||k| for the dot
-    products, model for cosine's, model (|q|^2 + |k|^2) for gaussian's minus the squared distance,
-    docs/operator.md; against the K-th exact key of the candidates flushed so far), the appends (a
-    round per candidate of a tile's busiest row), the flushes (after a tile that leaves a queue unable
-    to take another whole tile, and after the last) and their chunks of FLUSH. causal: a bool mask of
-    the keys up to each query's position, as the kernel takes a bool mask: a tile scored only where
-    some row of the block has a candidate in it and a threshold above -inf, every valid candidate
-    queued while the row's top has an empty slot, every allowed one while its threshold is -inf, and
-    the tiles past the block's last row not visited once every row's top is full.
-    Returns {tiles (scored), skipped tiles, append rounds,
-    flushes, flush chunks, candidates re-scored per row, blocks sampled, blocks in all}."""
+    block of ROWS query rows, in steps of the tiles the sm_90 kernel scores a step for `dtype`
+    (bounded_select.tiles_per_step): the gate (the exact key plus the bound's size: model |q||k| for
+    the dot products, at the step's largest key norm, model for cosine's, model (|q|^2 + |k|^2) for
+    gaussian's minus the squared distance, docs/operator.md; against the K-th exact key of the
+    candidates flushed so far), the appends (a round per candidate of a step's busiest row), the
+    flushes (after a step that leaves FLUSH_AT or more in a queue, and after the last) and their
+    chunks of FLUSH. causal: a bool mask of the keys up to each query's position, as the kernel
+    takes a bool mask: a tile scored only where some row of the block has a candidate in it and a
+    threshold above -inf, every valid candidate queued while the row's top has an empty slot, every
+    allowed one while its threshold is -inf, and the tiles past the block's last row not visited once
+    every row's top is full.
+    Returns {tiles (scored), steps (scored), skipped tiles, append rounds, flushes, flush chunks,
+    candidates re-scored per row, blocks sampled, blocks in all}."""
     g, n, d, k = shape
     rows, tile, queue, flush = bounded.ROWS, bounded.CANDIDATES, bounded.QUEUE, bounded.FLUSH
+    # Tiles a step on sm_90 (an earlier revision's kernel: one).
+    code = check.load_kernels("similarities").CODES[similarity]
+    step = getattr(bounded, "tiles_per_step", lambda *_: 1)(code, 1 if causal else 0, dtype, 90) * tile
     generator = torch.Generator().manual_seed(seed)
     queries = torch.randn(n, d, generator=generator, dtype=torch.float64)
     keys = torch.randn(n, d, generator=generator, dtype=torch.float64)
     key_norms = keys.norm(dim=1)
     tile_norms = key_norms.view(-1, tile).amax(1).repeat_interleave(tile)
+    step_norms = key_norms.view(-1, step).amax(1).repeat_interleave(step)
     slots = check.load_kernels("select").slots_for(k)
     blocks_per_slice = math.ceil(n / rows)
-    runs = {"tiles": 0, "skipped_tiles": 0, "append_rounds": 0, "flushes": 0, "flush_chunks": 0, "rescored": 0,
-            "rows": 0}
+    runs = {"tiles": 0, "steps": 0, "skipped_tiles": 0, "append_rounds": 0, "flushes": 0, "flush_chunks": 0,
+            "rescored": 0, "rows": 0}
     sampled = 0
     for block in range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted)):
         q = queries[block * rows:(block + 1) * rows]
@@ -939,9 +949,9 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
         elif similarity == "cosine":
             exact = q @ keys.T / q_norms / key_norms
             upper = exact + model
-        else:  # the bound at each tile's largest key norm (bounded_select._gate_thresholds)
+        else:  # the bound at each step's largest key norm (bounded_select._gate_thresholds)
             exact = q @ keys.T
-            upper = exact + model * q_norms * tile_norms
+            upper = exact + model * q_norms * step_norms
         best = torch.full((len(q), k), -math.inf, dtype=torch.float64)
         threshold = best[:, -1].clone()
         fill = torch.zeros(len(q), dtype=torch.long)
@@ -969,13 +979,13 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
             return best, best[:, -1].clone()
 
         reach = (block * rows + len(q) - 1) // tile * tile + tile  # past the tile of the block's last row
-        for first in range(0, n, tile):
+        for first in range(0, n, step):
             if causal and first >= reach and bool((ranked >= k).all()):
                 break
-            passing = upper[:, first:first + tile] >= threshold[:, None]
-            keys_here = exact[:, first:first + tile]
+            passing = upper[:, first:first + step] >= threshold[:, None]
+            keys_here = exact[:, first:first + step]
             if causal:
-                allowed = (torch.arange(first, min(first + tile, n))[None, :]
+                allowed = (torch.arange(first, min(first + step, n))[None, :]
                            <= torch.arange(block * rows, block * rows + len(q))[:, None])
                 deciding = bool((allowed.any(dim=1) & (threshold > -math.inf)).any())
                 # A masked candidate enters only while the row's top has an empty slot (bounded_select).
@@ -985,12 +995,13 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
                 keys_here = torch.where(allowed, keys_here, -math.inf)
             else:
                 deciding = True
-            runs["tiles" if deciding else "skipped_tiles"] += 1
+            runs["steps" if deciding else "skipped_tiles"] += 1
+            runs["tiles"] += math.ceil(min(step, n - first) / tile) if deciding else 0
             count = passing.sum(dim=1)
             queued.append(torch.where(passing, keys_here, -math.inf))
             fill += count
             runs["append_rounds"] += int(count.max())
-            if int(fill.max()) > queue - tile:
+            if int(fill.max()) >= queue - 2 * tile:
                 best, threshold = flushed(best, queued, fill)
                 fill, queued = torch.zeros_like(fill), []
         if int(fill.max()) > 0:
@@ -1013,14 +1024,14 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0):
     chunks = math.ceil(d / bounded.FEATURES)
     per_warp = (runs["sampled"] * (counts["block"] + counts["norms_per_chunk"] * chunks
                                    + (chunks - 1) // counts["unrolled"] * counts["initial_dot_loop"])
-                + runs["tiles"] * (counts["tile"] + (chunks - 1) // counts["unrolled"] * counts["dot_loop"])
+                + runs["steps"] * (counts["tile"] + (chunks - 1) // counts["unrolled"] * counts["dot_loop"])
                 + runs["skipped_tiles"] * (counts["tile"] - counts["scored_only"])
                 + runs["append_rounds"] * counts["append_round"] + runs["flushes"] * counts["flush"]
                 + runs["flush_chunks"] * (counts["flush_chunk"] + d / 8 * counts["exact_per_8_features"])) * scale
     norms_programs = g * math.ceil(n / bounded.KEY_NORM_ROWS)
     warp_instructions = per_warp * counts["warps"] + norms_programs * norms_counts["per_program"](chunks)
     issue_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ)
-    multiply_adds = runs["tiles"] * scale * counts["warps"] * (
+    multiply_adds = runs["steps"] * scale * counts["warps"] * (
         counts["tile_multiply_adds"] + (chunks - 1) // counts["unrolled"] * counts["loop_multiply_adds"])
     tensor_s = multiply_adds / (SMS * TENSOR_CORE_FMA_PER_SM_CYCLE[counts["operands"]] * CLOCK_HZ)
     element = 2 if counts["operands"] in ("BF16", "F16") else 4
@@ -1029,7 +1040,7 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0):
     bound = max(issue_s, tensor_s, dram_s)
     return {"rescored_per_row": runs["rescored_per_row"],
             "scored_tiles_share": runs["tiles"] / (runs["sampled"] * math.ceil(n / bounded.CANDIDATES)),
-            "append_rounds_per_tile": runs["append_rounds"] / (runs["tiles"] + runs["skipped_tiles"]),
+            "append_rounds_per_step": runs["append_rounds"] / (runs["steps"] + runs["skipped_tiles"]),
             "flushes_per_block": runs["flushes"] / runs["sampled"],
             "warp_instructions_per_score": warp_instructions / (g * n * n),
             "issue_bound_us": issue_s * 1e6, "tensor_core_bound_us": tensor_s * 1e6,
@@ -1056,8 +1067,9 @@ def report_bounded_select(report):
         return
     print("\nknn_select on tensor cores (bounded_select.py): no mask, sm_90; the IEEE kernel's "
           "rerun launch reads only the flags here (no row flagged on Gaussian inputs)\n")
-    print("| kernel | shape | SASS per warp: tile / loop of chunks (chunks) / append round / flush / per 8 queued / "
-          "exact per 8 features | warps | re-scored per row | append rounds per tile | flushes per block | "
+    print("| kernel | shape | SASS per warp: step (tiles) / loop of chunks (chunks) / append round / flush / "
+          "per 8 queued / "
+          "exact per 8 features | warps | re-scored per row | append rounds per step | flushes per block | "
           "warp instr. per score | issue (µs) | tensor cores (µs) | DRAM (µs) | bound (µs) | set by |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     report["bounded_select"] = {}
@@ -1073,13 +1085,14 @@ def report_bounded_select(report):
             # The bound's size at D = 64 (docs/operator.md: 1.9e-5 of |q||k| for bfloat16, 2.0e-3 for TF32;
             # gaussian's about twice that of |q|^2 + |k|^2, bounded_select.gaussian_bound).
             model = (1.9e-5 if exact_products else 2.0e-3) * (2 if similarity == "gaussian" else 1)
-            figures = bounded_estimate(counts, norms_counts, bounded, shape,
-                                       bounded_runs(bounded, shape, model, similarity))
+            runs = bounded_runs(bounded, shape, model, similarity, dtype="bfloat16" if exact_products else "float32")
+            figures = bounded_estimate(counts, norms_counts, bounded, shape, runs)
             report["bounded_select"].setdefault(kernel, {"sass": counts, "shapes": {}})["shapes"][shape_name] = figures
-            print(f"| {kernel} | {shape_name} | {counts['tile']} / {counts['dot_loop']} ({counts['unrolled']}) / "
+            print(f"| {kernel} | {shape_name} | {counts['tile']} ({counts['step_tiles']}) / "
+                  f"{counts['dot_loop']} ({counts['unrolled']}) / "
                   f"{counts['append_round']} / {counts['flush']} / {counts['flush_chunk']} / "
                   f"{counts['exact_per_8_features']:.0f} | {counts['warps']} | {figures['rescored_per_row']:.0f} | "
-                  f"{figures['append_rounds_per_tile']:.2f} | {figures['flushes_per_block']:.1f} | "
+                  f"{figures['append_rounds_per_step']:.2f} | {figures['flushes_per_block']:.1f} | "
                   f"{figures['warp_instructions_per_score']:.2f} | {figures['issue_bound_us']:.0f} | "
                   f"{figures['tensor_core_bound_us']:.0f} | {figures['dram_bound_us']:.0f} | "
                   f"{figures['bound_us']:.0f} | {figures['set_by']} |")

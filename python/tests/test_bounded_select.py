@@ -313,11 +313,13 @@ def test_a_bool_masks_words_hold_its_entries_bit_by_bit_and_none_past_m():
         assert stride == (shape[-2] * (words + 1) if len(shape) == 3 else 0)
 
 
-def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0, programs=3, rescored=None):
+def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0, programs=3, rescored=None,
+            step_tiles=1):
     """(scores, indices, redo) of the tensor-core kernel alone: unsettled rows' outputs unwritten.
     `programs`: the persistent grid's, fewer than the blocks of most calls here (each program takes
-    several blocks in turn, through one queue). rescored (int32 [2, G * N]): gets the candidates each
-    row re-scored exactly and the tiles its block scored (the kernel's STATS)."""
+    several blocks in turn, through one queue). rescored (int32 [3, G * N]): gets the candidates each
+    row re-scored exactly, the tiles its block scored and the tiles its loop took (the kernel's
+    STATS). step_tiles: the kernel's STEP_TILES (bounded_select.tiles_per_step)."""
     g, n, d = queries.shape
     m = keys.shape[1]
     kind, mask_arg, mask_stride = mask_operand(queries, mask)
@@ -342,7 +344,7 @@ def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=
         SIMILARITY=similarity, MASK=kind, ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES,
         SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
         FEATURES=bounded_select.FEATURES, PRECISION=precision, INJECT=bounded_select.INJECTIONS[inject],
-        STATS=rescored is not None)
+        STATS=rescored is not None, STEP_TILES=step_tiles)
     return scores, indices, redo
 
 
@@ -377,20 +379,24 @@ def ieee(queries, keys, k, similarity, mask=None):
 
 def assert_same_selection(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0):
     """The two launches give the IEEE kernel's outputs exactly; the settled rows are written by the
-    first, the others untouched by it. Returns (the redo flags [G, N] bool, the candidates each row
-    re-scored exactly [G, N], the tiles each row's block scored and its loop took [2, G, N])."""
+    first, the others untouched by it; without a mask, with one tile a step and with two (an sm_80's
+    and an sm_90's kernel: bounded_select.tiles_per_step). Returns (the redo flags [G, N] bool, the
+    candidates each row re-scored exactly [G, N], the tiles each row's block scored and its loop took
+    [2, G, N]), of the last launch."""
     g, n, _ = queries.shape
-    rescored = torch.full((3, g * n), -1, dtype=torch.int32, device=DEVICE)
-    scores, indices, redo = bounded(queries, keys, k, similarity, mask, inject, bound_scale, rescored=rescored)
-    flagged = redo.view(g, n).cpu().bool()
-    assert set(redo.cpu().tolist()) <= {0, 1}
-    assert (indices.cpu()[flagged] == -7).all() and (scores.cpu()[flagged] == 1234.5).all()
     want = ieee(queries, keys, k, similarity, mask)
-    assert torch.equal(indices.cpu()[~flagged], want[1].cpu()[~flagged])
-    assert torch.equal(scores.cpu()[~flagged], want[0].cpu()[~flagged])
-    rerun(queries, keys, k, similarity, mask, scores, indices, redo)
-    assert torch.equal(indices, want[1]), (k, similarity, inject)
-    assert torch.equal(scores.nan_to_num(7.5), want[0].nan_to_num(7.5)), (k, similarity, inject)
+    for step_tiles in (1, 2) if mask is None else (1,):
+        rescored = torch.full((3, g * n), -1, dtype=torch.int32, device=DEVICE)
+        scores, indices, redo = bounded(queries, keys, k, similarity, mask, inject, bound_scale, rescored=rescored,
+                                        step_tiles=step_tiles)
+        flagged = redo.view(g, n).cpu().bool()
+        assert set(redo.cpu().tolist()) <= {0, 1}
+        assert (indices.cpu()[flagged] == -7).all() and (scores.cpu()[flagged] == 1234.5).all()
+        assert torch.equal(indices.cpu()[~flagged], want[1].cpu()[~flagged]), step_tiles
+        assert torch.equal(scores.cpu()[~flagged], want[0].cpu()[~flagged]), step_tiles
+        rerun(queries, keys, k, similarity, mask, scores, indices, redo)
+        assert torch.equal(indices, want[1]), (k, similarity, inject, step_tiles)
+        assert torch.equal(scores.nan_to_num(7.5), want[0].nan_to_num(7.5)), (k, similarity, inject, step_tiles)
     return flagged, rescored[0].view(g, n).cpu(), rescored[1:].view(2, g, n).cpu()
 
 
@@ -450,14 +456,16 @@ def test_rows_without_whole_chunks_of_features_go_to_the_rerun():
 def test_the_dot_products_gate_at_a_tiles_largest_key_norm_keeps_the_ieee_selection():
     """dot and scaled_dot take their bound from the threshold at the tile's largest key norm. The keys'
     norms launch writes each tile's largest norm (M = 150: tiles of 64, 64 and 22 keys) beside the
-    norms; keys whose norms differ within a tile by up to 2^10 (a few large keys per tile, so the bound
-    at the tile's largest is 2^10 times most pairs' own), errors injected up to each pair's own bound
-    (x 2^4, the bound inflated as much) at both signs: every row settles, as the IEEE kernel's, at K = 1, 8 and 13, without a mask and with a
-    bool mask; at the bound's own size the gate still cuts (fewer than M re-scored per row, K = 1)."""
+    norms; keys whose norms differ within a tile by up to 2^10 (a few large keys in the second and
+    third tiles, so the bound at the tile's largest is 2^10 times most pairs' own, and a step of two
+    tiles must take its second tile's largest), errors injected up to each pair's own bound (x 2^4,
+    the bound inflated as much) at both signs: every row settles, as the IEEE kernel's, at K = 1, 8
+    and 13, without a mask and with a bool mask; at the bound's own size the gate still cuts (fewer
+    than M re-scored per row, K = 1)."""
     generator = torch.Generator().manual_seed(46)
     queries = dyadic((2, 70, 32), generator).to(DEVICE)
     keys = dyadic((2, 150, 32), generator)
-    keys[:, ::37] *= 2.0 ** 10
+    keys[:, 70::37] *= 2.0 ** 10  # in the second and third tiles: a step of two tiles takes the larger
     keys = keys.to(DEVICE)
     g, m, d = keys.shape
     norms = torch.zeros((g, bounded_select.NORM_SECTIONS, m + 1), device=DEVICE)
@@ -473,9 +481,10 @@ def test_the_dot_products_gate_at_a_tiles_largest_key_norm_keeps_the_ieee_select
         for k, similarity, mask_here in ((1, DOT, None), (8, SCALED_DOT, None), (13, DOT, mask), (8, SCALED_DOT, mask)):
             flagged, _, _ = assert_same_selection(queries, keys, k, similarity, mask_here, inject, 2.0 ** 4)
             assert not flagged.any(), (inject, k, similarity)
-    # The bound as it is (TF32's, 2^-9 of |q| times the tile's largest norm): the gate still cuts.
-    _, counts, _ = assert_same_selection(queries, keys, 1, DOT)
-    assert counts.max() < m, counts
+    # The bound as it is (TF32's, 2^-9 of |q| times the tile's largest norm): the gate still cuts; with
+    # two tiles a step, the step's largest norm (the second step's second tile past M: not scored).
+    _, counts, tiles = assert_same_selection(queries, keys, 1, DOT)
+    assert counts.max() < m and (tiles == 3).all(), (counts, tiles)
 
 
 def test_dot_products_start_from_the_first_tiles_lower_bounds_and_keep_the_ieee_selection():
@@ -544,7 +553,7 @@ def test_a_bound_past_every_score_gap_flushes_every_tile_and_still_settles_every
     """A bound inflated past every score gap lets every candidate through the gate: the queue is full
     after each tile (M = 150, three tiles) and flushed before the next; with fewer valid candidates
     than K (the masked ones fill the slots, lower index first) every row still settles, as the IEEE
-    kernel's."""
+    kernel's; without a mask (M = 300) every candidate of every step is queued and re-scored."""
     generator = torch.Generator().manual_seed(43)
     queries = dyadic((1, 20, 32), generator).to(DEVICE)
     keys = dyadic((1, 150, 32), generator).to(DEVICE)
@@ -552,6 +561,10 @@ def test_a_bound_past_every_score_gap_flushes_every_tile_and_still_settles_every
     flagged, rescored, _ = assert_same_selection(queries, keys, 16, DOT, mask, inject="scattered",
                                                  bound_scale=2.0 ** 20)
     assert not flagged.any() and (rescored >= 64).all(), rescored
+    # Without a mask, two tiles a step: the queue takes a whole step's 128 (QUEUE holds FLUSH_AT - 1 more).
+    keys = dyadic((1, 300, 32), generator).to(DEVICE)
+    flagged, rescored, _ = assert_same_selection(queries, keys, 16, DOT, inject="scattered", bound_scale=2.0 ** 20)
+    assert not flagged.any() and (rescored == 300).all(), rescored
 
 
 @pytest.mark.parametrize("similarity", [SCALED_DOT, GAUSSIAN])

@@ -5,7 +5,8 @@ select.py scores every pair in IEEE float32 on CUDA cores, so that a GPU ranks e
 At long N those scores are the whole cost. Here a tile's scores come from tensor cores (bfloat16 and
 float16 inputs as they are, float32 through FLOAT32_PRECISION), each with a bound on its distance
 from the IEEE kernel's score (error_bound: docs/operator.md, "Scores on tensor cores", derives it
-and states the accumulation model it assumes). Per query row, over [ROWS, CANDIDATES] tiles:
+and states the accumulation model it assumes). Per query row, over [ROWS, CANDIDATES] tiles, STEP_TILES
+of them a loop step (tiles_per_step: two where the registers allow one [ROWS, 2 CANDIDATES] product):
 
 1. The gate: a candidate passes when its upper bound (score + bound, through the similarity's key
    and the mask: both keep order) is not below the row's threshold t, the K-th largest exact key of
@@ -20,8 +21,8 @@ and states the accumulation model it assumes). Per query row, over [ROWS, CANDID
    true entries reach (a causal mask's: its diagonal tile) once no row's top has an empty slot. dot and
    scaled_dot start each row's t from lower bounds of the first tile's keys (_initial_thresholds), not
    at -inf (which let that tile's every candidate through).
-2. The flush, after a tile that leaves a row's queue unable to take another whole tile (more than
-   QUEUE - CANDIDATES queued) and after the last tile: the queued candidates
+2. The flush, after a step that leaves FLUSH_AT or more candidates in a row's queue and after the
+   last step: the queued candidates
    re-scored exactly, in the IEEE kernel's order of operations (a float32 FMA chain over the features
    in order: what tl.dot(input_precision="ieee") lowers to), ranked by the exact packed keys (larger
    first, the lower index on a tie) and merged into the row's exact top (bitonic.py); t rises to its
@@ -70,17 +71,18 @@ SIMILARITIES = (CODES["dot"], CODES["scaled_dot"], CODES["cosine"], CODES["gauss
 ROWS = 64
 CANDIDATES = 64
 FEATURES = 16
-# A row's queue is flushed after a tile that leaves more than FLUSH_AT candidates in it, so it holds
-# at most FLUSH_AT + CANDIDATES = QUEUE (a whole tile may pass the gate; the kernel flushes above
-# QUEUE - CANDIDATES). Estimated by scripts/triton_cost_report.py (its simulation of this kernel's
-# rules on Gaussian features, 12 x N, D 64, K 8, bfloat16's bound, and its SASS counts for sm_90),
-# with the initial thresholds (_initial_thresholds): the select's bound at N = 4096 / 16384 / 65536
-# 251 / 2,009 / 20,600 µs flushing at 8 (73 candidates re-scored per row at 16384), 231 / 1,885 /
-# 20,120 at 16 (81), 239 / 1,942 / 20,401 at 32 (99) and 274 / 2,124 / 21,500 at 64 (131); causal
-# alike (1,524 µs at 16384 and 16). Flushing more often re-scores fewer candidates but runs the
-# flush's fixed part and its busiest row's chunks more often: 16.
+# A row's queue is flushed after a step that leaves FLUSH_AT or more candidates in it, so it holds at
+# most FLUSH_AT - 1 + 2 * CANDIDATES, below QUEUE (a whole step may pass the gate; the appends write
+# a row's free slot, below QUEUE, where it has no candidate left). Estimated by
+# scripts/triton_cost_report.py (its simulation of this kernel's rules on Gaussian features, 12 x N,
+# D 64, K 8, bfloat16's bound, and its SASS counts for sm_90, two tiles a step): per block of rows,
+# thousands of warp instructions at N = 4096 / 16384 / 65536 70.6 / 127.6 / 305.6 flushing at 8 (83
+# candidates re-scored per row at 16384), 67.5 / 125.3 / 305.9 at 12 (87), 67.3 / 123.7 / 302.3 at
+# 16 (90), 67.8 / 125.5 / 307.5 at 24 (99) and 70.0 / 127.8 / 309.7 at 32 (104). Flushing more often
+# re-scores fewer candidates but runs the flush's fixed part and its busiest row's chunks more
+# often: 16 (with one tile a step, before, 16 too).
 FLUSH_AT = 16
-QUEUE = FLUSH_AT + CANDIDATES
+QUEUE = FLUSH_AT + 2 * CANDIDATES
 # Queued candidates re-scored at a time per row: a [ROWS, FLUSH, 8] tile of keys' features in registers.
 FLUSH = 8
 # Key rows per program of _key_norms_kernel (whole tiles of CANDIDATES: it writes their largest norms).
@@ -500,7 +502,7 @@ def _masked_by_bits(keys, mask_rows, held, valid, MASK: tl.constexpr, CANDIDATES
 @triton.jit
 def _valid_bits(first, m, CANDIDATES: tl.constexpr):
     """int64: the tile's candidates below M as bits (all, or the first m - first)."""
-    remaining = (m - first).to(tl.int64)
+    remaining = tl.maximum(m - first, 0).to(tl.int64)
     return tl.where(remaining >= CANDIDATES, -1, (tl.full([], 1, tl.int64) << tl.minimum(remaining, 63)) - 1)
 
 
@@ -514,14 +516,21 @@ def _tile_bound(similarity, mask):
 
 @triton.jit
 def _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND: tl.constexpr,
-                     CANDIDATES: tl.constexpr):
-    """[ROWS] what the tile's bounds (_upper_keys) are compared with: the threshold; with TILE_BOUND,
-    the threshold less row_terms times the tile's largest key norm (_key_norms_kernel), an FMA per
-    row: a candidate whose tensor-core product P is below it has P + its bound below the threshold,
-    since a float P at least a real a is at least a rounded to float (docs/operator.md). NaN row terms
-    (rows not live) give NaN, which no P passes; a -inf threshold stays -inf."""
+                     CANDIDATES: tl.constexpr, STEP_TILES: tl.constexpr):
+    """[ROWS] what the step's bounds (_upper_keys) are compared with: the threshold; with TILE_BOUND,
+    the threshold less row_terms times the largest key norm of the step's STEP_TILES tiles
+    (_key_norms_kernel), an FMA per row: a candidate whose tensor-core product P is below it has P +
+    its bound below the threshold, since a float P at least a real a is at least a rounded to float
+    (docs/operator.md). (One bound for the step's two tiles: a bound per tile, broadcast along the
+    step's columns, was a [ROWS, 2 CANDIDATES] tensor converted between layouts through shared
+    memory.) NaN row terms (rows not live) give NaN, which no P passes; a -inf threshold stays -inf. A
+    tile past M reads a largest norm of 0 (the section's spare entries, zeros): the caller drops its
+    candidates."""
     if TILE_BOUND:
-        threshold = tl.fma(-row_terms, tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES), threshold)
+        largest = tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES)
+        if STEP_TILES == 2:
+            largest = tl.maximum(largest, tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES + 1))
+        threshold = tl.fma(-row_terms, largest, threshold)
     return threshold
 
 
@@ -583,35 +592,77 @@ def _popcount(x):
 
 @triton.jit
 def _passing_words(passing, CANDIDATES: tl.constexpr):
-    """(bits [ROWS] int64, bit c set where candidate c of the tile passes; count [ROWS] int32) from one
-    small tensor-core product: passing (0 or 1) times a [CANDIDATES, 16] matrix whose column j < 4
-    weighs candidate c by 2^(c % 16) where j = c // 16, and whose column 4 is all ones. The sums are
-    integers below 2^16, exact in float32, and come in the scores' own layout: no scan, no exchange of
-    the tile between threads."""
-    tl.static_assert(CANDIDATES == 64)
-    c = tl.arange(0, CANDIDATES)[:, None]
+    """(bits [ROWS] int64, bit c set where candidate c of the first tile passes; the same of the second
+    tile (passing [ROWS, 2 CANDIDATES]; else 0); count [ROWS] int32, of both) from one small
+    tensor-core product: passing (0 or 1) times a [W, 16] matrix whose column j < W / 16 weighs
+    candidate c by 2^(c % 16) where j = c // 16, and whose column 8 (4 for one tile: with 8, ptxas
+    spilled 24 bytes at K <= 16 on sm_80) is all ones. The sums are integers below 2^16, exact in
+    float32, and come in the scores' own layout: no scan, no exchange of the tile between threads."""
+    W: tl.constexpr = passing.shape[1]
+    tl.static_assert(CANDIDATES == 64 and (W == CANDIDATES or W == 2 * CANDIDATES))
+    c = tl.arange(0, W)[:, None]
     j = tl.arange(0, 16)[None, :]
     weights = tl.where(j == c // 16, (1 << (c % 16)).to(tl.float32), 0.0)
-    weights = tl.where(j == 4, 1.0, weights).to(tl.float16)
+    if W == CANDIDATES:
+        weights = tl.where(j == 4, 1.0, weights).to(tl.float16)
+        words = tl.dot(tl.where(passing, 1.0, 0.0).to(tl.float16), weights).to(tl.int64)
+        bits = tl.sum(tl.where(j < 4, words << (16 * j).to(tl.int64), 0), 1)
+        return bits, tl.zeros_like(bits), tl.sum(tl.where(j == 4, words, 0), 1).to(tl.int32)
+    weights = tl.where(j == 8, 1.0, weights).to(tl.float16)
     words = tl.dot(tl.where(passing, 1.0, 0.0).to(tl.float16), weights).to(tl.int64)
-    bits = tl.sum(tl.where(j < 4, words << (16 * j).to(tl.int64), 0), 1)
-    return bits, tl.sum(tl.where(j == 4, words, 0), 1).to(tl.int32)
+    shifts = (16 * (j % 4)).to(tl.int64)
+    bits = tl.sum(tl.where(j < 4, words << shifts, 0), 1)
+    high_bits = tl.sum(tl.where((j >= 4) & (j < 8), words << shifts, 0), 1)
+    return bits, high_bits, tl.sum(tl.where(j == 8, words, 0), 1).to(tl.int32)
 
 
 @triton.jit
-def _appended(queue_row_ptrs, fill, bits, first, busiest):
-    """fill after the candidates first + b, for every bit b of each row's bits, are written at the
-    row's queue positions fill, fill + 1, ...: a round per candidate of the busiest row."""
+def _lowest_bit(bits):
+    """(the lowest set bit of int64 bits alone, its position): 0 and -127 where no bit is set."""
+    lowest = bits & -bits
+    exponent = (lowest.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF) >> 23  # exact: a power of two
+    return lowest, exponent - 127
+
+
+@triton.jit
+def _appended(queue_row_ptrs, fill, bits, high_bits, first, busiest, STEP_TILES: tl.constexpr,
+              CANDIDATES: tl.constexpr):
+    """fill after the candidates first + b, for every bit b of each row's bits, and first + CANDIDATES +
+    b for every bit b of its high_bits (STEP_TILES 2), are written at the row's queue positions fill,
+    fill + 1, ...: a round per candidate of the busiest row. A row without a candidate left writes at
+    its free slot fill (below QUEUE: the caller's flush), which the next candidate overwrites and no
+    flush reads: no store mask, whose conversion to the store's layout cost a round 8 instructions."""
     entry = 0
     while entry < busiest:
-        lowest = bits & -bits
-        has = lowest != 0
-        bit = ((lowest.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF) >> 23) - 127  # exact: a power of two
-        tl.store(queue_row_ptrs + fill, first + bit, mask=has)
-        fill += has.to(tl.int32)
-        bits ^= lowest
+        if STEP_TILES == 1:
+            lowest, bit = _lowest_bit(bits)
+            bits ^= lowest
+        else:
+            low = bits != 0
+            lowest, bit = _lowest_bit(tl.where(low, bits, high_bits))
+            bit += tl.where(low, 0, CANDIDATES)
+            bits = tl.where(low, bits ^ lowest, bits)
+            high_bits = tl.where(low, high_bits, high_bits ^ lowest)
+        tl.store(queue_row_ptrs + fill, first + bit)
+        fill += (lowest != 0).to(tl.int32)
         entry += 1
     return fill
+
+
+def tiles_per_step(similarity, mask_kind, dtype, arch):
+    """Tiles of CANDIDATES candidates the loop scores a step (the kernel's STEP_TILES) for this
+    similarity (a code), mask kind, input dtype and sm_<arch>: two for dot and scaled_dot without a
+    mask, in half precision, from sm_90 (one [ROWS, 2 CANDIDATES] product, one gate words product,
+    one reduction of the queues' fill and one flush test for both: 189 instructions a warp per tile
+    where one tile a step took 255, bfloat16 at K <= 8; the static bound of 12 x N, D 64, K 8: 1,662
+    against 1,777 us at N = 16384, though 228 against 214 at 4096, where the coarser flushes re-score
+    75 candidates per row against 65). One elsewhere: cosine and gaussian (their rows start at -inf,
+    and the first step lets 128 candidates through, not 64: 313 and 321 us against 290 and 288 at
+    4096), with a mask (a bool mask's words and skipped tiles, an additive mask's entries per pair),
+    and where ptxas spilled the wider product's accumulators (sm_80: 16-160 bytes; float32's 8 warps:
+    8-64 bytes)."""
+    wide = similarity in (DOT, SCALED_DOT) and mask_kind == 0 and dtype != "float32" and arch >= 90
+    return 2 if wide else 1
 
 
 @triton.jit
@@ -639,7 +690,7 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                   q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                   SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr, FEATURES: tl.constexpr,
-                  PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr):
+                  PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr, STEP_TILES: tl.constexpr):
     """The kernel's work on the block of ROWS query rows `block` of slice g (the module's text)."""
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
@@ -702,8 +753,9 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
         reach = tl.minimum(limit, (tl.max(tl.max(words_reached, 1), 0) * CANDIDATES).to(tl.int32))
         open_rows = tl.max((top_open & live).to(tl.int32), 0)
     while (first < limit) & ((first < reach) | (open_rows != 0)):
-        cand = first + tl.arange(0, CANDIDATES)
+        cand = first + tl.arange(0, STEP_TILES * CANDIDATES)
         cand_ok = cand < m
+        high_bits = tl.zeros([ROWS], tl.int64)  # the step's second tile's (STEP_TILES 2)
         if MASK == 1:
             # A row's bounds decide only where the mask holds a candidate and the row's threshold is above
             # -inf (_bool_masked): a tile where no row's do is not scored (a causal mask's tiles past the
@@ -716,34 +768,37 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                                     k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
                                     half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT,
                                     TILE_BOUND)
-                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES)
-                bits, _ = _passing_words(upper >= gate[:, None], CANDIDATES)
+                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES, 1)
+                bits, _, _ = _passing_words(upper >= gate[:, None], CANDIDATES)
                 scored += 1
             bits, count = _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
         else:
             upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
                                 k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
                                 similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND)
-            scored += 1
+            if STATS:
+                scored += tl.minimum(tl.cdiv(m - first, CANDIDATES), STEP_TILES)
             if MASK == 2:
                 both_ok = live[:, None] & cand_ok[None, :]
                 gate = select._masked(select.scaled_by_root(upper, similarity_constant, SIMILARITY),
                                       mask_rows + cand[None, :], both_ok, MASK)
                 unrankable |= tl.max(select._unrankable(gate, both_ok), 1)  # a NaN or +inf mask entry
                 # A -inf key (a -inf mask entry) enters only while the top has an empty slot (_bool_masked).
-                bits, count = _passing_words((gate >= threshold[:, None])
-                                             & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
+                bits, _, count = _passing_words((gate >= threshold[:, None])
+                                                & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
             else:
-                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES)
-                bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
+                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES)
+                bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
                 if TILE_BOUND:  # not the last tile's candidates past M (row 0's products; counted: harmless)
                     bits &= _valid_bits(first, m, CANDIDATES)
-        # The fullest queue after the tile and the tile's busiest row, from one reduction.
+                    if STEP_TILES == 2:
+                        high_bits &= _valid_bits(first + CANDIDATES, m, CANDIDATES)
+        # The fullest queue after the step and the step's busiest row, from one reduction.
         fullest, busiest = tl.split(tl.max(tl.join(fill + count, count), 0))
-        fill = _appended(queue_row_ptrs, fill, bits, first, busiest)
-        # Flushed once a queue could not take another whole tile (FLUSH_AT: the threshold rises early;
-        # the first tile lets every candidate through).
-        if fullest > QUEUE - CANDIDATES:
+        fill = _appended(queue_row_ptrs, fill, bits, high_bits, first, busiest, STEP_TILES, CANDIDATES)
+        # Flushed once a queue holds FLUSH_AT candidates (the threshold rises early): so it holds at most
+        # FLUSH_AT - 1 + a step's candidates, below QUEUE (the appends' free slot: _appended).
+        if fullest >= QUEUE - 2 * CANDIDATES:
             rescored += fill
             top, unrankable, kth_key, top_open = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top,
                                                           unrankable, rows, live, q_factors, m, d, k, q_row_stride,
@@ -753,9 +808,9 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
             fill = tl.zeros([ROWS], dtype=tl.int32)
             if MASK == 1:
                 open_rows = tl.max((top_open & live).to(tl.int32), 0)
-        first += CANDIDATES
+        first += STEP_TILES * CANDIDATES
         if STATS:
-            visited += 1
+            visited += tl.minimum(tl.cdiv(m - first + STEP_TILES * CANDIDATES, CANDIDATES), STEP_TILES)
     top, unrankable, _, _ = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, live,
                                      q_factors, m, d, k, q_row_stride, k_row_stride, similarity_constant, SIMILARITY,
                                      MASK, ROWS, SLOTS, FLUSH, CANDIDATES)
@@ -782,17 +837,18 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
                            k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
                            ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr,
                            FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
-                           INJECT: tl.constexpr = 0, STATS: tl.constexpr = False):
+                           STEP_TILES: tl.constexpr, INJECT: tl.constexpr = 0, STATS: tl.constexpr = False):
     # A persistent grid: program p takes the blocks of ROWS query rows p, p + programs, ... of the
     # slices' blocks in turn, with its own queue (queue_ptr: int32 [programs * ROWS, QUEUE], scratch).
     # The settled rows' scores and indices are written as select._select_kernel writes them (slots
     # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
     # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch. A bool
     # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * (words + 1), or 0 for a shared mask),
-    # an additive one in float32 ([G, N, M] or [N, M]).
+    # an additive one in float32 ([G, N, M] or [N, M]). STEP_TILES: tiles_per_step's.
+    tl.static_assert((STEP_TILES == 1) or ((STEP_TILES == 2) and (MASK == 0)))
     tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT) | (SIMILARITY == COSINE)
                      | (SIMILARITY == GAUSSIAN))
-    tl.static_assert((QUEUE > CANDIDATES) & (QUEUE % FLUSH == 0) & (SLOTS >= FLUSH))
+    tl.static_assert((QUEUE > 2 * CANDIDATES) & (QUEUE % FLUSH == 0) & (SLOTS >= FLUSH))
     blocks = tl.cdiv(n, ROWS)
     queue_row_ptrs = queue_ptr + (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)) * QUEUE
     work = tl.program_id(0)
@@ -801,7 +857,7 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
                       queue_row_ptrs, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
                       mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads, q_batch_stride,
                       q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK,
-                      ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS)
+                      ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS, STEP_TILES)
         work += tl.num_programs(0)
 
 

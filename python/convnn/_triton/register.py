@@ -73,6 +73,17 @@ def run(kernel, grid, arguments, constexprs, options):
     kernel[grid](*arguments, **constexprs, **options)
 
 
+def architecture(arguments):
+    """sm_<arch> of the GPU the launch runs on (its first CUDA tensor's), as specialisations.py's
+    ByArchitecture takes it; under Triton's interpreter (CPU tensors) 90, an H100's, the GPU the
+    kernels are tuned for."""
+    device = next((a.device for a in arguments if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    if device is None:
+        return 90
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
 def triton_launch(key, grid, pointers, int32s, float32s, kinds):
     """convnn::_triton_launch on CUDA: the arguments in the order of `kinds` (p, i, f)."""
     kernel, signature, constexprs, options = specialisation(key)
@@ -83,7 +94,8 @@ def triton_launch(key, grid, pointers, int32s, float32s, kinds):
         recording.append(key)
     if 0 in grid:
         return
-    run(kernel, tuple(grid), arguments, constexprs, options)
+    from . import specialisations
+    run(kernel, tuple(grid), arguments, specialisations.for_architecture(constexprs, architecture(arguments)), options)
 
 
 def register():

@@ -6,8 +6,11 @@ launchers (src/ops/cuda/triton/*_launches.cpp) build the keys and the arguments.
 
 Each entry is (key, kernel, signature, constexprs, launch options). The functions take the kernel
 modules as arguments, so that the compile check can list the kernels of another revision
-(scripts/triton_cost_report.py --revision).
+(scripts/triton_cost_report.py --revision). A constexpr may depend on the architecture the kernel is
+compiled for (ByArchitecture): the builds take it per architecture (for_architecture).
 """
+import functools
+
 import triton.language as tl
 
 # The outputs that the select and fused attention kernels write in the op's dtype through a pointer
@@ -20,6 +23,24 @@ OUTPUTS_IN_THE_OPS_DTYPE = {"_select_kernel": ("scores_ptr",), "_bounded_select_
 # aggregate.py's and pair_gradients.py's kernels launch with Triton's defaults; select.py names its own.
 DEFAULT_OPTIONS = {"num_warps": 4}
 POINTER = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
+
+
+class ByArchitecture:
+    """A constexpr whose value depends on the architecture a kernel is compiled for: value(arch), arch
+    as in sm_<arch> (90 for an H100)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return f"ByArchitecture({self.value!r})"
+
+
+def for_architecture(constexprs, arch):
+    """The constexprs of a kernel compiled for sm_<arch>: ByArchitecture values taken at arch (the
+    compile check, the ahead-of-time build and register.py call this, each with its own arch)."""
+    return {key: value.value(arch) if isinstance(value, ByArchitecture) else value
+            for key, value in constexprs.items()}
 
 
 def dtype_codes(kernel):
@@ -115,10 +136,19 @@ def bounded_select_specialisations(module, select):
                 "slices": "i32", **sizes, "bound_scale": "fp32", **strides},
                {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
                 "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "QUEUE": module.QUEUE, "FLUSH": module.FLUSH,
-                "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0, "STATS": False},
+                "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0, "STATS": False,
+                **step_tiles(module, constexprs["SIMILARITY"], constexprs["MASK"], dtype)},
                options)
         yield (f"rerun select {suffix}", module._rerun_kernel, {**operands, **sizes, **strides}, constexprs,
                select.design(slots, constexprs["MASK"])[1])
+
+
+def step_tiles(module, similarity, mask_kind, dtype):
+    """The tensor-core select's STEP_TILES (bounded_select.tiles_per_step), by architecture; none in
+    the kernels of an earlier revision (scripts/triton_cost_report.py --revision)."""
+    if not hasattr(module, "tiles_per_step"):
+        return {}
+    return {"STEP_TILES": ByArchitecture(functools.partial(module.tiles_per_step, similarity, mask_kind, dtype))}
 
 
 def attention_specialisations(module, select):
