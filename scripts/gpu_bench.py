@@ -33,7 +33,14 @@ from Python, so they are timed here. Medians of triton.testing.do_bench (CUDA ev
 from the caching allocator over one call of its own; GB/s of the aggregation forward counts its
 minimum bytes (every gathered row read once per slot, weights and indices read, output written).
 
-    python scripts/gpu_bench.py [--json FILE] [--designs | --tensor-cores | --training]
+With --compile-jobs J, --training and --tensor-cores first compile their kernels in J processes at
+once (each runs its share of the cases untimed; Triton's cache on disk then serves the timed run),
+and each prints its table a row at a time, so that a step cut short keeps the rows it finished.
+--profile-select runs one tensor-core select (bfloat16, 12 x 4096) for a profiler (gpu-check.sh's
+ncu step).
+
+    python scripts/gpu_bench.py [--json FILE] [--designs | --tensor-cores | --training | --profile-select]
+                                [--sizes N ...] [--compile-jobs J]
 """
 import argparse
 import contextlib
@@ -43,7 +50,7 @@ import os
 import torch
 import triton.testing
 
-import convnn  # noqa: F401  (registers the ops and the Triton launcher)
+import convnn  # registers the ops and the Triton launcher
 from convnn._triton import attention, bounded_select, register, select
 
 GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -61,6 +68,19 @@ def write_json(json_path, device, **sections):
 def equal_cell(row):
     """A table's cell of whether a row's indices and scores equal the IEEE kernel's."""
     return f"{row['indices_equal']} / {row['scores_equal']}" if "indices_equal" in row else "not compared"
+
+
+def on_triton(call):
+    """call() once, each convnn op in it having taken the Triton kernels (convnn.cuda_paths), or
+    composed ops that did (knn_attention with its select on tensor cores): a figure labelled Triton
+    but measured on the generic path (after a failed first-call check, say) would be wrong, so this
+    raises instead, with the reason the path log gives."""
+    with convnn.cuda_paths() as paths:
+        result = call()
+    generic = [entry for entry in paths if ": ATen path" in entry and not entry.endswith(" compose")]
+    if generic or not any("Triton kernels" in entry for entry in paths):
+        raise RuntimeError(f"gpu_bench: a call timed as the Triton kernels' took the generic path: {generic}")
+    return result
 
 
 def inputs(g, n, c, k, dtype, device):
@@ -377,10 +397,10 @@ def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, 
         with select_scores(scores_by):
             return ops.knn_select.default._op_dk(CUDA, queries, keys, neighbours, similarity, None, False)
 
-    bounded = select_by("tensor_cores")
+    bounded = on_triton(lambda: select_by("tensor_cores"))
     row["tensor_cores_ms"], _ = timer(lambda: select_by("tensor_cores"))
     if time_ieee:
-        ieee = select_by("ieee")
+        ieee = on_triton(lambda: select_by("ieee"))
         row["indices_equal"] = bool(torch.equal(bounded[1], ieee[1]))
         row["scores_equal"] = bool(torch.equal(bounded[0], ieee[0]))
         row["scores_max_difference"] = float((bounded[0].float() - ieee[0].float()).abs().max())
@@ -393,27 +413,32 @@ def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, 
     return row
 
 
+def select_cases(sizes):
+    """compare_select_scores's (similarity, features, N, dtype), bfloat16 first."""
+    cases = [("scaled_dot", kind, n, dtype) for n in sizes for dtype in (torch.bfloat16, torch.float32)
+             for kind in ("gaussian", "clustered", "duplicated")]
+    return cases + [(similarity, "gaussian", n, dtype) for similarity in ("cosine", "gaussian") for n in sizes
+                    if n <= 16384 for dtype in (torch.bfloat16, torch.float32)]
+
+
 def compare_select_scores(device, json_path, sizes=(4096, 16384, 65536)):
     """select_scores_row for each size, dtype and kind of features (scaled_dot), and for cosine and
-    gaussian on Gaussian features up to N = 16384, printed as a table."""
-    rows = [select_scores_row(kind, 12, n, 64, 8, dtype, device, time_ieee=n <= 16384)
-            for n in sizes for dtype in (torch.float32, torch.bfloat16)
-            for kind in ("gaussian", "clustered", "duplicated")]
-    rows += [select_scores_row("gaussian", 12, n, 64, 8, dtype, device, similarity=similarity)
-             for similarity in ("cosine", "gaussian") for n in sizes if n <= 16384
-             for dtype in (torch.float32, torch.bfloat16)]
+    gaussian on Gaussian features up to N = 16384, printed as a table a row at a time (a step cut
+    short by its time limit keeps the rows it finished)."""
     print(f"device: {torch.cuda.get_device_name(device)}; knn_select (D 64, K 8) on tensor cores "
           "against the IEEE kernel, ms, and SDPA on the same [1, 12, N, 64]:")
     print("| similarity | dtype | N | features | rows left to the rerun (of 12 N) | candidates re-scored per row | "
           "indices / scores equal | tensor cores | IEEE | SDPA forward | SDPA forward+backward |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        same = equal_cell(r)
+          "|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for similarity, kind, n, dtype in select_cases(sizes):
+        r = select_scores_row(kind, 12, n, 64, 8, dtype, device, time_ieee=n <= 16384, similarity=similarity)
+        rows.append(r)
         ieee = f"{r['ieee_ms']:.3f}" if "ieee_ms" in r else "not timed"
         print(f"| {r['similarity']} | {r['dtype']} | {r['N']} | {r['features']} | {r['rows_left_to_the_rerun']} | "
-              f"{r['rescored_per_row']:.1f} | {same} | "
-              f"{r['tensor_cores_ms']:.3f} | {ieee} | {r['sdpa_forward_ms']:.3f} | {r['sdpa_fb_ms']:.3f} |")
-    write_json(json_path, device, select_scores=rows)
+              f"{r['rescored_per_row']:.1f} | {equal_cell(r)} | "
+              f"{r['tensor_cores_ms']:.3f} | {ieee} | {r['sdpa_forward_ms']:.3f} | {r['sdpa_fb_ms']:.3f} |", flush=True)
+        write_json(json_path, device, select_scores=rows)
 
 
 def training_row(n, causal, dtype, device, heads=12, d=64, neighbours=8, compare_ieee=True, timer=None):
@@ -434,13 +459,17 @@ def training_row(n, causal, dtype, device, heads=12, d=64, neighbours=8, compare
         return ops.knn_attention(*tensors, kernel, None, neighbours, "scaled_dot", mask, False, "softmax", 1.0)
 
     row = {"N": n, "H": heads, "d": d, "K": neighbours, "causal": causal, "dtype": str(dtype).replace("torch.", "")}
+    def forward_backward():
+        return torch.autograd.grad(forward(*leaves)[0], leaves, grad)
+
     with select_scores("tensor_cores"):
-        bounded = forward(q, k, v)
+        bounded = on_triton(lambda: forward(q, k, v))
+        on_triton(forward_backward)
         row["forward_ms"], _ = timer(lambda: forward(q, k, v))
-        row["fb_ms"], row["fb_mib"] = timer(lambda: torch.autograd.grad(forward(*leaves)[0], leaves, grad))
+        row["fb_ms"], row["fb_mib"] = timer(forward_backward)
     if compare_ieee:
         with select_scores("ieee"):
-            ieee = forward(q, k, v)
+            ieee = on_triton(lambda: forward(q, k, v))
             row["ieee_forward_ms"], _ = timer(lambda: forward(q, k, v))
         row["indices_equal"] = bool(torch.equal(bounded[2], ieee[2]))
         row["scores_equal"] = bool(torch.equal(bounded[1], ieee[1]))
@@ -454,24 +483,69 @@ def training_row(n, causal, dtype, device, heads=12, d=64, neighbours=8, compare
     return row
 
 
+def training_cases(sizes):
+    """compare_training's (N, causal, dtype): bfloat16 at each size, float32 at the first, bfloat16 first."""
+    return [(n, causal, dtype) for n in sizes for dtype in ((torch.bfloat16, torch.float32) if n == sizes[0]
+                                                          else (torch.bfloat16,))
+            for causal in (False, True)]
+
+
+def compile_in_shards(mode, sizes, jobs):
+    """Each kernel that `mode` (--training or --tensor-cores) launches at these sizes compiled ahead of
+    the timed run, by `jobs` processes at once, each running its share of the cases once untimed:
+    Triton compiles a kernel on its first launch, single-threaded, seconds each, and writes it to its
+    cache on disk, which the timed run then reads (on a lent GPU machine with 16 cores, the
+    difference between a few minutes of compiling and a few seconds)."""
+    import subprocess
+    import sys
+    command = [sys.executable, os.path.abspath(__file__), mode, *(["--sizes", *map(str, sizes)] if sizes else [])]
+    shards = [subprocess.Popen(command + ["--compile-shard", f"{i}/{jobs}"]) for i in range(jobs)]
+    failed = [i for i, shard in enumerate(shards) if shard.wait() != 0]
+    if failed:
+        raise SystemExit(f"gpu_bench: compiling shards {failed} of {jobs} failed")
+
+
+def run_shard(mode, device, sizes, shard):
+    """One process of compile_in_shards: cases shard, shard + count, ... of `mode`, each run once."""
+    index, count = map(int, shard.split("/"))
+    once = lambda fn: (fn(), 0.0)  # noqa: E731
+    if mode == "--training":
+        for n, causal, dtype in training_cases(sizes or (16384, 65536))[index::count]:
+            training_row(n, causal, dtype, device, compare_ieee=n <= 16384, timer=once)
+    else:
+        for similarity, kind, n, dtype in select_cases(sizes or (4096, 16384, 65536))[index::count]:
+            select_scores_row(kind, 12, n, 64, 8, dtype, device, time_ieee=n <= 16384, timer=once,
+                              similarity=similarity)
+
+
+def profiled_select(device, n=4096):
+    """One knn_select on tensor cores (scaled_dot, bfloat16, Gaussian 12 x n, D 64, K 8) after one
+    untimed call, for a profiler (scripts/gpu-check.sh runs ncu on its last launch)."""
+    queries, keys = select_features("gaussian", 12, n, 64, torch.bfloat16, device)
+    with select_scores("tensor_cores"):
+        for _ in range(2):
+            on_triton(lambda: ops.knn_select.default._op_dk(CUDA, queries, keys, 8, "scaled_dot", None, False))
+    torch.cuda.synchronize()
+
+
 def compare_training(device, json_path, sizes=(16384, 65536)):
     """training_row at each size, causal or not, bfloat16 (and float32 at the first size), printed as a
-    table: the issue's target is forward+backward at least 2x faster than SDPA in bfloat16."""
-    rows = [training_row(n, causal, dtype, device, compare_ieee=n <= 16384)
-            for n in sizes for causal in (False, True)
-            for dtype in ((torch.bfloat16, torch.float32) if n == sizes[0] else (torch.bfloat16,))]
+    table a row at a time: the issue's target is forward+backward at least 2x faster than SDPA in
+    bfloat16."""
     print(f"device: {torch.cuda.get_device_name(device)}; knn_attention (scaled_dot, softmax, depthwise, D 64, "
           "K 8) on [1, 12, N, 64] with its select on tensor cores, against SDPA on the same tensors, ms:")
     print("| dtype | N | causal | indices / scores equal to the IEEE kernel's | forward (IEEE forward) | "
           "forward+backward (peak MiB) | SDPA forward | SDPA forward+backward (peak MiB) | "
-          "SDPA / convnn, forward+backward |\n|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        same = equal_cell(r)
+          "SDPA / convnn, forward+backward |\n|---|---|---|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for n, causal, dtype in training_cases(sizes):
+        r = training_row(n, causal, dtype, device, compare_ieee=n <= 16384)
+        rows.append(r)
         ieee = f" ({r['ieee_forward_ms']:.3f})" if "ieee_forward_ms" in r else ""
-        print(f"| {r['dtype']} | {r['N']} | {r['causal']} | {same} | {r['forward_ms']:.3f}{ieee} | "
+        print(f"| {r['dtype']} | {r['N']} | {r['causal']} | {equal_cell(r)} | {r['forward_ms']:.3f}{ieee} | "
               f"{r['fb_ms']:.3f} ({r['fb_mib']:.0f}) | {r['sdpa_forward_ms']:.3f} | {r['sdpa_fb_ms']:.3f} "
-              f"({r['sdpa_fb_mib']:.0f}) | {r['sdpa_fb_ms'] / r['fb_ms']:.2f} |")
-    write_json(json_path, device, training=rows)
+              f"({r['sdpa_fb_mib']:.0f}) | {r['sdpa_fb_ms'] / r['fb_ms']:.2f} |", flush=True)
+        write_json(json_path, device, training=rows)
 
 
 def main():
@@ -481,6 +555,16 @@ def main():
     parser.add_argument("--tensor-cores", action="store_true", help="only knn_select on tensor cores against IEEE")
     parser.add_argument("--training", action="store_true",
                         help="only knn_attention's forward+backward with the select on tensor cores against SDPA")
+    parser.add_argument("--sizes", type=int, nargs="+",
+                        help="sequence lengths N of --tensor-cores (default 4096 16384 65536) or --training "
+                             "(default 16384 65536)")
+    parser.add_argument("--compile-jobs", type=int, default=0,
+                        help="with --training or --tensor-cores: first compile their kernels in this many "
+                             "processes at once (compile_in_shards)")
+    parser.add_argument("--compile-only", action="store_true", help="with --compile-jobs: compile, time nothing")
+    parser.add_argument("--compile-shard", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-select", action="store_true",
+                        help="only one knn_select on tensor cores at 12 x 4096, bfloat16, for a profiler")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_bench: no CUDA device")
@@ -488,11 +572,22 @@ def main():
     if args.designs:
         compare_designs(device, args.json)
         return
+    mode = "--training" if args.training else "--tensor-cores" if args.tensor_cores else None
+    if args.compile_shard:
+        run_shard(mode, device, args.sizes, args.compile_shard)
+        return
+    if mode and args.compile_jobs > 0:
+        compile_in_shards(mode, args.sizes, args.compile_jobs)
+        if args.compile_only:
+            return
+    if args.profile_select:
+        profiled_select(device)
+        return
     if args.tensor_cores:
-        compare_select_scores(device, args.json)
+        compare_select_scores(device, args.json, *([tuple(args.sizes)] if args.sizes else []))
         return
     if args.training:
-        compare_training(device, args.json)
+        compare_training(device, args.json, *([tuple(args.sizes)] if args.sizes else []))
         return
     shapes = [(384, 197, 64, 8)] + [(12, n, 64, 9) for n in (197, 1024, 4096, 16384)]
     rows = [one(*shape, dtype, device) for dtype in (torch.float32, torch.bfloat16) for shape in shapes]

@@ -837,6 +837,34 @@ def test_gpu_bench_runs_its_tensor_core_comparison(monkeypatch):
     assert "CONVNN_SELECT_SCORES" not in os.environ
 
 
+def test_gpu_bench_refuses_a_triton_figure_measured_on_the_generic_path(monkeypatch):
+    """A call timed as the Triton kernels' that took the generic path (here CONVNN_CUDA_KERNELS=generic;
+    on a GPU, after a failed or interrupted first-call check) is an error naming the reason, not a
+    figure: an H200 run once reported the generic path's float32 times as the tensor-core select's."""
+    bench = gpu_bench_module()
+    monkeypatch.setenv("CONVNN_CUDA_KERNELS", "generic")
+    with pytest.raises(RuntimeError, match="took the generic path.*CONVNN_CUDA_KERNELS=generic"):
+        bench.select_scores_row("gaussian", 1, 64, 16, 8, torch.float32, DEVICE, timer=lambda fn: (fn(), 0.0))
+
+
+def test_gpu_bench_compile_shards_run_each_case_once(monkeypatch):
+    """gpu_bench.py --compile-jobs J: its J processes (--compile-shard i/J) run every case of the timed
+    step once between them, untimed, so that the timed run finds each kernel compiled."""
+    bench = gpu_bench_module()
+    seen = []
+    monkeypatch.setattr(bench, "training_row", lambda n, causal, dtype, device, timer, **options: seen.append(
+        (n, causal, dtype, timer(lambda: "ran"))))
+    monkeypatch.setattr(bench, "select_scores_row", lambda kind, g, n, d, k, dtype, device, timer, **options:
+                        seen.append((options["similarity"], kind, n, dtype, timer(lambda: "ran"))))
+    for mode, cases in (("--training", bench.training_cases((16384, 65536))),
+                        ("--tensor-cores", bench.select_cases((4096, 16384, 65536)))):
+        seen.clear()
+        for shard in range(5):
+            bench.run_shard(mode, DEVICE, None, f"{shard}/5")
+        assert sorted(map(str, seen)) == sorted(str((*case, ("ran", 0.0))) for case in cases), mode
+    assert len(bench.select_cases((4096, 16384, 65536))) == 26 and len(bench.training_cases((16384, 65536))) == 6
+
+
 def test_gpu_bench_runs_its_training_comparison():
     """scripts/gpu_bench.py --training at a size the interpreter runs (2 heads of 96 tokens, D 16, K 8;
     its timer replaced), knn_attention's CUDA kernels and their autograd through _OpsOnCuda: causal

@@ -157,6 +157,37 @@ def test_a_training_step_is_captured_by_a_cuda_graph_and_replays_like_eager():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_a_decoding_step_on_a_static_cache_is_captured_by_a_cuda_graph_and_replays_like_eager():
+    """Issue 40 §2: a step on a StaticKVCache reads no host value and no shape of it depends on the
+    lengths (a device tensor advanced in place), so one captured step serves every position: each
+    replay equals an eager step on a cache of its own, and both caches end with the same tokens."""
+    torch.manual_seed(9)
+    attention = ConvNNAttention(16, 4, 3, causal=True, num_kv_heads=2).to(CUDA).eval()
+    tokens = torch.randn(2, 6, 16, device=CUDA)
+    eager_cache, graph_cache = attention.make_cache(2, 8, static=True), attention.make_cache(2, 8, static=True)
+    static_token = tokens[:, :1].clone()
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up on a side stream, as torch.cuda.graphs asks
+                attention.forward_step(static_token, graph_cache)
+        torch.cuda.current_stream().wait_stream(side)
+        graph_cache.reset()  # in place: the graph holds the cache's own tensors
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = attention.forward_step(static_token, graph_cache)
+        assert graph_cache.lengths.tolist() == [0, 0]  # capture records the step; it runs none
+        for i in range(6):
+            static_token.copy_(tokens[:, i:i + 1])
+            graph.replay()
+            expected = attention.forward_step(tokens[:, i:i + 1], eager_cache)
+            torch.testing.assert_close(static_out, expected, rtol=1e-5, atol=1e-6, msg=f"step {i}")
+    assert graph_cache.lengths.tolist() == [6, 6]
+    torch.testing.assert_close(graph_cache.keys, eager_cache.keys, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(graph_cache.values, eager_cache.values, rtol=1e-5, atol=1e-6)
+
+
 MODELS = {  # small ConvNN variants of registered models: every ConvNN layer kind, seconds in float64
     "resnet18 branching": ("resnet18", dict(layer="branching", small_stem=True, width=16, num_classes=10)),
     "resnet18 convnn": ("resnet18", dict(layer="convnn", small_stem=True, width=16, num_classes=10)),

@@ -327,6 +327,26 @@ def test_a_kernel_that_disagrees_on_first_use_is_turned_off_with_one_warning(mon
     assert "disagrees" not in capfd.readouterr().err  # no second warning
 
 
+def test_an_interrupt_during_the_first_call_check_reaches_the_caller_and_turns_nothing_off(monkeypatch, capfd,
+                                                                                            fresh_first_call_checks):
+    """Ctrl-C (or a time limit's SIGINT) while the first call compiles a kernel is no verdict on the
+    kernel: the KeyboardInterrupt reaches the caller, no warning is given, and the next call checks
+    again and takes the Triton kernels (before, the interrupt was remembered as a failure and every
+    later call of the process took the generic path)."""
+    def interrupted(kernel, grid, arguments, constexprs, options):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(register, "run", interrupted)
+    values, weights, indices, kernel, bias = inputs(torch.float32, seed=9)
+    cuda_aggregate = ops.knn_aggregate.default._op_dk
+    capfd.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        cuda_aggregate(CUDA, values, weights, indices, kernel, bias)
+    assert "disagrees" not in capfd.readouterr().err
+    monkeypatch.undo()
+    assert reasons(lambda: cuda_aggregate(CUDA, values, weights, indices, kernel, bias)) == [
+        "knn_aggregate: Triton kernels (python route)"]
+
+
 def test_the_kernels_and_the_launcher_are_registered_for_cuda_tensors():
     for op in (ops.knn_select.default, ops.knn_select_backward.default, ops.knn_aggregate.default,
                ops.knn_aggregate_backward.default, ops.knn_attention_device_fused.default,

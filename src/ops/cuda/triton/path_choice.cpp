@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -42,6 +43,15 @@ Verified& verified() {
   return *answers;
 }
 
+// An interrupt (Ctrl-C, a time limit's SIGINT) or an exit raised in Python while the Python route
+// compiles or runs a kernel says nothing about the kernel: it must reach the caller, and nothing be
+// remembered (remembered, it sent every later call to the generic path, a benchmark's too). It
+// arrives as the C++ carrier of the Python exception, whose message begins with the exception's name.
+bool interrupted(const std::exception& error) {
+  const std::string_view message = error.what();
+  return message.rfind("KeyboardInterrupt", 0) == 0 || message.rfind("SystemExit", 0) == 0;
+}
+
 // The kernel that failed the check on `t`'s device and dtype over `route`, or nothing.
 std::optional<std::string> first_call_failure(const at::Tensor& t, const Route& route) {
   auto& answers = verified();
@@ -53,6 +63,7 @@ std::optional<std::string> first_call_failure(const at::Tensor& t, const Route& 
   try {
     failure = first_call_check(t.device(), t.scalar_type(), route.run);
   } catch (const std::exception& error) {  // a kernel that does not compile, load or launch here
+    if (interrupted(error)) throw;
     failure = std::string("(") + error.what() + ")";
   }
   if (failure) {
