@@ -405,6 +405,22 @@ def dyadic(shape, generator, span=16, bits=2):
     return (torch.randint(-span, span + 1, shape, generator=generator).float() / 2 ** bits)
 
 
+@pytest.mark.parametrize("d", [16, 48, 96])
+def test_the_two_tile_steps_products_by_wider_chunks_cover_every_feature(d):
+    """The two-tile step multiplies by chunks of 2 FEATURES (_upper_keys' PRODUCT_FEATURES at 8 slots
+    or fewer): D = 16 (no wide chunk), 48 (a wide chunk, then a narrow one) and 96 (the wide chunks'
+    loop, no narrow one), dot and scaled_dot, K 8, exact and with errors injected up to the bound:
+    the IEEE kernel's selection bit for bit (a feature left out of a product moves the gate past the
+    true K-th: the selection differs)."""
+    generator = torch.Generator().manual_seed(48 + d)
+    queries = dyadic((2, 70, d), generator).to(DEVICE)
+    keys = dyadic((2, 150, d), generator).to(DEVICE)
+    for similarity in (DOT, SCALED_DOT):
+        for inject in ("none", "scattered"):
+            flagged, _, _ = assert_same_selection(queries, keys, 8, similarity, inject=inject)
+            assert not flagged.any(), (d, similarity, inject)
+
+
 @pytest.mark.parametrize("inject", [name for name in bounded_select.INJECTIONS if name != "none"])
 def test_injected_errors_up_to_the_bound_leave_the_ieee_selection_bit_for_bit(inject):
     """Two slices of 70 rows against 150 candidates (three tiles, the last short; two blocks of rows,

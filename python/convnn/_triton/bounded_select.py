@@ -67,7 +67,8 @@ SIMILARITIES = (CODES["dot"], CODES["scaled_dot"], CODES["cosine"], CODES["gauss
 # Query rows per program (one warpgroup's tensor-core tile: wgmma takes 64 rows), candidates per score
 # tile (the gate's bits of a row fill an int64), features per tl.dot chunk: a row of keys' chunk on
 # 16-byte boundaries is a vector load (the launcher takes this kernel where the rows are whole chunks,
-# select._whole_chunks; 16 rather than 32: ptxas spilled the masked variants at 32).
+# select._whole_chunks; 16 rather than 32: ptxas spilled the masked variants at 32; the unmasked
+# two-tile step multiplies by two chunks at once, _upper_keys' PRODUCT_FEATURES).
 ROWS = 64
 CANDIDATES = 64
 FEATURES = 16
@@ -267,7 +268,8 @@ def _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, acc, FEATURES: tl.co
 @triton.jit
 def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms, row_terms,
                 q_factors, model, absolute, factor, half_additive, similarity_constant, SIMILARITY: tl.constexpr,
-                FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, TILE_BOUND: tl.constexpr):
+                FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, TILE_BOUND: tl.constexpr,
+                PRODUCT_FEATURES: tl.constexpr):
     """[ROWS, CANDIDATES] float32 upper bounds of the IEEE kernel's keys of the tile's pairs, before
     scaled_dot's division (the gate compares dot products with _dot_threshold) and the mask, from the
     tensor-core product P and the slice's norms, sums of squares and inverse norms (norms_ptr,
@@ -279,15 +281,32 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_
     read row 0 and get NaN (NaN row terms, NaN norms), as rows that are not live: the gate lets no
     NaN through. TILE_BOUND (dot products without an additive mask): P itself, whose bound the gate
     takes from its threshold instead (_gate_thresholds; no candidate's norm read, nothing added per
-    pair), and whose candidates past M the caller drops."""
+    pair), and whose candidates past M the caller drops.
+    The products by chunks of PRODUCT_FEATURES (FEATURES or twice that), the last of FEATURES where d
+    is an odd multiple of FEATURES: each chunk's keys are loaded, staged in shared memory and
+    multiplied before the next chunk's load is issued (ptxas overlaps only the queries' loads), so a
+    tile's latency grows with its chunks. Twice FEATURES everywhere spilled the masked variants, and
+    in the two-tile step (STEP_TILES 2, no mask) 84 bytes at 16 slots; it takes it at 8 without one."""
     q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
     k_starts = tl.where(cand_ok, cand, 0).to(tl.int64) * k_stride
     # The first chunk apart: its product starts the sum, no accumulator to clear per tile (d >= FEATURES).
-    approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, FEATURES, PRECISION, INJECT)
-    first = FEATURES
-    while first < d:
-        approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, FEATURES, PRECISION, INJECT)
-        first += FEATURES
+    if PRODUCT_FEATURES == FEATURES:
+        approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, FEATURES, PRECISION, INJECT)
+        first = FEATURES
+    else:
+        tl.static_assert(PRODUCT_FEATURES == 2 * FEATURES)
+        if d >= PRODUCT_FEATURES:
+            approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, PRODUCT_FEATURES, PRECISION, INJECT)
+            first = PRODUCT_FEATURES
+        else:
+            approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, FEATURES, PRECISION, INJECT)
+            first = FEATURES
+    while first + PRODUCT_FEATURES <= d:
+        approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, PRODUCT_FEATURES, PRECISION, INJECT)
+        first += PRODUCT_FEATURES
+    if PRODUCT_FEATURES != FEATURES:
+        if first < d:  # d an odd multiple of FEATURES: its last chunk
+            approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, FEATURES, PRECISION, INJECT)
     if INJECT != 0 or not TILE_BOUND:
         k_norms = tl.load(norms_ptr + cand, mask=cand_ok, other=float("nan"))
     if INJECT != 0:  # up to each pair's own bound: below the tile's that TILE_BOUND's gate takes
@@ -554,7 +573,7 @@ def _initial_thresholds(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, 
     cand_ok = cand < m
     products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms,
                            row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
-                           SIMILARITY, FEATURES, PRECISION, INJECT, True)
+                           SIMILARITY, FEATURES, PRECISION, INJECT, True, FEATURES)
     lower = tl.fma(-row_terms[:, None], tl.load(norms_ptr + 3 * (m + 1)), products)
     valid = live[:, None] & cand_ok[None, :]
     if MASK == 1:
@@ -767,15 +786,18 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                 upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
                                     k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
                                     half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT,
-                                    TILE_BOUND)
+                                    TILE_BOUND, FEATURES)
                 gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES, 1)
                 bits, _, _ = _passing_words(upper >= gate[:, None], CANDIDATES)
                 scored += 1
             bits, count = _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
         else:
+            if MASK == 0:  # before the products, so that its load's latency passes under theirs
+                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES)
             upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
                                 k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
-                                similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND)
+                                similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND,
+                                FEATURES * STEP_TILES if SLOTS <= 8 else FEATURES)
             if STATS:
                 scored += tl.minimum(tl.cdiv(m - first, CANDIDATES), STEP_TILES)
             if MASK == 2:
@@ -787,7 +809,6 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                 bits, _, count = _passing_words((gate >= threshold[:, None])
                                                 & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
             else:
-                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES)
                 bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
                 if TILE_BOUND:  # not the last tile's candidates past M (row 0's products; counted: harmless)
                     bits &= _valid_bits(first, m, CANDIDATES)
