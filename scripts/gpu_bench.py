@@ -79,7 +79,7 @@ def on_triton(call):
         result = call()
     generic = [entry for entry in paths if ": ATen path" in entry and not entry.endswith(" compose")]
     if generic or not any("Triton kernels" in entry for entry in paths):
-        raise RuntimeError(f"gpu_bench: a call timed as the Triton kernels' took the generic path: {generic}")
+        raise RuntimeError(f"gpu_bench: a call timed as the Triton kernels' took the generic path: {generic or paths}")
     return result
 
 
@@ -413,6 +413,10 @@ def select_scores_row(kind, g, n, d, neighbours, dtype, device, time_ieee=True, 
     return row
 
 
+SELECT_SIZES = (4096, 16384, 65536)  # --tensor-cores' N
+TRAINING_SIZES = (16384, 65536)  # --training's N
+
+
 def select_cases(sizes):
     """compare_select_scores's (similarity, features, N, dtype), bfloat16 first."""
     cases = [("scaled_dot", kind, n, dtype) for n in sizes for dtype in (torch.bfloat16, torch.float32)
@@ -421,7 +425,14 @@ def select_cases(sizes):
                     if n <= 16384 for dtype in (torch.bfloat16, torch.float32)]
 
 
-def compare_select_scores(device, json_path, sizes=(4096, 16384, 65536)):
+def select_case_row(case, device, timer=None):
+    """select_scores_row of one of select_cases (12 slices, D 64, K 8; the IEEE kernel up to 16384)."""
+    similarity, kind, n, dtype = case
+    return select_scores_row(kind, 12, n, 64, 8, dtype, device, time_ieee=n <= 16384, timer=timer,
+                             similarity=similarity)
+
+
+def compare_select_scores(device, json_path, sizes=SELECT_SIZES):
     """select_scores_row for each size, dtype and kind of features (scaled_dot), and for cosine and
     gaussian on Gaussian features up to N = 16384, printed as a table a row at a time (a step cut
     short by its time limit keeps the rows it finished)."""
@@ -431,8 +442,8 @@ def compare_select_scores(device, json_path, sizes=(4096, 16384, 65536)):
           "indices / scores equal | tensor cores | IEEE | SDPA forward | SDPA forward+backward |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
-    for similarity, kind, n, dtype in select_cases(sizes):
-        r = select_scores_row(kind, 12, n, 64, 8, dtype, device, time_ieee=n <= 16384, similarity=similarity)
+    for case in select_cases(sizes):
+        r = select_case_row(case, device)
         rows.append(r)
         ieee = f"{r['ieee_ms']:.3f}" if "ieee_ms" in r else "not timed"
         print(f"| {r['similarity']} | {r['dtype']} | {r['N']} | {r['features']} | {r['rows_left_to_the_rerun']} | "
@@ -490,6 +501,12 @@ def training_cases(sizes):
             for causal in (False, True)]
 
 
+def training_case_row(case, device, timer=None):
+    """training_row of one of training_cases (compared with the IEEE kernel up to 16384)."""
+    n, causal, dtype = case
+    return training_row(n, causal, dtype, device, compare_ieee=n <= 16384, timer=timer)
+
+
 def compile_in_shards(mode, sizes, jobs):
     """Each kernel that `mode` (--training or --tensor-cores) launches at these sizes compiled ahead of
     the timed run, by `jobs` processes at once, each running its share of the cases once untimed:
@@ -510,12 +527,11 @@ def run_shard(mode, device, sizes, shard):
     index, count = map(int, shard.split("/"))
     once = lambda fn: (fn(), 0.0)  # noqa: E731
     if mode == "--training":
-        for n, causal, dtype in training_cases(sizes or (16384, 65536))[index::count]:
-            training_row(n, causal, dtype, device, compare_ieee=n <= 16384, timer=once)
+        for case in training_cases(sizes or TRAINING_SIZES)[index::count]:
+            training_case_row(case, device, timer=once)
     else:
-        for similarity, kind, n, dtype in select_cases(sizes or (4096, 16384, 65536))[index::count]:
-            select_scores_row(kind, 12, n, 64, 8, dtype, device, time_ieee=n <= 16384, timer=once,
-                              similarity=similarity)
+        for case in select_cases(sizes or SELECT_SIZES)[index::count]:
+            select_case_row(case, device, timer=once)
 
 
 def profiled_select(device, n=4096):
@@ -528,7 +544,7 @@ def profiled_select(device, n=4096):
     torch.cuda.synchronize()
 
 
-def compare_training(device, json_path, sizes=(16384, 65536)):
+def compare_training(device, json_path, sizes=TRAINING_SIZES):
     """training_row at each size, causal or not, bfloat16 (and float32 at the first size), printed as a
     table a row at a time: the issue's target is forward+backward at least 2x faster than SDPA in
     bfloat16."""
@@ -538,8 +554,8 @@ def compare_training(device, json_path, sizes=(16384, 65536)):
           "forward+backward (peak MiB) | SDPA forward | SDPA forward+backward (peak MiB) | "
           "SDPA / convnn, forward+backward |\n|---|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
-    for n, causal, dtype in training_cases(sizes):
-        r = training_row(n, causal, dtype, device, compare_ieee=n <= 16384)
+    for case in training_cases(sizes):
+        r = training_case_row(case, device)
         rows.append(r)
         ieee = f" ({r['ieee_forward_ms']:.3f})" if "ieee_forward_ms" in r else ""
         print(f"| {r['dtype']} | {r['N']} | {r['causal']} | {equal_cell(r)} | {r['forward_ms']:.3f}{ieee} | "

@@ -872,13 +872,13 @@ def test_gpu_bench_compile_shards_run_each_case_once(monkeypatch):
         (n, causal, dtype, timer(lambda: "ran"))))
     monkeypatch.setattr(bench, "select_scores_row", lambda kind, g, n, d, k, dtype, device, timer, **options:
                         seen.append((options["similarity"], kind, n, dtype, timer(lambda: "ran"))))
-    for mode, cases in (("--training", bench.training_cases((16384, 65536))),
-                        ("--tensor-cores", bench.select_cases((4096, 16384, 65536)))):
+    for mode, cases in (("--training", bench.training_cases(bench.TRAINING_SIZES)),
+                        ("--tensor-cores", bench.select_cases(bench.SELECT_SIZES))):
         seen.clear()
         for shard in range(5):
             bench.run_shard(mode, DEVICE, None, f"{shard}/5")
         assert sorted(map(str, seen)) == sorted(str((*case, ("ran", 0.0))) for case in cases), mode
-    assert len(bench.select_cases((4096, 16384, 65536))) == 26 and len(bench.training_cases((16384, 65536))) == 6
+    assert len(bench.select_cases(bench.SELECT_SIZES)) == 26 and len(bench.training_cases(bench.TRAINING_SIZES)) == 6
 
 
 def test_gpu_bench_runs_its_training_comparison():
