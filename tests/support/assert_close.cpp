@@ -3,6 +3,8 @@
 #include <limits>
 #include <sstream>
 
+#include "ops/generic/generic.h"
+
 namespace convnn::testing {
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
@@ -37,6 +39,17 @@ double epsilon_of(at::ScalarType dtype) {
   msg << "max abs diff " << diff << " > tolerance " << tolerance << " (atol " << atol << ", rtol "
       << rtol << ", max|expected| " << scale << ")";
   return ::testing::AssertionFailure() << msg.str();
+}
+
+::testing::AssertionResult SameAcrossThreadCounts(const at::Tensor& actual, const at::Tensor& expected) {
+  if (!convnn::ops::generic::serves_cpu()) {
+    if (actual.sizes() == expected.sizes() && at::equal(actual, expected)) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "not bitwise equal (max |difference| " << max_abs_diff(actual, expected)
+                                         << ")";
+  }
+  const auto dtype = expected.scalar_type();
+  const double epsilons = dtype == at::kBFloat16 || dtype == at::kHalf ? 2.0 : 64.0;
+  return AllClose(actual, expected, 0.0, epsilons * epsilon_of(dtype));
 }
 
 }  // namespace convnn::testing

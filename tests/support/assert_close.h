@@ -20,4 +20,12 @@ double epsilon_of(at::ScalarType dtype);
 ::testing::AssertionResult AllClose(const at::Tensor& actual, const at::Tensor& expected,
                                     double atol, double rtol = 0.0);
 
+// Two results of one CPU op at different thread counts: bitwise equal where convnn's fused CPU
+// kernels serve the CPU (their sums are fixed trees: the result does not depend on the thread
+// count); under CONVNN_CPU_KERNELS=generic to rounding (64 epsilons of the dtype relative to the
+// largest |expected|; 2 for half precision, whose results are rounded once more), since the generic
+// path promises bitwise repeats at one thread count only (docs/operator.md): ATen's matrix products
+// may split their sums by thread (MKL on an Intel Xeon rounded one and two threads apart).
+::testing::AssertionResult SameAcrossThreadCounts(const at::Tensor& actual, const at::Tensor& expected);
+
 }  // namespace convnn::testing
