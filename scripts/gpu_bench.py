@@ -346,7 +346,7 @@ def similarity_constant(similarity, d):
 def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     """(query rows the tensor-core kernel leaves to its rerun, candidates it re-scores exactly per row
     on average), without a mask: launched directly as the C++ launcher launches it (the keys' norms,
-    then the persistent grid), with the kernel's STATS."""
+    the rows' seeds, then the persistent grid), with the kernel's STATS."""
     g, n, d = queries.shape
     m = keys.shape[1]
     slots = select.slots_for(neighbours)
@@ -360,15 +360,25 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
         keys, norms, m, d, similarity_constant("cosine", d), 1, *rows, BLOCK=bounded_select.KEY_NORM_ROWS,
         FEATURES=bounded_select.FEATURES, CANDIDATES=bounded_select.CANDIDATES)
+    code = select.SIMILARITY_CODES[similarity]
+    seeds = norms  # unread where the kernel takes no seeds
+    if bounded_select._tile_bound(code, select.NO_MASK):
+        seeds = torch.empty(g * n, device=queries.device, dtype=torch.float32)
+        bounded_select._seed_thresholds_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
+            queries, keys, queries, norms, seeds, n, m, d, neighbours, 0, similarity_constant(similarity, d), 1.0, 1,
+            *rows, *rows, SIMILARITY=code, MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
+            CANDIDATES=bounded_select.CANDIDATES, FEATURES=bounded_select.FEATURES,
+            PRECISION=bounded_select.FLOAT32_PRECISION, PRODUCT_FEATURES=bounded_select.SEED_PRODUCT_FEATURES,
+            num_warps=bounded_select.SEED_WARPS)
     programs = min(triton.cdiv(n, bounded_select.ROWS) * g, bounded_select.PROGRAMS)
     queue = torch.empty(programs * bounded_select.ROWS, bounded_select.QUEUE, device=queries.device, dtype=torch.int32)
     bounded_select._bounded_select_kernel[(programs,)](
-        queries, keys, queries, scores, indices, redo, rescored, norms, queue, g, n, m, d, neighbours, 0,
+        queries, keys, queries, scores, indices, redo, rescored, norms, seeds, queue, g, n, m, d, neighbours, 0,
         similarity_constant(similarity, d), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
-        SIMILARITY=select.SIMILARITY_CODES[similarity], MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
+        SIMILARITY=code, MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
         CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
         FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, STATS=True,
-        STEP_TILES=bounded_select.tiles_per_step(select.SIMILARITY_CODES[similarity], select.NO_MASK, dtype,
+        STEP_TILES=bounded_select.tiles_per_step(code, select.NO_MASK, dtype,
                                                  register.architecture([queries])),
         **bounded_select.compile_options(slots, select.NO_MASK, dtype))
     return int(redo.sum()), float(rescored[0].float().mean())

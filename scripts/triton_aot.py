@@ -70,6 +70,15 @@ def compile_one(job):
             parameter_kinds(compiled.asm["ptx"], metadata.name), compiled.asm["cubin"], compiled.asm["ptx"])
 
 
+def seeded(bounded, select):
+    """The (similarity, mask kind) pairs whose rows the tensor-core select seeds (bounded_select._tile_bound:
+    _seed_thresholds_kernel runs before it), as bits: bit 3 * code + mask kind."""
+    masks = (select.NO_MASK, select.BOOL_MASK, select.ADDITIVE_MASK)
+    assert max(masks) < 3 and 3 * max(bounded.SIMILARITIES) + 2 < 32
+    return sum(1 << (3 * code + mask) for code in bounded.SIMILARITIES for mask in masks
+               if bounded._tile_bound(code, mask))
+
+
 def constants_source():
     """The block sizes, limits and codes of src/ops/cuda/triton/blocks.h, from the kernels' modules."""
     aggregate, select, pairs, attention, attention_backward, bounded = (
@@ -95,7 +104,7 @@ const BoundedSelectBlocks kBoundedSelectBlocks = {{{bounded.ROWS}, {bounded.MAX_
                                                   {bounded.FLOAT32_MASK_SLOTS},
                                                   {sum(1 << code for code in bounded.SIMILARITIES)}u,
                                                   {bounded.CANDIDATES}, {bounded.MASK_BITS_ROWS},
-                                                  {bounded.NORM_SECTIONS}}};
+                                                  {bounded.NORM_SECTIONS}, {seeded(bounded, select)}u}};
 const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 const AttentionCodes kAttentionCodes = {{{attention.CHANNELS}, {rho["uniform"]}, {rho["mean"]}, {rho["softmax"]},
                                         {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]}}};

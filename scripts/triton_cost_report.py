@@ -39,8 +39,9 @@ inverse index, the rows busiest first) are bounded apart by their DRAM traffic (
 a radix sort of 8-bit digits, the key width read from the launch count) and added to the op's
 forward + backward total. Then issue 41's training targets: knn_attention's forward+backward at
 12 x 16384 and 12 x 65536 in bfloat16 with the select on tensor cores (no mask, or a causal bool
-mask: the tiles it skips simulated with the kernel's rule), the composition's other steps and the
-backward, against a lower bound of SDPA's flash attention (its products at the tensor cores' peak,
+mask: the tiles it skips simulated with the kernel's rule; dot and scaled_dot with the seeds kernel
+that starts their rows, its tile loop and K-th rounds counted per program), the composition's other
+steps and the backward, against a lower bound of SDPA's flash attention (its products at the tensor cores' peak,
 its exponentials at the MUFU rate): a ratio of two bounds. Last, the SASS per step of every kernel
 that walks the inverse index.
 
@@ -699,8 +700,10 @@ def report_training(report):
             kernel = f"bounded select scaled_dot K<={max(8, 1 << (k - 1).bit_length())} " \
                      f"{'bool mask' if causal else 'no mask'} bfloat16 inputs"
             runs = bounded_runs(bounded, shape, 1.9e-5, causal=causal)
+            seeds = seeds_parts(f"bounded seeds scaled_dot {'bool mask' if causal else 'no mask'} bfloat16 inputs")
             chosen = bounded_estimate(bounded_parts(kernel), norms_counts, bounded, shape, runs,
-                                      mask_bytes=(g * n * n // 16 + n * n + n * n // 8) if causal else 0)
+                                      mask_bytes=(g * n * n // 16 + n * n + n * n // 8) if causal else 0,
+                                      seeds_counts=seeds)
             half = backward_estimates(backward, select, shape, "bfloat16", causal)
             full = backward_estimates(backward, select, shape, "float32", causal)
             kernels_us = 0.0
@@ -810,6 +813,36 @@ def tensor_core_multiply_adds(text):
     return None
 
 
+def narrower_chunks(instructions, labels, span, outside=()):
+    """(instructions, tensor-core multiply-adds per warp) of the chunk products in span (first, last)
+    that D = 64 skips: a chunk's code (its loads, shared-memory stores, barriers and tensor-core
+    instructions) lies between two branches or labels, and where _upper_keys has chunks of several
+    widths (a first chunk of the widest that fits d, narrower first chunks and last chunks for other
+    d), D = 64, a multiple of the widest, runs the widest alone; narrower ones are counted here, to be
+    left out. The products inside `outside` (the chunk loop's) and those of another shape (the gate's
+    small product) are not chunks of the tile's."""
+    first, last = span
+    cuts = sorted({i for i in range(first, last + 1) if opcode(instructions[i][0]) == "BRA"}
+                  | {position for position in labels.values() if first <= position <= last})
+    regions = {}
+    for i in range(first, last + 1):
+        found = tensor_core_multiply_adds(instructions[i][0])
+        if not found or any(r[0] <= i <= r[1] for r in outside):
+            continue
+        shape = re.search(r"GMMA\.(\d+x\d+)", instructions[i][0])
+        start = max([c + (opcode(instructions[c][0]) == "BRA") for c in cuts if c <= i] + [first])
+        end = min([c for c in cuts if c > i] + [last + 1]) - 1
+        regions.setdefault(shape.group(1) if shape else "", {}).setdefault((start, end), 0)
+        regions[shape.group(1) if shape else ""][(start, end)] += found[0]
+    if not regions:
+        return 0, 0
+    # The tile's product: the shape with the most multiply-adds; its widest regions run.
+    chunks = max(regions.values(), key=lambda r: sum(r.values()))
+    widest = max(chunks.values())
+    skipped = [(r, adds) for r, adds in chunks.items() if adds < widest]
+    return sum(r[1] - r[0] + 1 for r, _ in skipped), sum(adds for _, adds in skipped)
+
+
 def bounded_parts(kernel_name):
     """The tensor-core select's SASS per warp (bounded_select.py: a persistent loop over blocks of
     rows, the tile loop inside it, a step of STEP_TILES tiles an iteration; "tile" below is a step):
@@ -825,7 +858,9 @@ def bounded_parts(kernel_name):
     re-score per 8 features (its loop over the unrolled features: `exact_unrolled` times 8 an
     iteration, from its FFMA, one per pair and feature), what a block runs outside the tile loop (the
     final flush's chunks counted as the tile loop's), the query norms per chunk, and the tensor-core
-    multiply-adds per tile (first chunk and gate) and per further chunk."""
+    multiply-adds per tile (first chunk and gate) and per further chunk. The step's chunk products
+    narrower than the widest (the first chunks and last chunks of other d) are left out: D = 64 skips
+    them (narrower_chunks; `skipped_at_64` their instructions)."""
     instructions, labels, warps = sass(kernel_name)
     ranges = loops(instructions, labels)
 
@@ -859,7 +894,7 @@ def bounded_parts(kernel_name):
     append = [r for r in inner if not inside(r, flush) and r != chunk_loop and r != flush]
     append = max(append, key=size)
     final_chunks = max((r for r in ranges if inside(r, work) and r[0] > tiles[1]), key=size)
-    # Before the tile loop: the query norms' loop per chunk, and (bounded_select._initial_thresholds)
+    # Before the tile loop: the query norms' loop per chunk, and (an earlier revision's _initial_thresholds)
     # a product's chunk loop, taken as the tile's, and the threshold's steps (_dot_threshold: counted
     # once each, a step or none on these inputs).
     before = [r for r in ranges if inside(r, work) and r[1] < tiles[0]]
@@ -891,10 +926,13 @@ def bounded_parts(kernel_name):
     pairs_per_thread = bounded.ROWS * bounded.FLUSH // (32 * warps)
     exact_unrolled = max(1, sum(opcode(text) == "FFMA" for text, _ in instructions[exact[0]:exact[1] + 1])
                          // (8 * pairs_per_thread))
+    skipped, skipped_multiply_adds = narrower_chunks(instructions, labels, tiles, outside=(dot, flush))
     return {"warps": warps, "total": len(instructions), "step_tiles": step_tiles, "dot_loop": size(dot),
             "unrolled": sum(f for f, _ in per_chunk) // chunk_multiply_adds,
-            "tile": size(tiles) - size(dot) - size(flush) - size(append),
-            "scored_only": size(scored) - size(dot) if scored else 0,
+            "tile": size(tiles) - size(dot) - size(flush) - size(append) - skipped,
+            "skipped_at_64": skipped,
+            "scored_only": size(scored) - size(dot) - narrower_chunks(instructions, labels, scored, (dot,))[0]
+            if scored else 0,
             "append_round": size(append),
             "flush": size(flush) - size(chunk_loop) + sum(size(r) for r in thresholds) - sum(
                 size(r) for r in thresholds),
@@ -903,7 +941,7 @@ def bounded_parts(kernel_name):
             "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms + initial_products),
             "initial_dot_loop": sum(size(r) for r in initial_products),
             "norms_per_chunk": sum(size(r) for r in norms),
-            "tile_multiply_adds": sum(f for f, _ in per_tile) - sum(f for f, _ in per_chunk),
+            "tile_multiply_adds": sum(f for f, _ in per_tile) - sum(f for f, _ in per_chunk) - skipped_multiply_adds,
             "loop_multiply_adds": sum(f for f, _ in per_chunk), "operands": per_chunk[0][1]}
 
 
@@ -922,8 +960,9 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     threshold above -inf, every valid candidate queued while the row's top has an empty slot, every
     allowed one while its threshold is -inf, and the tiles past the block's last row not visited once
     every row's top is full.
-    Returns {tiles (scored), steps (scored), skipped tiles, append rounds, flushes, flush chunks,
-    candidates re-scored per row, blocks sampled, blocks in all}."""
+    dot and scaled_dot start from their seeds (the tiles the seeds kernel scores counted as seed tiles).
+    Returns {tiles (scored), steps (scored), skipped tiles, append rounds, flushes, flush chunks, seed
+    tiles, candidates re-scored per row, blocks sampled, blocks in all}."""
     g, n, d, k = shape
     rows, tile, queue, flush = bounded.ROWS, bounded.CANDIDATES, bounded.QUEUE, bounded.FLUSH
     # Tiles a step on sm_90 (an earlier revision's kernel: one).
@@ -938,7 +977,7 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     slots = check.load_kernels("select").slots_for(k)
     blocks_per_slice = math.ceil(n / rows)
     runs = {"tiles": 0, "steps": 0, "skipped_tiles": 0, "append_rounds": 0, "flushes": 0, "flush_chunks": 0,
-            "rescored": 0, "rows": 0}
+            "rescored": 0, "rows": 0, "seed_tiles": 0}
     sampled = 0
     for block in range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted)):
         q = queries[block * rows:(block + 1) * rows]
@@ -956,9 +995,24 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
         threshold = best[:, -1].clone()
         fill = torch.zeros(len(q), dtype=torch.long)
         ranked = torch.zeros(len(q), dtype=torch.long)  # candidates flushed: fewer than K, an empty slot
-        if similarity not in ("gaussian", "cosine"):
-            # bounded_select._initial_thresholds: the least of SLOTS groups' largest lower bounds of the
-            # first tile's keys; a row that has one closes its top to masked candidates.
+        reach = (block * rows + len(q) - 1) // tile * tile + tile if causal else n  # past the block's diagonal
+        if similarity not in ("gaussian", "cosine") and hasattr(bounded, "SEED_TILES"):
+            # bounded_select._seed_thresholds_kernel: the K-th largest of the columns' largest lower bounds
+            # over the first SEED_TILES tiles the block reaches; a row that has one closes its top to masked
+            # candidates.
+            seen = min(reach, bounded.SEED_TILES * tile)
+            runs["seed_tiles"] += math.ceil(seen / tile)
+            lower = exact[:, :seen] - model * q_norms * tile_norms[:seen]
+            if causal:
+                positions = torch.arange(block * rows, block * rows + len(q))[:, None]
+                lower = torch.where(torch.arange(seen)[None, :] <= positions, lower, -math.inf)
+            lower = torch.nn.functional.pad(lower, (0, -seen % tile), value=-math.inf)
+            reached = lower.view(len(q), -1, tile).amax(1).topk(k, dim=1).values[:, -1]
+            threshold = torch.maximum(threshold, reached)
+            ranked = torch.where(reached > -math.inf, k, ranked)
+        elif similarity not in ("gaussian", "cosine"):
+            # An earlier revision's _initial_thresholds: the least of SLOTS groups' largest lower bounds of
+            # the first tile's keys.
             lower = exact[:, :tile] - model * q_norms * tile_norms[:tile]
             if causal:
                 positions = torch.arange(block * rows, block * rows + len(q))[:, None]
@@ -978,7 +1032,6 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
                 best = torch.cat([best] + queued, dim=1).topk(k, dim=1).values
             return best, best[:, -1].clone()
 
-        reach = (block * rows + len(q) - 1) // tile * tile + tile  # past the tile of the block's last row
         for first in range(0, n, step):
             if causal and first >= reach and bool((ranked >= k).all()):
                 break
@@ -1013,7 +1066,7 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     return runs
 
 
-def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0):
+def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0, seeds_counts=None):
     """The tensor-core select's bound at `shape`: the larger of its instruction issue (and the keys'
     norms kernel's), its tensor-core multiply-adds at the tensor cores' peak and its compulsory DRAM
     bytes (the rerun's programs, none of whose rows is flagged on these inputs, only read the flags;
@@ -1030,9 +1083,16 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0):
                 + runs["flush_chunks"] * (counts["flush_chunk"] + d / 8 * counts["exact_per_8_features"])) * scale
     norms_programs = g * math.ceil(n / bounded.KEY_NORM_ROWS)
     warp_instructions = per_warp * counts["warps"] + norms_programs * norms_counts["per_program"](chunks)
+    seed_multiply_adds = 0
+    if seeds_counts and runs["seed_tiles"]:  # the seeds kernel: a program per block, its tiles and K rounds
+        seed_tiles = runs["seed_tiles"] * scale
+        warp_instructions += seeds_counts["warps"] * (
+            runs["blocks"] * (seeds_counts["rest"] + k * seeds_counts["round"]) + seed_tiles * seeds_counts["tile"])
+        seed_multiply_adds = seed_tiles * bounded.ROWS * bounded.CANDIDATES * d
     issue_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ)
     multiply_adds = runs["steps"] * scale * counts["warps"] * (
         counts["tile_multiply_adds"] + (chunks - 1) // counts["unrolled"] * counts["loop_multiply_adds"])
+    multiply_adds += seed_multiply_adds
     tensor_s = multiply_adds / (SMS * TENSOR_CORE_FMA_PER_SM_CYCLE[counts["operands"]] * CLOCK_HZ)
     element = 2 if counts["operands"] in ("BF16", "F16") else 4
     dram_s = (element * 3 * g * n * d + g * n * (k * (element + 8) + 3 * 4)
@@ -1046,6 +1106,35 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0):
             "issue_bound_us": issue_s * 1e6, "tensor_core_bound_us": tensor_s * 1e6,
             "dram_bound_us": dram_s * 1e6, "bound_us": bound * 1e6,
             "set_by": {issue_s: "instruction issue", tensor_s: "tensor cores", dram_s: "DRAM"}[bound]}
+
+
+def seeds_parts(kernel_name):
+    """The seeds kernel (bounded_select._seed_thresholds_kernel), SASS per warp: its tile loop (the
+    outermost loop with tensor-core instructions, its chunk loop not taken, as at D = 64 by chunks of
+    SEED_PRODUCT_FEATURES), the round of its K-th largest (the largest loop after it) and the rest,
+    once a program; None where the revision has no such kernel."""
+    try:
+        instructions, labels, warps = sass(kernel_name)
+    except SystemExit:
+        return None
+    ranges = loops(instructions, labels)
+
+    def size(r):
+        return r[1] - r[0] + 1
+
+    def inside(inner, outer):
+        return inner != outer and outer[0] <= inner[0] and inner[1] <= outer[1]
+
+    def tensor_core(r):
+        return any(tensor_core_multiply_adds(text) for text, _ in instructions[r[0]:r[1] + 1])
+
+    tile = max((r for r in ranges if tensor_core(r) and not any(inside(r, o) for o in ranges)), key=size)
+    chunks = sum(size(r) for r in ranges if inside(r, tile) and not any(inside(r, o) and inside(o, tile)
+                                                                         for o in ranges))
+    rounds = max((r for r in ranges if r[0] > tile[1]), key=size)
+    skipped, _ = narrower_chunks(instructions, labels, tile)
+    return {"warps": warps, "tile": size(tile) - chunks - skipped, "round": size(rounds),
+            "rest": len(instructions) - size(tile) - size(rounds)}
 
 
 def norms_parts(kernel_name):
@@ -1086,7 +1175,8 @@ def report_bounded_select(report):
             # gaussian's about twice that of |q|^2 + |k|^2, bounded_select.gaussian_bound).
             model = (1.9e-5 if exact_products else 2.0e-3) * (2 if similarity == "gaussian" else 1)
             runs = bounded_runs(bounded, shape, model, similarity, dtype="bfloat16" if exact_products else "float32")
-            figures = bounded_estimate(counts, norms_counts, bounded, shape, runs)
+            figures = bounded_estimate(counts, norms_counts, bounded, shape, runs,
+                                       seeds_counts=seeds_parts(f"bounded seeds {similarity} no mask{suffix}"))
             report["bounded_select"].setdefault(kernel, {"sass": counts, "shapes": {}})["shapes"][shape_name] = figures
             print(f"| {kernel} | {shape_name} | {counts['tile']} ({counts['step_tiles']}) / "
                   f"{counts['dot_loop']} ({counts['unrolled']}) / "

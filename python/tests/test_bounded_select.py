@@ -313,6 +313,31 @@ def test_a_bool_masks_words_hold_its_entries_bit_by_bit_and_none_past_m():
         assert stride == (shape[-2] * (words + 1) if len(shape) == 3 else 0)
 
 
+def key_norms(keys):
+    """The keys' norms buffer [G, NORM_SECTIONS, M + 1] (bounded_select._key_norms_kernel's)."""
+    g, m, d = keys.shape
+    norms = torch.zeros((g, bounded_select.NORM_SECTIONS, m + 1), device=DEVICE)
+    bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
+        keys, norms, m, d, similarity_constant(d, COSINE), 1, *row_layout(keys), BLOCK=bounded_select.KEY_NORM_ROWS,
+        FEATURES=bounded_select.FEATURES, CANDIDATES=bounded_select.CANDIDATES)
+    return norms
+
+
+def seeded(queries, keys, k, similarity, mask_arg, mask_stride, kind, norms, inject="none", bound_scale=1.0):
+    """The rows' seeds [G * N] (bounded_select._seed_thresholds_kernel; the mask as the select kernel
+    takes it: mask_operand's, a bool one as its words)."""
+    g, n, d = queries.shape
+    m = keys.shape[1]
+    seeds = torch.full((g * n,), 3.5, device=DEVICE)
+    bounded_select._seed_thresholds_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
+        queries, keys, mask_arg, norms, seeds, n, m, d, k, mask_stride, similarity_constant(d, similarity),
+        bound_scale, 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity, MASK=kind,
+        ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES, FEATURES=bounded_select.FEATURES,
+        PRECISION=bounded_select.FLOAT32_PRECISION, PRODUCT_FEATURES=bounded_select.SEED_PRODUCT_FEATURES,
+        INJECT=bounded_select.INJECTIONS[inject], num_warps=bounded_select.SEED_WARPS)
+    return seeds
+
+
 def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=1.0, programs=3, rescored=None,
             step_tiles=1):
     """(scores, indices, redo) of the tensor-core kernel alone: unsettled rows' outputs unwritten.
@@ -331,14 +356,14 @@ def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=
     redo = torch.full((g * n,), 9, dtype=torch.int32, device=DEVICE)
     queue = torch.full((programs * bounded_select.ROWS, bounded_select.QUEUE), -5, dtype=torch.int32,
                        device=DEVICE)
-    norms = torch.zeros((g, bounded_select.NORM_SECTIONS, m + 1), device=DEVICE)
-    bounded_select._key_norms_kernel[(triton.cdiv(m, bounded_select.KEY_NORM_ROWS), g)](
-        keys, norms, m, d, similarity_constant(d, COSINE), 1, *row_layout(keys), BLOCK=bounded_select.KEY_NORM_ROWS,
-        FEATURES=bounded_select.FEATURES, CANDIDATES=bounded_select.CANDIDATES)
+    norms = key_norms(keys)
     precision = bounded_select.FLOAT32_PRECISION
+    seeds = norms  # unread where the kernel takes no seeds (bounded_select._tile_bound)
+    if bounded_select._tile_bound(similarity, kind):
+        seeds = seeded(queries, keys, k, similarity, mask_arg, mask_stride, kind, norms, inject, bound_scale)
     bounded_select._bounded_select_kernel[(programs,)](
-        queries, keys, mask_arg, scores, indices, redo, redo if rescored is None else rescored, norms, queue, g, n, m,
-        d, k, mask_stride,
+        queries, keys, mask_arg, scores, indices, redo, redo if rescored is None else rescored, norms, seeds, queue,
+        g, n, m, d, k, mask_stride,
         similarity_constant(d, similarity),
         bound_scale, select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys),
         SIMILARITY=similarity, MASK=kind, ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES,
@@ -405,11 +430,12 @@ def dyadic(shape, generator, span=16, bits=2):
     return (torch.randint(-span, span + 1, shape, generator=generator).float() / 2 ** bits)
 
 
-@pytest.mark.parametrize("d", [16, 48, 96])
+@pytest.mark.parametrize("d", [16, 48, 176])
 def test_the_two_tile_steps_products_by_wider_chunks_cover_every_feature(d):
-    """The two-tile step multiplies by chunks of 2 FEATURES (_upper_keys' PRODUCT_FEATURES at 8 slots
-    or fewer): D = 16 (no wide chunk), 48 (a wide chunk, then a narrow one) and 96 (the wide chunks'
-    loop, no narrow one), dot and scaled_dot, K 8, exact and with errors injected up to the bound:
+    """The two-tile step multiplies by chunks of 4 FEATURES (_upper_keys' PRODUCT_FEATURES at 8 slots
+    or fewer), the first and last narrower where D is not a multiple of 64: D = 16 (one chunk of 16),
+    48 (a first chunk of 32, then one of 16) and 176 (a first of 64, the loop's of 64, then 32 and
+    16), dot and scaled_dot, K 8, exact and with errors injected up to the bound:
     the IEEE kernel's selection bit for bit (a feature left out of a product moves the gate past the
     true K-th: the selection differs)."""
     generator = torch.Generator().manual_seed(48 + d)
@@ -503,19 +529,20 @@ def test_the_dot_products_gate_at_a_tiles_largest_key_norm_keeps_the_ieee_select
     assert counts.max() < m and (tiles == 3).all(), (counts, tiles)
 
 
-def test_dot_products_start_from_the_first_tiles_lower_bounds_and_keep_the_ieee_selection():
-    """dot and scaled_dot start each row's threshold from the first tile's lower bounds (the least of
-    SLOTS groups' largest), not at -inf, where every candidate of the first tile passed: with M = 64
-    (one tile) the rows re-score fewer than its 64 candidates, K = 1 and 8, errors injected up to the
-    bound at both signs; with a bool mask leaving a row fewer valid candidates than SLOTS (a group
-    without one) that row starts at -inf, its top open, and re-scores every candidate (the masked ones
-    fill its empty slots); keys all equal (every score ties: the K lowest indices, whatever errors the
-    groups' largest bounds carry); the IEEE kernel's selection every time."""
+def test_dot_products_start_from_their_seeds_and_keep_the_ieee_selection():
+    """dot and scaled_dot start each row's threshold from its seed (the K-th largest of the columns'
+    largest lower bounds over the first tiles: _seed_thresholds_kernel), not at -inf, where every
+    candidate of the first tile passed: with M = 64 (one tile) the rows re-score fewer than its 64
+    candidates, K = 1 and 8, errors injected up to the bound at both signs; with a bool mask leaving a
+    row fewer valid candidates than K (so fewer columns holding one) that row starts at -inf, its top
+    open, and re-scores every candidate (the masked ones fill its empty slots); keys all equal (every
+    score ties: the K lowest indices, whatever errors the columns' largest bounds carry; the rounds
+    that take the K-th count every tied column at once); the IEEE kernel's selection every time."""
     generator = torch.Generator().manual_seed(47)
     queries = dyadic((1, 70, 32), generator).to(DEVICE)
     keys = dyadic((1, 64, 32), generator).to(DEVICE)
     mask = torch.ones(1, 70, 64, dtype=torch.bool)
-    mask[0, 3, 5:] = False  # row 3: five valid candidates, groups 5 .. 7 of 8 without one
+    mask[0, 3, 5:] = False  # row 3: five valid candidates, fewer than K = 8
     for inject in ("none", "even up", "odd up"):
         for k, similarity in ((1, DOT), (8, SCALED_DOT)):
             flagged, counts, _ = assert_same_selection(queries, keys, k, similarity, None, inject)
@@ -527,6 +554,49 @@ def test_dot_products_start_from_the_first_tiles_lower_bounds_and_keep_the_ieee_
     for inject in ("scattered", "later up", "earlier up"):
         flagged, _, _ = assert_same_selection(queries, tied, 8, DOT, None, inject, 2.0 ** 4)
         assert not flagged.any(), inject
+
+
+@pytest.mark.parametrize("inject", ["none", "even up", "odd up", "later up"])
+def test_seeds_are_lower_bounds_of_each_rows_kth_exact_dot_product(inject):
+    """_seed_thresholds_kernel, alone, float32 (TF32's bound, x 2^4, errors injected up to it): each
+    row's seed is at most its K-th largest exact dot product over the valid candidates of the first
+    SEED_TILES tiles (dyadic features: exact in float32) and at least the K-th largest of the columns'
+    largest exact products there less twice the bound at the largest norms (the rule the kernel
+    follows, in float64); -inf where fewer than K columns hold a valid candidate. Rows of 40
+    against M = 2100 (33 tiles: the last, past the seeds' reach, holds products above every other,
+    which a seed reading it would take), K = 1, 8 and 13; a bool mask leaving row 1 seven valid
+    candidates and every row's candidates 2000 and up; keys all equal (every product ties: the seed is
+    the tied value, less at most the bound)."""
+    generator = torch.Generator().manual_seed(49)
+    queries = dyadic((1, 40, 32), generator)
+    keys = dyadic((1, 2100, 32), generator)
+    keys[0, 2048:] = 4 * queries[0].sign().repeat(2, 1)[:52]
+    mask = torch.ones(1, 40, 2100, dtype=torch.bool)
+    mask[0, 1, 7:] = False
+    mask[0, :, 2000:] = False
+    seen = bounded_select.SEED_TILES * bounded_select.CANDIDATES
+    scale = 2.0 ** 4
+    model = kernel_bound(32, False, bounded_select.FLOAT32_PRECISION)[0] + 2.0 ** -21
+
+    def check(keys, k, masked):
+        kind, mask_arg, stride = mask_operand(queries.to(DEVICE), mask.to(DEVICE) if masked else None)
+        if kind == select.BOOL_MASK:
+            mask_arg, stride = mask_words(mask_arg)
+        seeds = seeded(queries.to(DEVICE), keys.to(DEVICE), k, DOT, mask_arg, stride, kind, key_norms(keys.to(DEVICE)),
+                       inject, scale).cpu().double()
+        valid = mask[0, :, :seen] if masked else torch.ones(40, seen, dtype=torch.bool)
+        products = torch.where(valid, (queries.double() @ keys.double().transpose(1, 2))[0, :, :seen], -torch.inf)
+        columns = products.view(40, -1, bounded_select.CANDIDATES).amax(1)
+        slack = 2.1 * scale * model * queries[0].double().norm(dim=1) * keys[0, :seen].double().norm(dim=1).max()
+        few = (columns > -torch.inf).sum(1) < k
+        assert (seeds[few] == -torch.inf).all(), (k, masked, seeds[few])
+        kth = products.topk(k, dim=1).values[:, -1]
+        least = columns.topk(k, dim=1).values[:, -1] - slack
+        assert ((least <= seeds) & (seeds <= kth))[~few].all(), (k, masked, least, seeds, kth)
+
+    for k, masked in ((1, False), (8, False), (13, True), (8, True)):
+        check(keys, k, masked)
+    check(keys[:, :1].expand(1, 2100, 32).contiguous(), 8, False)
 
 
 def special_inputs():
@@ -591,8 +661,8 @@ def test_tiles_a_bool_mask_hides_from_every_deciding_row_are_not_scored_and_the_
     Causal, N = M = 200 (four blocks of rows, four tiles, the last short): block b takes tiles 0 .. b
     (its diagonal) and scores them, but for gaussian, whose rows start at -inf, the first (queued
     unscored); a padding mask (the first 64 keys valid): the first tile alone, scored by scaled_dot;
-    an all-true mask: every tile, gaussian's first unscored. scaled_dot's rows start at the threshold
-    of the first tile's lower bounds (_initial_thresholds) where each of its 8 groups holds a valid
+    an all-true mask: every tile, gaussian's first unscored. scaled_dot's rows start at their seeds
+    (_seed_thresholds_kernel: the tiles the block's true entries reach) where K columns hold a valid
     candidate (causal rows 7 and up); the causal rows with fewer valid candidates than K (0 .. 6)
     re-score the first tile's 64 alone: once K are ranked, a masked candidate (a -inf key of a higher
     index) cannot enter. The errors scattered up to the bound (x 2^4): the IEEE kernel's selection
@@ -634,11 +704,14 @@ def rescored_per_row(queries, keys, k, precisions):
 
 def test_candidates_rescored_choose_the_float32_precision(capsys):
     """The measure behind FLOAT32_PRECISION (and the bfloat16 inputs' exact products): 64 query rows,
-    D = 64, K = 8, the scores' errors scattered up to the model bound; the candidates each row
-    re-scores exactly (the work the bound adds; no row is left to the rerun). Gaussian queries and
-    keys (M = 1024): about the same for every precision. Keys and queries in tight clusters (64
-    centres, noise 1% of their scale, M = 2048): TF32's bound (2^-9 |q||k|) lets about a fifth more
-    through than tf32x3's (about 2^-14 at D = 64) or bfloat16's: TF32, which adds no work per tile."""
+    D = 64, K = 8, the scores' errors scattered up to the model bound, the rows started from their
+    seeds; the candidates each row re-scores exactly (the work the bound adds; no row is left to the
+    rerun). Gaussian queries and keys (M = 1024): about K for every precision. Keys and queries in
+    tight clusters (64 centres, noise 1% of their scale, M = 2048): TF32's bound (2^-9 |q||k|) lets
+    several times more through than tf32x3's (about 2^-14 at D = 64) or bfloat16's, yet its extra
+    re-scores (D FMAs each on CUDA cores, about 8 tensor-core multiply-adds' time apiece on an H100:
+    67 against 495 TFLOPS) cost a row far less than tf32x3's two more products of every pair (2 M D
+    multiply-adds): TF32, which adds no work per tile."""
     generator = torch.Generator().manual_seed(44)
     gaussian = torch.randn(1, 64, 64, generator=generator), torch.randn(1, 1024, 64, generator=generator)
     centres = torch.randn(64, 64, generator=generator)
@@ -656,8 +729,10 @@ def test_candidates_rescored_choose_the_float32_precision(capsys):
     with capsys.disabled():
         print(f"\ncandidates re-scored per row: {counts}")
     gaussian, clustered = counts["gaussian"], counts["clustered"]
-    assert max(gaussian.values()) <= 1.05 * min(gaussian.values()), counts
-    assert clustered["tf32x3"] <= clustered["tf32"] <= 1.25 * clustered["tf32x3"], counts
+    assert max(gaussian.values()) <= 2 * 8 and max(gaussian.values()) <= 1.25 * min(gaussian.values()), counts
+    assert clustered["tf32x3"] <= clustered["tf32"] and clustered["bfloat16 inputs"] <= 2 * 8, counts
+    extra_rescores = (clustered["tf32"] - clustered["tf32x3"]) * 64 * 8  # in tensor-core multiply-adds' time
+    assert 4 * extra_rescores <= 2 * 2048 * 64, counts
     assert bounded_select.FLOAT32_PRECISION == "tf32"
 
 
@@ -686,11 +761,11 @@ def generic_select(*args):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_generic_selection(monkeypatch, dtype):
-    """CONVNN_SELECT_SCORES=tensor_cores: scaled_dot in index order (D = 32: rows of whole chunks),
-    K = 8, without a mask and with a bool mask, launches the keys' norms (and the mask's words), the
-    tensor-core kernel and its rerun (the keys the C++ launcher names, as specialisations.py lists
-    them) and gives the generic path's indices and scores; so does a bool mask at K = 12; float32 with
-    an additive mask at K = 12 (FLOAT32_MASK_SLOTS), l1 and D = 6 take the IEEE kernel. "auto" (the
+    """CONVNN_SELECT_SCORES=tensor_cores: scaled_dot in index order (D = 32: rows of whole chunks), K =
+    8, without a mask and with a bool mask, launches the keys' norms (and the mask's words), the rows'
+    seeds, the tensor-core kernel and its rerun (the keys the C++ launcher names, as specialisations.py
+    lists them) and gives the generic path's indices and scores; so does a bool mask at K = 12; float32
+    with an additive mask at K = 12 (FLOAT32_MASK_SLOTS), l1 and D = 6 take the IEEE kernel. "auto" (the
     default) takes the IEEE kernel; any other value is refused, naming it."""
     generator = torch.Generator().manual_seed(45)
     queries = dyadic((2, 70, 32), generator).to(DEVICE, dtype)
@@ -704,7 +779,8 @@ def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_gen
         assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
         # The last ones (the first call's check launches its own before them).
         words = ["mask bits"] if call_mask is not None else []
-        assert launched[-3 - len(words):] == [f"key norms{suffix}", *words,
+        assert launched[-4 - len(words):] == [f"key norms{suffix}", *words,
+                                              f"bounded seeds scaled_dot {mask_name}{suffix}",
                                               f"bounded select scaled_dot K<=8 {mask_name}{suffix}",
                                               f"rerun select scaled_dot K<=8 {mask_name}{suffix}"], launched
     got, launched = cuda_select(queries, keys, 12, "scaled_dot", mask, True)

@@ -62,10 +62,10 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   // the column kernel; per dtype), knn_select on tensor cores and its rerun (dot, scaled_dot, cosine and
   // gaussian x the 2 widths up to its max_slots x 3 mask kinds per half-precision dtype, and for float32
   // inputs no mask and a bool mask at both widths and an additive mask at the narrower: 68 each), its
-  // keys' norms kernel per input dtype and its bool masks' bits kernel.
-  EXPECT_EQ(keys.size(),
-            30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u + 2u * (4u * (2u * 3u * 2u + 2u + 2u + 1u)) + 3u +
-                1u);
+  // rows' seeds kernel (dot and scaled_dot x no mask and a bool mask, one for every width, per input
+  // dtype), its keys' norms kernel per input dtype and its bool masks' bits kernel.
+  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u +
+                             2u * (4u * (2u * 3u * 2u + 2u + 2u + 1u)) + 2u * 2u * 3u + 3u + 1u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
@@ -80,6 +80,7 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       const bool additive_mask = key.find(" additive mask") != std::string::npos;
       const bool bool_mask = key.find(" bool mask") != std::string::npos;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
+      const bool seeds = key.rfind("bounded seeds ", 0) == 0;  // 8 warps (bounded_select.SEED_WARPS)
       // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
       // are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
       // kernel at the widest running top-K (two lanes per row: attention_backward.compile_options);
@@ -91,6 +92,7 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
                             : tensor_cores ? (half_inputs && !additive_mask && !(bool_mask && width > 8) ? 4 : 8)
+                            : seeds        ? 8
                             : running_top_k ? 8
                             : widest_rows         ? 2 * triton::kAttentionBackwardBlocks.row_rows / 32
                             : two_kernel_backward ? triton::kAttentionBackwardBlocks.row_rows / 32
@@ -302,10 +304,10 @@ TEST(TritonAot, EverySelectLaunchPassesTheParametersTheCompiledKernelDeclares) {
 
 TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernelsDeclare) {
   // knn_select on tensor cores (issue 41), each similarity it serves: the keys' norms, the tensor-core
-  // kernel on a persistent grid (after a bool mask's words), then the IEEE kernel's rerun of the rows
-  // it leaves, over the same outputs; where no tensor-core kernel was compiled (K above its max_slots,
-  // float32 inputs with an additive mask above float32_mask_slots) or the rows are not whole chunks
-  // of its features (D = 5), the IEEE kernel alone.
+  // kernel on a persistent grid (after a bool mask's words and the rows' seeds), then the IEEE
+  // kernel's rerun of the rows it leaves, over the same outputs; where no tensor-core kernel was
+  // compiled (K above its max_slots, float32 inputs with an additive mask above float32_mask_slots)
+  // or the rows are not whole chunks of its features (D = 5), the IEEE kernel alone.
   const int64_t g = 3, n = 45, m = 70;
   for (const int64_t d : {triton::kBoundedSelectBlocks.features, int64_t{5}}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
@@ -330,17 +332,28 @@ TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernels
               EXPECT_EQ(recorder.launches[0].key.rfind("select ", 0), 0u) << recorder.launches[0].key;
               continue;
             }
-            // A bool mask's words before the tensor-core kernel (the shared [N,M] mask's N rows).
+            // A bool mask's words before the tensor-core kernel (the shared [N,M] mask's N rows), and for
+            // dot and scaled_dot without an additive mask the rows' seeds (bounded_select._tile_bound).
             const size_t words = mask.defined() && mask.scalar_type() == torch::kBool ? 1 : 0;
-            ASSERT_EQ(recorder.launches.size(), 3u + words) << d << " " << k;
+            const bool dot_products =
+                similarity == convnn::Similarity::Dot || similarity == convnn::Similarity::ScaledDot;
+            const size_t seeds = dot_products && (!mask.defined() || words != 0) ? 1 : 0;
+            ASSERT_EQ(recorder.launches.size(), 3u + words + seeds) << d << " " << k;
             EXPECT_EQ(recorder.launches[0].key.rfind("key norms", 0), 0u) << recorder.launches[0].key;
             if (words != 0) {
               EXPECT_EQ(recorder.launches[1].key, "mask bits");
               EXPECT_EQ(recorder.launches[1].grid.x, cdiv(n, triton::kBoundedSelectBlocks.mask_bits_rows));
               EXPECT_EQ(recorder.launches[1].grid.y, cdiv(m, triton::kBoundedSelectBlocks.candidates));
             }
-            const auto& bounded = recorder.launches[1 + words];
-            const auto& rerun = recorder.launches[2 + words];
+            if (seeds != 0) {
+              const auto& seeding = recorder.launches[1 + words];
+              EXPECT_EQ(seeding.key.rfind("bounded seeds ", 0), 0u) << seeding.key;
+              EXPECT_EQ(seeding.key.find("K<="), std::string::npos) << "one kernel for every width: " << seeding.key;
+              EXPECT_EQ(seeding.grid.x, cdiv(n, triton::kBoundedSelectBlocks.rows));
+              EXPECT_EQ(seeding.grid.y, g);
+            }
+            const auto& bounded = recorder.launches[1 + words + seeds];
+            const auto& rerun = recorder.launches[2 + words + seeds];
             EXPECT_EQ(bounded.key.rfind("bounded select ", 0), 0u) << bounded.key;
             EXPECT_EQ(rerun.key.rfind("rerun select ", 0), 0u) << rerun.key;
             EXPECT_EQ(recorder.launches[0].grid.x, cdiv(m, triton::kBoundedSelectBlocks.key_norm_rows));

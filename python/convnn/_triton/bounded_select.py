@@ -19,8 +19,9 @@ of them a loop step (tiles_per_step: two where the registers allow one [ROWS, 2 
    row of the block has both a true entry and a threshold above -inf is not scored: below -inf every
    valid candidate passes whatever its score; and the block's loop ends after the last tile its rows'
    true entries reach (a causal mask's: its diagonal tile) once no row's top has an empty slot. dot and
-   scaled_dot start each row's t from lower bounds of the first tile's keys (_initial_thresholds), not
-   at -inf (which let that tile's every candidate through).
+   scaled_dot (without an additive mask) start each row's t from a lower bound of its K-th exact key,
+   from the first SEED_TILES tiles' products (_seed_thresholds_kernel, launched before), not at -inf
+   (which let every candidate through until the first flush).
 2. The flush, after a step that leaves FLUSH_AT or more candidates in a row's queue and after the
    last step: the queued candidates
    re-scored exactly, in the IEEE kernel's order of operations (a float32 FMA chain over the features
@@ -68,7 +69,7 @@ SIMILARITIES = (CODES["dot"], CODES["scaled_dot"], CODES["cosine"], CODES["gauss
 # tile (the gate's bits of a row fill an int64), features per tl.dot chunk: a row of keys' chunk on
 # 16-byte boundaries is a vector load (the launcher takes this kernel where the rows are whole chunks,
 # select._whole_chunks; 16 rather than 32: ptxas spilled the masked variants at 32; the unmasked
-# two-tile step multiplies by two chunks at once, _upper_keys' PRODUCT_FEATURES).
+# two-tile step multiplies by four chunks at once, _upper_keys' PRODUCT_FEATURES).
 ROWS = 64
 CANDIDATES = 64
 FEATURES = 16
@@ -91,6 +92,15 @@ KEY_NORM_ROWS = 128
 # The sections of the keys' norms buffer, [G, NORM_SECTIONS, M + 1] float32 (_key_norms_kernel).
 NORM_SECTIONS = 4
 _NORM_SECTIONS = tl.constexpr(NORM_SECTIONS)
+# Tiles at the start of a row whose keys' lower bounds seed its threshold (_seed_thresholds_kernel):
+# more re-score fewer candidates later and cost a product each (scripts/triton_cost_report.py).
+SEED_TILES = 32
+_SEED_TILES = tl.constexpr(SEED_TILES)
+# Features per product chunk of that kernel (_upper_keys' PRODUCT_FEATURES: one round trip a tile at D = 64),
+# and its warps: with 4, ptxas spilled 8-72 bytes (float32 inputs on sm_80, a bool mask's words); with 8,
+# none (134-210 registers).
+SEED_PRODUCT_FEATURES = 4 * FEATURES
+SEED_WARPS = 8
 # Mask rows per program of _mask_bits_kernel.
 MASK_BITS_ROWS = 32
 # The persistent grid's most programs (the launcher's: fewer where there are fewer blocks of rows):
@@ -133,10 +143,11 @@ MAX_FEATURES = 2 ** 18
 # tensor-core work and its splits on CUDA cores. A looser bound costs only candidates re-scored (no
 # row is left to the rerun for it): measured under the interpreter with errors scattered up to the
 # bound (64 rows, D = 64, K = 8, test_candidates_rescored_choose_the_float32_precision), per row on
-# Gaussian features (M = 1024) 50.2 with TF32, 48.4 with tf32x3, and on tight clusters (noise 1%,
-# M = 2048) 77.8 against 63.9 (with the rows started from the first tile's lower bounds, FLUSH_AT
-# 16; 107.2 / 106.2 and 124.4 / 118.5 before): two chunks of exact re-scores per row at most, where
-# tf32x3 adds work on every tile.
+# Gaussian features (M = 1024) 9.3 with TF32, 8.4 with tf32x3, and on tight clusters (noise 1%,
+# M = 2048) 63.1 against 9.3 (the rows started from their seeds, _seed_thresholds_kernel; from the
+# first tile's lower bounds 50.2 / 48.4 and 77.8 / 63.9): TF32's 54 more re-scores of a clustered row,
+# 64 FMAs each, cost far less than tf32x3's two more products of each of its 2048 pairs, and tf32x3
+# adds work on every tile.
 FLOAT32_PRECISION = "tf32"
 # Test modes of the injected score errors (INJECT): none (every launch), a pseudo-random fraction of
 # the bound of either sign, plus the bound on even candidates and minus on odd ones or the reverse,
@@ -282,11 +293,13 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_
     NaN through. TILE_BOUND (dot products without an additive mask): P itself, whose bound the gate
     takes from its threshold instead (_gate_thresholds; no candidate's norm read, nothing added per
     pair), and whose candidates past M the caller drops.
-    The products by chunks of PRODUCT_FEATURES (FEATURES or twice that), the last of FEATURES where d
-    is an odd multiple of FEATURES: each chunk's keys are loaded, staged in shared memory and
-    multiplied before the next chunk's load is issued (ptxas overlaps only the queries' loads), so a
-    tile's latency grows with its chunks. Twice FEATURES everywhere spilled the masked variants, and
-    in the two-tile step (STEP_TILES 2, no mask) 84 bytes at 16 slots; it takes it at 8 without one."""
+    The products by chunks of PRODUCT_FEATURES (FEATURES, twice or four times that), the first and
+    last ones narrower where d is not a multiple of it (halving down to FEATURES): each chunk's keys
+    are loaded, staged in shared memory and multiplied before the next chunk's load is issued (ptxas
+    overlaps only the queries' loads), so a tile's latency grows with its chunks: at D = 64 four
+    round trips to memory a step by chunks of 16, one by chunks of 64. Wider chunks everywhere
+    spilled the masked variants, and in the two-tile step (STEP_TILES 2, no mask) 84 bytes at 16
+    slots with 32; it takes 64 at 8 slots or fewer (no spill, sm_90; 28 KB of shared memory)."""
     q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
     k_starts = tl.where(cand_ok, cand, 0).to(tl.int64) * k_stride
     # The first chunk apart: its product starts the sum, no accumulator to clear per tile (d >= FEATURES).
@@ -294,16 +307,23 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_
         approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, FEATURES, PRECISION, INJECT)
         first = FEATURES
     else:
-        tl.static_assert(PRODUCT_FEATURES == 2 * FEATURES)
+        tl.static_assert(PRODUCT_FEATURES == 2 * FEATURES or PRODUCT_FEATURES == 4 * FEATURES)
         if d >= PRODUCT_FEATURES:
             approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, PRODUCT_FEATURES, PRECISION, INJECT)
             first = PRODUCT_FEATURES
+        elif PRODUCT_FEATURES == 4 * FEATURES and d >= 2 * FEATURES:
+            approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, 2 * FEATURES, PRECISION, INJECT)
+            first = 2 * FEATURES
         else:
             approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, FEATURES, PRECISION, INJECT)
             first = FEATURES
     while first + PRODUCT_FEATURES <= d:
         approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, PRODUCT_FEATURES, PRECISION, INJECT)
         first += PRODUCT_FEATURES
+    if PRODUCT_FEATURES == 4 * FEATURES:
+        if first + 2 * FEATURES <= d:
+            approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, 2 * FEATURES, PRECISION, INJECT)
+            first += 2 * FEATURES
     if PRODUCT_FEATURES != FEATURES:
         if first < d:  # d an odd multiple of FEATURES: its last chunk
             approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, FEATURES, PRECISION, INJECT)
@@ -341,6 +361,15 @@ def _squared_differences_chain(q, k, sums):
 
 
 @triton.jit
+def _exact_chain(q, k, sums, SIMILARITY: tl.constexpr):
+    """sums after the 8 features of q [ROWS, 1, 8] and k [ROWS, W, 8], float32: gaussian's chain of
+    squared differences, the others' FMA chain."""
+    if SIMILARITY == GAUSSIAN:
+        return _squared_differences_chain(q, k, sums)
+    return select.fma_chain(q, k, sums)
+
+
+@triton.jit
 def _exact_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, q_factors, held, held_ok, m, d, q_stride, k_stride,
                 similarity_constant, SIMILARITY: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """[ROWS, WIDTH] float32 keys of each row with the candidates `held` [ROWS, WIDTH] (before the
@@ -349,20 +378,27 @@ def _exact_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, q_factors, held, held_o
     padding features past D that it adds being (+0) * (+0), which leave every such sum as it is;
     cosine's ((q.k) * the row's inverse norm) * the candidate's, both from select.sums_of_squares
     (q_factors, and the keys' inverse norms at norms_ptr + 2 (m + 1)); gaussian's minus the chain of squared
-    differences. 8 features a vector load (whole_chunks); 0 where not held_ok."""
+    differences. 8 features a vector load (whole_chunks), two such loads of the rows and of the
+    candidates issued before their chains (d is a multiple of FEATURES = 16 wherever a candidate is
+    queued: _select_block scores no tile otherwise), so that a pass of 16 features waits on one round
+    trip to memory, not two (the flush re-scores a queue's candidates in d / 16 such passes); 0 where
+    not held_ok."""
     sums = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
     q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
     k_starts = tl.where(held_ok, held, 0).to(tl.int64) * k_stride
     lanes = tl.arange(0, 8)[None, None, :]
     feature = 0
     while feature < d:
-        q = tl.load(tl.multiple_of(q_ptr + q_starts[:, None, None] + feature + lanes, [1, 1, 16])).to(tl.float32)
-        k = tl.load(tl.multiple_of(k_ptr + k_starts[:, :, None] + feature + lanes, [1, 1, 16])).to(tl.float32)
-        if SIMILARITY == GAUSSIAN:
-            sums = _squared_differences_chain(q, k, sums)
-        else:
-            sums = select.fma_chain(q, k, sums)
-        feature += 8
+        # Each row's features loaded for each of its candidates (L1 serves the repeats): the rows' tile
+        # [ROWS, 1, 8] took three layout conversions through shared memory to meet the candidates'.
+        q_at = tl.broadcast_to(tl.multiple_of(q_ptr + q_starts[:, None, None] + feature + lanes, [1, 1, 16]),
+                               [ROWS, WIDTH, 8])
+        k_at = tl.multiple_of(k_ptr + k_starts[:, :, None] + feature + lanes, [1, 1, 16])
+        q, q_next = tl.load(q_at), tl.load(q_at + 8)
+        k, k_next = tl.load(k_at), tl.load(k_at + 8)
+        sums = _exact_chain(q.to(tl.float32), k.to(tl.float32), sums, SIMILARITY)
+        sums = _exact_chain(q_next.to(tl.float32), k_next.to(tl.float32), sums, SIMILARITY)
+        feature += 16
     if SIMILARITY == GAUSSIAN:
         keys = -sums
     else:
@@ -534,57 +570,115 @@ def _tile_bound(similarity, mask):
 
 
 @triton.jit
-def _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND: tl.constexpr,
-                     CANDIDATES: tl.constexpr, STEP_TILES: tl.constexpr):
-    """[ROWS] what the step's bounds (_upper_keys) are compared with: the threshold; with TILE_BOUND,
-    the threshold less row_terms times the largest key norm of the step's STEP_TILES tiles
-    (_key_norms_kernel), an FMA per row: a candidate whose tensor-core product P is below it has P +
-    its bound below the threshold, since a float P at least a real a is at least a rounded to float
-    (docs/operator.md). (One bound for the step's two tiles: a bound per tile, broadcast along the
-    step's columns, was a [ROWS, 2 CANDIDATES] tensor converted between layouts through shared
-    memory.) NaN row terms (rows not live) give NaN, which no P passes; a -inf threshold stays -inf. A
-    tile past M reads a largest norm of 0 (the section's spare entries, zeros): the caller drops its
-    candidates."""
+def _largest_key_norm(norms_ptr, first, m, TILE_BOUND: tl.constexpr, CANDIDATES: tl.constexpr,
+                      STEP_TILES: tl.constexpr):
+    """With TILE_BOUND, the largest key norm of the step's STEP_TILES tiles (_key_norms_kernel; 0 for a
+    tile past M: the section's spare entries, zeros, whose candidates the caller drops); else 0, unread.
+    Read after the step's products: read before them (the gate, or only this norm), the value held
+    through them made ptxas spill 16 bytes in dot's two-tile step at 64-feature products (sm_90)."""
+    largest = 0.0
     if TILE_BOUND:
         largest = tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES)
         if STEP_TILES == 2:
             largest = tl.maximum(largest, tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES + 1))
+    return largest
+
+
+@triton.jit
+def _gate_thresholds(threshold, row_terms, largest, TILE_BOUND: tl.constexpr):
+    """[ROWS] what the step's bounds (_upper_keys) are compared with: the threshold; with TILE_BOUND,
+    the threshold less row_terms times the largest key norm of the step's tiles (largest:
+    _largest_key_norm), an FMA per row: a candidate whose tensor-core product P is below it has P +
+    its bound below the threshold, since a float P at least a real a is at least a rounded to float
+    (docs/operator.md). (One bound for the step's two tiles: a bound per tile, broadcast along the
+    step's columns, was a [ROWS, 2 CANDIDATES] tensor converted between layouts through shared
+    memory.) NaN row terms (rows not live) give NaN, which no P passes; a -inf threshold stays -inf."""
+    if TILE_BOUND:
         threshold = tl.fma(-row_terms, largest, threshold)
     return threshold
 
 
 @triton.jit
-def _initial_thresholds(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d, q_stride, k_stride, q_norms,
-                        row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, threshold,
-                        top_open, SIMILARITY: tl.constexpr, MASK: tl.constexpr, SLOTS: tl.constexpr,
-                        CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
-                        INJECT: tl.constexpr):
-    """(threshold, top_open) [ROWS] before the first tile, from a lower bound of its keys (dot and
-    scaled_dot without an additive mask: _tile_bound). Each valid candidate's exact dot product is at
-    least fl(P - row_terms * the tile's largest key norm) (P its tensor-core product: a float at least
-    a real number is at least that number rounded); the first tile's candidates split into SLOTS >= K
-    groups (candidate c in group c % SLOTS), the least of the groups' largest such bounds, t0, is
-    reached by at least K of them, so the row's K-th exact key is at least key(t0). So the gate
-    compares with the least dot product whose key reaches key(t0) (_dot_threshold), and a masked
-    candidate (key -inf) can no longer enter the row's top: it closes. Rows whose groups are not all
-    valid (fewer valid candidates than SLOTS, a group without one) and rows not live keep theirs;
-    otherwise the first tile lets every candidate through, and its 64 are re-scored per row."""
+def _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d, k, q_stride, k_stride, q_norms, row_terms,
+          q_factors, model, absolute, factor, half_additive, similarity_constant, end, SIMILARITY: tl.constexpr,
+          MASK: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
+          INJECT: tl.constexpr, PRODUCT_FEATURES: tl.constexpr):
+    """[ROWS] t0, a lower bound of each row's K-th exact dot product, from the tiles before `end` (dot
+    and scaled_dot without an additive mask: _tile_bound), or -inf. Each valid candidate's exact dot
+    product is at least fl(P - row_terms * its tile's largest key norm) (P its tensor-core product: a
+    float at least a real number is at least that number rounded). Each column of the tiles (candidate
+    c of every tile) keeps the largest such bound of its valid candidates: distinct columns, distinct
+    candidates, so the K-th largest of the columns' bounds, t0, is reached by at least K candidates.
+    -inf in a row with fewer than K columns holding a valid candidate, and in a row not live."""
     cand = tl.arange(0, CANDIDATES)
-    cand_ok = cand < m
-    products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms,
-                           row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
-                           SIMILARITY, FEATURES, PRECISION, INJECT, True, FEATURES)
-    lower = tl.fma(-row_terms[:, None], tl.load(norms_ptr + 3 * (m + 1)), products)
-    valid = live[:, None] & cand_ok[None, :]
-    if MASK == 1:
-        word = _mask_words(mask_rows, 0, live, CANDIDATES)
-        valid &= ((word[:, None] >> cand[None, :].to(tl.int64)) & 1) != 0
-    lower = tl.where(valid, lower, float("-inf"))
-    reached = tl.min(tl.max(tl.reshape(lower, [lower.shape[0], CANDIDATES // SLOTS, SLOTS]), 1), 1)
-    reached = tl.where(live, reached, float("-inf"))
+    columns = tl.full([rows.shape[0], CANDIDATES], float("-inf"), tl.float32)
+    first = 0
+    while first < end:
+        here = first + cand
+        here_ok = here < m
+        products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, here, here_ok, m, d, q_stride, k_stride,
+                               q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+                               similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, True, PRODUCT_FEATURES)
+        lower = tl.fma(-row_terms[:, None], tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES), products)
+        valid = live[:, None] & here_ok[None, :]
+        if MASK == 1:
+            word = _mask_words(mask_rows, first, live, CANDIDATES)
+            valid &= ((word[:, None] >> cand[None, :].to(tl.int64)) & 1) != 0
+        columns = tl.maximum(columns, tl.where(valid, lower, float("-inf")))
+        first += CANDIDATES
+    # The K-th largest of the columns' bounds: rounds of a row's largest, each removing every column
+    # that holds it and counting them (ties: integer grids, duplicated keys), until K are counted.
+    reached = tl.full([rows.shape[0]], float("-inf"), tl.float32)
+    taken = tl.zeros([rows.shape[0]], tl.int32)
+    round = 0
+    while round < k:
+        largest = tl.max(columns, 1)
+        holding = columns == largest[:, None]
+        reached = tl.where(taken < k, largest, reached)
+        taken += tl.sum(holding.to(tl.int32), 1)
+        columns = tl.where(holding, float("-inf"), columns)
+        round += 1
+    return tl.where(live, reached, float("-inf"))
+
+
+@triton.jit
+def _seeded(seeds_ptr, at, row_ok, live, threshold, top_open, similarity_constant, SIMILARITY: tl.constexpr):
+    """(threshold, top_open) [ROWS] before the first tile, from the rows' seeds t0 (_seed, written by
+    _seed_thresholds_kernel at seeds_ptr + at): the row's K-th exact key is at least key(t0), so the
+    gate compares with the least dot product whose key reaches key(t0) (_dot_threshold), and a masked
+    candidate (key -inf) can no longer enter the row's top: it closes. Rows whose t0 is -inf keep
+    theirs."""
+    reached = tl.where(live, tl.load(seeds_ptr + at, mask=row_ok, other=float("-inf")), float("-inf"))
     lowered = _dot_threshold(select.scaled_by_root(reached, similarity_constant, SIMILARITY), similarity_constant,
                              SIMILARITY)
     return tl.maximum(threshold, lowered), top_open & (reached == float("-inf"))
+
+
+@triton.jit
+def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, norms_ptr, seeds_ptr, n, m, d, k, mask_slice_stride,
+                            similarity_constant, bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride,
+                            k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
+                            MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
+                            FEATURES: tl.constexpr, PRECISION: tl.constexpr, PRODUCT_FEATURES: tl.constexpr,
+                            INJECT: tl.constexpr = 0):
+    # Grid (blocks of ROWS query rows, G): seeds [G * N] float32 gets each row's _seed over the first
+    # SEED_TILES tiles its rows' true entries reach, for _bounded_select_kernel (the same arguments:
+    # the keys' norms of _key_norms_kernel, a bool mask as _mask_bits_kernel's words). Its own
+    # kernel: inside the select kernel, whose step holds 250-255 registers, this loop made ptxas spill.
+    tl.static_assert(_tile_bound(SIMILARITY, MASK))
+    g = tl.program_id(1).to(tl.int64)
+    rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, whole_chunks, live, row_terms, model, \
+        absolute, factor, half_additive = _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, tl.program_id(0), n, m,
+                                                       d, mask_slice_stride, similarity_constant, bound_scale, heads,
+                                                       q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                                                       k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
+                                                       CANDIDATES, FEATURES, PRECISION)
+    end = tl.minimum(_tiles_reached(mask_rows, live, m, tl.where(whole_chunks, m, 0), MASK, CANDIDATES),
+                     _SEED_TILES * CANDIDATES)
+    reached = _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d, k, q_row_stride, k_row_stride,
+                    q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, end,
+                    SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION, INJECT, PRODUCT_FEATURES)
+    tl.store(seeds_ptr + g * n + rows, reached, mask=row_ok)
 
 
 @triton.jit
@@ -704,13 +798,14 @@ def _row_terms(q_norms, q_squares, live, d, bound_scale, PRECISION: tl.constexpr
 
 
 @triton.jit
-def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr, queue_row_ptrs,
-                  g, block, slices, n, m, d, k, mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads,
-                  q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
-                  SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
-                  SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr, FEATURES: tl.constexpr,
-                  PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr, STEP_TILES: tl.constexpr):
-    """The kernel's work on the block of ROWS query rows `block` of slice g (the module's text)."""
+def _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d, mask_slice_stride, similarity_constant,
+                 bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
+                 k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+                 CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr):
+    """What the select and seeds kernels know of the block of ROWS query rows `block` of slice g before
+    its tiles: (rows, row_ok, q_ptr and k_ptr at the slice, the mask's rows, norms_ptr at the slice's
+    norms, the rows' norms, cosine's inverse norms of the rows (their sums of squares otherwise,
+    unread), whole_chunks, live, and _row_terms' (row_terms, model, absolute, factor, half_additive))."""
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
@@ -725,7 +820,6 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     if SIMILARITY == COSINE:
         q_factors = select.inverse_of_norms(q_squares, similarity_constant)
     norms_ptr += g * _NORM_SECTIONS * (m + 1)
-    queue_rows = queue_row_ptrs[:, None]
     # The tiles' vector loads need rows of whole chunks on 16-byte boundaries (the launcher takes this
     # kernel only then); else every row goes to the rerun, and no tile is scored.
     whole_chunks = select._whole_chunks(q_ptr, k_ptr, d, q_row_stride, k_row_stride, FEATURES)
@@ -733,27 +827,56 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     # slice's where a key's norm is so); the others are live, and only their pairs can pass the gate.
     live = (row_ok & (q_norms <= NORM_CEILING) & (tl.load(norms_ptr + m + tl.zeros([ROWS], tl.int32)) == 0.0)
             & whole_chunks)
+    # (d as the block's: the bound's scalars are then made per block, not held from the kernel's start
+    # through every block, which cost the select kernel's step a register spilled.)
+    row_terms, model, absolute, factor, half_additive = _row_terms(q_norms, q_squares, live, tl.where(block < 0, 0, d),
+                                                                   bound_scale, PRECISION,
+                                                                   q_ptr.dtype.element_ty != tl.float32, SIMILARITY)
+    return (rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, whole_chunks, live, row_terms, model,
+            absolute, factor, half_additive)
+
+
+@triton.jit
+def _tiles_reached(mask_rows, live, m, limit, MASK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """The end of the tiles the block's rows' true entries reach (a bool mask's: _mask_bits_kernel's
+    last column; a causal mask's block: its diagonal tile), at most limit; limit without one."""
+    reach = limit
+    if MASK == 1:
+        words_reached = tl.load(mask_rows + tl.cdiv(m, CANDIDATES), mask=live[:, None], other=0)
+        reach = tl.minimum(limit, (tl.max(tl.max(words_reached, 1), 0) * CANDIDATES).to(tl.int32))
+    return reach
+
+
+@triton.jit
+def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr, seeds_ptr,
+                  queue_row_ptrs, g, block, slices, n, m, d, k, mask_slice_stride, similarity_constant, bound_scale,
+                  dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
+                  k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+                  CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr,
+                  FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr,
+                  STEP_TILES: tl.constexpr):
+    """The kernel's work on the block of ROWS query rows `block` of slice g (the module's text)."""
+    rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, whole_chunks, live, row_terms, model, \
+        absolute, factor, half_additive = _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d,
+                                                       mask_slice_stride, similarity_constant, bound_scale, heads,
+                                                       q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                                                       k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
+                                                       CANDIDATES, FEATURES, PRECISION)
+    queue_rows = queue_row_ptrs[:, None]
     unrankable = (row_ok & ~live).to(tl.int32)
-    row_terms, model, absolute, factor, half_additive = _row_terms(q_norms, q_squares, live, d, bound_scale,
-                                                                   PRECISION, q_ptr.dtype.element_ty != tl.float32,
-                                                                   SIMILARITY)
     TILE_BOUND: tl.constexpr = _tile_bound(SIMILARITY, MASK)
 
+    kth_key = tl.full([ROWS], float("-inf"), tl.float32)
+    threshold = kth_key  # what the gate compares with: the K-th key, or its _dot_threshold
+    top_open = kth_key == kth_key  # the top has an empty slot: a -inf key (a masked candidate) can enter
+    if TILE_BOUND:  # the rows' seeds (_seed_thresholds_kernel)
+        threshold, top_open = _seeded(seeds_ptr, g * n + rows, row_ok, live, threshold, top_open,
+                                      similarity_constant, SIMILARITY)
     # Each row's exact top: SLOTS packed keys, descending; empty slots hold -inf with indices m + 1,
     # m + 2, ... (below every candidate, a masked one included).
     slots = tl.arange(0, SLOTS)
     top = select._packed(tl.full([ROWS, SLOTS], float("-inf"), tl.float32),
                          m + 1 + slots[None, :] + tl.zeros([ROWS, SLOTS], tl.int32))
-    kth_key = tl.full([ROWS], float("-inf"), tl.float32)
-    threshold = kth_key  # what the gate compares with: the K-th key, or its _dot_threshold
-    top_open = kth_key == kth_key  # the top has an empty slot: a -inf key (a masked candidate) can enter
-    if TILE_BOUND:
-        if whole_chunks & (m > 0):  # (the tiles' vector loads: as the loop's)
-            threshold, top_open = _initial_thresholds(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d,
-                                                      q_row_stride, k_row_stride, q_norms, row_terms, q_factors,
-                                                      model, absolute, factor, half_additive, similarity_constant,
-                                                      threshold, top_open, SIMILARITY, MASK, SLOTS, CANDIDATES,
-                                                      FEATURES, PRECISION, INJECT)
     fill = tl.zeros([ROWS], dtype=tl.int32)
     rescored = tl.zeros([ROWS], dtype=tl.int32)  # candidates re-scored exactly (STATS)
     scored = 0  # tiles scored (STATS)
@@ -765,11 +888,9 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     # the rows' words reach (_mask_bits_kernel's last column; a causal mask's block: its diagonal tile),
     # or later while some live row's top has an empty slot (a flush closes it: every tile queues M's
     # next candidates in such a row, M >= K). Without one, every tile.
-    reach = limit
+    reach = _tiles_reached(mask_rows, live, m, limit, MASK, CANDIDATES)
     open_rows = 1
     if MASK == 1:
-        words_reached = tl.load(mask_rows + tl.cdiv(m, CANDIDATES), mask=live[:, None], other=0)
-        reach = tl.minimum(limit, (tl.max(tl.max(words_reached, 1), 0) * CANDIDATES).to(tl.int32))
         open_rows = tl.max((top_open & live).to(tl.int32), 0)
     while (first < limit) & ((first < reach) | (open_rows != 0)):
         cand = first + tl.arange(0, STEP_TILES * CANDIDATES)
@@ -786,18 +907,18 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                 upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
                                     k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
                                     half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT,
-                                    TILE_BOUND, FEATURES)
-                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES, 1)
+                                    TILE_BOUND, 2 * FEATURES if SLOTS <= 8 else FEATURES)
+                gate = _gate_thresholds(threshold, row_terms,
+                                        _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, 1),
+                                        TILE_BOUND)
                 bits, _, _ = _passing_words(upper >= gate[:, None], CANDIDATES)
                 scored += 1
             bits, count = _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
         else:
-            if MASK == 0:  # before the products, so that its load's latency passes under theirs
-                gate = _gate_thresholds(threshold, row_terms, norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES)
             upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
                                 k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
                                 similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND,
-                                FEATURES * STEP_TILES if SLOTS <= 8 else FEATURES)
+                                4 * FEATURES if STEP_TILES == 2 and SLOTS <= 8 else FEATURES)
             if STATS:
                 scored += tl.minimum(tl.cdiv(m - first, CANDIDATES), STEP_TILES)
             if MASK == 2:
@@ -809,6 +930,9 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                 bits, _, count = _passing_words((gate >= threshold[:, None])
                                                 & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
             else:
+                gate = _gate_thresholds(threshold, row_terms,
+                                        _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES),
+                                        TILE_BOUND)
                 bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
                 if TILE_BOUND:  # not the last tile's candidates past M (row 0's products; counted: harmless)
                     bits &= _valid_bits(first, m, CANDIDATES)
@@ -853,8 +977,8 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
 
 @triton.jit
 def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
-                           queue_ptr, slices, n, m, d, k, mask_slice_stride, similarity_constant, bound_scale,
-                           dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                           seeds_ptr, queue_ptr, slices, n, m, d, k, mask_slice_stride, similarity_constant,
+                           bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                            k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
                            ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr,
                            FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
@@ -865,7 +989,8 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
     # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
     # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch. A bool
     # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * (words + 1), or 0 for a shared mask),
-    # an additive one in float32 ([G, N, M] or [N, M]). STEP_TILES: tiles_per_step's.
+    # an additive one in float32 ([G, N, M] or [N, M]). seeds [G * N] float32: _seed_thresholds_kernel's,
+    # read where _tile_bound (any float32 pointer otherwise). STEP_TILES: tiles_per_step's.
     tl.static_assert((STEP_TILES == 1) or ((STEP_TILES == 2) and (MASK == 0)))
     tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT) | (SIMILARITY == COSINE)
                      | (SIMILARITY == GAUSSIAN))
@@ -874,7 +999,7 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
     queue_row_ptrs = queue_ptr + (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)) * QUEUE
     work = tl.program_id(0)
     while work < blocks * slices:
-        _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
+        _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr, seeds_ptr,
                       queue_row_ptrs, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
                       mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads, q_batch_stride,
                       q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK,

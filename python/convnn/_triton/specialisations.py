@@ -131,9 +131,24 @@ def bounded_select_specialisations(module, select):
         strides = {"dtype_code": "i32", **row_layouts(module._rerun_kernel, "q", "k")}
         # A bool mask as _mask_bits_kernel's words; the rerun reads the mask itself.
         words = {"mask_ptr": "*i64"} if constexprs["MASK"] == select.BOOL_MASK and words_kernel else {}
+        seeded = hasattr(module, "_seed_thresholds_kernel")  # (not in the kernels of an earlier revision)
+        if seeded and slots == select.MIN_SLOTS and module._tile_bound(constexprs["SIMILARITY"], constexprs["MASK"]):
+            # The rows' seeds: one kernel for every width (K is an argument).
+            yield (f"bounded seeds {suffix.replace(f'K<={slots} ', '')}", module._seed_thresholds_kernel,
+                   {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, **words, "norms_ptr": "*fp32",
+                    "seeds_ptr": "*fp32",
+                    "n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
+                    "similarity_constant": "fp32", "bound_scale": "fp32",
+                    **row_layouts(module._seed_thresholds_kernel, "q", "k")},
+                   {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
+                    "CANDIDATES": module.CANDIDATES, "FEATURES": module.FEATURES,
+                    "PRECISION": module.FLOAT32_PRECISION, "PRODUCT_FEATURES": module.SEED_PRODUCT_FEATURES,
+                    "INJECT": 0},
+                   {"num_warps": module.SEED_WARPS})
         yield (f"bounded select {suffix}", module._bounded_select_kernel,
-               {**operands, **words, "rescored_ptr": "*i32", "norms_ptr": "*fp32", "queue_ptr": "*i32",
-                "slices": "i32", **sizes, "bound_scale": "fp32", **strides},
+               {**operands, **words, "rescored_ptr": "*i32", "norms_ptr": "*fp32",
+                **({"seeds_ptr": "*fp32"} if seeded else {}), "queue_ptr": "*i32", "slices": "i32", **sizes,
+                "bound_scale": "fp32", **strides},
                {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
                 "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "QUEUE": module.QUEUE, "FLUSH": module.FLUSH,
                 "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0, "STATS": False,

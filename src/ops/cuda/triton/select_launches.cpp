@@ -61,6 +61,19 @@ bool tensor_cores_serve(Similarity similarity) {
   return ((kBoundedSelectBlocks.similarities >> static_cast<int>(similarity)) & 1u) != 0;
 }
 
+// Whether the tensor-core kernel starts this similarity's rows, with this mask kind, from seeds
+// (bounded_select._seed_thresholds_kernel, launched before it).
+bool seeded(Similarity similarity, int mask_kind) {
+  return ((kBoundedSelectBlocks.seeded >> (3 * static_cast<int>(similarity) + mask_kind)) & 1u) != 0;
+}
+
+// The seeds kernel's key: one kernel for every width.
+std::string seeds_key(Similarity similarity, int mask_kind, at::ScalarType dtype) {
+  const auto input = top_k_input_dtype(dtype);
+  return std::string("bounded seeds ") + to_string(similarity) + " " + mask_name(mask_kind) +
+         (input == at::kFloat ? "" : std::string(" ") + kernel_dtype_name(input) + " inputs");
+}
+
 int mask_kind_of(const at::Tensor& mask) {
   return !mask.defined()                      ? kSelectBlocks.no_mask
          : mask.scalar_type() == at::kBool ? kSelectBlocks.bool_mask
@@ -108,6 +121,14 @@ std::vector<std::string> tensor_core_keys(at::ScalarType dtype) {
             keys.push_back(top_k_key(kernel, similarity, slots, mask, dtype));
           }
         }
+      }
+    }
+  }
+  for (int value = 0; value < kSimilarityCount; ++value) {
+    const auto similarity = static_cast<Similarity>(value);
+    for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
+      if (tensor_cores_serve(similarity) && seeded(similarity, mask)) {
+        keys.push_back(seeds_key(similarity, mask, dtype));
       }
     }
   }
@@ -277,13 +298,23 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
     auto [mask, mask_slice_stride] = in.mask_kind == kSelectBlocks.bool_mask
                                          ? mask_words(in.mask, n, m, in.mask_slice_stride != 0, run)
                                          : std::pair<at::Tensor, int64_t>{in.mask, in.mask_slice_stride};
+    // The rows' first thresholds, where the kernel starts from them (else unread: any float32 pointer).
+    auto seeds = norms;
+    if (seeded(similarity, in.mask_kind)) {
+      seeds = at::empty({g * n}, queries_in.options().dtype(at::kFloat));
+      Launch seeding{seeds_key(similarity, in.mask_kind, dtype), {cdiv(n, kBoundedSelectBlocks.rows), g}, {}};
+      seeding.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(norms).pointer(seeds).int32(n)
+          .int32(m).int32(d).int32(k).int32(mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
+          .int32(heads_of(in.queries)).rows(row_layout(in.queries)).rows(row_layout(in.keys));
+      run(seeding);
+    }
     const int64_t programs = std::min(cdiv(n, kBoundedSelectBlocks.rows) * g, kBoundedSelectBlocks.programs);
     auto queue = at::empty({programs * kBoundedSelectBlocks.rows, kBoundedSelectBlocks.queue},
                            queries_in.options().dtype(at::kInt));
     Launch bounded{top_k_key("bounded select", similarity, k, in.mask_kind, dtype), {programs, 1}, {}};
     bounded.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(scores).pointer(indices)
-        .pointer(redo).pointer(redo).pointer(norms).pointer(queue).int32(g).int32(n).int32(m).int32(d).int32(k)
-        .int32(mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
+        .pointer(redo).pointer(redo).pointer(norms).pointer(seeds).pointer(queue).int32(g).int32(n).int32(m).int32(d)
+        .int32(k).int32(mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
         .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
         .rows(row_layout(in.keys));
     run(bounded);
