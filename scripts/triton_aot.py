@@ -104,7 +104,8 @@ const BoundedSelectBlocks kBoundedSelectBlocks = {{{bounded.ROWS}, {bounded.MAX_
                                                   {bounded.FLOAT32_MASK_SLOTS},
                                                   {sum(1 << code for code in bounded.SIMILARITIES)}u,
                                                   {bounded.CANDIDATES}, {bounded.MASK_BITS_ROWS},
-                                                  {bounded.NORM_SECTIONS}, {seeded(bounded, select)}u}};
+                                                  {bounded.NORM_SECTIONS}, {seeded(bounded, select)}u,
+                                                  {bounded.TILE_OFFSET_ROWS}}};
 const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 const AttentionCodes kAttentionCodes = {{{attention.CHANNELS}, {rho["uniform"]}, {rho["mean"]}, {rho["softmax"]},
                                         {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]}}};

@@ -495,6 +495,31 @@ def test_rows_without_whole_chunks_of_features_go_to_the_rerun():
     assert flagged.all()
 
 
+def rows_apart(rows, stride, generator):
+    """[1, rows, 32] dyadic rows `stride` float32s apart (a view of one buffer: untouched pages cost nothing)."""
+    buffer = torch.empty((rows - 1) * stride + 32)
+    view = buffer.as_strided((1, rows, 32), (buffer.numel(), stride, 1))
+    view.copy_(dyadic((1, rows, 32), generator))
+    return view
+
+
+def test_rows_whose_tiles_offsets_pass_32_bits_go_to_the_rerun():
+    """The tiles address a block's query rows and a step's key rows by 32-bit offsets from their first
+    (_upper_keys): key rows so far apart that TILE_OFFSET_ROWS of them pass 2^31 elements, and query
+    rows so far apart that ROWS of them do (whole chunks on 16-byte boundaries, so only that rule
+    refuses them; the launcher takes the IEEE kernel then): no tile scored, every row flagged, and the
+    rerun gives the IEEE kernel's selection."""
+    generator = torch.Generator().manual_seed(46)
+    limit = 2**31 - 1 - 32
+    wide_keys = rows_apart(3, (limit // (bounded_select.TILE_OFFSET_ROWS - 1) // 16 + 1) * 16, generator)
+    flagged, _, tiles = assert_same_selection(dyadic((1, 5, 32), generator).to(DEVICE), wide_keys.to(DEVICE), 2, DOT)
+    assert flagged.all() and (tiles == 0).all()
+    wide_queries = rows_apart(2, (limit // (bounded_select.ROWS - 1) // 16 + 1) * 16, generator)
+    flagged, _, tiles = assert_same_selection(wide_queries.to(DEVICE), dyadic((1, 70, 32), generator).to(DEVICE), 4,
+                                              SCALED_DOT)
+    assert flagged.all() and (tiles == 0).all()
+
+
 def test_the_dot_products_gate_at_a_tiles_largest_key_norm_keeps_the_ieee_selection():
     """dot and scaled_dot take their bound from the threshold at the tile's largest key norm. The keys'
     norms launch writes each tile's largest norm (M = 150: tiles of 64, 64 and 22 keys) beside the

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -417,6 +418,16 @@ TEST(TritonAot, SelectOnTensorCoresNamesTheCallsTheTensorCoreKernelTakesWhereAsk
   EXPECT_FALSE(triton::select_on_tensor_cores(queries, keys, 8, convnn::Similarity::L1, {})) << "not served";
   EXPECT_FALSE(triton::select_on_tensor_cores(queries.narrow(2, 0, 6), keys.narrow(2, 0, 6), 8, dot, {}))
       << "rows that are not whole chunks";
+  // Key rows so far apart that tile_offset_rows of them pass 2^31 elements: a step's 32-bit offsets
+  // (bounded_select._tile_offsets_fit); the same rows close together are taken.
+  const int64_t step_rows = triton::kBoundedSelectBlocks.tile_offset_rows;
+  const int64_t int32_rows = (std::numeric_limits<int32_t>::max() - 32) / (step_rows - 1);
+  const int64_t apart = (int32_rows / 16 + 1) * 16;
+  const auto wide_keys = at::empty({2 * apart + 32}).as_strided({1, 3, 32}, {2 * apart + 32, apart, 1});
+  const auto first_slice = queries.narrow(0, 0, 1);
+  EXPECT_TRUE(triton::select_on_tensor_cores(first_slice, keys.narrow(0, 0, 1).narrow(1, 0, 3), 2, dot, {}));
+  EXPECT_FALSE(triton::select_on_tensor_cores(first_slice, wide_keys, 2, dot, {}))
+      << "a step's key rows past 32-bit offsets";
   ::setenv("CONVNN_SELECT_SCORES", "ieee", 1);
   EXPECT_FALSE(triton::select_on_tensor_cores(queries, keys, 8, dot, {}));
   ::unsetenv("CONVNN_SELECT_SCORES");

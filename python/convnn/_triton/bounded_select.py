@@ -101,6 +101,10 @@ _SEED_TILES = tl.constexpr(SEED_TILES)
 # none (134-210 registers).
 SEED_PRODUCT_FEATURES = 4 * FEATURES
 SEED_WARPS = 8
+# Key rows a step loads at most (tiles_per_step's two tiles), addressed by 32-bit offsets from the step's
+# first (_upper_keys; the launcher and _tile_offsets_fit check that they fit).
+TILE_OFFSET_ROWS = 2 * CANDIDATES
+_TILE_OFFSET_ROWS = tl.constexpr(TILE_OFFSET_ROWS)
 # Mask rows per program of _mask_bits_kernel.
 MASK_BITS_ROWS = 32
 # The persistent grid's most programs (the launcher's: fewer where there are fewer blocks of rows):
@@ -277,10 +281,10 @@ def _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, acc, FEATURES: tl.co
 
 
 @triton.jit
-def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride, q_norms, row_terms,
-                q_factors, model, absolute, factor, half_additive, similarity_constant, SIMILARITY: tl.constexpr,
-                FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, TILE_BOUND: tl.constexpr,
-                PRODUCT_FEATURES: tl.constexpr):
+def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, first_row, first_candidate, m, d, q_stride,
+                k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
+                SIMILARITY: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
+                TILE_BOUND: tl.constexpr, PRODUCT_FEATURES: tl.constexpr):
     """[ROWS, CANDIDATES] float32 upper bounds of the IEEE kernel's keys of the tile's pairs, before
     scaled_dot's division (the gate compares dot products with _dot_threshold) and the mask, from the
     tensor-core product P and the slice's norms, sums of squares and inverse norms (norms_ptr,
@@ -288,11 +292,13 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_
     dot products P + row_terms * the candidate's norm (row_terms: the bound's coefficient times the
     row's norm), cosine's that times the row's and the candidate's inverse norms (its key is
     monotone in the dot product), gaussian's 2 P + row_terms + the candidate's term (gaussian_bound:
-    row_terms is the row's -factor * Q + half_additive). The rows and candidates past their extents
-    read row 0 and get NaN (NaN row terms, NaN norms), as rows that are not live: the gate lets no
-    NaN through. TILE_BOUND (dot products without an additive mask): P itself, whose bound the gate
-    takes from its threshold instead (_gate_thresholds; no candidate's norm read, nothing added per
-    pair), and whose candidates past M the caller drops.
+    row_terms is the row's -factor * Q + half_additive). q_rows are first_row + 0 .. ROWS - 1 and
+    cand first_candidate + 0 .. W - 1: the loads address them by 32-bit offsets from those two rows
+    (_tile_offsets_fit), whose 64-bit addresses are a scalar each. The rows past N read first_row,
+    the candidates past M read row M - 1, and they get NaN (NaN row terms, NaN norms), as rows that
+    are not live: the gate lets no NaN through. TILE_BOUND (dot products without an additive mask):
+    P itself, whose bound the gate takes from its threshold instead (_gate_thresholds; no candidate's
+    norm read, nothing added per pair), and whose candidates past M the caller drops.
     The products by chunks of PRODUCT_FEATURES (FEATURES, twice or four times that), the first and
     last ones narrower where d is not a multiple of it (halving down to FEATURES): each chunk's keys
     are loaded, staged in shared memory and multiplied before the next chunk's load is issued (ptxas
@@ -300,8 +306,12 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, m, d, q_
     round trips to memory a step by chunks of 16, one by chunks of 64. Wider chunks everywhere
     spilled the masked variants, and in the two-tile step (STEP_TILES 2, no mask) 84 bytes at 16
     slots with 32; it takes 64 at 8 slots or fewer (no spill, sm_90; 28 KB of shared memory)."""
-    q_starts = tl.where(row_ok, q_rows, 0).to(tl.int64) * q_stride
-    k_starts = tl.where(cand_ok, cand, 0).to(tl.int64) * k_stride
+    # 32-bit offsets: a 64-bit product per loaded row each step took 140 of the two-tile step's 505
+    # instructions a warp (sm_90). A minimum per candidate, not a select on cand_ok: one instruction.
+    q_ptr += tl.cast(first_row, tl.int64) * q_stride
+    k_ptr += tl.cast(first_candidate, tl.int64) * k_stride
+    q_starts = tl.where(row_ok, tl.arange(0, q_rows.shape[0]), 0) * q_stride
+    k_starts = tl.minimum(tl.arange(0, cand.shape[0]), m - 1 - first_candidate) * k_stride
     # The first chunk apart: its product starts the sum, no accumulator to clear per tile (d >= FEATURES).
     if PRODUCT_FEATURES == FEATURES:
         approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, 0, None, FEATURES, PRECISION, INJECT)
@@ -599,10 +609,10 @@ def _gate_thresholds(threshold, row_terms, largest, TILE_BOUND: tl.constexpr):
 
 
 @triton.jit
-def _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d, k, q_stride, k_stride, q_norms, row_terms,
-          q_factors, model, absolute, factor, half_additive, similarity_constant, end, SIMILARITY: tl.constexpr,
-          MASK: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
-          INJECT: tl.constexpr, PRODUCT_FEATURES: tl.constexpr):
+def _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d, k, q_stride, k_stride, q_norms,
+          row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, end,
+          SIMILARITY: tl.constexpr, MASK: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
+          PRECISION: tl.constexpr, INJECT: tl.constexpr, PRODUCT_FEATURES: tl.constexpr):
     """[ROWS] t0, a lower bound of each row's K-th exact dot product, from the tiles before `end` (dot
     and scaled_dot without an additive mask: _tile_bound), or -inf. Each valid candidate's exact dot
     product is at least fl(P - row_terms * its tile's largest key norm) (P its tensor-core product: a
@@ -616,8 +626,8 @@ def _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d, k, q_str
     while first < end:
         here = first + cand
         here_ok = here < m
-        products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, here, here_ok, m, d, q_stride, k_stride,
-                               q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+        products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, here, here_ok, first_row, first, m, d, q_stride,
+                               k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
                                similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, True, PRODUCT_FEATURES)
         lower = tl.fma(-row_terms[:, None], tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES), products)
         valid = live[:, None] & here_ok[None, :]
@@ -667,17 +677,18 @@ def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, norms_ptr, seeds_ptr, n, m, 
     # kernel: inside the select kernel, whose step holds 250-255 registers, this loop made ptxas spill.
     tl.static_assert(_tile_bound(SIMILARITY, MASK))
     g = tl.program_id(1).to(tl.int64)
-    rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, whole_chunks, live, row_terms, model, \
+    rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, vector_tiles, live, row_terms, model, \
         absolute, factor, half_additive = _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, tl.program_id(0), n, m,
                                                        d, mask_slice_stride, similarity_constant, bound_scale, heads,
                                                        q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                                                        k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
                                                        CANDIDATES, FEATURES, PRECISION)
-    end = tl.minimum(_tiles_reached(mask_rows, live, m, tl.where(whole_chunks, m, 0), MASK, CANDIDATES),
+    end = tl.minimum(_tiles_reached(mask_rows, live, m, tl.where(vector_tiles, m, 0), MASK, CANDIDATES),
                      _SEED_TILES * CANDIDATES)
-    reached = _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, live, m, d, k, q_row_stride, k_row_stride,
-                    q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, end,
-                    SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION, INJECT, PRODUCT_FEATURES)
+    reached = _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, tl.program_id(0) * ROWS, live, m, d, k,
+                    q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+                    similarity_constant, end, SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION, INJECT,
+                    PRODUCT_FEATURES)
     tl.store(seeds_ptr + g * n + rows, reached, mask=row_ok)
 
 
@@ -798,6 +809,15 @@ def _row_terms(q_norms, q_squares, live, d, bound_scale, PRECISION: tl.constexpr
 
 
 @triton.jit
+def _tile_offsets_fit(d, q_stride, k_stride, ROWS: tl.constexpr):
+    """Whether _upper_keys' 32-bit offsets hold every element it loads: ROWS query rows from the block's
+    first, TILE_OFFSET_ROWS key rows from the step's first, d features each."""
+    widest = tl.maximum(tl.full([], ROWS - 1, tl.int64) * q_stride,
+                        tl.full([], _TILE_OFFSET_ROWS - 1, tl.int64) * k_stride)
+    return widest + d <= 2**31 - 1
+
+
+@triton.jit
 def _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d, mask_slice_stride, similarity_constant,
                  bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
                  k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
@@ -805,7 +825,8 @@ def _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d, mask_slic
     """What the select and seeds kernels know of the block of ROWS query rows `block` of slice g before
     its tiles: (rows, row_ok, q_ptr and k_ptr at the slice, the mask's rows, norms_ptr at the slice's
     norms, the rows' norms, cosine's inverse norms of the rows (their sums of squares otherwise,
-    unread), whole_chunks, live, and _row_terms' (row_terms, model, absolute, factor, half_additive))."""
+    unread), vector_tiles (whether the tiles' vector loads serve these rows), live, and _row_terms'
+    (row_terms, model, absolute, factor, half_additive))."""
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
@@ -820,19 +841,21 @@ def _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d, mask_slic
     if SIMILARITY == COSINE:
         q_factors = select.inverse_of_norms(q_squares, similarity_constant)
     norms_ptr += g * _NORM_SECTIONS * (m + 1)
-    # The tiles' vector loads need rows of whole chunks on 16-byte boundaries (the launcher takes this
-    # kernel only then); else every row goes to the rerun, and no tile is scored.
-    whole_chunks = select._whole_chunks(q_ptr, k_ptr, d, q_row_stride, k_row_stride, FEATURES)
+    # The tiles' vector loads need rows of whole chunks on 16-byte boundaries and offsets within a block
+    # and a step that fit 32 bits (the launcher takes this kernel only then); else every row goes to the
+    # rerun, and no tile is scored.
+    vector_tiles = (select._whole_chunks(q_ptr, k_ptr, d, q_row_stride, k_row_stride, FEATURES)
+                    & _tile_offsets_fit(d, q_row_stride, k_row_stride, ROWS))
     # Rows whose keys could be NaN or +inf, or whose bounds could overflow, go to the rerun (all of the
     # slice's where a key's norm is so); the others are live, and only their pairs can pass the gate.
     live = (row_ok & (q_norms <= NORM_CEILING) & (tl.load(norms_ptr + m + tl.zeros([ROWS], tl.int32)) == 0.0)
-            & whole_chunks)
+            & vector_tiles)
     # (d as the block's: the bound's scalars are then made per block, not held from the kernel's start
     # through every block, which cost the select kernel's step a register spilled.)
     row_terms, model, absolute, factor, half_additive = _row_terms(q_norms, q_squares, live, tl.where(block < 0, 0, d),
                                                                    bound_scale, PRECISION,
                                                                    q_ptr.dtype.element_ty != tl.float32, SIMILARITY)
-    return (rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, whole_chunks, live, row_terms, model,
+    return (rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, vector_tiles, live, row_terms, model,
             absolute, factor, half_additive)
 
 
@@ -856,7 +879,7 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                   FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr,
                   STEP_TILES: tl.constexpr):
     """The kernel's work on the block of ROWS query rows `block` of slice g (the module's text)."""
-    rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, whole_chunks, live, row_terms, model, \
+    rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, vector_tiles, live, row_terms, model, \
         absolute, factor, half_additive = _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d,
                                                        mask_slice_stride, similarity_constant, bound_scale, heads,
                                                        q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
@@ -882,7 +905,7 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     scored = 0  # tiles scored (STATS)
     visited = 0  # tiles the loop took, scored or not (STATS)
     first = 0
-    limit = tl.where(whole_chunks, m, 0)
+    limit = tl.where(vector_tiles, m, 0)
     # With a bool mask, the tiles past every live row's last true entry: none decides, and each queues
     # only where a live row's top has an empty slot (_bool_masked). So the loop ends at the last tile
     # the rows' words reach (_mask_bits_kernel's last column; a causal mask's block: its diagonal tile),
@@ -904,10 +927,10 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
             deciding = tl.max(((mask_bits != 0) & (threshold > float("-inf"))).to(tl.int32), 0)
             bits = tl.zeros([ROWS], tl.int64)
             if deciding != 0:
-                upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
-                                    k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
-                                    half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT,
-                                    TILE_BOUND, 2 * FEATURES if SLOTS <= 8 else FEATURES)
+                upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, block * ROWS, first, m, d,
+                                    q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute,
+                                    factor, half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION,
+                                    INJECT, TILE_BOUND, 2 * FEATURES if SLOTS <= 8 else FEATURES)
                 gate = _gate_thresholds(threshold, row_terms,
                                         _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, 1),
                                         TILE_BOUND)
@@ -915,10 +938,10 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                 scored += 1
             bits, count = _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
         else:
-            upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, m, d, q_row_stride,
-                                k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
-                                similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND,
-                                4 * FEATURES if STEP_TILES == 2 and SLOTS <= 8 else FEATURES)
+            upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, block * ROWS, first, m, d,
+                                q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
+                                half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT,
+                                TILE_BOUND, 4 * FEATURES if STEP_TILES == 2 and SLOTS <= 8 else FEATURES)
             if STATS:
                 scored += tl.minimum(tl.cdiv(m - first, CANDIDATES), STEP_TILES)
             if MASK == 2:
@@ -934,7 +957,7 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                                         _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES),
                                         TILE_BOUND)
                 bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
-                if TILE_BOUND:  # not the last tile's candidates past M (row 0's products; counted: harmless)
+                if TILE_BOUND:  # not the last tile's candidates past M (row M - 1's products; counted: harmless)
                     bits &= _valid_bits(first, m, CANDIDATES)
                     if STEP_TILES == 2:
                         high_bits &= _valid_bits(first + CANDIDATES, m, CANDIDATES)

@@ -38,8 +38,9 @@ extern const SelectBlocks kSelectBlocks;
 // (PROGRAMS), the widest top-K of float32 inputs with an additive mask (FLOAT32_MASK_SLOTS), the
 // similarities it serves (SIMILARITIES: bit s for code s), candidates per tile (CANDIDATES: also the
 // entries of a bool mask per word of its bits), mask rows per program of the bits kernel
-// (MASK_BITS_ROWS), the sections of the keys' norms buffer (NORM_SECTIONS) and the (similarity, mask
-// kind) pairs whose rows _seed_thresholds_kernel seeds (_tile_bound's: bit 3 * similarity + mask kind).
+// (MASK_BITS_ROWS), the sections of the keys' norms buffer (NORM_SECTIONS), the (similarity, mask
+// kind) pairs whose rows _seed_thresholds_kernel seeds (_tile_bound's: bit 3 * similarity + mask kind)
+// and the most key rows a step loads at 32-bit offsets from its first (TILE_OFFSET_ROWS).
 struct BoundedSelectBlocks {
   int64_t rows;
   int64_t max_features;
@@ -54,6 +55,7 @@ struct BoundedSelectBlocks {
   int64_t mask_bits_rows;
   int64_t norm_sections;
   uint32_t seeded;
+  int64_t tile_offset_rows;
 };
 extern const BoundedSelectBlocks kBoundedSelectBlocks;
 

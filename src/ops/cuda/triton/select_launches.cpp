@@ -47,6 +47,14 @@ bool whole_chunks(const at::Tensor& t, int64_t features) {
          layout.row % features == 0 && layout.head % features == 0 && layout.batch % features == 0;
 }
 
+// Whether the tensor-core kernel's 32-bit offsets reach every element of a block's query rows and of a
+// step's key rows (bounded_select._tile_offsets_fit).
+bool tile_offsets_fit(const at::Tensor& queries, const at::Tensor& keys) {
+  const int64_t widest = std::max((kBoundedSelectBlocks.rows - 1) * row_layout(queries).row,
+                                  (kBoundedSelectBlocks.tile_offset_rows - 1) * row_layout(keys).row);
+  return widest + queries.size(-1) <= kInt32;
+}
+
 // Whether bounded_select.py compiled its tensor-core kernel for this width, mask kind and input dtype
 // (compile_options there: K within max_slots, and float32 inputs with an additive mask within
 // float32_mask_slots).
@@ -90,7 +98,7 @@ bool tensor_cores_take(const at::Tensor& queries, const at::Tensor& keys, int64_
       mask_kind != kSelectBlocks.bool_mask || cdiv(keys.size(-2), kBoundedSelectBlocks.candidates) <= 65535;
   return scores_by == SelectScores::TensorCores && tensor_cores_compiled(top_k_slots(k), mask_kind, dtype) &&
          words_fit && whole_chunks(queries, kBoundedSelectBlocks.features) &&
-         whole_chunks(keys, kBoundedSelectBlocks.features);
+         whole_chunks(keys, kBoundedSelectBlocks.features) && tile_offsets_fit(queries, keys);
 }
 
 // A bool mask (contiguous [G,N,M] or [N,M]: ranking_operands') as bounded_select._mask_bits_kernel's
