@@ -55,6 +55,8 @@ distances: far from it, more candidates pass and are re-scored, the results as e
 and l1 stay on select.py's kernel, and so do widths above MAX_SLOTS and float32 inputs with an
 additive mask above FLOAT32_MASK_SLOTS (compile_options).
 """
+import os
+
 import triton
 import triton.language as tl
 
@@ -105,6 +107,8 @@ SEED_WARPS = 8
 # first (_upper_keys; the launcher and _tile_offsets_fit check that they fit).
 TILE_OFFSET_ROWS = 2 * CANDIDATES
 _TILE_OFFSET_ROWS = tl.constexpr(TILE_OFFSET_ROWS)
+# Whether the kernels run under Triton's interpreter, which has no inline PTX (_rounded_gate).
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 # Mask rows per program of _mask_bits_kernel.
 MASK_BITS_ROWS = 32
 # The persistent grid's most programs (the launcher's: fewer where there are fewer blocks of rows):
@@ -718,26 +722,50 @@ def _popcount(x):
 def _passing_words(passing, CANDIDATES: tl.constexpr):
     """(bits [ROWS] int64, bit c set where candidate c of the first tile passes; the same of the second
     tile (passing [ROWS, 2 CANDIDATES]; else 0); count [ROWS] int32, of both) from one small
-    tensor-core product: passing (0 or 1) times a [W, 16] matrix whose column j < W / 16 weighs
-    candidate c by 2^(c % 16) where j = c // 16, and whose column 8 (4 for one tile: with 8, ptxas
-    spilled 24 bytes at K <= 16 on sm_80) is all ones. The sums are integers below 2^16, exact in
-    float32, and come in the scores' own layout: no scan, no exchange of the tile between threads."""
+    tensor-core product: passing (bool, or a 16-bit float matrix of 1.0 and 0.0: _rounded_gate's) times
+    a [W, 16] matrix whose column j < W / 16 weighs candidate c by 2^(c % 16) where j = c // 16, and
+    whose column 8 (4 for one tile: with 8, ptxas spilled 24 bytes at K <= 16 on sm_80) is all ones.
+    The sums are integers below 2^16, exact in float32, and come in the scores' own layout: no scan,
+    no exchange of the tile between threads."""
     W: tl.constexpr = passing.shape[1]
     tl.static_assert(CANDIDATES == 64 and (W == CANDIDATES or W == 2 * CANDIDATES))
+    ones = passing
+    if passing.dtype == tl.int1:
+        ones = tl.where(passing, 1.0, 0.0).to(tl.float16)
     c = tl.arange(0, W)[:, None]
     j = tl.arange(0, 16)[None, :]
     weights = tl.where(j == c // 16, (1 << (c % 16)).to(tl.float32), 0.0)
     if W == CANDIDATES:
-        weights = tl.where(j == 4, 1.0, weights).to(tl.float16)
-        words = tl.dot(tl.where(passing, 1.0, 0.0).to(tl.float16), weights).to(tl.int64)
+        weights = tl.where(j == 4, 1.0, weights).to(ones.dtype)  # powers of two to 2^15: exact in either
+        words = tl.dot(ones, weights).to(tl.int64)
         bits = tl.sum(tl.where(j < 4, words << (16 * j).to(tl.int64), 0), 1)
         return bits, tl.zeros_like(bits), tl.sum(tl.where(j == 4, words, 0), 1).to(tl.int32)
-    weights = tl.where(j == 8, 1.0, weights).to(tl.float16)
-    words = tl.dot(tl.where(passing, 1.0, 0.0).to(tl.float16), weights).to(tl.int64)
+    weights = tl.where(j == 8, 1.0, weights).to(ones.dtype)
+    words = tl.dot(ones, weights).to(tl.int64)
     shifts = (16 * (j % 4)).to(tl.int64)
     bits = tl.sum(tl.where(j < 4, words << shifts, 0), 1)
     high_bits = tl.sum(tl.where((j >= 4) & (j < 8), words << shifts, 0), 1)
     return bits, high_bits, tl.sum(tl.where(j == 8, words, 0), 1).to(tl.int32)
+
+
+@triton.jit
+def _rounded_gate(upper, gate):
+    """[ROWS, W] bfloat16 (float16 under the interpreter): 1.0 where upper rounded to bfloat16 is at least
+    gate [ROWS] rounded so, else 0.0 (NaN on either side: 0.0). Rounding to nearest keeps order, so
+    every pair with upper >= gate passes, and a few within half a bfloat16 step below it, which the
+    exact re-score settles. PTX's set.ge.bf16x2 (sm_90: the two-tile step's only) compares two pairs at
+    once and writes the words product's operands: 32 conversions and 32 compares a thread where a
+    float32 compare per pair and the packing took 96 (the step 420 -> about 391 SASS a warp; not yet
+    run on a GPU: its encoding of 1.0 is PTX's, checked by the next GPU check). Under the interpreter, which has no
+    inline PTX, the rounded values compared in float32 (its conversion rounds toward zero: as monotone,
+    so the same superset), as float16 (Triton 3.6's interpreter compares bfloat16 as their bits, and
+    its bfloat16 tl.dot gave 4.5e9 for 2^16 - 1)."""
+    rounded = upper.to(tl.bfloat16)
+    level = tl.broadcast_to(gate.to(tl.bfloat16)[:, None], rounded.shape)
+    if _INTERPRETED:
+        return tl.where(rounded.to(tl.float32) >= level.to(tl.float32), 1.0, 0.0).to(tl.float16)
+    return tl.inline_asm_elementwise("set.ge.bf16x2.bf16x2 $0, $1, $2;", "=r,r,r", [rounded, level],
+                                     dtype=tl.bfloat16, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -956,7 +984,10 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                 gate = _gate_thresholds(threshold, row_terms,
                                         _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES),
                                         TILE_BOUND)
-                bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
+                if STEP_TILES == 2:  # sm_90 (tiles_per_step)
+                    bits, high_bits, count = _passing_words(_rounded_gate(upper, gate), CANDIDATES)
+                else:
+                    bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
                 if TILE_BOUND:  # not the last tile's candidates past M (row M - 1's products; counted: harmless)
                     bits &= _valid_bits(first, m, CANDIDATES)
                     if STEP_TILES == 2:
