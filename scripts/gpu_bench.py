@@ -373,13 +373,13 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     programs = min(triton.cdiv(n, bounded_select.ROWS) * g, bounded_select.PROGRAMS)
     queue = torch.empty(programs * bounded_select.ROWS, bounded_select.QUEUE, device=queries.device, dtype=torch.int32)
     bounded_select._bounded_select_kernel[(programs,)](
-        queries, keys, queries, scores, indices, redo, rescored, norms, seeds, queue, g, n, m, d, neighbours, 0,
+        queries, keys, queries, redo, scores, indices, redo, rescored, norms, seeds, queue, g, n, m, d, neighbours, 0,
         similarity_constant(similarity, d), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
         SIMILARITY=code, MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
         CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
         FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, STATS=True,
         STEP_TILES=bounded_select.tiles_per_step(code, select.NO_MASK, dtype,
-                                                 register.architecture([queries])),
+                                                 register.architecture([queries])), PART=0,
         **bounded_select.compile_options(slots, select.NO_MASK, dtype))
     return int(redo.sum()), float(rescored[0].float().mean())
 

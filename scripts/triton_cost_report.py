@@ -701,9 +701,12 @@ def report_training(report):
                      f"{'bool mask' if causal else 'no mask'} bfloat16 inputs"
             runs = bounded_runs(bounded, shape, 1.9e-5, causal=causal)
             seeds = seeds_parts(f"bounded seeds scaled_dot {'bool mask' if causal else 'no mask'} bfloat16 inputs")
+            whole_counts = None
+            if runs.get("parts") is not None:  # a bool mask's first launch: its whole tiles
+                whole_counts = bounded_parts(kernel.replace("bounded select ", "bounded select whole tiles "))
             chosen = bounded_estimate(bounded_parts(kernel), norms_counts, bounded, shape, runs,
                                       mask_bytes=(g * n * n // 16 + n * n + n * n // 8) if causal else 0,
-                                      seeds_counts=seeds)
+                                      seeds_counts=seeds, whole_counts=whole_counts)
             half = backward_estimates(backward, select, shape, "bfloat16", causal)
             full = backward_estimates(backward, select, shape, "float32", causal)
             kernels_us = 0.0
@@ -904,7 +907,13 @@ def bounded_parts(kernel_name):
     steps = [r for r in before if any(getattr(instructions[i][1], "line", None) in stepping
                                       for i in range(r[0], r[1] + 1))]
     initial_products = [r for r in before if tensor_core(*r)]
-    norms = [r for r in before if r not in steps and r not in initial_products]
+    # A bool mask's part 2 flushes part 1's selection before its tiles (bounded_select._resumed): the
+    # loops holding the merge (bitonic.py) and those inside them, its chunks, which the runs count (its
+    # fixed part is the block's).
+    merging = [r for r in before if any(where.endswith("bitonic.py") for _, where in instructions[r[0]:r[1] + 1])]
+    resumed = [r for r in before if any(r == o or inside(r, o) for o in merging)]
+    resumed_outer = [r for r in merging if not any(inside(r, o) for o in merging)]
+    norms = [r for r in before if r not in steps and r not in initial_products and r not in resumed]
     per_chunk = tensor_core(*dot)
     per_tile = tensor_core(tiles[0], tiles[1])
     # With a bool mask, a tile that no row's bounds decide is not scored (bounded_select: the branch of
@@ -919,9 +928,11 @@ def bounded_parts(kernel_name):
         target = labels.get(match.group(1), -1) if match else -1
         if getattr(where, "line", None) in deciding and dot[1] < target <= tiles[1]:
             scored = (position + 1, target - 1)
-    # A warp's share of a chunk's product: a step's tiles (STEP_TILES at sm_90; 1 before steps).
-    step_tiles = check.specialisations().for_architecture(
-        next(c for name, _, _, c, _ in check.all_specialisations() if name == kernel_name), 90).get("STEP_TILES", 1)
+    # A warp's share of a chunk's product: a step's tiles (STEP_TILES at sm_90; 1 before steps; 1 in a bool
+    # mask's part 2, whose steps take one tile).
+    constexprs = check.specialisations().for_architecture(
+        next(c for name, _, _, c, _ in check.all_specialisations() if name == kernel_name), 90)
+    step_tiles = 1 if constexprs.get("PART") == 2 else constexprs.get("STEP_TILES", 1)
     chunk_multiply_adds = bounded.ROWS * bounded.CANDIDATES * step_tiles * bounded.FEATURES // warps
     pairs_per_thread = bounded.ROWS * bounded.FLUSH // (32 * warps)
     exact_unrolled = max(1, sum(opcode(text) == "FFMA" for text, _ in instructions[exact[0]:exact[1] + 1])
@@ -938,7 +949,8 @@ def bounded_parts(kernel_name):
                 size(r) for r in thresholds),
             "flush_chunk": size(chunk_loop) - size(exact), "exact_unrolled": exact_unrolled,
             "exact_per_8_features": size(exact) / exact_unrolled,
-            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms + initial_products),
+            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms + initial_products)
+            - sum(size(r) for r in resumed_outer),
             "initial_dot_loop": sum(size(r) for r in initial_products),
             "norms_per_chunk": sum(size(r) for r in norms),
             "tile_multiply_adds": sum(f for f, _ in per_tile) - sum(f for f, _ in per_chunk) - skipped_multiply_adds,
@@ -956,41 +968,49 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     candidates flushed so far), the appends (a round per candidate of a step's busiest row), the
     flushes (after a step that leaves FLUSH_AT or more in a queue, and after the last) and their
     chunks of FLUSH. causal: a bool mask of the keys up to each query's position, as the kernel
-    takes a bool mask: a tile scored only where some row of the block has a candidate in it and a
-    threshold above -inf, every valid candidate queued while the row's top has an empty slot, every
-    allowed one while its threshold is -inf, and the tiles past the block's last row not visited once
-    every row's top is full.
+    takes a bool mask: in a revision with parts (bounded_select._tiles_whole), first the block's whole
+    tiles (those before its first row's diagonal, in whole steps) as without a mask (part 1, its own
+    launch), then part 2 from there, one tile a step, after a flush of part 1's K; there (and in the
+    whole loop of an earlier revision) a tile scored only where some row of the block has a candidate
+    in it and a threshold above -inf, every valid candidate queued while the row's top has an empty
+    slot, every allowed one while its threshold is -inf, and the tiles past the block's last row not
+    visited once every row's top is full.
     dot and scaled_dot start from their seeds (the tiles the seeds kernel scores counted as seed tiles).
     Returns {tiles (scored), steps (scored), skipped tiles, append rounds, flushes, flush chunks, seed
-    tiles, candidates re-scored per row, blocks sampled, blocks in all}."""
+    tiles, candidates re-scored per row, blocks sampled, blocks in all, and "parts": the same counts
+    (tiles to flush chunks) for part 1 and part 2 apart where the kernel has parts, else None}."""
     g, n, d, k = shape
     rows, tile, queue, flush = bounded.ROWS, bounded.CANDIDATES, bounded.QUEUE, bounded.FLUSH
-    # Tiles a step on sm_90 (an earlier revision's kernel: one).
+    # Tiles a step on sm_90 (an earlier revision's kernel: one); a bool mask's part 2: one.
     code = check.load_kernels("similarities").CODES[similarity]
-    step = getattr(bounded, "tiles_per_step", lambda *_: 1)(code, 1 if causal else 0, dtype, 90) * tile
+    wide = getattr(bounded, "tiles_per_step", lambda *_: 1)(code, 1 if causal else 0, dtype, 90) * tile
+    parts = causal and hasattr(bounded, "_tiles_whole")
+    step = tile if parts else wide
     generator = torch.Generator().manual_seed(seed)
     queries = torch.randn(n, d, generator=generator, dtype=torch.float64)
     keys = torch.randn(n, d, generator=generator, dtype=torch.float64)
     key_norms = keys.norm(dim=1)
     tile_norms = key_norms.view(-1, tile).amax(1).repeat_interleave(tile)
-    step_norms = key_norms.view(-1, step).amax(1).repeat_interleave(step)
     slots = check.load_kernels("select").slots_for(k)
     blocks_per_slice = math.ceil(n / rows)
-    runs = {"tiles": 0, "steps": 0, "skipped_tiles": 0, "append_rounds": 0, "flushes": 0, "flush_chunks": 0,
-            "rescored": 0, "rows": 0, "seed_tiles": 0}
+    counted = ("tiles", "steps", "skipped_tiles", "append_rounds", "flushes", "flush_chunks")
+    by_part = {part: dict.fromkeys(counted, 0) for part in ("whole", "rest")}
+    runs = {"rescored": 0, "rows": 0, "seed_tiles": 0}
     sampled = 0
     for block in range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted)):
         q = queries[block * rows:(block + 1) * rows]
         q_norms = q.norm(dim=1, keepdim=True)
+        positions = torch.arange(block * rows, block * rows + len(q))[:, None]
         if similarity == "gaussian":
             exact = -torch.cdist(q, keys) ** 2
-            upper = exact + model * (q_norms ** 2 + key_norms ** 2)
+            upper = {width: exact + model * (q_norms ** 2 + key_norms ** 2) for width in (step, wide)}
         elif similarity == "cosine":
             exact = q @ keys.T / q_norms / key_norms
-            upper = exact + model
+            upper = {width: exact + model for width in (step, wide)}
         else:  # the bound at each step's largest key norm (bounded_select._gate_thresholds)
             exact = q @ keys.T
-            upper = exact + model * q_norms * step_norms
+            upper = {width: exact + model * q_norms * key_norms.view(-1, width).amax(1).repeat_interleave(width)
+                     for width in (step, wide)}
         best = torch.full((len(q), k), -math.inf, dtype=torch.float64)
         threshold = best[:, -1].clone()
         fill = torch.zeros(len(q), dtype=torch.long)
@@ -1004,7 +1024,6 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
             runs["seed_tiles"] += math.ceil(seen / tile)
             lower = exact[:, :seen] - model * q_norms * tile_norms[:seen]
             if causal:
-                positions = torch.arange(block * rows, block * rows + len(q))[:, None]
                 lower = torch.where(torch.arange(seen)[None, :] <= positions, lower, -math.inf)
             lower = torch.nn.functional.pad(lower, (0, -seen % tile), value=-math.inf)
             reached = lower.view(len(q), -1, tile).amax(1).topk(k, dim=1).values[:, -1]
@@ -1015,7 +1034,6 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
             # the first tile's keys.
             lower = exact[:, :tile] - model * q_norms * tile_norms[:tile]
             if causal:
-                positions = torch.arange(block * rows, block * rows + len(q))[:, None]
                 lower = torch.where(torch.arange(tile)[None, :] <= positions, lower, -math.inf)
             reached = lower.view(len(q), tile // slots, slots).amax(1).amin(1)
             threshold = torch.maximum(threshold, reached)
@@ -1023,66 +1041,102 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
         queued = []
         sampled += 1
 
-        def flushed(best, queued, fill):
+        def flushed(best, queued, fill, counts, fixed_part=True):
             ranked.add_(fill)
-            runs["flushes"] += 1
-            runs["flush_chunks"] += math.ceil(int(fill.max()) / flush)
+            counts["flushes"] += 1 if fixed_part else 0
+            counts["flush_chunks"] += math.ceil(int(fill.max()) / flush)
             runs["rescored"] += int(fill.sum())
             if queued:
                 best = torch.cat([best] + queued, dim=1).topk(k, dim=1).values
             return best, best[:, -1].clone()
 
-        for first in range(0, n, step):
-            if causal and first >= reach and bool((ranked >= k).all()):
-                break
-            passing = upper[:, first:first + step] >= threshold[:, None]
-            keys_here = exact[:, first:first + step]
-            if causal:
-                allowed = (torch.arange(first, min(first + step, n))[None, :]
-                           <= torch.arange(block * rows, block * rows + len(q))[:, None])
+        def stepped(first, width, allowed, counts):
+            """One step of `width` candidates from `first`: (whether it decided) after its appends and flush."""
+            nonlocal best, threshold, fill, queued
+            passing = upper[width][:, first:first + width] >= threshold[:, None]
+            keys_here = exact[:, first:first + width]
+            deciding = True
+            if allowed is not None:
                 deciding = bool((allowed.any(dim=1) & (threshold > -math.inf)).any())
                 # A masked candidate enters only while the row's top has an empty slot (bounded_select).
                 passing = torch.where((ranked < k)[:, None], True,
                                       torch.where((threshold == -math.inf)[:, None], allowed,
                                                   passing & allowed & deciding))
                 keys_here = torch.where(allowed, keys_here, -math.inf)
-            else:
-                deciding = True
-            runs["steps" if deciding else "skipped_tiles"] += 1
-            runs["tiles"] += math.ceil(min(step, n - first) / tile) if deciding else 0
+            counts["steps" if deciding else "skipped_tiles"] += 1
+            counts["tiles"] += math.ceil(min(width, n - first) / tile) if deciding else 0
             count = passing.sum(dim=1)
             queued.append(torch.where(passing, keys_here, -math.inf))
             fill += count
-            runs["append_rounds"] += int(count.max())
+            counts["append_rounds"] += int(count.max())
             if int(fill.max()) >= queue - 2 * tile:
-                best, threshold = flushed(best, queued, fill)
+                best, threshold = flushed(best, queued, fill, counts)
                 fill, queued = torch.zeros_like(fill), []
+
+        first = 0
+        rest = by_part["rest"]
+        if parts:
+            # Part 1: the tiles before the block's first row's diagonal, in whole steps, as without a mask,
+            # and its last flush; then part 2's flush of part 1's selection (its fixed part is in the
+            # block's SASS: bounded_parts), the threshold the larger of the seed and the K-th exact key.
+            seeded_threshold, seeded_ranked = threshold.clone(), ranked.clone()
+            whole = min(block * rows + 1, n) // tile * tile // wide * wide
+            for first in range(0, whole, wide):
+                stepped(first, wide, None, by_part["whole"])
+            first = whole
+            if int(fill.max()) > 0:
+                best, threshold = flushed(best, queued, fill, by_part["whole"])
+            else:
+                by_part["whole"]["flushes"] += 1
+            fill, queued = torch.zeros_like(fill), []
+            carried = torch.minimum(ranked - seeded_ranked, torch.tensor(k))
+            ranked.copy_(seeded_ranked)
+            best, threshold = flushed(best, [], carried, rest, fixed_part=False)
+            threshold = torch.maximum(threshold, seeded_threshold)
+        for first in range(first, n, step):
+            if causal and first >= reach and bool((ranked >= k).all()):
+                break
+            allowed = None
+            if causal:
+                allowed = torch.arange(first, min(first + step, n))[None, :] <= positions
+            stepped(first, step, allowed, rest)
         if int(fill.max()) > 0:
-            best, threshold = flushed(best, queued, fill)
+            best, threshold = flushed(best, queued, fill, rest)
         else:
-            runs["flushes"] += 1  # the final flush's fixed part runs with an empty queue too
+            rest["flushes"] += 1  # the final flush's fixed part runs with an empty queue too
         runs["rows"] += len(q)
-    runs.update(sampled=sampled, blocks=g * blocks_per_slice, rescored_per_row=runs["rescored"] / runs["rows"])
+    runs.update({key: by_part["whole"][key] + by_part["rest"][key] for key in counted})
+    runs.update(sampled=sampled, blocks=g * blocks_per_slice, rescored_per_row=runs["rescored"] / runs["rows"],
+                parts=by_part if parts else None)
     return runs
 
 
-def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0, seeds_counts=None):
+def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0, seeds_counts=None, whole_counts=None):
     """The tensor-core select's bound at `shape`: the larger of its instruction issue (and the keys'
     norms kernel's), its tensor-core multiply-adds at the tensor cores' peak and its compulsory DRAM
     bytes (the rerun's programs, none of whose rows is flagged on these inputs, only read the flags;
     mask_bytes: what a mask adds). A tile skipped under a bool mask runs the tile's part but its
-    scored_only part and the chunk loop."""
+    scored_only part and the chunk loop. Where the runs have parts (a bool mask's two launches), part 1
+    at whole_counts (its kernel's bounded_parts), part 2 at counts."""
     g, n, d, k = shape
     scale = runs["blocks"] / runs["sampled"]
     chunks = math.ceil(d / bounded.FEATURES)
-    per_warp = (runs["sampled"] * (counts["block"] + counts["norms_per_chunk"] * chunks
-                                   + (chunks - 1) // counts["unrolled"] * counts["initial_dot_loop"])
-                + runs["steps"] * (counts["tile"] + (chunks - 1) // counts["unrolled"] * counts["dot_loop"])
-                + runs["skipped_tiles"] * (counts["tile"] - counts["scored_only"])
-                + runs["append_rounds"] * counts["append_round"] + runs["flushes"] * counts["flush"]
-                + runs["flush_chunks"] * (counts["flush_chunk"] + d / 8 * counts["exact_per_8_features"])) * scale
+    launched = [(counts, runs)] if runs.get("parts") is None else [(whole_counts, runs["parts"]["whole"]),
+                                                                    (counts, runs["parts"]["rest"])]
+    warp_instructions = multiply_adds = 0
+    for parts, part_runs in launched:
+        per_warp = (runs["sampled"] * (parts["block"] + parts["norms_per_chunk"] * chunks
+                                       + (chunks - 1) // parts["unrolled"] * parts["initial_dot_loop"])
+                    + part_runs["steps"] * (parts["tile"] + (chunks - 1) // parts["unrolled"] * parts["dot_loop"])
+                    + part_runs["skipped_tiles"] * (parts["tile"] - parts["scored_only"])
+                    + part_runs["append_rounds"] * parts["append_round"] + part_runs["flushes"] * parts["flush"]
+                    + part_runs["flush_chunks"] * (parts["flush_chunk"] + d / 8 * parts["exact_per_8_features"])
+                    ) * scale
+        warp_instructions += per_warp * parts["warps"]
+        multiply_adds += part_runs["steps"] * scale * parts["warps"] * (
+            parts["tile_multiply_adds"] + (chunks - 1) // parts["unrolled"] * parts["loop_multiply_adds"])
     norms_programs = g * math.ceil(n / bounded.KEY_NORM_ROWS)
-    warp_instructions = per_warp * counts["warps"] + norms_programs * norms_counts["per_program"](chunks)
+    warp_instructions += norms_programs * norms_counts["per_program"](chunks)
     seed_multiply_adds = 0
     if seeds_counts and runs["seed_tiles"]:  # the seeds kernel: a program per block, its tiles and K rounds
         seed_tiles = runs["seed_tiles"] * scale
@@ -1090,8 +1144,6 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0, s
             runs["blocks"] * (seeds_counts["rest"] + k * seeds_counts["round"]) + seed_tiles * seeds_counts["tile"])
         seed_multiply_adds = seed_tiles * bounded.ROWS * bounded.CANDIDATES * d
     issue_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ)
-    multiply_adds = runs["steps"] * scale * counts["warps"] * (
-        counts["tile_multiply_adds"] + (chunks - 1) // counts["unrolled"] * counts["loop_multiply_adds"])
     multiply_adds += seed_multiply_adds
     tensor_s = multiply_adds / (SMS * TENSOR_CORE_FMA_PER_SM_CYCLE[counts["operands"]] * CLOCK_HZ)
     element = 2 if counts["operands"] in ("BF16", "F16") else 4

@@ -278,39 +278,53 @@ def mask_operand(queries, mask):
 
 def mask_words(mask):
     """(the words the tensor-core kernel reads of a bool mask [G, N, M] or [N, M]: _mask_bits_kernel's
-    [G * N or N, words + 1], their slice stride); the words start as a sentinel, so that one the kernel
-    leaves unwritten shows."""
+    [G * N or N, words + 1], the blocks' whole words [G or 1, blocks of ROWS of N], the words' slice
+    stride); the words start as a sentinel, so that one the kernel leaves unwritten shows."""
     m = mask.shape[-1]
+    n = mask.shape[-2]
     rows, words = mask.numel() // m, triton.cdiv(m, bounded_select.CANDIDATES)
     bits = torch.full((rows, words + 1), 0x5A5A, dtype=torch.int64, device=DEVICE)
     bits[:, words] = 0  # the words reaching the last true entry: zeros on entry, as the launcher's
+    wholes = torch.full((rows // n, triton.cdiv(n, bounded_select.ROWS)), words, dtype=torch.int32, device=DEVICE)
     bounded_select._mask_bits_kernel[(triton.cdiv(rows, bounded_select.MASK_BITS_ROWS), words)](
-        mask.contiguous(), bits, rows, m, words, ROWS=bounded_select.MASK_BITS_ROWS,
-        CANDIDATES=bounded_select.CANDIDATES)
-    return bits, (mask.shape[-2] * (words + 1) if mask.dim() == 3 else 0)
+        mask.contiguous(), bits, wholes, rows, n, m, words, ROWS=bounded_select.MASK_BITS_ROWS,
+        CANDIDATES=bounded_select.CANDIDATES, BLOCK_ROWS=bounded_select.ROWS)
+    return bits, wholes, (n * (words + 1) if mask.dim() == 3 else 0)
 
 
 def test_a_bool_masks_words_hold_its_entries_bit_by_bit_and_none_past_m():
     """_mask_bits_kernel against the bits built in torch: [N, M] and [G, N, M] masks, M = 150 (a
-    partial last word), 64 and 1, rows past a program's block; bit 63 (a negative int64) included; and
-    each row's words reaching its last true entry (rows ending in each word, a row without one)."""
+    partial last word), 64, 1 and 256, rows past a program's block; bit 63 (a negative int64) included;
+    each row's words reaching its last true entry (rows ending in each word, a row without one); and
+    each block of ROWS rows' leading whole words (every bit of the word set in every row of the block:
+    a partial last word never is), on causal and all-true masks too."""
     generator = torch.Generator().manual_seed(49)
-    for shape in ((70, 150), (2, 33, 64), (5, 1), (40, 128)):
-        mask = torch.rand(shape, generator=generator) > 0.5
-        if shape[-1] >= 64:
+    causal = torch.ones(130, 256).tril(diagonal=100).bool()
+    for mask in (torch.rand(70, 150, generator=generator) > 0.5, torch.rand(2, 33, 64, generator=generator) > 0.5,
+                 torch.rand(5, 1, generator=generator) > 0.5, torch.rand(40, 128, generator=generator) > 0.5,
+                 torch.ones(2, 70, 128, dtype=torch.bool), causal, torch.ones(3, 150, dtype=torch.bool)):
+        shape = tuple(mask.shape)
+        if shape[-1] >= 64 and not mask.all() and mask is not causal:
             mask[..., 63] = True
         rows = mask.view(-1, shape[-1])
-        rows[1::3, -shape[-1] // 2:] = False
-        rows[2] = False
-        m = shape[-1]
+        if not mask.all() and mask is not causal:
+            rows[1::3, -shape[-1] // 2:] = False
+            rows[2] = False
+        m, n = shape[-1], shape[-2]
         words = triton.cdiv(m, 64)
         padded = torch.nn.functional.pad(mask.reshape(-1, m).long(), (0, words * 64 - m)).view(-1, words, 64)
         want = (padded << torch.arange(64)).sum(-1)
         last = torch.where(rows, torch.arange(m), -1).amax(-1)
         reach = torch.where(last >= 0, last // 64 + 1, 0)
-        got, stride = mask_words(mask.to(DEVICE))
+        whole = padded.bool().all(-1)  # [rows, words]
+        leading = torch.where(~whole, torch.arange(words), words).amin(-1).view(-1, n)
+        blocks = triton.cdiv(n, bounded_select.ROWS)
+        leading = torch.nn.functional.pad(leading, (0, blocks * bounded_select.ROWS - n), value=words)
+        got, wholes, stride = mask_words(mask.to(DEVICE))
         assert torch.equal(got.cpu(), torch.cat([want, reach[:, None]], 1)), shape
-        assert stride == (shape[-2] * (words + 1) if len(shape) == 3 else 0)
+        assert torch.equal(wholes.cpu().long(), leading.view(-1, blocks, bounded_select.ROWS).amin(-1)), shape
+        assert stride == (n * (words + 1) if len(shape) == 3 else 0)
+    assert mask_words(causal.to(DEVICE))[1].tolist() == [[1, 2, 3]]  # rows 0, 64, 128 see 101, 165, 229 keys
 
 
 def key_norms(keys):
@@ -348,12 +362,12 @@ def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=
     g, n, d = queries.shape
     m = keys.shape[1]
     kind, mask_arg, mask_stride = mask_operand(queries, mask)
+    wholes = redo = torch.full((g * n,), 9, dtype=torch.int32, device=DEVICE)  # wholes: unread without a bool mask
     if kind == select.BOOL_MASK:  # read as its words, as the C++ launcher passes it
-        mask_arg, mask_stride = mask_words(mask_arg)
+        mask_arg, wholes, mask_stride = mask_words(mask_arg)
     slots = select.slots_for(k)
     scores = torch.full((g, n, k), 1234.5, device=DEVICE)
     indices = torch.full((g, n, k), -7, dtype=torch.int64, device=DEVICE)
-    redo = torch.full((g * n,), 9, dtype=torch.int32, device=DEVICE)
     queue = torch.full((programs * bounded_select.ROWS, bounded_select.QUEUE), -5, dtype=torch.int32,
                        device=DEVICE)
     norms = key_norms(keys)
@@ -361,15 +375,16 @@ def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=
     seeds = norms  # unread where the kernel takes no seeds (bounded_select._tile_bound)
     if bounded_select._tile_bound(similarity, kind):
         seeds = seeded(queries, keys, k, similarity, mask_arg, mask_stride, kind, norms, inject, bound_scale)
-    bounded_select._bounded_select_kernel[(programs,)](
-        queries, keys, mask_arg, scores, indices, redo, redo if rescored is None else rescored, norms, seeds, queue,
-        g, n, m, d, k, mask_stride,
-        similarity_constant(d, similarity),
-        bound_scale, select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys),
-        SIMILARITY=similarity, MASK=kind, ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES,
-        SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
-        FEATURES=bounded_select.FEATURES, PRECISION=precision, INJECT=bounded_select.INJECTIONS[inject],
-        STATS=rescored is not None, STEP_TILES=step_tiles)
+    # A bool mask's select in two launches (its whole tiles, then the others), one otherwise.
+    for part in (1, 2) if kind == select.BOOL_MASK else (0,):
+        bounded_select._bounded_select_kernel[(programs,)](
+            queries, keys, mask_arg, wholes, scores, indices, redo, redo if rescored is None else rescored, norms,
+            seeds, queue, g, n, m, d, k, mask_stride, similarity_constant(d, similarity), bound_scale,
+            select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
+            MASK=kind, ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots,
+            QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH, FEATURES=bounded_select.FEATURES,
+            PRECISION=precision, INJECT=bounded_select.INJECTIONS[inject], STATS=rescored is not None,
+            STEP_TILES=step_tiles, PART=part)
     return scores, indices, redo
 
 
@@ -410,7 +425,7 @@ def assert_same_selection(queries, keys, k, similarity, mask=None, inject="none"
     [2, G, N]), of the last launch."""
     g, n, _ = queries.shape
     want = ieee(queries, keys, k, similarity, mask)
-    for step_tiles in (1, 2) if mask is None else (1,):
+    for step_tiles in (1, 2) if mask is None or mask.dtype == torch.bool else (1,):
         rescored = torch.full((3, g * n), -1, dtype=torch.int32, device=DEVICE)
         scores, indices, redo = bounded(queries, keys, k, similarity, mask, inject, bound_scale, rescored=rescored,
                                         step_tiles=step_tiles)
@@ -606,7 +621,7 @@ def test_seeds_are_lower_bounds_of_each_rows_kth_exact_dot_product(inject):
     def check(keys, k, masked):
         kind, mask_arg, stride = mask_operand(queries.to(DEVICE), mask.to(DEVICE) if masked else None)
         if kind == select.BOOL_MASK:
-            mask_arg, stride = mask_words(mask_arg)
+            mask_arg, _, stride = mask_words(mask_arg)
         seeds = seeded(queries.to(DEVICE), keys.to(DEVICE), k, DOT, mask_arg, stride, kind, key_norms(keys.to(DEVICE)),
                        inject, scale).cpu().double()
         valid = mask[0, :, :seen] if masked else torch.ones(40, seen, dtype=torch.bool)
@@ -680,13 +695,16 @@ def test_a_bound_past_every_score_gap_flushes_every_tile_and_still_settles_every
 
 @pytest.mark.parametrize("similarity", [SCALED_DOT, GAUSSIAN])
 def test_tiles_a_bool_mask_hides_from_every_deciding_row_are_not_scored_and_the_selection_stays(similarity):
-    """A bool mask: a tile is scored only where some row of the block has a true entry in it and a
-    threshold above -inf (below, every valid candidate is queued whatever its score), and the loop ends
-    after the last tile the block's rows' true entries reach once no row's top has an empty slot.
+    """A bool mask: its whole tiles (true for every row of the block) scored first, as without a mask
+    (part 1, two tiles a step in the last launch here: the block's whole words rounded down to steps);
+    then a tile is scored only where some row of the block has a true entry in it and a threshold
+    above -inf (below, every valid candidate is queued whatever its score), and the loop ends after
+    the last tile the block's rows' true entries reach once no row's top has an empty slot.
     Causal, N = M = 200 (four blocks of rows, four tiles, the last short): block b takes tiles 0 .. b
-    (its diagonal) and scores them, but for gaussian, whose rows start at -inf, the first (queued
-    unscored); a padding mask (the first 64 keys valid): the first tile alone, scored by scaled_dot;
-    an all-true mask: every tile, gaussian's first unscored. scaled_dot's rows start at their seeds
+    (its diagonal; its first b whole) and scores them, but for gaussian, whose rows start at -inf, the
+    first tile past part 1 where part 1 took none (queued unscored; else part 1's selection, flushed,
+    sets the threshold); a padding mask (the first 64 keys valid): the first tile alone, scored by
+    scaled_dot; an all-true mask: every tile. scaled_dot's rows start at their seeds
     (_seed_thresholds_kernel: the tiles the block's true entries reach) where K columns hold a valid
     candidate (causal rows 7 and up); the causal rows with fewer valid candidates than K (0 .. 6)
     re-score the first tile's 64 alone: once K are ranked, a masked candidate (a -inf key of a higher
@@ -698,14 +716,17 @@ def test_tiles_a_bool_mask_hides_from_every_deciding_row_are_not_scored_and_the_
     causal = torch.ones(200, 200).tril().bool()
     padding = torch.zeros(200, 200, dtype=torch.bool)
     padding[:, :64] = True
-    taken = torch.arange(200) // bounded_select.ROWS + 1
-    unscored = 1 if similarity == GAUSSIAN else 0  # the first tile, where every row starts at -inf
-    for name, mask, took in (("causal", causal, taken), ("padding", padding, torch.ones(200, dtype=torch.long)),
-                             ("all true", torch.ones(200, 200, dtype=torch.bool), torch.full((200,), 4))):
+    block = torch.arange(200) // bounded_select.ROWS
+    for name, mask, took, whole in (("causal", causal, block + 1, block),
+                                    ("padding", padding, torch.ones(200, dtype=torch.long), torch.ones(200)),
+                                    ("all true", torch.ones(200, 200, dtype=torch.bool), torch.full((200,), 4),
+                                     torch.full((200,), 3))):
         flagged, rescored, tiles = assert_same_selection(queries, keys, 8, similarity, mask.to(DEVICE), "scattered",
                                                          2.0 ** 4)
         assert not flagged.any(), name
         assert torch.equal(tiles[1, 0].long(), took), (name, tiles[1, 0])
+        part_1_took_none = whole.long() // 2 == 0  # the last launch's steps: two tiles
+        unscored = (part_1_took_none & (similarity == GAUSSIAN)).long()
         assert torch.equal(tiles[0, 0].long(), took - unscored), (name, tiles[0, 0])
         if name == "causal":
             assert (rescored[0, :7] == 64).all(), rescored[0, :7]
@@ -786,12 +807,12 @@ def generic_select(*args):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_generic_selection(monkeypatch, dtype):
-    """CONVNN_SELECT_SCORES=tensor_cores: scaled_dot in index order (D = 32: rows of whole chunks), K =
-    8, without a mask and with a bool mask, launches the keys' norms (and the mask's words), the rows'
-    seeds, the tensor-core kernel and its rerun (the keys the C++ launcher names, as specialisations.py
-    lists them) and gives the generic path's indices and scores; so does a bool mask at K = 12; float32
-    with an additive mask at K = 12 (FLOAT32_MASK_SLOTS), l1 and D = 6 take the IEEE kernel. "auto" (the
-    default) takes the IEEE kernel; any other value is refused, naming it."""
+    """CONVNN_SELECT_SCORES=tensor_cores: scaled_dot in index order (D = 32: rows of whole chunks), K = 8,
+    without a mask and with a bool mask, launches the keys' norms (and the mask's words), the rows' seeds,
+    the tensor-core kernel (a bool mask's in two launches) and its rerun (the keys the C++ launcher names,
+    as specialisations.py lists them) and gives the generic path's indices and scores; so does a bool mask
+    at K = 12; float32 with an additive mask at K = 12 (FLOAT32_MASK_SLOTS), l1 and D = 6 take the IEEE
+    kernel. "auto" (the default) takes the IEEE kernel; any other value is refused, naming it."""
     generator = torch.Generator().manual_seed(45)
     queries = dyadic((2, 70, 32), generator).to(DEVICE, dtype)
     keys = dyadic((2, 150, 32), generator).to(DEVICE, dtype)
@@ -802,12 +823,14 @@ def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_gen
         got, launched = cuda_select(queries, keys, 8, "scaled_dot", call_mask, True)
         want = generic_select(queries, keys, 8, "scaled_dot", call_mask, True)
         assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
-        # The last ones (the first call's check launches its own before them).
+        # The last ones (the first call's check launches its own before them); a bool mask's select in two
+        # launches, its whole tiles first.
         words = ["mask bits"] if call_mask is not None else []
-        assert launched[-4 - len(words):] == [f"key norms{suffix}", *words,
-                                              f"bounded seeds scaled_dot {mask_name}{suffix}",
-                                              f"bounded select scaled_dot K<=8 {mask_name}{suffix}",
-                                              f"rerun select scaled_dot K<=8 {mask_name}{suffix}"], launched
+        whole_tiles = [f"bounded select whole tiles scaled_dot K<=8 {mask_name}{suffix}"] if words else []
+        expected = [f"key norms{suffix}", *words, f"bounded seeds scaled_dot {mask_name}{suffix}", *whole_tiles,
+                    f"bounded select scaled_dot K<=8 {mask_name}{suffix}",
+                    f"rerun select scaled_dot K<=8 {mask_name}{suffix}"]
+        assert launched[-len(expected):] == expected, launched
     got, launched = cuda_select(queries, keys, 12, "scaled_dot", mask, True)
     assert torch.equal(got[1], generic_select(queries, keys, 12, "scaled_dot", mask, True)[1])
     assert f"bounded select scaled_dot K<=16 bool mask{suffix}" in launched, launched

@@ -62,11 +62,12 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   // dtype), 9 x 3 of its two-kernel backward (the row kernel for dot and scaled_dot at each width,
   // the column kernel; per dtype), knn_select on tensor cores and its rerun (dot, scaled_dot, cosine and
   // gaussian x the 2 widths up to its max_slots x 3 mask kinds per half-precision dtype, and for float32
-  // inputs no mask and a bool mask at both widths and an additive mask at the narrower: 68 each), its
-  // rows' seeds kernel (dot and scaled_dot x no mask and a bool mask, one for every width, per input
-  // dtype), its keys' norms kernel per input dtype and its bool masks' bits kernel.
+  // inputs no mask and a bool mask at both widths and an additive mask at the narrower: 68 each), the
+  // first of its two launches with a bool mask (its whole tiles: 4 similarities x 2 widths x 3 input
+  // dtypes), its rows' seeds kernel (dot and scaled_dot x no mask and a bool mask, one for every width,
+  // per input dtype), its keys' norms kernel per input dtype and its bool masks' bits kernel.
   EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u +
-                             2u * (4u * (2u * 3u * 2u + 2u + 2u + 1u)) + 2u * 2u * 3u + 3u + 1u);
+                             2u * (4u * (2u * 3u * 2u + 2u + 2u + 1u)) + 4u * 2u * 3u + 2u * 2u * 3u + 3u + 1u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
       const auto* cubin = entry(key, arch, triton::ImageKind::kCubin);
@@ -334,12 +335,13 @@ TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernels
               continue;
             }
             // A bool mask's words before the tensor-core kernel (the shared [N,M] mask's N rows), and for
-            // dot and scaled_dot without an additive mask the rows' seeds (bounded_select._tile_bound).
+            // dot and scaled_dot without an additive mask the rows' seeds (bounded_select._tile_bound);
+            // with a bool mask, the kernel's whole tiles first, in a launch of their own.
             const size_t words = mask.defined() && mask.scalar_type() == torch::kBool ? 1 : 0;
             const bool dot_products =
                 similarity == convnn::Similarity::Dot || similarity == convnn::Similarity::ScaledDot;
             const size_t seeds = dot_products && (!mask.defined() || words != 0) ? 1 : 0;
-            ASSERT_EQ(recorder.launches.size(), 3u + words + seeds) << d << " " << k;
+            ASSERT_EQ(recorder.launches.size(), 3u + 2u * words + seeds) << d << " " << k;
             EXPECT_EQ(recorder.launches[0].key.rfind("key norms", 0), 0u) << recorder.launches[0].key;
             if (words != 0) {
               EXPECT_EQ(recorder.launches[1].key, "mask bits");
@@ -353,9 +355,15 @@ TEST(TritonAot, EveryTensorCoreSelectLaunchPassesTheParametersTheCompiledKernels
               EXPECT_EQ(seeding.grid.x, cdiv(n, triton::kBoundedSelectBlocks.rows));
               EXPECT_EQ(seeding.grid.y, g);
             }
-            const auto& bounded = recorder.launches[1 + words + seeds];
-            const auto& rerun = recorder.launches[2 + words + seeds];
+            if (words != 0) {
+              const auto& whole_tiles = recorder.launches[1 + words + seeds];
+              EXPECT_EQ(whole_tiles.key.rfind("bounded select whole tiles ", 0), 0u) << whole_tiles.key;
+              EXPECT_EQ(whole_tiles.grid.x, cdiv(n, triton::kBoundedSelectBlocks.rows) * g);
+            }
+            const auto& bounded = recorder.launches[1 + 2 * words + seeds];
+            const auto& rerun = recorder.launches[2 + 2 * words + seeds];
             EXPECT_EQ(bounded.key.rfind("bounded select ", 0), 0u) << bounded.key;
+            EXPECT_EQ(bounded.key.find("whole tiles"), std::string::npos) << bounded.key;
             EXPECT_EQ(rerun.key.rfind("rerun select ", 0), 0u) << rerun.key;
             EXPECT_EQ(recorder.launches[0].grid.x, cdiv(m, triton::kBoundedSelectBlocks.key_norm_rows));
             EXPECT_EQ(recorder.launches[0].grid.y, g);

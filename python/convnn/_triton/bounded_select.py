@@ -15,10 +15,13 @@ of them a loop step (tiles_per_step: two where the registers allow one [ROWS, 2 
    (_gate_thresholds: an FMA per row, not a norm read and an add per pair). Which candidates pass
    comes as a 64-bit word per row from a second, small tensor-core product (_passing_words: no scan,
    no exchange of the tile between threads); their indices are appended to the row's queue in global memory
-   (_appended, a round per candidate of the tile's busiest row). With a bool mask, a tile where no
-   row of the block has both a true entry and a threshold above -inf is not scored: below -inf every
-   valid candidate passes whatever its score; and the block's loop ends after the last tile its rows'
-   true entries reach (a causal mask's: its diagonal tile) once no row's top has an empty slot. dot and
+   (_appended, a round per candidate of the tile's busiest row). With a bool mask, two launches
+   (PART): the first scores the block's leading tiles that the mask holds whole for every row (a
+   causal mask's left of the block's diagonal: _tiles_whole) as without a mask; the second takes the
+   others from its selection, one tile a step, where a tile in which no row of the block has both a
+   true entry and a threshold above -inf is not scored: below -inf every valid candidate passes
+   whatever its score; and the block's loop ends after the last tile its rows' true entries reach (a
+   causal mask's: its diagonal tile) once no row's top has an empty slot. dot and
    scaled_dot (without an additive mask) start each row's t from a lower bound of its K-th exact key,
    from the first SEED_TILES tiles' products (_seed_thresholds_kernel, launched before), not at -inf
    (which let every candidate through until the first flush).
@@ -529,14 +532,17 @@ def _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankab
 
 
 @triton.jit
-def _mask_bits_kernel(mask_ptr, bits_ptr, rows, m, words, ROWS: tl.constexpr, CANDIDATES: tl.constexpr):
+def _mask_bits_kernel(mask_ptr, bits_ptr, wholes_ptr, rows, n, m, words, ROWS: tl.constexpr,
+                      CANDIDATES: tl.constexpr, BLOCK_ROWS: tl.constexpr):
     # A bool mask of `rows` contiguous rows of M entries (a slice's [N, M], or all slices') as int64
     # words [rows, words + 1], the last column zeros on entry: bit c of word w set where the row holds
     # candidate w * CANDIDATES + c (the bits past M clear), and in the last column the words up to the
     # row's last true entry (its last nonzero word's index plus 1; 0 for a row without one). The
     # tensor-core kernel reads a row's tile of the mask as one word: 8 bytes per row, tile and head
     # where the bool mask is 64, and no conversion of its entries; and ends a block's tiles after the
-    # last its rows' words reach.
+    # last its rows' words reach. wholes [rows / n, cdiv(N, BLOCK_ROWS)] int32, at least `words` on entry:
+    # each block of BLOCK_ROWS rows of a slice gets its first word that is not whole (all 64 bits set)
+    # in some row (a partial last word is not), the tiles its part 1 scores as without a mask.
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cand = tl.program_id(1) * CANDIDATES + tl.arange(0, CANDIDATES)
     held = tl.load(mask_ptr + row[:, None] * m + cand[None, :], mask=(row < rows)[:, None] & (cand < m)[None, :],
@@ -547,6 +553,8 @@ def _mask_bits_kernel(mask_ptr, bits_ptr, rows, m, words, ROWS: tl.constexpr, CA
     tl.store(row_words + tl.program_id(1), word, mask=row < rows)
     reached = (tl.program_id(1) + 1).to(tl.int64) + tl.zeros([ROWS], tl.int64)
     tl.atomic_max(row_words + words, reached, mask=(row < rows) & (word != 0))
+    block = (row // n) * tl.cdiv(n, BLOCK_ROWS) + (row % n) // BLOCK_ROWS
+    tl.atomic_min(wholes_ptr + block, tl.program_id(1) + tl.zeros([ROWS], tl.int32), mask=(row < rows) & (word != -1))
 
 
 @triton.jit
@@ -804,16 +812,16 @@ def _appended(queue_row_ptrs, fill, bits, high_bits, first, busiest, STEP_TILES:
 def tiles_per_step(similarity, mask_kind, dtype, arch):
     """Tiles of CANDIDATES candidates the loop scores a step (the kernel's STEP_TILES) for this
     similarity (a code), mask kind, input dtype and sm_<arch>: two for dot and scaled_dot without a
-    mask, in half precision, from sm_90 (one [ROWS, 2 CANDIDATES] product, one gate words product,
-    one reduction of the queues' fill and one flush test for both: 189 instructions a warp per tile
-    where one tile a step took 255, bfloat16 at K <= 8; the static bound of 12 x N, D 64, K 8: 1,662
-    against 1,777 us at N = 16384, though 228 against 214 at 4096, where the coarser flushes re-score
-    75 candidates per row against 65). One elsewhere: cosine and gaussian (their rows start at -inf,
-    and the first step lets 128 candidates through, not 64: 313 and 321 us against 290 and 288 at
-    4096), with a mask (a bool mask's words and skipped tiles, an additive mask's entries per pair),
-    and where ptxas spilled the wider product's accumulators (sm_80: 16-160 bytes; float32's 8 warps:
-    8-64 bytes)."""
-    wide = similarity in (DOT, SCALED_DOT) and mask_kind == 0 and dtype != "float32" and arch >= 90
+    mask or with a bool mask (its whole tiles: _tiles_whole; the others one a step), in half
+    precision, from sm_90 (one [ROWS, 2 CANDIDATES] product, one gate words product, one reduction of
+    the queues' fill and one flush test for both: 189 instructions a warp per tile where one tile a
+    step took 255, bfloat16 at K <= 8; the static bound of 12 x N, D 64, K 8: 1,662 against 1,777 us
+    at N = 16384, though 228 against 214 at 4096, where the coarser flushes re-score 75 candidates per
+    row against 65). One elsewhere: cosine and gaussian (their rows start at -inf, and the first step
+    lets 128 candidates through, not 64: 313 and 321 us against 290 and 288 at 4096), with an
+    additive mask (its entries per pair), and where ptxas spilled the wider product's accumulators
+    (sm_80: 16-160 bytes; float32's 8 warps: 8-64 bytes)."""
+    wide = similarity in (DOT, SCALED_DOT) and mask_kind != 2 and dtype != "float32" and arch >= 90
     return 2 if wide else 1
 
 
@@ -899,14 +907,107 @@ def _tiles_reached(mask_rows, live, m, limit, MASK: tl.constexpr, CANDIDATES: tl
 
 
 @triton.jit
-def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr, seeds_ptr,
-                  queue_row_ptrs, g, block, slices, n, m, d, k, mask_slice_stride, similarity_constant, bound_scale,
-                  dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
-                  k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+def _tiles_whole(wholes_ptr, g, block, blocks, mask_slice_stride, limit, CANDIDATES: tl.constexpr,
+                 STEP_TILES: tl.constexpr):
+    """The end of the steps of STEP_TILES tiles from the first in which a bool mask holds every
+    candidate for every row of the block `block` of slice g (wholes: _mask_bits_kernel's, a slice's
+    blocks, or one set for a shared mask), at most limit (a multiple of CANDIDATES or M). One value a
+    block, made by the words kernel: read from the rows' words here, the reduction made ptxas spill."""
+    shared = mask_slice_stride == 0
+    whole_words = tl.load(wholes_ptr + tl.where(shared, 0, g) * blocks + block)
+    whole_words = tl.minimum(whole_words, limit // CANDIDATES)
+    return whole_words // STEP_TILES * (STEP_TILES * CANDIDATES)
+
+
+@triton.jit
+def _resumed(indices_ptr, redo_ptr, queue_row_ptrs, g, n, k, unrankable, rows, row_ok, live, m,
+             ROWS: tl.constexpr):
+    """(fill, unrankable) of part 2 of a bool mask's select before its first tile: part 1's selection
+    (the K indices it wrote of each row, its empty slots' above M: a suffix, since its top is
+    descending and they are below every candidate) queued, for the caller's flush to re-score exactly
+    and rank as any queued candidate; part 1's rerun flags added to the rows'."""
+    # A slot a round ([ROWS] values): a [ROWS, SLOTS] tile of them here made ptxas spill in the loop after.
+    selected = indices_ptr + (g * n + rows) * k
+    fill = tl.zeros([ROWS], tl.int32)
+    slot = 0
+    while slot < k:
+        held = tl.load(selected + slot, mask=row_ok, other=m).to(tl.int32)
+        taken = live & (held < m)
+        tl.store(queue_row_ptrs + slot, held, mask=taken)
+        fill += taken.to(tl.int32)
+        slot += 1
+    return fill, unrankable | tl.load(redo_ptr + g * n + rows, mask=row_ok, other=0)
+
+
+@triton.jit
+def _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, first_row, first, threshold, m, d, q_stride, k_stride,
+                   q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
+                   SIMILARITY: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
+                   PRECISION: tl.constexpr, INJECT: tl.constexpr, TILE_BOUND: tl.constexpr,
+                   STEP_TILES: tl.constexpr, WHOLE: tl.constexpr):
+    """(bits, high_bits, count) of _passing_words for the STEP_TILES tiles from candidate `first`, where
+    no mask removes a candidate of a live row (no mask; a bool mask's whole tiles): the bounds
+    (_upper_keys) against the gate (_gate_thresholds), the candidates past M dropped (TILE_BOUND;
+    counted: harmless) unless WHOLE (a bool mask's whole tiles: none is). The two-tile step (sm_90)
+    compares by bfloat16 pairs (_rounded_gate)."""
+    cand = first + tl.arange(0, STEP_TILES * CANDIDATES)
+    upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand < m, first_row, first, m, d, q_stride,
+                        k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+                        similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND,
+                        4 * FEATURES if STEP_TILES == 2 and SLOTS <= 8 else FEATURES)
+    gate = _gate_thresholds(threshold, row_terms,
+                            _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES), TILE_BOUND)
+    if STEP_TILES == 2:  # sm_90 (tiles_per_step)
+        bits, high_bits, count = _passing_words(_rounded_gate(upper, gate), CANDIDATES)
+    else:
+        bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
+    if TILE_BOUND and not WHOLE:  # not the last tile's candidates past M (row M - 1's products)
+        bits &= _valid_bits(first, m, CANDIDATES)
+        if STEP_TILES == 2:
+            high_bits &= _valid_bits(first + CANDIDATES, m, CANDIDATES)
+    return bits, high_bits, count
+
+
+@triton.jit
+def _advanced(q_ptr, k_ptr, norms_ptr, mask_rows, queue_row_ptrs, fill, count, bits, high_bits, first, top,
+              unrankable, rescored, threshold, top_open, open_rows, rows, live, q_factors, m, d, k, q_stride, k_stride,
+              similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+              SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr, CANDIDATES: tl.constexpr,
+              STEP_TILES: tl.constexpr):
+    """The end of a step: its passing candidates (bits, high_bits; count a row) appended to the rows'
+    queues, which are flushed once one holds FLUSH_AT or more (the threshold rises early), so that a
+    queue holds at most FLUSH_AT - 1 + a step's candidates, below QUEUE (the appends' free slot:
+    _appended). Returns (fill, top, unrankable, rescored, threshold, top_open, open_rows: a bool
+    mask's live rows with an empty slot, any)."""
+    # The fullest queue after the step and the step's busiest row, from one reduction.
+    fullest, busiest = tl.split(tl.max(tl.join(fill + count, count), 0))
+    fill = _appended(queue_row_ptrs, fill, bits, high_bits, first, busiest, STEP_TILES, CANDIDATES)
+    if fullest >= QUEUE - 2 * CANDIDATES:
+        rescored += fill
+        top, unrankable, kth_key, top_open = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_row_ptrs[:, None],
+                                                      fill, top, unrankable, rows, live, q_factors, m, d, k, q_stride,
+                                                      k_stride, similarity_constant, SIMILARITY, MASK, ROWS, SLOTS,
+                                                      FLUSH, CANDIDATES)
+        threshold = kth_key if MASK == 2 else _dot_threshold(kth_key, similarity_constant, SIMILARITY)
+        fill = tl.zeros([ROWS], dtype=tl.int32)
+        if MASK == 1:
+            open_rows = tl.max((top_open & live).to(tl.int32), 0)
+    return fill, top, unrankable, rescored, threshold, top_open, open_rows
+
+
+@triton.jit
+def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
+                  seeds_ptr, queue_row_ptrs, g, block, slices, n, m, d, k, mask_slice_stride, similarity_constant,
+                  bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                  k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr,
                   FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr,
-                  STEP_TILES: tl.constexpr):
+                  STEP_TILES: tl.constexpr, PART: tl.constexpr):
     """The kernel's work on the block of ROWS query rows `block` of slice g (the module's text)."""
+    # The mask as the steps and flushes see it (a bool mask's whole tiles, part 1: none), and the tiles a
+    # step (a bool mask's: one; the others: STEP_TILES).
+    STEP_MASK: tl.constexpr = 0 if PART == 1 else MASK
+    LOOP_TILES: tl.constexpr = 1 if STEP_MASK == 1 else STEP_TILES
     rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, vector_tiles, live, row_terms, model, \
         absolute, factor, half_additive = _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d,
                                                        mask_slice_stride, similarity_constant, bound_scale, heads,
@@ -934,20 +1035,42 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
     visited = 0  # tiles the loop took, scored or not (STATS)
     first = 0
     limit = tl.where(vector_tiles, m, 0)
+    if PART != 0:
+        # A bool mask's tiles in which it holds every candidate for every row of the block (a causal mask's
+        # left of the block's diagonal), in whole steps: there the mask changes nothing, so part 1 scores
+        # them as without one, STEP_TILES a step; part 2 takes the others one a step, from part 1's
+        # selection.
+        whole = _tiles_whole(wholes_ptr, g, block, tl.cdiv(n, ROWS), mask_slice_stride, limit, CANDIDATES,
+                             STEP_TILES)
+        if PART == 1:
+            limit = whole
+        else:
+            first = whole
+            fill, unrankable = _resumed(indices_ptr, redo_ptr, queue_row_ptrs, g, n, k, unrankable, rows, row_ok,
+                                        live, m, ROWS)
+            rescored += fill
+            top, unrankable, kth_key, emptied = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top,
+                                                         unrankable, rows, live, q_factors, m, d, k, q_row_stride,
+                                                         k_row_stride, similarity_constant, SIMILARITY, MASK, ROWS,
+                                                         SLOTS, FLUSH, CANDIDATES)
+            threshold = tl.maximum(threshold, _dot_threshold(kth_key, similarity_constant, SIMILARITY))
+            top_open &= emptied
+            fill = tl.zeros([ROWS], dtype=tl.int32)
     # With a bool mask, the tiles past every live row's last true entry: none decides, and each queues
     # only where a live row's top has an empty slot (_bool_masked). So the loop ends at the last tile
     # the rows' words reach (_mask_bits_kernel's last column; a causal mask's block: its diagonal tile),
     # or later while some live row's top has an empty slot (a flush closes it: every tile queues M's
     # next candidates in such a row, M >= K). Without one, every tile.
-    reach = _tiles_reached(mask_rows, live, m, limit, MASK, CANDIDATES)
-    open_rows = 1
-    if MASK == 1:
+    reach = limit
+    open_rows = tl.full([], 1, tl.int32)
+    if STEP_MASK == 1:
+        reach = _tiles_reached(mask_rows, live, m, limit, STEP_MASK, CANDIDATES)
         open_rows = tl.max((top_open & live).to(tl.int32), 0)
     while (first < limit) & ((first < reach) | (open_rows != 0)):
-        cand = first + tl.arange(0, STEP_TILES * CANDIDATES)
+        cand = first + tl.arange(0, LOOP_TILES * CANDIDATES)
         cand_ok = cand < m
         high_bits = tl.zeros([ROWS], tl.int64)  # the step's second tile's (STEP_TILES 2)
-        if MASK == 1:
+        if STEP_MASK == 1:
             # A row's bounds decide only where the mask holds a candidate and the row's threshold is above
             # -inf (_bool_masked): a tile where no row's do is not scored (a causal mask's tiles past the
             # block's last row, a padding mask's padded keys), which appends what scoring it would.
@@ -965,87 +1088,86 @@ def _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, res
                 bits, _, _ = _passing_words(upper >= gate[:, None], CANDIDATES)
                 scored += 1
             bits, count = _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
-        else:
+        elif STEP_MASK == 2:
             upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, block * ROWS, first, m, d,
                                 q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
                                 half_additive, similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT,
-                                TILE_BOUND, 4 * FEATURES if STEP_TILES == 2 and SLOTS <= 8 else FEATURES)
+                                TILE_BOUND, FEATURES)
+            if STATS:
+                scored += 1
+            both_ok = live[:, None] & cand_ok[None, :]
+            gate = select._masked(select.scaled_by_root(upper, similarity_constant, SIMILARITY),
+                                  mask_rows + cand[None, :], both_ok, MASK)
+            unrankable |= tl.max(select._unrankable(gate, both_ok), 1)  # a NaN or +inf mask entry
+            # A -inf key (a -inf mask entry) enters only while the top has an empty slot (_bool_masked).
+            bits, _, count = _passing_words((gate >= threshold[:, None])
+                                            & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
+        else:
+            bits, high_bits, count = _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, block * ROWS, first,
+                                                    threshold, m, d, q_row_stride, k_row_stride, q_norms, row_terms,
+                                                    q_factors, model, absolute, factor, half_additive,
+                                                    similarity_constant, SIMILARITY, CANDIDATES, SLOTS, FEATURES,
+                                                    PRECISION, INJECT, TILE_BOUND, STEP_TILES, PART == 1)
             if STATS:
                 scored += tl.minimum(tl.cdiv(m - first, CANDIDATES), STEP_TILES)
-            if MASK == 2:
-                both_ok = live[:, None] & cand_ok[None, :]
-                gate = select._masked(select.scaled_by_root(upper, similarity_constant, SIMILARITY),
-                                      mask_rows + cand[None, :], both_ok, MASK)
-                unrankable |= tl.max(select._unrankable(gate, both_ok), 1)  # a NaN or +inf mask entry
-                # A -inf key (a -inf mask entry) enters only while the top has an empty slot (_bool_masked).
-                bits, _, count = _passing_words((gate >= threshold[:, None])
-                                                & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
-            else:
-                gate = _gate_thresholds(threshold, row_terms,
-                                        _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES),
-                                        TILE_BOUND)
-                if STEP_TILES == 2:  # sm_90 (tiles_per_step)
-                    bits, high_bits, count = _passing_words(_rounded_gate(upper, gate), CANDIDATES)
-                else:
-                    bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
-                if TILE_BOUND:  # not the last tile's candidates past M (row M - 1's products; counted: harmless)
-                    bits &= _valid_bits(first, m, CANDIDATES)
-                    if STEP_TILES == 2:
-                        high_bits &= _valid_bits(first + CANDIDATES, m, CANDIDATES)
-        # The fullest queue after the step and the step's busiest row, from one reduction.
-        fullest, busiest = tl.split(tl.max(tl.join(fill + count, count), 0))
-        fill = _appended(queue_row_ptrs, fill, bits, high_bits, first, busiest, STEP_TILES, CANDIDATES)
-        # Flushed once a queue holds FLUSH_AT candidates (the threshold rises early): so it holds at most
-        # FLUSH_AT - 1 + a step's candidates, below QUEUE (the appends' free slot: _appended).
-        if fullest >= QUEUE - 2 * CANDIDATES:
-            rescored += fill
-            top, unrankable, kth_key, top_open = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top,
-                                                          unrankable, rows, live, q_factors, m, d, k, q_row_stride,
-                                                          k_row_stride, similarity_constant, SIMILARITY, MASK, ROWS,
-                                                          SLOTS, FLUSH, CANDIDATES)
-            threshold = kth_key if MASK == 2 else _dot_threshold(kth_key, similarity_constant, SIMILARITY)
-            fill = tl.zeros([ROWS], dtype=tl.int32)
-            if MASK == 1:
-                open_rows = tl.max((top_open & live).to(tl.int32), 0)
-        first += STEP_TILES * CANDIDATES
+        fill, top, unrankable, rescored, threshold, top_open, open_rows = _advanced(
+            q_ptr, k_ptr, norms_ptr, mask_rows, queue_row_ptrs, fill, count, bits, high_bits, first, top, unrankable,
+            rescored, threshold, top_open, open_rows, rows, live, q_factors, m, d, k, q_row_stride, k_row_stride,
+            similarity_constant, SIMILARITY, STEP_MASK, ROWS, SLOTS, QUEUE, FLUSH, CANDIDATES, LOOP_TILES)
+        first += LOOP_TILES * CANDIDATES
         if STATS:
-            visited += tl.minimum(tl.cdiv(m - first + STEP_TILES * CANDIDATES, CANDIDATES), STEP_TILES)
+            visited += tl.minimum(tl.cdiv(m - first + LOOP_TILES * CANDIDATES, CANDIDATES), LOOP_TILES)
     top, unrankable, _, _ = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, live,
                                      q_factors, m, d, k, q_row_stride, k_row_stride, similarity_constant, SIMILARITY,
-                                     MASK, ROWS, SLOTS, FLUSH, CANDIDATES)
-    if STATS:  # rescored_ptr: int32 [3, slices * N]
-        tl.store(rescored_ptr + g * n + rows, rescored + fill, mask=row_ok)
-        tl.store(rescored_ptr + n * slices + g * n + rows, scored + tl.zeros([ROWS], tl.int32), mask=row_ok)
-        tl.store(rescored_ptr + 2 * n * slices + g * n + rows, visited + tl.zeros([ROWS], tl.int32), mask=row_ok)
+                                     STEP_MASK, ROWS, SLOTS, FLUSH, CANDIDATES)
+    if STATS:  # rescored_ptr: int32 [3, slices * N]; part 2 adds to part 1's
+        rescored += fill
+        counts = rescored_ptr + g * n + rows
+        if PART == 2:
+            rescored += tl.load(counts, mask=row_ok, other=0)
+            scored += tl.load(counts + n * slices, mask=row_ok, other=0)
+            visited += tl.load(counts + 2 * n * slices, mask=row_ok, other=0)
+        tl.store(counts, rescored, mask=row_ok)
+        tl.store(counts + n * slices, scored + tl.zeros([ROWS], tl.int32), mask=row_ok)
+        tl.store(counts + 2 * n * slices, visited + tl.zeros([ROWS], tl.int32), mask=row_ok)
 
     settled = unrankable == 0
     best_keys, best_index = select._unpacked(top)
     out = (g * n + rows)[:, None] * k + slots[None, :]
-    written = (row_ok & settled)[:, None] & (slots[None, :] < k)
-    # The indices before the scores: stored after store_as's branches, Triton 3.6 reused a layout
-    # conversion of `written` made inside one of them ("operand does not dominate this use", sm_90).
-    tl.store(indices_ptr + out, best_index.to(tl.int64), mask=written)
-    tl.store(redo_ptr + g * n + rows, tl.where(settled, 0, 1), mask=row_ok)
-    select.store_as(scores_ptr, out, select._reported_scores(best_keys, unrankable, SIMILARITY), written, dtype_code)
+    if PART == 1:  # every row's selection so far (_resumed reads it), and the rows that go to the rerun
+        tl.store(indices_ptr + out, best_index.to(tl.int64), mask=row_ok[:, None] & (slots[None, :] < k))
+        tl.store(redo_ptr + g * n + rows, tl.where(settled, 0, 1), mask=row_ok)
+    else:
+        written = (row_ok & settled)[:, None] & (slots[None, :] < k)
+        # The indices before the scores: stored after store_as's branches, Triton 3.6 reused a layout
+        # conversion of `written` made inside one of them ("operand does not dominate this use", sm_90).
+        tl.store(indices_ptr + out, best_index.to(tl.int64), mask=written)
+        tl.store(redo_ptr + g * n + rows, tl.where(settled, 0, 1), mask=row_ok)
+        select.store_as(scores_ptr, out, select._reported_scores(best_keys, unrankable, SIMILARITY), written,
+                        dtype_code)
 
 
 @triton.jit
-def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
-                           seeds_ptr, queue_ptr, slices, n, m, d, k, mask_slice_stride, similarity_constant,
+def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr,
+                           norms_ptr, seeds_ptr, queue_ptr, slices, n, m, d, k, mask_slice_stride, similarity_constant,
                            bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                            k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
                            ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr,
                            FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
-                           STEP_TILES: tl.constexpr, INJECT: tl.constexpr = 0, STATS: tl.constexpr = False):
+                           STEP_TILES: tl.constexpr, PART: tl.constexpr = 0, INJECT: tl.constexpr = 0,
+                           STATS: tl.constexpr = False):
     # A persistent grid: program p takes the blocks of ROWS query rows p, p + programs, ... of the
     # slices' blocks in turn, with its own queue (queue_ptr: int32 [programs * ROWS, QUEUE], scratch).
     # The settled rows' scores and indices are written as select._select_kernel writes them (slots
     # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
     # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch. A bool
-    # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * (words + 1), or 0 for a shared mask),
-    # an additive one in float32 ([G, N, M] or [N, M]). seeds [G * N] float32: _seed_thresholds_kernel's,
-    # read where _tile_bound (any float32 pointer otherwise). STEP_TILES: tiles_per_step's.
-    tl.static_assert((STEP_TILES == 1) or ((STEP_TILES == 2) and (MASK == 0)))
+    # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * (words + 1), or 0 for a shared mask)
+    # and its blocks' whole words (wholes; any int32 pointer, unread, without a bool mask), an additive
+    # one in float32 ([G, N, M] or [N, M]). A bool mask takes two launches: PART 1, then PART 2 (PART 0
+    # without one). seeds [G * N] float32: _seed_thresholds_kernel's, read where _tile_bound (any
+    # float32 pointer otherwise). STEP_TILES: tiles_per_step's.
+    tl.static_assert((STEP_TILES == 1) or ((STEP_TILES == 2) and (MASK != 2)))
+    tl.static_assert((PART == 0 and MASK != 1) or (PART != 0 and MASK == 1))  # a bool mask's: parts 1 and 2
     tl.static_assert((SIMILARITY == DOT) | (SIMILARITY == SCALED_DOT) | (SIMILARITY == COSINE)
                      | (SIMILARITY == GAUSSIAN))
     tl.static_assert((QUEUE > 2 * CANDIDATES) & (QUEUE % FLUSH == 0) & (SLOTS >= FLUSH))
@@ -1053,11 +1175,11 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo
     queue_row_ptrs = queue_ptr + (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)) * QUEUE
     work = tl.program_id(0)
     while work < blocks * slices:
-        _select_block(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr, seeds_ptr,
-                      queue_row_ptrs, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
+        _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
+                      seeds_ptr, queue_row_ptrs, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
                       mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads, q_batch_stride,
                       q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK,
-                      ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS, STEP_TILES)
+                      ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS, STEP_TILES, PART)
         work += tl.num_programs(0)
 
 

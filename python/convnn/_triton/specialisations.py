@@ -116,21 +116,30 @@ def bounded_select_specialisations(module, select):
     # (hasattr: the static cost report lists these for the kernels of earlier revisions too.)
     words_kernel = hasattr(module, "_mask_bits_kernel")
     if words_kernel:
+        wholes = hasattr(module, "_tiles_whole")  # (not in the kernels of an earlier revision)
         yield ("mask bits", module._mask_bits_kernel,
-               {"mask_ptr": "*i1", "bits_ptr": "*i64", "rows": "i32", "m": "i32", "words": "i32"},
-               {"ROWS": module.MASK_BITS_ROWS, "CANDIDATES": module.CANDIDATES}, {"num_warps": 4})
+               {"mask_ptr": "*i1", "bits_ptr": "*i64", **({"wholes_ptr": "*i32"} if wholes else {}), "rows": "i32",
+                **({"n": "i32"} if wholes else {}), "m": "i32", "words": "i32"},
+               {"ROWS": module.MASK_BITS_ROWS, "CANDIDATES": module.CANDIDATES,
+                **({"BLOCK_ROWS": module.ROWS} if wholes else {})}, {"num_warps": 4})
     for suffix, pointer, mask_pointer, constexprs in top_k_variants(select):
         slots, dtype = constexprs["SLOTS"], next((d for d in select.INPUT_DTYPES if f"{d} inputs" in suffix), "float32")
         options = module.compile_options(slots, constexprs["MASK"], dtype)
         if constexprs["SIMILARITY"] not in module.SIMILARITIES or options is None:
             continue
-        operands = {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
-                    "indices_ptr": "*i64", "redo_ptr": "*i32"}
+        outputs = {"scores_ptr": "*fp32", "indices_ptr": "*i64", "redo_ptr": "*i32"}
+        operands = {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, **outputs}
+        # A bool mask as _mask_bits_kernel's words; the rerun reads the mask itself.
+        words = {"mask_ptr": "*i64"} if constexprs["MASK"] == select.BOOL_MASK and words_kernel else {}
+        # The tensor-core kernel's: after the mask, a bool mask's blocks' whole words (bounded_select.
+        # _tiles_whole; not in the kernels of an earlier revision).
+        bounded_operands = {**operands, **words}
+        if hasattr(module, "_tiles_whole"):
+            bounded_operands = {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": bounded_operands["mask_ptr"],
+                                "wholes_ptr": "*i32", **outputs}
         sizes = {"n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
                  "similarity_constant": "fp32"}
         strides = {"dtype_code": "i32", **row_layouts(module._rerun_kernel, "q", "k")}
-        # A bool mask as _mask_bits_kernel's words; the rerun reads the mask itself.
-        words = {"mask_ptr": "*i64"} if constexprs["MASK"] == select.BOOL_MASK and words_kernel else {}
         seeded = hasattr(module, "_seed_thresholds_kernel")  # (not in the kernels of an earlier revision)
         if seeded and slots == select.MIN_SLOTS and module._tile_bound(constexprs["SIMILARITY"], constexprs["MASK"]):
             # The rows' seeds: one kernel for every width (K is an argument).
@@ -145,17 +154,29 @@ def bounded_select_specialisations(module, select):
                     "PRECISION": module.FLOAT32_PRECISION, "PRODUCT_FEATURES": module.SEED_PRODUCT_FEATURES,
                     "INJECT": 0},
                    {"num_warps": module.SEED_WARPS})
-        yield (f"bounded select {suffix}", module._bounded_select_kernel,
-               {**operands, **words, "rescored_ptr": "*i32", "norms_ptr": "*fp32",
-                **({"seeds_ptr": "*fp32"} if seeded else {}), "queue_ptr": "*i32", "slices": "i32", **sizes,
-                "bound_scale": "fp32", **strides},
-               {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
-                "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "QUEUE": module.QUEUE, "FLUSH": module.FLUSH,
-                "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0, "STATS": False,
-                **step_tiles(module, constexprs["SIMILARITY"], constexprs["MASK"], dtype)},
-               options)
+        for name, part in select_parts(module, constexprs["MASK"], select):
+            yield (f"bounded select {name}{suffix}", module._bounded_select_kernel,
+                   {**bounded_operands, "rescored_ptr": "*i32", "norms_ptr": "*fp32",
+                    **({"seeds_ptr": "*fp32"} if seeded else {}), "queue_ptr": "*i32", "slices": "i32", **sizes,
+                    "bound_scale": "fp32", **strides},
+                   {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
+                    "CANDIDATES": module.CANDIDATES, "SLOTS": slots, "QUEUE": module.QUEUE, "FLUSH": module.FLUSH,
+                    "FEATURES": module.FEATURES, "PRECISION": module.FLOAT32_PRECISION, "INJECT": 0, "STATS": False,
+                    **step_tiles(module, constexprs["SIMILARITY"], constexprs["MASK"], dtype), **part},
+                   options)
         yield (f"rerun select {suffix}", module._rerun_kernel, {**operands, **sizes, **strides}, constexprs,
                select.design(slots, constexprs["MASK"])[1])
+
+
+def select_parts(module, mask_kind, select):
+    """(the name's prefix, the PART constexpr) of each launch of the tensor-core select: a bool mask's
+    whole tiles ("whole tiles ", part 1), then its others (part 2); one launch otherwise (none in the
+    kernels of an earlier revision, which had no parts)."""
+    if not hasattr(module, "_tiles_whole"):
+        return [("", {})]
+    if mask_kind != select.BOOL_MASK:
+        return [("", {"PART": 0})]
+    return [("whole tiles ", {"PART": 1}), ("", {"PART": 2})]
 
 
 def step_tiles(module, similarity, mask_kind, dtype):

@@ -103,29 +103,46 @@ bool tensor_cores_take(const at::Tensor& queries, const at::Tensor& keys, int64_
 
 // A bool mask (contiguous [G,N,M] or [N,M]: ranking_operands') as bounded_select._mask_bits_kernel's
 // int64 words, a word per row and tile of candidates, which every head reads in place of the mask's
-// bytes. Returns (the words, their slice stride: 0 for a shared mask).
-std::pair<at::Tensor, int64_t> mask_words(const at::Tensor& mask, int64_t n, int64_t m, bool per_slice,
-                                          const LaunchRunner& run) {
+// bytes, and each block of rows' leading whole words (the tiles the select's first launch scores as
+// without a mask).
+struct MaskWords {
+  at::Tensor bits;
+  at::Tensor wholes;
+  int64_t slice_stride;  // of the words: 0 for a shared mask
+};
+
+MaskWords mask_words(const at::Tensor& mask, int64_t n, int64_t m, bool per_slice, const LaunchRunner& run) {
   const int64_t words = cdiv(m, kBoundedSelectBlocks.candidates), rows = m == 0 ? 0 : mask.numel() / m;
-  // A row's words, then how many of them reach its last true entry (zeros on entry: an atomic max).
+  // A row's words, then how many of them reach its last true entry (zeros on entry: an atomic max); a
+  // block's whole words (`words` on entry: an atomic min).
   auto bits = at::zeros({rows, words + 1}, mask.options().dtype(at::kLong));
+  auto wholes = at::full({n == 0 ? 0 : rows / n, cdiv(n, kBoundedSelectBlocks.rows)}, words,
+                         mask.options().dtype(at::kInt));
   Launch launch{kMaskBitsKey, {cdiv(rows, kBoundedSelectBlocks.mask_bits_rows), words}, {}};
-  launch.arguments.pointer(mask).pointer(bits).int32(rows).int32(m).int32(words);
+  launch.arguments.pointer(mask).pointer(bits).pointer(wholes).int32(rows).int32(n).int32(m).int32(words);
   run(launch);
-  return {bits, per_slice ? n * (words + 1) : 0};
+  return {bits, wholes, per_slice ? n * (words + 1) : 0};
+}
+
+// The tensor-core select's launches for a mask kind, by their keys' prefixes (bounded_select's PART 1
+// and 2: a bool mask's whole tiles, then its others; PART 0, one launch, otherwise).
+std::vector<const char*> bounded_select_launches(int mask_kind) {
+  if (mask_kind == kSelectBlocks.bool_mask) return {"bounded select whole tiles", "bounded select"};
+  return {"bounded select"};
 }
 
 // The tensor-core select's keys (its kernel and rerun at each width and mask kind it serves, the keys'
 // norms kernel and a bool mask's words kernel).
 std::vector<std::string> tensor_core_keys(at::ScalarType dtype) {
   std::vector<std::string> keys;
-  for (const char* kernel : {"bounded select", "rerun select"}) {
+  for (const char* kernel : {"bounded select whole tiles", "bounded select", "rerun select"}) {
     for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
       const auto similarity = static_cast<Similarity>(value);
       if (!tensor_cores_serve(similarity)) continue;
       for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
         for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
-          if (tensor_cores_compiled(slots, mask, dtype)) {
+          const bool whole_tiles = std::string(kernel) == "bounded select whole tiles";
+          if (tensor_cores_compiled(slots, mask, dtype) && (!whole_tiles || mask == kSelectBlocks.bool_mask)) {
             keys.push_back(top_k_key(kernel, similarity, slots, mask, dtype));
           }
         }
@@ -303,9 +320,12 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
         .int32(heads_of(in.keys))
         .rows(row_layout(in.keys));
     run(key_norms);
-    auto [mask, mask_slice_stride] = in.mask_kind == kSelectBlocks.bool_mask
-                                         ? mask_words(in.mask, n, m, in.mask_slice_stride != 0, run)
-                                         : std::pair<at::Tensor, int64_t>{in.mask, in.mask_slice_stride};
+    // A bool mask as its words (wholes: unread without one, any int32 pointer).
+    const auto words = in.mask_kind == kSelectBlocks.bool_mask
+                           ? mask_words(in.mask, n, m, in.mask_slice_stride != 0, run)
+                           : MaskWords{in.mask, redo, in.mask_slice_stride};
+    const auto& mask = words.bits;
+    const int64_t mask_slice_stride = words.slice_stride;
     // The rows' first thresholds, where the kernel starts from them (else unread: any float32 pointer).
     auto seeds = norms;
     if (seeded(similarity, in.mask_kind)) {
@@ -319,13 +339,15 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
     const int64_t programs = std::min(cdiv(n, kBoundedSelectBlocks.rows) * g, kBoundedSelectBlocks.programs);
     auto queue = at::empty({programs * kBoundedSelectBlocks.rows, kBoundedSelectBlocks.queue},
                            queries_in.options().dtype(at::kInt));
-    Launch bounded{top_k_key("bounded select", similarity, k, in.mask_kind, dtype), {programs, 1}, {}};
-    bounded.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(scores).pointer(indices)
-        .pointer(redo).pointer(redo).pointer(norms).pointer(seeds).pointer(queue).int32(g).int32(n).int32(m).int32(d)
-        .int32(k).int32(mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
-        .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
-        .rows(row_layout(in.keys));
-    run(bounded);
+    for (const char* kernel : bounded_select_launches(in.mask_kind)) {
+      Launch bounded{top_k_key(kernel, similarity, k, in.mask_kind, dtype), {programs, 1}, {}};
+      bounded.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(words.wholes).pointer(scores)
+          .pointer(indices).pointer(redo).pointer(redo).pointer(norms).pointer(seeds).pointer(queue).int32(g).int32(n)
+          .int32(m).int32(d).int32(k).int32(mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
+          .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
+          .rows(row_layout(in.keys));
+      run(bounded);
+    }
   }
   Launch launch{top_k_key(redo.defined() ? "rerun select" : "select", similarity, k, in.mask_kind, dtype),
                 {cdiv(n, top_k_rows(k)), g}, {}};
