@@ -907,13 +907,7 @@ def bounded_parts(kernel_name):
     steps = [r for r in before if any(getattr(instructions[i][1], "line", None) in stepping
                                       for i in range(r[0], r[1] + 1))]
     initial_products = [r for r in before if tensor_core(*r)]
-    # A bool mask's part 2 flushes part 1's selection before its tiles (bounded_select._resumed): the
-    # loops holding the merge (bitonic.py) and those inside them, its chunks, which the runs count (its
-    # fixed part is the block's).
-    merging = [r for r in before if any(where.endswith("bitonic.py") for _, where in instructions[r[0]:r[1] + 1])]
-    resumed = [r for r in before if any(r == o or inside(r, o) for o in merging)]
-    resumed_outer = [r for r in merging if not any(inside(r, o) for o in merging)]
-    norms = [r for r in before if r not in steps and r not in initial_products and r not in resumed]
+    norms = [r for r in before if r not in steps and r not in initial_products]
     per_chunk = tensor_core(*dot)
     per_tile = tensor_core(tiles[0], tiles[1])
     # With a bool mask, a tile that no row's bounds decide is not scored (bounded_select: the branch of
@@ -949,8 +943,7 @@ def bounded_parts(kernel_name):
                 size(r) for r in thresholds),
             "flush_chunk": size(chunk_loop) - size(exact), "exact_unrolled": exact_unrolled,
             "exact_per_8_features": size(exact) / exact_unrolled,
-            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms + initial_products)
-            - sum(size(r) for r in resumed_outer),
+            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms + initial_products),
             "initial_dot_loop": sum(size(r) for r in initial_products),
             "norms_per_chunk": sum(size(r) for r in norms),
             "tile_multiply_adds": sum(f for f, _ in per_tile) - sum(f for f, _ in per_chunk) - skipped_multiply_adds,
@@ -970,7 +963,7 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     chunks of FLUSH. causal: a bool mask of the keys up to each query's position, as the kernel
     takes a bool mask: in a revision with parts (bounded_select._tiles_whole), first the block's whole
     tiles (those before its first row's diagonal, in whole steps) as without a mask (part 1, its own
-    launch), then part 2 from there, one tile a step, after a flush of part 1's K; there (and in the
+    launch), then part 2 from there, one tile a step, from part 1's exact top; there (and in the
     whole loop of an earlier revision) a tile scored only where some row of the block has a candidate
     in it and a threshold above -inf, every valid candidate queued while the row's top has an empty
     slot, every allowed one while its threshold is -inf, and the tiles past the block's last row not
@@ -1041,9 +1034,9 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
         queued = []
         sampled += 1
 
-        def flushed(best, queued, fill, counts, fixed_part=True):
+        def flushed(best, queued, fill, counts):
             ranked.add_(fill)
-            counts["flushes"] += 1 if fixed_part else 0
+            counts["flushes"] += 1
             counts["flush_chunks"] += math.ceil(int(fill.max()) / flush)
             runs["rescored"] += int(fill.sum())
             if queued:
@@ -1077,9 +1070,9 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
         rest = by_part["rest"]
         if parts:
             # Part 1: the tiles before the block's first row's diagonal, in whole steps, as without a mask,
-            # and its last flush; then part 2's flush of part 1's selection (its fixed part is in the
-            # block's SASS: bounded_parts), the threshold the larger of the seed and the K-th exact key.
-            seeded_threshold, seeded_ranked = threshold.clone(), ranked.clone()
+            # and its last flush; part 2 starts from its exact top (bounded_select._resumed), the threshold
+            # the larger of the seed and the K-th exact key, the top closed where either closes it.
+            seeded_threshold = threshold.clone()
             whole = min(block * rows + 1, n) // tile * tile // wide * wide
             for first in range(0, whole, wide):
                 stepped(first, wide, None, by_part["whole"])
@@ -1089,10 +1082,7 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
             else:
                 by_part["whole"]["flushes"] += 1
             fill, queued = torch.zeros_like(fill), []
-            carried = torch.minimum(ranked - seeded_ranked, torch.tensor(k))
-            ranked.copy_(seeded_ranked)
-            best, threshold = flushed(best, [], carried, rest, fixed_part=False)
-            threshold = torch.maximum(threshold, seeded_threshold)
+            threshold = torch.maximum(best[:, -1], seeded_threshold)
         for first in range(first, n, step):
             if causal and first >= reach and bool((ranked >= k).all()):
                 break

@@ -663,7 +663,7 @@ def test_ties_zeros_nan_inf_and_overflowing_norms_give_the_ieee_selection():
     makes every row that meets a NaN or +inf key unrankable (NaN scores, as the IEEE kernel), and the
     NaN query's row: a key whose norm is not finite sends its whole slice to the rerun, a query row
     whose norm is not finite or could overflow (the NaN one, the 1e20 one) itself alone; the result is
-    the IEEE kernel's."""
+    the IEEE kernel's; with a bool mask too, across its two launches."""
     queries, keys = special_inputs()
     clean_keys = keys.clone()
     clean_keys[0, 50, 2] = 0.0
@@ -673,6 +673,15 @@ def test_ties_zeros_nan_inf_and_overflowing_norms_give_the_ieee_selection():
         flagged, _, _ = assert_same_selection(queries, clean_keys, k, similarity, inject="earlier up",
                                               bound_scale=2.0 ** 6)
         assert flagged[0, 3] and flagged[0, 5] and flagged.sum() == 2, (k, similarity, flagged)
+    # With a bool mask whose first tile is whole (part 1 scores it, part 2 the rest from part 1's top): the
+    # rows part 1 flags stay flagged, untouched by either launch.
+    padding = torch.ones(40, 100, dtype=torch.bool, device=DEVICE)
+    padding[:, 90:] = False
+    flagged, _, _ = assert_same_selection(queries, keys, 4, DOT, padding)
+    assert flagged.all()
+    flagged, _, _ = assert_same_selection(queries, clean_keys, 4, DOT, padding, inject="earlier up",
+                                          bound_scale=2.0 ** 6)
+    assert flagged[0, 3] and flagged[0, 5] and flagged.sum() == 2, flagged
 
 
 def test_a_bound_past_every_score_gap_flushes_every_tile_and_still_settles_every_row():
@@ -702,7 +711,7 @@ def test_tiles_a_bool_mask_hides_from_every_deciding_row_are_not_scored_and_the_
     the last tile the block's rows' true entries reach once no row's top has an empty slot.
     Causal, N = M = 200 (four blocks of rows, four tiles, the last short): block b takes tiles 0 .. b
     (its diagonal; its first b whole) and scores them, but for gaussian, whose rows start at -inf, the
-    first tile past part 1 where part 1 took none (queued unscored; else part 1's selection, flushed,
+    first tile past part 1 where part 1 took none (queued unscored; else part 1's exact top, read back,
     sets the threshold); a padding mask (the first 64 keys valid): the first tile alone, scored by
     scaled_dot; an all-true mask: every tile. scaled_dot's rows start at their seeds
     (_seed_thresholds_kernel: the tiles the block's true entries reach) where K columns hold a valid

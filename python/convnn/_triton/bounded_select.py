@@ -920,23 +920,21 @@ def _tiles_whole(wholes_ptr, g, block, blocks, mask_slice_stride, limit, CANDIDA
 
 
 @triton.jit
-def _resumed(indices_ptr, redo_ptr, queue_row_ptrs, g, n, k, unrankable, rows, row_ok, live, m,
-             ROWS: tl.constexpr):
-    """(fill, unrankable) of part 2 of a bool mask's select before its first tile: part 1's selection
-    (the K indices it wrote of each row, its empty slots' above M: a suffix, since its top is
-    descending and they are below every candidate) queued, for the caller's flush to re-score exactly
-    and rank as any queued candidate; part 1's rerun flags added to the rows'."""
-    # A slot a round ([ROWS] values): a [ROWS, SLOTS] tile of them here made ptxas spill in the loop after.
-    selected = indices_ptr + (g * n + rows) * k
-    fill = tl.zeros([ROWS], tl.int32)
-    slot = 0
-    while slot < k:
-        held = tl.load(selected + slot, mask=row_ok, other=m).to(tl.int32)
-        taken = live & (held < m)
-        tl.store(queue_row_ptrs + slot, held, mask=taken)
-        fill += taken.to(tl.int32)
-        slot += 1
-    return fill, unrankable | tl.load(redo_ptr + g * n + rows, mask=row_ok, other=0)
+def _resumed(indices_ptr, redo_ptr, g, n, k, top, unrankable, threshold, top_open, rows, row_ok, m,
+             similarity_constant, SIMILARITY: tl.constexpr, SLOTS: tl.constexpr):
+    """(top, unrankable, threshold, top_open) of part 2 of a bool mask's select before its first tile:
+    part 1's rerun flags, and of the rows it settled their exact top (the packed keys of its first K
+    slots, which it wrote in place of the indices; the slots past K empty, below them: only K count),
+    the threshold the larger of the seeded one and the K-th key's, the top open only where both leave
+    it so."""
+    slots = tl.arange(0, SLOTS)
+    unrankable |= tl.load(redo_ptr + g * n + rows, mask=row_ok, other=0)
+    kept = (row_ok & (unrankable == 0))[:, None] & (slots[None, :] < k)  # part 1 wrote the settled rows'
+    top = tl.where(kept, tl.load(indices_ptr + (g * n + rows)[:, None] * k + slots[None, :], mask=kept, other=0),
+                   top)
+    kth_key, kth_index = select._unpacked(tl.min(tl.where(slots[None, :] < k, top, select.GREATEST_KEY), 1))
+    threshold = tl.maximum(threshold, _dot_threshold(kth_key, similarity_constant, SIMILARITY))
+    return top, unrankable, threshold, top_open & (kth_index > m)  # an empty slot's index is above M
 
 
 @triton.jit
@@ -1046,16 +1044,9 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
             limit = whole
         else:
             first = whole
-            fill, unrankable = _resumed(indices_ptr, redo_ptr, queue_row_ptrs, g, n, k, unrankable, rows, row_ok,
-                                        live, m, ROWS)
-            rescored += fill
-            top, unrankable, kth_key, emptied = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top,
-                                                         unrankable, rows, live, q_factors, m, d, k, q_row_stride,
-                                                         k_row_stride, similarity_constant, SIMILARITY, MASK, ROWS,
-                                                         SLOTS, FLUSH, CANDIDATES)
-            threshold = tl.maximum(threshold, _dot_threshold(kth_key, similarity_constant, SIMILARITY))
-            top_open &= emptied
-            fill = tl.zeros([ROWS], dtype=tl.int32)
+            top, unrankable, threshold, top_open = _resumed(indices_ptr, redo_ptr, g, n, k, top, unrankable,
+                                                            threshold, top_open, rows, row_ok, m,
+                                                            similarity_constant, SIMILARITY, SLOTS)
     # With a bool mask, the tiles past every live row's last true entry: none decides, and each queues
     # only where a live row's top has an empty slot (_bool_masked). So the loop ends at the last tile
     # the rows' words reach (_mask_bits_kernel's last column; a causal mask's block: its diagonal tile),
@@ -1134,8 +1125,8 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
     settled = unrankable == 0
     best_keys, best_index = select._unpacked(top)
     out = (g * n + rows)[:, None] * k + slots[None, :]
-    if PART == 1:  # every row's selection so far (_resumed reads it), and the rows that go to the rerun
-        tl.store(indices_ptr + out, best_index.to(tl.int64), mask=row_ok[:, None] & (slots[None, :] < k))
+    if PART == 1:  # the settled rows' exact tops so far, as packed keys (_resumed reads them), and the flags
+        tl.store(indices_ptr + out, top, mask=(row_ok & settled)[:, None] & (slots[None, :] < k))
         tl.store(redo_ptr + g * n + rows, tl.where(settled, 0, 1), mask=row_ok)
     else:
         written = (row_ok & settled)[:, None] & (slots[None, :] < k)
