@@ -135,17 +135,16 @@ std::vector<const char*> bounded_select_launches(int mask_kind) {
 // norms kernel and a bool mask's words kernel).
 std::vector<std::string> tensor_core_keys(at::ScalarType dtype) {
   std::vector<std::string> keys;
-  for (const char* kernel : {"bounded select whole tiles", "bounded select", "rerun select"}) {
-    for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
-      const auto similarity = static_cast<Similarity>(value);
-      if (!tensor_cores_serve(similarity)) continue;
-      for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
-        for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
-          const bool whole_tiles = std::string(kernel) == "bounded select whole tiles";
-          if (tensor_cores_compiled(slots, mask, dtype) && (!whole_tiles || mask == kSelectBlocks.bool_mask)) {
-            keys.push_back(top_k_key(kernel, similarity, slots, mask, dtype));
-          }
+  for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
+    const auto similarity = static_cast<Similarity>(value);
+    if (!tensor_cores_serve(similarity)) continue;
+    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+      for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
+        if (!tensor_cores_compiled(slots, mask, dtype)) continue;
+        for (const char* kernel : bounded_select_launches(mask)) {
+          keys.push_back(top_k_key(kernel, similarity, slots, mask, dtype));
         }
+        keys.push_back(top_k_key("rerun select", similarity, slots, mask, dtype));
       }
     }
   }
