@@ -958,7 +958,7 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     (bounded_select.tiles_per_step): the gate (the exact key plus the bound's size: model |q||k| for
     the dot products, at the step's largest key norm, model for cosine's, model (|q|^2 + |k|^2) for
     gaussian's minus the squared distance, docs/operator.md; against the K-th exact key of the
-    candidates flushed so far), the appends (a round per candidate of a step's busiest row), the
+    candidates flushed so far), the appends (a round per candidate of a step's busiest lane word), the
     flushes (after a step that leaves FLUSH_AT or more in a queue, and after the last) and their
     chunks of FLUSH. causal: a bool mask of the keys up to each query's position, as the kernel
     takes a bool mask: in a revision with parts (bounded_select._tiles_whole), first the block's whole
@@ -1061,7 +1061,10 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
             count = passing.sum(dim=1)
             queued.append(torch.where(passing, keys_here, -math.inf))
             fill += count
-            counts["append_rounds"] += int(count.max())
+            # A round per candidate of the step's busiest lane word (bounded_select._appended; before LANES, of its
+            # busiest row).
+            words = torch.nn.functional.pad(passing, (0, width - passing.shape[1]))
+            counts["append_rounds"] += int(words.reshape(len(words), getattr(bounded, "LANES", 1), -1).sum(dim=2).max())
             if int(fill.max()) >= queue - 2 * tile:
                 best, threshold = flushed(best, queued, fill, counts)
                 fill, queued = torch.zeros_like(fill), []

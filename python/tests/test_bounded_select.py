@@ -447,9 +447,10 @@ def dyadic(shape, generator, span=16, bits=2):
 
 @pytest.mark.parametrize("d", [16, 48, 176])
 def test_the_two_tile_steps_products_by_wider_chunks_cover_every_feature(d):
-    """The two-tile step multiplies by chunks of 4 FEATURES (_upper_keys' PRODUCT_FEATURES at 8 slots
-    or fewer), the first and last narrower where D is not a multiple of 64: D = 16 (one chunk of 16),
-    48 (a first chunk of 32, then one of 16) and 176 (a first of 64, the loop's of 64, then 32 and
+    """The two-tile step multiplies by chunks of 2 FEATURES and the seeds kernel by 4 FEATURES
+    (_upper_keys' PRODUCT_FEATURES, at 8 slots or fewer), the first and last narrower where D is not a
+    multiple: D = 16 (one chunk of 16), 48 (a first chunk of 32, then one of 16) and 176 (the step: a
+    first of 32, the loop's of 32, then 16; the seeds: a first of 64, the loop's of 64, then 32 and
     16), dot and scaled_dot, K 8, exact and with errors injected up to the bound:
     the IEEE kernel's selection bit for bit (a feature left out of a product moves the gate past the
     true K-th: the selection differs)."""

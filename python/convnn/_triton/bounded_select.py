@@ -13,9 +13,11 @@ of them a loop step (tiles_per_step: two where the registers allow one [ROWS, 2 
    the candidates re-scored so far (-inf before K of them); dot and scaled_dot (without an additive
    mask) compare the bare product with t less the bound at the tile's largest key norm instead
    (_gate_thresholds: an FMA per row, not a norm read and an add per pair). Which candidates pass
-   comes as a 64-bit word per row from a second, small tensor-core product (_passing_words: no scan,
-   no exchange of the tile between threads); their indices are appended to the row's queue in global memory
-   (_appended, a round per candidate of the tile's busiest row). With a bool mask, two launches
+   comes as LANES 32-bit words per row from a second, small tensor-core product (_passing_words: no
+   scan, no exchange of the tile between threads), each word in the thread that holds its columns;
+   each thread appends its words' indices to the row's queue in global memory (_appended, a round per
+   candidate of the step's busiest word, at positions from one sum across the row's threads:
+   _lane_counts). With a bool mask, two launches
    (PART): the first scores the block's leading tiles that the mask holds whole for every row (a
    causal mask's left of the block's diagonal: _tiles_whole) as without a mask; the second takes the
    others from its selection, one tile a step, where a tile in which no row of the block has both a
@@ -71,10 +73,10 @@ from .similarities import CODES, COSINE, DOT, GAUSSIAN, SCALED_DOT
 SIMILARITIES = (CODES["dot"], CODES["scaled_dot"], CODES["cosine"], CODES["gaussian"])
 
 # Query rows per program (one warpgroup's tensor-core tile: wgmma takes 64 rows), candidates per score
-# tile (the gate's bits of a row fill an int64), features per tl.dot chunk: a row of keys' chunk on
-# 16-byte boundaries is a vector load (the launcher takes this kernel where the rows are whole chunks,
+# tile (a bool mask's words of a row fill an int64), features per tl.dot chunk: a row of keys' chunk
+# on 16-byte boundaries is a vector load (the launcher takes this kernel where the rows are whole chunks,
 # select._whole_chunks; 16 rather than 32: ptxas spilled the masked variants at 32; the unmasked
-# two-tile step multiplies by four chunks at once, _upper_keys' PRODUCT_FEATURES).
+# two-tile step multiplies by two chunks at once, _upper_keys' PRODUCT_FEATURES).
 ROWS = 64
 CANDIDATES = 64
 FEATURES = 16
@@ -110,6 +112,10 @@ SEED_WARPS = 8
 # first (_upper_keys; the launcher and _tile_offsets_fit check that they fit).
 TILE_OFFSET_ROWS = 2 * CANDIDATES
 _TILE_OFFSET_ROWS = tl.constexpr(TILE_OFFSET_ROWS)
+# The words a row's passing candidates come in (_passing_words): one per thread of the four that hold
+# the row in the products' layout, so that the appends run on a thread's own words.
+LANES = 4
+_LANES = tl.constexpr(LANES)
 # Whether the kernels run under Triton's interpreter, which has no inline PTX (_rounded_gate).
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 # Mask rows per program of _mask_bits_kernel.
@@ -310,9 +316,12 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, first_ro
     last ones narrower where d is not a multiple of it (halving down to FEATURES): each chunk's keys
     are loaded, staged in shared memory and multiplied before the next chunk's load is issued (ptxas
     overlaps only the queries' loads), so a tile's latency grows with its chunks: at D = 64 four
-    round trips to memory a step by chunks of 16, one by chunks of 64. Wider chunks everywhere
+    round trips to memory a step by chunks of 16, two by chunks of 32. Wider chunks everywhere
     spilled the masked variants, and in the two-tile step (STEP_TILES 2, no mask) 84 bytes at 16
-    slots with 32; it takes 64 at 8 slots or fewer (no spill, sm_90; 28 KB of shared memory)."""
+    slots with 32; it takes 32 at 8 slots or fewer (sm_90: 254 registers, 16 KB of shared memory).
+    By 64 (one round trip a step), its 255 registers, 28 KB, spilled 16-20 bytes once the appends ran
+    on lane words (_passing_words), whose instructions that saves: 64 is for a GPU to weigh against
+    32 (the one round trip against the registers)."""
     # 32-bit offsets: a 64-bit product per loaded row each step took 140 of the two-tile step's 505
     # instructions a warp (sm_90). A minimum per candidate, not a select on cand_ok: one instruction.
     q_ptr += tl.cast(first_row, tl.int64) * q_stride
@@ -503,9 +512,10 @@ def _ascending_to(x, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, row_ok, q_factors, m, d, k,
+def _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, top, unrankable, rows, row_ok, q_factors, m, d, k,
              q_stride, k_stride, similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
-             ROWS: tl.constexpr, SLOTS: tl.constexpr, FLUSH: tl.constexpr, CANDIDATES: tl.constexpr):
+             ROWS: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr,
+             CANDIDATES: tl.constexpr):
     """The queued candidates (fill [ROWS] of each row's queue) re-scored exactly and merged into the
     row's exact top (SLOTS packed keys, descending), FLUSH a time. Returns (top, unrankable, the K-th
     exact key [ROWS] float32, whether the top still has an empty slot [ROWS]: fewer than K candidates
@@ -517,7 +527,7 @@ def _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankab
     while first < fullest:
         slot = first + tl.arange(0, FLUSH)
         queued = row_ok[:, None] & (slot[None, :] < fill[:, None])
-        held = tl.load(queue_rows + slot[None, :], mask=queued, other=0)
+        held = tl.load(queue + (tl.arange(0, ROWS)[:, None] * QUEUE + slot[None, :]), mask=queued, other=0)
         exact = _masked_by_bits(_exact_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, q_factors, held, queued, m, d,
                                             q_stride, k_stride, similarity_constant, SIMILARITY, ROWS, FLUSH),
                                 mask_rows, held, queued, MASK, CANDIDATES)
@@ -577,10 +587,18 @@ def _masked_by_bits(keys, mask_rows, held, valid, MASK: tl.constexpr, CANDIDATES
 
 
 @triton.jit
-def _valid_bits(first, m, CANDIDATES: tl.constexpr):
-    """int64: the tile's candidates below M as bits (all, or the first m - first)."""
-    remaining = tl.maximum(m - first, 0).to(tl.int64)
-    return tl.where(remaining >= CANDIDATES, -1, (tl.full([], 1, tl.int64) << tl.minimum(remaining, 63)) - 1)
+def _valid_lanes(first, m, SPAN: tl.constexpr):
+    """[1, LANES] int32: the candidates below M of lane words of SPAN candidates (_passing_words) as bits."""
+    remaining = tl.minimum(tl.maximum(m - first - tl.arange(0, _LANES)[None, :] * SPAN, 0), SPAN)
+    return tl.where(remaining >= 32, -1, (tl.full([], 1, tl.int32) << tl.minimum(remaining, 31)) - 1)
+
+
+@triton.jit
+def _lanes_of(bits, CANDIDATES: tl.constexpr):
+    """[ROWS, LANES] int32: the lane words (_passing_words, one tile) of a tile's [ROWS] int64 words."""
+    SPAN: tl.constexpr = CANDIDATES // _LANES
+    shifts = (tl.arange(0, _LANES)[None, :] * SPAN).to(tl.int64)
+    return ((bits[:, None] >> shifts) & ((tl.full([], 1, tl.int64) << SPAN) - 1)).to(tl.int32)
 
 
 @triton.constexpr_function
@@ -705,55 +723,60 @@ def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, norms_ptr, seeds_ptr, n, m, 
 
 
 @triton.jit
-def _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES: tl.constexpr):
-    """(bits, count) of the candidates that pass with a bool mask (mask_bits: _mask_words), from those
-    whose bounds pass (bits): a false entry makes the key -inf, which enters the row's top only while
-    the top has an empty slot (top_open: then every valid candidate passes, whatever its score; once K
-    candidates are ranked, a -inf key of a later, higher index loses the tie to each of them); a true
-    entry passes by its bound, and whatever its score while the threshold is -inf."""
-    valid = tl.where(live, _valid_bits(first, m, CANDIDATES), 0)
-    bits = tl.where(top_open, valid, tl.where(threshold == float("-inf"), valid & mask_bits, bits & mask_bits))
-    return bits, _popcount(bits)
+def _bool_masked(lanes, mask_bits, first, m, live, threshold, top_open, CANDIDATES: tl.constexpr):
+    """The lane words (_passing_words) of the candidates that pass with a bool mask (mask_bits:
+    _mask_words), from those whose bounds pass (lanes): a false entry makes the key -inf, which enters
+    the row's top only while the top has an empty slot (top_open: then every valid candidate passes,
+    whatever its score; once K candidates are ranked, a -inf key of a later, higher index loses the tie
+    to each of them); a true entry passes by its bound, and whatever its score while the threshold is
+    -inf."""
+    valid = tl.where(live[:, None], _valid_lanes(first, m, CANDIDATES // _LANES), 0)
+    mask_lanes = _lanes_of(mask_bits, CANDIDATES)
+    return tl.where(top_open[:, None], valid,
+                    tl.where((threshold == float("-inf"))[:, None], valid & mask_lanes, lanes & mask_lanes))
 
 
 @triton.jit
 def _popcount(x):
-    """The set bits of int64 x, as int32 (SWAR: a few integer operations per row)."""
-    x = x.to(tl.uint64, bitcast=True)
-    x = x - ((x >> 1) & 0x5555555555555555)
-    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
-    return ((x * 0x0101010101010101) >> 56).to(tl.int32)
+    """The set bits of int32 x: popc on a GPU; SWAR under the interpreter, which has no inline PTX."""
+    if _INTERPRETED:
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        return (x * 0x01010101) >> 24
+    return tl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _bit_or(a, b):
+    return a | b
 
 
 @triton.jit
 def _passing_words(passing, CANDIDATES: tl.constexpr):
-    """(bits [ROWS] int64, bit c set where candidate c of the first tile passes; the same of the second
-    tile (passing [ROWS, 2 CANDIDATES]; else 0); count [ROWS] int32, of both) from one small
-    tensor-core product: passing (bool, or a 16-bit float matrix of 1.0 and 0.0: _rounded_gate's) times
-    a [W, 16] matrix whose column j < W / 16 weighs candidate c by 2^(c % 16) where j = c // 16, and
-    whose column 8 (4 for one tile: with 8, ptxas spilled 24 bytes at K <= 16 on sm_80) is all ones.
-    The sums are integers below 2^16, exact in float32, and come in the scores' own layout: no scan,
-    no exchange of the tile between threads."""
+    """[ROWS, LANES] int32, the lane words of the tile or tiles passing ([ROWS, W], W = CANDIDATES or 2
+    CANDIDATES): bit b of word l set where candidate SPAN l + b passes (SPAN = W / LANES), from one
+    small tensor-core product of passing (bool, or a 16-bit float matrix of 1.0 and 0.0: _rounded_gate's)
+    by a [W, 16] matrix whose column j weighs 8 candidates by their powers of two: the sums are integers
+    below 256, exact in float32, and come in the scores' own layout (wgmma's accumulator), where the
+    thread of a row's quad that holds columns 2 l, 2 l + 1, 2 l + 8 and 2 l + 9 holds word l's four
+    bytes: the words are put together within each thread (no scan, no exchange between threads), and
+    the appends run on a thread's own words (_appended; a 64-bit word a row, summed across the quad by
+    shuffles, and each round's store converted to another layout took 21 % of the step's instructions
+    at N = 16384)."""
     W: tl.constexpr = passing.shape[1]
+    SPAN: tl.constexpr = W // _LANES
     tl.static_assert(CANDIDATES == 64 and (W == CANDIDATES or W == 2 * CANDIDATES))
     ones = passing
     if passing.dtype == tl.int1:
         ones = tl.where(passing, 1.0, 0.0).to(tl.float16)
     c = tl.arange(0, W)[:, None]
+    byte = (c % SPAN) // 8  # of its lane word, in column 2 lane + byte % 2 + 8 (byte // 2)
     j = tl.arange(0, 16)[None, :]
-    weights = tl.where(j == c // 16, (1 << (c % 16)).to(tl.float32), 0.0)
-    if W == CANDIDATES:
-        weights = tl.where(j == 4, 1.0, weights).to(ones.dtype)  # powers of two to 2^15: exact in either
-        words = tl.dot(ones, weights).to(tl.int64)
-        bits = tl.sum(tl.where(j < 4, words << (16 * j).to(tl.int64), 0), 1)
-        return bits, tl.zeros_like(bits), tl.sum(tl.where(j == 4, words, 0), 1).to(tl.int32)
-    weights = tl.where(j == 8, 1.0, weights).to(ones.dtype)
-    words = tl.dot(ones, weights).to(tl.int64)
-    shifts = (16 * (j % 4)).to(tl.int64)
-    bits = tl.sum(tl.where(j < 4, words << shifts, 0), 1)
-    high_bits = tl.sum(tl.where((j >= 4) & (j < 8), words << shifts, 0), 1)
-    return bits, high_bits, tl.sum(tl.where(j == 8, words, 0), 1).to(tl.int32)
+    weights = tl.where(j == 2 * (c // SPAN) + byte % 2 + 8 * (byte // 2), (1 << (c % 8)).to(tl.float32), 0.0)
+    words = tl.dot(ones, weights.to(ones.dtype)).to(tl.int32)  # powers of two to 2^7: exact in either dtype
+    quads = tl.reshape(words << (8 * (j % 2 + 2 * (j // 8))), [passing.shape[0], 2, _LANES, 2])
+    return tl.reduce(tl.reduce(quads, 3, _bit_or), 1, _bit_or)
 
 
 @triton.jit
@@ -778,35 +801,57 @@ def _rounded_gate(upper, gate):
 
 @triton.jit
 def _lowest_bit(bits):
-    """(the lowest set bit of int64 bits alone, its position): 0 and -127 where no bit is set."""
+    """(the lowest set bit of int32 bits alone, its position): 0 and -127 where no bit is set."""
     lowest = bits & -bits
-    exponent = (lowest.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF) >> 23  # exact: a power of two
+    exponent = lowest.to(tl.uint32, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True) >> 23  # exact
     return lowest, exponent - 127
 
 
 @triton.jit
-def _appended(queue_row_ptrs, fill, bits, high_bits, first, busiest, STEP_TILES: tl.constexpr,
-              CANDIDATES: tl.constexpr):
-    """fill after the candidates first + b, for every bit b of each row's bits, and first + CANDIDATES +
-    b for every bit b of its high_bits (STEP_TILES 2), are written at the row's queue positions fill,
-    fill + 1, ...: a round per candidate of the busiest row. A row without a candidate left writes at
-    its free slot fill (below QUEUE: the caller's flush), which the next candidate overwrites and no
-    flush reads: no store mask, whose conversion to the store's layout cost a round 8 instructions."""
+def _stored_where_held(ptrs, values, mask):
+    """tl.store(ptrs, values, mask) of int32 values, by the threads that hold them (in the appends, the
+    lane words' own: each element is one thread's). tl.store took the layout that Triton gives a store
+    of scattered addresses: a conversion of the addresses and one of the values through shared memory,
+    four barriers, in every round of the appends. Under the interpreter (no inline PTX): tl.store."""
+    if _INTERPRETED:
+        tl.store(ptrs, values, mask=mask)
+    else:
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; "
+                                  "mov.b32 $0, 0; }", "=r,l,r,r", [ptrs.to(tl.int64), values, mask.to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _lane_counts(lanes):
+    """(counts [ROWS, LANES]: each lane word's set bits, before [ROWS, LANES]: those of the row's words
+    below it, total [ROWS]), from one sum across the quad: word l's count times 1 + 2^(8 (l + 1)) + ...
+    + 2^24 puts the row's total in byte 0 of the sum and the count below word l in byte l (each at
+    most 2 CANDIDATES: no carry)."""
+    counts = _popcount(lanes)
+    lane = tl.arange(0, _LANES)[None, :]
+    higher = tl.where(lane == 0, 0x01010100, tl.where(lane == 1, 0x01010000, tl.where(lane == 2, 0x01000000, 0)))
+    packed = tl.sum(counts * (1 + higher), 1)
+    before = tl.where(lane == 0, 0, (packed[:, None] >> (8 * lane)) & 0xFF)
+    return counts, before, packed & 0xFF
+
+
+@triton.jit
+def _appended(queue, fill, lanes, before, first, busiest, QUEUE: tl.constexpr, W: tl.constexpr):
+    """The candidates first + SPAN l + b, for every bit b of each row's lane word l (lanes; before: the
+    set bits of the row's words below l; SPAN = W / LANES), written to the row's queue from position
+    fill on, word after word: a round per candidate of the busiest word. Each thread stores its own
+    words' candidates (_stored_where_held), under a mask: a word with none left must not write into
+    the next word's positions."""
+    position = tl.arange(0, fill.shape[0])[:, None] * QUEUE + fill[:, None] + before  # in the program's queues
+    base = first + tl.arange(0, _LANES)[None, :] * (W // _LANES)
     entry = 0
     while entry < busiest:
-        if STEP_TILES == 1:
-            lowest, bit = _lowest_bit(bits)
-            bits ^= lowest
-        else:
-            low = bits != 0
-            lowest, bit = _lowest_bit(tl.where(low, bits, high_bits))
-            bit += tl.where(low, 0, CANDIDATES)
-            bits = tl.where(low, bits ^ lowest, bits)
-            high_bits = tl.where(low, high_bits, high_bits ^ lowest)
-        tl.store(queue_row_ptrs + fill, first + bit)
-        fill += (lowest != 0).to(tl.int32)
+        lowest, bit = _lowest_bit(lanes)
+        left = lowest != 0
+        _stored_where_held(queue + position, base + bit, left)
+        position += left.to(tl.int32)
+        lanes ^= lowest
         entry += 1
-    return fill
 
 
 def tiles_per_step(similarity, mask_kind, dtype, arch):
@@ -943,7 +988,7 @@ def _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, first_row, first, thre
                    SIMILARITY: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
                    PRECISION: tl.constexpr, INJECT: tl.constexpr, TILE_BOUND: tl.constexpr,
                    STEP_TILES: tl.constexpr, WHOLE: tl.constexpr):
-    """(bits, high_bits, count) of _passing_words for the STEP_TILES tiles from candidate `first`, where
+    """The lane words (_passing_words) of the STEP_TILES tiles from candidate `first`, where
     no mask removes a candidate of a live row (no mask; a bool mask's whole tiles): the bounds
     (_upper_keys) against the gate (_gate_thresholds), the candidates past M dropped (TILE_BOUND;
     counted: harmless) unless WHOLE (a bool mask's whole tiles: none is). The two-tile step (sm_90)
@@ -952,39 +997,39 @@ def _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, first_row, first, thre
     upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand < m, first_row, first, m, d, q_stride,
                         k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
                         similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND,
-                        4 * FEATURES if STEP_TILES == 2 and SLOTS <= 8 else FEATURES)
+                        2 * FEATURES if STEP_TILES == 2 and SLOTS <= 8 else FEATURES)
     gate = _gate_thresholds(threshold, row_terms,
                             _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES), TILE_BOUND)
     if STEP_TILES == 2:  # sm_90 (tiles_per_step)
-        bits, high_bits, count = _passing_words(_rounded_gate(upper, gate), CANDIDATES)
+        lanes = _passing_words(_rounded_gate(upper, gate), CANDIDATES)
     else:
-        bits, high_bits, count = _passing_words(upper >= gate[:, None], CANDIDATES)
+        lanes = _passing_words(upper >= gate[:, None], CANDIDATES)
     if TILE_BOUND and not WHOLE:  # not the last tile's candidates past M (row M - 1's products)
-        bits &= _valid_bits(first, m, CANDIDATES)
-        if STEP_TILES == 2:
-            high_bits &= _valid_bits(first + CANDIDATES, m, CANDIDATES)
-    return bits, high_bits, count
+        lanes &= _valid_lanes(first, m, STEP_TILES * CANDIDATES // _LANES)
+    return lanes
 
 
 @triton.jit
-def _advanced(q_ptr, k_ptr, norms_ptr, mask_rows, queue_row_ptrs, fill, count, bits, high_bits, first, top,
+def _advanced(q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, lanes, first, top,
               unrankable, rescored, threshold, top_open, open_rows, rows, live, q_factors, m, d, k, q_stride, k_stride,
               similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
               SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr, CANDIDATES: tl.constexpr,
               STEP_TILES: tl.constexpr):
-    """The end of a step: its passing candidates (bits, high_bits; count a row) appended to the rows'
-    queues, which are flushed once one holds FLUSH_AT or more (the threshold rises early), so that a
-    queue holds at most FLUSH_AT - 1 + a step's candidates, below QUEUE (the appends' free slot:
-    _appended). Returns (fill, top, unrankable, rescored, threshold, top_open, open_rows: a bool
-    mask's live rows with an empty slot, any)."""
-    # The fullest queue after the step and the step's busiest row, from one reduction.
-    fullest, busiest = tl.split(tl.max(tl.join(fill + count, count), 0))
-    fill = _appended(queue_row_ptrs, fill, bits, high_bits, first, busiest, STEP_TILES, CANDIDATES)
+    """The end of a step: its passing candidates (lanes: _passing_words) appended to the rows' queues,
+    which are flushed once one holds FLUSH_AT or more (the threshold rises early), so that a queue holds
+    at most FLUSH_AT - 1 + a step's candidates, below QUEUE. Returns (fill, top, unrankable, rescored,
+    threshold, top_open, open_rows: a bool mask's live rows with an empty slot, any)."""
+    # The fullest queue after the step and the step's busiest word, from one reduction.
+    counts, before, total = _lane_counts(lanes)
+    fill_before = fill
+    fill += total
+    fullest, busiest = tl.split(tl.max(tl.max(tl.join(tl.broadcast_to(fill[:, None], counts.shape), counts), 1), 0))
+    _appended(queue, fill_before, lanes, before, first, busiest, QUEUE, STEP_TILES * CANDIDATES)
     if fullest >= QUEUE - 2 * CANDIDATES:
         rescored += fill
-        top, unrankable, kth_key, top_open = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_row_ptrs[:, None],
-                                                      fill, top, unrankable, rows, live, q_factors, m, d, k, q_stride,
-                                                      k_stride, similarity_constant, SIMILARITY, MASK, ROWS, SLOTS,
+        top, unrankable, kth_key, top_open = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, top,
+                                                      unrankable, rows, live, q_factors, m, d, k, q_stride, k_stride,
+                                                      similarity_constant, SIMILARITY, MASK, ROWS, SLOTS, QUEUE,
                                                       FLUSH, CANDIDATES)
         threshold = kth_key if MASK == 2 else _dot_threshold(kth_key, similarity_constant, SIMILARITY)
         fill = tl.zeros([ROWS], dtype=tl.int32)
@@ -995,7 +1040,7 @@ def _advanced(q_ptr, k_ptr, norms_ptr, mask_rows, queue_row_ptrs, fill, count, b
 
 @triton.jit
 def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
-                  seeds_ptr, queue_row_ptrs, g, block, slices, n, m, d, k, mask_slice_stride, similarity_constant,
+                  seeds_ptr, queue, g, block, slices, n, m, d, k, mask_slice_stride, similarity_constant,
                   bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                   k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr,
@@ -1012,7 +1057,6 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
                                                        q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                                                        k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
                                                        CANDIDATES, FEATURES, PRECISION)
-    queue_rows = queue_row_ptrs[:, None]
     unrankable = (row_ok & ~live).to(tl.int32)
     TILE_BOUND: tl.constexpr = _tile_bound(SIMILARITY, MASK)
 
@@ -1060,14 +1104,13 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
     while (first < limit) & ((first < reach) | (open_rows != 0)):
         cand = first + tl.arange(0, LOOP_TILES * CANDIDATES)
         cand_ok = cand < m
-        high_bits = tl.zeros([ROWS], tl.int64)  # the step's second tile's (STEP_TILES 2)
         if STEP_MASK == 1:
             # A row's bounds decide only where the mask holds a candidate and the row's threshold is above
             # -inf (_bool_masked): a tile where no row's do is not scored (a causal mask's tiles past the
             # block's last row, a padding mask's padded keys), which appends what scoring it would.
             mask_bits = _mask_words(mask_rows, first, live, CANDIDATES)
             deciding = tl.max(((mask_bits != 0) & (threshold > float("-inf"))).to(tl.int32), 0)
-            bits = tl.zeros([ROWS], tl.int64)
+            lanes = tl.zeros([ROWS, _LANES], tl.int32)
             if deciding != 0:
                 upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, block * ROWS, first, m, d,
                                     q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute,
@@ -1076,9 +1119,9 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
                 gate = _gate_thresholds(threshold, row_terms,
                                         _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, 1),
                                         TILE_BOUND)
-                bits, _, _ = _passing_words(upper >= gate[:, None], CANDIDATES)
+                lanes = _passing_words(upper >= gate[:, None], CANDIDATES)
                 scored += 1
-            bits, count = _bool_masked(bits, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
+            lanes = _bool_masked(lanes, mask_bits, first, m, live, threshold, top_open, CANDIDATES)
         elif STEP_MASK == 2:
             upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand_ok, block * ROWS, first, m, d,
                                 q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
@@ -1091,10 +1134,10 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
                                   mask_rows + cand[None, :], both_ok, MASK)
             unrankable |= tl.max(select._unrankable(gate, both_ok), 1)  # a NaN or +inf mask entry
             # A -inf key (a -inf mask entry) enters only while the top has an empty slot (_bool_masked).
-            bits, _, count = _passing_words((gate >= threshold[:, None])
-                                            & ((gate > float("-inf")) | top_open[:, None]), CANDIDATES)
+            lanes = _passing_words((gate >= threshold[:, None]) & ((gate > float("-inf")) | top_open[:, None]),
+                                   CANDIDATES)
         else:
-            bits, high_bits, count = _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, block * ROWS, first,
+            lanes = _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, block * ROWS, first,
                                                     threshold, m, d, q_row_stride, k_row_stride, q_norms, row_terms,
                                                     q_factors, model, absolute, factor, half_additive,
                                                     similarity_constant, SIMILARITY, CANDIDATES, SLOTS, FEATURES,
@@ -1102,15 +1145,15 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
             if STATS:
                 scored += tl.minimum(tl.cdiv(m - first, CANDIDATES), STEP_TILES)
         fill, top, unrankable, rescored, threshold, top_open, open_rows = _advanced(
-            q_ptr, k_ptr, norms_ptr, mask_rows, queue_row_ptrs, fill, count, bits, high_bits, first, top, unrankable,
+            q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, lanes, first, top, unrankable,
             rescored, threshold, top_open, open_rows, rows, live, q_factors, m, d, k, q_row_stride, k_row_stride,
             similarity_constant, SIMILARITY, STEP_MASK, ROWS, SLOTS, QUEUE, FLUSH, CANDIDATES, LOOP_TILES)
         first += LOOP_TILES * CANDIDATES
         if STATS:
             visited += tl.minimum(tl.cdiv(m - first + LOOP_TILES * CANDIDATES, CANDIDATES), LOOP_TILES)
-    top, unrankable, _, _ = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue_rows, fill, top, unrankable, rows, live,
+    top, unrankable, _, _ = _flushed(q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, top, unrankable, rows, live,
                                      q_factors, m, d, k, q_row_stride, k_row_stride, similarity_constant, SIMILARITY,
-                                     STEP_MASK, ROWS, SLOTS, FLUSH, CANDIDATES)
+                                     STEP_MASK, ROWS, SLOTS, QUEUE, FLUSH, CANDIDATES)
     if STATS:  # rescored_ptr: int32 [3, slices * N]; part 2 adds to part 1's
         rescored += fill
         counts = rescored_ptr + g * n + rows
@@ -1163,11 +1206,11 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indic
                      | (SIMILARITY == GAUSSIAN))
     tl.static_assert((QUEUE > 2 * CANDIDATES) & (QUEUE % FLUSH == 0) & (SLOTS >= FLUSH))
     blocks = tl.cdiv(n, ROWS)
-    queue_row_ptrs = queue_ptr + (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)) * QUEUE
+    queue = queue_ptr + tl.program_id(0).to(tl.int64) * (ROWS * QUEUE)  # the program's queues, a row's after another
     work = tl.program_id(0)
     while work < blocks * slices:
         _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
-                      seeds_ptr, queue_row_ptrs, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
+                      seeds_ptr, queue, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
                       mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads, q_batch_stride,
                       q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK,
                       ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS, STEP_TILES, PART)
