@@ -116,7 +116,8 @@ _TILE_OFFSET_ROWS = tl.constexpr(TILE_OFFSET_ROWS)
 # the row in the products' layout, so that the appends run on a thread's own words.
 LANES = 4
 _LANES = tl.constexpr(LANES)
-# Whether the kernels run under Triton's interpreter, which has no inline PTX (_rounded_gate).
+# Whether the kernels run under Triton's interpreter, which has no inline PTX (_rounded_gate, _popcount,
+# _stored_where_held).
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 # Mask rows per program of _mask_bits_kernel.
 MASK_BITS_ROWS = 32
@@ -1010,11 +1011,10 @@ def _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, first_row, first, thre
 
 
 @triton.jit
-def _advanced(q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, lanes, first, top,
-              unrankable, rescored, threshold, top_open, open_rows, rows, live, q_factors, m, d, k, q_stride, k_stride,
-              similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
-              SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr, CANDIDATES: tl.constexpr,
-              STEP_TILES: tl.constexpr):
+def _advanced(q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, lanes, first, top, unrankable, rescored, threshold,
+              top_open, open_rows, rows, live, q_factors, m, d, k, q_stride, k_stride, similarity_constant,
+              SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr,
+              QUEUE: tl.constexpr, FLUSH: tl.constexpr, CANDIDATES: tl.constexpr, STEP_TILES: tl.constexpr):
     """The end of a step: its passing candidates (lanes: _passing_words) appended to the rows' queues,
     which are flushed once one holds FLUSH_AT or more (the threshold rises early), so that a queue holds
     at most FLUSH_AT - 1 + a step's candidates, below QUEUE. Returns (fill, top, unrankable, rescored,
