@@ -362,6 +362,7 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
         FEATURES=bounded_select.FEATURES, CANDIDATES=bounded_select.CANDIDATES)
     code = select.SIMILARITY_CODES[similarity]
     seeds = norms  # unread where the kernel takes no seeds
+    register.with_scratch_memory()  # the seeds kernel's and the two-tile step's TMA descriptors (sm_90)
     if bounded_select._tile_bound(code, select.NO_MASK):
         seeds = torch.empty(g * n, device=queries.device, dtype=torch.float32)
         bounded_select._seed_thresholds_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](

@@ -123,13 +123,26 @@ def sass(kernel_name):
     return instructions, labels, compiled.metadata.num_warps
 
 
+def branch_target(text, labels):
+    """The position a branch instruction jumps to, or None (not a branch to a label)."""
+    match = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
+    return labels.get(match.group(1)) if match else None
+
+
 def loops(instructions, labels):
-    """[(first, last)] instruction ranges closed by a backward branch."""
+    """[(first, last)] instruction ranges closed by a backward branch, but an out-of-line stub's return:
+    ptxas puts a wait's retry loop (a TMA copy's barrier: SYNCS.PHASECHK.TRYWAIT) after the kernel's
+    end, entered by a forward branch from the instruction before the return's target, and left by an
+    unconditional branch back, a few instructions after the stub's start: no loop of the kernel's."""
     found = []
     for position, (text, _) in enumerate(instructions):
-        match = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
-        if match and labels.get(match.group(1), position + 1) <= position:
-            found.append((labels[match.group(1)], position))
+        target = branch_target(text, labels)
+        if target is None or target > position:
+            continue
+        stub = branch_target(instructions[target - 1][0], labels) if target > 0 else None
+        if not text.startswith("@") and stub is not None and target < stub <= position <= stub + 4:
+            continue
+        found.append((target, position))
     return found
 
 
@@ -1155,9 +1168,11 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0, s
 
 def seeds_parts(kernel_name):
     """The seeds kernel (bounded_select._seed_thresholds_kernel), SASS per warp: its tile loop (the
-    outermost loop with tensor-core instructions, its chunk loop not taken, as at D = 64 by chunks of
-    SEED_PRODUCT_FEATURES), the round of its K-th largest (the largest loop after it) and the rest,
-    once a program; None where the revision has no such kernel."""
+    outermost loop with tensor-core instructions; where it has two, the one of TMA copies, which D = 64
+    takes; its chunk loop, one with tensor-core instructions inside it, not taken, as at D = 64 by
+    chunks of SEED_PRODUCT_FEATURES), the round of its K-th largest (the largest loop after it without
+    tensor-core instructions) and the rest, once a program, but another tile loop; None where the
+    revision has no such kernel."""
     try:
         instructions, labels, warps = sass(kernel_name)
     except SystemExit:
@@ -1173,13 +1188,18 @@ def seeds_parts(kernel_name):
     def tensor_core(r):
         return any(tensor_core_multiply_adds(text) for text, _ in instructions[r[0]:r[1] + 1])
 
-    tile = max((r for r in ranges if tensor_core(r) and not any(inside(r, o) for o in ranges)), key=size)
-    chunks = sum(size(r) for r in ranges if inside(r, tile) and not any(inside(r, o) and inside(o, tile)
-                                                                         for o in ranges))
-    rounds = max((r for r in ranges if r[0] > tile[1]), key=size)
+    def copies(r):
+        return any("UTMALDG" in text for text, _ in instructions[r[0]:r[1] + 1])
+
+    tile_loops = [r for r in ranges if tensor_core(r) and not any(inside(r, o) for o in ranges)]
+    tile = max(tile_loops, key=lambda r: (copies(r), size(r)))
+    chunks = sum(size(r) for r in ranges if inside(r, tile) and tensor_core(r)
+                 and not any(inside(r, o) and inside(o, tile) for o in ranges))
+    rounds = max((r for r in ranges if r[0] > tile[1] and not tensor_core(r)
+                  and not any(inside(r, o) for o in tile_loops)), key=size)
     skipped, _ = narrower_chunks(instructions, labels, tile)
     return {"warps": warps, "tile": size(tile) - chunks - skipped, "round": size(rounds),
-            "rest": len(instructions) - size(tile) - size(rounds)}
+            "rest": len(instructions) - sum(size(r) for r in tile_loops) - size(rounds)}
 
 
 def norms_parts(kernel_name):

@@ -34,7 +34,11 @@ DEVICE = torch.device("cpu") if INTERPRETED else torch.device("cuda", torch.cuda
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from convnn._triton import bounded_select, select  # noqa: E402
+from convnn._triton import bounded_select, register, select  # noqa: E402
+
+# The tests launch the kernels themselves, not through the launchers: on a GPU, the seeds kernel's and the
+# two-tile step's TMA descriptors need Triton's scratch memory, which the launchers would give.
+register.with_scratch_memory()
 
 if INTERPRETED:
     import triton_interpreter  # noqa: E402  (beside this file)
@@ -446,14 +450,15 @@ def dyadic(shape, generator, span=16, bits=2):
 
 
 @pytest.mark.parametrize("d", [16, 48, 176])
-def test_the_two_tile_steps_products_by_wider_chunks_cover_every_feature(d):
-    """The two-tile step multiplies by chunks of 2 FEATURES and the seeds kernel by 4 FEATURES
-    (_upper_keys' PRODUCT_FEATURES, at 8 slots or fewer), the first and last narrower where D is not a
-    multiple: D = 16 (one chunk of 16), 48 (a first chunk of 32, then one of 16) and 176 (the step: a
-    first of 32, the loop's of 32, then 16; the seeds: a first of 64, the loop's of 64, then 32 and
-    16), dot and scaled_dot, K 8, exact and with errors injected up to the bound:
-    the IEEE kernel's selection bit for bit (a feature left out of a product moves the gate past the
-    true K-th: the selection differs)."""
+def test_the_two_tile_steps_copies_and_the_seeds_chunks_cover_every_feature_and_no_more(d):
+    """The two-tile step multiplies TMA copies of DESCRIBED_FEATURES (64) features, zero past D
+    (_described_products), and the seeds kernel by chunks of 4 FEATURES (_staged_products'
+    PRODUCT_FEATURES), the first and last narrower where D is not a multiple: D = 16 and 48 (one copy,
+    partly zeros; the seeds: one chunk of 16, or of 32 then 16) and 176 (the step: the block's copy of
+    the queries and two more of both, the last partly zeros; the seeds: a first of 64, the loop's of
+    64, then 32 and 16), dot and scaled_dot, K 8, exact and with errors injected up to the bound: the
+    IEEE kernel's selection bit for bit (a feature left out of a product, or the next row's read as
+    features past D, moves the gate past the true K-th: the selection differs)."""
     generator = torch.Generator().manual_seed(48 + d)
     queries = dyadic((1, 70, d), generator).to(DEVICE)
     keys = dyadic((1, 150, d), generator).to(DEVICE)

@@ -355,6 +355,31 @@ def test_the_kernels_and_the_launcher_are_registered_for_cuda_tensors():
         assert op.has_kernel_for_dispatch_key(CUDA), op
 
 
+def test_launches_give_triton_scratch_memory_unless_the_user_gave_an_allocator():
+    """A kernel that makes TMA descriptors on the device (the tensor-core select's two-tile step) needs
+    Triton's global scratch: the launcher gives Triton PyTorch's caching allocator where no allocator
+    is set (Triton's refuses such a launch), and keeps the user's where one is. In fresh contexts:
+    Triton keeps the allocator in a ContextVar."""
+    import contextvars
+
+    from triton.runtime import _allocation
+
+    def allocator_after_launcher():
+        register.with_scratch_memory()
+        return _allocation._allocator.get()
+
+    assert contextvars.Context().run(allocator_after_launcher) is register._scratch
+
+    def users_allocator(size, alignment, stream):
+        raise AssertionError("not called here")
+
+    def users_then_launcher():
+        triton.set_allocator(users_allocator)
+        return allocator_after_launcher()
+
+    assert contextvars.Context().run(users_then_launcher) is users_allocator
+
+
 # knn_select (python/convnn/_triton/select.py). Integer-valued features make every score and
 # distance exact on every path, ties included, so the selected indices must be equal, not close.
 SIMILARITIES = list(ops.similarity_names())  # the library's name table: a new one is tested too

@@ -6,7 +6,8 @@ At long N those scores are the whole cost. Here a tile's scores come from tensor
 float16 inputs as they are, float32 through FLOAT32_PRECISION), each with a bound on its distance
 from the IEEE kernel's score (error_bound: docs/operator.md, "Scores on tensor cores", derives it
 and states the accumulation model it assumes). Per query row, over [ROWS, CANDIDATES] tiles, STEP_TILES
-of them a loop step (tiles_per_step: two where the registers allow one [ROWS, 2 CANDIDATES] product):
+of them a loop step (tiles_per_step: two where the registers allow one [ROWS, 2 CANDIDATES] product,
+whose tiles the tensor memory accelerator copies: _tile_descriptors):
 
 1. The gate: a candidate passes when its upper bound (score + bound, through the similarity's key
    and the mask: both keep order) is not below the row's threshold t, the K-th largest exact key of
@@ -75,8 +76,9 @@ SIMILARITIES = (CODES["dot"], CODES["scaled_dot"], CODES["cosine"], CODES["gauss
 # Query rows per program (one warpgroup's tensor-core tile: wgmma takes 64 rows), candidates per score
 # tile (a bool mask's words of a row fill an int64), features per tl.dot chunk: a row of keys' chunk
 # on 16-byte boundaries is a vector load (the launcher takes this kernel where the rows are whole chunks,
-# select._whole_chunks; 16 rather than 32: ptxas spilled the masked variants at 32; the unmasked
-# two-tile step multiplies by two chunks at once, _upper_keys' PRODUCT_FEATURES).
+# select._whole_chunks; 16 rather than 32: ptxas spilled the masked variants at 32; a bool mask's
+# one-tile steps multiply by two chunks at once, _staged_products' PRODUCT_FEATURES, and the two-tile
+# step by TMA copies of DESCRIBED_FEATURES).
 ROWS = 64
 CANDIDATES = 64
 FEATURES = 16
@@ -103,15 +105,24 @@ _NORM_SECTIONS = tl.constexpr(NORM_SECTIONS)
 # more re-score fewer candidates later and cost a product each (scripts/triton_cost_report.py).
 SEED_TILES = 32
 _SEED_TILES = tl.constexpr(SEED_TILES)
-# Features per product chunk of that kernel (_upper_keys' PRODUCT_FEATURES: one round trip a tile at D = 64),
-# and its warps: with 4, ptxas spilled 8-72 bytes (float32 inputs on sm_80, a bool mask's words); with 8,
-# none (134-210 registers).
+# Tiles in flight in the seeds kernel's pipelined loop (_seed: TMA copies of the keys, three buffers).
+SEED_STAGES = 3
+_SEED_STAGES = tl.constexpr(SEED_STAGES)
+# Features per staged product chunk of that kernel above D = 64 (_staged_products' PRODUCT_FEATURES; up
+# to 64, TMA copies), and its warps: with 4, ptxas spilled 8-72 bytes (float32 inputs on sm_80, a bool
+# mask's words); with 8, none (84-184 registers with the copies' pipelined loop beside the staged one).
 SEED_PRODUCT_FEATURES = 4 * FEATURES
 SEED_WARPS = 8
 # Key rows a step loads at most (tiles_per_step's two tiles), addressed by 32-bit offsets from the step's
 # first (_upper_keys; the launcher and _tile_offsets_fit check that they fit).
 TILE_OFFSET_ROWS = 2 * CANDIDATES
 _TILE_OFFSET_ROWS = tl.constexpr(TILE_OFFSET_ROWS)
+# Features a copy of the two-tile step's tiles holds (sm_90: _tile_descriptors): the block's queries
+# [ROWS, 64], copied once a block, and the step's keys [2 CANDIDATES, 64], by the tensor memory
+# accelerator (TMA) into shared memory, zero past D, N and M: a row of a copy is 128 bytes in half
+# precision, the widest swizzle's.
+DESCRIBED_FEATURES = 64
+_DESCRIBED_FEATURES = tl.constexpr(DESCRIBED_FEATURES)
 # The words a row's passing candidates come in (_passing_words): one per thread of the four that hold
 # the row in the products' layout, so that the appends run on a thread's own words.
 LANES = 4
@@ -287,42 +298,77 @@ def _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, acc, FEATURES: tl.co
     features = first + tl.arange(0, FEATURES)
     q = tl.load(tl.multiple_of(q_ptr + q_starts[:, None] + features[None, :], [FEATURES, FEATURES]))
     k = tl.load(tl.multiple_of(k_ptr + k_starts[:, None] + features[None, :], [FEATURES, FEATURES]))
+    return _products(q, k, acc, PRECISION, INJECT)
+
+
+@triton.jit
+def _products(q, k, acc, PRECISION: tl.constexpr, INJECT: tl.constexpr):
+    """acc (None: zeros) + q @ k^T: on tensor cores, or with INJECT the IEEE kernel's products (so that
+    the injected error is the whole error, on a GPU too)."""
     if INJECT == 0:
         acc = _tensor_core_dot(q, k, acc, PRECISION)
-    else:  # the IEEE kernel's products, so that the injected error is the whole error, on a GPU too
+    else:
         acc = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), acc, input_precision="ieee")
     return acc
 
 
 @triton.jit
-def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, first_row, first_candidate, m, d, q_stride,
-                k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
-                SIMILARITY: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
-                TILE_BOUND: tl.constexpr, PRODUCT_FEATURES: tl.constexpr):
-    """[ROWS, CANDIDATES] float32 upper bounds of the IEEE kernel's keys of the tile's pairs, before
-    scaled_dot's division (the gate compares dot products with _dot_threshold) and the mask, from the
-    tensor-core product P and the slice's norms, sums of squares and inverse norms (norms_ptr,
-    _key_norms_kernel):
-    dot products P + row_terms * the candidate's norm (row_terms: the bound's coefficient times the
-    row's norm), cosine's that times the row's and the candidate's inverse norms (its key is
-    monotone in the dot product), gaussian's 2 P + row_terms + the candidate's term (gaussian_bound:
-    row_terms is the row's -factor * Q + half_additive). q_rows are first_row + 0 .. ROWS - 1 and
-    cand first_candidate + 0 .. W - 1: the loads address them by 32-bit offsets from those two rows
-    (_tile_offsets_fit), whose 64-bit addresses are a scalar each. The rows past N read first_row,
-    the candidates past M read row M - 1, and they get NaN (NaN row terms, NaN norms), as rows that
-    are not live: the gate lets no NaN through. TILE_BOUND (dot products without an additive mask):
-    P itself, whose bound the gate takes from its threshold instead (_gate_thresholds; no candidate's
-    norm read, nothing added per pair), and whose candidates past M the caller drops.
-    The products by chunks of PRODUCT_FEATURES (FEATURES, twice or four times that), the first and
-    last ones narrower where d is not a multiple of it (halving down to FEATURES): each chunk's keys
-    are loaded, staged in shared memory and multiplied before the next chunk's load is issued (ptxas
-    overlaps only the queries' loads), so a tile's latency grows with its chunks: at D = 64 four
-    round trips to memory a step by chunks of 16, two by chunks of 32. Wider chunks everywhere
-    spilled the masked variants, and in the two-tile step (STEP_TILES 2, no mask) 84 bytes at 16
-    slots with 32; it takes 32 at 8 slots or fewer (sm_90: 254 registers, 16 KB of shared memory).
-    By 64 (one round trip a step), its 255 registers, 28 KB, spilled 16-20 bytes once the appends ran
-    on lane words (_passing_words), whose instructions that saves: 64 is for a GPU to weigh against
-    32 (the one round trip against the registers)."""
+def _tile_descriptors(q_ptr, k_ptr, n, m, d, q_stride, k_stride, vector_tiles, ROWS: tl.constexpr,
+                      KEY_ROWS: tl.constexpr):
+    """(q_desc, k_desc): TMA descriptors of the slice's queries [N, d] and keys [M, d], copied by blocks
+    of [ROWS, DESCRIBED_FEATURES] and [KEY_ROWS, DESCRIBED_FEATURES] (_described_products). A
+    descriptor needs a base on 16 bytes and row strides of whole 16 bytes, which the rows hold where
+    vector_tiles does (the launcher takes this kernel only then); where it does not, no tile is
+    scored, but the block's queries are copied all the same: the descriptors then hold one row of the
+    base rounded down to 16 bytes, inside the tensor's allocation (which starts on 16 bytes), at a
+    stride of 16 elements."""
+    element_bytes: tl.constexpr = q_ptr.dtype.element_ty.primitive_bitwidth // 8
+    q_base = q_ptr - (q_ptr.to(tl.int64) & 15) // element_bytes
+    k_base = k_ptr - (k_ptr.to(tl.int64) & 15) // element_bytes
+    q_desc = tl.make_tensor_descriptor(q_base, shape=[tl.where(vector_tiles, n, 1), d],
+                                       strides=[tl.where(vector_tiles, q_stride, 16), 1],
+                                       block_shape=[ROWS, _DESCRIBED_FEATURES])
+    k_desc = tl.make_tensor_descriptor(k_base, shape=[tl.where(vector_tiles, m, 1), d],
+                                       strides=[tl.where(vector_tiles, k_stride, 16), 1],
+                                       block_shape=[KEY_ROWS, _DESCRIBED_FEATURES])
+    return q_desc, k_desc
+
+
+@triton.jit
+def _described_products(q_tile, q_desc, k_desc, first_row, first_candidate, d, PRECISION: tl.constexpr,
+                        INJECT: tl.constexpr):
+    """The step's [ROWS, KEY_ROWS] products from TMA copies (_tile_descriptors): the block's first
+    DESCRIBED_FEATURES features (q_tile, copied once a block) by the step's keys', then any further
+    features by chunks of both, the queries' copied again (D above DESCRIBED_FEATURES; q_desc None:
+    the caller's D is not, and the products take no loop, which Triton's pipeliner needs). The copies put
+    their tiles in shared memory, where the tensor cores read them: no registers hold them (the
+    register-staged products of _chunk_product took two memory round trips a step at D = 64, and at
+    one, 64 features a chunk, spilled), and the block's queries are read once, not every step."""
+    approx = _products(q_tile, k_desc.load([first_candidate, 0]), None, PRECISION, INJECT)
+    if q_desc is not None:
+        first = _DESCRIBED_FEATURES
+        while first < d:
+            approx = _products(q_desc.load([first_row, first]), k_desc.load([first_candidate, first]), approx,
+                               PRECISION, INJECT)
+            first += _DESCRIBED_FEATURES
+    return approx
+
+
+@triton.jit
+def _staged_products(q_ptr, k_ptr, q_rows, row_ok, cand, first_row, first_candidate, m, d, q_stride, k_stride,
+                     FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
+                     PRODUCT_FEATURES: tl.constexpr):
+    """_upper_keys' products [ROWS, W] from loads into registers, staged in shared memory for the
+    tensor cores, addressed by 32-bit offsets from the rows first_row and first_candidate
+    (_tile_offsets_fit), whose 64-bit addresses are a scalar each; the rows past N read first_row,
+    the candidates past M row M - 1. By chunks of PRODUCT_FEATURES (FEATURES, twice or four times
+    that), the first and last ones narrower where d is not a multiple of it (halving down to
+    FEATURES): each chunk's keys are loaded, staged and multiplied before the next chunk's load is
+    issued (ptxas overlaps only the queries' loads), so a tile's latency grows with its chunks: at
+    D = 64 four round trips to memory by chunks of 16, two by chunks of 32. Wider chunks spilled the
+    masked variants (a bool mask's one-tile steps take 32 at 8 slots or fewer). The two-tile step
+    (sm_90) takes TMA copies instead (_described_products): staged, its chunks of 64 spilled 16-20
+    bytes, and of 32 it took two round trips a step at 254 registers."""
     # 32-bit offsets: a 64-bit product per loaded row each step took 140 of the two-tile step's 505
     # instructions a warp (sm_90). A minimum per candidate, not a select on cand_ok: one instruction.
     q_ptr += tl.cast(first_row, tl.int64) * q_stride
@@ -354,6 +400,34 @@ def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, first_ro
     if PRODUCT_FEATURES != FEATURES:
         if first < d:  # d an odd multiple of FEATURES: its last chunk
             approx = _chunk_product(q_ptr, k_ptr, q_starts, k_starts, first, approx, FEATURES, PRECISION, INJECT)
+    return approx
+
+
+@triton.jit
+def _upper_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, cand, cand_ok, first_row, first_candidate, m, d, q_stride,
+                k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
+                SIMILARITY: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
+                TILE_BOUND: tl.constexpr, PRODUCT_FEATURES: tl.constexpr, q_tile=None, q_desc=None, k_desc=None):
+    """[ROWS, CANDIDATES] float32 upper bounds of the IEEE kernel's keys of the tile's pairs, before
+    scaled_dot's division (the gate compares dot products with _dot_threshold) and the mask, from the
+    tensor-core product P and the slice's norms, sums of squares and inverse norms (norms_ptr,
+    _key_norms_kernel):
+    dot products P + row_terms * the candidate's norm (row_terms: the bound's coefficient times the
+    row's norm), cosine's that times the row's and the candidate's inverse norms (its key is
+    monotone in the dot product), gaussian's 2 P + row_terms + the candidate's term (gaussian_bound:
+    row_terms is the row's -factor * Q + half_additive). q_rows are first_row + 0 .. ROWS - 1 and
+    cand first_candidate + 0 .. W - 1. The products: with k_desc, by TMA copies (_described_products:
+    the two-tile step's, q_tile the block's queries); else staged through registers
+    (_staged_products). Rows past N and candidates past M get products of another row or of zeros,
+    and NaN (NaN row terms, NaN norms), as rows that are not live: the gate lets no NaN through.
+    TILE_BOUND (dot products without an additive mask): P itself, whose bound the gate takes from its
+    threshold instead (_gate_thresholds; no candidate's norm read, nothing added per pair), and whose
+    candidates past M the caller drops."""
+    if k_desc is None:
+        approx = _staged_products(q_ptr, k_ptr, q_rows, row_ok, cand, first_row, first_candidate, m, d, q_stride,
+                                  k_stride, FEATURES, PRECISION, INJECT, PRODUCT_FEATURES)
+    else:
+        approx = _described_products(q_tile, q_desc, k_desc, first_row, first_candidate, d, PRECISION, INJECT)
     if INJECT != 0 or not TILE_BOUND:
         k_norms = tl.load(norms_ptr + cand, mask=cand_ok, other=float("nan"))
     if INJECT != 0:  # up to each pair's own bound: below the tile's that TILE_BOUND's gate takes
@@ -615,8 +689,9 @@ def _largest_key_norm(norms_ptr, first, m, TILE_BOUND: tl.constexpr, CANDIDATES:
                       STEP_TILES: tl.constexpr):
     """With TILE_BOUND, the largest key norm of the step's STEP_TILES tiles (_key_norms_kernel; 0 for a
     tile past M: the section's spare entries, zeros, whose candidates the caller drops); else 0, unread.
-    Read after the step's products: read before them (the gate, or only this norm), the value held
-    through them made ptxas spill 16 bytes in dot's two-tile step at 64-feature products (sm_90)."""
+    The two-tile step reads it before its products (TMA copies: no registers staged), so that the
+    load's latency hides behind theirs; held through staged 64-feature products, it made ptxas spill
+    16 bytes (sm_90)."""
     largest = 0.0
     if TILE_BOUND:
         largest = tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES)
@@ -640,8 +715,47 @@ def _gate_thresholds(threshold, row_terms, largest, TILE_BOUND: tl.constexpr):
 
 
 @triton.jit
+def _seed_columns(columns, first, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d, q_stride,
+                  k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
+                  SIMILARITY: tl.constexpr, MASK: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
+                  PRECISION: tl.constexpr, INJECT: tl.constexpr, PRODUCT_FEATURES: tl.constexpr, q_tile=None,
+                  k_desc=None):
+    """columns [ROWS, CANDIDATES] raised to the lower bounds of the tile from `first` (_seed), its
+    products by a TMA copy of its keys (k_desc, with q_tile: D at most DESCRIBED_FEATURES) or staged."""
+    here = first + tl.arange(0, CANDIDATES)
+    here_ok = here < m
+    products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, here, here_ok, first_row, first, m, d, q_stride,
+                           k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+                           similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, True, PRODUCT_FEATURES,
+                           q_tile, None, k_desc)
+    lower = tl.fma(-row_terms[:, None], tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES), products)
+    valid = live[:, None] & here_ok[None, :]
+    if MASK == 1:
+        word = _mask_words(mask_rows, first, live, CANDIDATES)
+        valid &= ((word[:, None] >> tl.arange(0, CANDIDATES)[None, :].to(tl.int64)) & 1) != 0
+    return tl.maximum(columns, tl.where(valid, lower, float("-inf")))
+
+
+@triton.jit
+def _seed_tiles_in_turn(columns, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d,
+                        q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+                        similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, CANDIDATES: tl.constexpr,
+                        FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
+                        PRODUCT_FEATURES: tl.constexpr, q_tile=None, k_desc=None):
+    """_seed_columns over the tiles before `end`, a tile after another (no pipelining)."""
+    first = 0
+    while first < end:
+        columns = _seed_columns(columns, first, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d,
+                                q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
+                                half_additive, similarity_constant, SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION,
+                                INJECT, PRODUCT_FEATURES, q_tile, k_desc)
+        first += CANDIDATES
+    return columns
+
+
+@triton.jit
 def _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d, k, q_stride, k_stride, q_norms,
-          row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, end,
+          row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, end, q_tile, k_desc,
           SIMILARITY: tl.constexpr, MASK: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
           PRECISION: tl.constexpr, INJECT: tl.constexpr, PRODUCT_FEATURES: tl.constexpr):
     """[ROWS] t0, a lower bound of each row's K-th exact dot product, from the tiles before `end` (dot
@@ -650,23 +764,28 @@ def _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, 
     float at least a real number is at least that number rounded). Each column of the tiles (candidate
     c of every tile) keeps the largest such bound of its valid candidates: distinct columns, distinct
     candidates, so the K-th largest of the columns' bounds, t0, is reached by at least K candidates.
-    -inf in a row with fewer than K columns holding a valid candidate, and in a row not live."""
-    cand = tl.arange(0, CANDIDATES)
+    -inf in a row with fewer than K columns holding a valid candidate, and in a row not live.
+    Where D is at most DESCRIBED_FEATURES, the tiles' keys come by TMA copies (k_desc; q_tile the block's
+    queries, copied once) in a loop that Triton pipelines (SEED_STAGES: the copies, the norms' and the
+    mask words' loads issued that many tiles ahead, where each tile's load was a round trip of its
+    own); above it, staged by chunks (_staged_products), a tile after another."""
     columns = tl.full([rows.shape[0], CANDIDATES], float("-inf"), tl.float32)
-    first = 0
-    while first < end:
-        here = first + cand
-        here_ok = here < m
-        products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, here, here_ok, first_row, first, m, d, q_stride,
-                               k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
-                               similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, True, PRODUCT_FEATURES)
-        lower = tl.fma(-row_terms[:, None], tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES), products)
-        valid = live[:, None] & here_ok[None, :]
-        if MASK == 1:
-            word = _mask_words(mask_rows, first, live, CANDIDATES)
-            valid &= ((word[:, None] >> cand[None, :].to(tl.int64)) & 1) != 0
-        columns = tl.maximum(columns, tl.where(valid, lower, float("-inf")))
-        first += CANDIDATES
+    if d <= _DESCRIBED_FEATURES and not _INTERPRETED:
+        for first in tl.range(0, end, CANDIDATES, num_stages=_SEED_STAGES):
+            columns = _seed_columns(columns, first, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live,
+                                    m, d, q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
+                                    half_additive, similarity_constant, SIMILARITY, MASK, CANDIDATES, FEATURES,
+                                    PRECISION, INJECT, PRODUCT_FEATURES, q_tile, k_desc)
+    elif d <= _DESCRIBED_FEATURES:  # the interpreter's range() takes no runtime bound: the copies in turn
+        columns = _seed_tiles_in_turn(columns, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live,
+                                      m, d, q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
+                                      half_additive, similarity_constant, SIMILARITY, MASK, CANDIDATES, FEATURES,
+                                      PRECISION, INJECT, PRODUCT_FEATURES, q_tile, k_desc)
+    else:
+        columns = _seed_tiles_in_turn(columns, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live,
+                                      m, d, q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
+                                      half_additive, similarity_constant, SIMILARITY, MASK, CANDIDATES, FEATURES,
+                                      PRECISION, INJECT, PRODUCT_FEATURES)
     # The K-th largest of the columns' bounds: rounds of a row's largest, each removing every column
     # that holds it and counting them (ties: integer grids, duplicated keys), until K are counted.
     reached = tl.full([rows.shape[0]], float("-inf"), tl.float32)
@@ -716,10 +835,14 @@ def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, norms_ptr, seeds_ptr, n, m, 
                                                        CANDIDATES, FEATURES, PRECISION)
     end = tl.minimum(_tiles_reached(mask_rows, live, m, tl.where(vector_tiles, m, 0), MASK, CANDIDATES),
                      _SEED_TILES * CANDIDATES)
+    # The TMA copies of the tiles (_seed; on sm_80, where there is no TMA, Triton lowers them to loads).
+    q_desc, k_desc = _tile_descriptors(q_ptr, k_ptr, n, m, d, q_row_stride, k_row_stride, vector_tiles, ROWS,
+                                       CANDIDATES)
+    q_tile = q_desc.load([tl.program_id(0) * ROWS, 0])
     reached = _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, tl.program_id(0) * ROWS, live, m, d, k,
                     q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
-                    similarity_constant, end, SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION, INJECT,
-                    PRODUCT_FEATURES)
+                    similarity_constant, end, q_tile, k_desc, SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION,
+                    INJECT, PRODUCT_FEATURES)
     tl.store(seeds_ptr + g * n + rows, reached, mask=row_ok)
 
 
@@ -986,21 +1109,24 @@ def _resumed(indices_ptr, redo_ptr, g, n, k, top, unrankable, threshold, top_ope
 @triton.jit
 def _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, first_row, first, threshold, m, d, q_stride, k_stride,
                    q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
-                   SIMILARITY: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
+                   SIMILARITY: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
                    PRECISION: tl.constexpr, INJECT: tl.constexpr, TILE_BOUND: tl.constexpr,
-                   STEP_TILES: tl.constexpr, WHOLE: tl.constexpr):
+                   STEP_TILES: tl.constexpr, WHOLE: tl.constexpr, q_tile, q_desc, k_desc):
     """The lane words (_passing_words) of the STEP_TILES tiles from candidate `first`, where
     no mask removes a candidate of a live row (no mask; a bool mask's whole tiles): the bounds
     (_upper_keys) against the gate (_gate_thresholds), the candidates past M dropped (TILE_BOUND;
     counted: harmless) unless WHOLE (a bool mask's whole tiles: none is). The two-tile step (sm_90)
-    compares by bfloat16 pairs (_rounded_gate)."""
+    takes its products from TMA copies (q_tile, q_desc and k_desc: _tile_descriptors; None for one
+    tile a step) and compares by bfloat16 pairs (_rounded_gate)."""
     cand = first + tl.arange(0, STEP_TILES * CANDIDATES)
+    # The tiles' largest key norm before the products, so that its load's latency hides behind theirs
+    # (read after them, it was a memory round trip of its own in every step).
+    largest = _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES)
     upper = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, cand, cand < m, first_row, first, m, d, q_stride,
                         k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
-                        similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND,
-                        2 * FEATURES if STEP_TILES == 2 and SLOTS <= 8 else FEATURES)
-    gate = _gate_thresholds(threshold, row_terms,
-                            _largest_key_norm(norms_ptr, first, m, TILE_BOUND, CANDIDATES, STEP_TILES), TILE_BOUND)
+                        similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, TILE_BOUND, FEATURES, q_tile,
+                        q_desc, k_desc)
+    gate = _gate_thresholds(threshold, row_terms, largest, TILE_BOUND)
     if STEP_TILES == 2:  # sm_90 (tiles_per_step)
         lanes = _passing_words(_rounded_gate(upper, gate), CANDIDATES)
     else:
@@ -1091,6 +1217,14 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
             top, unrankable, threshold, top_open = _resumed(indices_ptr, redo_ptr, g, n, k, top, unrankable,
                                                             threshold, top_open, rows, row_ok, m,
                                                             similarity_constant, SIMILARITY, SLOTS)
+    # The two-tile step's TMA copies: the block's queries once, here (none for one tile a step).
+    q_tile = None
+    q_desc = None
+    k_desc = None
+    if LOOP_TILES == 2:
+        q_desc, k_desc = _tile_descriptors(q_ptr, k_ptr, n, m, d, q_row_stride, k_row_stride, vector_tiles, ROWS,
+                                           LOOP_TILES * CANDIDATES)
+        q_tile = q_desc.load([block * ROWS, 0])
     # With a bool mask, the tiles past every live row's last true entry: none decides, and each queues
     # only where a live row's top has an empty slot (_bool_masked). So the loop ends at the last tile
     # the rows' words reach (_mask_bits_kernel's last column; a causal mask's block: its diagonal tile),
@@ -1137,11 +1271,10 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
             lanes = _passing_words((gate >= threshold[:, None]) & ((gate > float("-inf")) | top_open[:, None]),
                                    CANDIDATES)
         else:
-            lanes = _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, block * ROWS, first,
-                                                    threshold, m, d, q_row_stride, k_row_stride, q_norms, row_terms,
-                                                    q_factors, model, absolute, factor, half_additive,
-                                                    similarity_constant, SIMILARITY, CANDIDATES, SLOTS, FEATURES,
-                                                    PRECISION, INJECT, TILE_BOUND, STEP_TILES, PART == 1)
+            lanes = _unmasked_step(q_ptr, k_ptr, norms_ptr, rows, row_ok, block * ROWS, first, threshold, m, d,
+                                   q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor,
+                                   half_additive, similarity_constant, SIMILARITY, CANDIDATES, FEATURES, PRECISION,
+                                   INJECT, TILE_BOUND, STEP_TILES, PART == 1, q_tile, q_desc, k_desc)
             if STATS:
                 scored += tl.minimum(tl.cdiv(m - first, CANDIDATES), STEP_TILES)
         fill, top, unrankable, rescored, threshold, top_open, open_rows = _advanced(

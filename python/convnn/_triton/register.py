@@ -68,8 +68,28 @@ def _check_pointer_types(key, kernel, signature, arguments):
                                f"where the compiled kernel takes {takes} (specialisations.py)")
 
 
+def _scratch(size, alignment, stream):
+    """Global memory for a launch of a kernel that makes TMA descriptors on the device (Triton's global
+    scratch: bounded_select._tile_descriptors), from PyTorch's caching allocator, on the current device
+    (Triton launches there), whose blocks start on 512 bytes."""
+    assert 512 % alignment == 0, alignment
+    return torch.empty(size, dtype=torch.uint8, device="cuda")
+
+
+def with_scratch_memory():
+    """Gives Triton an allocator for kernels' global scratch (the embedded route's launch.cpp allocates
+    its own), unless one is set already: the user's, which serves as well. Triton keeps it per context
+    (a ContextVar), so each launching thread asks."""
+    import triton
+    from triton.runtime import _allocation  # Triton has no public getter of the allocator
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
 def run(kernel, grid, arguments, constexprs, options):
     """One launch (the tests replace it to make a kernel wrong)."""
+    with_scratch_memory()
     kernel[grid](*arguments, **constexprs, **options)
 
 

@@ -20,6 +20,10 @@ struct CompiledKernel {
   ImageKind kind;          // a cubin for `arch`, or PTX that the driver compiles for newer GPUs
   int num_warps;           // threads per block: num_warps * 32
   int shared_bytes;        // dynamic shared memory per block
+  // Global memory per program that the kernel writes its on-device TMA descriptors to (Triton's
+  // global scratch: bounded_select._tile_descriptors), on `global_scratch_align`-byte boundaries; 0: none.
+  int global_scratch_bytes;
+  int global_scratch_align;
   const char* parameters;  // one letter per kernel parameter: p pointer, i int32, l int64, f float
   const char* image;
   std::size_t image_bytes;  // PTX counts without its terminating zero

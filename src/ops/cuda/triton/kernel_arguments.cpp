@@ -42,11 +42,12 @@ KernelArguments& KernelArguments::rows(const RowLayout& layout) {
 
 std::string KernelArguments::kinds() const { return kinds_ + "pp"; }
 
-void** KernelArguments::values() {
-  // Triton 3.6 appends a global and a profile scratch pointer to every kernel's parameters; the
-  // kernels here use neither (scripts/triton_aot.py refuses one that does), so both are null.
+void** KernelArguments::values(const void* global_scratch) {
+  // Triton 3.6 appends a global and a profile scratch pointer to every kernel's parameters: the
+  // global one is the memory of kernels that make TMA descriptors on the device (the launch allocates
+  // it), no kernel here profiles (scripts/triton_aot.py refuses one that does).
   const std::size_t count = kinds_.size();
-  slots_[count].pointer = nullptr;
+  slots_[count].pointer = global_scratch;
   slots_[count + 1].pointer = nullptr;
   for (std::size_t i = 0; i < count + 2; ++i) addresses_[i] = &slots_[i];
   return addresses_.data();

@@ -42,8 +42,9 @@ class KernelArguments {
   std::string kinds() const;
   /// The kinds of the arguments alone (no scratch pointers).
   const std::string& argument_kinds() const { return kinds_; }
-  /// Pointers to each argument's value, the scratch pointers included: cudaLaunchKernel's `args`.
-  void** values();
+  /// Pointers to each argument's value, the scratch pointers included (the global one
+  /// `global_scratch`, the profile one null): cudaLaunchKernel's `args`.
+  void** values(const void* global_scratch = nullptr);
   /// The pointer passed as argument `index` (which must be a pointer argument).
   const void* pointer_at(std::size_t index) const;
   /// The tensor passed as argument `index` (a pointer argument), for a launcher that takes tensors.

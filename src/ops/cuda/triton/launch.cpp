@@ -1,5 +1,6 @@
 #include "ops/cuda/triton/launch.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -54,6 +55,20 @@ class LoadedKernels {
   std::set<std::pair<const CompiledKernel*, int>> configured_;  // (kernel, device) with the allowance set
 };
 
+// The global scratch of a kernel that makes TMA descriptors on the device: global_scratch_bytes for each
+// program of the grid (Triton's programs find theirs by their linear id). From the caching allocator,
+// on the launch's stream: freed after the launch is queued, as any temporary, and captured by a CUDA
+// graph with it; its blocks start on 512 bytes, at least the alignment any kernel here asks.
+at::Tensor global_scratch(const CompiledKernel& kernel, const Grid& grid, int device) {
+  if (kernel.global_scratch_bytes == 0) return {};
+  constexpr int kAllocatorAlignment = 512;
+  TORCH_INTERNAL_ASSERT(kernel.global_scratch_align > 0 && kAllocatorAlignment % kernel.global_scratch_align == 0,
+                        "convnn: the Triton kernel '", kernel.key, "' asks for global scratch on ",
+                        kernel.global_scratch_align, "-byte boundaries");
+  return at::empty({grid.x * grid.y * grid.z * kernel.global_scratch_bytes},
+                   at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
+}
+
 LoadedKernels& loaded_kernels() {
   static LoadedKernels* kernels = new LoadedKernels();  // never destroyed: launches may come late
   return *kernels;
@@ -102,7 +117,9 @@ void launch(const char* key, const Grid& grid, KernelArguments& arguments) {
   cudaKernel_t handle = loaded_kernels().get(*kernel, device);
   const dim3 blocks(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(grid.z));
   const dim3 threads(static_cast<unsigned>(kernel->num_warps * 32));
-  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(handle), blocks, threads, arguments.values(),
+  const at::Tensor scratch = global_scratch(*kernel, grid, device);
+  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(handle), blocks, threads,
+                              arguments.values(scratch.defined() ? scratch.const_data_ptr() : nullptr),
                               static_cast<std::size_t>(kernel->shared_bytes),
                               c10::cuda::getCurrentCUDAStream(device).stream()),
              *kernel, "launching");
