@@ -130,17 +130,18 @@ def branch_target(text, labels):
 
 
 def loops(instructions, labels):
-    """[(first, last)] instruction ranges closed by a backward branch, but an out-of-line stub's return:
-    ptxas puts a wait's retry loop (a TMA copy's barrier: SYNCS.PHASECHK.TRYWAIT) after the kernel's
-    end, entered by a forward branch from the instruction before the return's target, and left by an
-    unconditional branch back, a few instructions after the stub's start: no loop of the kernel's."""
+    """[(first, last)] instruction ranges closed by a backward branch, but the way back from an
+    out-of-line retry: ptxas puts a wait's retry loop (a TMA copy's barrier: SYNCS.PHASECHK.TRYWAIT)
+    after the kernel's end, entered by a forward branch from the instruction before the way back's
+    target, and left by an unconditional branch back, a few instructions after the retry's start: no
+    loop of the kernel's."""
     found = []
     for position, (text, _) in enumerate(instructions):
         target = branch_target(text, labels)
         if target is None or target > position:
             continue
-        stub = branch_target(instructions[target - 1][0], labels) if target > 0 else None
-        if not text.startswith("@") and stub is not None and target < stub <= position <= stub + 4:
+        retry = branch_target(instructions[target - 1][0], labels) if target > 0 else None
+        if not text.startswith("@") and retry is not None and target < retry <= position <= retry + 4:
             continue
         found.append((target, position))
     return found
