@@ -32,9 +32,11 @@ Then the same model for knn_attention's two-kernel backward (attention_backward.
 softmax, depthwise, C = D = 64): the row kernel's loop nests (channel blocks x slots, feature blocks
 x slots) and the column kernel's two loops (one step per slot of the block's most-read key row,
 from the inverse index of the top-K on seeded Gaussian features), each nest sized in SASS and
-multiplied by its trip counts; and its launches per backward, and the fused forward's in float32
-and bfloat16 (the Triton launches and the ATen ops the launchers call, conversions included,
-counted on CPU tensors with the kernels recorded instead of run). The backward's two sorts (the
+multiplied by its trip counts, with the straight-line code on the paths a program takes through
+them (straight_line_run: not a body that aligned tensors skip, nor the column kernel's other part);
+and its launches per backward, and the fused forward's in float32 and bfloat16 (the Triton launches
+and the ATen ops the launchers call, conversions included, counted on CPU tensors with the kernels
+recorded instead of run). The backward's two sorts (the
 inverse index, the rows busiest first) are bounded apart by their DRAM traffic (ATen's sort taken as
 a radix sort of 8-bit digits, the key width read from the launch count) and added to the op's
 forward + backward total. Then issue 41's training targets: knn_attention's forward+backward at
@@ -335,12 +337,59 @@ def nest_size(nest):
     return last - first + 1
 
 
-def instructions_per_program(kernel_name, trips):
-    """Warp instructions one program issues, and its warps: straight-line code once, each loop nest
-    by `trips`, one (outer trips, inner trips) per nest in code order (outer None for a single loop),
-    or a function of the nest ((outer, inner) ranges) giving them. The nests of a body not taken on
-    aligned tensors (vector_load_nests) are not counted; its straight-line code is (an overcount of a
-    few instructions per program)."""
+def straight_line_run(instructions, labels, taken, nests):
+    """Instructions outside every loop nest (of `nests`) that one program runs, once: those on the paths
+    from the kernel's entry through the `taken` nests, in code order, to an EXIT (a branch goes to its
+    target, and on, where predicated; EXIT and RET end a path, but predicated; a call returns). A body
+    that aligned tensors do not take (row_chunks.py's scalar-load body beside the vector one), the
+    other branch of a runtime choice between nests (the column kernel's values or keys), and the
+    subroutines (a division's slow path) are not on them; the two sides of a branch inside a path
+    both are (an overcount of a few instructions)."""
+    count = len(instructions)
+
+    def successors(position):
+        text = instructions[position][0]
+        onward = [position + 1] if position + 1 < count else []
+        if opcode(text) in ("EXIT", "RET"):
+            return onward if text.startswith("@") else []
+        if opcode(text) == "BRA":
+            target = branch_target(text, labels)
+            return ([target] if target is not None else []) + (onward if text.startswith("@") else [])
+        return onward
+
+    forward = [successors(position) for position in range(count)]
+    backward = [[] for _ in range(count)]
+    for position, targets in enumerate(forward):
+        for target in targets:
+            backward[target].append(position)
+
+    def reached(starts, edges):
+        seen, pending = set(starts), list(starts)
+        while pending:
+            for following in edges[pending.pop()]:
+                if following not in seen:
+                    seen.add(following)
+                    pending.append(following)
+        return seen
+
+    spans = sorted(nest[0] or nest[1] for nest in taken)
+    exits = [position for position in range(count) if opcode(instructions[position][0]) == "EXIT"]
+    sources = [[0]] + [list(range(first, last + 1)) for first, last in spans]
+    ends = [[first] for first, _ in spans] + [exits]
+    on_paths = set()
+    for starts, finishes in zip(sources, ends):
+        on_paths |= reached(starts, forward) & reached(finishes, backward)
+    in_nests = {position for nest in nests for first, last in [nest[0] or nest[1]]
+                for position in range(first, last + 1)}
+    return len(on_paths - in_nests)
+
+
+def instructions_per_program(kernel_name, trips, taken=None):
+    """Warp instructions one program issues, and its warps: its straight-line code (straight_line_run)
+    once, each loop nest by `trips`, one (outer trips, inner trips) per nest in code order (outer None
+    for a single loop), or a function of the nest ((outer, inner) ranges) giving them. The nests of a
+    body not taken on aligned tensors (vector_load_nests) are not counted; with `taken` (indices into
+    the taken nests), only those nests run (a program that takes one branch of several)."""
     instructions, labels, warps = sass(kernel_name)
     nests, untaken = vector_load_nests(instructions, labels)
     if callable(trips):
@@ -348,14 +397,16 @@ def instructions_per_program(kernel_name, trips):
     if len(nests) != len(trips):
         raise SystemExit(f"triton_cost_report: {kernel_name} has {len(nests)} loop nests, the report expects "
                          f"{len(trips)}: update the report with the kernel")
-    total = len(instructions) - sum(nest_size(nest) for nest in untaken)
-    for (outer, inner), (outer_trips, inner_trips) in zip(nests, trips):
+    running = [(nest, nest_trips) for index, (nest, nest_trips) in enumerate(zip(nests, trips))
+               if taken is None or index in taken]
+    total = straight_line_run(instructions, labels, [nest for nest, _ in running], nests + untaken)
+    for (outer, inner), (outer_trips, inner_trips) in running:
         inner_size = inner[1] - inner[0] + 1
         if outer is None:
-            total += inner_size * (inner_trips - 1)
+            total += inner_size * inner_trips
         else:
             outer_size = outer[1] - outer[0] + 1
-            total += (outer_size - inner_size) * (outer_trips - 1) + inner_size * (outer_trips * inner_trips - 1)
+            total += (outer_size - inner_size) * outer_trips + inner_size * outer_trips * inner_trips
     return total, warps
 
 
@@ -430,12 +481,14 @@ def backward_estimates(backward, select, shape, dtype="float32", causal=False):
     column_bytes = 8 * g * n + rows * k * (8 + e + 4) + e * rows * (c + d) + e * g * n * (c + d)
     kernels = [(rows_kernel, per_program * warps * row_programs, row_bytes, f"{row_programs} programs")]
     try:
-        column_program, column_warps = instructions_per_program(columns_kernel, [(None, 1), (None, 1)])
+        # A program takes the values' loop or the keys': each its own straight-line run, its loop a step
+        # of its block's longest run.
+        values_program, column_warps = instructions_per_program(columns_kernel, [(None, 0), (None, 0)], taken=[0])
+        keys_program, _ = instructions_per_program(columns_kernel, [(None, 0), (None, 0)], taken=[1])
         instructions, labels, _ = sass(columns_kernel)
-        nests, untaken = vector_load_nests(instructions, labels)
+        nests, _ = vector_load_nests(instructions, labels)
         values_loop, keys_loop = (inner[1] - inner[0] + 1 for _, inner in nests)
-        straight = len(instructions) - values_loop - keys_loop - sum(nest_size(nest) for nest in untaken)
-        column_instructions = column_warps * (blocks * sum(parts) * straight
+        column_instructions = column_warps * (blocks * (parts[0] * values_program + parts[1] * keys_program)
                                               + steps * (parts[0] * values_loop + parts[1] * keys_loop))
         kernels.append((columns_kernel, column_instructions, column_bytes,
                         f"{steps / blocks:.1f} steps per block of {backward.COLUMN_ROWS} rows (longest run; mean K)"))
@@ -1002,9 +1055,12 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
     blocks_per_slice = math.ceil(n / rows)
     counted = ("tiles", "steps", "skipped_tiles", "append_rounds", "flushes", "flush_chunks")
     by_part = {part: dict.fromkeys(counted, 0) for part in ("whole", "rest")}
-    runs = {"rescored": 0, "rows": 0, "seed_tiles": 0}
+    runs = {"rescored": 0, "rows": 0, "seed_tiles": 0, "seed_tested_tiles": 0}
     sampled = 0
-    for block in range(0, blocks_per_slice, max(1, blocks_per_slice // blocks_wanted)):
+    # An odd stride, so that blocks of both parities are sampled: a causal block's whole tiles are taken in
+    # steps of two, and an odd block's last one goes to part 2.
+    stride = max(1, blocks_per_slice // blocks_wanted)
+    for block in range(0, blocks_per_slice, stride - 1 + stride % 2):
         q = queries[block * rows:(block + 1) * rows]
         q_norms = q.norm(dim=1, keepdim=True)
         positions = torch.arange(block * rows, block * rows + len(q))[:, None]
@@ -1028,12 +1084,23 @@ def bounded_runs(bounded, shape, model, similarity="scaled_dot", seed=0, blocks_
             # over the first SEED_TILES tiles the block reaches; a row that has one closes its top to masked
             # candidates.
             seen = min(reach, bounded.SEED_TILES * tile)
+            # This revision's rule (its kernel takes the blocks' whole words): whole tiles of M, each
+            # column's largest product, the bound subtracted from the K-th at the tiles' largest norm; a
+            # bool mask's bits tested on the tiles from the block's first not whole (a causal block's
+            # diagonal tile). An earlier revision's: each candidate's lower bound at its tile's norm.
+            largest_norm = "wholes_ptr" in bounded._seed_thresholds_kernel.arg_names
+            if largest_norm:
+                seen = min(seen, n // tile * tile)
+                if causal:
+                    runs["seed_tested_tiles"] += max(0, math.ceil(seen / tile) - min(block * rows + 1, n) // tile)
             runs["seed_tiles"] += math.ceil(seen / tile)
-            lower = exact[:, :seen] - model * q_norms * tile_norms[:seen]
+            lower = exact[:, :seen] if largest_norm else exact[:, :seen] - model * q_norms * tile_norms[:seen]
             if causal:
                 lower = torch.where(torch.arange(seen)[None, :] <= positions, lower, -math.inf)
             lower = torch.nn.functional.pad(lower, (0, -seen % tile), value=-math.inf)
             reached = lower.view(len(q), -1, tile).amax(1).topk(k, dim=1).values[:, -1]
+            if largest_norm:
+                reached = reached - model * q_norms[:, 0] * tile_norms[:seen].max()
             threshold = torch.maximum(threshold, reached)
             ranked = torch.where(reached > -math.inf, k, ranked)
         elif similarity not in ("gaussian", "cosine"):
@@ -1147,8 +1214,12 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0, s
     seed_multiply_adds = 0
     if seeds_counts and runs["seed_tiles"]:  # the seeds kernel: a program per block, its tiles and K rounds
         seed_tiles = runs["seed_tiles"] * scale
+        # A bool mask's tiles not whole for the block, in its loop that tests their bits (a revision
+        # without that loop: every tile at its one loop's count).
+        tested = runs.get("seed_tested_tiles", 0) * scale if seeds_counts.get("masked_tile") else 0
         warp_instructions += seeds_counts["warps"] * (
-            runs["blocks"] * (seeds_counts["rest"] + k * seeds_counts["round"]) + seed_tiles * seeds_counts["tile"])
+            runs["blocks"] * (seeds_counts["rest"] + k * seeds_counts["round"])
+            + (seed_tiles - tested) * seeds_counts["tile"] + tested * (seeds_counts.get("masked_tile") or 0))
         seed_multiply_adds = seed_tiles * bounded.ROWS * bounded.CANDIDATES * d
     issue_s = warp_instructions / (SMS * SCHEDULERS * CLOCK_HZ)
     multiply_adds += seed_multiply_adds
@@ -1169,10 +1240,12 @@ def bounded_estimate(counts, norms_counts, bounded, shape, runs, mask_bytes=0, s
 
 def seeds_parts(kernel_name):
     """The seeds kernel (bounded_select._seed_thresholds_kernel), SASS per warp: its tile loop (the
-    outermost loop with tensor-core instructions; where it has two, the one of TMA copies, which D = 64
-    takes; its chunk loop, one with tensor-core instructions inside it, not taken, as at D = 64 by
-    chunks of SEED_PRODUCT_FEATURES), the round of its K-th largest (the largest loop after it without
-    tensor-core instructions) and the rest, once a program, but another tile loop; None where the
+    outermost loop with tensor-core instructions; where it has several, the first of TMA copies, which
+    D = 64 takes: a bool mask's tiles whole for the block, or every tile without a mask; its chunk loop,
+    one with tensor-core instructions inside it, not taken, as at D = 64 by chunks of
+    SEED_PRODUCT_FEATURES), a bool mask's loop of the tiles it tests (the second of copies; None
+    without), the round of its K-th largest (the largest loop after them without tensor-core
+    instructions) and the rest, once a program (straight_line_run through those loops); None where the
     revision has no such kernel."""
     try:
         instructions, labels, warps = sass(kernel_name)
@@ -1192,15 +1265,26 @@ def seeds_parts(kernel_name):
     def copies(r):
         return any("UTMALDG" in text for text, _ in instructions[r[0]:r[1] + 1])
 
+    def per_tile(tile):
+        chunks = sum(size(r) for r in ranges if inside(r, tile) and tensor_core(r)
+                     and not any(inside(r, o) and inside(o, tile) for o in ranges))
+        skipped, _ = narrower_chunks(instructions, labels, tile)
+        return size(tile) - chunks - skipped
+
     tile_loops = [r for r in ranges if tensor_core(r) and not any(inside(r, o) for o in ranges)]
-    tile = max(tile_loops, key=lambda r: (copies(r), size(r)))
-    chunks = sum(size(r) for r in ranges if inside(r, tile) and tensor_core(r)
-                 and not any(inside(r, o) and inside(o, tile) for o in ranges))
-    rounds = max((r for r in ranges if r[0] > tile[1] and not tensor_core(r)
+    copied = sorted(r for r in tile_loops if copies(r))
+    # (A revision without the bool mask's second loop: its largest tile loop, of copies where it has one.)
+    tile = copied[0] if len(copied) > 1 else max(tile_loops, key=lambda r: (copies(r), size(r)))
+    masked = copied[1] if len(copied) > 1 else None
+    last = max(r[1] for r in ([tile, masked] if masked else [tile]))
+    rounds = max((r for r in ranges if r[0] > last and not tensor_core(r)
                   and not any(inside(r, o) for o in tile_loops)), key=size)
-    skipped, _ = narrower_chunks(instructions, labels, tile)
-    return {"warps": warps, "tile": size(tile) - chunks - skipped, "round": size(rounds),
-            "rest": len(instructions) - sum(size(r) for r in tile_loops) - size(rounds)}
+    # The rest: the straight-line code on the paths through the loops D = 64 takes (not the staged loops'
+    # set-up of a wider D), once a program.
+    outermost = [(None, r) for r in ranges if not any(inside(r, o) for o in ranges)]
+    taken = [(None, r) for r in ([tile, masked, rounds] if masked else [tile, rounds])]
+    return {"warps": warps, "tile": per_tile(tile), "masked_tile": per_tile(masked) if masked else None,
+            "round": size(rounds), "rest": straight_line_run(instructions, labels, taken, outermost)}
 
 
 def norms_parts(kernel_name):

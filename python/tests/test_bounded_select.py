@@ -341,18 +341,19 @@ def key_norms(keys):
     return norms
 
 
-def seeded(queries, keys, k, similarity, mask_arg, mask_stride, kind, norms, inject="none", bound_scale=1.0):
+def seeded(queries, keys, k, similarity, mask_arg, wholes, mask_stride, kind, norms, inject="none", bound_scale=1.0):
     """The rows' seeds [G * N] (bounded_select._seed_thresholds_kernel; the mask as the select kernel
-    takes it: mask_operand's, a bool one as its words)."""
+    takes it: mask_operand's, a bool one as its words and its blocks' whole words, else any int32)."""
     g, n, d = queries.shape
     m = keys.shape[1]
     seeds = torch.full((g * n,), 3.5, device=DEVICE)
     bounded_select._seed_thresholds_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
-        queries, keys, mask_arg, norms, seeds, n, m, d, k, mask_stride, similarity_constant(d, similarity),
+        queries, keys, mask_arg, wholes, norms, seeds, n, m, d, k, mask_stride, similarity_constant(d, similarity),
         bound_scale, 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity, MASK=kind,
         ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES, FEATURES=bounded_select.FEATURES,
         PRECISION=bounded_select.FLOAT32_PRECISION, PRODUCT_FEATURES=bounded_select.SEED_PRODUCT_FEATURES,
-        INJECT=bounded_select.INJECTIONS[inject], num_warps=bounded_select.SEED_WARPS)
+        INJECT=bounded_select.INJECTIONS[inject],
+        num_warps=bounded_select.seed_warps(str(queries.dtype).replace("torch.", "")))
     return seeds
 
 
@@ -378,7 +379,7 @@ def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=
     precision = bounded_select.FLOAT32_PRECISION
     seeds = norms  # unread where the kernel takes no seeds (bounded_select._tile_bound)
     if bounded_select._tile_bound(similarity, kind):
-        seeds = seeded(queries, keys, k, similarity, mask_arg, mask_stride, kind, norms, inject, bound_scale)
+        seeds = seeded(queries, keys, k, similarity, mask_arg, wholes, mask_stride, kind, norms, inject, bound_scale)
     # A bool mask's select in two launches (its whole tiles, then the others), one otherwise.
     for part in (1, 2) if kind == select.BOOL_MASK else (0,):
         bounded_select._bounded_select_kernel[(programs,)](
@@ -609,40 +610,44 @@ def test_seeds_are_lower_bounds_of_each_rows_kth_exact_dot_product(inject):
     SEED_TILES tiles (dyadic features: exact in float32) and at least the K-th largest of the columns'
     largest exact products there less twice the bound at the largest norms (the rule the kernel
     follows, in float64); -inf where fewer than K columns hold a valid candidate. Rows of 40
-    against M = 2100 (33 tiles: the last, past the seeds' reach, holds products above every other,
-    which a seed reading it would take), K = 1, 8 and 13; a bool mask leaving row 1 seven valid
-    candidates and every row's candidates 2000 and up; keys all equal (every product ties: the seed is
-    the tied value, less at most the bound)."""
+    against M = 2100 (33 tiles: the last, not whole, past the seeds' reach, holds products above every
+    other, which a seed reading it would take), K = 1, 8 and 13; a bool mask leaving row 1 seven valid
+    candidates and every row's candidates 2000 and up (no tile whole for the block: every tile's bits
+    tested); a bool mask true for every row up to candidate 640, then ending at 640 + 30 r in row r (10
+    tiles whole for the block, taken without the bits' test, then tiles tested); keys all equal (every
+    product ties: the seed is the tied value, less at most the bound)."""
     generator = torch.Generator().manual_seed(49)
     queries = dyadic((1, 40, 32), generator)
     keys = dyadic((1, 2100, 32), generator)
     keys[0, 2048:] = 4 * queries[0].sign().repeat(2, 1)[:52]
-    mask = torch.ones(1, 40, 2100, dtype=torch.bool)
-    mask[0, 1, 7:] = False
-    mask[0, :, 2000:] = False
-    seen = bounded_select.SEED_TILES * bounded_select.CANDIDATES
+    ragged = torch.ones(1, 40, 2100, dtype=torch.bool)
+    ragged[0, 1, 7:] = False
+    ragged[0, :, 2000:] = False
+    staircase = torch.arange(2100)[None, None, :] < 640 + 30 * torch.arange(40)[None, :, None]
+    seen = min(bounded_select.SEED_TILES, 2100 // bounded_select.CANDIDATES) * bounded_select.CANDIDATES
     scale = 2.0 ** 4
     model = kernel_bound(32, False, bounded_select.FLOAT32_PRECISION)[0] + 2.0 ** -21
 
-    def check(keys, k, masked):
-        kind, mask_arg, stride = mask_operand(queries.to(DEVICE), mask.to(DEVICE) if masked else None)
+    def check(keys, k, mask):
+        kind, mask_arg, stride = mask_operand(queries.to(DEVICE), None if mask is None else mask.to(DEVICE))
+        wholes = torch.zeros(1, dtype=torch.int32, device=DEVICE)  # unread without a bool mask
         if kind == select.BOOL_MASK:
-            mask_arg, _, stride = mask_words(mask_arg)
-        seeds = seeded(queries.to(DEVICE), keys.to(DEVICE), k, DOT, mask_arg, stride, kind, key_norms(keys.to(DEVICE)),
-                       inject, scale).cpu().double()
-        valid = mask[0, :, :seen] if masked else torch.ones(40, seen, dtype=torch.bool)
+            mask_arg, wholes, stride = mask_words(mask_arg)
+        seeds = seeded(queries.to(DEVICE), keys.to(DEVICE), k, DOT, mask_arg, wholes, stride, kind,
+                       key_norms(keys.to(DEVICE)), inject, scale).cpu().double()
+        valid = torch.ones(40, seen, dtype=torch.bool) if mask is None else mask[0, :, :seen]
         products = torch.where(valid, (queries.double() @ keys.double().transpose(1, 2))[0, :, :seen], -torch.inf)
         columns = products.view(40, -1, bounded_select.CANDIDATES).amax(1)
         slack = 2.1 * scale * model * queries[0].double().norm(dim=1) * keys[0, :seen].double().norm(dim=1).max()
         few = (columns > -torch.inf).sum(1) < k
-        assert (seeds[few] == -torch.inf).all(), (k, masked, seeds[few])
+        assert (seeds[few] == -torch.inf).all(), (k, mask is not None, seeds[few])
         kth = products.topk(k, dim=1).values[:, -1]
         least = columns.topk(k, dim=1).values[:, -1] - slack
-        assert ((least <= seeds) & (seeds <= kth))[~few].all(), (k, masked, least, seeds, kth)
+        assert ((least <= seeds) & (seeds <= kth))[~few].all(), (k, mask is not None, least, seeds, kth)
 
-    for k, masked in ((1, False), (8, False), (13, True), (8, True)):
-        check(keys, k, masked)
-    check(keys[:, :1].expand(1, 2100, 32).contiguous(), 8, False)
+    for k, mask in ((1, None), (8, None), (13, ragged), (8, ragged), (8, staircase)):
+        check(keys, k, mask)
+    check(keys[:, :1].expand(1, 2100, 32).contiguous(), 8, None)
 
 
 def special_inputs():

@@ -1371,8 +1371,8 @@ def test_two_kernel_backward_writes_every_element_once_and_no_guard_byte_changes
     grad_output, queries, keys, values, kernel, scores, indices, weights = args
     g, n, d = queries.shape
     m, c, k = keys.shape[1], values.shape[2], indices.shape[2]
-    placed = between_nan_guards(grad_output, queries, keys, values, kernel, scores, weights)
-    dy, q, keys_in, values_in, taps, s, w = placed
+    placed = between_nan_guards(grad_output, queries, keys, values, kernel, kernel.t().contiguous(), scores, weights)
+    dy, q, keys_in, values_in, taps, taps_by_slot, s, w = placed
     canary = 777.0
     outputs = {}
     row_blocks = triton.cdiv(g * n, attention_backward.ROW_ROWS)
@@ -1391,7 +1391,7 @@ def test_two_kernel_backward_writes_every_element_once_and_no_guard_byte_changes
     value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
     attention_backward._columns_kernel[(triton.cdiv(g * m, attention_backward.COLUMN_ROWS),
                                         value_parts + triton.cdiv(d, attention_backward.COLUMN_WIDTH))](
-        dy, q, w, taps, outputs["live"][1], order, run_start, busiest_first(run_start),
+        dy, q, w, taps_by_slot, outputs["live"][1], order, run_start, busiest_first(run_start),
         outputs["d values"][1], outputs["d keys"][1],
         g * m, c, d, k, value_parts, n, m, *layouts(dy, q, outputs["d values"][1], outputs["d keys"][1]),
         ROWS=attention_backward.COLUMN_ROWS,
@@ -1449,8 +1449,9 @@ def launch_two_kernel_backward(args, dtype, slots):
     value_parts = triton.cdiv(c, attention_backward.COLUMN_WIDTH)
     attention_backward._columns_kernel[(triton.cdiv(g * m, attention_backward.COLUMN_ROWS),
                                         value_parts + triton.cdiv(d, attention_backward.COLUMN_WIDTH))](
-        grad_output, queries, weights, kernel, live, order, run_start, busiest_first(run_start), grad_values,
-        grad_keys, g * m, c, d, k, value_parts, n, m, *layouts(grad_output, queries, grad_values, grad_keys),
+        grad_output, queries, weights, kernel.t().contiguous(), live, order, run_start, busiest_first(run_start),
+        grad_values, grad_keys, g * m, c, d, k, value_parts, n, m,
+        *layouts(grad_output, queries, grad_values, grad_keys),
         ROWS=attention_backward.COLUMN_ROWS,
         WIDTH=attention_backward.COLUMN_WIDTH)
     return live, grad_queries, partial, grad_keys, grad_values

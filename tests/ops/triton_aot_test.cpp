@@ -82,19 +82,20 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       const bool additive_mask = key.find(" additive mask") != std::string::npos;
       const bool bool_mask = key.find(" bool mask") != std::string::npos;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
-      const bool seeds = key.rfind("bounded seeds ", 0) == 0;  // 8 warps (bounded_select.SEED_WARPS)
+      const bool seeds = key.rfind("bounded seeds ", 0) == 0;  // bounded_select.seed_warps
       // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
       // are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
       // kernel at the widest running top-K (two lanes per row: attention_backward.compile_options);
       // the shared set takes 8 warps, and so does the tensor-core select but for half-precision inputs
-      // without a mask, or with a bool one up to K = 8 (a warpgroup: bounded_select.compile_options).
+      // without a mask, or with a bool one up to K = 8 (a warpgroup: bounded_select.compile_options), and
+      // its seeds kernel but for half-precision inputs (a warpgroup).
       const auto at_width = key.find("K<=");
       const auto width = at_width == std::string::npos ? int64_t{0} : std::stoll(key.substr(at_width + 3));
       const bool widest_rows = two_kernel_backward && width == triton::kSelectBlocks.max_slots;
       const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
                             : tensor_cores ? (half_inputs && !additive_mask && !(bool_mask && width > 8) ? 4 : 8)
-                            : seeds        ? 8
+                            : seeds        ? (half_inputs ? 4 : 8)
                             : running_top_k ? 8
                             : widest_rows         ? 2 * triton::kAttentionBackwardBlocks.row_rows / 32
                             : two_kernel_backward ? triton::kAttentionBackwardBlocks.row_rows / 32

@@ -210,7 +210,7 @@ def _query_gradient(keys_ptr, indices_ptr, grad_queries_ptr, rows, row_ok, k_sta
 
 
 @triton.jit
-def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_ptr, order_ptr, run_start_ptr,
+def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, taps_ptr, live_ptr, order_ptr, run_start_ptr,
                     row_order_ptr, grad_values_ptr, grad_keys_ptr, rows_total, c, d, k, value_parts, n, m, heads,
                     dy_batch_stride, dy_head_stride, dy_row_stride, q_batch_stride, q_head_stride, q_row_stride,
                     dv_batch_stride, dv_head_stride, dv_row_stride, dk_batch_stride, dk_head_stride, dk_row_stride,
@@ -221,7 +221,9 @@ def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_
     walks its run [run_start[row], run_start[row + 1]) of the inverse index in order, and the block
     steps as many times as its longest run. grad_output and queries are read in place and the
     gradients written, any strides but the features' (row_chunks.slice_starts: the launcher's
-    RowLayouts): a key/value row of slice g reads query rows of slice g only."""
+    RowLayouts): a key/value row of slice g reads query rows of slice g only. taps: the depthwise
+    kernel transposed, [K, C] contiguous (the launcher's copy), so that a slot's taps for a block of
+    channels are one row's chunk, read as vectors, where [C, K] took a load per channel."""
     positions = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     part = tl.program_id(1)
     row_ok = positions < rows_total
@@ -237,12 +239,13 @@ def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_
         dy_starts = row_chunks.slice_starts(slices, heads, dy_batch_stride, dy_head_stride)
         dv_starts = row_chunks.row_starts(rows, m, heads, dv_batch_stride, dv_head_stride, dv_row_stride)
         if (row_chunks.on_16_bytes(grad_output_ptr) & row_chunks.on_16_bytes(grad_values_ptr)
+                & row_chunks.on_16_bytes(taps_ptr)
                 & row_chunks.whole_rows(c, dy_batch_stride, dy_head_stride, dy_row_stride, WIDTH)
                 & row_chunks.whole_rows(c, dv_batch_stride, dv_head_stride, dv_row_stride, WIDTH)):
-            _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
+            _value_rows(grad_output_ptr, weights_ptr, taps_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
                         first_query, dy_starts, dy_row_stride, dv_starts, part * WIDTH, c, k, True, ROWS, WIDTH)
         else:
-            _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
+            _value_rows(grad_output_ptr, weights_ptr, taps_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
                         first_query, dy_starts, dy_row_stride, dv_starts, part * WIDTH, c, k, False, ROWS, WIDTH)
     else:
         q_starts = row_chunks.slice_starts(slices, heads, q_batch_stride, q_head_stride)
@@ -258,13 +261,11 @@ def _columns_kernel(grad_output_ptr, queries_ptr, weights_ptr, kernel_ptr, live_
 
 
 @triton.jit
-def _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
+def _value_rows(grad_output_ptr, weights_ptr, taps_ptr, order_ptr, grad_values_ptr, row_ok, start, length,
                 first_query, dy_starts, dy_row_stride, dv_starts, first, c, k, WHOLE: tl.constexpr, ROWS: tl.constexpr,
                 WIDTH: tl.constexpr):
     """d values of the block's rows, channels first .. first + WIDTH - 1: sum over each row's run of
-    weight * tap * dy, in run order."""
-    channels = first + tl.arange(0, WIDTH)
-    channel_ok = channels < c
+    weight * tap * dy, in run order (taps [K, C]: _columns_kernel)."""
     acc = tl.zeros([ROWS, WIDTH], dtype=tl.float32)
     longest = tl.max(length, 0)
     step = 0
@@ -274,8 +275,7 @@ def _value_rows(grad_output_ptr, weights_ptr, kernel_ptr, order_ptr, grad_values
         slot_index = tl.load(order_ptr + start + step, mask=taking, other=0).to(tl.int32)
         query_row = slot_index // k
         weight = tl.load(weights_ptr + slot_index, mask=taking, other=0.0).to(tl.float32)
-        tap = tl.load(kernel_ptr + channels[None, :] * k + (slot_index - query_row * k)[:, None],
-                      mask=taking[:, None] & channel_ok[None, :], other=0.0).to(tl.float32)
+        tap = row_chunks.load(taps_ptr, (slot_index - query_row * k).to(tl.int64) * c, first, c, taking, WHOLE, WIDTH)
         dy = row_chunks.load(grad_output_ptr, dy_starts + (query_row - first_query).to(tl.int64) * dy_row_stride, first,
                              c, taking, WHOLE, WIDTH)
         acc += weight[:, None] * tap * dy

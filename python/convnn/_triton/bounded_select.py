@@ -101,18 +101,29 @@ KEY_NORM_ROWS = 128
 # The sections of the keys' norms buffer, [G, NORM_SECTIONS, M + 1] float32 (_key_norms_kernel).
 NORM_SECTIONS = 4
 _NORM_SECTIONS = tl.constexpr(NORM_SECTIONS)
-# Tiles at the start of a row whose keys' lower bounds seed its threshold (_seed_thresholds_kernel):
-# more re-score fewer candidates later and cost a product each (scripts/triton_cost_report.py).
-SEED_TILES = 32
+# Tiles at the start of a row whose products seed its threshold (_seed_thresholds_kernel): more
+# re-score fewer candidates later and cost a product each. The static cost report's bounds (H100,
+# 12 heads, D 64, K 8, bfloat16; µs at N = 16384 without a mask / causal, and 65536): 16 tiles 874 /
+# 565, 10048 / 5468; 32 832 / 528, 9932 / 5326; 64 820 / 522, 9824 / 5245; 128 861 / 549, 9994 / 5390.
+SEED_TILES = 64
 _SEED_TILES = tl.constexpr(SEED_TILES)
 # Tiles in flight in the seeds kernel's pipelined loop (_seed: TMA copies of the keys, three buffers).
 SEED_STAGES = 3
 _SEED_STAGES = tl.constexpr(SEED_STAGES)
 # Features per staged product chunk of that kernel above D = 64 (_staged_products' PRODUCT_FEATURES; up
-# to 64, TMA copies), and its warps: with 4, ptxas spilled 8-72 bytes (float32 inputs on sm_80, a bool
-# mask's words); with 8, none (84-184 registers with the copies' pipelined loop beside the staged one).
+# to 64, TMA copies).
 SEED_PRODUCT_FEATURES = 4 * FEATURES
-SEED_WARPS = 8
+
+
+def seed_warps(dtype):
+    """The seeds kernel's warps for inputs of `dtype`: half precision 4, a warpgroup, whose rows lie in
+    its warps, so that the K rounds' row reductions need no shared memory (sm_90, bfloat16, no mask:
+    4 x 114 warp instructions a tile against 8 x 99, 4 x 191 a round against 8 x 130), at 142-228
+    registers (sm_80, sm_90); float32 8 (with 4 ptxas spilled 8 bytes, a bool mask on sm_80; with 8,
+    138-217 registers, none)."""
+    return 8 if dtype == "float32" else 4
+
+
 # Key rows a step loads at most (tiles_per_step's two tiles), addressed by 32-bit offsets from the step's
 # first (_upper_keys; the launcher and _tile_offsets_fit check that they fit).
 TILE_OFFSET_ROWS = 2 * CANDIDATES
@@ -715,90 +726,118 @@ def _gate_thresholds(threshold, row_terms, largest, TILE_BOUND: tl.constexpr):
 
 
 @triton.jit
-def _seed_columns(columns, first, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d, q_stride,
-                  k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant,
-                  SIMILARITY: tl.constexpr, MASK: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
-                  PRECISION: tl.constexpr, INJECT: tl.constexpr, PRODUCT_FEATURES: tl.constexpr, q_tile=None,
-                  k_desc=None):
-    """columns [ROWS, CANDIDATES] raised to the lower bounds of the tile from `first` (_seed), its
-    products by a TMA copy of its keys (k_desc, with q_tile: D at most DESCRIBED_FEATURES) or staged."""
+def _seed_columns(columns, largest, first, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d,
+                  q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+                  similarity_constant, SIMILARITY: tl.constexpr, MASKED: tl.constexpr, CANDIDATES: tl.constexpr,
+                  FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
+                  PRODUCT_FEATURES: tl.constexpr, q_tile=None, k_desc=None):
+    """(columns, largest) after the whole tile from `first` (_seed): columns [ROWS, CANDIDATES] raised
+    to its tensor-core products P (where MASKED, only those of the candidates the bool mask holds), by a
+    TMA copy of its keys (k_desc, with q_tile: D at most DESCRIBED_FEATURES) or staged; largest raised
+    to its largest key norm. An element's work is one maximum (a bool mask's tiles add its bit's test):
+    the bound is subtracted once, from the K-th largest column, at the largest norm of the tiles."""
     here = first + tl.arange(0, CANDIDATES)
-    here_ok = here < m
-    products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, here, here_ok, first_row, first, m, d, q_stride,
+    products = _upper_keys(q_ptr, k_ptr, norms_ptr, rows, row_ok, here, here < m, first_row, first, m, d, q_stride,
                            k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
                            similarity_constant, SIMILARITY, FEATURES, PRECISION, INJECT, True, PRODUCT_FEATURES,
                            q_tile, None, k_desc)
-    lower = tl.fma(-row_terms[:, None], tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES), products)
-    valid = live[:, None] & here_ok[None, :]
-    if MASK == 1:
+    if MASKED:
         word = _mask_words(mask_rows, first, live, CANDIDATES)
-        valid &= ((word[:, None] >> tl.arange(0, CANDIDATES)[None, :].to(tl.int64)) & 1) != 0
-    return tl.maximum(columns, tl.where(valid, lower, float("-inf")))
+        allowed = ((word[:, None] >> tl.arange(0, CANDIDATES)[None, :].to(tl.int64)) & 1) != 0
+        products = tl.where(allowed, products, float("-inf"))
+    largest = tl.maximum(largest, tl.load(norms_ptr + 3 * (m + 1) + first // CANDIDATES))
+    return tl.maximum(columns, products), largest
 
 
 @triton.jit
-def _seed_tiles_in_turn(columns, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d,
-                        q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
-                        similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, CANDIDATES: tl.constexpr,
-                        FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
-                        PRODUCT_FEATURES: tl.constexpr, q_tile=None, k_desc=None):
-    """_seed_columns over the tiles before `end`, a tile after another (no pipelining)."""
-    first = 0
-    while first < end:
-        columns = _seed_columns(columns, first, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d,
-                                q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
-                                half_additive, similarity_constant, SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION,
-                                INJECT, PRODUCT_FEATURES, q_tile, k_desc)
-        first += CANDIDATES
-    return columns
+def _seed_tiles_in_turn(columns, largest, first, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row,
+                        live, m, d, q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
+                        half_additive, similarity_constant, SIMILARITY: tl.constexpr, MASKED: tl.constexpr,
+                        CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
+                        INJECT: tl.constexpr, PRODUCT_FEATURES: tl.constexpr, q_tile=None, k_desc=None):
+    """_seed_columns over the tiles from `first` to `end`, a tile after another (no pipelining)."""
+    at = first + tl.zeros([], tl.int32)  # (first: 0 or a tensor)
+    while at < end:
+        columns, largest = _seed_columns(columns, largest, at, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok,
+                                         first_row, live, m, d, q_stride, k_stride, q_norms, row_terms, q_factors,
+                                         model, absolute, factor, half_additive, similarity_constant, SIMILARITY,
+                                         MASKED, CANDIDATES, FEATURES, PRECISION, INJECT, PRODUCT_FEATURES, q_tile,
+                                         k_desc)
+        at += CANDIDATES
+    return columns, largest
+
+
+@triton.jit
+def _seed_tiles(columns, largest, first, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m,
+                d, q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
+                similarity_constant, q_tile, k_desc, SIMILARITY: tl.constexpr, MASKED: tl.constexpr,
+                CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
+                PRODUCT_FEATURES: tl.constexpr):
+    """_seed_columns over the tiles from `first` to `end`: where D is at most DESCRIBED_FEATURES, by TMA
+    copies (k_desc; q_tile the block's queries, copied once) in a loop that Triton pipelines
+    (SEED_STAGES: the copies, the norms' and the mask words' loads issued that many tiles ahead, where
+    each tile's load was a round trip of its own); above it, staged by chunks (_staged_products), a
+    tile after another."""
+    if d <= _DESCRIBED_FEATURES and not _INTERPRETED:
+        for at in tl.range(first, end, CANDIDATES, num_stages=_SEED_STAGES):
+            columns, largest = _seed_columns(columns, largest, at, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok,
+                                             first_row, live, m, d, q_stride, k_stride, q_norms, row_terms, q_factors,
+                                             model, absolute, factor, half_additive, similarity_constant, SIMILARITY,
+                                             MASKED, CANDIDATES, FEATURES, PRECISION, INJECT, PRODUCT_FEATURES, q_tile,
+                                             k_desc)
+    elif d <= _DESCRIBED_FEATURES:  # the interpreter's range() takes no runtime bound: the copies in turn
+        columns, largest = _seed_tiles_in_turn(columns, largest, first, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows,
+                                               row_ok, first_row, live, m, d, q_stride, k_stride, q_norms, row_terms,
+                                               q_factors, model, absolute, factor, half_additive, similarity_constant,
+                                               SIMILARITY, MASKED, CANDIDATES, FEATURES, PRECISION, INJECT,
+                                               PRODUCT_FEATURES, q_tile, k_desc)
+    else:
+        columns, largest = _seed_tiles_in_turn(columns, largest, first, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows,
+                                               row_ok, first_row, live, m, d, q_stride, k_stride, q_norms, row_terms,
+                                               q_factors, model, absolute, factor, half_additive, similarity_constant,
+                                               SIMILARITY, MASKED, CANDIDATES, FEATURES, PRECISION, INJECT,
+                                               PRODUCT_FEATURES)
+    return columns, largest
 
 
 @triton.jit
 def _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live, m, d, k, q_stride, k_stride, q_norms,
-          row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, end, q_tile, k_desc,
-          SIMILARITY: tl.constexpr, MASK: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
+          row_terms, q_factors, model, absolute, factor, half_additive, similarity_constant, whole, end, q_tile,
+          k_desc, SIMILARITY: tl.constexpr, MASK: tl.constexpr, CANDIDATES: tl.constexpr, FEATURES: tl.constexpr,
           PRECISION: tl.constexpr, INJECT: tl.constexpr, PRODUCT_FEATURES: tl.constexpr):
-    """[ROWS] t0, a lower bound of each row's K-th exact dot product, from the tiles before `end` (dot
-    and scaled_dot without an additive mask: _tile_bound), or -inf. Each valid candidate's exact dot
-    product is at least fl(P - row_terms * its tile's largest key norm) (P its tensor-core product: a
-    float at least a real number is at least that number rounded). Each column of the tiles (candidate
-    c of every tile) keeps the largest such bound of its valid candidates: distinct columns, distinct
-    candidates, so the K-th largest of the columns' bounds, t0, is reached by at least K candidates.
-    -inf in a row with fewer than K columns holding a valid candidate, and in a row not live.
-    Where D is at most DESCRIBED_FEATURES, the tiles' keys come by TMA copies (k_desc; q_tile the block's
-    queries, copied once) in a loop that Triton pipelines (SEED_STAGES: the copies, the norms' and the
-    mask words' loads issued that many tiles ahead, where each tile's load was a round trip of its
-    own); above it, staged by chunks (_staged_products), a tile after another."""
+    """[ROWS] t0, a lower bound of each row's K-th exact dot product, from the whole tiles before `end`
+    (dot and scaled_dot without an additive mask: _tile_bound), or -inf; a bool mask's tests only on
+    the tiles from `whole` (it holds those before it whole for every row of the block). Each column of
+    the tiles (candidate c of every tile) keeps the largest tensor-core product P of its valid
+    candidates: distinct columns, distinct candidates, so at least K candidates have P at least the
+    K-th largest column, P_K, and each of them an exact dot product at least fl(P_K - row_terms * the
+    tiles' largest key norm) (a float P at least a real number is at least that number rounded, and
+    rounding is monotone): t0. -inf in a row with fewer than K columns holding a valid candidate, and
+    in a row not live."""
     columns = tl.full([rows.shape[0], CANDIDATES], float("-inf"), tl.float32)
-    if d <= _DESCRIBED_FEATURES and not _INTERPRETED:
-        for first in tl.range(0, end, CANDIDATES, num_stages=_SEED_STAGES):
-            columns = _seed_columns(columns, first, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live,
-                                    m, d, q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
-                                    half_additive, similarity_constant, SIMILARITY, MASK, CANDIDATES, FEATURES,
-                                    PRECISION, INJECT, PRODUCT_FEATURES, q_tile, k_desc)
-    elif d <= _DESCRIBED_FEATURES:  # the interpreter's range() takes no runtime bound: the copies in turn
-        columns = _seed_tiles_in_turn(columns, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live,
-                                      m, d, q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
-                                      half_additive, similarity_constant, SIMILARITY, MASK, CANDIDATES, FEATURES,
-                                      PRECISION, INJECT, PRODUCT_FEATURES, q_tile, k_desc)
-    else:
-        columns = _seed_tiles_in_turn(columns, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, first_row, live,
-                                      m, d, q_stride, k_stride, q_norms, row_terms, q_factors, model, absolute, factor,
-                                      half_additive, similarity_constant, SIMILARITY, MASK, CANDIDATES, FEATURES,
-                                      PRECISION, INJECT, PRODUCT_FEATURES)
-    # The K-th largest of the columns' bounds: rounds of a row's largest, each removing every column
-    # that holds it and counting them (ties: integer grids, duplicated keys), until K are counted.
+    columns, largest = _seed_tiles(columns, tl.zeros([], tl.float32), 0, whole, q_ptr, k_ptr, norms_ptr, mask_rows,
+                                   rows, row_ok, first_row, live, m, d, q_stride, k_stride, q_norms, row_terms,
+                                   q_factors, model, absolute, factor, half_additive, similarity_constant, q_tile,
+                                   k_desc, SIMILARITY, False, CANDIDATES, FEATURES, PRECISION, INJECT,
+                                   PRODUCT_FEATURES)
+    if MASK == 1:
+        columns, largest = _seed_tiles(columns, largest, whole, end, q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok,
+                                       first_row, live, m, d, q_stride, k_stride, q_norms, row_terms, q_factors, model,
+                                       absolute, factor, half_additive, similarity_constant, q_tile, k_desc,
+                                       SIMILARITY, True, CANDIDATES, FEATURES, PRECISION, INJECT, PRODUCT_FEATURES)
+    # The K-th largest of the columns: rounds of a row's largest, each removing every column that holds
+    # it and counting them (ties: integer grids, duplicated keys), until K are counted.
     reached = tl.full([rows.shape[0]], float("-inf"), tl.float32)
     taken = tl.zeros([rows.shape[0]], tl.int32)
     round = 0
     while round < k:
-        largest = tl.max(columns, 1)
-        holding = columns == largest[:, None]
-        reached = tl.where(taken < k, largest, reached)
+        top = tl.max(columns, 1)
+        holding = columns == top[:, None]
+        reached = tl.where(taken < k, top, reached)
         taken += tl.sum(holding.to(tl.int32), 1)
         columns = tl.where(holding, float("-inf"), columns)
         round += 1
-    return tl.where(live, reached, float("-inf"))
+    return tl.where(live, tl.fma(-row_terms, largest, reached), float("-inf"))
 
 
 @triton.jit
@@ -815,16 +854,17 @@ def _seeded(seeds_ptr, at, row_ok, live, threshold, top_open, similarity_constan
 
 
 @triton.jit
-def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, norms_ptr, seeds_ptr, n, m, d, k, mask_slice_stride,
+def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, norms_ptr, seeds_ptr, n, m, d, k, mask_slice_stride,
                             similarity_constant, bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride,
                             k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
                             MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                             FEATURES: tl.constexpr, PRECISION: tl.constexpr, PRODUCT_FEATURES: tl.constexpr,
                             INJECT: tl.constexpr = 0):
     # Grid (blocks of ROWS query rows, G): seeds [G * N] float32 gets each row's _seed over the first
-    # SEED_TILES tiles its rows' true entries reach, for _bounded_select_kernel (the same arguments:
-    # the keys' norms of _key_norms_kernel, a bool mask as _mask_bits_kernel's words). Its own
-    # kernel: inside the select kernel, whose step holds 250-255 registers, this loop made ptxas spill.
+    # SEED_TILES tiles its rows' true entries reach, whole tiles of M, for _bounded_select_kernel (the
+    # same arguments: the keys' norms of _key_norms_kernel, a bool mask as _mask_bits_kernel's words and
+    # its blocks' whole words, _tiles_whole; wholes unread without one). Its own kernel: inside the
+    # select kernel, whose step holds 250-255 registers, this loop made ptxas spill.
     tl.static_assert(_tile_bound(SIMILARITY, MASK))
     g = tl.program_id(1).to(tl.int64)
     rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, vector_tiles, live, row_terms, model, \
@@ -833,15 +873,18 @@ def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, norms_ptr, seeds_ptr, n, m, 
                                                        q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                                                        k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
                                                        CANDIDATES, FEATURES, PRECISION)
-    end = tl.minimum(_tiles_reached(mask_rows, live, m, tl.where(vector_tiles, m, 0), MASK, CANDIDATES),
-                     _SEED_TILES * CANDIDATES)
+    end = tl.minimum(_tiles_reached(mask_rows, live, m, tl.where(vector_tiles, m // CANDIDATES * CANDIDATES, 0),
+                                    MASK, CANDIDATES), _SEED_TILES * CANDIDATES)
+    whole = end
+    if MASK == 1:
+        whole = _tiles_whole(wholes_ptr, g, tl.program_id(0), tl.cdiv(n, ROWS), mask_slice_stride, end, CANDIDATES, 1)
     # The TMA copies of the tiles (_seed; on sm_80, where there is no TMA, Triton lowers them to loads).
     q_desc, k_desc = _tile_descriptors(q_ptr, k_ptr, n, m, d, q_row_stride, k_row_stride, vector_tiles, ROWS,
                                        CANDIDATES)
     q_tile = q_desc.load([tl.program_id(0) * ROWS, 0])
     reached = _seed(q_ptr, k_ptr, norms_ptr, mask_rows, rows, row_ok, tl.program_id(0) * ROWS, live, m, d, k,
                     q_row_stride, k_row_stride, q_norms, row_terms, q_factors, model, absolute, factor, half_additive,
-                    similarity_constant, end, q_tile, k_desc, SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION,
+                    similarity_constant, whole, end, q_tile, k_desc, SIMILARITY, MASK, CANDIDATES, FEATURES, PRECISION,
                     INJECT, PRODUCT_FEATURES)
     tl.store(seeds_ptr + g * n + rows, reached, mask=row_ok)
 

@@ -144,8 +144,9 @@ def bounded_select_specialisations(module, select):
         if seeded and slots == select.MIN_SLOTS and module._tile_bound(constexprs["SIMILARITY"], constexprs["MASK"]):
             # The rows' seeds: one kernel for every width (K is an argument).
             yield (f"bounded seeds {suffix.replace(f'K<={slots} ', '')}", module._seed_thresholds_kernel,
-                   {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, **words, "norms_ptr": "*fp32",
-                    "seeds_ptr": "*fp32",
+                   {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, **words,
+                    **({"wholes_ptr": "*i32"} if "wholes_ptr" in module._seed_thresholds_kernel.arg_names else {}),
+                    "norms_ptr": "*fp32", "seeds_ptr": "*fp32",
                     "n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
                     "similarity_constant": "fp32", "bound_scale": "fp32",
                     **row_layouts(module._seed_thresholds_kernel, "q", "k")},
@@ -153,7 +154,7 @@ def bounded_select_specialisations(module, select):
                     "CANDIDATES": module.CANDIDATES, "FEATURES": module.FEATURES,
                     "PRECISION": module.FLOAT32_PRECISION, "PRODUCT_FEATURES": module.SEED_PRODUCT_FEATURES,
                     "INJECT": 0},
-                   {"num_warps": module.SEED_WARPS})
+                   {"num_warps": module.seed_warps(dtype) if hasattr(module, "seed_warps") else module.SEED_WARPS})
         for name, part in select_parts(module, constexprs["MASK"], select):
             yield (f"bounded select {name}{suffix}", module._bounded_select_kernel,
                    {**bounded_operands, "rescored_ptr": "*i32", "norms_ptr": "*fp32",
@@ -243,8 +244,10 @@ def attention_backward_specialisations(module, select):
         # The rows busiest first (row_order_ptr) since the column kernel's balance; a report of an
         # earlier revision (triton_cost_report.py --revision) compiles its kernel without it.
         row_order = {"row_order_ptr": "*i64"} if "row_order_ptr" in module._columns_kernel.arg_names else {}
+        # (taps_ptr: the kernel transposed; an earlier revision's kernel_ptr, [C, K].)
+        taps = "taps_ptr" if "taps_ptr" in module._columns_kernel.arg_names else "kernel_ptr"
         yield (f"attention backward columns{dtype}", module._columns_kernel,
-               {"grad_output_ptr": pointer, "queries_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer,
+               {"grad_output_ptr": pointer, "queries_ptr": pointer, "weights_ptr": pointer, taps: pointer,
                 "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", **row_order,
                 "grad_values_ptr": pointer, "grad_keys_ptr": pointer, "rows_total": "i32", "c": "i32", "d": "i32",
                 "k": "i32", "value_parts": "i32",

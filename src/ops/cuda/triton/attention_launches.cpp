@@ -199,9 +199,11 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const 
   auto grad_keys = empty_rows(keys, d), grad_values = empty_rows(values, c);
   const int64_t width = kAttentionBackwardBlocks.column_width;
   const int64_t value_parts = cdiv(c, width);
+  // The column kernel reads a slot's taps for a block of channels as one row's chunk: [K, C].
+  const auto taps = kernel.t().contiguous();
   Launch columns{backward_columns_key(dtype),
                  {cdiv(g * m, kAttentionBackwardBlocks.column_rows), value_parts + cdiv(d, width)}, {}};
-  columns.arguments.pointer(grad_output).pointer(queries).pointer(weights).pointer(kernel).pointer(live)
+  columns.arguments.pointer(grad_output).pointer(queries).pointer(weights).pointer(taps).pointer(live)
       .pointer(order).pointer(run_start).pointer(row_order).pointer(grad_values).pointer(grad_keys).int32(g * m)
       .int32(c).int32(d).int32(k).int32(value_parts).int32(n).int32(m).int32(heads).rows(row_layout(grad_output))
       .rows(row_layout(queries)).rows(row_layout(grad_values)).rows(row_layout(grad_keys));

@@ -330,9 +330,10 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
     if (seeded(similarity, in.mask_kind)) {
       seeds = at::empty({g * n}, queries_in.options().dtype(at::kFloat));
       Launch seeding{seeds_key(similarity, in.mask_kind, dtype), {cdiv(n, kBoundedSelectBlocks.rows), g}, {}};
-      seeding.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(norms).pointer(seeds).int32(n)
-          .int32(m).int32(d).int32(k).int32(mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
-          .int32(heads_of(in.queries)).rows(row_layout(in.queries)).rows(row_layout(in.keys));
+      seeding.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(words.wholes).pointer(norms)
+          .pointer(seeds).int32(n).int32(m).int32(d).int32(k).int32(mask_slice_stride)
+          .float32(in.similarity_constant).float32(1.0f).int32(heads_of(in.queries)).rows(row_layout(in.queries))
+          .rows(row_layout(in.keys));
       run(seeding);
     }
     const int64_t programs = std::min(cdiv(n, kBoundedSelectBlocks.rows) * g, kBoundedSelectBlocks.programs);
