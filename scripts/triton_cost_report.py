@@ -930,7 +930,8 @@ def bounded_parts(kernel_name):
     final flush's chunks counted as the tile loop's), the query norms per chunk, and the tensor-core
     multiply-adds per tile (first chunk and gate) and per further chunk. The step's chunk products
     narrower than the widest (the first chunks and last chunks of other d) are left out: D = 64 skips
-    them (narrower_chunks; `skipped_at_64` their instructions)."""
+    them (narrower_chunks; `skipped_at_64` their instructions); so is the IEEE division of keys by
+    sqrt(D) (division_lines), in every part."""
     instructions, labels, warps = sass(kernel_name)
     ranges = loops(instructions, labels)
 
@@ -959,8 +960,6 @@ def bounded_parts(kernel_name):
         target = labels.get(match.group(1), -1) if match else -1
         if chunk_loop[1] < target <= tiles[1] + 1 and target - position - 1 > size(flush):
             flush = (position + 1, target - 1)
-    thresholds = [r for r in inner if inside(r, flush) and not inside(r, chunk_loop) and r != chunk_loop]
-    thresholds = [r for r in thresholds if not any(inside(r, o) for o in thresholds)]
     append = [r for r in inner if not inside(r, flush) and r != chunk_loop and r != flush]
     append = max(append, key=size)
     final_chunks = max((r for r in ranges if inside(r, work) and r[0] > tiles[1]), key=size)
@@ -999,18 +998,28 @@ def bounded_parts(kernel_name):
     exact_unrolled = max(1, sum(opcode(text) == "FFMA" for text, _ in instructions[exact[0]:exact[1] + 1])
                          // (8 * pairs_per_thread))
     skipped, skipped_multiply_adds = narrower_chunks(instructions, labels, tiles, outside=(dot, flush))
+    # The IEEE division of keys by sqrt(D) (select.scaled_by_root: the flushes' exact keys, the thresholds'
+    # steps), a branch that a power-of-two sqrt(D) skips for one multiply, as in parts().
+    division = division_lines(check.load_kernels("select"))
+
+    def divided(span, *excluded):
+        return sum(source.endswith("select.py") and getattr(source, "line", 0) in division
+                   and not any(r[0] <= position <= r[1] for r in excluded)
+                   for position, (_, source) in enumerate(instructions[span[0]:span[1] + 1], span[0]))
+
     return {"warps": warps, "total": len(instructions), "step_tiles": step_tiles, "dot_loop": size(dot),
             "unrolled": sum(f for f, _ in per_chunk) // chunk_multiply_adds,
-            "tile": size(tiles) - size(dot) - size(flush) - size(append) - skipped,
+            "tile": size(tiles) - size(dot) - size(flush) - size(append) - skipped
+            - divided(tiles, dot, flush, append),
             "skipped_at_64": skipped,
             "scored_only": size(scored) - size(dot) - narrower_chunks(instructions, labels, scored, (dot,))[0]
             if scored else 0,
             "append_round": size(append),
-            "flush": size(flush) - size(chunk_loop) + sum(size(r) for r in thresholds) - sum(
-                size(r) for r in thresholds),
-            "flush_chunk": size(chunk_loop) - size(exact), "exact_unrolled": exact_unrolled,
-            "exact_per_8_features": size(exact) / exact_unrolled,
-            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms + initial_products),
+            "flush": size(flush) - size(chunk_loop) - divided(flush, chunk_loop),
+            "flush_chunk": size(chunk_loop) - size(exact) - divided(chunk_loop, exact),
+            "exact_unrolled": exact_unrolled, "exact_per_8_features": size(exact) / exact_unrolled,
+            "block": size(work) - size(tiles) - size(final_chunks) - sum(size(r) for r in norms + initial_products)
+            - divided(work, tiles, final_chunks, *norms, *initial_products),
             "initial_dot_loop": sum(size(r) for r in initial_products),
             "norms_per_chunk": sum(size(r) for r in norms),
             "tile_multiply_adds": sum(f for f, _ in per_tile) - sum(f for f, _ in per_chunk) - skipped_multiply_adds,

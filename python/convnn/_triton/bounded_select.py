@@ -103,8 +103,8 @@ NORM_SECTIONS = 4
 _NORM_SECTIONS = tl.constexpr(NORM_SECTIONS)
 # Tiles at the start of a row whose products seed its threshold (_seed_thresholds_kernel): more
 # re-score fewer candidates later and cost a product each. The static cost report's bounds (H100,
-# 12 heads, D 64, K 8, bfloat16; µs at N = 16384 without a mask / causal, and 65536): 16 tiles 874 /
-# 565, 10048 / 5468; 32 832 / 528, 9932 / 5326; 64 820 / 522, 9824 / 5245; 128 861 / 549, 9994 / 5390.
+# 12 heads, D 64, K 8, bfloat16; µs at N = 16384 without a mask / causal, and 65536): 16 tiles 862 /
+# 576, 9965 / 5577; 32 821 / 541, 9813 / 5441; 64 806 / 531, 9767 / 5385; 128 843 / 556, 9946 / 5552.
 SEED_TILES = 64
 _SEED_TILES = tl.constexpr(SEED_TILES)
 # Tiles in flight in the seeds kernel's pipelined loop (_seed: TMA copies of the keys, three buffers).
