@@ -37,9 +37,10 @@ them (straight_line_run: not a body that aligned tensors skip, nor the column ke
 and its launches per backward, and the fused forward's in float32 and bfloat16 (the Triton launches
 and the ATen ops the launchers call, conversions included, counted on CPU tensors with the kernels
 recorded instead of run). The backward's two sorts (the
-inverse index, the rows busiest first) are bounded apart by their DRAM traffic (ATen's sort taken as
-a radix sort of 8-bit digits, the key width read from the launch count) and added to the op's
-forward + backward total. Then issue 41's training targets: knn_attention's forward+backward at
+inverse index, the rows busiest first) are bounded apart by their DRAM traffic (a radix sort of 8-bit
+digits: over the keys' bits alone with int32 positions where the revision has sorted_keys.h, else
+ATen's sort of every bit of the key width read from the launch count with int64 positions) and
+added to the op's forward + backward total. Then issue 41's training targets: knn_attention's forward+backward at
 12 x 16384 and 12 x 65536 in bfloat16 with the select on tensor cores (no mask, or a causal bool
 mask: the tiles it skips simulated with the kernel's rule; dot and scaled_dot with the seeds kernel
 that starts their rows, its tile loop and K-th rounds counted per program), the composition's other
@@ -83,11 +84,21 @@ SHAPES = {"Table 1 (G 384, N 197, D 64, K 8)": (384, 197, 64, 8),
 FAMILIES = ("select", "attention")  # the knn_select kernel, the fused knn_attention forward
 
 
+# What the model reads of a revision besides its kernels: the C++ that decides the backward's sorts
+# (backward_sorts_us) and the composed forward's passes (composition_bound_us), where the revision has it.
+REVISION_SOURCES = ("src/ops/cuda/triton", "src/ops/composite/knn_attention_composed.cpp")
+
+
 def sources_at(revision, folder):
-    """python/convnn/_triton of `revision` unpacked under `folder` (a repository root for check)."""
+    """python/convnn/_triton of `revision`, and REVISION_SOURCES where it has them, unpacked under
+    `folder` (a repository root for check)."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "python/convnn/_triton"],
                              capture_output=True, check=True).stdout
     tarfile.open(fileobj=io.BytesIO(archive)).extractall(folder)
+    for path in REVISION_SOURCES:
+        found = subprocess.run(["git", "-C", str(REPO), "archive", revision, path], capture_output=True)
+        if found.returncode == 0:
+            tarfile.open(fileobj=io.BytesIO(found.stdout)).extractall(folder)
     return pathlib.Path(folder)
 
 
@@ -464,7 +475,8 @@ def backward_estimates(backward, select, shape, dtype="float32", causal=False):
     """{kernel: figures} for the row and column kernels at `shape` (N = M) in the op's `dtype`, as
     estimate() does for the selection: issue bound, DRAM bound of compulsory bytes (every tensor
     once, gathers from L2; the op's tensors in its dtype, the score gradient and the kernel's
-    partials in float32, indices int64); causal: the column kernel's steps of a causal top-K."""
+    partials in float32, indices int64, the inverse index's as the revision builds it); causal: the
+    column kernel's steps of a causal top-K."""
     g, n, d, k = shape
     c, rows, e = CHANNELS, g * n, ELEMENT_BYTES[dtype]
     chunks = math.ceil(c / getattr(backward, "ROW_CHANNELS", backward.attention.CHANNELS))
@@ -478,7 +490,9 @@ def backward_estimates(backward, select, shape, dtype="float32", causal=False):
                  + 4 * row_programs * c * k)
     steps, blocks = longest_runs(backward, g, n, d, k, causal=causal)
     parts = math.ceil(c / backward.COLUMN_WIDTH), math.ceil(d / backward.COLUMN_WIDTH)
-    column_bytes = 8 * g * n + rows * k * (8 + e + 4) + e * rows * (c + d) + e * g * n * (c + d)
+    # The inverse index's run starts and positions: int32 where the revision sorts by bits (sorts_by_bits).
+    index = 4 if sorts_by_bits() else 8
+    column_bytes = index * g * n + rows * k * (index + e + 4) + e * rows * (c + d) + e * g * n * (c + d)
     kernels = [(rows_kernel, per_program * warps * row_programs, row_bytes, f"{row_programs} programs")]
     try:
         # A program takes the values' loop or the keys': each its own straight-line run, its loop a step
@@ -619,12 +633,35 @@ SORT_DIGIT_BITS = 8
 LAUNCH_SHAPE = (4, 9, 8, 3)  # (G, N = M, D, K) of the launch count
 
 
-def sort_bound_us(elements, key_bytes):
-    """A DRAM lower bound of ATen's stable sort of `elements` keys that returns their int64 positions:
-    the positions written once, a histogram pass reading the keys, then a pass per digit of the key
-    reading and writing keys and positions. No launch latency (each pass is a launch)."""
-    passes = key_bytes * 8 // SORT_DIGIT_BITS
-    return elements * (8 + key_bytes + passes * 2 * (key_bytes + 8)) / DRAM_BYTES_PER_S * 1e6
+def sort_bound_us(elements, key_bytes, key_bits=None, position_bytes=8):
+    """A DRAM lower bound of a stable radix sort of `elements` keys that returns their positions: the
+    positions written once, a histogram pass reading the keys, then a pass per digit of the key's
+    bits, reading and writing keys and positions. ATen's sort: every bit of the key, int64 positions;
+    sorted_keys.h's on a GPU: key_bits, int32 positions. No launch latency (each pass is a launch)."""
+    passes = math.ceil((key_bits if key_bits is not None else 8 * key_bytes) / SORT_DIGIT_BITS)
+    return elements * (position_bytes + key_bytes + passes * 2 * (key_bytes + position_bytes)) / DRAM_BYTES_PER_S * 1e6
+
+
+def bits_for(largest):
+    """The bits that hold every value from 0 to `largest` (sorted_keys.h's bits_for)."""
+    return max(1, int(largest).bit_length())
+
+
+def sorts_by_bits():
+    """Whether the revision's launchers sort over their keys' bits alone with int32 positions on a GPU
+    (src/ops/cuda/triton/sorted_keys.h), where before they called ATen's sort."""
+    return (check.REPO / "src/ops/cuda/triton/sorted_keys.h").exists()
+
+
+def backward_sorts_us(g, n, k, key_bytes):
+    """(inverse index, rows busiest first): the two sorts of knn_attention's backward at G x N (M = N),
+    K, µs, of G N K slots' targets and G M run lengths, as the revision's launchers sort them: over the
+    bits of G M - 1 and of N K with int32 positions (sorts_by_bits), or ATen's sort of every bit of
+    key_bytes (the launch count's) with int64 positions."""
+    if sorts_by_bits():
+        return (sort_bound_us(g * n * k, key_bytes["inverse_index"], bits_for(g * n - 1), 4),
+                sort_bound_us(g * n, key_bytes["rows"], bits_for(n * k), 4))
+    return sort_bound_us(g * n * k, key_bytes["inverse_index"]), sort_bound_us(g * n, key_bytes["rows"])
 
 
 def launches(forward=False, dtype="torch.float32", shape=LAUNCH_SHAPE):
@@ -650,14 +687,16 @@ def report_sorts(report, sorts):
     key_bytes = {elements: size for elements, size in sorts}
     inverse_key, rows_key = key_bytes[g * n * k], key_bytes[g * n]
     report["sort_key_bytes"] = {"inverse_index": inverse_key, "rows": rows_key}
-    print(f"\nThe backward's sorts, a DRAM lower bound (ATen's sort taken as a radix sort of {SORT_DIGIT_BITS}-bit "
-          "digits, keys and int64 positions read and written each pass; no launch latency), and the op's "
-          "forward + backward with them (the fused forward, the row and column kernels, the sorts):\n")
+    how = ("CUB's radix sort of the keys' bits alone (sorted_keys.h), keys and int32 positions" if sorts_by_bits()
+           else "ATen's sort taken as a radix sort of every bit of the key, keys and int64 positions")
+    print(f"\nThe backward's sorts, a DRAM lower bound ({how} read and written each pass of {SORT_DIGIT_BITS}-bit "
+          "digits; no launch latency), and the op's forward + backward with them (the fused forward, the row and "
+          "column kernels, the sorts):\n")
     print("| shape | inverse index: keys, bytes each, µs | rows busiest first: keys, bytes each, µs | "
           "op forward + backward bound µs |\n|---|---|---|---|")
     report["sorts"] = {}
     for shape_name, (g, n, _, k) in SHAPES.items():
-        inverse, rows = sort_bound_us(g * n * k, inverse_key), sort_bound_us(g * n, rows_key)
+        inverse, rows = backward_sorts_us(g, n, k, report["sort_key_bytes"])
         kernels = report["kernels"][f"attention scaled_dot K<={check.load_kernels('select').slots_for(k)} no mask"]
         backward = report["backward"][shape_name]
         parts = {"fused knn_attention forward": kernels["shapes"][shape_name]["bound_us"],
@@ -735,13 +774,18 @@ def sdpa_bound_us(g, n, d, causal):
 
 
 def composition_bound_us(g, n, k, c=CHANNELS, element=2):
-    """The DRAM bound of the composed forward's steps after the select (src/ops/composite/
-    knn_attention_composed.cpp: rho's softmax reading the scores and writing the weights, the NaN-row
-    test reading the scores, the aggregation reading the values, weights and indices and writing the
-    output, the two masked fills reading and writing weights and output), µs; no launch latency."""
+    """The DRAM bound of the composed forward's steps after the select with softmax rho (src/ops/
+    composite/knn_attention_composed.cpp): rho reading the scores and writing the weights, the
+    aggregation reading the values, weights and indices and writing the output, and what the revision
+    does for the rows the select could not rank: before, a NaN-row test reading the scores and masked
+    fills reading and writing the weights and, after the aggregation, the output; where softmax's own
+    NaN weights are taken as they come (reference::nan_scores_give_nan_weights), nothing. µs; no launch
+    latency."""
     slots, rows = g * n * k, g * n
-    traffic = (2 * slots * element + slots * element + rows * c * element + slots * (element + 8)
-               + rows * c * element + 2 * slots * element + 2 * rows * c * element)
+    source = check.REPO / "src/ops/composite/knn_attention_composed.cpp"
+    composed = source.read_text() if source.exists() else ""
+    nan_rows = 0 if "nan_scores_give_nan_weights" in composed else 3 * slots * element + 2 * rows * c * element
+    traffic = 2 * slots * element + rows * c * element + slots * (element + 8) + rows * c * element + nan_rows
     return traffic / DRAM_BYTES_PER_S * 1e6
 
 
@@ -782,7 +826,7 @@ def report_training(report):
                 if math.isnan(issue):  # the bfloat16 column kernel: the float32 kernel's instruction issue
                     issue = next(f["issue_bound_us"] for other, f in full.items() if "columns" in other)
                 kernels_us += max(issue, figures["dram_bound_us"])
-            sorts_us = sort_bound_us(g * n * k, key_bytes["inverse_index"]) + sort_bound_us(g * n, key_bytes["rows"])
+            sorts_us = sum(backward_sorts_us(g, n, k, key_bytes))
             rest_us = composition_bound_us(g, n, k)
             forward_us = chosen["bound_us"] + rest_us
             total_us = forward_us + kernels_us + sorts_us

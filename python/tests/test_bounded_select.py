@@ -966,6 +966,34 @@ def test_knn_attention_composes_the_tensor_core_select_and_keeps_the_fused_forwa
             (similarity, calls, launched)
 
 
+@pytest.mark.parametrize("rho", ["uniform", "softmax"])
+def test_composed_attention_gives_nan_output_rows_where_the_select_could_not_rank(monkeypatch, rho):
+    """knn_attention's CUDA composition (CONVNN_SELECT_SCORES=tensor_cores: knn_select on tensor cores,
+    rho, knn_aggregate) on a query row holding a NaN: that row's scores, weights and output are NaN
+    (its weights made NaN before the aggregation, whatever rho does with NaN scores: uniform ignores
+    them; the output NaN through the aggregation's arithmetic, the bias added too), and every other
+    row is the clean call's, bit for bit."""
+    monkeypatch.setenv("CONVNN_SELECT_SCORES", "tensor_cores")
+    generator = torch.Generator().manual_seed(48)
+    queries = dyadic((2, 40, 32), generator).to(DEVICE)
+    keys = dyadic((2, 90, 32), generator).to(DEVICE)
+    values = torch.randn(2, 90, 8, generator=generator).to(DEVICE)
+    kernel = torch.randn(8, 8, generator=generator).to(DEVICE)
+    bias = torch.randn(8, generator=generator).to(DEVICE)
+    args = (keys, values, kernel, bias, 8, "scaled_dot", None, False, rho, 0.5)
+    clean, calls, _, _ = cuda_attention(queries, *args)
+    assert calls == ["convnn::knn_attention_device_fused", "convnn::knn_select", "convnn::knn_aggregate"], calls
+    poisoned = queries.clone()
+    poisoned[1, 7, 3] = float("nan")
+    got, _, _, _ = cuda_attention(poisoned, *args)
+    others = torch.ones(2, 40, dtype=torch.bool, device=DEVICE)
+    others[1, 7] = False
+    for name, index in (("output", 0), ("scores", 1), ("weights", 3)):
+        assert got[index][1, 7].isnan().all(), name
+        assert torch.equal(got[index][others], clean[index][others]), name
+    assert torch.equal(got[2][others], clean[2][others])
+
+
 def gpu_bench_module():
     """scripts/gpu_bench.py, imported."""
     import importlib.util

@@ -120,17 +120,18 @@ def layouts(*tensors):
 
 
 def inverse_index(indices, m):
-    """(order, run_start) of the slots by the row they read, as the C++ launchers build it, for the
-    tests that launch a kernel directly."""
+    """(order, run_start) of the slots by the row they read, as the C++ launchers build it (both int32),
+    for the tests that launch a kernel directly."""
     g = indices.shape[0]
     target = (indices + torch.arange(g, device=indices.device).view(g, 1, 1) * m).reshape(-1)
     sorted_target, order = torch.sort(target, stable=True)
-    return order, torch.searchsorted(sorted_target, torch.arange(g * m + 1, device=indices.device))
+    return order.int(), torch.searchsorted(sorted_target, torch.arange(g * m + 1, device=indices.device),
+                                           out_int32=True)
 
 
 def busiest_first(run_start):
     """The rows by run length, longest first, as the two-kernel backward's launcher orders them."""
-    return torch.sort(run_start[1:] - run_start[:-1], descending=True, stable=True).indices
+    return torch.sort(run_start[1:] - run_start[:-1], descending=True, stable=True).indices.int()
 
 
 def reasons(call):

@@ -363,6 +363,21 @@ TEST(FusedAttention, RowsWithoutAValidCandidateWeighZero) {
   EXPECT_TRUE(AllClose(output, composed(c, in), 1e-15, 1e-14));
 }
 
+TEST(Rho, NanScoresGiveNanWeightsByThemselvesExactlyWhereTheRuleSaysSo) {
+  // The composed forward fills an unrankable row's weights only where rho does not make them NaN
+  // itself (knn_attention_composed.cpp): a rho whose rule is wrong would leave that row's output finite.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto scores = torch::tensor({nan, nan, nan, 0.5, kNegInf, -2.0}, torch::kDouble).view({2, 3}).to(dtype);
+    for (const auto rho : {Rho::Uniform, Rho::Mean, Rho::Softmax}) {
+      const auto weights = convnn::reference::rho_weights(scores, rho, kTemperature);
+      EXPECT_EQ(weights[0].isnan().all().item<bool>(), convnn::reference::nan_scores_give_nan_weights(rho))
+          << convnn::to_string(rho) << " " << dtype;
+      EXPECT_FALSE(weights[1].isnan().any().item<bool>()) << convnn::to_string(rho) << " " << dtype;
+    }
+  }
+}
+
 TEST(FusedAttention, RejectsBadInputNamingTheArgument) {
   const auto q = torch::randn({2, 5, 3});
   const auto v = torch::randn({2, 5, 4});

@@ -2,7 +2,8 @@
 // proved without a GPU: the embedded images are complete for every architecture, the image chosen
 // for a GPU follows its compute capability, and every launch the C++ host code makes (run here on
 // CPU tensors, with a runner that records instead of launching) passes exactly the parameters the
-// compiled kernel declares, on grids within CUDA's limits. On a machine with a GPU the kernels run
+// compiled kernel declares, its pointers to tensors of the element types it was compiled for, on
+// grids within CUDA's limits. On a machine with a GPU the kernels run
 // against the generic path as well.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
@@ -130,6 +131,29 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
 // libconvnn_ops loads the kernels' library by its file name from its own folder on the first CUDA
 // call: the name and folder it computes must be the ones the build gives the library (this test
 // binary links it, so the load finds it loaded; a wrong name or folder fails with dlopen's reason).
+TEST(TritonAot, ALaunchFitsOnlyTensorsOfTheElementTypesTheKernelWasCompiledFor) {
+  EXPECT_EQ(triton::pointee_letter(torch::kInt), 'i');
+  EXPECT_EQ(triton::pointee_letter(torch::kLong), 'l');
+  EXPECT_EQ(triton::pointee_letter(torch::kDouble), '!');
+  EXPECT_TRUE(triton::pointees_fit("fil", "fil"));
+  EXPECT_TRUE(triton::pointees_fit("fil", "f-l")) << "a null pointer the kernel does not read";
+  EXPECT_FALSE(triton::pointees_fit("fil", "fll")) << "int64 positions where the kernel reads int32 ones";
+  EXPECT_FALSE(triton::pointees_fit("fil", "fi"));
+  EXPECT_TRUE(triton::pointees_fit("b*l", "bhl")) << "an output in the op's dtype";
+  EXPECT_FALSE(triton::pointees_fit("b*l", "bil"));
+  triton::KernelArguments arguments;
+  arguments.pointer(torch::zeros({2}, torch::kBFloat16)).int32(3).pointer(torch::Tensor()).pointer(
+      torch::zeros({2}, torch::kBool));
+  EXPECT_EQ(arguments.pointees(), "b-?");
+  // Every compiled kernel declares a type for each of its pointers but Triton's two scratch ones.
+  for (std::size_t i = 0; i < triton::kCompiledKernelCount; ++i) {
+    const auto& compiled = triton::kCompiledKernels[i];
+    const std::string parameters = compiled.parameters;
+    EXPECT_EQ(std::string(compiled.pointees).size() + 2, static_cast<std::size_t>(std::count(
+        parameters.begin(), parameters.end(), 'p'))) << compiled.key;
+  }
+}
+
 TEST(TritonAot, TheOpsLibraryFindsTheKernelsLibraryBesideItself) {
   EXPECT_EQ(triton::load_embedded_kernels(), "");
 }
@@ -171,6 +195,9 @@ struct Recorder {
         const auto* compiled = entry(launch.key, arch, triton::ImageKind::kCubin);
         ASSERT_NE(compiled, nullptr) << launch.key;
         EXPECT_EQ(launch.arguments.kinds(), compiled->parameters) << launch.key << " sm_" << arch;
+        EXPECT_TRUE(triton::pointees_fit(compiled->pointees, launch.arguments.pointees()))
+            << launch.key << " sm_" << arch << ": compiled for pointers to '" << compiled->pointees << "', passed '"
+            << launch.arguments.pointees() << "'";
       }
       EXPECT_TRUE(triton::grid_fits(launch.grid)) << launch.key;
     };
@@ -246,9 +273,9 @@ TEST(TritonAot, InverseIndexListsEachValuesRowsSlotsInSlotOrder) {
   const int64_t g = 3, n = 11, m = 6, k = 4;
   const auto indices = torch::randint(0, m, {g, n, k}, torch::kLong);
   const auto [order, run_start] = triton::inverse_index(indices, m);
-  // The kernels read both through int64 pointers, whatever the width the sort ran in.
-  EXPECT_EQ(order.scalar_type(), torch::kLong);
-  EXPECT_EQ(run_start.scalar_type(), torch::kLong);
+  // The kernels read both through int32 pointers.
+  EXPECT_EQ(order.scalar_type(), torch::kInt);
+  EXPECT_EQ(run_start.scalar_type(), torch::kInt);
   ASSERT_EQ(run_start.numel(), g * m + 1);
   EXPECT_EQ(run_start[0].item<int64_t>(), 0);
   EXPECT_EQ(run_start[g * m].item<int64_t>(), g * n * k);
@@ -261,7 +288,7 @@ TEST(TritonAot, InverseIndexListsEachValuesRowsSlotsInSlotOrder) {
     }
     std::vector<int64_t> got;
     for (int64_t p = run_start[row].item<int64_t>(); p < run_start[row + 1].item<int64_t>(); ++p) {
-      got.push_back(order[p].item<int64_t>());
+      got.push_back(order[p].item<int32_t>());
     }
     EXPECT_EQ(got, expected) << "values row " << row;
   }

@@ -17,6 +17,7 @@
 #if CONVNN_BUILD_TRITON_ROUTE
 #include "ops/cuda/triton/aggregate_launches.h"
 #include "ops/cuda/triton/attention_launches.h"
+#include "ops/cuda/triton/sorted_keys.h"
 
 namespace {
 
@@ -135,8 +136,29 @@ TEST(TritonRoute, TheColumnKernelTakesTheRowsByRunLengthLongestFirstTiesInRowOrd
   // A hub row 0 (read by every query), rows read by some and rows read by none.
   const auto indices = torch::tensor({0, 3, 0, 5, 0, 3, 0, 1}, torch::kLong).view({1, 4, 2});
   const auto [order, run_start] = convnn::ops::cuda::triton::inverse_index(indices, 7);
-  const auto rows = convnn::ops::cuda::triton::busiest_first(run_start);
-  EXPECT_TRUE(torch::equal(rows, torch::tensor({0, 3, 1, 5, 2, 4, 6}, torch::kLong)));
+  const auto rows = convnn::ops::cuda::triton::busiest_first(run_start, 4 * 2);
+  EXPECT_TRUE(torch::equal(rows, torch::tensor({0, 3, 1, 5, 2, 4, 6}, torch::kInt)));
+}
+
+TEST(TritonRoute, SortedKeysAreAStableSortOverTheKeysLowBits) {
+  namespace triton = convnn::ops::cuda::triton;
+  EXPECT_EQ(triton::bits_for(0), 1);
+  EXPECT_EQ(triton::bits_for(1), 1);
+  EXPECT_EQ(triton::bits_for(2), 2);
+  EXPECT_EQ(triton::bits_for(196607), 18);  // 12 heads of 16384 keys: three passes of 8-bit digits
+  EXPECT_EQ(triton::bits_for(196608), 18);
+  EXPECT_EQ(triton::bits_for(262143), 18);
+  EXPECT_EQ(triton::bits_for(262144), 19);
+  const auto keys = torch::tensor({5, 2, 7, 2, 0, 5, 7, 1}, torch::kInt);
+  const auto up = triton::sorted_keys(keys, 3, /*descending=*/false);
+  EXPECT_TRUE(torch::equal(up.keys, torch::tensor({0, 1, 2, 2, 5, 5, 7, 7}, torch::kInt)));
+  EXPECT_TRUE(torch::equal(up.positions, torch::tensor({4, 7, 1, 3, 0, 5, 2, 6}, torch::kInt)));
+  const auto down = triton::sorted_keys(keys, 3, /*descending=*/true);
+  EXPECT_TRUE(torch::equal(down.keys, torch::tensor({7, 7, 5, 5, 2, 2, 1, 0}, torch::kInt)));
+  EXPECT_TRUE(torch::equal(down.positions, torch::tensor({2, 6, 0, 5, 1, 3, 7, 4}, torch::kInt)));
+  const auto none = triton::sorted_keys(torch::empty({0}, torch::kInt), 1, false);
+  EXPECT_EQ(none.positions.numel(), 0);
+  EXPECT_EQ(none.positions.scalar_type(), torch::kInt);
 }
 
 #else

@@ -243,12 +243,12 @@ def attention_backward_specialisations(module, select):
                 slots *= 2
         # The rows busiest first (row_order_ptr) since the column kernel's balance; a report of an
         # earlier revision (triton_cost_report.py --revision) compiles its kernel without it.
-        row_order = {"row_order_ptr": "*i64"} if "row_order_ptr" in module._columns_kernel.arg_names else {}
+        row_order = {"row_order_ptr": "*i32"} if "row_order_ptr" in module._columns_kernel.arg_names else {}
         # (taps_ptr: the kernel transposed; an earlier revision's kernel_ptr, [C, K].)
         taps = "taps_ptr" if "taps_ptr" in module._columns_kernel.arg_names else "kernel_ptr"
         yield (f"attention backward columns{dtype}", module._columns_kernel,
                {"grad_output_ptr": pointer, "queries_ptr": pointer, "weights_ptr": pointer, taps: pointer,
-                "live_ptr": "*fp32", "order_ptr": "*i64", "run_start_ptr": "*i64", **row_order,
+                "live_ptr": "*fp32", "order_ptr": "*i32", "run_start_ptr": "*i32", **row_order,
                 "grad_values_ptr": pointer, "grad_keys_ptr": pointer, "rows_total": "i32", "c": "i32", "d": "i32",
                 "k": "i32", "value_parts": "i32",
                 **({"n": "i32", "m": "i32"} if "heads" in module._columns_kernel.arg_names else {}),
@@ -273,8 +273,8 @@ def aggregate_specialisations(module):
                {"grad_output_ptr": pointer, "values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64",
                 "partial_ptr": "*fp32", **sizes, "rows_per_chunk": "i32"}, blocks)
         yield (f"d values {dtype}", module._values_gradient_kernel,
-               {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
-                "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "k": "i32"},
+               {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i32",
+                "run_start_ptr": "*i32", "grad_values_ptr": pointer, "c": "i32", "k": "i32"},
                {"CHANNELS": module.CHANNELS, "ACC": tl.float32})
         standard_sizes = {"rows_total": "i32", "n": "i32", "m": "i32", "c": "i32", "c_out": "i32", "k": "i32"}
         for has_bias in (False, True):
@@ -289,8 +289,8 @@ def aggregate_specialisations(module):
                {"grad_output_ptr": pointer, "values_ptr": pointer, "weights_ptr": pointer, "indices_ptr": "*i64",
                 "partial_ptr": "*fp32", **standard_sizes, "rows_per_chunk": "i32"}, blocks)
         yield (f"standard d values {dtype}", module._standard_values_gradient_kernel,
-               {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i64",
-                "run_start_ptr": "*i64", "grad_values_ptr": pointer, "c": "i32", "c_out": "i32", "k": "i32"},
+               {"grad_output_ptr": pointer, "weights_ptr": pointer, "kernel_ptr": pointer, "order_ptr": "*i32",
+                "run_start_ptr": "*i32", "grad_values_ptr": pointer, "c": "i32", "c_out": "i32", "k": "i32"},
                {"CHANNELS": module.CHANNELS, "ACC": tl.float32})
 
 
@@ -311,7 +311,7 @@ def pair_gradient_specialisations(module):
                {"SIMILARITY": code, "ROWS": module.ROWS, **common})
         yield (f"select backward d keys {name}", module._key_gradient_kernel,
                {"q_ptr": "*fp32", "k_ptr": "*fp32", "coefficients_ptr": "*fp32", "arg_ptr": "*i32",
-                "order_ptr": "*i64", "run_start_ptr": "*i64", "grad_k_ptr": "*fp32", "d": "i32", "k": "i32"},
+                "order_ptr": "*i32", "run_start_ptr": "*i32", "grad_k_ptr": "*fp32", "d": "i32", "k": "i32"},
                {"SIMILARITY": code, **common})
 
 

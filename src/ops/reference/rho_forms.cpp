@@ -36,4 +36,6 @@ at::Tensor rho_weights(const at::Tensor& scores, Rho rho, double temperature) {
   TORCH_INTERNAL_ASSERT(false, "rho_weights: unknown rho ", static_cast<int>(rho));
 }
 
+bool nan_scores_give_nan_weights(Rho rho) { return rho == Rho::Softmax; }
+
 }  // namespace convnn::reference

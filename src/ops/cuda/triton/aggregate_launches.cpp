@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/cuda/triton/sorted_keys.h"
 
 namespace convnn::ops::cuda::triton {
 namespace {
@@ -79,15 +80,14 @@ at::Tensor aggregate_forward(const at::Tensor& values, const at::Tensor& weights
 
 std::pair<at::Tensor, at::Tensor> inverse_index(const at::Tensor& indices, int64_t m) {
   const int64_t g = indices.size(0);
-  // The targets in 32 bits (every launcher's fits rule bounds G*M below 2^31): a radix sort passes
-  // over the key's bits, so int32 keys take half the passes of int64 ones; a stable sort's order is
-  // the same permutation whatever the key's width.
+  // The targets in 32 bits (every launcher's fits rule bounds G*M below 2^31), sorted over the bits
+  // that hold G*M - 1 alone (sorted_keys.h).
   const auto target = (indices + at::arange(g, indices.options()).view({g, 1, 1}) * m).reshape(-1).to(at::kInt);
-  const auto [sorted_target, order] = target.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const auto sorted = sorted_keys(target, bits_for(std::max<int64_t>(g * m - 1, 0)), /*descending=*/false);
   // From the sorted targets by searchsorted: a bincount would read its input's maximum back to the
   // host, which a CUDA graph cannot capture.
-  const auto rows = at::arange(g * m + 1, sorted_target.options());
-  return {order, at::searchsorted(sorted_target, rows)};
+  const auto rows = at::arange(g * m + 1, sorted.keys.options());
+  return {sorted.positions, at::searchsorted(sorted.keys, rows, /*out_int32=*/true)};
 }
 
 namespace {

@@ -46,9 +46,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> aggregate_backward(
     const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights, const at::Tensor& indices,
     const at::Tensor& kernel, std::array<bool, 4> output_mask, const LaunchRunner& run);
 
-/// (order, run_start): the G*N*K slots sorted stably by the values row they read (g*M + index, in
-/// 32 bits: G*M < 2^31), and where each of the G*M rows' runs starts (G*M + 1 int64 entries). No
-/// host synchronisation.
+/// (order, run_start), int32 (every launcher's fits rule bounds G*N*K and G*M below 2^31): the G*N*K
+/// slots sorted stably by the values row they read (g*M + index; every index in [0, M)), and where each
+/// of the G*M rows' runs starts (G*M + 1 entries). No host synchronisation.
 std::pair<at::Tensor, at::Tensor> inverse_index(const at::Tensor& indices, int64_t m);
 
 }  // namespace convnn::ops::cuda::triton

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops/cuda/triton/select_launches.h"
+#include "ops/cuda/triton/sorted_keys.h"
 #include "ops/unit_stride_rows.h"
 
 namespace convnn::ops::cuda::triton {
@@ -161,11 +162,11 @@ const std::vector<std::string>& attention_backward_kernel_keys(at::ScalarType dt
   });
 }
 
-at::Tensor busiest_first(const at::Tensor& run_start) {
+at::Tensor busiest_first(const at::Tensor& run_start, int64_t longest) {
   const int64_t rows = run_start.size(0) - 1;
-  // Run lengths in 32 bits (at most G*N*K < 2^31: attention_backward_fits), as inverse_index's keys.
-  const auto lengths = (run_start.slice(0, 1) - run_start.slice(0, 0, rows)).to(at::kInt);
-  return std::get<1>(lengths.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
+  // The run lengths (int32, as run_start), sorted over the bits that hold `longest` alone (sorted_keys.h).
+  const auto lengths = run_start.slice(0, 1) - run_start.slice(0, 0, rows);
+  return sorted_keys(lengths, bits_for(longest), /*descending=*/true).positions;
 }
 
 std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const at::Tensor& queries,
@@ -195,7 +196,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_output, const 
       .rows(row_layout(grad_queries));
   run(rows);
   const auto [order, run_start] = inverse_index(indices.view({g, n, k}), m);
-  const auto row_order = busiest_first(run_start);
+  const auto row_order = busiest_first(run_start, n * k);  // a run: some of its slice's N*K slots
   auto grad_keys = empty_rows(keys, d), grad_values = empty_rows(values, c);
   const int64_t width = kAttentionBackwardBlocks.column_width;
   const int64_t value_parts = cdiv(c, width);

@@ -59,8 +59,8 @@ const std::vector<std::string>& attention_backward_kernel_keys(at::ScalarType dt
 /// entries), longest first, ties in row order: the column kernel's blocks of consecutive rows in
 /// this order step about as often as their rows' mean run, where blocks of neighbouring rows step
 /// as often as their most-read row (twice the mean at the paper's configuration;
-/// scripts/triton_cost_report.py).
-at::Tensor busiest_first(const at::Tensor& run_start);
+/// scripts/triton_cost_report.py). int32 positions; every run at most `longest` long.
+at::Tensor busiest_first(const at::Tensor& run_start, int64_t longest);
 
 /// [d queries, d keys, d values, d kernel, d bias] of knn_attention for inputs that the caller
 /// checked and attention_backward_fits accepts: the row kernel, the inverse index, the rows busiest

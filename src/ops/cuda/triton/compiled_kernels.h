@@ -25,6 +25,9 @@ struct CompiledKernel {
   int global_scratch_bytes;
   int global_scratch_align;
   const char* parameters;  // one letter per kernel parameter: p pointer, i int32, l int64, f float
+  // One letter per pointer parameter of the signature (not the scratch pointers): the element type the
+  // kernel was compiled to read (pointee_letter's letters; '*' an output in the op's dtype).
+  const char* pointees;
   const char* image;
   std::size_t image_bytes;  // PTX counts without its terminating zero
 };

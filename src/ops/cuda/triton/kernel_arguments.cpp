@@ -42,6 +42,36 @@ KernelArguments& KernelArguments::rows(const RowLayout& layout) {
 
 std::string KernelArguments::kinds() const { return kinds_ + "pp"; }
 
+std::string KernelArguments::pointees() const {
+  std::string letters;
+  for (std::size_t i = 0; i < kinds_.size(); ++i) {
+    if (kinds_[i] == 'p') letters += tensors_[i].defined() ? pointee_letter(tensors_[i].scalar_type()) : '-';
+  }
+  return letters;
+}
+
+char pointee_letter(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return 'f';
+    case at::kHalf: return 'h';
+    case at::kBFloat16: return 'b';
+    case at::kLong: return 'l';
+    case at::kInt: return 'i';
+    case at::kBool: return '?';
+    default: return '!';
+  }
+}
+
+bool pointees_fit(const std::string& declared, const std::string& passed) {
+  if (declared.size() != passed.size()) return false;
+  for (std::size_t i = 0; i < declared.size(); ++i) {
+    // '*': an output in the op's dtype (a floating type), which the kernel's dtype_code names.
+    const bool floating = passed[i] == 'f' || passed[i] == 'h' || passed[i] == 'b';
+    if (passed[i] != '-' && passed[i] != declared[i] && !(declared[i] == '*' && floating)) return false;
+  }
+  return true;
+}
+
 void** KernelArguments::values(const void* global_scratch) {
   // Triton 3.6 appends a global and a profile scratch pointer to every kernel's parameters: the
   // global one is the memory of kernels that make TMA descriptors on the device (the launch allocates

@@ -42,6 +42,8 @@ class KernelArguments {
   std::string kinds() const;
   /// The kinds of the arguments alone (no scratch pointers).
   const std::string& argument_kinds() const { return kinds_; }
+  /// The element type of each pointer argument's tensor, one pointee_letter each ('-': null).
+  std::string pointees() const;
   /// Pointers to each argument's value, the scratch pointers included (the global one
   /// `global_scratch`, the profile one null): cudaLaunchKernel's `args`.
   void** values(const void* global_scratch = nullptr);
@@ -65,6 +67,16 @@ class KernelArguments {
   std::array<at::Tensor, kMaxArguments> tensors_{};  // the pointer arguments' tensors
   std::string kinds_;
 };
+
+/// The letter of a tensor element type in CompiledKernel::pointees (scripts/triton_aot.py's
+/// POINTEE_LETTERS): f float32, h float16, b bfloat16, l int64, i int32, ? bool; '!' for a type no
+/// kernel reads.
+char pointee_letter(at::ScalarType type);
+
+/// Whether pointer arguments of the element types `passed` (KernelArguments::pointees) fit a kernel
+/// compiled for `declared` (CompiledKernel::pointees): as many, each of the declared type or null ('*'
+/// declared: an output in the op's dtype, any of f, h and b).
+bool pointees_fit(const std::string& declared, const std::string& passed);
 
 struct Grid {
   int64_t x = 1, y = 1, z = 1;

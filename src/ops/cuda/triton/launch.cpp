@@ -114,6 +114,10 @@ void launch(const char* key, const Grid& grid, KernelArguments& arguments) {
               key, "' exceeds CUDA's limits");
   TORCH_CHECK(arguments.kinds() == kernel->parameters, "convnn: the Triton kernel '", key, "' (", kernel->name,
               ") takes parameters '", kernel->parameters, "' but its launcher passes '", arguments.kinds(), "'");
+  // A tensor of another element type would be read as the compiled one's bits: a wrong answer, not an error.
+  TORCH_CHECK(pointees_fit(kernel->pointees, arguments.pointees()), "convnn: the Triton kernel '", key, "' (",
+              kernel->name, ") reads pointers of element types '", kernel->pointees, "' but its launcher passes '",
+              arguments.pointees(), "' (f float32, h float16, b bfloat16, l int64, i int32, ? bool, - null)");
   cudaKernel_t handle = loaded_kernels().get(*kernel, device);
   const dim3 blocks(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(grid.z));
   const dim3 threads(static_cast<unsigned>(kernel->num_warps * 32));
