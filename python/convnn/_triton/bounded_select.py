@@ -473,6 +473,18 @@ def _squared_differences_chain(q, k, sums):
 
 
 @triton.jit
+def _as_float32(x):
+    """x in float32, exactly. bfloat16 by pairs of its 32-bit registers (pack=2): a bfloat16 is the top
+    half of its float32, so the low one shifted up and the high one masked, an instruction each, where
+    Triton's conversion took a PRMT and an IMAD for each high half (the flush's re-score: a third of its
+    instructions were conversions). Under the interpreter (no inline PTX), and for other dtypes, .to."""
+    if x.dtype == tl.bfloat16 and not _INTERPRETED:
+        return tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=2)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _exact_chain(q, k, sums, SIMILARITY: tl.constexpr):
     """sums after the 8 features of q [ROWS, 1, 8] and k [ROWS, W, 8], float32: gaussian's chain of
     squared differences, the others' FMA chain."""
@@ -508,8 +520,8 @@ def _exact_keys(q_ptr, k_ptr, norms_ptr, q_rows, row_ok, q_factors, held, held_o
         k_at = tl.multiple_of(k_ptr + k_starts[:, :, None] + feature + lanes, [1, 1, 16])
         q, q_next = tl.load(q_at), tl.load(q_at + 8)
         k, k_next = tl.load(k_at), tl.load(k_at + 8)
-        sums = _exact_chain(q.to(tl.float32), k.to(tl.float32), sums, SIMILARITY)
-        sums = _exact_chain(q_next.to(tl.float32), k_next.to(tl.float32), sums, SIMILARITY)
+        sums = _exact_chain(_as_float32(q), _as_float32(k), sums, SIMILARITY)
+        sums = _exact_chain(_as_float32(q_next), _as_float32(k_next), sums, SIMILARITY)
         feature += 16
     if SIMILARITY == GAUSSIAN:
         keys = -sums
