@@ -132,7 +132,8 @@ const BoundedSelectBlocks kBoundedSelectBlocks = {{{bounded.ROWS}, {bounded.MAX_
                                                   {bounded.TILE_OFFSET_ROWS}}};
 const PairGradientBlocks kPairGradientBlocks = {{{pairs.ROWS}, {pairs.FEATURES}, {pairs.COEFFICIENTS}}};
 const AttentionCodes kAttentionCodes = {{{attention.CHANNELS}, {rho["uniform"]}, {rho["mean"]}, {rho["softmax"]},
-                                        {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]}}};
+                                        {dtype[torch.float32]}, {dtype[torch.bfloat16]}, {dtype[torch.float16]},
+                                        {attention.RHO_AGGREGATE_ROWS}}};
 const AttentionBackwardBlocks kAttentionBackwardBlocks = {{{attention_backward.ROW_ROWS}, {attention_backward.COLUMN_ROWS},
                                                           {attention_backward.COLUMN_WIDTH}}};
 

@@ -773,19 +773,38 @@ def sdpa_bound_us(g, n, d, causal):
     return forward * 1e6, (forward + backward) * 1e6
 
 
+def aten_softmax_rho_bytes(element):
+    """Bytes a [G, N, K] slot moves through reference::rho_weights' softmax (src/ops/reference/
+    rho_forms.cpp), each ATen op reading its operands and writing its result once: isneginf (a bool
+    mask), the float32 copy of half-precision scores, the mask's negation, the rows' any and amax, the
+    shift, the division by the temperature, two masked fills, softmax (its input read twice: the
+    row's largest, then the exponentials), the last masked fill and the copy back to the op's dtype;
+    float32 scores copy nothing. (ops, bytes a slot)."""
+    f, half = 4, element != 4
+    moves = [element + 1, *([element + f] if half else []), 2, 1, f, 2 * f, 2 * f, 2 * f + 1, 2 * f, 3 * f,
+             2 * f + 1, *([f + element] if half else [])]
+    return len(moves), sum(moves)
+
+
 def composition_bound_us(g, n, k, c=CHANNELS, element=2):
     """The DRAM bound of the composed forward's steps after the select with softmax rho (src/ops/
-    composite/knn_attention_composed.cpp): rho reading the scores and writing the weights, the
-    aggregation reading the values, weights and indices and writing the output, and what the revision
-    does for the rows the select could not rank: before, a NaN-row test reading the scores and masked
+    composite/knn_attention_composed.cpp). Where the revision has the rho and aggregation kernel
+    (attention._rho_aggregate_kernel: rho_aggregate in the source): the scores and indices read, the
+    weights and the output written, the values read. Before it: rho's ATen ops (aten_softmax_rho_bytes),
+    then the aggregation reading the values, weights and indices and writing the output, and what the
+    revision does for the rows the select could not rank: a NaN-row test reading the scores and masked
     fills reading and writing the weights and, after the aggregation, the output; where softmax's own
     NaN weights are taken as they come (reference::nan_scores_give_nan_weights), nothing. µs; no launch
-    latency."""
+    latency (the ATen ops are a dozen launches)."""
     slots, rows = g * n * k, g * n
     source = check.REPO / "src/ops/composite/knn_attention_composed.cpp"
     composed = source.read_text() if source.exists() else ""
-    nan_rows = 0 if "nan_scores_give_nan_weights" in composed else 3 * slots * element + 2 * rows * c * element
-    traffic = 2 * slots * element + rows * c * element + slots * (element + 8) + rows * c * element + nan_rows
+    aggregation = slots * (element + 8) + 2 * rows * c * element
+    if "rho_aggregate" in composed:
+        traffic = aggregation + slots * element  # the scores read, the weights written (not read back)
+    else:
+        nan_rows = 0 if "nan_scores_give_nan_weights" in composed else 3 * slots * element + 2 * rows * c * element
+        traffic = aten_softmax_rho_bytes(element)[1] * slots + aggregation + nan_rows
     return traffic / DRAM_BYTES_PER_S * 1e6
 
 

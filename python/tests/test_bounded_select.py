@@ -928,11 +928,12 @@ def cuda_attention(*args):
 def test_knn_attention_composes_the_tensor_core_select_and_keeps_the_fused_forwards_selection(monkeypatch, dtype):
     """CONVNN_SELECT_SCORES=tensor_cores: knn_attention's CUDA kernel declines the fused forward (its
     running top-K scores every pair in IEEE float32; the path log says why) and composes knn_select on
-    tensor cores, rho and knn_aggregate: the fused forward's indices and scores
-    (CONVNN_SELECT_SCORES=ieee) bit for bit, its weights and output to the rounding of Triton's exp
-    against ATen's (as the fused kernel's tests hold it to the generic path), with and without a bool
-    mask, in both slot orders. A call the tensor-core kernel does not take (l1; D = 6, not whole
-    chunks) keeps the fused forward."""
+    tensor cores with rho and the aggregation in one kernel (attention._rho_aggregate_kernel): the
+    fused forward's indices and scores (CONVNN_SELECT_SCORES=ieee) bit for bit, and its weights and
+    output too in the select's slot order (the same rho and aggregation code on the same scores); in
+    index order to rounding (rho sums the slots' exponentials in another order), with and without a
+    bool mask. A call the tensor-core kernel does not take (l1; D = 6, not whole chunks) keeps the
+    fused forward."""
     generator = torch.Generator().manual_seed(47)
     queries = dyadic((2, 70, 32), generator).to(DEVICE, dtype)
     keys = dyadic((2, 150, 32), generator).to(DEVICE, dtype)
@@ -949,14 +950,18 @@ def test_knn_attention_composes_the_tensor_core_select_and_keeps_the_fused_forwa
         assert launched[-1] == f"attention scaled_dot K<=8 {mask_name}{suffix}", launched
         monkeypatch.setenv("CONVNN_SELECT_SCORES", "tensor_cores")
         got, calls, launched, paths = cuda_attention(*args)
-        assert calls == ["convnn::knn_attention_device_fused", "convnn::knn_select", "convnn::knn_aggregate"], calls
+        assert calls == ["convnn::knn_attention_device_fused", "convnn::knn_select",
+                         "convnn::knn_attention_rho_aggregate_device_fused"], calls
         assert f"bounded select scaled_dot K<=8 {mask_name}{suffix}" in launched, launched
-        assert not any(key.startswith("attention ") for key in launched), launched
+        assert launched[-1] == f"attention rho aggregate K<=8{suffix}", launched
+        assert not any(key.startswith("attention scaled_dot") for key in launched), launched
         assert any(path.startswith("knn_attention: ATen path: knn_select scores this call on tensor cores")
                    for path in paths), paths
         assert torch.equal(got[2], want[2]) and torch.equal(got[1], want[1]), mask_name
         for name, a, b in (("output", got[0], want[0]), ("weights", got[3], want[3])):
             assert a.dtype == b.dtype == dtype, name
+            if not index_order:
+                assert torch.equal(a, b), f"{mask_name}: {name}"
             torch.testing.assert_close(a.double(), b.double(), rtol=tolerance, atol=tolerance,
                                        msg=lambda m: f"{mask_name}: {name}: {m}")
     for call_queries, call_keys, similarity in ((queries, keys, "l1"), (queries[..., :6], keys[..., :6], "dot")):
@@ -969,29 +974,33 @@ def test_knn_attention_composes_the_tensor_core_select_and_keeps_the_fused_forwa
 @pytest.mark.parametrize("rho", ["uniform", "softmax"])
 def test_composed_attention_gives_nan_output_rows_where_the_select_could_not_rank(monkeypatch, rho):
     """knn_attention's CUDA composition (CONVNN_SELECT_SCORES=tensor_cores: knn_select on tensor cores,
-    rho, knn_aggregate) on a query row holding a NaN: that row's scores, weights and output are NaN
-    (its weights made NaN before the aggregation, whatever rho does with NaN scores: uniform ignores
-    them; the output NaN through the aggregation's arithmetic, the bias added too), and every other
-    row is the clean call's, bit for bit."""
+    rho and the aggregation in one kernel) on a query row holding a NaN: that row's scores, weights
+    and output are NaN (whatever rho does with NaN scores: uniform ignores them), and every other row
+    is the clean call's, bit for bit. Without the rho and aggregation kernel (a standard kernel
+    [C',C,K]: rho_weights, then knn_aggregate) the same: the weights made NaN before the aggregation,
+    the output NaN through its arithmetic, the bias added too."""
     monkeypatch.setenv("CONVNN_SELECT_SCORES", "tensor_cores")
     generator = torch.Generator().manual_seed(48)
     queries = dyadic((2, 40, 32), generator).to(DEVICE)
     keys = dyadic((2, 90, 32), generator).to(DEVICE)
     values = torch.randn(2, 90, 8, generator=generator).to(DEVICE)
-    kernel = torch.randn(8, 8, generator=generator).to(DEVICE)
     bias = torch.randn(8, generator=generator).to(DEVICE)
-    args = (keys, values, kernel, bias, 8, "scaled_dot", None, False, rho, 0.5)
-    clean, calls, _, _ = cuda_attention(queries, *args)
-    assert calls == ["convnn::knn_attention_device_fused", "convnn::knn_select", "convnn::knn_aggregate"], calls
     poisoned = queries.clone()
     poisoned[1, 7, 3] = float("nan")
-    got, _, _, _ = cuda_attention(poisoned, *args)
     others = torch.ones(2, 40, dtype=torch.bool, device=DEVICE)
     others[1, 7] = False
-    for name, index in (("output", 0), ("scores", 1), ("weights", 3)):
-        assert got[index][1, 7].isnan().all(), name
-        assert torch.equal(got[index][others], clean[index][others]), name
-    assert torch.equal(got[2][others], clean[2][others])
+    # The rho and aggregation kernel answers for the depthwise kernel and declines the standard one.
+    rho_aggregate = "convnn::knn_attention_rho_aggregate_device_fused"
+    for shape, last_steps in (((8, 8), [rho_aggregate]), ((8, 8, 8), [rho_aggregate, "convnn::knn_aggregate"])):
+        kernel = torch.randn(*shape, generator=generator).to(DEVICE)
+        args = (keys, values, kernel, bias, 8, "scaled_dot", None, False, rho, 0.5)
+        clean, calls, _, _ = cuda_attention(queries, *args)
+        assert calls == ["convnn::knn_attention_device_fused", "convnn::knn_select", *last_steps], calls
+        got, _, _, _ = cuda_attention(poisoned, *args)
+        for name, index in (("output", 0), ("scores", 1), ("weights", 3)):
+            assert got[index][1, 7].isnan().all(), (shape, name)
+            assert torch.equal(got[index][others], clean[index][others]), (shape, name)
+        assert torch.equal(got[2][others], clean[2][others]), shape
 
 
 def gpu_bench_module():
@@ -1056,8 +1065,8 @@ def test_gpu_bench_compile_shards_run_each_case_once(monkeypatch):
 def test_gpu_bench_runs_its_training_comparison():
     """scripts/gpu_bench.py --training at a size the interpreter runs (2 heads of 96 tokens, D 16, K 8;
     its timer replaced), knn_attention's CUDA kernels and their autograd through _OpsOnCuda: causal
-    and not, the forward and backward launch (the tensor-core select, the aggregation, the two-kernel
-    backward), and the indices equal the IEEE kernel's, the scores too (here to the last bits: the
+    and not, the forward and backward launch (the tensor-core select, rho and the aggregation, the
+    two-kernel backward), and the indices equal the IEEE kernel's, the scores too (here to the last bits: the
     interpreter's IEEE kernel sums by numpy's matmul, test_gpu_bench_runs_its_tensor_core_comparison)."""
     bench = gpu_bench_module()
     for causal in (False, True):
@@ -1067,7 +1076,7 @@ def test_gpu_bench_runs_its_training_comparison():
                                      timer=lambda fn: (fn(), 0.0))
         assert row["indices_equal"] and (row["scores_equal"] or INTERPRETED), row
         assert row["scores_max_difference"] <= 1e-5 * 8, row
-        assert {"convnn::knn_select", "convnn::knn_aggregate", "convnn::knn_attention_backward_device_fused"} <= \
-            set(mode.calls), mode.calls
+        assert {"convnn::knn_select", "convnn::knn_attention_rho_aggregate_device_fused",
+                "convnn::knn_attention_backward_device_fused"} <= set(mode.calls), mode.calls
         assert set(row) >= {"forward_ms", "fb_ms", "ieee_forward_ms", "sdpa_forward_ms", "sdpa_fb_ms"}, row
     assert "CONVNN_SELECT_SCORES" not in os.environ

@@ -351,6 +351,7 @@ def test_an_interrupt_during_the_first_call_check_reaches_the_caller_and_turns_n
 def test_the_kernels_and_the_launcher_are_registered_for_cuda_tensors():
     for op in (ops.knn_select.default, ops.knn_select_backward.default, ops.knn_aggregate.default,
                ops.knn_aggregate_backward.default, ops.knn_attention_device_fused.default,
+               ops.knn_attention_rho_aggregate_device_fused.default,
                ops.knn_attention_softmax_scores_gradient_device_fused.default,
                ops.knn_attention_backward_device_fused.default, ops._triton_launch.default):
         assert op.has_kernel_for_dispatch_key(CUDA), op
@@ -1118,6 +1119,94 @@ def test_a_rho_code_no_branch_knows_gives_nan_weights_not_another_rhos():
         CANDIDATES=select.candidates_for(6, select.NO_MASK),
         SLOTS=8, FEATURES=16, CHANNELS=attention.forward_channels(8))
     assert weights.isnan().all()
+
+
+# The composed forward's rho and aggregation in one kernel (attention._rho_aggregate_kernel), after a
+# select of its own: against the generic knn_attention on the same scores and indices.
+def rho_aggregate(scores, indices, values, kernel, bias, rho, temperature):
+    return through_kernels(ops.knn_attention_rho_aggregate_device_fused.default, scores, indices, values, kernel,
+                           bias, rho, temperature)
+
+
+@pytest.mark.parametrize("rho", RHOS)
+def test_rho_aggregate_gives_the_generic_weights_and_output_and_the_aggregations_bits(rho):
+    """On the generic select's scores and indices (integer features, masks with short rows and a row
+    with no valid candidate, both slot orders): the generic knn_attention's weights and output to the
+    rounding of Triton's exp against ATen's, and the output knn_aggregate's kernel gives on the
+    kernel's own weights, bit for bit (the same products in the same order). float32, bfloat16 and
+    float16; with a bias in one slot order, without in the other."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        queries, keys, generator = select_inputs(dtype, d=4, seed=60)
+        values, kernel, bias = attention_operands(dtype, queries, keys, generator)
+        for name, mask in select_masks(2, 9, 70, generator).items():
+            mask = mask if mask is None or mask.dtype == torch.bool else mask.to(dtype)
+            for index_order, b in ((False, None), (True, bias)):
+                what = f"{rho} {dtype} {name} index_order={index_order}"
+                want = generic_attention(queries, keys, values, kernel, b, 6, "scaled_dot", mask, index_order, rho,
+                                         0.7)
+                output, weights = rho_aggregate(want[1], want[2], values, kernel, b, rho, 0.7)
+                assert_attention_equal((output, want[1], want[2], weights), want, dtype, what)
+                assert torch.equal(output, aggregate_forward(values, weights, want[2], kernel, b)), what
+
+
+@pytest.mark.parametrize("k", [1, 9, 64])
+def test_rho_aggregate_at_every_k_the_kernel_holds(k):
+    """Two row blocks, more value channels than five steps of a thread's (40), slots summed as columns
+    (K <= 8) or one at a time (wider)."""
+    queries, keys, generator = select_inputs(torch.float32, g=2, n=33, m=80, d=4, seed=61)
+    values, kernel, bias = attention_operands(torch.float32, queries, keys, generator, c=40, k=k)
+    want = generic_attention(queries, keys, values, kernel, bias, k, "dot", None, False, "softmax", 1.5)
+    output, weights = rho_aggregate(want[1], want[2], values, kernel, bias, "softmax", 1.5)
+    assert_attention_equal((output, want[1], want[2], weights), want, torch.float32, f"K={k}")
+    assert torch.equal(output, aggregate_forward(values, weights, want[2], kernel, bias)), f"K={k}"
+
+
+@pytest.mark.parametrize("rho", RHOS)
+def test_rho_aggregate_gives_nan_rows_where_the_select_could_not_rank_and_reads_nothing_there(rho):
+    """A row of NaN scores (the select's unrankable row) with indices far past the candidates: its
+    weights and output are NaN and its indices are not read; every other row is the clean call's bit
+    for bit."""
+    queries, keys, generator = select_inputs(torch.float32, d=4, seed=62)
+    values, kernel, bias = attention_operands(torch.float32, queries, keys, generator)
+    _, scores, indices, _ = generic_attention(queries, keys, values, kernel, bias, 6, "dot", None, False, rho, 1.0)
+    clean = rho_aggregate(scores, indices, values, kernel, bias, rho, 1.0)
+    scores, indices = scores.clone(), indices.clone()
+    scores[1, 4] = float("nan")
+    indices[1, 4] = 1 << 40
+    got = rho_aggregate(scores, indices, values, kernel, bias, rho, 1.0)
+    others = torch.ones(2, 9, dtype=torch.bool, device=DEVICE)
+    others[1, 4] = False
+    for name, a, b in (("output", got[0], clean[0]), ("weights", got[1], clean[1])):
+        assert a[1, 4].isnan().all(), name
+        assert torch.equal(a[others], b[others]), name
+
+
+def test_rho_aggregate_answers_nothing_where_the_kernel_does_not_apply_and_refuses_bad_inputs(monkeypatch):
+    """A standard kernel [C',C,K], float64, K above the widest running top-K and
+    CONVNN_CUDA_KERNELS=generic: no tensors (the composition runs rho and knn_aggregate), the path log
+    saying why; inputs the op's rules refuse raise naming the argument."""
+    queries, keys, generator = select_inputs(torch.float32, d=4, seed=63)
+    values, kernel, _ = attention_operands(torch.float32, queries, keys, generator)
+    _, scores, indices, _ = generic_attention(queries, keys, values, kernel, None, 6, "dot", None, False, "mean", 1.0)
+    fused = ops.knn_attention_rho_aggregate_device_fused.default._op_dk
+    standard = torch.randn(4, 6, 6, generator=generator).to(DEVICE)
+    with convnn.cuda_paths() as paths:
+        assert fused(CUDA, scores, indices, values, standard, None, "mean", 1.0) == []
+        assert fused(CUDA, scores.double(), indices, values.double(), kernel.double(), None, "mean", 1.0) == []
+    assert paths[0].startswith("knn_attention (rho and aggregation): ATen path: a standard kernel"), paths
+    wide = torch.zeros(2, 9, 65, dtype=torch.long, device=DEVICE)
+    assert fused(CUDA, torch.zeros(2, 9, 65, device=DEVICE), wide, values, torch.randn(6, 65).to(DEVICE), None,
+                 "uniform", 1.0) == []
+    monkeypatch.setenv("CONVNN_CUDA_KERNELS", "generic")
+    assert fused(CUDA, scores, indices, values, kernel, None, "mean", 1.0) == []
+    monkeypatch.delenv("CONVNN_CUDA_KERNELS")
+    with pytest.raises(RuntimeError, match=r"knn_attention_rho_aggregate_device_fused: scores and indices must have "
+                                           r"the same shape"):
+        fused(CUDA, scores[:, :5], indices, values, kernel, None, "mean", 1.0)
+    with pytest.raises(RuntimeError, match="knn_attention_rho_aggregate_device_fused: rho"):
+        fused(CUDA, scores, indices, values, kernel, None, "max", 1.0)
+    with pytest.raises(RuntimeError, match="knn_attention_rho_aggregate_device_fused: temperature"):
+        fused(CUDA, scores, indices, values, kernel, None, "softmax", 0.0)
 
 
 def test_identity_attention_when_k_equals_n_through_the_fused_kernel():

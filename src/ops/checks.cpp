@@ -243,6 +243,23 @@ AttentionChecked check_attention_inputs(const at::Tensor& queries, const at::Ten
                           temperature, op, scope);
 }
 
+Rho check_rho_aggregate_inputs(const at::Tensor& scores, const at::Tensor& indices, const at::Tensor& values,
+                               const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                               std::string_view rho, double temperature, std::string_view op, Scope scope) {
+  // The scores stand where knn_aggregate takes the weights (the kernel makes the weights from them):
+  // named as scores first, then the aggregation's rules hold the rest.
+  check_rank(scores, 3, op, "scores", "[G,N,K]");
+  check_floating(scores, op, "scores");
+  check_same_dtype(values, scores, op, "values", "scores");
+  check_same_device(values, scores, op, "values", "scores");
+  TORCH_SYM_CHECK(same_shape(scores, indices), op, ": scores and indices must have the same shape [G,N,K], got scores ",
+                  shape_string(scores), " and indices ", shape_string(indices));
+  check_aggregate_inputs(values, scores, indices, kernel, bias, op, scope);
+  const Rho parsed = parse_rho_argument(rho, (std::string(op) + ": rho").c_str());
+  check_temperature(temperature, op);
+  return parsed;
+}
+
 void check_temperature(double temperature, std::string_view where) {
   constexpr double smallest = std::numeric_limits<float>::min();
   TORCH_CHECK(std::isfinite(temperature) && temperature >= smallest, where,

@@ -60,6 +60,14 @@ AttentionChecked check_attention_inputs(const at::Tensor& queries, const at::Ten
                                         std::string_view op = "knn_attention",
                                         Scope scope = Scope::kShapesAndValues);
 
+// knn_attention's rho and aggregation after its select (a device's fused step of the composition):
+// scores [G,N,K] of values' dtype and device, then knn_aggregate's rules with the scores in the
+// weights' place, rho by name and a positive finite temperature.
+Rho check_rho_aggregate_inputs(const at::Tensor& scores, const at::Tensor& indices, const at::Tensor& values,
+                               const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                               std::string_view rho, double temperature, std::string_view op,
+                               Scope scope = Scope::kShapesAndValues);
+
 // C' of the aggregation: C for a depthwise kernel [C,K], kernel.size(0) for a standard [C',C,K].
 // The SymInt form serves the Meta kernels, whose sizes may be symbolic.
 c10::SymInt output_channels_symint(const at::Tensor& values, const at::Tensor& kernel);

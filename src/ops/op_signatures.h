@@ -147,6 +147,24 @@ struct KnnAttentionDeviceFused {
   static constexpr auto check = &KnnAttention::check;
 };
 
+// rho and the aggregation of knn_attention's composed forward in one device kernel, after the
+// select: [output, weights], or no tensors for inputs it does not take (the caller composes rho and
+// knn_aggregate then); asked by the composition of the device's knn_attention.
+struct KnnAttentionRhoAggregateDeviceFused {
+  static constexpr const char* kName = "knn_attention_rho_aggregate_device_fused";
+  static constexpr const char* kSchema =
+      "knn_attention_rho_aggregate_device_fused(Tensor scores, Tensor indices, Tensor values, Tensor kernel, "
+      "Tensor? bias, str rho, float temperature) -> Tensor[]";
+  using Signature = std::vector<Tensor>(const Tensor& scores, const Tensor& indices, const Tensor& values,
+                                        const Tensor& kernel, const OptionalTensor& bias, c10::string_view rho,
+                                        double temperature);
+  using Checked = Rho;
+  static Checked check(Scope scope, const Tensor& scores, const Tensor& indices, const Tensor& values,
+                       const Tensor& kernel, const OptionalTensor& bias, c10::string_view rho, double temperature) {
+    return checks::check_rho_aggregate_inputs(scores, indices, values, kernel, bias, rho, temperature, kName, scope);
+  }
+};
+
 // d(scores) for softmax rho from the incoming gradient of the output in one device kernel,
 // [grad_scores] or no tensors; asked by the composition of the device's knn_attention_backward.
 struct KnnAttentionSoftmaxScoresGradientDeviceFused {

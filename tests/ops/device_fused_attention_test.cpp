@@ -54,10 +54,25 @@ std::vector<at::Tensor> test_backward_kernel(const convnn::checks::AttentionChec
   return gradients;
 }
 
+// Rho and the aggregation after the select: nothing unless a test turns it on (other tests of this
+// binary compose on CPU tensors), then recognisable outputs (the output 42, the weights 9).
+bool rho_aggregate_answers = false;
+int rho_aggregate_calls = 0;
+
+std::vector<at::Tensor> test_rho_aggregate_kernel(const convnn::Rho&, const at::Tensor& scores, const at::Tensor&,
+                                                  const at::Tensor& values, const at::Tensor&,
+                                                  const c10::optional<at::Tensor>&, c10::string_view, double) {
+  ++rho_aggregate_calls;
+  if (!rho_aggregate_answers) return {};
+  return {at::full({scores.size(0), scores.size(1), values.size(2)}, 42.0, values.options()),
+          at::full_like(scores, 9.0)};
+}
+
 // Registered as a device registers its fused kernels: behind the op's check (src/ops/op_signatures.h).
 TORCH_LIBRARY_IMPL(convnn, CPU, m) {
   namespace op = convnn::ops::op;
   op::implement_checked<op::KnnAttentionDeviceFused, &test_kernel>(m);
+  op::implement_checked<op::KnnAttentionRhoAggregateDeviceFused, &test_rho_aggregate_kernel>(m);
   op::implement_checked<op::KnnAttentionBackwardDeviceFused, &test_backward_kernel>(m);
 }
 
@@ -112,6 +127,53 @@ TEST(DeviceFusedAttention, TheDevicesKernelChecksTheInputsByKnnAttentionsRulesBe
     FAIL() << "expected an error";
   } catch (const c10::Error& error) {
     EXPECT_NE(std::string(error.what()).find("knn_attention: similarity"), std::string::npos) << error.what();
+  }
+}
+
+// The composition asks the device's rho and aggregation kernel after the select: where it answers, its
+// output and weights with the select's scores and indices; where it answers nothing, rho and
+// knn_aggregate (the generic knn_attention's results); bad inputs refused by the op's check, naming them.
+TEST(DeviceFusedAttention, TheCompositionAsksTheDevicesRhoAndAggregationKernelAfterTheSelect) {
+  // Integer-valued features: every score exact on both paths (the CPU select's and the generic one's
+  // products may round differently), ties broken by the index rule on both.
+  const auto queries = torch::randint(-3, 4, {2, 5, 3}).to(torch::kFloat);
+  const auto keys = torch::randint(-3, 4, {2, 8, 3}).to(torch::kFloat);
+  const Operands in;
+  const auto kernel = in.kernel(3);
+  const auto compose = [&] {
+    return convnn::ops::composite::composed_attention(queries, keys, in.values, kernel, c10::nullopt, 3, "dot",
+                                                      c10::nullopt, false, "softmax", 1.0);
+  };
+  const auto want = convnn::ops::generic::knn_attention(queries, keys, in.values, kernel, c10::nullopt, 3, "dot",
+                                                        c10::nullopt, false, "softmax", 1.0);
+  struct Answering {
+    Answering() { rho_aggregate_answers = true; }
+    ~Answering() { rho_aggregate_answers = false; }
+  };
+  {
+    const Answering answering;
+    rho_aggregate_calls = 0;
+    const auto [output, scores, indices, weights] = compose();
+    EXPECT_EQ(rho_aggregate_calls, 1);
+    EXPECT_TRUE(torch::equal(output, torch::full({2, 5, 4}, 42.0)));
+    EXPECT_TRUE(torch::equal(weights, torch::full({2, 5, 3}, 9.0)));
+    EXPECT_TRUE(torch::equal(indices, std::get<2>(want)));
+    EXPECT_TRUE(torch::equal(scores, std::get<1>(want)));
+  }
+  rho_aggregate_calls = 0;
+  const auto [output, scores, indices, weights] = compose();
+  EXPECT_EQ(rho_aggregate_calls, 1) << "asked, and it answered nothing";
+  EXPECT_TRUE(torch::allclose(output, std::get<0>(want), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(weights, std::get<3>(want), 1e-6, 1e-6));
+  const auto& fused = convnn::ops::op::handle<convnn::ops::op::KnnAttentionRhoAggregateDeviceFused>();
+  try {
+    fused.call(scores.narrow(1, 0, 4), indices, in.values, kernel, c10::nullopt, "softmax", 1.0);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("knn_attention_rho_aggregate_device_fused: scores and indices must have "
+                                             "the same shape"),
+              std::string::npos)
+        << error.what();
   }
 }
 

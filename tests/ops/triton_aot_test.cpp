@@ -59,15 +59,15 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
   const auto keys = every_key();
   // 30 aggregation specialisations, 72 x 3 of knn_select (6 similarities x 4 widths x 3 mask kinds,
   // per input dtype), 12 of its backward (3 kernels x 4 similarities), 72 x 3 of the fused
-  // knn_attention (as knn_select), 4 x 3 of its backward's softmax scores gradient (one per width and
-  // dtype), 9 x 3 of its two-kernel backward (the row kernel for dot and scaled_dot at each width,
+  // knn_attention (as knn_select), 4 x 3 of its composed forward's rho and aggregation (one per width
+  // and input dtype), 4 x 3 of its backward's softmax scores gradient (one per width and dtype), 9 x 3 of its two-kernel backward (the row kernel for dot and scaled_dot at each width,
   // the column kernel; per dtype), knn_select on tensor cores and its rerun (dot, scaled_dot, cosine and
   // gaussian x the 2 widths up to its max_slots x 3 mask kinds per half-precision dtype, and for float32
   // inputs no mask and a bool mask at both widths and an additive mask at the narrower: 68 each), the
   // first of its two launches with a bool mask (its whole tiles: 4 similarities x 2 widths x 3 input
   // dtypes), its rows' seeds kernel (dot and scaled_dot x no mask and a bool mask, one for every width,
   // per input dtype), its keys' norms kernel per input dtype and its bool masks' bits kernel.
-  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 9u * 3u +
+  EXPECT_EQ(keys.size(), 30u + 72u * 3u + 12u + 72u * 3u + 4u * 3u + 4u * 3u + 9u * 3u +
                              2u * (4u * (2u * 3u * 2u + 2u + 2u + 1u)) + 4u * 2u * 3u + 2u * 2u * 3u + 3u + 1u);
   for (const auto& key : keys) {
     for (const int arch : {80, 90}) {
@@ -75,17 +75,20 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       ASSERT_NE(cubin, nullptr) << key << " sm_" << arch;
       ASSERT_GT(cubin->image_bytes, 4u);
       EXPECT_EQ(std::string(cubin->image, 4), "\x7f" "ELF") << key << " sm_" << arch;
+      const bool rho_aggregate = key.rfind("attention rho aggregate ", 0) == 0;
       const bool running_top_k = (key.rfind("select ", 0) == 0 || key.rfind("attention ", 0) == 0 ||
                                   key.rfind("rerun select ", 0) == 0) &&
-                                 key.find("backward") == std::string::npos && key.find("gradient") == std::string::npos;
+                                 key.find("backward") == std::string::npos &&
+                                 key.find("gradient") == std::string::npos && !rho_aggregate;
       const bool tensor_cores = key.rfind("bounded select ", 0) == 0;
       const bool half_inputs = key.find(" inputs") != std::string::npos;  // float32 kernels' keys name no dtype
       const bool additive_mask = key.find(" additive mask") != std::string::npos;
       const bool bool_mask = key.find(" bool mask") != std::string::npos;
       const bool two_kernel_backward = key.rfind("attention backward ", 0) == 0;
       const bool seeds = key.rfind("bounded seeds ", 0) == 0;  // bounded_select.seed_warps
-      // A running top-K held a query row per thread (K <= thread_slots) and the two-kernel backward
-      // are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
+      // The composed forward's rho and aggregation takes a warp per 8 slots (attention.rho_aggregate_
+      // options). A running top-K held a query row per thread (K <= thread_slots) and the two-kernel
+      // backward are one lane per row of the program (top_k_rows, row_rows, column_rows), but for the row
       // kernel at the widest running top-K (two lanes per row: attention_backward.compile_options);
       // the shared set takes 8 warps, and so does the tensor-core select but for half-precision inputs
       // without a mask, or with a bool one up to K = 8 (a warpgroup: bounded_select.compile_options), and
@@ -93,7 +96,8 @@ TEST(TritonAot, EveryKernelHasACubinForSm80AndSm90AndAnSm80Ptx) {
       const auto at_width = key.find("K<=");
       const auto width = at_width == std::string::npos ? int64_t{0} : std::stoll(key.substr(at_width + 3));
       const bool widest_rows = two_kernel_backward && width == triton::kSelectBlocks.max_slots;
-      const int64_t warps = running_top_k && width <= triton::kSelectBlocks.thread_slots
+      const int64_t warps = rho_aggregate ? std::max<int64_t>(1, width / 8)
+                            : running_top_k && width <= triton::kSelectBlocks.thread_slots
                                 ? triton::kSelectBlocks.thread_rows / 32
                             : tensor_cores ? (half_inputs && !additive_mask && !(bool_mask && width > 8) ? 4 : 8)
                             : seeds        ? (half_inputs ? 4 : 8)
@@ -542,6 +546,35 @@ TEST(TritonAot, EveryFusedAttentionLaunchPassesTheParametersTheCompiledKernelDec
   }
 }
 
+TEST(TritonAot, EveryRhoAggregateLaunchPassesTheParametersTheCompiledKernelDeclares) {
+  const int64_t g = 3, n = 45, m = 70, c = 37;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const auto values = torch::randn({g, m, c}).to(dtype);
+    for (const int64_t k : {1, 9, 17, 64}) {
+      for (const auto rho : {convnn::Rho::Uniform, convnn::Rho::Mean, convnn::Rho::Softmax}) {
+        Recorder recorder;
+        const auto scores = torch::randn({g, n, k}).to(dtype);
+        const auto indices = torch::randint(0, m, {g, n, k}, torch::kLong);
+        const auto bias = rho == convnn::Rho::Mean ? torch::randn({c}).to(dtype) : torch::Tensor();
+        const auto [output, weights] = triton::rho_aggregate(scores, indices, values, torch::randn({c, k}).to(dtype),
+                                                             bias, rho, 0.5, recorder.runner());
+        ASSERT_EQ(recorder.launches.size(), 1u);
+        EXPECT_EQ(recorder.launches[0].key.rfind("attention rho aggregate K<=", 0), 0u);
+        EXPECT_EQ(recorder.launches[0].grid.x, cdiv(n, triton::kAttentionCodes.rho_aggregate_rows));
+        EXPECT_EQ(recorder.launches[0].grid.y, g) << "one program column per slice";
+        EXPECT_EQ(output.sizes(), (std::vector<int64_t>{g, n, c}));
+        EXPECT_EQ(weights.sizes(), scores.sizes());
+        EXPECT_EQ(output.scalar_type(), dtype);
+        EXPECT_EQ(weights.scalar_type(), dtype);
+      }
+    }
+  }
+  const auto scores = torch::randn({2, 9, 6}), values = torch::randn({2, 70, 5});
+  EXPECT_TRUE(triton::rho_aggregate_fits(scores, values, torch::randn({5, 6})));
+  EXPECT_FALSE(triton::rho_aggregate_fits(scores, values, torch::randn({3, 5, 6}))) << "a standard kernel";
+  EXPECT_FALSE(triton::rho_aggregate_fits(torch::randn({2, 9, 65}), values, torch::randn({5, 65}))) << "K above 64";
+}
+
 TEST(TritonAot, EverySoftmaxScoresGradientLaunchPassesTheParametersTheCompiledKernelDeclares) {
   const int64_t g = 3, n = 21, m = 70, c = 37;
   for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
@@ -631,6 +664,7 @@ TEST(TritonAot, TheCoreOpsHaveCudaKernelsInThisBuild) {
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const char* op : {"convnn::knn_select", "convnn::knn_select_backward", "convnn::knn_aggregate",
                          "convnn::knn_aggregate_backward", "convnn::knn_attention_device_fused",
+                         "convnn::knn_attention_rho_aggregate_device_fused",
                          "convnn::knn_attention_softmax_scores_gradient_device_fused",
                          "convnn::knn_attention_backward_device_fused"}) {
     EXPECT_TRUE(dispatcher.findSchemaOrThrow(op, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA)) << op;
@@ -768,6 +802,35 @@ TEST(TritonAotCuda, FusedAttentionEqualsTheGenericPath) {
   EXPECT_TRUE(torch::allclose(std::get<3>(two_kernels), std::get<3>(expected), 1e-4, 1e-4)) << "d kernel";
   EXPECT_TRUE(torch::equal(std::get<1>(two_kernels), std::get<1>(again))) << "d keys bitwise repeatable";
   EXPECT_TRUE(torch::equal(std::get<2>(two_kernels), std::get<2>(again))) << "d values bitwise repeatable";
+}
+
+// On a GPU: the forwards that write their outputs in the op's dtype through pointers compiled as
+// float32 (the fused forward, the composed forward's rho and aggregation) write every slice's rows
+// where the generic path does, in bfloat16 and float16 (a slice start added to the float32 pointer
+// before its cast put slice g at twice its offset).
+TEST(TritonAotCuda, HalfPrecisionForwardsWriteEverySlicesRowsInTheOpsDtype) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t g = 5, n = 40, m = 150, d = 4, c = 40, k = 9;
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    const auto on_gpu = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+    const auto queries = torch::randint(-3, 4, {g, n, d}, on_gpu), keys = torch::randint(-3, 4, {g, m, d}, on_gpu);
+    const auto values = torch::randn({g, m, c}, on_gpu), kernel = torch::randn({c, k}, on_gpu);
+    const auto bias = torch::randn({c}, on_gpu);
+    const auto want = convnn::ops::generic::knn_attention(queries, keys, values, kernel, bias, k, "scaled_dot",
+                                                          c10::nullopt, false, "softmax", 0.5);
+    const auto fused = triton::attention_forward(queries, keys, values, kernel, bias, k, convnn::Similarity::ScaledDot,
+                                                 torch::Tensor(), false, convnn::Rho::Softmax, 0.5, triton::run_on_gpu);
+    const auto [output, weights] = triton::rho_aggregate(std::get<1>(want), std::get<2>(want), values, kernel, bias,
+                                                         convnn::Rho::Softmax, 0.5, triton::run_on_gpu);
+    const auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return torch::allclose(a.to(torch::kFloat), b.to(torch::kFloat), 2e-2, 2e-2);
+    };
+    EXPECT_TRUE(torch::equal(std::get<2>(fused), std::get<2>(want))) << dtype;
+    EXPECT_TRUE(close(std::get<0>(fused), std::get<0>(want))) << dtype << ": the fused forward's output";
+    EXPECT_TRUE(close(std::get<3>(fused), std::get<3>(want))) << dtype << ": the fused forward's weights";
+    EXPECT_TRUE(close(output, std::get<0>(want))) << dtype << ": rho and aggregation, output";
+    EXPECT_TRUE(close(weights, std::get<3>(want))) << dtype << ": rho and aggregation, weights";
+  }
 }
 
 }  // namespace triton_aot_test

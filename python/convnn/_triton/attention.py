@@ -1,7 +1,9 @@
 """Fused GPU kernels of knn_attention, in Triton (issue 25 §1): the forward (select, rho and a
-depthwise aggregation in one kernel) and its backward's step from the output's gradient to the
-scores' for softmax rho (the aggregation's weights gradient and the softmax-rho backward in one
-kernel; the select and aggregation backward kernels do the rest).
+depthwise aggregation in one kernel), rho and the aggregation in one kernel after a select of its
+own (the composed forward, where knn_select scores on tensor cores: _rho_aggregate_kernel), and the
+backward's step from the output's gradient to the scores' for softmax rho (the aggregation's
+weights gradient and the softmax-rho backward in one kernel; the select and aggregation backward
+kernels do the rest).
 
 The forward: per program, one slice and a block of query rows: the running top-K of
 select.py (the same jit function, so the same selection rule), then rho over the K slots and the
@@ -138,7 +140,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
                       SHARED_SET: tl.constexpr = False):
     # Queries, keys, values and the output in place, any strides but the features' (their slices'
     # starts by row_chunks.slice_starts: the launcher's RowLayouts; the [B, N, H, C] output of [B, H,
-    # N, D] inputs, say); the scores, indices and weights contiguous [G, N, K].
+    # N, D] inputs, say); the scores, indices and weights contiguous [G, N, K]. The outputs' pointers
+    # are compiled as float32 and written in the op's dtype (select.store_as casts them first), so
+    # their slice starts are element offsets added after the cast, never steps of a float32 pointer.
     block = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
@@ -146,7 +150,6 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
     k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
     v_ptr += row_chunks.slice_starts(g, heads, v_batch_stride, v_head_stride)
-    output_ptr += row_chunks.slice_starts(g, heads, out_batch_stride, out_head_stride)
     top_keys, top_index, unrankable = select._running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k,
                                                             q_row_stride, k_row_stride, mask_slice_stride,
                                                             similarity_constant, SIMILARITY, MASK, ROWS, CANDIDATES,
@@ -163,12 +166,26 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
     select.store_as(scores_ptr, out, scores, written, dtype_code)
     tl.store(indices_ptr + out, top_index.to(tl.int64), mask=written)
     select.store_as(weights_ptr, out, weights, written, dtype_code)
-    out_rows = rows.to(tl.int64) * out_row_stride
-    if SLOTS <= _COLUMN_SLOTS and not SHARED_SET:  # a row per thread: its slots as columns
+    out_rows = row_chunks.slice_starts(g, heads, out_batch_stride, out_head_stride) + rows.to(tl.int64) * out_row_stride
+    # Value rows of whole chunks on 16-byte boundaries load as vectors (row_chunks.py).
+    whole = row_chunks.on_16_bytes(v_ptr) & row_chunks.whole_rows(c, v_batch_stride, v_head_stride, v_row_stride,
+                                                                  CHANNELS)
+    _aggregate_slots(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, whole, row_ok, out_rows, unrankable,
+                     positions, top_index, weights, in_k, m, c, k, has_bias, dtype_code, ROWS, SLOTS, CHANNELS,
+                     SLOTS <= _COLUMN_SLOTS and not SHARED_SET)
+
+
+@triton.jit
+def _aggregate_slots(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, whole, row_ok, out_rows, unrankable,
+                     positions, top_index, weights, in_k, m, c, k, has_bias, dtype_code, ROWS: tl.constexpr,
+                     SLOTS: tl.constexpr, CHANNELS: tl.constexpr, COLUMNS: tl.constexpr):
+    """The block's output rows from its slots' indices and weights [ROWS, SLOTS] (the slots summed in
+    the order `positions` gives): with COLUMNS (a row's slots held by its thread, K <= COLUMN_SLOTS)
+    as columns of the thread, on vector loads where the value rows are `whole` chunks on 16 bytes;
+    else a slot at a time."""
+    if COLUMNS:
         index_columns, weight_columns = _columns_in_output_order(top_index, weights, positions, SLOTS)
-        # Value rows of whole chunks on 16-byte boundaries load as vectors (row_chunks.py).
-        if row_chunks.on_16_bytes(v_ptr) & row_chunks.whole_rows(c, v_batch_stride, v_head_stride, v_row_stride,
-                                                                 CHANNELS):
+        if whole:
             _aggregate_columns(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, row_ok, out_rows, unrankable,
                                index_columns, weight_columns, m, c, k, has_bias, dtype_code, ROWS, CHANNELS, True)
         else:
@@ -260,6 +277,60 @@ def _aggregate(v_ptr, kernel_ptr, bias_ptr, output_ptr, v_row_stride, row_ok, ou
         _write_output(bias_ptr, output_ptr, out_rows, row_ok, unrankable, acc, channels, channel_ok, has_bias,
                       dtype_code)
         first += CHANNELS
+
+
+# The composed forward's rho and aggregation in one kernel (_rho_aggregate_kernel): query rows per
+# program, and a thread's value channels per step, as the fused forward's aggregation takes them
+# where its running top-K is held a row per thread.
+RHO_AGGREGATE_ROWS = 32
+
+
+def rho_aggregate_options(slots):
+    """Its launch options at this width: a warp per 8 slots, so that a thread holds 8 slots of a row's
+    [ROWS, SLOTS] scores, indices and weights, and up to 192 registers. In one warp, ptxas spilled 264
+    bytes at 32 slots and 1,056 at 64 (sm_90); with 4 warps at 32 slots and no cap, sm_80's ptxas held
+    128 registers and spilled 32 bytes (132-170 registers with the cap, no spill)."""
+    return {"num_warps": max(1, slots // 8), "maxnreg": 192}
+
+
+@triton.jit
+def _rho_aggregate_kernel(scores_ptr, indices_ptr, v_ptr, kernel_ptr, bias_ptr, output_ptr, weights_ptr,
+                          n, m, c, k, rho, temperature, has_bias, dtype_code,
+                          ROWS: tl.constexpr, SLOTS: tl.constexpr, CHANNELS: tl.constexpr):
+    # knn_attention's rho and depthwise aggregation after a select of its own (the composition, where
+    # knn_select scores on tensor cores: src/ops/composite/knn_attention_composed.cpp asks for this
+    # kernel before it composes rho and knn_aggregate). Per slice and block of query rows: the [ROWS,
+    # SLOTS] scores and indices read once, the weights made by _rho, rounded to the op's dtype and
+    # written, and the output summed from them in registers as the fused forward sums it (so as
+    # knn_aggregate sums the written weights). Composed, rho was a dozen ATen passes over the
+    # [G, N, K] scores (reference::rho_weights) and the aggregation read the weights back.
+    # Contiguous [G, N, K] scores, indices and weights, [G, M, C] values, [G, N, C] output (the
+    # composition's folds); the weights and the output written in the op's dtype through pointers
+    # compiled as float32 (select.store_as casts them before adding any offset).
+    block = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n
+    slots = tl.arange(0, SLOTS)
+    in_k = slots[None, :] < k
+    read = row_ok[:, None] & in_k
+    at = (g * n + rows).to(tl.int64)[:, None] * k + slots[None, :]
+    scores = tl.load(scores_ptr + at, mask=read, other=float("-inf")).to(tl.float32)
+    top_index = tl.load(indices_ptr + at, mask=read, other=0)
+    # A row the select could not rank has NaN scores: its weights and output are NaN, and its indices
+    # are not read (m: past the candidates, which the aggregation does not load).
+    unrankable = tl.max((read & (scores != scores)).to(tl.int32), 1)
+    weights = _rounded(_rho(scores, in_k, rho, temperature, ROWS, SLOTS), dtype_code)
+    weights = tl.where(unrankable[:, None] != 0, float("nan"), weights)
+    select.store_as(weights_ptr, at, weights, read, dtype_code)
+    top_index = tl.where(unrankable[:, None] != 0, m, top_index)
+    v_ptr += g * m * c
+    out_rows = (g * n + rows).to(tl.int64) * c
+    positions = slots[None, :] + tl.zeros([ROWS, SLOTS], tl.int32)  # the select's slot order, kept
+    whole = row_chunks.on_16_bytes(v_ptr) & row_chunks.whole(c, CHANNELS)
+    _aggregate_slots(v_ptr, kernel_ptr, bias_ptr, output_ptr, c, whole, row_ok, out_rows, unrankable, positions,
+                     top_index, weights, in_k, m, c, k, has_bias, dtype_code, ROWS, SLOTS, CHANNELS,
+                     SLOTS <= _COLUMN_SLOTS)
 
 
 @triton.jit

@@ -68,6 +68,31 @@ def _check_pointer_types(key, kernel, signature, arguments):
                                f"where the compiled kernel takes {takes} (specialisations.py)")
 
 
+def _as_compiled(kernel, signature, arguments):
+    """The arguments as the compiled kernel takes them: an output written in the op's dtype through a
+    pointer compiled as float32 (OUTPUTS_IN_THE_OPS_DTYPE) passed as that pointer's type
+    (triton.reinterpret: the same memory). Triton's JIT types a pointer by its tensor's dtype, so a
+    bfloat16 output would otherwise compile, here and under the interpreter, a kernel whose pointer
+    arithmetic before select.store_as's cast steps 2 bytes an element where the embedded route's
+    image, compiled from specialisations.py's signature, steps 4: one kernel on both routes, and the
+    interpreter tests run the embedded route's addressing."""
+    import triton
+    import triton.language as tl
+
+    from . import specialisations
+
+    in_the_ops_dtype = specialisations.OUTPUTS_IN_THE_OPS_DTYPE.get(kernel.__name__, ())
+    compiled = list(arguments)
+    for position, name in enumerate(kernel.arg_names[:len(arguments)]):
+        argument = arguments[position]
+        if name not in in_the_ops_dtype or not isinstance(argument, torch.Tensor):
+            continue
+        wanted = _POINTER_DTYPES[signature[name]]
+        if argument.dtype != wanted:
+            compiled[position] = triton.reinterpret(argument, {"*fp32": tl.float32}[signature[name]])
+    return compiled
+
+
 def _scratch(size, alignment, stream):
     """Global memory for a launch of a kernel that makes TMA descriptors on the device (Triton's global
     scratch: bounded_select._tile_descriptors), from PyTorch's caching allocator, on the current device
@@ -110,6 +135,7 @@ def triton_launch(key, grid, pointers, int32s, float32s, kinds):
     sources = {"p": iter(pointers), "i": iter(int32s), "f": iter(float32s)}
     arguments = [next(sources[kind]) for kind in kinds]
     _check_pointer_types(key, kernel, signature, arguments)
+    arguments = _as_compiled(kernel, signature, arguments)
     if recording is not None:
         recording.append(key)
     if 0 in grid:

@@ -18,7 +18,8 @@ import triton.language as tl
 # that dtype there (register.py checks every other pointer against its compiled type).
 OUTPUTS_IN_THE_OPS_DTYPE = {"_select_kernel": ("scores_ptr",), "_bounded_select_kernel": ("scores_ptr",),
                             "_rerun_kernel": ("scores_ptr",),
-                            "_attention_kernel": ("output_ptr", "scores_ptr", "weights_ptr")}
+                            "_attention_kernel": ("output_ptr", "scores_ptr", "weights_ptr"),
+                            "_rho_aggregate_kernel": ("output_ptr", "weights_ptr")}
 
 # aggregate.py's and pair_gradients.py's kernels launch with Triton's defaults; select.py names its own.
 DEFAULT_OPTIONS = {"num_warps": 4}
@@ -190,7 +191,8 @@ def step_tiles(module, similarity, mask_kind, dtype):
 
 def attention_specialisations(module, select):
     """knn_attention's fused forward: the same variants as the select kernel (rho, slot order, bias
-    and the op's dtype are runtime arguments); its backward's softmax scores gradient at every width."""
+    and the op's dtype are runtime arguments); the composed forward's rho and aggregation; its
+    backward's softmax scores gradient at every width."""
     for suffix, pointer, mask_pointer, constexprs in top_k_variants(select):
         yield (f"attention {suffix}", module._attention_kernel,
                {"q_ptr": pointer, "k_ptr": pointer, "v_ptr": pointer, "kernel_ptr": pointer,
@@ -201,6 +203,8 @@ def attention_specialisations(module, select):
                 **row_layouts(module._attention_kernel, "q", "k", "v", "out")},
                {**constexprs, "CHANNELS": module.forward_channels(constexprs["SLOTS"])
                 if hasattr(module, "forward_channels") else module.CHANNELS})
+    if hasattr(module, "_rho_aggregate_kernel"):  # (not in the kernels of an earlier revision)
+        yield from rho_aggregate_specialisations(module, select)
     for dtype, pointer in backward_pointers(module):
         slots = select.MIN_SLOTS
         while slots <= select.slots_for(select.MAX_SLOTS):
@@ -212,6 +216,32 @@ def attention_specialisations(module, select):
                     **row_layouts(module._softmax_scores_gradient_kernel, "dy", "v")},
                    {"ROWS": select.ROWS, "SLOTS": slots, "CHANNELS": module.CHANNELS})
             slots *= 2
+
+
+def rho_aggregate_specialisations(module, select):
+    """The composed forward's rho and aggregation in one kernel (attention._rho_aggregate_kernel), at
+    every width, per input dtype of the running-top-K kernels (the scores, values, kernel and bias in
+    it; the weights and output written in the op's dtype; rho, bias and the op's dtype at run time)."""
+    for dtype_suffix, pointer in input_pointers(select):
+        slots = select.MIN_SLOTS
+        while slots <= select.slots_for(select.MAX_SLOTS):
+            yield (f"attention rho aggregate K<={slots}{dtype_suffix}", module._rho_aggregate_kernel,
+                   {"scores_ptr": pointer, "indices_ptr": "*i64", "v_ptr": pointer, "kernel_ptr": pointer,
+                    "bias_ptr": pointer, "output_ptr": "*fp32", "weights_ptr": "*fp32", "n": "i32", "m": "i32",
+                    "c": "i32", "k": "i32", "rho": "i32", "temperature": "fp32", "has_bias": "i32",
+                    "dtype_code": "i32"},
+                   {"ROWS": module.RHO_AGGREGATE_ROWS, "SLOTS": slots, "CHANNELS": module.THREAD_CHANNELS})
+            slots *= 2
+
+
+def attention_options(module, select, spec):
+    """The launch options of one of attention_specialisations' kernels."""
+    kernel = spec[1]
+    if kernel is getattr(module, "_rho_aggregate_kernel", None):
+        return module.rho_aggregate_options(spec[3]["SLOTS"])
+    if kernel is module._softmax_scores_gradient_kernel:
+        return getattr(module, "SCORES_GRADIENT_OPTIONS", DEFAULT_OPTIONS)
+    return top_k_options(select, spec)
 
 
 def backward_pointers(attention):
@@ -340,8 +370,7 @@ def all_specialisations(modules=None):
     if hasattr(modules.get("bounded_select"), "_key_norms_kernel"):
         every += list(bounded_select_specialisations(modules["bounded_select"], select))
     every += [(*spec, DEFAULT_OPTIONS) for spec in pair_gradient_specialisations(modules["pair_gradients"])]
-    scores_gradient_options = getattr(modules["attention"], "SCORES_GRADIENT_OPTIONS", DEFAULT_OPTIONS)
-    every += [(*spec, top_k_options(select, spec) if "gradient" not in spec[0] else scores_gradient_options)
+    every += [(*spec, attention_options(modules["attention"], select, spec))
               for spec in attention_specialisations(modules["attention"], select)]
     every += [(*spec, backward.compile_options(spec[3].get("SLOTS")) if hasattr(backward, "compile_options")
                else backward.COMPILE_OPTIONS) for spec in attention_backward_specialisations(backward, select)]

@@ -4,7 +4,9 @@
 // defined here: on CUDA, the Triton kernel of python/convnn/_triton/attention.py), the forward is
 // that one kernel. Otherwise, where the device has kernels of its own for the core ops (on CUDA,
 // the Triton kernels of src/ops/cuda/triton/), the attention is their composition through the
-// dispatcher, so that a layer on the device runs them; where it has none, the device-generic path.
+// dispatcher, so that a layer on the device runs them (rho and the aggregation after the select in
+// one kernel where the device registers convnn::knn_attention_rho_aggregate_device_fused for the
+// inputs); where it has none, the device-generic path.
 // ATen calls only, no device code: any device with core kernels registers these two functions.
 #include "ops/composite/knn_attention_composed.h"
 
@@ -14,6 +16,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "convnn/ops/knn_ops.h"
@@ -27,6 +30,7 @@
 TORCH_LIBRARY_FRAGMENT(convnn, m) {
   namespace op = convnn::ops::op;
   op::define<op::KnnAttentionDeviceFused>(m);
+  op::define<op::KnnAttentionRhoAggregateDeviceFused>(m);
   op::define<op::KnnAttentionSoftmaxScoresGradientDeviceFused>(m);
   op::define<op::KnnAttentionBackwardDeviceFused>(m);
 }
@@ -73,12 +77,33 @@ bool has_device_kernels(c10::DispatchKey key) {
   return select.hasKernelForDispatchKey(key) || aggregate.hasKernelForDispatchKey(key);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_checked(
-    const checks::AttentionChecked& checked, const at::Tensor& queries, const at::Tensor& keys,
+namespace {
+
+// The device's kernel for rho and the aggregation after the select, where one is registered and
+// takes the inputs: (output, weights); nothing otherwise.
+std::optional<std::pair<at::Tensor, at::Tensor>> device_fused_rho_aggregate(
+    c10::DispatchKey key, const at::Tensor& scores, const at::Tensor& indices, const at::Tensor& values,
+    const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, c10::string_view rho, double temperature) {
+  const auto& fused = op::handle<op::KnnAttentionRhoAggregateDeviceFused>();
+  if (!fused.hasKernelForDispatchKey(key)) return std::nullopt;
+  const auto outputs = fused.call(scores, indices, values, kernel, bias, rho, temperature);
+  if (outputs.empty()) return std::nullopt;
+  TORCH_CHECK(outputs.size() == 2, "knn_attention_rho_aggregate_device_fused: a device kernel returned ",
+              outputs.size(), " tensors, not 2 (output, weights)");
+  return std::make_pair(outputs[0], outputs[1]);
+}
+
+// composed_attention_checked on device `key`, whose kernel for rho and the aggregation after the
+// select (convnn::knn_attention_rho_aggregate_device_fused) is asked first.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_on(
+    c10::DispatchKey key, const checks::AttentionChecked& checked, const at::Tensor& queries, const at::Tensor& keys,
     const at::Tensor& values, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
-    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho,
     double temperature) {
   auto [scores, indices] = ops::knn_select(queries, keys, k, std::string(similarity), mask, index_order);
+  if (auto fused = device_fused_rho_aggregate(key, scores, indices, values, kernel, bias, rho, temperature)) {
+    return {fused->first, scores, indices, fused->second};
+  }
   auto weights = reference::rho_weights(scores, checked.rho, temperature);
   // A row the select step could not rank has NaN scores; its weights and output are NaN too, as on the
   // generic path: its weights NaN before the aggregation (softmax makes them so; uniform and mean,
@@ -91,6 +116,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_ch
   }
   auto output = ops::knn_aggregate(values, weights, indices, kernel, bias);
   return {output, scores, indices, weights};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> composed_attention_checked(
+    const checks::AttentionChecked& checked, const at::Tensor& queries, const at::Tensor& keys,
+    const at::Tensor& values, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias, int64_t k,
+    c10::string_view similarity, const c10::optional<at::Tensor>& mask, bool index_order, c10::string_view rho,
+    double temperature) {
+  const auto key = c10::computeDispatchKey(values.scalar_type(), values.layout(), values.device());
+  return composed_attention_on(key, checked, queries, keys, values, kernel, bias, k, similarity, mask, index_order,
+                               rho, temperature);
 }
 
 namespace {
@@ -160,7 +197,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> device_attention(
         if (!has_device_kernels(key)) {
           return generic::knn_attention_checked(checked, q, k_in, v, w, b, slots, sim, m, order, r, t);
         }
-        return composed_attention_checked(checked, q, k_in, v, w, b, slots, sim, m, order, r, t);
+        return composed_attention_on(key, checked, q, k_in, v, w, b, slots, sim, m, order, r, t);
       },
       op::Scope::kShapesAndValues, queries, keys, values, kernel, bias, k, similarity, mask, index_order, rho,
       temperature);

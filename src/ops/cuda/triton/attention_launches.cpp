@@ -101,6 +101,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
   return {output, scores, indices, weights};
 }
 
+std::string rho_aggregate_key(int64_t k, at::ScalarType dtype) {
+  return "attention rho aggregate K<=" + std::to_string(top_k_slots(k)) + input_key_suffix(dtype);
+}
+
+bool rho_aggregate_fits(const at::Tensor& scores, const at::Tensor& values, const at::Tensor& kernel) {
+  constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
+  constexpr int64_t kGridYZ = 65535;
+  const int64_t g = scores.size(0), n = scores.size(1), k = scores.size(2), c = values.size(2);
+  return kernel.dim() == 2 && k >= 1 && k <= kSelectBlocks.max_slots && g <= kGridYZ && scores.numel() <= kInt32 &&
+         values.numel() <= kInt32 && g * n * std::max<int64_t>(c, 1) <= kInt32;
+}
+
+const std::vector<std::string>& rho_aggregate_kernel_keys(at::ScalarType dtype) {
+  return keys_per_dtype(dtype, [](at::ScalarType type) {
+    std::vector<std::string> all;
+    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+      all.push_back(rho_aggregate_key(slots, type));
+    }
+    return all;
+  });
+}
+
+std::pair<at::Tensor, at::Tensor> rho_aggregate(const at::Tensor& scores_in, const at::Tensor& indices,
+                                                const at::Tensor& values_in, const at::Tensor& kernel_in,
+                                                const at::Tensor& bias_in, Rho rho, double temperature,
+                                                const LaunchRunner& run) {
+  const int64_t g = scores_in.size(0), n = scores_in.size(1), k = scores_in.size(2);
+  const int64_t m = values_in.size(1), c = values_in.size(2);
+  const auto dtype = scores_in.scalar_type();
+  auto output = at::empty({g, n, c}, values_in.options()), weights = at::empty_like(scores_in);
+  if (g * n == 0) return {output, weights};
+  const auto input = top_k_input_dtype(dtype);
+  const auto scores = scores_in.to(input).contiguous(), values = values_in.to(input).contiguous();
+  const auto kernel = kernel_in.to(input).contiguous();
+  // Without a bias the kernel does not read bias_ptr (has_bias is 0); any valid pointer does.
+  const auto bias = bias_in.defined() ? bias_in.to(input).contiguous() : values;
+  Launch launch{rho_aggregate_key(k, dtype), {cdiv(n, kAttentionCodes.rho_aggregate_rows), g}, {}};
+  launch.arguments.pointer(scores).pointer(indices.contiguous()).pointer(values).pointer(kernel).pointer(bias)
+      .pointer(output).pointer(weights).int32(n).int32(m).int32(c).int32(k).int32(rho_code(rho))
+      .float32(static_cast<float>(temperature)).int32(bias_in.defined() ? 1 : 0).int32(dtype_code(dtype));
+  run(launch);
+  return {output, weights};
+}
+
 bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& values, const at::Tensor& weights,
                           const at::Tensor& kernel) {
   constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();

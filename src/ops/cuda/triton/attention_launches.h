@@ -1,11 +1,13 @@
 #pragma once
-// The host side of the fused knn_attention Triton kernel (python/convnn/_triton/attention.py): the
-// launch that attention.attention_forward makes, made from C++ with the same grid and arguments,
-// through a LaunchRunner as in aggregate_launches.h (tests record it on CPU tensors).
+// The host side of knn_attention's Triton kernels (python/convnn/_triton/attention.py and
+// attention_backward.py): the fused forward, the composed forward's rho and aggregation, and the
+// backward's kernels, launched from C++ through a LaunchRunner as in aggregate_launches.h (tests
+// record the launches on CPU tensors).
 #include <ATen/core/Tensor.h>
 
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "convnn/ops/rho.h"
@@ -32,6 +34,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& kernel,
     const at::Tensor& bias, int64_t k, Similarity similarity, const at::Tensor& mask, bool index_order, Rho rho,
     double temperature, const LaunchRunner& run);
+
+/// Whether the composed forward's rho and aggregation kernel takes these (checked) inputs: a
+/// depthwise kernel [C,K], K within the widest running top-K, every size within 32 bits, the slices
+/// within CUDA's grid.
+bool rho_aggregate_fits(const at::Tensor& scores, const at::Tensor& values, const at::Tensor& kernel);
+/// The key of every width of that kernel for an op of `dtype`.
+const std::vector<std::string>& rho_aggregate_kernel_keys(at::ScalarType dtype);
+
+/// (output, weights) of knn_attention from the select's [G,N,K] scores and indices: rho and the
+/// depthwise aggregation in one kernel (attention._rho_aggregate_kernel), for inputs that the caller
+/// checked and rho_aggregate_fits accepts (float32, bfloat16 or float16; values [G,M,C]). The kernel
+/// reads scores, values, kernel and bias in top_k_input_dtype and writes both outputs in the op's
+/// dtype, as the composition of rho_weights and knn_aggregate would: NaN weights and output rows
+/// where the select could not rank a row (NaN scores).
+std::pair<at::Tensor, at::Tensor> rho_aggregate(const at::Tensor& scores, const at::Tensor& indices,
+                                                const at::Tensor& values, const at::Tensor& kernel,
+                                                const at::Tensor& bias, Rho rho, double temperature,
+                                                const LaunchRunner& run);
 
 /// Whether the backward's softmax scores gradient kernel takes these (checked) inputs: a depthwise
 /// kernel, K within the widest running top-K, every size within 32 bits.

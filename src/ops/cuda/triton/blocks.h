@@ -67,12 +67,14 @@ struct PairGradientBlocks {
 };
 extern const PairGradientBlocks kPairGradientBlocks;
 
-// From attention.py: value channels per aggregation step, and the codes of rho (RHO_CODES) and of
-// the op's dtype (DTYPE_CODES) that the fused attention kernel takes.
+// From attention.py: value channels per aggregation step, the codes of rho (RHO_CODES) and of
+// the op's dtype (DTYPE_CODES) that the fused attention kernel takes, and query rows per program of
+// the composed forward's rho and aggregation (RHO_AGGREGATE_ROWS).
 struct AttentionCodes {
   int64_t channels;
   int uniform, mean, softmax;
   int float32, bfloat16, float16;
+  int64_t rho_aggregate_rows;
 };
 extern const AttentionCodes kAttentionCodes;
 

@@ -132,8 +132,13 @@ std::optional<std::string> attention_check(const c10::Device& device, at::Scalar
       return std::string("knn_attention (") + to_string(similarity) + ")";
     }
   }
-  // The backward's fused step, through the generic select backward: the generic backward's query gradient.
   const auto& [output, scores, indices, weights] = want;
+  // The composed forward's rho and aggregation, on the generic select's scores and indices.
+  const auto [rho_output, rho_weights] = rho_aggregate(scores, indices, values, kernel, bias, Rho::Softmax, 0.5, run);
+  if (!close(rho_output, output, tolerance) || !close(rho_weights, weights, tolerance)) {
+    return std::string("knn_attention (rho and aggregation)");
+  }
+  // The backward's fused step, through the generic select backward: the generic backward's query gradient.
   const auto grad_output = at::randn(output.sizes(), generator).to(on_device);
   const auto grad_scores = softmax_scores_gradient(grad_output, values, weights, indices, kernel, 0.5, run);
   const auto fused = std::get<0>(generic::knn_select_backward(grad_scores, queries, keys, indices, scores, "l1"));

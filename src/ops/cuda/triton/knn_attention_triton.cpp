@@ -1,6 +1,7 @@
-// convnn::knn_attention_device_fused, knn_attention_softmax_scores_gradient_device_fused and
-// knn_attention_backward_device_fused under the CUDA dispatch key: the fused knn_attention forward,
-// its backward's softmax scores gradient and its two-kernel backward, the Triton kernels of
+// convnn::knn_attention_device_fused, knn_attention_rho_aggregate_device_fused,
+// knn_attention_softmax_scores_gradient_device_fused and knn_attention_backward_device_fused under
+// the CUDA dispatch key: the fused knn_attention forward, the composed forward's rho and aggregation
+// after its select, its backward's softmax scores gradient and its two-kernel backward, the Triton kernels of
 // python/convnn/_triton/attention.py and attention_backward.py, over the route that serves the call
 // (routes.h). The CUDA knn_attention and its backward (src/ops/composite/knn_attention_composed.cpp)
 // ask them first; each is registered behind its op's check (src/ops/op_signatures.h), which is then
@@ -55,6 +56,23 @@ std::vector<at::Tensor> cuda_attention_fused(const checks::AttentionChecked& che
   return {output, scores, indices, weights};
 }
 
+std::vector<at::Tensor> cuda_rho_aggregate(const Rho& rho, const at::Tensor& scores, const at::Tensor& indices,
+                                           const at::Tensor& values, const at::Tensor& kernel,
+                                           const c10::optional<at::Tensor>& bias, c10::string_view,
+                                           double temperature) {
+  const at::Tensor bias_tensor = bias.has_value() ? *bias : at::Tensor();
+  const auto path = PathRules(values, {scores, indices, kernel, bias_tensor})
+                        .require(rho_aggregate_fits(scores, values, kernel),
+                                 "a standard kernel [C',C,K], K above 64, a size past 32 bits or more slices than "
+                                 "CUDA's grid (the rho and aggregation kernel's limits)")
+                        .choose_per_dtype("knn_attention (rho and aggregation)", "attention rho aggregate",
+                                          &rho_aggregate_kernel_keys);
+  if (!path.fused()) return {};
+  const c10::OptionalDeviceGuard device(values.device());
+  auto [output, weights] = rho_aggregate(scores, indices, values, kernel, bias_tensor, rho, temperature, path.run);
+  return {output, weights};
+}
+
 std::vector<at::Tensor> cuda_softmax_scores_gradient(const at::Tensor& grad_output, const at::Tensor& values,
                                                      const at::Tensor& weights, const at::Tensor& indices,
                                                      const at::Tensor& kernel, double temperature) {
@@ -94,6 +112,7 @@ std::vector<at::Tensor> cuda_attention_backward_fused(const checks::AttentionChe
 
 TORCH_LIBRARY_IMPL(convnn, CUDA, m) {
   op::implement_checked<op::KnnAttentionDeviceFused, &cuda_attention_fused>(m);
+  op::implement_checked<op::KnnAttentionRhoAggregateDeviceFused, &cuda_rho_aggregate>(m);
   op::implement_checked<op::KnnAttentionSoftmaxScoresGradientDeviceFused, &cuda_softmax_scores_gradient>(m);
   op::implement_checked<op::KnnAttentionBackwardDeviceFused, &cuda_attention_backward_fused>(m);
 }

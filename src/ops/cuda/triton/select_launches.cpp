@@ -198,10 +198,14 @@ at::ScalarType top_k_input_dtype(at::ScalarType dtype) {
   return compiled ? dtype : at::kFloat;
 }
 
-std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind, at::ScalarType dtype) {
+std::string input_key_suffix(at::ScalarType dtype) {
   const auto input = top_k_input_dtype(dtype);  // the float32 kernels' keys name no dtype
+  return input == at::kFloat ? "" : std::string(" ") + kernel_dtype_name(input) + " inputs";
+}
+
+std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind, at::ScalarType dtype) {
   return std::string(kernel) + " " + to_string(similarity) + " K<=" + std::to_string(top_k_slots(k)) + " " +
-         mask_name(mask_kind) + (input == at::kFloat ? "" : std::string(" ") + kernel_dtype_name(input) + " inputs");
+         mask_name(mask_kind) + input_key_suffix(dtype);
 }
 
 std::vector<std::string> top_k_keys(const char* kernel, at::ScalarType dtype) {

@@ -40,6 +40,10 @@ bool is_dot_product(Similarity similarity);
 int64_t top_k_slots(int64_t k);
 /// Query rows per program of the running-top-K kernels (select, fused attention forward) at K.
 int64_t top_k_rows(int64_t k);
+/// The end of a key of a kernel compiled per input dtype (top_k_input_dtype) for an op of `dtype`:
+/// " bfloat16 inputs", " float16 inputs", or nothing for the float32 kernels, as specialisations.py's
+/// input_pointers names them.
+std::string input_key_suffix(at::ScalarType dtype);
 /// The key of a running-top-K kernel ("select" or "attention") for a similarity, K, mask kind and the
 /// op's dtype, as python/convnn/_triton/specialisations.py names it.
 std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int mask_kind, at::ScalarType dtype);
