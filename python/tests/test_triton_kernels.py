@@ -1151,7 +1151,7 @@ def test_rho_aggregate_gives_the_generic_weights_and_output_and_the_aggregations
 
 @pytest.mark.parametrize("k", [1, 9, 64])
 def test_rho_aggregate_at_every_k_the_kernel_holds(k):
-    """Two row blocks, more value channels than five steps of a thread's (40), slots summed as columns
+    """Two row blocks, five steps of a thread's 8 value channels (40), slots summed as columns
     (K <= 8) or one at a time (wider)."""
     queries, keys, generator = select_inputs(torch.float32, g=2, n=33, m=80, d=4, seed=61)
     values, kernel, bias = attention_operands(torch.float32, queries, keys, generator, c=40, k=k)
