@@ -306,14 +306,12 @@ class LanguageModel(nn.Module):
         self.num_classes = self.vocab_size
         self.embed_dim = self.token_embed.embedding_dim
 
-    def _check_tokens(self, tokens, first_position=0):
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long \
-                or tokens.shape[1] < 1:
-            shape = f"{tokens.dtype} {list(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-            raise ValueError(f"LanguageModel: tokens must be int64 [B, T] with T >= 1, got {shape}")
-        if first_position + tokens.shape[1] > self.context:
-            raise ValueError(f"LanguageModel: positions {first_position} to {first_position + tokens.shape[1] - 1} "
-                             f"are past the context of {self.context} tokens")
+    def _check_tokens(self, tokens, first_position=0, argument="tokens"):
+        """The C++ model's rule (convnn::models::check_tokens): int64 [B, T], T >= 1, ids in [0,
+        vocab_size), positions within the context."""
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"LanguageModel: {argument} must be an int64 tensor [B, T], got {type(tokens).__name__}")
+        _ops.language_model_check_tokens(tokens, self.vocab_size, self.context, first_position, argument)
 
     def _logits(self, tokens, first_position, caches):
         x = self.token_embed(tokens) + self.pos_embed[:, first_position:first_position + tokens.shape[1]]
@@ -366,7 +364,12 @@ class LanguageModel(nn.Module):
         text = isinstance(prompts, str)
         if text:
             prompts = torch.tensor([list(prompts.encode("utf-8"))], dtype=torch.long)
-        self._check_tokens(prompts)
+        if text and self.vocab_size > 256:
+            raise ValueError(f"generate: a str prompt is read as UTF-8 bytes (token ids 0 to 255), so it needs a "
+                             f"byte-level model (vocab_size at most 256, as `convnn train` trains on text); this "
+                             f"one's vocab_size is {self.vocab_size} (num_classes; create_model(name, "
+                             f"num_classes=256) builds a byte-level one): pass the prompt as token ids")
+        self._check_tokens(prompts, argument="prompts")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         device = self.head.weight.device

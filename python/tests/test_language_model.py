@@ -73,10 +73,24 @@ def test_generate_is_seeded_and_greedy_takes_the_most_likely_token():
 
 def test_bad_arguments_are_refused_by_name():
     model = small(attention="mhsa")
-    with pytest.raises(ValueError, match=r"tokens must be int64 \[B, T\]"):
+    # The C++ model's rule (convnn::language_model_check_tokens), ids included: an id past the
+    # vocabulary had reached the embedding, whose IndexError named no argument.
+    with pytest.raises(RuntimeError, match=r"tokens must be int64 \[B, T\]"):
         model(torch.zeros(1, 3))
-    with pytest.raises(ValueError, match="past the context of 24 tokens"):
+    with pytest.raises(RuntimeError, match="tokens at positions 0 to 29 are past the context of 24 tokens"):
         model(torch.zeros(1, 30, dtype=torch.long))
+    with pytest.raises(RuntimeError, match=r"tokens must be token ids in \[0, vocab_size = 50\), got values in \[-1, 3\]"):
+        model(torch.tensor([[3, -1]]))
+    with pytest.raises(RuntimeError, match=r"prompts must be token ids in \[0, vocab_size = 50\), got values in \[0, 50\]"):
+        model.generate(torch.tensor([[0, 50]]), 3)
+    caches = model.make_caches(1)
+    model.forward_step(torch.zeros(1, 20, dtype=torch.long), caches)
+    with pytest.raises(RuntimeError, match="tokens at positions 20 to 24 are past the context of 24 tokens"):
+        model.forward_step(torch.zeros(1, 5, dtype=torch.long), caches)
+    # A str prompt is its UTF-8 bytes: refused before sampling by a model whose ids may pass 255.
+    with pytest.raises(ValueError, match="a str prompt is read as UTF-8 bytes .* this one's vocab_size is 300"):
+        models.create_model("lm_tiny", num_classes=300, embed_dim=32, depth=1, num_heads=2, context=24,
+                            attention="mhsa").generate("ab", 3)
     with pytest.raises(RuntimeError, match=r"temperature must be >= 0 \(0: the most likely token\), got -1"):
         model.generate(torch.zeros(1, 2, dtype=torch.long), 3, temperature=-1.0)
     with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0"):
@@ -120,3 +134,15 @@ def test_convnn_eval_reports_bits_per_token_and_draws_the_byte_confusion_matrix(
     assert (tmp_path / "confusion.csv").exists()
     if subprocess.run(["which", "gnuplot"], capture_output=True).returncode == 0:
         assert (tmp_path / "confusion.png").exists()
+
+
+def test_compiled_whole_the_model_equals_eager_and_refuses_ids_past_the_vocabulary():
+    # fullgraph: the id check goes in the graph as an assertion (traced tokens have no values to read);
+    # without it, Inductor's embedding aborted the process on an id past the vocabulary.
+    model = models.create_model("lm_tiny", num_classes=50, embed_dim=32, depth=1, num_heads=2, context=24).eval()
+    compiled = torch.compile(model, fullgraph=True)
+    tokens = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(tokens), model(tokens))
+        with pytest.raises(RuntimeError, match=r"tokens must be token ids in \[0, vocab_size = 50\)"):
+            compiled(torch.full((2, 12), 50))

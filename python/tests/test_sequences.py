@@ -146,6 +146,11 @@ def test_masks_train_the_layer():
     ("attn_mask", torch.zeros(3, 5, 5, dtype=torch.bool), r"attn_mask must be \[N,N\], \[B,N,N\]"),
     ("attn_mask", torch.zeros(5, 4, dtype=torch.bool), r"attn_mask must be \[N,N\], \[B,N,N\]"),
     ("attn_mask", torch.zeros(5, 5, dtype=torch.int32), r"attn_mask must be bool or floating point"),
+    # An additive mask is added to the scores, where NaN and +inf cannot be ranked: the op's message
+    # names the mask beside the queries and keys.
+    ("attn_mask", torch.full((5, 5), float("inf"), dtype=torch.float64), r"and an additive mask for NaN or \+inf"),
+    ("key_padding_mask", torch.full((2, 5), float("nan"), dtype=torch.float64),
+     r"and an additive mask for NaN or \+inf"),
 ])
 def test_masks_of_the_wrong_shape_or_dtype_are_refused_by_name(argument, mask, rule):
     attention = layer(2)
@@ -298,6 +303,29 @@ def test_a_compiled_step_on_a_static_cache_compiles_once_for_every_length():
     assert counter.frame_count == 1
     assert compiled_cache.lengths.tolist() == [6, 6]
     torch.testing.assert_close(compiled_cache.keys, eager_cache.keys, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("held", [-2, 5])
+def test_a_cache_whose_lengths_were_set_out_of_range_is_refused_before_any_write(held):
+    # KVCache.lengths is a plain list that a caller can assign; -2 would have made narrow() write at
+    # max_length - 2, over held tokens, and the step would have gone on.
+    attention = layer(2)
+    cache = attention.make_cache(2, 4)
+    attention.forward_step(torch.randn(2, 1, EMBED, dtype=torch.float64), cache)
+    keys = cache.keys.clone()
+    cache.lengths = [1, held]
+    with pytest.raises(RuntimeError, match=rf"KVCache: lengths\[1\] = {held} must be in \[0, max_length = 4\]"):
+        attention.forward_step(torch.randn(2, 1, EMBED, dtype=torch.float64), cache)
+    assert cache.lengths == [1, held]
+    torch.testing.assert_close(cache.keys, keys, rtol=0, atol=0)
+
+
+def test_a_static_cache_with_a_negative_length_is_refused():
+    attention = layer(2)
+    cache = attention.make_cache(2, 4, static=True)
+    cache.lengths.copy_(torch.tensor([1, -1]))
+    with pytest.raises(RuntimeError, match=r"or a length is negative: each must be in \[0, max_length - t = 3\]"):
+        attention.forward_step(torch.randn(2, 1, EMBED, dtype=torch.float64), cache)
 
 
 def test_a_static_step_past_max_length_and_counts_are_refused():

@@ -25,15 +25,6 @@ std::string shape_of(const at::Tensor& t) {
   return text.str();
 }
 
-void check_tokens(const at::Tensor& tokens, const LanguageModelOptions& o, const char* argument) {
-  TORCH_CHECK(tokens.defined() && tokens.dim() == 2 && tokens.scalar_type() == at::kLong && tokens.size(1) >= 1,
-              kName, ": ", argument, " must be int64 [B, T] with T >= 1, got ", shape_of(tokens));
-  if (tokens.numel() == 0) return;
-  const auto low = tokens.min().item<int64_t>(), high = tokens.max().item<int64_t>();
-  TORCH_CHECK(low >= 0 && high < o.vocab_size(), kName, ": ", argument, " must be token ids in [0, vocab_size = ",
-              o.vocab_size(), "), got values in [", low, ", ", high, "]");
-}
-
 // Restores a module's training mode when it goes out of scope.
 class ModeGuard {
  public:
@@ -48,6 +39,26 @@ class ModeGuard {
 };
 
 }  // namespace
+
+void check_tokens(const at::Tensor& tokens, int64_t vocab_size, int64_t context, int64_t first_position,
+                  const std::string& argument) {
+  TORCH_CHECK(tokens.defined() && tokens.dim() == 2 && tokens.scalar_type() == at::kLong && tokens.size(1) >= 1,
+              kName, ": ", argument, " must be int64 [B, T] with T >= 1, got ", shape_of(tokens));
+  const int64_t t = tokens.size(1);
+  TORCH_CHECK(first_position >= 0 && first_position + t <= context, kName, ": ", argument, " at positions ",
+              first_position, " to ", first_position + t - 1, " are past the context of ", context, " tokens");
+  if (tokens.numel() == 0) return;
+  // Traced tokens (torch.compile's fake tensors, export) have no values to read: the range goes in
+  // the graph as an assertion, checked when it runs.
+  if (tokens.is_meta() || tokens.key_set().has(c10::DispatchKey::Python)) {
+    at::_assert_async(tokens.ge(0).logical_and(tokens.lt(vocab_size)).all(),
+                      c10::str(kName, ": ", argument, " must be token ids in [0, vocab_size = ", vocab_size, ")"));
+    return;
+  }
+  const auto low = tokens.min().item<int64_t>(), high = tokens.max().item<int64_t>();
+  TORCH_CHECK(low >= 0 && high < vocab_size, kName, ": ", argument, " must be token ids in [0, vocab_size = ",
+              vocab_size, "), got values in [", low, ", ", high, "]");
+}
 
 LanguageModelImpl::LanguageModelImpl(LanguageModelOptions options_) : options(std::move(options_)) { reset(); }
 
@@ -93,8 +104,6 @@ void LanguageModelImpl::reset() {
 at::Tensor LanguageModelImpl::logits(const at::Tensor& tokens, int64_t first_position,
                                      std::vector<nn::KVCache>* caches) {
   const int64_t t = tokens.size(1);
-  TORCH_CHECK(first_position + t <= options.context(), kName, ": positions ", first_position, " to ",
-              first_position + t - 1, " are past the context of ", options.context(), " tokens");
   auto x = pos_drop(token_embed(tokens) + pos_embed.narrow(1, first_position, t));
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto& block = blocks->at<TransformerBlockImpl>(i);
@@ -104,7 +113,7 @@ at::Tensor LanguageModelImpl::logits(const at::Tensor& tokens, int64_t first_pos
 }
 
 at::Tensor LanguageModelImpl::forward(const at::Tensor& tokens) {
-  check_tokens(tokens, options, "tokens");
+  check_tokens(tokens, options.vocab_size(), options.context(), 0, "tokens");
   // ConvNN attention selects among at least k keys. The model is causal: no position sees the ones
   // after it, so a sequence shorter than k padded at its end to k tokens gives its own positions'
   // logits exactly (and their gradients).
@@ -125,17 +134,17 @@ std::vector<nn::KVCache> LanguageModelImpl::make_caches(int64_t batch, int64_t m
 }
 
 at::Tensor LanguageModelImpl::forward_step(const at::Tensor& tokens, std::vector<nn::KVCache>& caches) {
-  check_tokens(tokens, options, "tokens");
   TORCH_CHECK(caches.size() == blocks->size(), kName, ": forward_step needs one cache per block (", blocks->size(),
               "), got ", caches.size(), " (make_caches makes them)");
   const auto& lengths = caches.front().lengths();
-  TORCH_CHECK(static_cast<int64_t>(lengths.size()) == tokens.size(0), kName, ": tokens hold ", tokens.size(0),
-              " samples and the caches ", lengths.size());
   for (const auto length : lengths) {
     TORCH_CHECK(length == lengths.front(), kName,
                 ": forward_step needs every sample's cache to hold as many tokens; they hold ", lengths.front(),
                 " and ", length);
   }
+  check_tokens(tokens, options.vocab_size(), options.context(), lengths.front(), "tokens");
+  TORCH_CHECK(static_cast<int64_t>(lengths.size()) == tokens.size(0), kName, ": tokens hold ", tokens.size(0),
+              " samples and the caches ", lengths.size());
   return logits(tokens, lengths.front(), &caches);
 }
 
@@ -188,11 +197,9 @@ int64_t generation_restart_tokens(int64_t context) {
 
 at::Tensor generate(LanguageModelImpl& model, const at::Tensor& prompts, int64_t max_new_tokens,
                     const SamplingOptions& options, uint64_t seed) {
-  check_tokens(prompts, model.options, "prompts");
-  TORCH_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", max_new_tokens);
   const int64_t context = model.options.context();
-  TORCH_CHECK(prompts.size(1) <= context, "generate: the prompt's ", prompts.size(1),
-              " tokens exceed the model's context of ", context, " tokens");
+  check_tokens(prompts, model.options.vocab_size(), context, 0, "prompts");
+  TORCH_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", max_new_tokens);
   ModeGuard mode(model);
   model.eval();
   at::NoGradGuard no_grad;

@@ -12,6 +12,7 @@
 //   convnn::sample_tokens(logits, ...)    a language model's next tokens (models::sample_tokens), the
 //                                         one sampling rule of `convnn generate` and Python's generate
 //   convnn::generation_restart_tokens(n)  what generate reads again when its caches are full
+//   convnn::language_model_check_tokens(...)  the rule for a language model's tokens (check_tokens)
 //
 // Python rebuilds the same tree from the structure (its convnn.nn layers from the option texts,
 // torch.nn layers from the arguments) and loads these tensors, so names, shapes, initialisation and
@@ -179,6 +180,10 @@ TORCH_LIBRARY_FRAGMENT(convnn, m) {
   m.def("self_attention_step(Tensor queries, Tensor keys, Tensor values, Tensor(a!) cache_keys, "
         "Tensor(b!) cache_values, int[] lengths, int[] counts) -> (Tensor output, int[] lengths)");
   m.def("generation_restart_tokens(int context) -> int", &generation_restart_tokens);
+  m.def("language_model_check_tokens(Tensor tokens, int vocab_size, int context, int first_position, str argument) "
+        "-> ()",
+        [](const at::Tensor& tokens, int64_t vocab_size, int64_t context, int64_t first_position,
+           const std::string& argument) { check_tokens(tokens, vocab_size, context, first_position, argument); });
   m.def("sample_tokens(Tensor logits, float temperature, int top_k, Generator? generator=None) -> Tensor",
         [](const at::Tensor& logits, double temperature, int64_t top_k, std::optional<at::Generator> generator) {
           return sample_tokens(logits, SamplingOptions{temperature, top_k}, std::move(generator));

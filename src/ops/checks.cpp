@@ -409,7 +409,8 @@ void check_rankable(const at::Tensor& ranking_keys, std::string_view op) {
   const auto where = at::nonzero(bad)[0].cpu();
   TORCH_CHECK(false, op, ": similarity scores must not be NaN or +inf (-inf marks a masked candidate); "
               "found one at [g, i, j] = [", where[0].item<int64_t>(), ", ", where[1].item<int64_t>(),
-              ", ", where[2].item<int64_t>(), "]: check queries and keys for NaN or Inf");
+              ", ", where[2].item<int64_t>(),
+              "]: check queries and keys for NaN or Inf, and an additive mask for NaN or +inf");
 }
 
 }  // namespace convnn::checks

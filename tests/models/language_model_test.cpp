@@ -128,7 +128,7 @@ TEST(LanguageModel, BadTokensAndPromptsAreRefusedByName) {
             std::string::npos);
   EXPECT_NE(error_of([&] { model(torch::zeros({2, 3})); }).find("tokens must be int64 [B, T]"), std::string::npos);
   EXPECT_NE(error_of([&] { generate(*model, torch::zeros({1, 30}, at::kLong), 1, {}, 0); })
-                .find("the prompt's 30 tokens exceed the model's context of 24"),
+                .find("prompts at positions 0 to 29 are past the context of 24 tokens"),
             std::string::npos);
   auto caches = model->make_caches(1, 24);
   EXPECT_NE(error_of([&] { model->forward_step(torch::zeros({2, 1}, at::kLong), caches); }).find("tokens hold 2 samples"),

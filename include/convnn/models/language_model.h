@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "convnn/models/cost.h"
@@ -79,6 +80,13 @@ class LanguageModelImpl : public torch::nn::Cloneable<LanguageModelImpl> {
   at::Tensor logits(const at::Tensor& tokens, int64_t first_position, std::vector<nn::KVCache>* caches);
 };
 TORCH_MODULE(LanguageModel);
+
+/// The rule for a language model's tokens, of forward, forward_step and generate and of the Python
+/// package's model (the op convnn::language_model_check_tokens): int64 [B, T] with T >= 1, ids in
+/// [0, vocab_size), at positions first_position .. first_position + T - 1 within the context.
+/// c10::Error naming `argument`.
+void check_tokens(const at::Tensor& tokens, int64_t vocab_size, int64_t context, int64_t first_position,
+                  const std::string& argument);
 
 /// How generate samples each next token: from softmax(logits / temperature) restricted to the
 /// top_k most likely tokens (0: all), or the most likely one when temperature is 0.

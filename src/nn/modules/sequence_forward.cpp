@@ -131,6 +131,10 @@ std::vector<int64_t> append_to_cache(const at::Tensor& cache_keys, const at::Ten
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t count = counts[static_cast<size_t>(b)], held = lengths[static_cast<size_t>(b)];
     TORCH_CHECK(count >= 0 && count <= t, kCache, ": counts[", b, "] = ", count, " must be in [0, t = ", t, "]");
+    // The lengths come from the caller (Python's KVCache.lengths is a plain list): a negative one
+    // would make narrow() count from the end and write over held tokens.
+    TORCH_CHECK(held >= 0 && held <= max_length, kCache, ": lengths[", b, "] = ", held,
+                " must be in [0, max_length = ", max_length, "] (the tokens sample ", b, " holds)");
     TORCH_CHECK(held + count <= max_length, kCache, ": sample ", b, " holds ", held, " tokens; ", count,
                 " more would pass max_length = ", max_length, " (make the cache longer, or reset() it)");
   }
@@ -226,9 +230,12 @@ at::Tensor attention_aggregate_static_step(const ConvNNAttentionOptions& o, cons
   const int64_t t = queries.size(1);
   const auto index = lengths.options();
   const auto positions = lengths.unsqueeze(1) + at::arange(t, index).unsqueeze(0);  // [B,t]
-  at::_assert_async(positions.lt(max_length).all(),
+  // Checked on the device (no read back: a step stays graph-capturable); a negative length, which
+  // only a caller's own write to lengths can make, would scatter to no row.
+  at::_assert_async(lengths.ge(0).all().logical_and(positions.lt(max_length).all()),
                     c10::str(kCache, ": a step of ", t, " tokens would pass max_length = ", max_length,
-                             " (make the cache longer, or reset() it)"));
+                             " (make the cache longer, or reset() it), or a length is negative: each must be in "
+                             "[0, max_length - t = ", max_length - t, "]"));
   {
     at::NoGradGuard no_grad;  // the cache holds values, not a graph: decoding is inference
     const auto write = [&](const at::Tensor& cache, const at::Tensor& rows) {
