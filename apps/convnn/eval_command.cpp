@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "model_options.h"
 #include "convnn/checkpoint/checkpoint.h"
 #include "convnn/data/text.h"
 #include "convnn/data/datasets.h"
@@ -128,8 +129,8 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--split", args->split, "Split to evaluate (test: the val/ folder of an imagefolder)")
       ->check(CLI::IsMember(data::split_names()));
   sub->add_option("--output", args->output, "Folder for confusion.csv/png (unset: <run>/eval-<split>)");
-  sub->add_option("-b,--batch-size", args->batch_size, "Batch size")->check(CLI::PositiveNumber);
-  sub->add_option("-j,--workers", args->workers, "Data loader threads")->check(CLI::NonNegativeNumber);
+  sub->add_option("-b,--batch-size", args->batch_size, "Batch size")->check(integer_at_least(1));
+  sub->add_option("-j,--workers", args->workers, "Data loader threads")->check(integer_at_least(0));
   sub->add_flag("--amp", args->bf16, "Evaluate under bfloat16 autocast");
   add_device_option(sub, args->device, "Device to load the checkpoint onto and evaluate on");
   sub->add_flag("--allow-non-finite", args->allow_non_finite,

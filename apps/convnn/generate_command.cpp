@@ -9,6 +9,7 @@
 #include <string>
 
 #include "commands.h"
+#include "model_options.h"
 #include "convnn/checkpoint/checkpoint.h"
 #include "convnn/data/text.h"
 #include "convnn/models/language_model.h"
@@ -41,7 +42,6 @@ int run_generate(const GenerateArgs& a) {
               "' holds ", config.model, ", which is not a language model (the language models: ",
               fmt::format("{}", fmt::join(models::model_names(models::ModelFamily::LanguageModel), ", ")), ")");
   TORCH_CHECK(!a.prompt.empty(), "--prompt must hold at least one character (the model continues it)");
-  TORCH_CHECK(a.samples >= 1, "--samples must be at least 1, got ", a.samples);
   auto model = train::make_model(config, device);
   checkpoint::load_checkpoint(path, *model.module(), nullptr);
   const auto prompt = data::encode_bytes(a.prompt).unsqueeze(0).expand({a.samples, -1}).contiguous();
@@ -73,15 +73,18 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("-n,--max-new-tokens", args->max_new_tokens,
                   "Tokens to sample after the prompt (prompt and samples fit in the model's context)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   sub->add_option("--temperature", args->sampling.temperature,
                   "Divides the logits before sampling; 0 takes the most likely token")
       ->capture_default_str();
   sub->add_option("--top-k", args->sampling.top_k, "Sample among the k most likely tokens only; 0: all")
       ->capture_default_str();
-  sub->add_option("--seed", args->seed, "Seed of the sampling: the same seed, the same text")->capture_default_str();
+  sub->add_option("--seed", args->seed, "Seed of the sampling: the same seed, the same text")
+      ->capture_default_str()
+      ->check(seed_value());
   sub->add_option("--samples", args->samples, "Continuations of the prompt, sampled side by side")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_at_least(1));
   add_device_option(sub, args->device, "Device to load the model onto and sample on");
   sub->add_flag("--speed", args->speed,
                 "Also print on stderr how long the sampling took (the prompt read and every step; not the loading)");

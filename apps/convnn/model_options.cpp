@@ -1,5 +1,11 @@
 #include "model_options.h"
 
+#include <fmt/format.h>
+
+#include <charconv>
+#include <optional>
+#include <system_error>
+
 namespace convnn::cli {
 
 CLI::Validator explicit_value(const std::string& left_out, bool allow_zero) {
@@ -12,6 +18,48 @@ CLI::Validator explicit_value(const std::string& left_out, bool allow_zero) {
                " (leave the flag out for " + left_out + ")";
       },
       allow_zero ? "NONNEGATIVE" : "POSITIVE");
+}
+
+namespace {
+
+// The text as an int64, or nullopt where it is not one whole integer (out of range included).
+std::optional<int64_t> whole_integer(const std::string& text) {
+  int64_t value = 0;
+  const char* begin = text.data() + (text.front() == '+' ? 1 : 0);  // from_chars takes no '+'
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(begin, end, value);
+  if (error != std::errc() || stop != end) return std::nullopt;
+  return value;
+}
+
+bool looks_integral(const std::string& text) {
+  const auto digits = text.find_first_not_of("+-");
+  return !text.empty() && digits != std::string::npos && digits <= 1 &&
+         text.find_first_not_of("0123456789", digits) == std::string::npos;
+}
+
+}  // namespace
+
+CLI::Validator integer_at_least(int64_t minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        if (!looks_integral(text)) return "";  // CLI11's conversion names a non-number
+        const auto value = whole_integer(text);
+        if (value && *value >= minimum) return "";
+        return fmt::format("must be an integer of at least {}, got {}", minimum, text);
+      },
+      minimum == 0 ? "NONNEGATIVE" : minimum == 1 ? "POSITIVE" : fmt::format("AT_LEAST_{}", minimum));
+}
+
+CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (!looks_integral(text)) return "";
+        const auto value = whole_integer(text);
+        if (value && *value >= 0) return "";
+        return "must be an integer in [0, 2^63), got " + text;
+      },
+      "SEED");
 }
 
 void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c) {

@@ -3,6 +3,7 @@
 // the training command), declared once so that every subcommand spells them alike, and the check
 // that every option with a "leave it out" default shares.
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -32,6 +33,17 @@ CLI::Option* add_enum_option(CLI::App* sub, const std::string& flag, Target& tar
 /// explicit sentinel would otherwise be replaced silently. `left_out` says what leaving it out
 /// gives, for the message. A value that is not a number passes on to CLI11's conversion error.
 CLI::Validator explicit_value(const std::string& left_out, bool allow_zero = false);
+
+/// An integer option of at least `minimum`, its message in the user's own text ("must be an
+/// integer of at least 1, got 0"): CLI11's PositiveNumber and NonNegativeNumber print their bounds as
+/// doubles (up to 1.8e308, in full). A value that is not an integer passes on to CLI11's conversion
+/// error.
+CLI::Validator integer_at_least(int64_t minimum);
+
+/// A seed option: an integer in [0, 2^63) (the run config's rule, and what a JSON reader keeps
+/// exactly). Bound to an unsigned field, CLI11 took "-1" as 2^64 - 1 and a value past 2^64 as
+/// 2^64 - 1, silently, so every such seed gave the same run.
+CLI::Validator seed_value();
 
 /// Registers --model (required) and one flag per ModelConfig field on `sub`; parsing fills
 /// `name` and `config`.

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "model_options.h"
 #include "convnn/dist/process_group.h"
 #include "convnn/checkpoint/checkpoint.h"
 #include "convnn/data/text.h"
@@ -129,7 +130,7 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--nproc", *nproc,
                   "Data parallel on this machine without torchrun: start N processes of this command "
                   "(as torchrun --nproc-per-node N would)")
-      ->check(CLI::PositiveNumber)
+      ->check(integer_at_least(1))
       ->default_str("")  // its 0 means "not given"
       ->group("Distributed");
   sub->add_flag(
@@ -140,7 +141,7 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--dist-timeout", dist_args->timeout_s,
                   "Data parallel: seconds to wait for the rendezvous, and for a collective before the other "
                   "processes count as gone")
-      ->check(CLI::PositiveNumber)
+      ->check(explicit_value("300 s"))
       ->group("Distributed");
   sub->add_flag("--allow-non-finite", args->allow_non_finite,
                 "With --resume: load a checkpoint whose weights or optimiser state hold NaN or Inf "

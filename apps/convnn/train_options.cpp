@@ -238,13 +238,13 @@ void add_train_options(CLI::App* sub, TrainArgs& args) {
       "Same as --precision bfloat16");
   add_device_option(sub, args.device, "Device of the model, loss, metrics and optimiser",
                     ". Not part of the run's config: a run resumes on any device");
-  sub->add_option("--seed", c.run.seed,
-                  "Seed of the model initialisation, shuffling and augmentation");
+  sub->add_option("--seed", c.run.seed, "Seed of the model initialisation, shuffling and augmentation")
+      ->check(seed_value());
   sub->add_option("--output", c.run.output, "Folder of the run directories");
   sub->add_option("--experiment", c.run.experiment, "Run directory name (unset: <model>-<dataset>-<time>)");
   auto& shown = args.presentation;
   sub->add_option("--log-interval", shown.log_interval, "Batches between log lines without a terminal")
-      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+      ->check(integer_at_least(1));
   sub->add_flag("--quiet,--plain", shown.quiet, "Plain log lines instead of a progress bar");
   sub->add_flag("!--no-plots", shown.plots, "Do not draw PNG plots");
   group_since(sub, first, "Miscellaneous parameters");

@@ -208,6 +208,22 @@ FLAG_CASES = {
     "bench-missing-data": (["bench", "--data", "<missing>"], ["<missing>"]),
     "verify-unknown-dtype": (["verify", "--dtype", "float16"], ["float16"]),
     "threads-0": (["--threads", "0", "info", "--model", "resnet18"], ["--threads", "0"]),
+    # Integer flags say their rule in the user's text (CLI11's PositiveNumber printed its bound as
+    # a 309-digit double), and a seed outside [0, 2^63) is refused where an unsigned field took -1
+    # and any value past 2^64 as 2^64 - 1, silently.
+    "eval-workers-negative": (["eval", "--checkpoint", "x.pt", "--workers", "-2"],
+                              ["--workers: must be an integer of at least 0, got -2"]),
+    "train-seed-negative": (["train", "--seed", "-1"], ["--seed: must be an integer in [0, 2^63), got -1"]),
+    "train-seed-past-2-64": (["train", "--seed", "99999999999999999999999"],
+                             ["--seed: must be an integer in [0, 2^63), got 99999999999999999999999"]),
+    "train-log-interval-0": (["train", "--log-interval", "0"], ["--log-interval: must be an integer of at least 1"]),
+    "train-nproc-0": (["train", "--nproc", "0"], ["--nproc: must be an integer of at least 1, got 0"]),
+    "generate-seed-negative": (["generate", "--checkpoint", "x.pt", "--seed", "-1"],
+                               ["--seed: must be an integer in [0, 2^63), got -1"]),
+    "generate-max-new-tokens-negative": (["generate", "--checkpoint", "x.pt", "-n", "-5"],
+                                         ["--max-new-tokens: must be an integer of at least 0, got -5"]),
+    "generate-samples-0": (["generate", "--checkpoint", "x.pt", "--samples", "0"],
+                           ["--samples: must be an integer of at least 1, got 0"]),
 }
 
 

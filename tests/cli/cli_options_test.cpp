@@ -20,6 +20,7 @@
 #include "convnn/config/train_config.h"
 #include "convnn/verify/identities.h"
 #include "data/fixtures.h"
+#include "model_options.h"
 #include "train_options.h"
 
 namespace convnn::cli {
@@ -234,6 +235,33 @@ TEST(CliOptions, EveryNameTableParsesAndPrintsBack) {
   const auto message = testing::error_of([&] { dist::parse_backend("mpi", cpu, "--dist-backend"); });
   EXPECT_NE(message.find("--dist-backend must be auto or one of gloo, nccl, got 'mpi'"), std::string::npos)
       << message;
+}
+
+}  // namespace
+}  // namespace convnn::cli
+
+namespace convnn::cli {
+namespace {
+
+// The integer and seed checks: a signed or unsigned integer text in range passes ("+3" too, which
+// std::from_chars alone refuses), one outside says its rule, a non-integer is left to CLI11's
+// conversion error (the check passes it).
+TEST(CliOptions, IntegerAndSeedChecksSayTheirRuleInTheUsersText) {
+  const auto check = [](const CLI::Validator& validator, std::string text) { return validator(text); };
+  const auto at_least_1 = integer_at_least(1);
+  EXPECT_EQ(check(at_least_1, "1"), "");
+  EXPECT_EQ(check(at_least_1, "+3"), "");
+  EXPECT_EQ(check(at_least_1, "0"), "must be an integer of at least 1, got 0");
+  EXPECT_EQ(check(at_least_1, "-99999999999999999999"), "must be an integer of at least 1, got -99999999999999999999");
+  EXPECT_EQ(check(at_least_1, "3x"), "");
+  EXPECT_EQ(check(at_least_1, "1.5"), "");
+  EXPECT_EQ(at_least_1.get_description(), "POSITIVE");
+  EXPECT_EQ(integer_at_least(0).get_description(), "NONNEGATIVE");
+  const auto seed = seed_value();
+  EXPECT_EQ(check(seed, "0"), "");
+  EXPECT_EQ(check(seed, "9223372036854775807"), "");
+  EXPECT_EQ(check(seed, "9223372036854775808"), "must be an integer in [0, 2^63), got 9223372036854775808");
+  EXPECT_EQ(check(seed, "-1"), "must be an integer in [0, 2^63), got -1");
 }
 
 }  // namespace
