@@ -16,6 +16,7 @@
 
 #include "bench_data.h"
 #include "commands.h"
+#include "model_options.h"
 #include "convnn/bench/bench.h"
 #include "convnn/bench/sequence_bench.h"
 #include "convnn/util/device.h"
@@ -494,9 +495,11 @@ Command add_bench_command(CLI::App& app) {
                 "Op-level sweep over --sweep-n x --sweep-k (replaces --level, --batch, --tokens, --k, "
                 "--iters and --warmup by the --sweep-* options)");
   sub->add_option("--sweep-n", args->sweep_n, "Sequence lengths of the sweep")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(integer_at_least(1));
   sub->add_option("--sweep-k", args->sweep_k, "Neighbour counts of the sweep")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(integer_at_least(1));
   sub->add_option("--sweep-batch", args->sweep_batch, "Batch size of the sweep");
   sub->add_option("--sweep-iters", args->sweep_iters, "Timed iterations per phase in the sweep");
   sub->add_option("--sweep-warmup", args->sweep_warmup, "Warm-up iterations in the sweep");

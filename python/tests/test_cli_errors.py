@@ -222,6 +222,7 @@ FLAG_CASES = {
                                ["--seed: must be an integer in [0, 2^63), got -1"]),
     "generate-max-new-tokens-negative": (["generate", "--checkpoint", "x.pt", "-n", "-5"],
                                          ["--max-new-tokens: must be an integer of at least 0, got -5"]),
+    "bench-sweep-n-negative": (["bench", "--sweep", "--sweep-n", "197,-5"], ["--sweep-n: must be an integer of at least 1, got -5"]),
     "generate-samples-0": (["generate", "--checkpoint", "x.pt", "--samples", "0"],
                            ["--samples: must be an integer of at least 1, got 0"]),
 }
