@@ -286,6 +286,38 @@ TEST(FusedSelect, OverflowingScoreIsRejectedWithItsPosition) {
   }
 }
 
+// Key blocks (128 keys) that a bool mask hides from every row of a block of rows (64 rows) are
+// skipped once each row holds K candidates, and whole rows (float32, K <= 16, M <= 2048) end at the
+// last block any of their rows may select. Integer features, so every score is exact and the
+// selection must be the reference's bit for bit: causal masks (rows with fewer than K valid keys
+// first), windows far from the first keys (short rows filled by the lowest masked indices, which
+// the first block holds), K above a block's width (the second block read even where hidden),
+// per-slice masks, whole rows and streamed ones, and float64 (whose kernel streams at every length).
+TEST(FusedSelect, KeyBlocksABoolMaskHidesFromEveryRowChangeNothing) {
+  torch::manual_seed(8);
+  const int64_t n = 300;
+  for (const int64_t m : {int64_t{1500}, int64_t{2200}}) {
+    const auto rows = torch::arange(n).unsqueeze(1), keys = torch::arange(m).unsqueeze(0);
+    const auto causal = keys <= rows + (m - n);  // every row's diagonal near the last keys
+    const auto early_causal = keys <= rows;       // rows 0 .. K-2 short; keys past row 299 hidden from all
+    const auto window_start = 1000 + (rows % 3) * 128;
+    const auto windows = (keys >= window_start) & (keys < window_start + (rows % 5));  // 0 to 4 valid keys
+    const auto per_slice = torch::stack({early_causal, windows});
+    const auto none = torch::zeros({n, m}, torch::kBool);  // every row short of K: slots 0 .. K-1
+    for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+      const auto q = torch::randint(-3, 4, {2, n, 4}, dtype), k = torch::randint(-3, 4, {2, m, 4}, dtype);
+      for (const int64_t top : {int64_t{1}, int64_t{9}, int64_t{16}, int64_t{17}, int64_t{200}}) {
+        for (const auto& similarity : {std::string("dot"), std::string("gaussian")}) {
+          for (const auto& mask : {causal, early_causal, windows, per_slice, none}) {
+            SCOPED_TRACE(std::string(c10::toString(dtype)) + " m=" + std::to_string(m));
+            expect_same_selection(q, k, top, similarity, mask, top == 9);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedSelect, SameResultWithOneOrTwoThreads) {
   torch::manual_seed(6);
   const auto q = torch::randn({5, 90, 12}), k = torch::randn({5, 260, 12});

@@ -3,7 +3,9 @@
 //   compute the score tile with a 4 x 16 register-blocked micro-kernel
 //   vectorised over keys (the similarity policy's accumulate on whole vectors; a GEMM for dot
 //   products), turn it into ranking keys, apply the mask, and push every key into the row's
-//   running top-K (top_k.h).
+//   running top-K (top_k.h); a block a bool mask hides from every row is skipped once each row
+//   holds K candidates (the keys past a causal block's diagonal; whole rows end at the last block
+//   any of their rows may select).
 // Rows of at most WholeRowTopK::kMaxColumns keys (AVX2, float, K <= 16) take one block as wide as
 // the row instead, its keys transposed once per slice, and select each row whole (WholeRowTopK):
 // at short rows the running top-K's insertions, not the scores, were most of the time.
@@ -341,11 +343,17 @@ class SelectTask {
     }
 #endif
     for (int64_t r = 0; r < rows; ++r) tops_[r].reset();
+    int64_t offered = 0;  // candidates offered to every row so far
     for (int64_t m0 = 0; m0 < p_.keys_m; m0 += kKeyBlock) {
       const int64_t columns = std::min(kKeyBlock, p_.keys_m - m0);
+      // Once every row holds K candidates, keys the mask hides from all the block's rows change
+      // nothing (a masked key, -inf, displaces no kept one; its score is never tested): a causal
+      // block of rows scores the keys up to its diagonal only.
+      if (offered >= p_.k && hidden_from_every_row(g, row_begin, rows, m0, columns)) continue;
       load_key_block(g, m0, columns);
       compute_tile(rows, columns);
       if (!push_tile(g, row_begin, rows, m0, columns)) return false;
+      offered += columns;
     }
     write_rows(g, row_begin, rows);
     return true;
@@ -458,6 +466,33 @@ class SelectTask {
     return unrankable == 0;
   }
 
+  // Whether a bool mask (and no additive one, whose +inf on a masked key is reported) allows none
+  // of keys m0 .. m0 + columns - 1 to any of the rows.
+  bool hidden_from_every_row(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns) const {
+    if (p_.mask_bool == nullptr || p_.mask_additive != nullptr) return false;
+    for (int64_t r = 0; r < rows; ++r) {
+      // Bytes, ORed without an early exit inside the row, so that the loop vectorises.
+      const auto* allowed = reinterpret_cast<const unsigned char*>(
+          p_.mask_bool + g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0);
+      unsigned char any = 0;
+      for (int64_t c = 0; c < columns; ++c) any |= allowed[c];
+      if (any != 0) return false;
+    }
+    return true;
+  }
+
+  // One past the last block of kKeyBlock keys that a bool mask does not hide from every row (M
+  // without a bool mask).
+  int64_t allowed_extent(int64_t g, int64_t row_begin, int64_t rows) const {
+    int64_t extent = p_.keys_m;
+    while (extent > 0) {
+      const int64_t m0 = (extent - 1) / kKeyBlock * kKeyBlock;
+      if (!hidden_from_every_row(g, row_begin, rows, m0, extent - m0)) break;
+      extent = m0;
+    }
+    return extent;
+  }
+
   bool push_tile(int64_t g, int64_t row_begin, int64_t rows, int64_t m0, int64_t columns) {
     for (int64_t r = 0; r < rows; ++r) {
       if (m0 == 0) upcoming_.step();
@@ -476,14 +511,17 @@ class SelectTask {
       load_key_block(g, 0, p_.keys_m);
       transposed_slice_ = g;
     }
-    compute_tile(rows, p_.keys_m);
+    // The keys past the last block any row may select are left out, as the streamed blocks skip
+    // them; at least K keys stay, so a short row's masked slots are the same lowest indices.
+    const int64_t columns = std::max(allowed_extent(g, row_begin, rows), p_.k);
+    compute_tile(rows, columns);
     for (int64_t r = 0; r < rows; ++r) {
       upcoming_.step();
       acc_t* row = tile_.data() + r * width_;
-      if (!ranking_keys(row, r, p_.keys_m, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
+      if (!ranking_keys(row, r, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
         return false;
       }
-      whole_row_top_->select(row, p_.keys_m, p_.index_order, row_keys_.data(), row_indices_.data());
+      whole_row_top_->select(row, columns, p_.index_order, row_keys_.data(), row_indices_.data());
       write_row(g, row_begin + r);
     }
     return true;
