@@ -42,7 +42,8 @@ CLI::Validator integer_at_least(int64_t minimum);
 
 /// A seed option: an integer in [0, 2^63) (the run config's rule, and what a JSON reader keeps
 /// exactly). Bound to an unsigned field, CLI11 took "-1" as 2^64 - 1 and a value past 2^64 as
-/// 2^64 - 1, silently, so every such seed gave the same run.
+/// 2^64 - 1: `generate` sampled with it silently (every such seed the same text), `train`'s config
+/// check named 18446744073709551615, a number the user never typed.
 CLI::Validator seed_value();
 
 /// Registers --model (required) and one flag per ModelConfig field on `sub`; parsing fills
