@@ -230,8 +230,8 @@ at::Tensor attention_aggregate_static_step(const ConvNNAttentionOptions& o, cons
   const int64_t t = queries.size(1);
   const auto index = lengths.options();
   const auto positions = lengths.unsqueeze(1) + at::arange(t, index).unsqueeze(0);  // [B,t]
-  // Checked on the device (no read back: a step stays graph-capturable); a negative length, which
-  // only a caller's own write to lengths can make, would scatter to no row.
+  // Checked on the device (no read back: a step stays graph-capturable). A negative length, which
+  // only a caller's own write to lengths can make, reached scatter_ as an out-of-range index.
   at::_assert_async(lengths.ge(0).all().logical_and(positions.lt(max_length).all()),
                     c10::str(kCache, ": a step of ", t, " tokens would pass max_length = ", max_length,
                              " (make the cache longer, or reset() it), or a length is negative: each must be in "
