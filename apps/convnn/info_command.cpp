@@ -113,10 +113,10 @@ void print_table(const models::Model& model, const models::CostReport& report, b
   std::cout << fmt::format("model        {}  {}\n", model.name(), describe(model.name(), c));
   if (models::model_entry(model.name()).family == models::ModelFamily::LanguageModel) {
     std::cout << fmt::format("input        {} tokens (the context), a vocabulary of {}\n",
-                             models::language_model_options(model.name(), c).context(), c.num_classes);
+                             models::language_model_options(model.name(), c).context(), c.num_classes.value());
   } else {
     std::cout << fmt::format("input        {} x {} x {}, {} classes\n", c.in_channels, c.image_size,
-                             c.image_size, c.num_classes);
+                             c.image_size, c.num_classes.value());
   }
   std::cout << fmt::format("parameters   {}\n", grouped(model.parameter_count()));
   std::cout << fmt::format("MACs         {:<10} ({})\n", scaled(total.macs), grouped(total.macs));

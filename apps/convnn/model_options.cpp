@@ -66,7 +66,9 @@ void add_model_options(CLI::App* sub, std::string& name, models::ModelConfig& c)
   // The values shown after "=" in --help are the struct's (CLI11 captures them: main.cpp sets
   // always_capture_default); an unset optional's help says what it becomes.
   sub->add_option("--model", name, "Model name")->required()->check(CLI::IsMember(models::model_names()));
-  sub->add_option("--num-classes", c.num_classes, "Classes of the head (a language model: its vocabulary)");
+  sub->add_option("--num-classes", c.num_classes,
+                  "Classes of the head, or a language model's vocabulary (unset: the model's own: 1000 for the "
+                  "image models, 256 byte tokens for a language model)");
   sub->add_option("--in-channels", c.in_channels, "Input channels");
   sub->add_option("--image-size", c.image_size, "Side of the square input images in pixels");
   sub->add_option("--k", c.convnn.k, "ConvNN neighbours K");

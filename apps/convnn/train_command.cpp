@@ -62,7 +62,8 @@ void check_same_model(const train::TrainConfig& requested, const checkpoint::Res
   const auto& checkpoint = resumed.path();
   const auto model_of = [](const train::TrainConfig& c) {
     auto m = c.model_config;
-    m.num_classes = m.in_channels = m.image_size = 0;  // taken from the data set
+    m.num_classes.reset();  // taken from the data set
+    m.in_channels = m.image_size = 0;
     return nlohmann::json{{"model", c.model}, {"model_config", m}};
   };
   const auto wanted = model_of(requested), held = model_of(stored);

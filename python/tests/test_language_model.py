@@ -97,6 +97,16 @@ def test_bad_arguments_are_refused_by_name():
         model.generate(torch.zeros(1, 2, dtype=torch.long), -1)
 
 
+def test_a_language_model_reads_bytes_unless_told_otherwise():
+    # num_classes unset is the model's own: 256 byte tokens for a language model (it had been the
+    # image models' 1000, so that a str prompt was refused), 1000 ImageNet classes for the others.
+    model = models.create_model("lm_tiny", embed_dim=32, depth=1, num_heads=2, context=24, attention="mhsa")
+    assert model.vocab_size == 256 and model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 256)
+    text = model.eval().generate("ab", 3, seed=1)
+    assert isinstance(text, str) and text.startswith("ab")
+    assert models.create_model("resnet18", width=8).num_classes == 1000
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     if not os.path.exists(BINARY):

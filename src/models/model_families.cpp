@@ -75,9 +75,15 @@ void check_language_model(const std::string& name, const ModelConfig& c) {
   check_transformer(c.vit);
 }
 
+// The config as built: num_classes is the head's size, the model's own where it was unset.
+ModelConfig as_built(ModelConfig config, int64_t num_classes) {
+  config.num_classes = num_classes;
+  return config;
+}
+
 Model build_resnet(const ModelEntry& entry, const ModelConfig& config) {
   ResNet net(resnet_options(entry.name, config));
-  Model model(entry.name, config, torch::nn::AnyModule(net),
+  Model model(entry.name, as_built(config, net->options.num_classes()), torch::nn::AnyModule(net),
               [net](int64_t h, int64_t w) { return net->cost(h, w); });
   net->check_image_size(config.image_size, config.image_size);
   return model;
@@ -85,13 +91,13 @@ Model build_resnet(const ModelEntry& entry, const ModelConfig& config) {
 
 Model build_vit(const ModelEntry& entry, const ModelConfig& config) {
   VisionTransformer net(vit_options(entry.name, config));
-  return Model(entry.name, config, torch::nn::AnyModule(net),
+  return Model(entry.name, as_built(config, net->options.num_classes()), torch::nn::AnyModule(net),
                [net](int64_t h, int64_t w) { return net->cost(h, w); });
 }
 
 Model build_language_model(const ModelEntry& entry, const ModelConfig& config) {
   LanguageModel net(language_model_options(entry.name, config));
-  return Model(entry.name, config, torch::nn::AnyModule(net),
+  return Model(entry.name, as_built(config, net->options.vocab_size()), torch::nn::AnyModule(net),
                [net](int64_t, int64_t) { return net->cost(net->options.context()); });
 }
 

@@ -152,7 +152,7 @@ void to_json(nlohmann::json& json, const ModelEntry& entry) {
 
 void validate(const std::string& name, const ModelConfig& c) {
   model_entry(name);  // an unknown name first
-  TORCH_CHECK(c.num_classes >= 1, "num_classes must be at least 1, got ", c.num_classes);
+  TORCH_CHECK(c.num_classes.value_or(1) >= 1, "num_classes must be at least 1, got ", c.num_classes.value_or(1));
   TORCH_CHECK(c.in_channels >= 1, "in_channels must be at least 1, got ", c.in_channels);
   TORCH_CHECK(c.image_size >= 1, "image_size must be at least 1, got ", c.image_size);
   const auto& v = c.convnn;
@@ -176,9 +176,9 @@ ResNetOptions resnet_options(const std::string& name, const ModelConfig& c) {
                           .similarity(v.similarity.value_or(Similarity::Cosine))
                           .rho(v.rho.value_or(nn::Rho::Uniform))
                           .aggregation(v.aggregation.value_or(nn::Aggregation::Standard));
-  return ResNetOptions(std::get<ResNetOptions>(entry.preset))
-      .num_classes(c.num_classes)
-      .in_channels(c.in_channels)
+  auto o = ResNetOptions(std::get<ResNetOptions>(entry.preset));
+  if (c.num_classes) o.num_classes(*c.num_classes);
+  return o.in_channels(c.in_channels)
       .width(r.width)
       .small_stem(r.small_stem)
       .slots(ResNetLayerOptions().layer(r.layer).convnn(convnn).lambda(r.lambda).strided_slots(r.strided_slots));
@@ -197,12 +197,12 @@ VisionTransformerOptions vit_options(const std::string& name, const ModelConfig&
   o.image_size(c.image_size)
       .patch_size(t.patch_size)
       .in_channels(c.in_channels)
-      .num_classes(c.num_classes)
       .attention(t.attention)
       .convnn(attention)
       .dropout(t.dropout)
       .attention_dropout(t.attention_dropout)
       .drop_path(t.drop_path);
+  if (c.num_classes) o.num_classes(*c.num_classes);
   if (t.paper) o.paper_variant();
   if (t.position_embedding) o.position_embedding(*t.position_embedding);
   return o;
@@ -221,8 +221,8 @@ LanguageModelOptions language_model_options(const std::string& name, const Model
   TORCH_CHECK(c.lm.num_kv_heads == 0 || o.num_heads() % c.lm.num_kv_heads == 0, "num_kv_heads = ",
               c.lm.num_kv_heads, " must divide num_heads = ", o.num_heads(), t.num_heads ? "" : " (" + name + "'s)");
   const auto attention = transformer_attention(v, o.embed_dim(), o.num_heads());
-  o.vocab_size(c.num_classes)
-      .num_kv_heads(c.lm.num_kv_heads)
+  if (c.num_classes) o.vocab_size(*c.num_classes);
+  o.num_kv_heads(c.lm.num_kv_heads)
       .attention(t.attention)
       .convnn(attention)
       .dropout(t.dropout)

@@ -477,7 +477,7 @@ Evaluation evaluate_checkpoint(const std::string& checkpoint, const TrainConfig&
   if (!holds_run(checkpoint)) config = resolve_config(config, data);
   const auto& m = config.model_config;
   TORCH_CHECK(data.num_classes() == m.num_classes, "checkpoint '", checkpoint, "' was trained on ",
-              m.num_classes, " classes; the data set has ", data.num_classes());
+              m.num_classes.value_or(0), " classes; the data set has ", data.num_classes());
   if (!data.image_folder && !data.text) {
     const auto& set = data.set;
     TORCH_CHECK(set.channels() == m.in_channels && set.height() == m.image_size &&

@@ -208,7 +208,7 @@ TEST(Registry, ConfigJsonRoundTrip) {
   const auto partial = nlohmann::json{{"layer", "convnn"}, {"k", 4}}.get<ModelConfig>();
   EXPECT_EQ(partial.resnet.layer, ResNetLayer::ConvNN);
   EXPECT_EQ(partial.convnn.k, 4);
-  EXPECT_EQ(partial.num_classes, 1000);
+  EXPECT_FALSE(partial.num_classes.has_value()) << "unset: the model's own";
 }
 
 void expect_error_mentions(const std::function<void()>& f, const std::vector<std::string>& words) {
@@ -219,6 +219,23 @@ void expect_error_mentions(const std::function<void()>& f, const std::vector<std
     const std::string message = e.what_without_backtrace();
     for (const auto& word : words) EXPECT_NE(message.find(word), std::string::npos) << message;
   }
+}
+
+TEST(Registry, UnsetNumClassesIsTheModelsOwnHeadAndTheBuiltConfigSaysIt) {
+  // A language model reads bytes: its vocabulary is 256 unless given; the image models keep
+  // ImageNet's 1000 classes. The built model's config holds the size it was built with.
+  auto lm = build_model("lm_tiny", ModelConfig{});
+  EXPECT_EQ(lm.config().num_classes, 256);
+  EXPECT_EQ(lm.forward(at::zeros({1, 3}, at::kLong)).size(-1), 256);
+  EXPECT_EQ(language_model_options("lm_tiny", ModelConfig{}).vocab_size(), 256);
+  EXPECT_EQ(build_model("resnet18", ModelConfig{}).config().num_classes, 1000);
+  EXPECT_EQ(vit_options("vit_tiny", ModelConfig{}).num_classes(), 1000);
+  ModelConfig given;
+  given.num_classes = 50;
+  EXPECT_EQ(language_model_options("lm_tiny", given).vocab_size(), 50);
+  EXPECT_EQ(build_model("lm_tiny", given).config().num_classes, 50);
+  given.num_classes = 0;
+  expect_error_mentions([&] { build_model("lm_tiny", given); }, {"num_classes must be at least 1, got 0"});
 }
 
 TEST(Registry, ErrorsNameTheOptionTheValueAndTheRule) {

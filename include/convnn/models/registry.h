@@ -66,8 +66,9 @@ struct LanguageModelConfig {
 /// options must keep their defaults (validate names the first that does not). A language model
 /// takes the ViT options but patch_size and paper, and its vocabulary is num_classes.
 struct ModelConfig {
-  /// Classes, or a language model's vocabulary (256 for byte tokens).
-  int64_t num_classes = 1000;
+  /// Classes, or a language model's vocabulary; unset: the model's own (ResNetOptions and
+  /// VisionTransformerOptions: ImageNet's 1000 classes; LanguageModelOptions: 256, byte tokens).
+  std::optional<int64_t> num_classes;
   int64_t in_channels = 3;
   /// Side of the square input images in pixels.
   int64_t image_size = 224;
