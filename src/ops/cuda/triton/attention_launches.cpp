@@ -116,7 +116,7 @@ bool rho_aggregate_fits(const at::Tensor& scores, const at::Tensor& values, cons
 const std::vector<std::string>& rho_aggregate_kernel_keys(at::ScalarType dtype) {
   return keys_per_dtype(dtype, [](at::ScalarType type) {
     std::vector<std::string> all;
-    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+    for (const int64_t slots : top_k_slot_widths()) {
       all.push_back(rho_aggregate_key(slots, type));
     }
     return all;
@@ -157,7 +157,7 @@ bool scores_gradient_fits(const at::Tensor& grad_output, const at::Tensor& value
 const std::vector<std::string>& scores_gradient_kernel_keys(at::ScalarType dtype) {
   return keys_per_dtype(dtype, [](at::ScalarType type) {
     std::vector<std::string> all;
-    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+    for (const int64_t slots : top_k_slot_widths()) {
       all.push_back(scores_gradient_key(slots, type));
     }
     return all;
@@ -198,7 +198,7 @@ const std::vector<std::string>& attention_backward_kernel_keys(at::ScalarType dt
   return keys_per_dtype(dtype, [](at::ScalarType type) {
     std::vector<std::string> all{backward_columns_key(type)};
     for (const auto similarity : {Similarity::Dot, Similarity::ScaledDot}) {
-      for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+      for (const int64_t slots : top_k_slot_widths()) {
         all.push_back(backward_rows_key(similarity, slots, type));
       }
     }

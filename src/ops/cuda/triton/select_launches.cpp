@@ -138,7 +138,7 @@ std::vector<std::string> tensor_core_keys(at::ScalarType dtype) {
   for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
     const auto similarity = static_cast<Similarity>(value);
     if (!tensor_cores_serve(similarity)) continue;
-    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+    for (const int64_t slots : top_k_slot_widths()) {
       for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
         if (!tensor_cores_compiled(slots, mask, dtype)) continue;
         for (const char* kernel : bounded_select_launches(mask)) {
@@ -188,6 +188,15 @@ int64_t top_k_slots(int64_t k) {
   return slots;
 }
 
+const std::vector<int64_t>& top_k_slot_widths() {
+  static const std::vector<int64_t> widths = [] {
+    std::vector<int64_t> all;
+    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) all.push_back(slots);
+    return all;
+  }();
+  return widths;
+}
+
 int64_t top_k_rows(int64_t k) {
   return top_k_slots(k) <= kSelectBlocks.thread_slots ? kSelectBlocks.thread_rows : kSelectBlocks.rows;
 }
@@ -211,7 +220,7 @@ std::string top_k_key(const char* kernel, Similarity similarity, int64_t k, int 
 std::vector<std::string> top_k_keys(const char* kernel, at::ScalarType dtype) {
   std::vector<std::string> keys;
   for (int value = 0; value < kSimilarityCount; ++value) {  // every similarity, in enum order
-    for (int64_t slots = kSelectBlocks.min_slots; slots <= kSelectBlocks.max_slots; slots *= 2) {
+    for (const int64_t slots : top_k_slot_widths()) {
       for (const int mask : {kSelectBlocks.no_mask, kSelectBlocks.bool_mask, kSelectBlocks.additive_mask}) {
         keys.push_back(top_k_key(kernel, static_cast<Similarity>(value), slots, mask, dtype));
       }

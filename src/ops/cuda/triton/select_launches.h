@@ -38,6 +38,8 @@ RankingOperands ranking_operands(const at::Tensor& queries, const at::Tensor& ke
 bool is_dot_product(Similarity similarity);
 /// The width of the running top-K that holds K slots: the narrowest compiled one (8 .. 64) >= K.
 int64_t top_k_slots(int64_t k);
+/// Every width top_k_slots gives, narrowest first: the widths the kernels are compiled at.
+const std::vector<int64_t>& top_k_slot_widths();
 /// Query rows per program of the running-top-K kernels (select, fused attention forward) at K.
 int64_t top_k_rows(int64_t k);
 /// The end of a key of a kernel compiled per input dtype (top_k_input_dtype) for an op of `dtype`:
