@@ -372,7 +372,8 @@ int run_sequence_bench(const BenchArgs& args) {
                              ratio_text(sequence_ratio(rows, row, false)), ratio_text(sequence_ratio(rows, row, true)));
   }
   std::cout << "(times are medians; c/s: convnn / sdpa time for the same workload and length; causal: [B,N,C]; "
-               "packed: the samples at N, 3N/4, ... with cu_seqlens; decode: one token per sample against a cache "
+               "padded: the samples at N, 3N/4, ... in the batch with a key_padding_mask (sdpa: with the causal mask as one "
+               "attn_mask); packed: those samples with cu_seqlens; decode: one token per sample against a cache "
                "of `length` tokens)\n";
   std::cout << fmt::format("\nfinished in {:.1f} s\n", wall_s);
   return 0;
@@ -506,8 +507,8 @@ Command add_bench_command(CLI::App& app) {
   auto& sequence = args->sequence_config;
   sub->add_flag("--sequence", args->sequence,
                 "Sequence cases instead: causal ConvNNAttention with grouped heads against scaled_dot_product_attention "
-                "over [B,N,C] at each --sequence-n (and packed at decreasing lengths), and one decoding step against "
-                "a cache of each --sequence-cache tokens; --k, --dtype, --device, --seed apply");
+                "over [B,N,C] at each --sequence-n (and at decreasing lengths, padded and packed), and one decoding step "
+                "against a cache of each --sequence-cache tokens; --k, --dtype, --device, --seed apply");
   sub->add_option("--sequence-n", sequence.tokens, "Sequence lengths of the causal cases")->delimiter(',');
   sub->add_option("--sequence-cache", sequence.cache_lengths, "Cache lengths of the decoding cases")->delimiter(',');
   sub->add_option("--sequence-batch", sequence.batch, "Batch size of the sequence cases");

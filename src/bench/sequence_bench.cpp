@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <numeric>
 
 #include "convnn/nn/kv_cache.h"
 #include "convnn/nn/modules/convnn.h"
@@ -46,9 +47,10 @@ at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
 // The dense baseline on the layer's own weights: its projections, SDPA, its output projection.
 // queries [B,H,N,d] against keys and values [B,Hkv,M,d]; enable_gqa reads the shared heads.
 at::Tensor sdpa_heads(const nn::ConvNNAttentionImpl& layer, const at::Tensor& queries, const at::Tensor& keys,
-                      const at::Tensor& values, bool causal) {
-  const auto out = at::scaled_dot_product_attention(queries, keys, values, {}, 0.0, causal, c10::nullopt,
-                                                    /*enable_gqa=*/keys.size(1) != queries.size(1));
+                      const at::Tensor& values, bool causal, const at::Tensor& attn_mask = {}) {
+  const auto out = at::scaled_dot_product_attention(
+      queries, keys, values, attn_mask.defined() ? c10::optional<at::Tensor>(attn_mask) : c10::nullopt, 0.0, causal,
+      c10::nullopt, /*enable_gqa=*/keys.size(1) != queries.size(1));
   return at::linear(out.transpose(1, 2).flatten(2), layer.output_projection->weight);
 }
 
@@ -74,6 +76,43 @@ void time_training(const SequenceBenchConfig& c, SequenceTiming& timing, const s
   });
 }
 
+// Both paths' projections of x: queries [B,H,N,d], keys and values [B,Hkv,N,d].
+struct HeadProjections {
+  at::Tensor queries, keys, values;
+};
+HeadProjections project_heads(const nn::ConvNNAttentionImpl& layer, const at::Tensor& x, const SequenceBenchConfig& c) {
+  return {split_heads(at::linear(x, layer.query_projection->weight), c.heads),
+          split_heads(at::linear(x, layer.key_projection->weight), c.kv_heads),
+          split_heads(at::linear(x, layer.value_projection->weight), c.kv_heads)};
+}
+
+// The batch x with its samples' tails as padding (key_padding_mask, true = padding): convnn's layer
+// takes the mask as it is; SDPA takes it with the causal mask as one [B,1,N,N] attn_mask, built in
+// each call as a user's code builds it (SDPA's is_causal takes no other mask).
+void padded_cases(const SequenceBenchConfig& c, int64_t n, const std::vector<int64_t>& lengths, const at::Tensor& x,
+                  const at::Tensor& grad, nn::ConvNNAttentionImpl& layer, std::vector<SequenceTiming>& out) {
+  const auto positions = at::arange(n, at::TensorOptions().dtype(at::kLong).device(c.device));
+  const auto padding = positions.unsqueeze(0) >= at::tensor(lengths).to(c.device).unsqueeze(1);  // [B,N]
+  const int64_t real = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+  auto convnn = row_of("padded", n, "convnn", real);
+  time_training(c, convnn, [&] { return layer.forward(x, {}, padding); }, grad, layer);
+  out.push_back(convnn);
+
+  const int64_t group = c.heads / c.kv_heads;
+  auto sdpa = row_of("padded", n, "sdpa", real);
+  time_training(
+      c, sdpa,
+      [&] {
+        const auto p = project_heads(layer, x, c);
+        const auto causal = positions.unsqueeze(0) <= positions.unsqueeze(1);                          // [N,N]
+        const auto allowed = causal.unsqueeze(0).logical_and(padding.logical_not().unsqueeze(1)).unsqueeze(1);
+        return sdpa_heads(layer, p.queries, p.keys.repeat_interleave(group, 1), p.values.repeat_interleave(group, 1),
+                          false, allowed);
+      },
+      grad, layer);
+  out.push_back(sdpa);
+}
+
 void causal_cases(const SequenceBenchConfig& c, int64_t n, at::Generator& gen, std::vector<SequenceTiming>& out) {
   const auto options = at::TensorOptions().dtype(c.dtype).device(c.device);
   const auto drawn = at::TensorOptions().dtype(at::kFloat);
@@ -91,17 +130,21 @@ void causal_cases(const SequenceBenchConfig& c, int64_t n, at::Generator& gen, s
   time_training(
       c, sdpa,
       [&] {
-        const auto q = split_heads(at::linear(x, layer->query_projection->weight), c.heads);
-        const auto k = split_heads(at::linear(x, layer->key_projection->weight), c.kv_heads);
-        const auto v = split_heads(at::linear(x, layer->value_projection->weight), c.kv_heads);
-        return sdpa_heads(*layer, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), true);
+        const auto p = project_heads(*layer, x, c);
+        return sdpa_heads(*layer, p.queries, p.keys.repeat_interleave(group, 1), p.values.repeat_interleave(group, 1),
+                          true);
       },
       grad, *layer);
   out.push_back(sdpa);
 
-  // The same samples packed at lengths n, 3n/4, n/2, ...: the cost of the real tokens.
+  // The samples at lengths n, 3n/4, n/2, ... (at least K): padded to n with a key_padding_mask, then
+  // packed.
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; b < c.batch; ++b) lengths.push_back(std::max<int64_t>(c.k, n - b * n / 4));
+  padded_cases(c, n, lengths, x, grad, *layer, out);
+
   std::vector<int64_t> offsets{0};
-  for (int64_t b = 0; b < c.batch; ++b) offsets.push_back(offsets.back() + std::max<int64_t>(c.k, n - b * n / 4));
+  for (const int64_t length : lengths) offsets.push_back(offsets.back() + length);
   const int64_t total = offsets.back();
   const auto packed = at::randn({total, c.channels}, gen, drawn).to(options);
   const auto packed_grad = at::randn({total, c.channels}, gen, drawn).to(options);

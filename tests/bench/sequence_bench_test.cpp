@@ -1,6 +1,6 @@
 // `convnn bench --sequence`: validate names the rule of a bad size before any measurement, and a
-// small run gives every workload's rows (causal and packed with a backward, decode without) for
-// both paths, with positive times.
+// small run gives every workload's rows (causal, padded and packed with a backward, decode without)
+// for both paths, with positive times.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -56,8 +56,8 @@ TEST(SequenceBench, ASmallRunTimesEveryWorkloadOnBothPaths) {
     if (row.has_backward) EXPECT_GT(row.forward_backward.median_ms, 0.0);
     EXPECT_EQ(row.tokens, row.workload == "decode" ? 2 : row.workload == "causal" ? 24 : 12 + 9);
   }
-  EXPECT_EQ(seen, (std::set<std::string>{"causal/convnn", "causal/sdpa", "packed/convnn", "decode/convnn",
-                                         "decode/sdpa"}));
+  EXPECT_EQ(seen, (std::set<std::string>{"causal/convnn", "causal/sdpa", "padded/convnn", "padded/sdpa",
+                                         "packed/convnn", "decode/convnn", "decode/sdpa"}));
 }
 
 }  // namespace

@@ -2,9 +2,10 @@
 // The sequence cases of `convnn bench --sequence` (docs/sequences.md): ConvNNAttention as a causal
 // language model's attention layer, with grouped key/value heads, against PyTorch's
 // scaled_dot_product_attention (dense causal, enable_gqa) on the same projections, in one process:
-// - causal attention over [B,N,C] batches at each of `tokens`, forward and forward+backward, and a
-//   packed batch of the same sequences at lengths N, 3N/4, N/2, ... (cu_seqlens: the cost of the
-//   real tokens);
+// - causal attention over [B,N,C] batches at each of `tokens`, forward and forward+backward; the
+//   same batch with its samples at lengths N, 3N/4, N/2, ... marked by a key_padding_mask (SDPA: the
+//   causal and padding masks as one attn_mask); and those sequences packed (cu_seqlens: the cost of
+//   the real tokens);
 // - one decoding step (a token per sample) against a key/value cache of each of `cache_lengths`
 //   tokens, forward only: ConvNNAttention::forward_step against SDPA of the new query over the same
 //   cached keys and values.
@@ -38,12 +39,13 @@ struct SequenceBenchConfig {
 void validate(const SequenceBenchConfig& config);
 
 struct SequenceTiming {
-  /// "causal" ([B,N,C] batch), "packed" (the same sequences at decreasing lengths, cu_seqlens) or
-  /// "decode" (one token per sample against a cache of `length` tokens).
+  /// "causal" ([B,N,C] batch), "padded" (the batch with its samples at decreasing lengths, a
+  /// key_padding_mask), "packed" (those sequences, cu_seqlens) or "decode" (one token per sample
+  /// against a cache of `length` tokens).
   std::string workload;
   int64_t length = 0;  // N, or the cache's tokens
   std::string path;    // "convnn" or "sdpa"
-  int64_t tokens = 0;  // the tokens computed: B*N, the packed total, or B for a step
+  int64_t tokens = 0;  // the tokens: B*N, the real (unpadded) ones of padded and packed, or B for a step
   TimeStats forward;
   /// Forward and backward of one iteration (not for decode, which is inference).
   bool has_backward = false;
