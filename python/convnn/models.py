@@ -322,15 +322,7 @@ class LanguageModel(nn.Module):
 
     def forward(self, tokens):
         self._check_tokens(tokens)
-        # As C++'s forward: ConvNN attention selects among at least k keys, and a causal model's
-        # positions never see later ones, so a short sequence is padded at its end to k tokens.
-        attention = self.blocks[0].attn
-        shortest = attention.options["k"] if isinstance(attention, ConvNNAttention) else 1
-        length = tokens.shape[1]
-        if length >= shortest:
-            return self._logits(tokens, 0, None)
-        padded = torch.nn.functional.pad(tokens, (0, shortest - length))
-        return self._logits(padded, 0, None)[:, :length]
+        return self._logits(tokens, 0, None)
 
     def make_caches(self, batch, max_length=None):
         """One empty key/value cache per block, for `batch` samples of up to max_length tokens

@@ -114,6 +114,36 @@ def test_a_query_whose_keys_are_all_padding_outputs_the_bias_not_nan():
     assert torch.equal(neighbours.weights, torch.zeros_like(neighbours.weights))
 
 
+@pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("rho", ["softmax", "uniform"])
+def test_a_sequence_shorter_than_k_is_the_layer_of_k_equal_to_its_length(causal, padded, rho):
+    """N = 4 keys < K = 7 (as nn.MultiheadAttention, any length): each row takes its valid keys and
+    masked slots of weight exactly 0 (the op's short-row rule), so the layer equals one of K = N whose
+    kernel is the first N taps of its own (slots in score order), forward and backward."""
+    torch.manual_seed(11)
+    n, k = 4, 7
+    longer = ConvNNAttention(EMBED, 2, k, is_causal=causal, rho=rho, bias=True).double()
+    exact = ConvNNAttention(EMBED, 2, n, is_causal=causal, rho=rho, bias=True).double()
+    with torch.no_grad():
+        longer.bias.normal_()
+    state = longer.state_dict()
+    state["kernel"] = state["kernel"][:, :n]
+    exact.load_state_dict(state)
+    x = torch.randn(2, n, EMBED, dtype=torch.float64, requires_grad=True)
+    padding = torch.tensor([[False] * n, [False, False, True, True]]) if padded else None
+    out, neighbours = longer.forward_with_neighbours(x, key_padding_mask=padding)
+    expected = exact(x, key_padding_mask=padding)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    grad = torch.randn_like(out)
+    got_grad, = torch.autograd.grad(out, x, grad)
+    expected_grad, = torch.autograd.grad(expected, x, grad)
+    torch.testing.assert_close(got_grad, expected_grad, rtol=0, atol=1e-12)
+    # The slots past the valid keys are masked: score -inf, weight 0 (indices from N on: the padding).
+    assert neighbours.indices.shape[-1] == k
+    assert torch.equal(neighbours.weights[..., n:], torch.zeros_like(neighbours.weights[..., n:]))
+    assert torch.isneginf(neighbours.scores[..., n:]).all()
+
+
 def test_one_sample_takes_a_key_padding_mask_of_its_tokens():
     torch.manual_seed(6)
     attention = layer(2)

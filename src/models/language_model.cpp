@@ -114,14 +114,7 @@ at::Tensor LanguageModelImpl::logits(const at::Tensor& tokens, int64_t first_pos
 
 at::Tensor LanguageModelImpl::forward(const at::Tensor& tokens) {
   check_tokens(tokens, options.vocab_size(), options.context(), 0, "tokens");
-  // ConvNN attention selects among at least k keys. The model is causal: no position sees the ones
-  // after it, so a sequence shorter than k padded at its end to k tokens gives its own positions'
-  // logits exactly (and their gradients).
-  const int64_t shortest = options.attention() == ViTAttention::MHSA ? 1 : options.convnn().k();
-  const int64_t t = tokens.size(1);
-  if (t >= shortest) return logits(tokens, 0, nullptr);
-  const auto padded = at::cat({tokens, at::zeros({tokens.size(0), shortest - t}, tokens.options())}, 1);
-  return logits(padded, 0, nullptr).narrow(1, 0, t);
+  return logits(tokens, 0, nullptr);
 }
 
 std::vector<nn::KVCache> LanguageModelImpl::make_caches(int64_t batch, int64_t max_length) const {

@@ -107,4 +107,28 @@ TEST(AttentionMasks, AMaskOfTheWrongShapeOrDtypeIsRefusedByName) {
   expect_error(at::zeros({5, 5}, at::kInt), at::Tensor(), "attn_mask must be bool or floating point");
 }
 
+TEST(AttentionMasks, ASequenceShorterThanKIsTheLayerOfKEqualToItsLength) {
+  // N = 3 keys < K = 5 (nn.MultiheadAttention takes any length): each row takes its valid keys and
+  // masked slots of weight exactly 0 (the op's short-row rule), so the layer equals one of K = N
+  // whose kernel is its own first N taps (slots in score order).
+  for (const bool causal : {false, true}) {
+    at::manual_seed(2);
+    ConvNNAttention longer(ConvNNAttentionOptions(kEmbed, kHeads, 5).causal(causal));
+    ConvNNAttention exact(ConvNNAttentionOptions(kEmbed, kHeads, 3).causal(causal));
+    longer->to(at::kDouble);
+    exact->to(at::kDouble);
+    {
+      at::NoGradGuard no_grad;
+      const auto source = longer->named_parameters();
+      for (auto& p : exact->named_parameters()) {
+        const auto& from = source[p.key()];
+        p.value().copy_(p.key() == "kernel" ? from.narrow(-1, 0, 3) : from);
+      }
+    }
+    const auto x = at::randn({2, 3, kEmbed}, at::kDouble);
+    EXPECT_TRUE(AllClose(longer(x), exact(x), 1e-12)) << "causal " << causal;
+    EXPECT_TRUE(AllClose(longer(x[0]), exact(x[0]), 1e-12)) << "one sample, causal " << causal;
+  }
+}
+
 }  // namespace

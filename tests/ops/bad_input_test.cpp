@@ -534,7 +534,6 @@ TEST(ConvNNAttentionBadInput, ForwardRejectsWrongShapesAndMasks) {
   EXPECT_ERROR(attention(randn({2, 5, 4}, at::kFloat)),
                "ConvNNAttention: input must be [B,N,C] with C = embed_dim = 6, got [2, 5, 4]");
   EXPECT_ERROR(attention(randn({6}, at::kFloat)), "(or [N,C] for one sample)", "got [6]");
-  EXPECT_ERROR(attention(randn({2, 2, 6}, at::kFloat)), "k must be in [1, 2]", "got k = 3");
   ConvNNAttention masked(ConvNNAttentionOptions(6, 2, 3).mask(at::ones({4, 4}, at::kBool)));
   EXPECT_ERROR(masked(randn({2, 5, 6}, at::kFloat)),
                "ConvNNAttention: mask must be [N,N] = [5, 5] for this input, got [4, 4]");

@@ -4,6 +4,8 @@
 #include <ATen/autocast_mode.h>
 
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "convnn/nn/functional/convnn.h"
@@ -144,14 +146,39 @@ functional::ConvNNFuncOptions attention_func_options(const ConvNNAttentionOption
       .fused(o.fused());
 }
 
-at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor& queries, const at::Tensor& keys,
-                               const at::Tensor& values, const AttentionTensors& tensors,
+namespace {
+
+// The keys and values of a sequence shorter than K, padded at their end to K rows that no query may
+// select, with the mask's columns for them: each row then follows the op's short-row rule (its
+// valid keys, then masked slots of weight exactly 0), as nn.MultiheadAttention takes a sequence of
+// any length. Only for a concrete length: under tracing the op's own check asks for K keys.
+struct KeysOfK {
+  at::Tensor keys, values, mask;
+};
+
+std::optional<KeysOfK> keys_padded_to_k(int64_t k, const at::Tensor& queries, const at::Tensor& keys,
+                                        const at::Tensor& values, const at::Tensor& mask) {
+  const auto m = keys.sym_size(1).maybe_as_int();
+  if (!m || *m >= k) return std::nullopt;
+  const int64_t missing = k - *m;
+  const auto allowed = mask.defined() ? mask
+                                      : at::ones_symint({queries.sym_size(1), keys.sym_size(1)},
+                                                        at::TensorOptions().dtype(at::kBool).device(keys.device()));
+  const double hidden = allowed.scalar_type() == at::kBool ? 0.0 : -std::numeric_limits<double>::infinity();
+  return KeysOfK{at::constant_pad_nd(keys, {0, 0, 0, missing}), at::constant_pad_nd(values, {0, 0, 0, missing}),
+                 at::constant_pad_nd(allowed, {0, missing}, hidden)};
+}
+
+}  // namespace
+
+at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor& queries, const at::Tensor& keys_in,
+                               const at::Tensor& values_in, const AttentionTensors& tensors,
                                c10::optional<at::Generator> generator, bool training, Neighbours* neighbours) {
   if (is_one_sample(queries, 3)) {
     auto batched = tensors;  // a one-sample key_padding_mask [N] as the batch's [1,N]
     auto& padding = batched.masks.key_padding_mask;
     if (padding.defined() && padding.dim() == 1) padding = padding.unsqueeze(0);
-    auto output = attention_aggregate(o, queries.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), batched,
+    auto output = attention_aggregate(o, queries.unsqueeze(0), keys_in.unsqueeze(0), values_in.unsqueeze(0), batched,
                                       std::move(generator), training, neighbours)
                       .squeeze(0);
     if (neighbours != nullptr) drop_batch_dimension(*neighbours);
@@ -160,7 +187,12 @@ at::Tensor attention_aggregate(const ConvNNAttentionOptions& o, const at::Tensor
   TORCH_CHECK(queries.dim() == 3, "ConvNNAttention: the projected queries must be [B,N,C], got ",
               queries.sym_sizes());
   auto func = attention_func_options(o);
-  func.mask(merged_attention_mask(o, tensors.masks, queries.sym_size(0), queries.sym_size(1), queries.device()));
+  auto keys = keys_in, values = values_in;
+  auto mask = merged_attention_mask(o, tensors.masks, queries.sym_size(0), queries.sym_size(1), queries.device());
+  if (auto padded = keys_padded_to_k(o.k(), queries, keys, values, mask)) {
+    keys = padded->keys, values = padded->values, mask = padded->mask;
+  }
+  func.mask(mask);
   func.generator(std::move(generator));
   functional::detail::Selection selection;
   const auto aggregated = functional::detail::conv_nn_with_query_coordinates(
