@@ -54,9 +54,21 @@ def _ranking_keys(queries, keys, similarity):
     return -distance
 
 
+def _mask_of_every_slice(mask, slices):
+    """A [G',N,M] mask whose slices serve G/G' query slices each (docs/operator.md, "Masks") as one
+    slice per query slice; merged as _knn_attention_by_head's fold merges, for the same reason."""
+    repeats = slices // mask.shape[0]
+    if repeats == 1:
+        return mask
+    repeated = mask.unsqueeze(1).expand(mask.shape[0], repeats, *mask.shape[1:]).contiguous()
+    return repeated.as_strided((slices, *mask.shape[1:]), repeated.stride()[1:])
+
+
 def _masked(ranking_keys, mask):
     if mask is None:
         return ranking_keys
+    if mask.dim() == 3 and ranking_keys.dim() == 3:
+        mask = _mask_of_every_slice(mask, ranking_keys.shape[0])
     if mask.dtype == torch.bool:
         return ranking_keys.masked_fill(~mask, _NEG_INF)
     return ranking_keys + mask.to(ranking_keys.dtype)

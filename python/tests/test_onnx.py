@@ -82,6 +82,28 @@ def test_an_attention_mask_and_the_causal_option_export():
     _assert_runs_as_pytorch(module, session, torch.randn(3, 7, 8), mask)
 
 
+def test_a_key_padding_mask_exports():
+    """A per-sample mask reaches the op as one [N,N] slice per sample, read for each of its heads."""
+    torch.manual_seed(0)
+    layer = ConvNNAttention(16, 4, 3, num_kv_heads=2, causal=True).eval()
+
+    class Padded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x, key_padding_mask):
+            return self.layer(x, key_padding_mask=key_padding_mask)
+
+    def padding(lengths, n=8):
+        return torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]
+
+    module = Padded().eval()
+    program, session = _export(module, (torch.randn(2, 8, 16), padding([8, 5])))
+    _only_standard_operators(program)
+    _assert_runs_as_pytorch(module, session, torch.randn(2, 8, 16), padding([4, 6]))
+
+
 @pytest.mark.parametrize("build", [lambda: ConvNN2d(4, 6, 5, padding=1, similarity="l1", slot_order="index"),
                                    lambda: ConvNN2d(4, 4, 9, coordinates=True, alpha=0.5, heads=2,
                                                     aggregation="depthwise", bias=True),

@@ -24,6 +24,8 @@ def select_cases(dtype):
         (q, k, K, "scaled_dot", None, False),
         (q, k, K, "l1", causal, True),
         (q, k, K, "cosine", torch.zeros(G, N, M, dtype=dtype), False),
+        # One mask slice for both query slices (docs/operator.md, "Masks": G' dividing G).
+        (q, k, K, "dot", torch.rand(1, N, M, generator=torch.Generator().manual_seed(3)) < 0.6, False),
     ]
 
 
@@ -50,6 +52,8 @@ def attention_cases(dtype):
         (q, k, values, tensor(C, K, dtype=dtype, seed=4), None, K, "scaled_dot", None, False, "softmax", 0.7),
         (q, k, values, tensor(6, C, K, dtype=dtype, seed=5), tensor(6, dtype=dtype, seed=6), K, "gaussian",
          None, True, "mean", 1.0),
+        (q, k, values, tensor(C, K, dtype=dtype, seed=4), None, K, "dot",
+         torch.rand(1, N, M, generator=torch.Generator().manual_seed(3)) < 0.6, False, "softmax", 1.0),
     ] + head_dim_cases(dtype)
 
 

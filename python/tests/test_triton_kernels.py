@@ -422,6 +422,23 @@ def test_select_picks_the_generic_paths_indices_and_scores_with_every_similarity
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=0, msg=lambda m: f"{similarity}, {name}: {m}")
 
 
+def test_a_mask_slice_that_serves_several_query_slices_reads_as_the_mask_repeated():
+    """A [G',N,M] mask, G' dividing G (docs/operator.md, "Masks"): the launchers give the kernels one
+    slice per query slice, so the select and the fused attention give the repeated mask's results."""
+    queries, keys, generator = select_inputs(torch.float32)
+    mask = (torch.rand(1, 9, 70, generator=generator) > 0.4).to(DEVICE)
+    repeated = mask.expand(2, 9, 70).contiguous()
+    for got, want in zip(select_forward(queries, keys, 6, "dot", mask, False),
+                         select_forward(queries, keys, 6, "dot", repeated, False)):
+        assert torch.equal(got, want)
+    values = torch.randint(-3, 4, (2, 70, 4), generator=generator).to(DEVICE, torch.float32)
+    kernel = torch.randint(-3, 4, (4, 6), generator=generator).to(DEVICE, torch.float32)
+    arguments = (queries, keys, values, kernel, None, 6, "dot")
+    for got, want in zip(attention_forward(*arguments, mask, False, "softmax", 1.0),
+                         attention_forward(*arguments, repeated, False, "softmax", 1.0)):
+        assert torch.equal(got, want)
+
+
 def test_select_scores_exactly_orthogonal_integer_rows_exactly_zero_under_cosine():
     """The query (2, 3) against one candidate of positive cosine, one of negative cosine and four
     exactly orthogonal ones, (3, -2) times 1, 9, 2 and 3: normalising the rows before the product

@@ -76,6 +76,14 @@ void check_floating(const at::Tensor& t, std::string_view op, std::string_view n
               t.scalar_type());
 }
 
+// G' mask slices serve G query slices: G' = G, or G' >= 1 dividing G (ops/mask_slices.h).
+c10::SymBool mask_slices_divide(const c10::SymInt& mask_slices, const c10::SymInt& slices) {
+  const auto equal = mask_slices.sym_eq(slices);
+  const auto concrete = mask_slices.maybe_as_int();
+  if (concrete && *concrete < 1) return equal;  // no modulo by 0
+  return equal.sym_or(mask_slices.sym_ge(1).sym_and((slices % mask_slices).sym_eq(0)));
+}
+
 void check_mask(const at::Tensor& mask, const at::Tensor& queries, const at::Tensor& keys,
                 Similarity similarity, std::string_view op, Scope scope) {
   const c10::SymInt g = queries.sym_size(0), n = queries.sym_size(1), m = keys.sym_size(1);
@@ -84,9 +92,11 @@ void check_mask(const at::Tensor& mask, const at::Tensor& queries, const at::Ten
   const c10::SymBool shape_ok =
       mask.dim() == 2
           ? sizes_equal(mask, queries, {{0, 1}}).sym_and(sizes_equal(mask, keys, {{1, 1}}))
-          : sizes_equal(mask, queries, {{0, 0}, {1, 1}}).sym_and(sizes_equal(mask, keys, {{2, 1}}));
+          : mask_slices_divide(mask.sym_size(0), g).sym_and(sizes_equal(mask, queries, {{1, 1}}))
+                .sym_and(sizes_equal(mask, keys, {{2, 1}}));
   TORCH_SYM_CHECK(shape_ok, op, ": mask shape ", shape_string(mask), " does not match [N,M] = [", n,
-                  ", ", m, "] or [G,N,M] = [", g, ", ", n, ", ", m, "]");
+                  ", ", m, "] or [G',N,M] = [G', ", n, ", ", m, "] with G' dividing G = ", g,
+                  " (a mask slice serves G/G' consecutive slices)");
   check_same_device(mask, queries, op, "mask", "queries");
   if (mask.scalar_type() == at::kBool) return;
   TORCH_CHECK(at::isFloatingType(mask.scalar_type()), op,

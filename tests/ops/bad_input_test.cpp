@@ -104,8 +104,9 @@ TEST_F(KnnSelectBadInput, MaskOfWrongRankShapeOrDtype) {
   EXPECT_ERROR(select(q, k, 2, "dot", at::ones({5}, at::kBool)),
                "mask must be 2-D [N,M] or 3-D [G,N,M], got shape [5]");
   EXPECT_ERROR(select(q, k, 2, "dot", at::ones({4, 4}, at::kBool)),
-               "mask shape [4, 4] does not match [N,M] = [4, 5] or [G,N,M] = [2, 4, 5]");
-  EXPECT_ERROR(select(q, k, 2, "dot", at::ones({1, 4, 5}, at::kBool)), "mask shape [1, 4, 5]");
+               "mask shape [4, 4] does not match [N,M] = [4, 5] or [G',N,M] = [G', 4, 5] with G' dividing G = 2");
+  EXPECT_ERROR(select(q, k, 2, "dot", at::ones({3, 4, 5}, at::kBool)), "mask shape [3, 4, 5]");
+  EXPECT_ERROR(select(q, k, 2, "dot", at::ones({2, 4, 4}, at::kBool)), "mask shape [2, 4, 4]");
   EXPECT_ERROR(select(q, k, 2, "dot", at::ones({4, 5}, at::kLong)),
                "mask must be bool (true = may be selected) or floating-point (additive), got Long");
 }
@@ -373,12 +374,13 @@ TEST_F(ConvNNBadInput, KernelAndBiasOfTheWrongShape) {
 TEST_F(ConvNNBadInput, MaskOfTheWrongShape) {
   const auto mask = at::ones({6, 5}, at::kBool);
   const auto* expected =
-      "conv_nn: mask must be [N,M] = [6, 6] or [B*heads,N,M] = [4, 6, 6], got shape [6, 5]";
+      "conv_nn: mask must be [N,M] = [6, 6], [B,N,M] = [2, 6, 6] (per sample) or [B*heads,N,M] = [4, 6, 6], got "
+      "shape [6, 5]";
   EXPECT_ERROR(run(ConvNNFuncOptions(3).heads(2).mask(mask)), expected);
   // Random candidates slice the mask before knn_select could check it.
   EXPECT_ERROR(run(ConvNNFuncOptions(3).heads(2).mask(mask).num_candidates(4)), expected);
-  EXPECT_ERROR(run(ConvNNFuncOptions(3).mask(at::ones({2, 6, 6}, at::kBool)).heads(2)),
-               "got shape [2, 6, 6]");
+  EXPECT_ERROR(run(ConvNNFuncOptions(3).mask(at::ones({3, 6, 6}, at::kBool)).heads(2)),
+               "got shape [3, 6, 6]");
 }
 
 TEST_F(ConvNNBadInput, DtypeMismatchBetweenQueriesAndKeys) {

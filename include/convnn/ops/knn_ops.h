@@ -24,8 +24,9 @@ namespace convnn::ops {
 // queries [G,N,D], keys [G,M,D] -> scores [G,N,k] (differentiable w.r.t. queries and keys) and
 // indices [G,N,k] int64 in [0,M). Selection is by descending score with the lower candidate index
 // winning ties; masked candidates (mask false, or additive -inf) carry the score -inf and are only
-// chosen when a row has fewer than k valid candidates. index_order=true reorders each row's k
-// slots by ascending candidate index.
+// chosen when a row has fewer than k valid candidates. mask: [N,M], [G,N,M], or [G',N,M] with G'
+// dividing G, a mask slice serving G/G' consecutive slices (docs/operator.md, "Masks").
+// index_order=true reorders each row's k slots by ascending candidate index.
 std::tuple<at::Tensor, at::Tensor> knn_select(const at::Tensor& queries, const at::Tensor& keys,
                                               int64_t k, const std::string& similarity,
                                               const c10::optional<at::Tensor>& mask,

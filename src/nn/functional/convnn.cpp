@@ -50,6 +50,21 @@ at::Tensor pack_mask_groups(const at::Tensor& mask, int64_t group) {
   return mask.unflatten(0, {-1, group}).flatten(1, 2);
 }
 
+// Whether the mask is one per sample ([B,N,M]) rather than per (sample, head) slice ([B*H,N,M]): the
+// op reads a sample's slice for each of its heads (ops/mask_slices.h), with no copy per head. With
+// one head the two are the same.
+bool mask_per_sample(const at::Tensor& mask, const at::Tensor& queries, int64_t heads) {
+  if (!mask.defined() || mask.dim() != 3 || heads == 1) return false;
+  return !mask.sym_size(0).sym_eq(queries.sym_size(0) * heads).guard_bool(__FILE__, __LINE__);
+}
+
+// A per-sample [B,N,M] mask as one per (sample, head) slice, [B*H,N,M] (a copy); other masks as they are.
+at::Tensor mask_of_every_head(const at::Tensor& mask, const at::Tensor& queries, int64_t heads) {
+  if (!mask_per_sample(mask, queries, heads)) return mask;
+  return detail::merge_leading_dims(
+      mask.unsqueeze(1).expand_symint({mask.sym_size(0), heads, mask.sym_size(1), mask.sym_size(2)}));
+}
+
 // Whether packing `heads / kv_heads` query heads per slice would copy more bytes repeating a shared
 // [N,M] mask for the group's rows than repeating the keys and values per query head: at long
 // sequences it does (N = M = 16384, 4 heads per group: a 1 GiB bool mask against 0.1 GiB of keys and
@@ -160,8 +175,9 @@ void check_conv_nn_inputs(const at::Tensor& queries, const at::Tensor& keys,
       for (const auto& size : shape) equal = equal & mask.sym_size(d++).sym_eq(size);
       return equal;
     };
-    TORCH_SYM_CHECK(has_shape({n, m}) | has_shape({g, n, m}), op, ": mask must be [N,M] = [", n, ", ", m,
-                    "] or [B*heads,N,M] = [", g, ", ", n, ", ", m, "], got shape ", shape_string(mask));
+    TORCH_SYM_CHECK(has_shape({n, m}) | has_shape({queries.sym_size(0), n, m}) | has_shape({g, n, m}), op,
+                    ": mask must be [N,M] = [", n, ", ", m, "], [B,N,M] = [", queries.sym_size(0), ", ", n, ", ", m,
+                    "] (per sample) or [B*heads,N,M] = [", g, ", ", n, ", ", m, "], got shape ", shape_string(mask));
   }
   if (coordinates.defined() && query_coordinates.is_same(coordinates)) {
     const auto shape_ok =
@@ -343,7 +359,11 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
   // The key/value heads are repeated per query head instead (a copy) where packing cannot serve
   // (merge_self pairs each query row with its own token) or would copy more (shared_mask_outweighs_kv).
   const int64_t kv = o.kv_heads() == 0 ? h : o.kv_heads();
-  const bool repeat_kv = kv < h && (merge || shared_mask_outweighs_kv(queries, keys, values, o.mask(), h, kv));
+  // A per-sample mask serves the op's slices of one query head each as it is (the packed slices' rows
+  // would need it repeated per head).
+  const bool per_sample = mask_per_sample(o.mask(), queries, h);
+  const bool repeat_kv =
+      kv < h && (merge || per_sample || shared_mask_outweighs_kv(queries, keys, values, o.mask(), h, kv));
   const int64_t group = repeat_kv ? 1 : h / kv;
   const auto kv_fold = [&](const at::Tensor& x) {
     if (!repeat_kv) return fold_heads(x, kv);
@@ -360,7 +380,8 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
       const auto folded = [](const at::Tensor& t) { return detail::merge_leading_dims(t.detach()); };
       *selection = {folded(indices), folded(scores), folded(weights)};  // [B*H,N,K], as the other paths
     };
-    return attention_by_head_views(queries, keys, values, kernel, bias, o, o.mask(), keep);
+    return attention_by_head_views(queries, keys, values, kernel, bias, o, mask_of_every_head(o.mask(), queries, h),
+                                   keep);
   }
   const auto query_coordinates_rows =
       query_coordinates.defined() && group > 1 ? query_coordinates.repeat({group, 1}) : query_coordinates;
@@ -398,7 +419,7 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
   // Candidate slot -> token index (drawn is sorted, so slot order is index order); the query
   // itself is then a token outside the candidates.
   indices = drawn.index_select(0, indices.reshape({-1})).view_as(indices);
-  std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, o.mask(), o);
+  std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, mask_of_every_head(o.mask(), queries, h), o);
   if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
   const auto weights = rho_weights(scores, o.rho(), o.temperature());
   keep(indices, scores, weights);

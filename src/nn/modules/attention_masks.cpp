@@ -86,8 +86,12 @@ at::Tensor merged_attention_mask(const ConvNNAttentionOptions& o, const Attentio
   if (o.causal()) combination.add(functional::detail::causal_mask_symint(n, device));
   const auto merged = combination.result();
   if (!merged.defined() || merged.dim() == 2) return merged;
-  // Per sample or per head: one [N,N] slice per (sample, head), sample-major as the op's slices.
-  return functional::detail::merge_leading_dims(merged.expand_symint({batch, o.num_heads(), n, n}));
+  // Per sample ([B,1,N,N]: key padding, a [B,N,N] attn_mask): one [N,N] slice per sample, which the op
+  // reads for each of the sample's heads. Per head: one slice per (sample, head), sample-major as the
+  // op's slices.
+  const auto per_head = merged.sym_size(1).maybe_as_int() != 1;
+  const auto sample_major = merged.expand_symint({batch, per_head ? c10::SymInt(o.num_heads()) : c10::SymInt(1), n, n});
+  return functional::detail::merge_leading_dims(sample_major);
 }
 
 }  // namespace convnn::nn::detail

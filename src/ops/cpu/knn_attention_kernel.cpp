@@ -92,11 +92,12 @@ template <typename scalar_t, typename acc_t>
 KnnSelectParams<scalar_t, acc_t> select_block(const KnnSelectParams<scalar_t, acc_t>& p, const Block& b) {
   KnnSelectParams<scalar_t, acc_t> block = p;
   const int64_t first_row = b.g * p.queries_n + b.row_begin;
-  const int64_t mask_offset = b.g * p.mask_slice_stride + b.row_begin * p.keys_m;
+  const int64_t mask_offset = p.mask_slice_offset(b.g) + b.row_begin * p.keys_m;
   block.queries += first_row * p.features;
   block.keys += b.g * p.keys_slice_stride;
   if (block.mask_bool) block.mask_bool += mask_offset;
   if (block.mask_additive) block.mask_additive += mask_offset;
+  block.mask_slice_phase = (b.g + p.mask_slice_phase) % p.slices_per_mask_slice;
   block.slices = b.slices;
   block.queries_n = b.rows;
   block.scores += first_row * p.k;

@@ -8,6 +8,7 @@
 
 #include "ops/cpu/knn_select_kernel.h"
 #include "ops/cpu/tensor_views.h"
+#include "ops/mask_slices.h"
 #include "ops/op_signatures.h"
 
 namespace convnn::cpu {
@@ -34,6 +35,7 @@ KnnSelectParams<scalar_t, acc_t> select_params(const SelectInputs& in, int64_t k
   p.keys_slice_stride = in.keys.stride(0);
   if (in.mask.defined()) {
     p.mask_slice_stride = in.mask.dim() == 3 ? in.mask.size(1) * in.mask.size(2) : 0;
+    p.slices_per_mask_slice = ops::slices_per_mask_slice(in.mask, in.queries.size(0));
     if (in.mask.scalar_type() == at::kBool) {
       p.mask_bool = in.mask.const_data_ptr<bool>();
     } else {

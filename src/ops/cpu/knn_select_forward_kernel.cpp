@@ -479,7 +479,7 @@ class SelectTask {
     for (int64_t r = 0; r < rows; ++r) {
       // Bytes, ORed without an early exit inside the row, so that the loop vectorises.
       const auto* allowed = reinterpret_cast<const unsigned char*>(
-          p_.mask_bool + g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0);
+          p_.mask_bool + p_.mask_slice_offset(g) + (row_begin + r) * p_.keys_m + m0);
       unsigned char any = 0;
       for (int64_t c = 0; c < columns; ++c) any |= allowed[c];
       if (any != 0) return false;
@@ -503,7 +503,7 @@ class SelectTask {
     for (int64_t r = 0; r < rows; ++r) {
       if (m0 == 0) upcoming_.step();
       acc_t* row = tile_.data() + r * width_;
-      if (!ranking_keys(row, r, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m + m0)) return false;
+      if (!ranking_keys(row, r, columns, p_.mask_slice_offset(g) + (row_begin + r) * p_.keys_m + m0)) return false;
       tops_[r].offer_row(row, columns, m0);
     }
     return true;
@@ -524,7 +524,7 @@ class SelectTask {
     for (int64_t r = 0; r < rows; ++r) {
       upcoming_.step();
       acc_t* row = tile_.data() + r * width_;
-      if (!ranking_keys(row, r, columns, g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m)) {
+      if (!ranking_keys(row, r, columns, p_.mask_slice_offset(g) + (row_begin + r) * p_.keys_m)) {
         return false;
       }
       whole_row_top_->select(row, columns, p_.index_order, row_keys_.data(), row_indices_.data());
@@ -545,7 +545,7 @@ class SelectTask {
     compute_tile(rows, p_.keys_m);
     for (int64_t r = 0; r < rows; ++r) {
       upcoming_.step();
-      const int64_t mask_offset = g * p_.mask_slice_stride + (row_begin + r) * p_.keys_m;
+      const int64_t mask_offset = p_.mask_slice_offset(g) + (row_begin + r) * p_.keys_m;
       const bool* allowed = p_.mask_bool ? p_.mask_bool + mask_offset : nullptr;
       const acc_t* added = p_.mask_additive ? p_.mask_additive + mask_offset : nullptr;
       if (!distance_selector_->select(q_.data() + r * d_, tile_.data() + r * width_, allowed, added,

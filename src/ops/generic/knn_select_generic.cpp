@@ -13,6 +13,7 @@
 #include "ops/checks.h"
 #include "ops/generic/generic.h"
 #include "ops/generic/internal.h"
+#include "ops/mask_slices.h"
 #include "ops/reference/indexing.h"
 
 namespace convnn::ops::generic {
@@ -66,7 +67,8 @@ SelectOperands::SelectOperands(const at::Tensor& queries_in, const at::Tensor& k
   queries = queries_in.to(acc);
   keys = keys_in.to(acc);
   if (mask_in.has_value() && mask_in->defined()) {
-    mask = mask_in->scalar_type() == at::kBool ? *mask_in : mask_in->to(acc);
+    const auto every_slice = ops::mask_of_every_slice(*mask_in, queries_in.size(0));
+    mask = every_slice.scalar_type() == at::kBool ? every_slice : every_slice.to(acc);
   }
   unrankable_rows = at::zeros({queries_in.size(0), queries_in.size(1)}, queries_in.options().dtype(at::kBool));
 }

@@ -16,11 +16,19 @@ struct KnnSelectParams {
   // tensor is contiguous; more for slices of a longer buffer, a key/value cache, read in place).
   const scalar_t* keys = nullptr;
   int64_t keys_slice_stride = 0;
-  // At most one mask: bool (true = may be selected) or additive, [N,M] (slice stride 0) or
-  // [G,N,M] (slice stride N*M), contiguous.
+  // At most one mask: bool (true = may be selected) or additive, contiguous: [N,M] (slice stride
+  // 0), or [G',N,M] (slice stride N*M), G' dividing G: slice g reads mask slice g / (G/G')
+  // (ops/mask_slices.h).
   const bool* mask_bool = nullptr;
   const acc_t* mask_additive = nullptr;
   int64_t mask_slice_stride = 0;
+  int64_t slices_per_mask_slice = 1;
+  // Slices of the first mask slice before this call's first (a block of the call's slices).
+  int64_t mask_slice_phase = 0;
+  // Where slice g's mask starts, in elements.
+  int64_t mask_slice_offset(int64_t g) const {
+    return (g + mask_slice_phase) / slices_per_mask_slice * mask_slice_stride;
+  }
   int64_t slices = 0;      // G
   int64_t queries_n = 0;   // N
   int64_t keys_m = 0;      // M

@@ -8,6 +8,7 @@
 
 #include "ops/reference/similarity_forms.h"
 #include "ops/checks.h"
+#include "ops/mask_slices.h"
 #include "ops/reference/indexing.h"
 #include "ops/reference/reference.h"
 
@@ -16,10 +17,11 @@ namespace {
 
 at::Tensor apply_mask(at::Tensor keys_matrix, const c10::optional<at::Tensor>& mask) {
   if (!mask.has_value() || !mask->defined()) return keys_matrix;
-  if (mask->scalar_type() == at::kBool) {
-    return at::where(*mask, keys_matrix, at::scalar_tensor(kNegInf, keys_matrix.options()));
+  const auto every_slice = ops::mask_of_every_slice(*mask, keys_matrix.size(0));
+  if (every_slice.scalar_type() == at::kBool) {
+    return at::where(every_slice, keys_matrix, at::scalar_tensor(kNegInf, keys_matrix.options()));
   }
-  return keys_matrix + mask->to(keys_matrix.scalar_type());
+  return keys_matrix + every_slice.to(keys_matrix.scalar_type());
 }
 
 }  // namespace

@@ -85,7 +85,8 @@ struct ConvNNFuncOptions {
   /// on every axis (its dilated grid), with coordinates on that grid (one dilated step is one
   /// unit), as a dilated convolution's window. One value for every axis, or one per axis.
   TORCH_ARG(std::vector<int64_t>, dilation) = std::vector<int64_t>{1};
-  /// Optional [N,M] or [G,N,M] mask: bool (true = may be selected) or additive float.
+  /// Optional mask, bool (true = may be selected) or additive float: [N,M], [B,N,M] (per sample,
+  /// for each of its heads) or [B*heads,N,M].
   TORCH_ARG(at::Tensor, mask) = {};
   /// Random candidates: 0 = all M candidates, else r < M drawn without replacement per call,
   /// shared across the batch.

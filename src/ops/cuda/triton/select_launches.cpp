@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/cuda/triton/blocks.h"
+#include "ops/mask_slices.h"
 #include "ops/unit_stride_rows.h"
 
 namespace convnn::ops::cuda::triton {
@@ -238,9 +239,11 @@ int dtype_code(at::ScalarType dtype) {
   }
 }
 
-RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor& keys_in, const at::Tensor& mask_in,
+RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor& keys_in, const at::Tensor& mask_given,
                                  Similarity similarity) {
   RankingOperands operands;
+  // The kernels read a mask slice per query slice (a per-sample mask is repeated for its heads here).
+  const auto mask_in = ops::mask_of_every_slice(mask_given, slices_of(queries_in));
   const auto input = top_k_input_dtype(queries_in.scalar_type());
   // Read in place wherever their rows are unit-stride (the kernels take their RowLayouts).
   operands.queries = unit_stride_rows(queries_in.to(input));
