@@ -144,6 +144,26 @@ def test_a_sequence_shorter_than_k_is_the_layer_of_k_equal_to_its_length(causal,
     assert torch.isneginf(neighbours.scores[..., n:]).all()
 
 
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+@pytest.mark.parametrize("options", [dict(), dict(num_candidates=6), dict(num_candidates=5, include_self=True)],
+                         ids=["all", "random", "random-self"])
+def test_a_per_sample_mask_once_per_sample_equals_it_given_for_every_head(num_kv_heads, options):
+    """A key padding mask reaches the op as one [N,N] slice per sample, read for each of the sample's
+    heads (docs/operator.md, "Masks"); the same mask given per head, [B,H,N,N], is one slice per
+    (sample, head). Equal outputs, random candidates drawn alike (grouped heads: the first repeats
+    the key/value heads per query head, the second packs the query heads of a group)."""
+    torch.manual_seed(0)
+    attention = ConvNNAttention(16, 4, 3, num_kv_heads=num_kv_heads, **options).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    padding = torch.arange(9)[None, :] >= torch.tensor([9, 6])[:, None]
+    per_head = padding.logical_not()[:, None, None, :].expand(2, 4, 9, 9)
+    torch.manual_seed(5)
+    once = attention(x, key_padding_mask=padding)
+    torch.manual_seed(5)
+    every_head = attention(x, attn_mask=per_head)
+    torch.testing.assert_close(once, every_head, rtol=0, atol=1e-12)
+
+
 def test_one_sample_takes_a_key_padding_mask_of_its_tokens():
     torch.manual_seed(6)
     attention = layer(2)
