@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
     const auto& model_config = header.config.model_config;
     const auto logits = trained(torch::randn({4, model_config.in_channels, model_config.image_size,
                                               model_config.image_size}));
-    TORCH_CHECK(logits.sizes() == torch::IntArrayRef({4, model_config.num_classes}) &&
+    // The built model's config holds its head's size (unset in a config: the model's own).
+    TORCH_CHECK(logits.sizes() == torch::IntArrayRef({4, trained.config().num_classes.value()}) &&
                     logits.isfinite().all().item<bool>(),
                 "the loaded model's logits are ", logits.sizes(), " or not finite");
     std::printf("checkpoint %s: %s (%lld branching layers, %lld parameters) after epoch %lld, logits %s\n",

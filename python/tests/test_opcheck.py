@@ -68,6 +68,7 @@ def head_dim_cases(dtype):
         (q, k, v, tensor(D, K, dtype=dtype, seed=9), None, K, "scaled_dot", None, False, "softmax", 0.7),
         (q, k, v, tensor(6, D, K, dtype=dtype, seed=10), tensor(6, dtype=dtype, seed=11), K, "l1", mask, True,
          "softmax", 1.0),
+        (q, k, v, tensor(D, K, dtype=dtype, seed=9), None, K, "dot", mask[:, :1], False, "softmax", 1.0),
     ]
 
 

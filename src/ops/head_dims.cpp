@@ -74,11 +74,17 @@ Tensor fold_for_check(const Tensor& t, Scope scope) {
   return fold(t, scope == Scope::kShapesAndValues && checks::reads_values_of(t) ? scope : Scope::kShapesOnly);
 }
 
+// A mask [B,H,N,M] folds to one slice per (b, h); [B,1,N,M] (per sample, as scaled_dot_product_attention
+// broadcasts it) to one per sample, which the op reads for each of the sample's heads (ops/mask_slices.h).
 OptionalTensor fold_mask(const Heads& h, const OptionalTensor& mask, Scope scope, const char* op) {
   if (!mask.has_value() || !mask->defined() || mask->dim() == 2) return mask;
-  TORCH_CHECK(mask->dim() == 4, op, ": with head dims, mask must be 2-D [N,M] (shared) or 4-D [B,H,N,M], got ",
+  TORCH_CHECK(mask->dim() == 4, op,
+              ": with head dims, mask must be 2-D [N,M] (shared) or 4-D [B,H,N,M] or [B,1,N,M] (per sample), got ",
               shape_string(*mask));
-  check_same_heads(h, *mask, op, "mask", "[B,H,N,M]");
+  TORCH_SYM_CHECK(mask->sym_size(0).sym_eq(h.batch).sym_and(mask->sym_size(1).sym_eq(h.heads).sym_or(
+                      mask->sym_size(1).sym_eq(1))),
+                  op, ": mask ", shape_string(*mask), " must have the queries' [B,H] = [", h.batch, ",", h.heads,
+                  "] or [B,1] = [", h.batch, ",1] in dims 0 and 1");
   return fold(*mask, scope);
 }
 

@@ -209,7 +209,7 @@ struct KnnAttentionBackwardDeviceFused {
 // knn_attention and its backward also take [B,H,N,D] queries, keys and values (any strides, as the
 // head-split views of a [B,N,3C] projection), as scaled_dot_product_attention does: each (b, h) is
 // a slice g = b*H + h. The rules (src/ops/head_dims.cpp, docs/operator.md "Heads as a dimension"):
-// every tensor with a slice dim has [B,H] there (a mask [N,M] or [B,H,N,M]); scores, indices and
+// every tensor with a slice dim has [B,H] there (a mask [N,M], [B,H,N,M] or [B,1,N,M]); scores, indices and
 // weights are [B,H,N,K] and contiguous; the output is [B,H,N,C] stored as [B,N,H,C] (its
 // transpose(1, 2).flatten(2) is the [B,N,H*C] the layer's output projection reads, without a copy);
 // the gradients of queries, keys and values have their shapes, stored likewise ([B,N,H,D]: the

@@ -323,10 +323,13 @@ at::Tensor select_and_aggregate(const at::Tensor& q, const at::Tensor& keys, con
 // copies are the op's business, and only on a path that cannot read strided heads.
 at::Tensor attention_by_head_views(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
                                    const at::Tensor& kernel, const at::Tensor& bias, const ConvNNFuncOptions& o,
-                                   const at::Tensor& mask, const KeepSelection& keep) {
+                                   const at::Tensor& mask, bool mask_per_sample, const KeepSelection& keep) {
   const int64_t h = o.heads();
   const auto by_head = [&](const at::Tensor& x) { return x.unflatten(2, {h, -1}).transpose(1, 2); };
-  const auto head_mask = mask.defined() && mask.dim() == 3 ? mask.unflatten(0, {-1, h}) : mask;
+  // [B*H,N,M] -> [B,H,N,M]; a per-sample [B,N,M] -> [B,1,N,M], for each of the sample's heads.
+  const auto head_mask = !mask.defined() || mask.dim() != 3 ? mask
+                         : mask_per_sample           ? mask.unsqueeze(1)
+                                                     : mask.unflatten(0, {-1, h});
   const auto [output, scores, indices, weights] = ops::knn_attention(
       by_head(queries), by_head(keys), by_head(values), kernel, optional_bias(bias), o.k(),
       to_string(o.similarity()), head_mask.defined() ? c10::optional<at::Tensor>(head_mask) : c10::nullopt,
@@ -380,8 +383,7 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
       const auto folded = [](const at::Tensor& t) { return detail::merge_leading_dims(t.detach()); };
       *selection = {folded(indices), folded(scores), folded(weights)};  // [B*H,N,K], as the other paths
     };
-    return attention_by_head_views(queries, keys, values, kernel, bias, o, mask_of_every_head(o.mask(), queries, h),
-                                   keep);
+    return attention_by_head_views(queries, keys, values, kernel, bias, o, o.mask(), per_sample, keep);
   }
   const auto query_coordinates_rows =
       query_coordinates.defined() && group > 1 ? query_coordinates.repeat({group, 1}) : query_coordinates;

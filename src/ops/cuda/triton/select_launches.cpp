@@ -242,8 +242,10 @@ int dtype_code(at::ScalarType dtype) {
 RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor& keys_in, const at::Tensor& mask_given,
                                  Similarity similarity) {
   RankingOperands operands;
-  // The kernels read a mask slice per query slice (a per-sample mask is repeated for its heads here).
-  const auto mask_in = ops::mask_of_every_slice(mask_given, slices_of(queries_in));
+  // The kernels read a mask slice per query slice (a per-sample mask, [B,N,M] or with head dims
+  // [B,1,N,M], is repeated for its heads here).
+  const auto mask_slices = mask_given.defined() && mask_given.dim() == 4 ? mask_given.flatten(0, 1) : mask_given;
+  const auto mask_in = ops::mask_of_every_slice(mask_slices, slices_of(queries_in));
   const auto input = top_k_input_dtype(queries_in.scalar_type());
   // Read in place wherever their rows are unit-stride (the kernels take their RowLayouts).
   operands.queries = unit_stride_rows(queries_in.to(input));
