@@ -57,9 +57,9 @@ def _ranking_keys(queries, keys, similarity):
 def _mask_of_every_slice(mask, slices):
     """A [G',N,M] mask whose slices serve G/G' query slices each (docs/operator.md, "Masks") as one
     slice per query slice; merged as _knn_attention_by_head's fold merges, for the same reason."""
-    repeats = slices // mask.shape[0]
-    if repeats == 1:
+    if mask.shape[0] == slices:  # one per slice (and an empty mask of no slices)
         return mask
+    repeats = slices // mask.shape[0]
     repeated = mask.unsqueeze(1).expand(mask.shape[0], repeats, *mask.shape[1:]).contiguous()
     return repeated.as_strided((slices, *mask.shape[1:]), repeated.stride()[1:])
 
