@@ -63,20 +63,22 @@ def test_grouped_query_attention_exports():
         _assert_runs_as_pytorch(layer, session, torch.randn(batch, 9, 16))
 
 
+class _MaskedBy(torch.nn.Module):
+    """layer(x, **{keyword: mask}) with the mask as a positional input, which the exporter takes."""
+
+    def __init__(self, keyword, layer):
+        super().__init__()
+        self.keyword, self.layer = keyword, layer
+
+    def forward(self, x, mask):
+        return self.layer(x, **{self.keyword: mask})
+
+
 def test_an_attention_mask_and_the_causal_option_export():
     torch.manual_seed(0)
     layer = ConvNNAttention(8, 2, 3, causal=True, rho="softmax").eval()
     mask = torch.rand(7, 7) > 0.3
-
-    class Masked(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = layer
-
-        def forward(self, x, attn_mask):
-            return self.layer(x, attn_mask=attn_mask)
-
-    module = Masked().eval()
+    module = _MaskedBy("attn_mask", layer).eval()
     program, session = _export(module, (torch.randn(2, 7, 8), mask))
     _only_standard_operators(program)
     _assert_runs_as_pytorch(module, session, torch.randn(3, 7, 8), mask)
@@ -87,18 +89,10 @@ def test_a_key_padding_mask_exports():
     torch.manual_seed(0)
     layer = ConvNNAttention(16, 4, 3, num_kv_heads=2, causal=True).eval()
 
-    class Padded(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = layer
-
-        def forward(self, x, key_padding_mask):
-            return self.layer(x, key_padding_mask=key_padding_mask)
-
     def padding(lengths, n=8):
         return torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]
 
-    module = Padded().eval()
+    module = _MaskedBy("key_padding_mask", layer).eval()
     program, session = _export(module, (torch.randn(2, 8, 16), padding([8, 5])))
     _only_standard_operators(program)
     _assert_runs_as_pytorch(module, session, torch.randn(2, 8, 16), padding([4, 6]))

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "ops/merge_leading_dims.h"
+
 namespace convnn::ops {
 
 // Query slices per mask slice (1 for a mask of one slice each, or none).
@@ -16,12 +18,13 @@ inline int64_t slices_per_mask_slice(const at::Tensor& mask, int64_t slices) {
 }
 
 // The mask with a slice for every query slice, for the paths that index it by slice (a copy where
-// a slice of it serves several).
-inline at::Tensor mask_of_every_slice(const at::Tensor& mask, int64_t slices) {
-  const int64_t repeats = slices_per_mask_slice(mask, slices);
-  if (repeats == 1) return mask;
-  return mask.unsqueeze(1).expand({mask.size(0), repeats, mask.size(1), mask.size(2)}).reshape({slices, mask.size(1),
-                                                                                              mask.size(2)});
+// a slice of it serves several). Sizes as SymInts: the layers call it under tracing too.
+inline at::Tensor mask_of_every_slice(const at::Tensor& mask, const c10::SymInt& slices) {
+  if (!mask.defined() || mask.dim() != 3) return mask;
+  const c10::SymInt mask_slices = mask.sym_size(0);
+  if (mask_slices.sym_eq(slices).guard_bool(__FILE__, __LINE__)) return mask;  // one each, or none of none
+  return merge_leading_dims(
+      mask.unsqueeze(1).expand_symint({mask_slices, slices / mask_slices, mask.sym_size(1), mask.sym_size(2)}));
 }
 
 }  // namespace convnn::ops

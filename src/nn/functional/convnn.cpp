@@ -13,6 +13,7 @@
 #include "nn/functional/spatial.h"
 #include "nn/functional/symint_forms.h"
 #include "ops/checks.h"
+#include "ops/mask_slices.h"
 #include "ops/reference/indexing.h"
 #include "ops/reference/reference.h"
 
@@ -56,13 +57,6 @@ at::Tensor pack_mask_groups(const at::Tensor& mask, int64_t group) {
 bool mask_per_sample(const at::Tensor& mask, const at::Tensor& queries, int64_t heads) {
   if (!mask.defined() || mask.dim() != 3 || heads == 1) return false;
   return !mask.sym_size(0).sym_eq(queries.sym_size(0) * heads).guard_bool(__FILE__, __LINE__);
-}
-
-// A per-sample [B,N,M] mask as one per (sample, head) slice, [B*H,N,M] (a copy); other masks as they are.
-at::Tensor mask_of_every_head(const at::Tensor& mask, const at::Tensor& queries, int64_t heads) {
-  if (!mask_per_sample(mask, queries, heads)) return mask;
-  return detail::merge_leading_dims(
-      mask.unsqueeze(1).expand_symint({mask.sym_size(0), heads, mask.sym_size(1), mask.sym_size(2)}));
 }
 
 // Whether packing `heads / kv_heads` query heads per slice would copy more bytes repeating a shared
@@ -421,7 +415,8 @@ at::Tensor conv_nn_with_query_coordinates(const at::Tensor& queries, const at::T
   // Candidate slot -> token index (drawn is sorted, so slot order is index order); the query
   // itself is then a token outside the candidates.
   indices = drawn.index_select(0, indices.reshape({-1})).view_as(indices);
-  std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, mask_of_every_head(o.mask(), queries, h), o);
+  const auto mask_of_every_head = per_sample ? ops::mask_of_every_slice(o.mask(), queries.sym_size(0) * h) : o.mask();
+  std::tie(scores, indices) = merge_self(q, k, scores, indices, drawn, mask_of_every_head, o);
   if (index_order) std::tie(scores, indices) = sort_slots_by_index(scores, indices);
   const auto weights = rho_weights(scores, o.rho(), o.temperature());
   keep(indices, scores, weights);
