@@ -293,13 +293,13 @@ def selection_designs(g, n, d, neighbours, device):
         rows = (n * d, 0, d)
 
         def run_select(grid=grid, constexprs=constexprs, scores=scores, indices=indices):
-            select._select_kernel[grid](q, k, q, scores, indices, n, n, d, neighbours, 0, root, 0, 1, *rows, *rows,
+            select._select_kernel[grid](q, k, q, scores, indices, n, n, d, neighbours, 0, 1, root, 0, 1, *rows, *rows,
                                         **constexprs)
 
         def run_attention(grid=grid, constexprs=constexprs, output=output, chosen_scores=chosen_scores, chosen=chosen,
                           weights=weights, shared_set=shared_set):
             attention._attention_kernel[grid](q, k, v, taps, v, q, output, chosen_scores, chosen, weights, n, n, d, d,
-                                              neighbours, 0, root, attention.RHO_CODES["softmax"], 1.0, 0, 0, 0, 1,
+                                              neighbours, 0, 1, root, attention.RHO_CODES["softmax"], 1.0, 0, 0, 0, 1,
                                               *rows, *rows, *rows, *rows,
                                               CHANNELS=attention.forward_channels(slots, shared_set), **constexprs)
 
@@ -366,7 +366,7 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     if bounded_select._tile_bound(code, select.NO_MASK):
         seeds = torch.empty(g * n, device=queries.device, dtype=torch.float32)
         bounded_select._seed_thresholds_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
-            queries, keys, queries, redo, norms, seeds, n, m, d, neighbours, 0, similarity_constant(similarity, d), 1.0,
+            queries, keys, queries, redo, norms, seeds, n, m, d, neighbours, 0, 1, similarity_constant(similarity, d), 1.0,
             1, *rows, *rows, SIMILARITY=code, MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
             CANDIDATES=bounded_select.CANDIDATES, FEATURES=bounded_select.FEATURES,
             PRECISION=bounded_select.FLOAT32_PRECISION, PRODUCT_FEATURES=bounded_select.SEED_PRODUCT_FEATURES,
@@ -374,7 +374,7 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     programs = min(triton.cdiv(n, bounded_select.ROWS) * g, bounded_select.PROGRAMS)
     queue = torch.empty(programs * bounded_select.ROWS, bounded_select.QUEUE, device=queries.device, dtype=torch.int32)
     bounded_select._bounded_select_kernel[(programs,)](
-        queries, keys, queries, redo, scores, indices, redo, rescored, norms, seeds, queue, g, n, m, d, neighbours, 0,
+        queries, keys, queries, redo, scores, indices, redo, rescored, norms, seeds, queue, g, n, m, d, neighbours, 0, 1,
         similarity_constant(similarity, d), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
         SIMILARITY=code, MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
         CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,

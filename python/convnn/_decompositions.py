@@ -149,6 +149,9 @@ def _knn_attention_by_head(queries, keys, values, kernel, bias, k, similarity, m
         x = x.contiguous()
         return x.as_strided((x.shape[0] * x.shape[1], *x.shape[2:]), x.stride()[1:])
 
+    if mask is not None and mask.dim() == 4 and mask.shape[0] != batch:
+        # [1,H,N,M] or [1,1,N,M], broadcast over the samples as the op broadcasts it (head_dims.cpp's fold_mask)
+        mask = mask.expand(batch, *mask.shape[1:])
     output, *selection = _knn_attention(fold(queries), fold(keys), fold(values), kernel, bias, k, similarity,
                                         fold(mask), index_order, rho, temperature)
     output = output.unflatten(0, (batch, heads)).transpose(1, 2).contiguous().transpose(1, 2)

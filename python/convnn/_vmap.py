@@ -40,6 +40,10 @@ def _fold_mask(mask, dim, batch_size, slices):
     if mask is None or (dim is None and mask.dim() == 2):
         return mask  # one [N,M] mask for every slice of every sample
     mask = _batch_first(mask, dim, batch_size)
+    if len(slices) == 2 and mask.dim() == 5 and mask.shape[1] != slices[0]:
+        # A sample's [1,H,N,M] or [1,1,N,M] broadcasts over its batch (head_dims.cpp's fold_mask); folded,
+        # the samples' batches are one, over which it would not.
+        mask = mask.expand(batch_size, slices[0], *mask.shape[2:])
     if mask.dim() == 3:  # [B,N,M]: one per sample, the same for its slices
         mask = mask.view(batch_size, *(1,) * len(slices), *mask.shape[1:]).expand(batch_size, *slices,
                                                                                     *mask.shape[1:])

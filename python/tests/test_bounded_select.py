@@ -348,7 +348,7 @@ def seeded(queries, keys, k, similarity, mask_arg, wholes, mask_stride, kind, no
     m = keys.shape[1]
     seeds = torch.full((g * n,), 3.5, device=DEVICE)
     bounded_select._seed_thresholds_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
-        queries, keys, mask_arg, wholes, norms, seeds, n, m, d, k, mask_stride, similarity_constant(d, similarity),
+        queries, keys, mask_arg, wholes, norms, seeds, n, m, d, k, mask_stride, 1, similarity_constant(d, similarity),
         bound_scale, 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity, MASK=kind,
         ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES, FEATURES=bounded_select.FEATURES,
         PRECISION=bounded_select.FLOAT32_PRECISION, PRODUCT_FEATURES=bounded_select.SEED_PRODUCT_FEATURES,
@@ -384,7 +384,7 @@ def bounded(queries, keys, k, similarity, mask=None, inject="none", bound_scale=
     for part in (1, 2) if kind == select.BOOL_MASK else (0,):
         bounded_select._bounded_select_kernel[(programs,)](
             queries, keys, mask_arg, wholes, scores, indices, redo, redo if rescored is None else rescored, norms,
-            seeds, queue, g, n, m, d, k, mask_stride, similarity_constant(d, similarity), bound_scale,
+            seeds, queue, g, n, m, d, k, mask_stride, 1, similarity_constant(d, similarity), bound_scale,
             select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
             MASK=kind, ROWS=bounded_select.ROWS, CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots,
             QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH, FEATURES=bounded_select.FEATURES,
@@ -400,7 +400,7 @@ def rerun(queries, keys, k, similarity, mask, scores, indices, redo):
     slots = select.slots_for(k)
     blocks, _ = select.design(slots, kind)
     bounded_select._rerun_kernel[(triton.cdiv(n, blocks["ROWS"]), g)](
-        queries, keys, mask_arg, scores, indices, redo, n, keys.shape[1], d, k, mask_stride,
+        queries, keys, mask_arg, scores, indices, redo, n, keys.shape[1], d, k, mask_stride, 1,
         similarity_constant(d, similarity),
         select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
         MASK=kind, SLOTS=slots, FEATURES=select.features_for(d), **blocks)
@@ -415,7 +415,7 @@ def ieee(queries, keys, k, similarity, mask=None):
     scores = torch.empty(g, n, k, device=DEVICE)
     indices = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
     select._select_kernel[(triton.cdiv(n, blocks["ROWS"]), g)](
-        queries, keys, mask_arg, scores, indices, n, keys.shape[1], d, k, mask_stride,
+        queries, keys, mask_arg, scores, indices, n, keys.shape[1], d, k, mask_stride, 1,
         similarity_constant(d, similarity),
         select.DTYPE_CODES[torch.float32], 1, *row_layout(queries), *row_layout(keys), SIMILARITY=similarity,
         MASK=kind, SLOTS=slots, FEATURES=select.features_for(d), **blocks)
@@ -868,6 +868,46 @@ def test_knn_select_on_cuda_scores_on_tensor_cores_where_asked_and_gives_the_gen
     monkeypatch.setenv("CONVNN_SELECT_SCORES", "fast")
     with pytest.raises(RuntimeError, match="CONVNN_SELECT_SCORES must be 'auto', 'ieee' or 'tensor_cores', got 'fast'"):
         cuda_select(queries, keys, 8, "scaled_dot", mask, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mask_slice_serving_several_query_slices_on_tensor_cores_gives_the_mask_repeated(monkeypatch, dtype):
+    """CONVNN_SELECT_SCORES=tensor_cores, G = 4 query slices over a bool mask of 2 slices that differ
+    (docs/operator.md, "Masks": slices 2 and 3 read the second): the mask's words are made once per
+    mask slice (the words kernel's rows: 2 * N), its seeds, whole tiles and selection read the words of
+    each query slice's mask slice (select.mask_slice_start), and the indices and scores are the
+    repeated mask's, bit for bit, and the generic path's; so with one mask slice for all four."""
+    from convnn._triton import register
+
+    generator = torch.Generator().manual_seed(47)
+    queries = dyadic((4, 70, 32), generator).to(DEVICE, dtype)
+    keys = dyadic((4, 150, 32), generator).to(DEVICE, dtype)
+    # Causal-like rows, the first slice's whole (whole tiles on the left of its blocks), the second's with
+    # random holes (no whole tile): a query slice that read the other's words or whole tiles would differ.
+    masks = ((torch.arange(150)[None, :] <= torch.arange(70)[:, None] * 2)
+             & (torch.rand(2, 70, 150, generator=generator) > torch.tensor([-1.0, 0.3])[:, None, None])).to(DEVICE)
+    monkeypatch.setenv("CONVNN_SELECT_SCORES", "tensor_cores")
+    launches = []
+    launch = register.run
+
+    def run(kernel, grid, arguments, constexprs, options):
+        launches.append((kernel.fn.__name__, dict(zip(kernel.arg_names, arguments))))
+        launch(kernel, grid, arguments, constexprs, options)
+
+    monkeypatch.setattr(register, "run", run)
+    for mask in (masks, masks[1:]):
+        repeated = mask.repeat_interleave(4 // mask.shape[0], 0)
+        launches.clear()
+        got, launched = cuda_select(queries, keys, 8, "scaled_dot", mask, True)
+        assert any(key.startswith("bounded select scaled_dot K<=8 bool mask") for key in launched), launched
+        words = [named for name, named in launches if name == "_mask_bits_kernel"][-1]
+        assert words["rows"] == mask.shape[0] * 70
+        selects = [named for name, named in launches if name == "_bounded_select_kernel"][-2:]
+        assert all(named["slices_per_mask_slice"] == 4 // mask.shape[0] for named in selects)
+        want, _ = cuda_select(queries, keys, 8, "scaled_dot", repeated, True)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+        generic = generic_select(queries, keys, 8, "scaled_dot", mask, True)
+        assert torch.equal(got[1], generic[1]) and torch.equal(got[0], generic[0])
 
 
 @pytest.mark.parametrize("similarity", ["cosine", "gaussian"])

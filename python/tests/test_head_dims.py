@@ -80,18 +80,22 @@ def test_on_the_cpu_the_layer_folds_its_heads_once_and_gives_what_the_op_gives_o
 
 
 def test_vmap_over_head_dims_is_the_loop_over_samples():
-    q, k, v = (t.unflatten(0, (2, 1)) for t in _heads(1, b=2))  # [2 samples, 1, H, N, D]
+    """Each vmapped sample a [B,H,N,D] call, its mask [N,M], or [1,H,N,M] and [1,1,N,M] broadcast over
+    its B = 2 (which the folded call must not broadcast over every sample's batch)."""
+    q, k, v = (t.unflatten(0, (2, 2)) for t in _heads(1, b=4))  # [2 samples, B 2, H, N, D]
     kernel = torch.randn(D, K, dtype=torch.float64)
     causal = torch.ones(2, N, N, dtype=torch.bool).tril()  # one [N,M] mask per sample
+    per_head = torch.rand(2, 1, H, N, N, generator=torch.Generator().manual_seed(5)) < 0.6
 
     def attention(q, k, v, mask):
         return ops.knn_attention(q, k, v, kernel, None, K, "dot", mask, False, "softmax", 1.0)
 
-    batched = torch.vmap(attention)(q, k, v, causal)
-    for sample in range(2):
-        looped = attention(q[sample], k[sample], v[sample], causal[sample])
-        for got, want in zip(batched, looped):
-            assert torch.equal(got[sample], want)
+    for mask in (causal, per_head, per_head[:, :, :1]):
+        batched = torch.vmap(attention)(q, k, v, mask)
+        for sample in range(2):
+            looped = attention(q[sample], k[sample], v[sample], mask[sample])
+            for got, want in zip(batched, looped):
+                assert torch.equal(got[sample], want)
 
 
 def test_the_flop_formula_counts_the_folded_call():
@@ -106,12 +110,13 @@ def test_the_flop_formula_counts_the_folded_call():
     assert count(q, k, v) == count(_folded(q), _folded(k), _folded(v)) > 0
 
 
-@pytest.mark.parametrize("mask_kind", ["none", "shared", "per_slice"])
+@pytest.mark.parametrize("mask_kind", ["none", "shared", "per_slice", "per_head", "shared_4d"])
 def test_the_exporters_decomposition_gives_the_ops_results_and_layouts(mask_kind):
     q, k, v = _heads(3)
     kernel = torch.randn(D, K, dtype=torch.float64)
-    mask = {"none": None, "shared": torch.ones(N, N, dtype=torch.bool).tril(),
-            "per_slice": torch.rand(B, H, N, N, generator=torch.Generator().manual_seed(4)) < 0.6}[mask_kind]
+    masks = torch.rand(B, H, N, N, generator=torch.Generator().manual_seed(4)) < 0.6
+    mask = {"none": None, "shared": torch.ones(N, N, dtype=torch.bool).tril(), "per_slice": masks,
+            "per_head": masks[:1], "shared_4d": masks[:1, :1]}[mask_kind]
     args = (q, k, v, kernel, None, K, "l1", mask, False, "softmax", 1.0)
     decomposed, native = _decompositions._knn_attention(*args), ops.knn_attention(*args)
     for got, want in zip(decomposed, native):

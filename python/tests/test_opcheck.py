@@ -59,7 +59,8 @@ def attention_cases(dtype):
 
 def head_dim_cases(dtype):
     """[B,H,N,D] inputs as a layer makes them: head-split views of one [B,N,3*H*D] projection (and a
-    [B,H,N,M] mask); the output's [B,N,H,C] storage is what the fake tensors must declare."""
+    [B,H,N,M] mask, and the [B,1,N,M], [1,H,N,M] and [1,1,N,M] ones that broadcast to it); the output's
+    [B,N,H,C] storage is what the fake tensors must declare."""
     b, h = 2, 3
     qkv = tensor(b, N, 3 * h * D, dtype=dtype, seed=7)
     q, k, v = (part.unflatten(2, (h, D)).transpose(1, 2) for part in qkv.split(h * D, -1))
@@ -69,6 +70,8 @@ def head_dim_cases(dtype):
         (q, k, v, tensor(6, D, K, dtype=dtype, seed=10), tensor(6, dtype=dtype, seed=11), K, "l1", mask, True,
          "softmax", 1.0),
         (q, k, v, tensor(D, K, dtype=dtype, seed=9), None, K, "dot", mask[:, :1], False, "softmax", 1.0),
+        (q, k, v, tensor(D, K, dtype=dtype, seed=9), None, K, "dot", mask[:1], False, "softmax", 1.0),
+        (q, k, v, tensor(D, K, dtype=dtype, seed=9), None, K, "dot", mask[:1, :1], False, "softmax", 1.0),
     ]
 
 

@@ -422,21 +422,30 @@ def test_select_picks_the_generic_paths_indices_and_scores_with_every_similarity
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=0, msg=lambda m: f"{similarity}, {name}: {m}")
 
 
-def test_a_mask_slice_that_serves_several_query_slices_reads_as_the_mask_repeated():
-    """A [G',N,M] mask, G' dividing G (docs/operator.md, "Masks"): the launchers give the kernels one
-    slice per query slice, so the select and the fused attention give the repeated mask's results."""
-    queries, keys, generator = select_inputs(torch.float32)
-    mask = (torch.rand(1, 9, 70, generator=generator) > 0.4).to(DEVICE)
-    repeated = mask.expand(2, 9, 70).contiguous()
-    for got, want in zip(select_forward(queries, keys, 6, "dot", mask, False),
-                         select_forward(queries, keys, 6, "dot", repeated, False)):
-        assert torch.equal(got, want)
-    values = torch.randint(-3, 4, (2, 70, 4), generator=generator).to(DEVICE, torch.float32)
+def test_a_mask_slice_that_serves_several_query_slices_reads_as_the_mask_repeated(monkeypatch):
+    """A [G',N,M] mask, G' dividing G (docs/operator.md, "Masks"): the kernels read each mask slice for
+    its G/G' query slices in place (select.mask_slice_start; the launchers pass it as given, not
+    repeated), and the select and the fused attention give the repeated mask's results bit for bit:
+    G = 4 query slices over 2 mask slices that differ (slices 2 and 3 read the second), over 1, and
+    an additive mask of 2."""
+    queries, keys, generator = select_inputs(torch.float32, g=4)
+    values = torch.randint(-3, 4, (4, 70, 4), generator=generator).to(DEVICE, torch.float32)
     kernel = torch.randint(-3, 4, (4, 6), generator=generator).to(DEVICE, torch.float32)
-    arguments = (queries, keys, values, kernel, None, 6, "dot")
-    for got, want in zip(attention_forward(*arguments, mask, False, "softmax", 1.0),
-                         attention_forward(*arguments, repeated, False, "softmax", 1.0)):
-        assert torch.equal(got, want)
+    bool_masks = (torch.rand(2, 9, 70, generator=generator) > 0.4).to(DEVICE)
+    additive = torch.randint(-4, 3, (2, 9, 70), generator=generator).float().to(DEVICE)
+    for mask in (bool_masks, bool_masks[1:], additive):
+        repeated = mask.repeat_interleave(4 // mask.shape[0], 0)
+        launched = _LaunchedTensors(monkeypatch)
+        got = select_forward(queries, keys, 6, "dot", mask, False)
+        read = launched.of("_select_kernel")
+        assert read["mask_ptr"].shape == mask.shape and read["slices_per_mask_slice"] == 4 // mask.shape[0]
+        for got_part, want_part in zip(got, select_forward(queries, keys, 6, "dot", repeated, False)):
+            assert torch.equal(got_part, want_part)
+        arguments = (queries, keys, values, kernel, None, 6, "dot")
+        got = attention_forward(*arguments, mask, False, "softmax", 1.0)
+        assert launched.of("_attention_kernel")["mask_ptr"].shape == mask.shape
+        for got_part, want_part in zip(got, attention_forward(*arguments, repeated, False, "softmax", 1.0)):
+            assert torch.equal(got_part, want_part)
 
 
 def test_select_scores_exactly_orthogonal_integer_rows_exactly_zero_under_cosine():
@@ -499,7 +508,7 @@ def test_select_writes_every_output_element_once_and_no_guard_byte_changes():
     indices = index_buffer[64:-64].view(2, 40, 6)
     indices.fill_(-1)
     rows = select.rows_for(8)
-    select._select_kernel[(triton.cdiv(40, rows), 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1.0, 0,
+    select._select_kernel[(triton.cdiv(40, rows), 2)](queries, keys, mask, scores, indices, 40, 70, 5, 6, 0, 1, 1.0, 0,
                                                       *layouts(queries, keys), SIMILARITY=0, MASK=select.ADDITIVE_MASK,
                                                       ROWS=rows,
                                                       CANDIDATES=select.candidates_for(6, select.ADDITIVE_MASK),
@@ -716,13 +725,13 @@ def test_the_two_selection_designs_give_the_same_indices_and_scores(k):
             blocks, _ = select.design(slots, mask_kind, shared_set)
             grid = (triton.cdiv(37, blocks["ROWS"]), 2)
             scores, indices = torch.empty(2, 37, k, device=DEVICE), torch.empty(2, 37, k, dtype=torch.int64, device=DEVICE)
-            select._select_kernel[grid](queries, keys, mask_in, scores, indices, 37, 150, 5, k, 0, 1.0, 0,
+            select._select_kernel[grid](queries, keys, mask_in, scores, indices, 37, 150, 5, k, 0, 1, 1.0, 0,
                                         *layouts(queries, keys), SIMILARITY=0, MASK=mask_kind, SLOTS=slots, FEATURES=16,
                                         **blocks)
             outputs = [torch.empty(2, 37, size, device=DEVICE) for size in (12, k, k)]
             chosen = torch.empty(2, 37, k, dtype=torch.int64, device=DEVICE)
             attention._attention_kernel[grid](queries, keys, values, taps, values, mask_in, outputs[0], outputs[1], chosen,
-                                              outputs[2], 37, 150, 5, 12, k, 0, 1.0, attention.RHO_CODES["softmax"], 1.0,
+                                              outputs[2], 37, 150, 5, 12, k, 0, 1, 1.0, attention.RHO_CODES["softmax"], 1.0,
                                               0, 0, 0, *layouts(queries, keys, values, outputs[0]), SIMILARITY=0,
                                               MASK=mask_kind, SLOTS=slots, FEATURES=16,
                                               CHANNELS=attention.forward_channels(slots, shared_set), **blocks)
@@ -1053,7 +1062,7 @@ def test_fused_attention_writes_every_output_element_once_and_no_guard_byte_chan
     rows = select.rows_for(8)
     attention._attention_kernel[(triton.cdiv(40, rows), 2)](
         queries, keys, values, kernel, bias, mask, output, scores, indices, weights,
-        40, 70, 4, 40, 6, 0, 1.0, attention.RHO_CODES["softmax"], 1.0, 1, 1, 0,
+        40, 70, 4, 40, 6, 0, 1, 1.0, attention.RHO_CODES["softmax"], 1.0, 1, 1, 0,
         *layouts(queries, keys, values, output), SIMILARITY=0, MASK=select.ADDITIVE_MASK, ROWS=rows,
         CANDIDATES=select.candidates_for(6, select.ADDITIVE_MASK),
         SLOTS=8, FEATURES=16, CHANNELS=attention.forward_channels(8))
@@ -1131,7 +1140,7 @@ def test_a_rho_code_no_branch_knows_gives_nan_weights_not_another_rhos():
     indices = torch.empty(2, 16, 6, dtype=torch.int64, device=DEVICE)
     attention._attention_kernel[(triton.cdiv(16, select.rows_for(8)), 2)](
         queries, keys, values, kernel, values, queries, output, scores, indices, weights,
-        16, 70, 4, 8, 6, 0, 1.0, len(attention.RHO_CODES), 1.0, 0, 0, 0,
+        16, 70, 4, 8, 6, 0, 1, 1.0, len(attention.RHO_CODES), 1.0, 0, 0, 0,
         *layouts(queries, keys, values, output), SIMILARITY=0, MASK=select.NO_MASK, ROWS=select.rows_for(8),
         CANDIDATES=select.candidates_for(6, select.NO_MASK),
         SLOTS=8, FEATURES=16, CHANNELS=attention.forward_channels(8))
@@ -1278,7 +1287,7 @@ def test_an_unknown_similarity_code_is_refused_when_the_kernel_is_built():
     scores = torch.empty(2, 3, 2, device=DEVICE)
     indices = torch.empty(2, 3, 2, dtype=torch.int64, device=DEVICE)
     with pytest.raises(Exception, match="unknown similarity code 6"):
-        select._select_kernel[(1, 2)](queries, keys, queries, scores, indices, 3, 10, 5, 2, 0, 1.0, 0,
+        select._select_kernel[(1, 2)](queries, keys, queries, scores, indices, 3, 10, 5, 2, 0, 1, 1.0, 0,
                                       *layouts(queries, keys), SIMILARITY=len(similarities.NAMES), MASK=select.NO_MASK,
                                       ROWS=select.rows_for(select.slots_for(2)),
                                       CANDIDATES=select.candidates_for(2, select.NO_MASK), SLOTS=select.slots_for(2),
@@ -1664,13 +1673,13 @@ def launch_top_k_kernels(queries, keys, values, taps, bias, mask, k, similarity,
     mask_in = queries if mask is None else mask
     scores = torch.empty(g, n, k, device=DEVICE, dtype=out_dtype)
     indices = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
-    select._select_kernel[grid](queries, keys, mask_in, scores, indices, n, m, d, k, 0, constant, dtype_code,
+    select._select_kernel[grid](queries, keys, mask_in, scores, indices, n, m, d, k, 0, 1, constant, dtype_code,
                                 *layouts(queries, keys), SIMILARITY=code, MASK=mask_kind, SLOTS=slots, FEATURES=16,
                                 **blocks)
     output, attention_scores, weights = (torch.empty(g, n, size, device=DEVICE, dtype=out_dtype) for size in (c, k, k))
     chosen = torch.empty(g, n, k, dtype=torch.int64, device=DEVICE)
     attention._attention_kernel[grid](queries, keys, values, taps, bias, mask_in, output, attention_scores, chosen,
-                                      weights, n, m, d, c, k, 0, constant, attention.RHO_CODES["softmax"], 0.7, 0, 1,
+                                      weights, n, m, d, c, k, 0, 1, constant, attention.RHO_CODES["softmax"], 0.7, 0, 1,
                                       dtype_code, *layouts(queries, keys, values, output), SIMILARITY=code,
                                       MASK=mask_kind, SLOTS=slots, FEATURES=16,
                                       CHANNELS=attention.forward_channels(slots),

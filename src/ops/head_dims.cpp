@@ -74,18 +74,26 @@ Tensor fold_for_check(const Tensor& t, Scope scope) {
   return fold(t, scope == Scope::kShapesAndValues && checks::reads_values_of(t) ? scope : Scope::kShapesOnly);
 }
 
-// A mask [B,H,N,M] folds to one slice per (b, h); [B,1,N,M] (per sample, as scaled_dot_product_attention
-// broadcasts it) to one per sample, which the op reads for each of the sample's heads (ops/mask_slices.h).
+// A mask broadcasts over [B,H] as scaled_dot_product_attention broadcasts it: [B,H,N,M] folds to one
+// slice per (b, h); [B,1,N,M] (per sample) to one per sample, which the op reads for each of the
+// sample's heads (ops/mask_slices.h); [1,1,N,M] is the shared [N,M]; [1,H,N,M] (per head, the same
+// for every sample) is repeated for each sample, a copy of its B·H·N·M entries (the op's mask slices
+// serve consecutive query slices, so none can serve one head of every sample).
 OptionalTensor fold_mask(const Heads& h, const OptionalTensor& mask, Scope scope, const char* op) {
   if (!mask.has_value() || !mask->defined() || mask->dim() == 2) return mask;
   TORCH_CHECK(mask->dim() == 4, op,
-              ": with head dims, mask must be 2-D [N,M] (shared) or 4-D [B,H,N,M] or [B,1,N,M] (per sample), got ",
+              ": with head dims, mask must be 2-D [N,M] (shared) or 4-D [B,H,N,M], [B,1,N,M], [1,H,N,M] or "
+              "[1,1,N,M] (broadcast over the queries' [B,H] as in scaled_dot_product_attention), got ",
               shape_string(*mask));
-  TORCH_SYM_CHECK(mask->sym_size(0).sym_eq(h.batch).sym_and(mask->sym_size(1).sym_eq(h.heads).sym_or(
-                      mask->sym_size(1).sym_eq(1))),
-                  op, ": mask ", shape_string(*mask), " must have the queries' [B,H] = [", h.batch, ",", h.heads,
-                  "] or [B,1] = [", h.batch, ",1] in dims 0 and 1");
-  return fold(*mask, scope);
+  const c10::SymInt& batch = mask->sym_size(0);
+  const c10::SymInt& heads = mask->sym_size(1);
+  TORCH_SYM_CHECK(batch.sym_eq(h.batch).sym_or(batch.sym_eq(1)).sym_and(
+                      heads.sym_eq(h.heads).sym_or(heads.sym_eq(1))),
+                  op, ": mask ", shape_string(*mask), " must have the queries' B = ", h.batch,
+                  " or 1 in dim 0 and their H = ", h.heads, " or 1 in dim 1 (to broadcast over [B,H])");
+  if (batch.sym_eq(h.batch).guard_bool(__FILE__, __LINE__)) return fold(*mask, scope);
+  if (heads.sym_eq(1).guard_bool(__FILE__, __LINE__)) return mask->select(0, 0).select(0, 0);
+  return fold(mask->expand_symint({h.batch, heads, mask->sym_size(2), mask->sym_size(3)}), scope);
 }
 
 // [B*H,N,width] (contiguous, as every kernel's outputs) -> [B,H,N,width], a view.
@@ -164,10 +172,10 @@ checks::AttentionChecked check_folded(Scope scope, const Tensor& queries, const 
                                temperature);
   }
   const auto h = attention_heads(queries, keys, values, kAttention);
-  OptionalTensor folded_mask = fold_mask(h, mask, Scope::kShapesOnly, kAttention);  // its layout checked
-  if (folded_mask.has_value() && folded_mask->defined() && folded_mask->dim() == 3) {
-    folded_mask = fold_for_check(*mask, scope);
-  }
+  // The mask's layout checked, and its values folded where the check reads them (as fold_for_check).
+  const bool values_read = mask.has_value() && mask->defined() && scope == Scope::kShapesAndValues &&
+                           checks::reads_values_of(*mask);
+  const OptionalTensor folded_mask = fold_mask(h, mask, values_read ? scope : Scope::kShapesOnly, kAttention);
   return with_fold_context(kAttention, queries, [&] {
     return check<KnnAttention>(scope, fold_for_check(queries, scope), fold_for_check(keys, scope),
                                fold_for_check(values, scope), kernel, bias, k, similarity, folded_mask, index_order,

@@ -117,6 +117,26 @@ TEST(HeadDims, APerSampleMaskBroadcastsOverTheHeadsAsScaledDotProductAttentionsD
   }
 }
 
+TEST(HeadDims, AMaskOfOneSampleBroadcastsOverTheBatchAsScaledDotProductAttentionsDoes) {
+  // [1,1,N,M] is the shared [N,M] and [1,H,N,M] serves head h of every sample: each gives the
+  // [B,H,N,M] mask it broadcasts to, bit for bit.
+  torch::manual_seed(4);
+  const Geometry g{2, 3, 9, 4};
+  const Projection p(g, at::kFloat);
+  const auto kernel = torch::randn({g.d, 4});
+  for (const auto& mask : {torch::rand({1, 1, g.n, g.n}) < 0.6, torch::rand({1, g.h, g.n, g.n}) < 0.6}) {
+    const auto every_head = mask.expand({g.b, g.h, g.n, g.n});
+    for (const AttentionCall call : {&dispatched, &generic}) {
+      const auto got = call(p.queries, p.keys, p.values, kernel, c10::nullopt, 4, "dot", mask, false, "softmax", 1.0);
+      const auto want =
+          call(p.queries, p.keys, p.values, kernel, c10::nullopt, 4, "dot", every_head, false, "softmax", 1.0);
+      EXPECT_TRUE(torch::equal(std::get<0>(got), std::get<0>(want))) << mask.sizes();
+      EXPECT_TRUE(torch::equal(std::get<2>(got), std::get<2>(want))) << mask.sizes();
+      EXPECT_TRUE(torch::equal(std::get<3>(got), std::get<3>(want))) << mask.sizes();
+    }
+  }
+}
+
 TEST(HeadDims, GradientsAreTheFoldedCallsAndPassFiniteDifferences) {
   torch::manual_seed(1);
   const Geometry g{2, 2, 6, 3};
@@ -211,10 +231,13 @@ TEST(HeadDims, BadLayoutsAreRefusedWithTheArgumentTheShapeAndTheRule) {
   EXPECT_TRUE(ThrowsWith(call(p.queries, p.keys.narrow(1, 0, 2), p.values.narrow(1, 0, 2)),
                          {"keys [2, 2, 5, 4] must have the queries' [B,H] = [2,3]"}));
   EXPECT_TRUE(ThrowsWith(call(p.queries, p.keys, p.values, torch::ones({6, 5, 5}, torch::kBool)),
-                         {"with head dims, mask must be 2-D [N,M] (shared) or 4-D [B,H,N,M] or [B,1,N,M] (per "
-                          "sample), got [6, 5, 5]"}));
+                         {"with head dims, mask must be 2-D [N,M] (shared) or 4-D [B,H,N,M], [B,1,N,M], "
+                          "[1,H,N,M] or [1,1,N,M] (broadcast over the queries' [B,H] as in "
+                          "scaled_dot_product_attention), got [6, 5, 5]"}));
   EXPECT_TRUE(ThrowsWith(call(p.queries, p.keys, p.values, torch::ones({2, 2, 5, 5}, torch::kBool)),
-                         {"mask [2, 2, 5, 5] must have the queries' [B,H] = [2,3] or [B,1] = [2,1] in dims 0 and 1"}));
+                         {"mask [2, 2, 5, 5] must have the queries' B = 2 or 1 in dim 0 and their H = 3 or 1 in dim 1"}));
+  EXPECT_TRUE(ThrowsWith(call(p.queries, p.keys, p.values, torch::ones({3, 1, 5, 5}, torch::kBool)),
+                         {"mask [3, 1, 5, 5] must have the queries' B = 2 or 1 in dim 0"}));
   // A rule of the folded call names the folded shapes, and says which ones the caller passed.
   EXPECT_TRUE(ThrowsWith(call(p.queries, p.keys, p.values, c10::nullopt, 9),
                          {"k must be", "ran on the [B,H,N,D] inputs as [B*H,N,D] slices (queries [2, 3, 5, 4])"}));

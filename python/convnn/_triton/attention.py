@@ -132,7 +132,8 @@ def _output_positions(top_index, in_k, k, index_order, ROWS: tl.constexpr, SLOTS
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
                       output_ptr, scores_ptr, indices_ptr, weights_ptr,
-                      n, m, d, c, k, mask_slice_stride, similarity_constant, rho, temperature, index_order, has_bias, dtype_code,
+                      n, m, d, c, k, mask_slice_stride, slices_per_mask_slice, similarity_constant, rho, temperature,
+                      index_order, has_bias, dtype_code,
                       heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
                       v_batch_stride, v_head_stride, v_row_stride, out_batch_stride, out_head_stride, out_row_stride,
                       SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
@@ -150,10 +151,11 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, kernel_ptr, bias_ptr, mask_ptr,
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
     k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
     v_ptr += row_chunks.slice_starts(g, heads, v_batch_stride, v_head_stride)
-    top_keys, top_index, unrankable = select._running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k,
-                                                            q_row_stride, k_row_stride, mask_slice_stride,
-                                                            similarity_constant, SIMILARITY, MASK, ROWS, CANDIDATES,
-                                                            SLOTS, FEATURES, SHARED_SET)
+    mask_ptr += select.mask_slice_start(g, mask_slice_stride, slices_per_mask_slice)
+    top_keys, top_index, unrankable = select._running_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, k,
+                                                            q_row_stride, k_row_stride, similarity_constant,
+                                                            SIMILARITY, MASK, ROWS, CANDIDATES, SLOTS, FEATURES,
+                                                            SHARED_SET)
     slots = tl.arange(0, SLOTS)
     in_k = slots[None, :] < k
     scores = _rounded(select._reported_scores(top_keys, unrankable, SIMILARITY), dtype_code)

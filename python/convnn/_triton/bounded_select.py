@@ -867,7 +867,7 @@ def _seeded(seeds_ptr, at, row_ok, live, threshold, top_open, similarity_constan
 
 @triton.jit
 def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, norms_ptr, seeds_ptr, n, m, d, k, mask_slice_stride,
-                            similarity_constant, bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride,
+                            slices_per_mask_slice, similarity_constant, bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride,
                             k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
                             MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                             FEATURES: tl.constexpr, PRECISION: tl.constexpr, PRODUCT_FEATURES: tl.constexpr,
@@ -881,7 +881,8 @@ def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, norms_ptr, seeds
     g = tl.program_id(1).to(tl.int64)
     rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, vector_tiles, live, row_terms, model, \
         absolute, factor, half_additive = _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, tl.program_id(0), n, m,
-                                                       d, mask_slice_stride, similarity_constant, bound_scale, heads,
+                                                       d, mask_slice_stride, slices_per_mask_slice,
+                                                       similarity_constant, bound_scale, heads,
                                                        q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                                                        k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
                                                        CANDIDATES, FEATURES, PRECISION)
@@ -889,7 +890,8 @@ def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, norms_ptr, seeds
                                     MASK, CANDIDATES), _SEED_TILES * CANDIDATES)
     whole = end
     if MASK == 1:
-        whole = _tiles_whole(wholes_ptr, g, tl.program_id(0), tl.cdiv(n, ROWS), mask_slice_stride, end, CANDIDATES, 1)
+        whole = _tiles_whole(wholes_ptr, g, tl.program_id(0), tl.cdiv(n, ROWS), mask_slice_stride,
+                             slices_per_mask_slice, end, CANDIDATES, 1)
     # The TMA copies of the tiles (_seed; on sm_80, where there is no TMA, Triton lowers them to loads).
     q_desc, k_desc = _tile_descriptors(q_ptr, k_ptr, n, m, d, q_row_stride, k_row_stride, vector_tiles, ROWS,
                                        CANDIDATES)
@@ -1078,8 +1080,8 @@ def _tile_offsets_fit(d, q_stride, k_stride, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d, mask_slice_stride, similarity_constant,
-                 bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
+def _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d, mask_slice_stride, slices_per_mask_slice,
+                 similarity_constant, bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
                  k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                  CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr):
     """What the select and seeds kernels know of the block of ROWS query rows `block` of slice g before
@@ -1095,7 +1097,8 @@ def _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d, mask_slic
     mask_row_stride = m
     if MASK == 1:
         mask_row_stride = tl.cdiv(m, CANDIDATES) + 1
-    mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * mask_row_stride
+    mask_rows = (mask_ptr + select.mask_slice_start(g, mask_slice_stride, slices_per_mask_slice)
+                 + rows.to(tl.int64)[:, None] * mask_row_stride)
     q_norms, q_squares = _row_norms(q_ptr, rows, row_ok, d, q_row_stride, ROWS, FEATURES)
     q_factors = q_squares  # unread but by cosine: its inverse norms of the rows, as select._row_factors's
     if SIMILARITY == COSINE:
@@ -1131,14 +1134,14 @@ def _tiles_reached(mask_rows, live, m, limit, MASK: tl.constexpr, CANDIDATES: tl
 
 
 @triton.jit
-def _tiles_whole(wholes_ptr, g, block, blocks, mask_slice_stride, limit, CANDIDATES: tl.constexpr,
-                 STEP_TILES: tl.constexpr):
+def _tiles_whole(wholes_ptr, g, block, blocks, mask_slice_stride, slices_per_mask_slice, limit,
+                 CANDIDATES: tl.constexpr, STEP_TILES: tl.constexpr):
     """The end of the steps of STEP_TILES tiles from the first in which a bool mask holds every
-    candidate for every row of the block `block` of slice g (wholes: _mask_bits_kernel's, a slice's
-    blocks, or one set for a shared mask), at most limit (a multiple of CANDIDATES or M). One value a
+    candidate for every row of the block `block` of slice g (wholes: _mask_bits_kernel's, a mask
+    slice's blocks, or one set for a shared mask), at most limit (a multiple of CANDIDATES or M). One value a
     block, made by the words kernel: read from the rows' words here, the reduction made ptxas spill."""
-    shared = mask_slice_stride == 0
-    whole_words = tl.load(wholes_ptr + tl.where(shared, 0, g) * blocks + block)
+    mask_slice = tl.where(mask_slice_stride == 0, 0, g.to(tl.int32) // slices_per_mask_slice)
+    whole_words = tl.load(wholes_ptr + mask_slice.to(tl.int64) * blocks + block)
     whole_words = tl.minimum(whole_words, limit // CANDIDATES)
     return whole_words // STEP_TILES * (STEP_TILES * CANDIDATES)
 
@@ -1221,8 +1224,8 @@ def _advanced(q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, lanes, first, top
 
 @triton.jit
 def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
-                  seeds_ptr, queue, g, block, slices, n, m, d, k, mask_slice_stride, similarity_constant,
-                  bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                  seeds_ptr, queue, g, block, slices, n, m, d, k, mask_slice_stride, slices_per_mask_slice,
+                  similarity_constant, bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                   k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr,
                   FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr,
@@ -1234,7 +1237,8 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
     LOOP_TILES: tl.constexpr = 1 if STEP_MASK == 1 else STEP_TILES
     rows, row_ok, q_ptr, k_ptr, mask_rows, norms_ptr, q_norms, q_factors, vector_tiles, live, row_terms, model, \
         absolute, factor, half_additive = _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d,
-                                                       mask_slice_stride, similarity_constant, bound_scale, heads,
+                                                       mask_slice_stride, slices_per_mask_slice,
+                                                       similarity_constant, bound_scale, heads,
                                                        q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                                                        k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
                                                        CANDIDATES, FEATURES, PRECISION)
@@ -1263,8 +1267,8 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
         # left of the block's diagonal), in whole steps: there the mask changes nothing, so part 1 scores
         # them as without one, STEP_TILES a step; part 2 takes the others one a step, from part 1's
         # selection.
-        whole = _tiles_whole(wholes_ptr, g, block, tl.cdiv(n, ROWS), mask_slice_stride, limit, CANDIDATES,
-                             STEP_TILES)
+        whole = _tiles_whole(wholes_ptr, g, block, tl.cdiv(n, ROWS), mask_slice_stride, slices_per_mask_slice,
+                             limit, CANDIDATES, STEP_TILES)
         if PART == 1:
             limit = whole
         else:
@@ -1371,8 +1375,8 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
 
 @triton.jit
 def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr,
-                           norms_ptr, seeds_ptr, queue_ptr, slices, n, m, d, k, mask_slice_stride, similarity_constant,
-                           bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                           norms_ptr, seeds_ptr, queue_ptr, slices, n, m, d, k, mask_slice_stride,
+                           slices_per_mask_slice, similarity_constant, bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                            k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
                            ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr,
                            FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
@@ -1383,7 +1387,8 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indic
     # The settled rows' scores and indices are written as select._select_kernel writes them (slots
     # by descending key, contiguous [G, N, K], the scores in the op's dtype); redo [G * N] int32
     # gets 1 for the rows left to the rerun, 0 for the others. bound_scale: 1 on every launch. A bool
-    # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * (words + 1), or 0 for a shared mask)
+    # mask comes as _mask_bits_kernel's words (mask_slice_stride: N * (words + 1), or 0 for a shared mask;
+    # a mask slice serves slices_per_mask_slice query slices: select.mask_slice_start)
     # and its blocks' whole words (wholes; any int32 pointer, unread, without a bool mask), an additive
     # one in float32 ([G, N, M] or [N, M]). A bool mask takes two launches: PART 1, then PART 2 (PART 0
     # without one). seeds [G * N] float32: _seed_thresholds_kernel's, read where _tile_bound (any
@@ -1399,15 +1404,15 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indic
     while work < blocks * slices:
         _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
                       seeds_ptr, queue, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
-                      mask_slice_stride, similarity_constant, bound_scale, dtype_code, heads, q_batch_stride,
-                      q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK,
+                      mask_slice_stride, slices_per_mask_slice, similarity_constant, bound_scale, dtype_code, heads,
+                      q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK,
                       ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS, STEP_TILES, PART)
         work += tl.num_programs(0)
 
 
 @triton.jit
 def _rerun_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, n, m, d, k, mask_slice_stride,
-                  similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                  slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                   k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
                   SHARED_SET: tl.constexpr = False):
@@ -1418,6 +1423,7 @@ def _rerun_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, n, 
     flagged = tl.load(redo_ptr + g * n + rows, mask=rows < n, other=0) != 0
     if tl.max(flagged.to(tl.int32), 0) != 0:
         select.select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, flagged, n, m, d, k,
-                           mask_slice_stride, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride,
+                           mask_slice_stride, slices_per_mask_slice, similarity_constant, dtype_code, heads,
+                           q_batch_stride, q_head_stride,
                            q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
                            CANDIDATES, SLOTS, FEATURES, SHARED_SET)

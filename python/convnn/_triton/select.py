@@ -367,19 +367,27 @@ def _unpacked(packed):
 
 
 @triton.jit
-def _tile_keys(q_ptr, k_ptr, mask_ptr, g, q_rows, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride,
-               mask_slice_stride, similarity_constant, q_factors, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
+def _tile_keys(q_ptr, k_ptr, mask_ptr, q_rows, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride,
+               similarity_constant, q_factors, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
                ROWS: tl.constexpr,
                CANDIDATES: tl.constexpr, FEATURES: tl.constexpr):
     """The [ROWS, CANDIDATES] tile's ranking keys in float32 with the mask applied (a false bool
-    entry: -inf; an additive one added), and which rows met a NaN or +inf key among the valid pairs
-    ([ROWS] int32, 1 if so)."""
+    entry: -inf; an additive one added; mask_ptr at the slice's mask: mask_slice_start), and which
+    rows met a NaN or +inf key among the valid pairs ([ROWS] int32, 1 if so)."""
     keys = _pair_keys(q_ptr, k_ptr, q_rows, row_ok, cand, cand_ok, d, q_stride, k_stride, similarity_constant,
                       q_factors, SIMILARITY, ROWS, CANDIDATES, FEATURES)
     both_ok = row_ok[:, None] & cand_ok[None, :]
-    keys = _masked(keys, mask_ptr + g * mask_slice_stride + rows.to(tl.int64)[:, None] * m + cand[None, :], both_ok,
-                   MASK)
+    keys = _masked(keys, mask_ptr + rows.to(tl.int64)[:, None] * m + cand[None, :], both_ok, MASK)
     return keys, tl.max(_unrankable(keys, both_ok), 1)
+
+
+@triton.jit
+def mask_slice_start(g, mask_slice_stride, slices_per_mask_slice):
+    """The offset of query slice g's mask slice: one serves slices_per_mask_slice consecutive query
+    slices (docs/operator.md, "Masks": a per-sample mask its sample's heads, read in place), the mask
+    slices mask_slice_stride apart (0: one mask for every slice). g < 2^16 (the launchers' grids): a
+    32-bit division."""
+    return (g.to(tl.int32) // slices_per_mask_slice).to(tl.int64) * mask_slice_stride
 
 
 @triton.jit
@@ -401,12 +409,12 @@ def _unrankable(keys, valid):
 
 
 @triton.jit
-def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_stride, k_stride, mask_slice_stride,
-                   similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+def _running_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, k, q_stride, k_stride, similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                    CANDIDATES: tl.constexpr,
                    SLOTS: tl.constexpr, FEATURES: tl.constexpr, SHARED_SET: tl.constexpr):
-    """The K best candidates of each of the ROWS query rows of slice g (q_ptr and k_ptr at the slice's
-    first row: row_chunks.slice_starts; rows q_stride and k_stride apart), best first: (keys [ROWS,
+    """The K best candidates of each of the ROWS query rows of a slice (q_ptr and k_ptr at the slice's
+    first row: row_chunks.slice_starts; rows q_stride and k_stride apart; mask_ptr at its mask:
+    mask_slice_start), best first: (keys [ROWS,
     SLOTS] float32, indices [ROWS, SLOTS] int32, unrankable [ROWS]: rows that met a NaN or +inf key).
     Shared by the select kernel and the fused attention kernel (attention.py). At K <= THREAD_SLOTS
     each row's set is held by one thread (_thread_top_k), above by the threads of a row together
@@ -414,22 +422,19 @@ def _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_stride, k
     the shared set at every K: no launch asks for it, scripts/gpu_bench.py times the two designs with
     it on one GPU (the per-thread set trades occupancy for instructions: select.py's THREAD_OPTIONS)."""
     if SLOTS <= _THREAD_SLOTS and not SHARED_SET:
-        top_keys, top_index, unrankable = _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, q_stride,
-                                                        k_stride, mask_slice_stride, similarity_constant,
-                                                        SIMILARITY, MASK,
+        top_keys, top_index, unrankable = _thread_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, q_stride,
+                                                        k_stride, similarity_constant, SIMILARITY, MASK,
                                                         ROWS, CANDIDATES, SLOTS, FEATURES)
     else:
-        top_keys, top_index, unrankable = _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k,
-                                                        q_stride, k_stride, mask_slice_stride, similarity_constant,
-                                                        SIMILARITY, MASK,
+        top_keys, top_index, unrankable = _shared_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, k,
+                                                        q_stride, k_stride, similarity_constant, SIMILARITY, MASK,
                                                         ROWS, CANDIDATES, SLOTS, FEATURES)
     in_k = tl.arange(0, SLOTS)[None, :] < k
     return tl.where(in_k, top_keys, float("-inf")), tl.where(in_k, top_index, m), unrankable
 
 
 @triton.jit
-def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, q_stride, k_stride, mask_slice_stride,
-                  similarity_constant,
+def _thread_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, q_stride, k_stride, similarity_constant,
                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
     """The running top-K held a query row per thread (issue 38: a selection without merge rounds or
@@ -446,7 +451,7 @@ def _thread_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, q_stride, k_str
     index = (tl.full([ROWS], 0, tl.int32) + m,) * SLOTS
     unrankable = tl.zeros([ROWS], dtype=tl.int32)
     q_factors = _row_factors(q_ptr, q_rows, row_ok, d, q_stride, similarity_constant, SIMILARITY, ROWS)
-    mask_rows = mask_ptr + g * mask_slice_stride + rows.to(tl.int64) * m  # unread without a mask
+    mask_rows = mask_ptr + rows.to(tl.int64) * m  # unread without a mask
     q_starts = _query_starts(q_rows, row_ok, q_stride)
     first = 0
     while first < m:
@@ -523,8 +528,7 @@ def _stacked(parts):
 
 
 @triton.jit
-def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_stride, k_stride, mask_slice_stride,
-                  similarity_constant,
+def _shared_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, k, q_stride, k_stride, similarity_constant,
                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                   SLOTS: tl.constexpr, FEATURES: tl.constexpr):
     """The running top-K shared by the threads of a row, for K above THREAD_SLOTS (issue 38:
@@ -549,9 +553,8 @@ def _shared_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_stride, k_
     while first < m:
         cand = first + tl.arange(0, CANDIDATES)
         cand_ok = cand < m
-        keys, bad = _tile_keys(q_ptr, k_ptr, mask_ptr, g, q_rows, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride,
-                               mask_slice_stride, similarity_constant, q_factors, SIMILARITY, MASK, ROWS, CANDIDATES,
-                               FEATURES)
+        keys, bad = _tile_keys(q_ptr, k_ptr, mask_ptr, q_rows, rows, row_ok, cand, cand_ok, m, d, q_stride, k_stride,
+                               similarity_constant, q_factors, SIMILARITY, MASK, ROWS, CANDIDATES, FEATURES)
         unrankable |= bad
         both_ok = row_ok[:, None] & cand_ok[None, :]
         packed = tl.where(both_ok, _packed(keys, cand[None, :] + tl.zeros([ROWS, CANDIDATES], tl.int32)),
@@ -593,8 +596,8 @@ def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
 
 
 @triton.jit
-def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride, similarity_constant,
-                   dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
+def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride,
+                   slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
                    k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                    CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
                    SHARED_SET: tl.constexpr = False):
@@ -614,13 +617,13 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
     select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, rows < n, n, m, d, k, mask_slice_stride,
-                similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                 k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS, CANDIDATES, SLOTS, FEATURES, SHARED_SET)
 
 
 @triton.jit
 def select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, written_rows, n, m, d, k, mask_slice_stride,
-                similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
                 k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                 CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr, SHARED_SET: tl.constexpr):
     """The select kernel's work on the query rows `rows` of slice g: their K best candidates by the
@@ -629,8 +632,9 @@ def select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, writte
     row_ok = rows < n
     q_ptr += row_chunks.slice_starts(g, heads, q_batch_stride, q_head_stride)
     k_ptr += row_chunks.slice_starts(g, heads, k_batch_stride, k_head_stride)
-    top_keys, top_index, unrankable = _running_top_k(q_ptr, k_ptr, mask_ptr, g, rows, row_ok, m, d, k, q_row_stride,
-                                                     k_row_stride, mask_slice_stride, similarity_constant, SIMILARITY,
+    mask_ptr += mask_slice_start(g, mask_slice_stride, slices_per_mask_slice)
+    top_keys, top_index, unrankable = _running_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, k, q_row_stride,
+                                                     k_row_stride, similarity_constant, SIMILARITY,
                                                      MASK, ROWS, CANDIDATES, SLOTS, FEATURES, SHARED_SET)
     scores = _reported_scores(top_keys, unrankable, SIMILARITY)
     slots = tl.arange(0, SLOTS)

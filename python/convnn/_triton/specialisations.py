@@ -52,6 +52,14 @@ def dtype_codes(kernel):
     return {"dtype_code": "i32"} if "dtype_code" in kernel.arg_names else {}
 
 
+def mask_slices(kernel):
+    """Where the kernel finds a query slice's mask: the mask slices' stride, then how many query slices
+    each serves (select.mask_slice_start; not in the kernels of an earlier revision, which read a
+    mask slice per query slice)."""
+    return {"mask_slice_stride": "i32",
+            **({"slices_per_mask_slice": "i32"} if "slices_per_mask_slice" in kernel.arg_names else {})}
+
+
 def row_layouts(kernel, *tensors):
     """The strides a kernel takes for each of `tensors` (their rows read in place: the C++ RowLayout,
     row_chunks.slice_starts), after the heads of the call; none for a kernel of an earlier revision
@@ -97,7 +105,8 @@ def select_specialisations(module):
         yield (f"select {suffix}", module._select_kernel,
                {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "n": "i32", "m": "i32", "d": "i32", "k": "i32",
-                "mask_slice_stride": "i32", "similarity_constant": "fp32", **dtype_codes(module._select_kernel),
+                **mask_slices(module._select_kernel), "similarity_constant": "fp32",
+                **dtype_codes(module._select_kernel),
                 **row_layouts(module._select_kernel, "q", "k")},
                constexprs)
 
@@ -138,7 +147,7 @@ def bounded_select_specialisations(module, select):
         if hasattr(module, "_tiles_whole"):
             bounded_operands = {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": bounded_operands["mask_ptr"],
                                 "wholes_ptr": "*i32", **outputs}
-        sizes = {"n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
+        sizes = {"n": "i32", "m": "i32", "d": "i32", "k": "i32", **mask_slices(module._rerun_kernel),
                  "similarity_constant": "fp32"}
         strides = {"dtype_code": "i32", **row_layouts(module._rerun_kernel, "q", "k")}
         seeded = hasattr(module, "_seed_thresholds_kernel")  # (not in the kernels of an earlier revision)
@@ -148,7 +157,7 @@ def bounded_select_specialisations(module, select):
                    {"q_ptr": pointer, "k_ptr": pointer, "mask_ptr": mask_pointer, **words,
                     **({"wholes_ptr": "*i32"} if "wholes_ptr" in module._seed_thresholds_kernel.arg_names else {}),
                     "norms_ptr": "*fp32", "seeds_ptr": "*fp32",
-                    "n": "i32", "m": "i32", "d": "i32", "k": "i32", "mask_slice_stride": "i32",
+                    "n": "i32", "m": "i32", "d": "i32", "k": "i32", **mask_slices(module._seed_thresholds_kernel),
                     "similarity_constant": "fp32", "bound_scale": "fp32",
                     **row_layouts(module._seed_thresholds_kernel, "q", "k")},
                    {"SIMILARITY": constexprs["SIMILARITY"], "MASK": constexprs["MASK"], "ROWS": module.ROWS,
@@ -198,7 +207,8 @@ def attention_specialisations(module, select):
                {"q_ptr": pointer, "k_ptr": pointer, "v_ptr": pointer, "kernel_ptr": pointer,
                 "bias_ptr": pointer, "mask_ptr": mask_pointer, "output_ptr": "*fp32", "scores_ptr": "*fp32",
                 "indices_ptr": "*i64", "weights_ptr": "*fp32", "n": "i32", "m": "i32", "d": "i32",
-                "c": "i32", "k": "i32", "mask_slice_stride": "i32", "similarity_constant": "fp32", "rho": "i32",
+                "c": "i32", "k": "i32", **mask_slices(module._attention_kernel), "similarity_constant": "fp32",
+                "rho": "i32",
                 "temperature": "fp32", "index_order": "i32", "has_bias": "i32", "dtype_code": "i32",
                 **row_layouts(module._attention_kernel, "q", "k", "v", "out")},
                {**constexprs, "CHANNELS": module.forward_channels(constexprs["SLOTS"])

@@ -92,7 +92,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
                   {cdiv(n, top_k_rows(k)), g}, {}};
     launch.arguments.pointer(in.queries).pointer(in.keys).pointer(values).pointer(kernel).pointer(bias)
         .pointer(in.mask).pointer(output).pointer(scores).pointer(indices).pointer(weights)
-        .int32(n).int32(m).int32(d).int32(c).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
+        .int32(n).int32(m).int32(d).int32(c).int32(k).int32(in.mask_slice_stride).int32(in.slices_per_mask_slice)
+        .float32(in.similarity_constant)
         .int32(rho_code(rho)).float32(static_cast<float>(temperature)).int32(index_order ? 1 : 0)
         .int32(bias_in.defined() ? 1 : 0).int32(dtype_code(dtype)).int32(heads_of(in.queries))
         .rows(row_layout(in.queries)).rows(row_layout(in.keys)).rows(row_layout(values)).rows(row_layout(output));

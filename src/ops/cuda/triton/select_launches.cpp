@@ -102,7 +102,7 @@ bool tensor_cores_take(const at::Tensor& queries, const at::Tensor& keys, int64_
          whole_chunks(keys, kBoundedSelectBlocks.features) && tile_offsets_fit(queries, keys);
 }
 
-// A bool mask (contiguous [G,N,M] or [N,M]: ranking_operands') as bounded_select._mask_bits_kernel's
+// A bool mask (contiguous [G',N,M] or [N,M]: ranking_operands') as bounded_select._mask_bits_kernel's
 // int64 words, a word per row and tile of candidates, which every head reads in place of the mask's
 // bytes, and each block of rows' leading whole words (the tiles the select's first launch scores as
 // without a mask).
@@ -242,10 +242,9 @@ int dtype_code(at::ScalarType dtype) {
 RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor& keys_in, const at::Tensor& mask_given,
                                  Similarity similarity) {
   RankingOperands operands;
-  // The kernels read a mask slice per query slice (a per-sample mask, [B,N,M] or with head dims
-  // [B,1,N,M], is repeated for its heads here).
-  const auto mask_slices = mask_given.defined() && mask_given.dim() == 4 ? mask_given.flatten(0, 1) : mask_given;
-  const auto mask_in = ops::mask_of_every_slice(mask_slices, slices_of(queries_in));
+  // The kernels read a mask slice for G/G' consecutive query slices in place (a per-sample mask,
+  // [B,N,M] or with head dims [B,1,N,M], for its sample's heads: select.mask_slice_start).
+  const auto mask_in = mask_given.defined() && mask_given.dim() == 4 ? mask_given.flatten(0, 1) : mask_given;
   const auto input = top_k_input_dtype(queries_in.scalar_type());
   // Read in place wherever their rows are unit-stride (the kernels take their RowLayouts).
   operands.queries = unit_stride_rows(queries_in.to(input));
@@ -255,8 +254,9 @@ RankingOperands ranking_operands(const at::Tensor& queries_in, const at::Tensor&
   operands.mask = !mask_in.defined() ? operands.queries
                   : operands.mask_kind == kSelectBlocks.additive_mask ? mask_in.to(at::kFloat).contiguous()
                                                                       : mask_in.contiguous();
-  // A mask per slice ([G,N,M], or [B,H,N,M] with head dims) is read as contiguous [G,N,M].
+  // A mask of slices ([G',N,M], or [B,H,N,M] / [B,1,N,M] with head dims) is read as contiguous [G',N,M].
   operands.mask_slice_stride = mask_in.defined() && mask_in.dim() >= 3 ? queries_in.size(-2) * keys_in.size(-2) : 0;
+  operands.slices_per_mask_slice = ops::slices_per_mask_slice(mask_in, slices_of(queries_in));
   // sqrt(D) rounded to float32, as the CPU's std::sqrt(float(D)); cosine's epsilon as the CPU's
   // float32 kernels round it.
   operands.similarity_constant = similarity == Similarity::ScaledDot ? std::sqrt(static_cast<float>(queries_in.size(-1)))
@@ -349,7 +349,7 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
       seeds = at::empty({g * n}, queries_in.options().dtype(at::kFloat));
       Launch seeding{seeds_key(similarity, in.mask_kind, dtype), {cdiv(n, kBoundedSelectBlocks.rows), g}, {}};
       seeding.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(words.wholes).pointer(norms)
-          .pointer(seeds).int32(n).int32(m).int32(d).int32(k).int32(mask_slice_stride)
+          .pointer(seeds).int32(n).int32(m).int32(d).int32(k).int32(mask_slice_stride).int32(in.slices_per_mask_slice)
           .float32(in.similarity_constant).float32(1.0f).int32(heads_of(in.queries)).rows(row_layout(in.queries))
           .rows(row_layout(in.keys));
       run(seeding);
@@ -361,7 +361,8 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
       Launch bounded{top_k_key(kernel, similarity, k, in.mask_kind, dtype), {programs, 1}, {}};
       bounded.arguments.pointer(in.queries).pointer(in.keys).pointer(mask).pointer(words.wholes).pointer(scores)
           .pointer(indices).pointer(redo).pointer(redo).pointer(norms).pointer(seeds).pointer(queue).int32(g).int32(n)
-          .int32(m).int32(d).int32(k).int32(mask_slice_stride).float32(in.similarity_constant).float32(1.0f)
+          .int32(m).int32(d).int32(k).int32(mask_slice_stride).int32(in.slices_per_mask_slice)
+          .float32(in.similarity_constant).float32(1.0f)
           .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
           .rows(row_layout(in.keys));
       run(bounded);
@@ -371,7 +372,8 @@ std::tuple<at::Tensor, at::Tensor> select_forward(const at::Tensor& queries_in, 
                 {cdiv(n, top_k_rows(k)), g}, {}};
   launch.arguments.pointer(in.queries).pointer(in.keys).pointer(in.mask).pointer(scores).pointer(indices);
   if (redo.defined()) launch.arguments.pointer(redo);  // the rerun: the select kernel on the flagged rows
-  launch.arguments.int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).float32(in.similarity_constant)
+  launch.arguments.int32(n).int32(m).int32(d).int32(k).int32(in.mask_slice_stride).int32(in.slices_per_mask_slice)
+      .float32(in.similarity_constant)
       .int32(dtype_code(scores.scalar_type())).int32(heads_of(in.queries)).rows(row_layout(in.queries))
       .rows(row_layout(in.keys));
   run(launch);

@@ -20,13 +20,15 @@ namespace convnn::ops::cuda::triton {
 at::ScalarType top_k_input_dtype(at::ScalarType dtype);
 /// What the running top-K takes (the select and the fused attention kernels): queries and keys in
 /// top_k_input_dtype with unit-stride rows (the kernels take their RowLayouts), raw rows for every
-/// similarity; the mask as given if bool, in float32 if
-/// additive, and if none the queries (a valid pointer the kernel does not read); similarity_constant
-/// = sqrt(D) rounded to float32 for scaled_dot, kCosineEps in float32 for cosine.
+/// similarity; the mask as given if bool, in float32 if additive, and if none the queries (a valid
+/// pointer the kernel does not read), each of its slices read in place by the query slices it serves
+/// (a [B,N,M] mask by its sample's heads: no copy per head); similarity_constant = sqrt(D) rounded
+/// to float32 for scaled_dot, kCosineEps in float32 for cosine.
 struct RankingOperands {
   at::Tensor queries, keys, mask;
   int mask_kind;
   int64_t mask_slice_stride;
+  int64_t slices_per_mask_slice;  // query slices each mask slice serves (ops/mask_slices.h)
   float similarity_constant;
 };
 /// The kernels' runtime code of a tensor's dtype (select.py's DTYPE_CODES): float32, bfloat16, float16.
