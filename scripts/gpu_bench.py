@@ -366,16 +366,16 @@ def rerun_and_rescored(queries, keys, neighbours, similarity="scaled_dot"):
     if bounded_select._tile_bound(code, select.NO_MASK):
         seeds = torch.empty(g * n, device=queries.device, dtype=torch.float32)
         bounded_select._seed_thresholds_kernel[(triton.cdiv(n, bounded_select.ROWS), g)](
-            queries, keys, queries, redo, norms, seeds, n, m, d, neighbours, 0, 1, similarity_constant(similarity, d), 1.0,
-            1, *rows, *rows, SIMILARITY=code, MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
+            queries, keys, queries, redo, norms, seeds, n, m, d, neighbours, 0, 1, similarity_constant(similarity, d),
+            1.0, 1, *rows, *rows, SIMILARITY=code, MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
             CANDIDATES=bounded_select.CANDIDATES, FEATURES=bounded_select.FEATURES,
             PRECISION=bounded_select.FLOAT32_PRECISION, PRODUCT_FEATURES=bounded_select.SEED_PRODUCT_FEATURES,
             num_warps=bounded_select.seed_warps(dtype))
     programs = min(triton.cdiv(n, bounded_select.ROWS) * g, bounded_select.PROGRAMS)
     queue = torch.empty(programs * bounded_select.ROWS, bounded_select.QUEUE, device=queries.device, dtype=torch.int32)
     bounded_select._bounded_select_kernel[(programs,)](
-        queries, keys, queries, redo, scores, indices, redo, rescored, norms, seeds, queue, g, n, m, d, neighbours, 0, 1,
-        similarity_constant(similarity, d), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
+        queries, keys, queries, redo, scores, indices, redo, rescored, norms, seeds, queue, g, n, m, d, neighbours,
+        0, 1, similarity_constant(similarity, d), 1.0, select.DTYPE_CODES[queries.dtype], 1, *rows, *rows,
         SIMILARITY=code, MASK=select.NO_MASK, ROWS=bounded_select.ROWS,
         CANDIDATES=bounded_select.CANDIDATES, SLOTS=slots, QUEUE=bounded_select.QUEUE, FLUSH=bounded_select.FLUSH,
         FEATURES=bounded_select.FEATURES, PRECISION=bounded_select.FLOAT32_PRECISION, STATS=True,

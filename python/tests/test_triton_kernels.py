@@ -731,8 +731,9 @@ def test_the_two_selection_designs_give_the_same_indices_and_scores(k):
             outputs = [torch.empty(2, 37, size, device=DEVICE) for size in (12, k, k)]
             chosen = torch.empty(2, 37, k, dtype=torch.int64, device=DEVICE)
             attention._attention_kernel[grid](queries, keys, values, taps, values, mask_in, outputs[0], outputs[1], chosen,
-                                              outputs[2], 37, 150, 5, 12, k, 0, 1, 1.0, attention.RHO_CODES["softmax"], 1.0,
-                                              0, 0, 0, *layouts(queries, keys, values, outputs[0]), SIMILARITY=0,
+                                              outputs[2], 37, 150, 5, 12, k, 0, 1, 1.0,
+                                              attention.RHO_CODES["softmax"], 1.0, 0, 0, 0,
+                                              *layouts(queries, keys, values, outputs[0]), SIMILARITY=0,
                                               MASK=mask_kind, SLOTS=slots, FEATURES=16,
                                               CHANNELS=attention.forward_channels(slots, shared_set), **blocks)
             results.append((scores, indices, chosen, *outputs))

@@ -235,7 +235,8 @@ TEST(HeadDims, BadLayoutsAreRefusedWithTheArgumentTheShapeAndTheRule) {
                           "[1,H,N,M] or [1,1,N,M] (broadcast over the queries' [B,H] as in "
                           "scaled_dot_product_attention), got [6, 5, 5]"}));
   EXPECT_TRUE(ThrowsWith(call(p.queries, p.keys, p.values, torch::ones({2, 2, 5, 5}, torch::kBool)),
-                         {"mask [2, 2, 5, 5] must have the queries' B = 2 or 1 in dim 0 and their H = 3 or 1 in dim 1"}));
+                         {"mask [2, 2, 5, 5] must have the queries' B = 2 or 1 in dim 0 and their H = 3 or 1 "
+                          "in dim 1"}));
   EXPECT_TRUE(ThrowsWith(call(p.queries, p.keys, p.values, torch::ones({3, 1, 5, 5}, torch::kBool)),
                          {"mask [3, 1, 5, 5] must have the queries' B = 2 or 1 in dim 0"}));
   // A rule of the folded call names the folded shapes, and says which ones the caller passed.

@@ -867,8 +867,9 @@ def _seeded(seeds_ptr, at, row_ok, live, threshold, top_open, similarity_constan
 
 @triton.jit
 def _seed_thresholds_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, norms_ptr, seeds_ptr, n, m, d, k, mask_slice_stride,
-                            slices_per_mask_slice, similarity_constant, bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride,
-                            k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
+                            slices_per_mask_slice, similarity_constant, bound_scale, heads, q_batch_stride,
+                            q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
+                            SIMILARITY: tl.constexpr,
                             MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                             FEATURES: tl.constexpr, PRECISION: tl.constexpr, PRODUCT_FEATURES: tl.constexpr,
                             INJECT: tl.constexpr = 0):
@@ -1081,8 +1082,8 @@ def _tile_offsets_fit(d, q_stride, k_stride, ROWS: tl.constexpr):
 
 @triton.jit
 def _block_start(q_ptr, k_ptr, mask_ptr, norms_ptr, g, block, n, m, d, mask_slice_stride, slices_per_mask_slice,
-                 similarity_constant, bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
-                 k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+                 similarity_constant, bound_scale, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
+                 k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
                  CANDIDATES: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr):
     """What the select and seeds kernels know of the block of ROWS query rows `block` of slice g before
     its tiles: (rows, row_ok, q_ptr and k_ptr at the slice, the mask's rows, norms_ptr at the slice's
@@ -1138,8 +1139,9 @@ def _tiles_whole(wholes_ptr, g, block, blocks, mask_slice_stride, slices_per_mas
                  CANDIDATES: tl.constexpr, STEP_TILES: tl.constexpr):
     """The end of the steps of STEP_TILES tiles from the first in which a bool mask holds every
     candidate for every row of the block `block` of slice g (wholes: _mask_bits_kernel's, a mask
-    slice's blocks, or one set for a shared mask), at most limit (a multiple of CANDIDATES or M). One value a
-    block, made by the words kernel: read from the rows' words here, the reduction made ptxas spill."""
+    slice's blocks, or one set for a shared mask), at most limit (a multiple of CANDIDATES or M). One
+    value a block, made by the words kernel: read from the rows' words here, the reduction made ptxas
+    spill."""
     mask_slice = tl.where(mask_slice_stride == 0, 0, g.to(tl.int32) // slices_per_mask_slice)
     whole_words = tl.load(wholes_ptr + mask_slice.to(tl.int64) * blocks + block)
     whole_words = tl.minimum(whole_words, limit // CANDIDATES)
@@ -1225,11 +1227,11 @@ def _advanced(q_ptr, k_ptr, norms_ptr, mask_rows, queue, fill, lanes, first, top
 @triton.jit
 def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
                   seeds_ptr, queue, g, block, slices, n, m, d, k, mask_slice_stride, slices_per_mask_slice,
-                  similarity_constant, bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
-                  k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
-                  CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr, FLUSH: tl.constexpr,
-                  FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr, STATS: tl.constexpr,
-                  STEP_TILES: tl.constexpr, PART: tl.constexpr):
+                  similarity_constant, bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride,
+                  k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
+                  ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr,
+                  FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr, INJECT: tl.constexpr,
+                  STATS: tl.constexpr, STEP_TILES: tl.constexpr, PART: tl.constexpr):
     """The kernel's work on the block of ROWS query rows `block` of slice g (the module's text)."""
     # The mask as the steps and flushes see it (a bool mask's whole tiles, part 1: none), and the tiles a
     # step (a bool mask's: one; the others: STEP_TILES).
@@ -1376,8 +1378,9 @@ def _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, r
 @triton.jit
 def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr,
                            norms_ptr, seeds_ptr, queue_ptr, slices, n, m, d, k, mask_slice_stride,
-                           slices_per_mask_slice, similarity_constant, bound_scale, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
-                           k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
+                           slices_per_mask_slice, similarity_constant, bound_scale, dtype_code, heads,
+                           q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
+                           SIMILARITY: tl.constexpr, MASK: tl.constexpr,
                            ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, QUEUE: tl.constexpr,
                            FLUSH: tl.constexpr, FEATURES: tl.constexpr, PRECISION: tl.constexpr,
                            STEP_TILES: tl.constexpr, PART: tl.constexpr = 0, INJECT: tl.constexpr = 0,
@@ -1405,15 +1408,17 @@ def _bounded_select_kernel(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indic
         _select_block(q_ptr, k_ptr, mask_ptr, wholes_ptr, scores_ptr, indices_ptr, redo_ptr, rescored_ptr, norms_ptr,
                       seeds_ptr, queue, (work // blocks).to(tl.int64), work % blocks, slices, n, m, d, k,
                       mask_slice_stride, slices_per_mask_slice, similarity_constant, bound_scale, dtype_code, heads,
-                      q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK,
-                      ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS, STEP_TILES, PART)
+                      q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
+                      SIMILARITY, MASK, ROWS, CANDIDATES, SLOTS, QUEUE, FLUSH, FEATURES, PRECISION, INJECT, STATS,
+                      STEP_TILES, PART)
         work += tl.num_programs(0)
 
 
 @triton.jit
 def _rerun_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, n, m, d, k, mask_slice_stride,
-                  slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
-                  k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+                  slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride,
+                  q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
+                  MASK: tl.constexpr, ROWS: tl.constexpr,
                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
                   SHARED_SET: tl.constexpr = False):
     # select._select_kernel on the rows whose redo flag is set; a program with none returns at once.
@@ -1424,6 +1429,5 @@ def _rerun_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, redo_ptr, n, 
     if tl.max(flagged.to(tl.int32), 0) != 0:
         select.select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, flagged, n, m, d, k,
                            mask_slice_stride, slices_per_mask_slice, similarity_constant, dtype_code, heads,
-                           q_batch_stride, q_head_stride,
-                           q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS,
-                           CANDIDATES, SLOTS, FEATURES, SHARED_SET)
+                           q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride, k_row_stride,
+                           SIMILARITY, MASK, ROWS, CANDIDATES, SLOTS, FEATURES, SHARED_SET)

@@ -409,8 +409,8 @@ def _unrankable(keys, valid):
 
 
 @triton.jit
-def _running_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, k, q_stride, k_stride, similarity_constant, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
-                   CANDIDATES: tl.constexpr,
+def _running_top_k(q_ptr, k_ptr, mask_ptr, rows, row_ok, m, d, k, q_stride, k_stride, similarity_constant,
+                   SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr,
                    SLOTS: tl.constexpr, FEATURES: tl.constexpr, SHARED_SET: tl.constexpr):
     """The K best candidates of each of the ROWS query rows of a slice (q_ptr and k_ptr at the slice's
     first row: row_chunks.slice_starts; rows q_stride and k_stride apart; mask_ptr at its mask:
@@ -597,10 +597,10 @@ def _reported_scores(top_keys, unrankable, SIMILARITY: tl.constexpr):
 
 @triton.jit
 def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, mask_slice_stride,
-                   slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride, k_head_stride,
-                   k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
-                   CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
-                   SHARED_SET: tl.constexpr = False):
+                   slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride,
+                   q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr,
+                   MASK: tl.constexpr, ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr,
+                   FEATURES: tl.constexpr, SHARED_SET: tl.constexpr = False):
     # Slots by descending key (the launcher reorders them by index where asked). Queries and keys
     # in one of INPUT_DTYPES, a compiled kernel per dtype (the launcher converts an additive mask
     # to float32), the scores written in the op's dtype (dtype_code): a kernel per
@@ -617,15 +617,17 @@ def _select_kernel(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, n, m, d, k, 
     g = tl.program_id(1).to(tl.int64)
     rows = block * ROWS + tl.arange(0, ROWS)
     select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, rows < n, n, m, d, k, mask_slice_stride,
-                slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
-                k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS, CANDIDATES, SLOTS, FEATURES, SHARED_SET)
+                slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride,
+                q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY, MASK, ROWS, CANDIDATES, SLOTS,
+                FEATURES, SHARED_SET)
 
 
 @triton.jit
 def select_rows(q_ptr, k_ptr, mask_ptr, scores_ptr, indices_ptr, g, rows, written_rows, n, m, d, k, mask_slice_stride,
-                slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride, q_row_stride, k_batch_stride,
-                k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
-                CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr, SHARED_SET: tl.constexpr):
+                slices_per_mask_slice, similarity_constant, dtype_code, heads, q_batch_stride, q_head_stride,
+                q_row_stride, k_batch_stride, k_head_stride, k_row_stride, SIMILARITY: tl.constexpr, MASK: tl.constexpr,
+                ROWS: tl.constexpr, CANDIDATES: tl.constexpr, SLOTS: tl.constexpr, FEATURES: tl.constexpr,
+                SHARED_SET: tl.constexpr):
     """The select kernel's work on the query rows `rows` of slice g: their K best candidates by the
     IEEE scores, written where written_rows ([ROWS], rows past N excluded): _select_kernel writes
     every row, bounded_select.py's rerun only the rows its tensor-core kernel could not settle."""
