@@ -142,6 +142,16 @@ def test_a_layer_compiles_once_for_every_size_with_dynamic_true(make_layer, firs
     assert graphs_compiled(layer, inputs, dynamic=True) == 1
 
 
+def test_a_compiled_attention_layer_takes_sequences_shorter_than_k_as_eager_does():
+    """Eager pads the keys of a sequence shorter than k (docs/sequences.md); compiled with dynamic=True
+    the choice is a guard on the length: one graph for the lengths of at least k, one for those below,
+    each equal to eager (before, the traced op refused the shorter ones)."""
+    layer = ConvNNAttention(8, 2, 5, causal=True).eval()
+    at_least_k = [randn(3, n, 8) for n in (7, 11, 9, 5)]
+    below_k = [randn(3, n, 8) for n in (4, 2, 3)]
+    assert graphs_compiled(layer, at_least_k + below_k, dynamic=True) == 2
+
+
 def test_training_step_compiles_once_with_dynamic_true_and_equals_eager():
     """Forward and backward in training mode, batch and tokens varying (dropout draws from the
     default generator, reseeded alike for both runs)."""

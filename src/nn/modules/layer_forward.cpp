@@ -151,22 +151,24 @@ namespace {
 // The keys and values of a sequence shorter than K, padded at their end to K rows that no query may
 // select, with the mask's columns for them: each row then follows the op's short-row rule (its
 // valid keys, then masked slots of weight exactly 0), as nn.MultiheadAttention takes a sequence of
-// any length. Only for a concrete length: under tracing the op's own check asks for K keys.
+// any length. Under tracing with a dynamic length the choice is a guard (M >= K or M < K), so that a
+// compiled program serves both sides, each traced once (torch.compile recompiles when it crosses).
 struct KeysOfK {
   at::Tensor keys, values, mask;
 };
 
 std::optional<KeysOfK> keys_padded_to_k(int64_t k, const at::Tensor& queries, const at::Tensor& keys,
                                         const at::Tensor& values, const at::Tensor& mask) {
-  const auto m = keys.sym_size(1).maybe_as_int();
-  if (!m || *m >= k) return std::nullopt;
-  const int64_t missing = k - *m;
+  const c10::SymInt m = keys.sym_size(1);
+  if (m.sym_ge(k).guard_bool(__FILE__, __LINE__)) return std::nullopt;
+  const c10::SymInt missing = c10::SymInt(k) - m;
   const auto allowed = mask.defined() ? mask
-                                      : at::ones_symint({queries.sym_size(1), keys.sym_size(1)},
+                                      : at::ones_symint({queries.sym_size(1), m},
                                                         at::TensorOptions().dtype(at::kBool).device(keys.device()));
   const double hidden = allowed.scalar_type() == at::kBool ? 0.0 : -std::numeric_limits<double>::infinity();
-  return KeysOfK{at::constant_pad_nd(keys, {0, 0, 0, missing}), at::constant_pad_nd(values, {0, 0, 0, missing}),
-                 at::constant_pad_nd(allowed, {0, missing}, hidden)};
+  return KeysOfK{at::constant_pad_nd_symint(keys, {0, 0, 0, missing}),
+                 at::constant_pad_nd_symint(values, {0, 0, 0, missing}),
+                 at::constant_pad_nd_symint(allowed, {0, missing}, hidden)};
 }
 
 }  // namespace
